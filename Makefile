@@ -1,0 +1,37 @@
+# Every target builds its own virtual environment (.venv) when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: test test-all reproduce notebook venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# The default suite (slow tests deselected). pytest's exit code 5 (nothing collected) is a failure.
+test: $(STAMP)
+	@$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# Everything, slow tests included.
+test-all: $(STAMP)
+	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The main job on the built-in default data.
+reproduce: $(STAMP)
+	$(BIN)/bppsa reproduce default --quick
+
+notebook: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[notebook]'
+	$(BIN)/jupyter lab notebooks/
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,162 @@
+"""``bppsa.rnn``: forward by ``lax.scan``, backward by BPPSA (a parallel scan) or by BPTT.
+
+BPPSA backward (Wang, Bai, Pekhimenko, MLSys 2020): from the saved forward states, generate
+every step's transposed Jacobian at once (parallel over T), solve the gradient recurrence
+g_{t-1} = g_t @ M_t + c_{t-1} with a scan from :mod:`bppsa.scan` in Θ(log T) levels, then turn
+all g_t into parameter and input gradients with one batched contraction. It is wrapped in
+``jax.custom_vjp``, so ``jax.grad``/``value_and_grad``/``jit``/``vmap`` of any loss of the
+returned states are exact. ``backward="bptt"`` is the plain ``lax.scan`` differentiated by JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import scan as scan_lib
+
+__all__ = ["rnn", "BACKWARDS", "choose_backward"]
+
+BACKWARDS = ("bppsa", "bptt", "auto")
+
+
+def choose_backward(cell, T: int, B: int, dtype=None) -> str:
+    """The method ``backward="auto"`` uses for this problem: "bppsa" or "bptt".
+
+    The default policy is BPTT; the benchmark module installs a calibrated cost model
+    (:func:`set_auto_policy`) when one is available.
+    """
+    return _AUTO_POLICY(cell, T, B, dtype)
+
+
+def _default_policy(cell, T, B, dtype):
+    return "bptt"
+
+
+_AUTO_POLICY = _default_policy
+
+
+def set_auto_policy(policy):
+    """Install ``policy(cell, T, B, dtype) -> "bppsa" | "bptt"`` for ``backward="auto"``.
+
+    Returns the previous policy, so callers can restore it.
+    """
+    global _AUTO_POLICY
+    previous, _AUTO_POLICY = _AUTO_POLICY, policy
+    return previous
+
+
+def _forward(cell, params, xs, s0):
+    """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S)."""
+
+    def body(s, x):
+        s_new = cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
+        return s_new, s_new
+
+    _, ss = lax.scan(body, s0, xs)
+    return ss
+
+
+@functools.lru_cache(maxsize=None)
+def _bppsa_fn(cell, scan_method):
+    """The custom-VJP flat-state RNN for one (cell, scan) pair (cached: cells are hashable)."""
+
+    @jax.custom_vjp
+    def run(params, xs, s0):
+        return _forward(cell, params, xs, s0)
+
+    def fwd(params, xs, s0):
+        ss = _forward(cell, params, xs, s0)
+        return ss, (params, xs, s0, ss)
+
+    def bwd(res, ct):
+        params, xs, s0, ss = res
+        # Everything in scan order (latest step first): element k is step T - k.
+        xr = xs[::-1]
+        sr = ss[::-1]
+        spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
+        ctr = ct[::-1].astype(ss.dtype)
+        Ms = cell.transposed_jacobian(params, spr, xr, sr)          # (T, B, S, S)
+        ds = jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
+        gs, g0 = scan_lib.scan(ctr[0], Ms, ds, scan_method)          # gs[k] = g_{T-k}
+        dparams, dxr = cell.param_grads(params, spr, xr, sr, gs)
+        dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
+        return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
+def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"):
+    """Run ``cell`` over a sequence; differentiable w.r.t. ``params``, ``xs`` and ``h0``.
+
+    Args:
+      cell: a cell from :mod:`bppsa.cells`.
+      params: the cell's parameter pytree (``cell.init(key)``).
+      xs: (T, B, I) inputs, time-major.
+      h0: (B, H) initial state; for an LSTM the pair (h0, c0), each (B, H).
+      backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``) or
+        "auto" (:func:`choose_backward` picks one for this cell, T and B).
+      scan: the BPPSA scan: "blelloch", "associative" or "sequential" (see :mod:`bppsa.scan`).
+
+    Returns:
+      hs: (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
+    """
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {list(BACKWARDS)}; got {backward!r}")
+    if scan not in scan_lib.SCANS:
+        raise ValueError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
+    xs = jnp.asarray(xs)
+    s0 = _validate(cell, params, xs, h0)
+    if backward == "auto":
+        backward = choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype)
+    if backward == "bptt":
+        ss = _forward(cell, params, xs, s0)
+    else:
+        ss = _bppsa_fn(cell, scan)(params, xs, s0)
+    return cell.unflatten_state(ss)
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+def _validate(cell, params, xs, h0):
+    """Check shapes and dtypes; return the flat initial state s0 (B, S)."""
+    name = type(cell).__name__
+    if xs.ndim != 3:
+        raise ValueError(f"xs must have shape (T, B, I) (rank 3); got rank {xs.ndim} with shape {xs.shape}")
+    T, B, I = xs.shape
+    if T == 0:
+        raise ValueError(f"xs must have at least one time step (T >= 1); got shape {xs.shape}")
+    if not _is_float(xs):
+        raise ValueError(f"xs must have a floating dtype; got {xs.dtype}")
+    if cell.input_size is not None and I != cell.input_size:
+        raise ValueError(f"xs must have shape (T, B, I) with I = {name}.input_size = {cell.input_size}; "
+                         f"got shape {xs.shape}")
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not _is_float(leaf):
+            raise ValueError(f"params{jax.tree_util.keystr(path)} must have a floating dtype; "
+                             f"got {jnp.result_type(leaf)}")
+    H = cell.hidden_size
+    parts = h0 if isinstance(cell_state_template(cell), tuple) else (h0,)
+    if isinstance(cell_state_template(cell), tuple) and not (isinstance(h0, (tuple, list)) and len(h0) == 2):
+        raise ValueError(f"h0 for {name} must be a pair (h0, c0) of (B, H) = {(B, H)} arrays; got {type(h0).__name__}")
+    for label, part in zip(("h0", "c0"), parts):
+        part = jnp.asarray(part)
+        expected = (B, H) if H is not None else (B, "H")
+        if part.ndim != 2 or part.shape[0] != B or (H is not None and part.shape[1] != H):
+            raise ValueError(f"{label} must have shape (B, H) = {expected} to match xs {xs.shape} and "
+                             f"{name}.hidden_size; got {part.shape}")
+        if not _is_float(part):
+            raise ValueError(f"{label} must have a floating dtype; got {part.dtype}")
+    return cell.flatten_state(jax.tree.map(jnp.asarray, tuple(h0) if isinstance(h0, list) else h0))
+
+
+def cell_state_template(cell):
+    """() for cells whose state is one array, a tuple for cells with a pair state (LSTM)."""
+    from .cells import LSTM
+    return (None, None) if isinstance(cell, LSTM) else None

@@ -1,0 +1,326 @@
+"""Recurrent cells with analytic transposed Jacobians (BPPSA, Wang et al., MLSys 2020, §3–4).
+
+A cell is a small frozen dataclass (hashable, so it can key compiled functions) with
+
+    init(key, dtype=float32) -> params                  a pytree of arrays
+    step(params, h, x) -> h'                            h: (B, H) [LSTM: (h, c)], x: (B, I)
+
+and the two batched pieces BPPSA needs, both over all T steps at once, on the *flat* state
+s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
+
+    transposed_jacobian(params, s_prev, xs, s) -> Ms    s_prev, s: (T, B, S), xs: (T, B, I)
+        Ms: (T, B, S, S), the matrix M_t with g_{t-1} = g_t @ M_t (row vectors): the paper's
+        Jᵀ acting on column vectors, i.e. M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j].
+    param_grads(params, s_prev, xs, s, gs) -> (dparams, dxs)
+        gs: (T, B, S) the total gradient ∂L/∂s_t; the contraction of the per-step gradients of
+        the pre-activations with x_t and s_{t-1}, one einsum over (t, b).
+
+Row convention throughout: a step computes ``x @ W_x + h @ W_h``, W_x: (I, G), W_h: (H, G). GRU
+and LSTM use PyTorch's gate order (r, z, n) and (i, f, g, o). The arrays passed to the batched
+methods may be in any time order (BPPSA passes them latest step first); they only have to agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic"]
+
+
+def _uniform(key, shape, bound, dtype):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class Cell:
+    """Base class: the flat-state helpers shared by all cells."""
+
+    input_size: int | None
+    hidden_size: int
+
+    @property
+    def state_size(self) -> int:
+        """S, the width of the flat state the scan works on."""
+        return self.hidden_size
+
+    def flatten_state(self, h):
+        """state -> (..., S)."""
+        return h
+
+    def unflatten_state(self, s):
+        """(..., S) -> state."""
+        return s
+
+
+def _rnn_params(key, input_size, hidden_size, gates, dtype):
+    k = jax.random.split(key, 4)
+    bound = 1.0 / float(hidden_size) ** 0.5  # PyTorch's default initialisation
+    G = gates * hidden_size
+    return {
+        "W_x": _uniform(k[0], (input_size, G), bound, dtype),
+        "W_h": _uniform(k[1], (hidden_size, G), bound, dtype),
+        "b_x": _uniform(k[2], (G,), bound, dtype),
+        "b_h": _uniform(k[3], (G,), bound, dtype),
+    }
+
+
+def _contract(xs, s_prev, da):
+    """Parameter gradients of ``a = x @ W_x + b_x + h @ W_h + b_h`` from ∂L/∂a (T, B, G)."""
+    return {
+        "W_x": jnp.einsum("tbi,tbg->ig", xs, da),
+        "W_h": jnp.einsum("tbh,tbg->hg", s_prev, da),
+        "b_x": da.sum((0, 1)),
+        "b_h": da.sum((0, 1)),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Vanilla RNN
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class RNN(Cell):
+    """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h), σ = tanh or relu.
+
+    Transposed Jacobian (row convention): M_t = diag(σ'(a_t)) W_hᵀ, so
+    g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t².
+    """
+
+    input_size: int
+    hidden_size: int
+    nonlinearity: str = "tanh"
+
+    def __post_init__(self):
+        if self.nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"nonlinearity must be 'tanh' or 'relu'; got {self.nonlinearity!r}")
+        _check_sizes(self)
+
+    def init(self, key, dtype=jnp.float32):
+        return _rnn_params(key, self.input_size, self.hidden_size, 1, dtype)
+
+    def _act(self, a):
+        return jnp.tanh(a) if self.nonlinearity == "tanh" else jax.nn.relu(a)
+
+    def _dact(self, h):
+        """σ'(a) from σ(a) = h."""
+        return 1.0 - h * h if self.nonlinearity == "tanh" else (h > 0).astype(h.dtype)
+
+    def step(self, params, h, x):
+        return self._act(x @ params["W_x"] + params["b_x"] + h @ params["W_h"] + params["b_h"])
+
+    def transposed_jacobian(self, params, s_prev, xs, s):
+        return self._dact(s)[..., :, None] * params["W_h"].T
+
+    def param_grads(self, params, s_prev, xs, s, gs):
+        da = gs * self._dact(s)
+        return _contract(xs, s_prev, da), da @ params["W_x"].T
+
+
+# --------------------------------------------------------------------------------------------
+# GRU
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GRU(Cell):
+    """GRU with PyTorch's gate convention (r, z, n):
+
+        r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
+        m = h W_hn + b_hn,  n = tanh(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
+
+    Transposed Jacobian (the paper's fused formula, row convention):
+        M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n) W_hnᵀ + diag(z),
+        u_n = (1 − z)(1 − n²) r,  u_r = (1 − z)(1 − n²) m r(1 − r),  u_z = (h − n) z(1 − z).
+    """
+
+    input_size: int
+    hidden_size: int
+
+    def __post_init__(self):
+        _check_sizes(self)
+
+    def init(self, key, dtype=jnp.float32):
+        return _rnn_params(key, self.input_size, self.hidden_size, 3, dtype)
+
+    def _gates(self, params, h, x):
+        H = self.hidden_size
+        gx = x @ params["W_x"] + params["b_x"]
+        gh = h @ params["W_h"] + params["b_h"]
+        r = jax.nn.sigmoid(gx[..., :H] + gh[..., :H])
+        z = jax.nn.sigmoid(gx[..., H:2 * H] + gh[..., H:2 * H])
+        m = gh[..., 2 * H:]
+        n = jnp.tanh(gx[..., 2 * H:] + r * m)
+        return r, z, m, n
+
+    def step(self, params, h, x):
+        r, z, m, n = self._gates(params, h, x)
+        return (1.0 - z) * n + z * h
+
+    def _u(self, params, s_prev, xs):
+        r, z, m, n = self._gates(params, s_prev, xs)
+        dn = (1.0 - z) * (1.0 - n * n)  # ∂h'/∂(pre-activation of n)
+        return r, z, m, n, dn
+
+    def transposed_jacobian(self, params, s_prev, xs, s):
+        H = self.hidden_size
+        r, z, m, n, dn = self._u(params, s_prev, xs)
+        U = jnp.stack([dn * m * r * (1.0 - r), (s_prev - n) * z * (1.0 - z), dn * r], axis=-2)
+        W = params["W_h"].reshape(H, 3, H)  # (in j, gate, out i)
+        M = jnp.einsum("...gi,jgi->...ij", U, W)
+        return M + z[..., :, None] * jnp.eye(H, dtype=M.dtype)
+
+    def param_grads(self, params, s_prev, xs, s, gs):
+        r, z, m, n, dn = self._u(params, s_prev, xs)
+        da_n = gs * dn
+        da_r = da_n * m * r * (1.0 - r)
+        da_z = gs * (s_prev - n) * z * (1.0 - z)
+        dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
+        dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
+        grads = {
+            "W_x": jnp.einsum("tbi,tbg->ig", xs, dgx),
+            "W_h": jnp.einsum("tbh,tbg->hg", s_prev, dgh),
+            "b_x": dgx.sum((0, 1)),
+            "b_h": dgh.sum((0, 1)),
+        }
+        return grads, dgx @ params["W_x"].T
+
+
+# --------------------------------------------------------------------------------------------
+# LSTM
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LSTM(Cell):
+    """LSTM with PyTorch's gate order (i, f, g, o); the state is (h, c), flat s = [h, c] (2H).
+
+        i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = tanh(a_g),  a = x W_x + b_x + h W_h + b_h,
+        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ tanh(c').
+
+    With k = o(1 − tanh²c'), P = Σ_{q∈i,f,g} diag(p_q) W_hqᵀ (p_i = g·i(1−i), p_f = c·f(1−f),
+    p_g = i(1−g²)) and Q = diag(tanh(c')·o(1−o)) W_hoᵀ, the 2H × 2H transposed Jacobian is
+
+        M = [[diag(k) P + Q, diag(k f)],     rows: ∂L/∂h', ∂L/∂c'
+             [P,             diag(f)  ]]     columns: ∂L/∂h, ∂L/∂c
+    """
+
+    input_size: int
+    hidden_size: int
+
+    def __post_init__(self):
+        _check_sizes(self)
+
+    @property
+    def state_size(self) -> int:
+        return 2 * self.hidden_size
+
+    def flatten_state(self, h):
+        return jnp.concatenate(h, axis=-1)
+
+    def unflatten_state(self, s):
+        H = self.hidden_size
+        return s[..., :H], s[..., H:]
+
+    def init(self, key, dtype=jnp.float32):
+        return _rnn_params(key, self.input_size, self.hidden_size, 4, dtype)
+
+    def _gates(self, params, h, x):
+        H = self.hidden_size
+        a = x @ params["W_x"] + params["b_x"] + h @ params["W_h"] + params["b_h"]
+        i = jax.nn.sigmoid(a[..., :H])
+        f = jax.nn.sigmoid(a[..., H:2 * H])
+        g = jnp.tanh(a[..., 2 * H:3 * H])
+        o = jax.nn.sigmoid(a[..., 3 * H:])
+        return i, f, g, o
+
+    def step(self, params, state, x):
+        h, c = state
+        i, f, g, o = self._gates(params, h, x)
+        c_new = f * c + i * g
+        return o * jnp.tanh(c_new), c_new
+
+    def _terms(self, params, s_prev, xs, s):
+        H = self.hidden_size
+        h, c = s_prev[..., :H], s_prev[..., H:]
+        i, f, g, o = self._gates(params, h, xs)
+        tc = jnp.tanh(s[..., H:])
+        k = o * (1.0 - tc * tc)
+        p = (g * i * (1.0 - i), c * f * (1.0 - f), i * (1.0 - g * g))
+        q = tc * o * (1.0 - o)
+        return f, k, p, q
+
+    def transposed_jacobian(self, params, s_prev, xs, s):
+        H = self.hidden_size
+        f, k, p, q = self._terms(params, s_prev, xs, s)
+        zero = jnp.zeros_like(q)
+        W = params["W_h"].reshape(H, 4, H)  # (in j, gate, out m)
+        Uc = jnp.stack(p + (zero,), axis=-2)               # dc'_tot -> dh
+        Uh = jnp.stack(tuple(k * pq for pq in p) + (q,), axis=-2)  # g_h' -> dh
+        eye = jnp.eye(H, dtype=q.dtype)
+        M_hh = jnp.einsum("...gm,jgm->...mj", Uh, W)
+        M_ch = jnp.einsum("...gm,jgm->...mj", Uc, W)
+        M_hc = (k * f)[..., :, None] * eye
+        M_cc = f[..., :, None] * eye
+        top = jnp.concatenate([M_hh, M_hc], axis=-1)
+        bottom = jnp.concatenate([M_ch, M_cc], axis=-1)
+        return jnp.concatenate([top, bottom], axis=-2)
+
+    def param_grads(self, params, s_prev, xs, s, gs):
+        H = self.hidden_size
+        f, k, p, q = self._terms(params, s_prev, xs, s)
+        g_h, g_c = gs[..., :H], gs[..., H:]
+        dc = g_c + g_h * k
+        da = jnp.concatenate([dc * p[0], dc * p[1], dc * p[2], g_h * q], axis=-1)
+        return _contract(xs, s_prev[..., :H], da), da @ params["W_x"].T
+
+
+# --------------------------------------------------------------------------------------------
+# Any cell
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Generic(Cell):
+    """Any step function ``step_fn(params, h, x) -> h'`` with h: (B, H), x: (B, I).
+
+    ``jacobian_fn(params, h, x) -> (B, H, H)`` gives M[b, i, j] = ∂h'[b, i]/∂h[b, j] for one step;
+    without it the Jacobian comes from autodiff (``jax.jacrev`` per sample, vmapped over B and T),
+    which assumes the step treats batch rows independently. Parameter gradients come from one
+    ``jax.vjp`` of the step vmapped over T. ``hidden_size``/``input_size`` are optional and only
+    used to validate shapes; ``init_fn(key, dtype)`` supplies ``init``.
+    """
+
+    step_fn: Callable[[Any, jax.Array, jax.Array], jax.Array]
+    jacobian_fn: Callable[[Any, jax.Array, jax.Array], jax.Array] | None = None
+    hidden_size: int | None = None
+    input_size: int | None = None
+    init_fn: Callable | None = None
+
+    def init(self, key, dtype=jnp.float32):
+        if self.init_fn is None:
+            raise ValueError("Generic.init needs init_fn(key, dtype); none was given")
+        return self.init_fn(key, dtype)
+
+    def step(self, params, h, x):
+        return self.step_fn(params, h, x)
+
+    def transposed_jacobian(self, params, s_prev, xs, s):
+        if self.jacobian_fn is not None:
+            return jax.vmap(self.jacobian_fn, in_axes=(None, 0, 0))(params, s_prev, xs)
+
+        def one(h, x):  # one sample: (S,), (I,) -> (S, S)
+            return jax.jacrev(lambda hh: self.step_fn(params, hh[None], x[None])[0])(h)
+
+        return jax.vmap(jax.vmap(one))(s_prev, xs)
+
+    def param_grads(self, params, s_prev, xs, s, gs):
+        steps = jax.vmap(self.step_fn, in_axes=(None, 0, 0))
+        _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
+        return vjp(gs)
+
+
+def _check_sizes(cell):
+    for name in ("input_size", "hidden_size"):
+        value = getattr(cell, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")

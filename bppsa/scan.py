@@ -1,0 +1,191 @@
+"""Scans that solve the back-propagation recurrence of a chain (BPPSA, Wang et al., MLSys 2020).
+
+The backward pass of a chain h_t = f(h_{t-1}, x_t) is the linear recurrence (row vectors,
+one per batch element)
+
+    g_{t-1} = g_t @ M_t + c_{t-1},        g_T = c_T,
+
+with M_t the (S, S) transposed Jacobian of step t acting from the right and c_t the direct loss
+gradient at step t. Written in *scan order* (latest step first) it is a prefix scan of
+
+    [v, e_1, e_2, ..., e_n],   v = g_T (a vector),   e_k = (M_k, d_k) an affine map x -> x @ M_k + d_k,
+
+under composition (M1, d1) then (M2, d2) = (M1 @ M2, d1 @ M2 + d2), which is associative and not
+commutative. Every function here takes
+
+    v:  (B, S)        the root vector,
+    Ms: (n, B, S, S)  the matrices of e_1 ... e_n, in scan order,
+    ds: (n, B, S)     their offsets (None: all zero),
+
+and returns ``(prefixes, total)`` with
+
+    prefixes: (n, B, S)   prefixes[k] = v ∘ e_1 ∘ ... ∘ e_k   (exclusive of e_{k+1}; prefixes[0] = v),
+    total:    (B, S)      v ∘ e_1 ∘ ... ∘ e_n.
+
+For a chain of T steps, n = T, e_k holds M_{T-k+1} and c_{T-k}; then prefixes[k] = g_{T-k} and
+total = g_0 (see :mod:`bppsa.backprop`). The scans know nothing about cells or devices.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan",
+           "up_sweep", "down_sweep"]
+
+
+def _vecmat(v, M):
+    """(..., B, S) @ (..., B, S, S) -> (..., B, S): one row vector times one matrix per batch row."""
+    return jnp.einsum("...i,...ij->...j", v, M)
+
+
+def _check(v, Ms, ds):
+    if Ms.ndim != 4 or Ms.shape[-1] != Ms.shape[-2]:
+        raise ValueError(f"Ms must have shape (n, B, S, S); got {Ms.shape}")
+    n, B, S, _ = Ms.shape
+    if v.shape != (B, S):
+        raise ValueError(f"v must have shape (B, S) = {(B, S)}; got {v.shape}")
+    if ds is not None and ds.shape != (n, B, S):
+        raise ValueError(f"ds must have shape (n, B, S) = {(n, B, S)}; got {ds.shape}")
+    if n == 0:
+        raise ValueError("the scan needs at least one element (n >= 1); got n = 0")
+
+
+# --------------------------------------------------------------------------------------------
+# Sequential reference.
+# --------------------------------------------------------------------------------------------
+
+def sequential_scan(v, Ms, ds=None):
+    """The reference: a ``lax.scan`` over the elements. Work Θ(n·B·S²), depth Θ(n)."""
+    _check(v, Ms, ds)
+
+    def step(x, e):
+        M, d = e
+        y = _vecmat(x, M)
+        return (y if d is None else y + d), x
+
+    total, prefixes = lax.scan(step, v, (Ms, ds))
+    return prefixes, total
+
+
+# --------------------------------------------------------------------------------------------
+# jax.lax.associative_scan with an affine combine.
+# --------------------------------------------------------------------------------------------
+
+def associative_scan(v, Ms, ds=None):
+    """Inclusive ``jax.lax.associative_scan`` of the affine maps, then one vector product each.
+
+    Work Θ(n·B·S³) (matrix–matrix products, about 2n of them in XLA's odd/even recursion),
+    depth Θ(log n) combine levels, plus one parallel level of vector–matrix products.
+    """
+    _check(v, Ms, ds)
+    if ds is None:
+        P = lax.associative_scan(jnp.matmul, Ms)
+        inclusive = _vecmat(v, P)
+    else:
+        def combine(a, b):  # a precedes b in scan order
+            Ma, da = a
+            Mb, db = b
+            return Ma @ Mb, _vecmat(da, Mb) + db
+
+        P, q = lax.associative_scan(combine, (Ms, ds))
+        inclusive = _vecmat(v, P) + q
+    prefixes = jnp.concatenate([v[None], inclusive[:-1]], axis=0)
+    return prefixes, inclusive[-1]
+
+
+# --------------------------------------------------------------------------------------------
+# The modified Blelloch scan with the vector at the root.
+# --------------------------------------------------------------------------------------------
+
+def up_sweep(v, Ms, ds=None):
+    """The reduce phase of the modified Blelloch scan.
+
+    Level 0 has the N = n + 1 blocks [v, e_1, ..., e_n]; level L + 1 pairs adjacent blocks of
+    level L (an odd block out is carried up unchanged). Block 0 always starts at element 0, so
+    its value is a *vector* (vector @ matrix); every other block is an affine map (matrix @
+    matrix). Returns one record per level, bottom first, each ``(vec, Ms, ds)`` where ``vec``
+    (B, S) is block 0's value and ``Ms`` (N_L - 1, B, S, S), ``ds`` (N_L - 1, B, S) or None hold
+    blocks 1 .. N_L - 1. The last record is the root: its ``vec`` is the total v ∘ e_1 ∘ … ∘ e_n.
+    """
+    levels = [(v, Ms, ds)]
+    while Ms.shape[0] >= 1:  # more than one block at this level
+        n_blocks = Ms.shape[0] + 1
+        # Block 0 (vector) absorbs block 1: a vector-matrix product.
+        vec = _vecmat(v, Ms[0])
+        if ds is not None:
+            vec = vec + ds[0]
+        # Blocks (2j, 2j+1), j >= 1, are lefts Ms[1::2] and rights Ms[2::2]: matrix-matrix products.
+        n_pairs = (n_blocks - 2) // 2
+        L = Ms[1:1 + 2 * n_pairs].reshape((n_pairs, 2) + Ms.shape[1:])
+        new_M = jnp.matmul(L[:, 0], L[:, 1])
+        if ds is not None:
+            D = ds[1:1 + 2 * n_pairs].reshape((n_pairs, 2) + ds.shape[1:])
+            new_d = _vecmat(D[:, 0], L[:, 1]) + D[:, 1]
+        if n_blocks % 2 == 1 and n_blocks >= 3:  # the last block has no partner: carry it up
+            new_M = jnp.concatenate([new_M, Ms[-1:]], axis=0)
+            if ds is not None:
+                new_d = jnp.concatenate([new_d, ds[-1:]], axis=0)
+        v, Ms, ds = vec, new_M, (None if ds is None else new_d)
+        levels.append((v, Ms, ds))
+    return levels
+
+
+def down_sweep(levels):
+    """The distribute phase: exclusive prefixes of every level-0 block, top level first.
+
+    The root receives the empty prefix. Going down, a left child receives its parent's incoming
+    prefix and a right child receives *incoming prefix ∘ left sibling's value* — prefix first,
+    the reversal of the textbook down-sweep that a non-commutative operator needs. Every
+    non-empty prefix starts with v, so it is a vector and every product here is vector @ matrix;
+    the empty prefix of the leftmost path is never built (the right child of block 0 just copies
+    block 0's vector). Returns (n, B, S): the exclusive prefix of e_1 … e_n.
+    """
+    # incoming[j - 1] is the exclusive prefix of block j >= 1 at the current level (block 0's is empty).
+    incoming = levels[-1][1][:, :, 0, :]  # (0, B, S): the root level has no block >= 1
+    for vec, Ms, ds in reversed(levels[:-1]):
+        n_blocks = Ms.shape[0] + 1
+        n_pairs = (n_blocks - 2) // 2
+        parts = [vec[None]]  # block 1 = right child of block 0: incoming is empty, so it gets vec
+        if n_pairs:
+            parent = incoming[:n_pairs]  # parents of pairs (2j, 2j+1), j = 1 .. n_pairs
+            left_M = Ms[1:1 + 2 * n_pairs:2]
+            right_in = _vecmat(parent, left_M)
+            if ds is not None:
+                right_in = right_in + ds[1:1 + 2 * n_pairs:2]
+            # interleave: block 2j gets parent, block 2j + 1 gets parent ∘ value(2j)
+            parts.append(jnp.stack([parent, right_in], axis=1).reshape((2 * n_pairs,) + parent.shape[1:]))
+        if n_blocks % 2 == 1 and n_blocks >= 3:
+            parts.append(incoming[n_pairs:n_pairs + 1])  # the carried block keeps its parent's prefix
+        incoming = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    return incoming
+
+
+def blelloch_scan(v, Ms, ds=None):
+    """The paper's modified Blelloch scan (up-sweep, then down-sweep with reversed operands).
+
+    Work: about n matrix–matrix products of S³ per batch row in the up-sweep (blocks away from
+    the root), and about 2n vector–matrix products (S² each) for block 0 and the down-sweep —
+    Θ(n·B·S³) in all. Depth: 2⌈log₂(n + 1)⌉ levels, each one batched product. Any n >= 1.
+    """
+    _check(v, Ms, ds)
+    levels = up_sweep(v, Ms, ds)
+    return down_sweep(levels), levels[-1][0]
+
+
+SCANS = {
+    "blelloch": blelloch_scan,
+    "associative": associative_scan,
+    "sequential": sequential_scan,
+}
+
+
+def scan(v, Ms, ds=None, method: str = "blelloch"):
+    """Dispatch to one of :data:`SCANS` by name; see the module docstring for shapes."""
+    try:
+        fn = SCANS[method]
+    except KeyError:
+        raise ValueError(f"scan must be one of {sorted(SCANS)}; got {method!r}") from None
+    return fn(v, Ms, ds)
