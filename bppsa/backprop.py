@@ -60,9 +60,46 @@ def _forward(cell, params, xs, s0):
     return ss
 
 
+def _chunked_bwd(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
+    """BPPSA backward over chunks of ``chunk_size`` steps, latest chunk first (scan order).
+
+    Each chunk generates only its own Jacobians (C, B, S, S), scans them with the gradient
+    flowing in from the later chunks added to its root vector, and passes the scan's total
+    (the gradient its first step sends to the previous state) on as the next chunk's carry.
+    Peak memory is O(C·B·S²) instead of O(T·B·S²); the result is exact.
+    """
+    T = xr.shape[0]
+
+    def chunk(u, xr_c, sr_c, spr_c, ctr_c):
+        Ms = cell.transposed_jacobian(params, spr_c, xr_c, sr_c)
+        ds = jnp.concatenate([ctr_c[1:], jnp.zeros_like(ctr_c[:1])], axis=0)
+        gs, total = scan_lib.scan(ctr_c[0] + u, Ms, ds, scan_method)
+        dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
+        return total, dp, dx
+
+    n_full, rest = divmod(T, chunk_size)
+    u = jnp.zeros_like(ctr[0])
+    split = lambda a: a[:n_full * chunk_size].reshape((n_full, chunk_size) + a.shape[1:])
+
+    def body(carry, c):
+        u, acc = carry
+        u, dp, dx = chunk(u, *c)
+        return (u, jax.tree.map(jnp.add, acc, dp)), dx
+
+    acc = jax.tree.map(jnp.zeros_like, params)
+    (u, acc), dxr = jax.lax.scan(body, (u, acc), tuple(split(a) for a in (xr, sr, spr, ctr)))
+    dxr = dxr.reshape((n_full * chunk_size,) + dxr.shape[2:])
+    if rest:  # the earliest steps: one shorter chunk
+        tail = slice(n_full * chunk_size, T)
+        u, dp, dx = chunk(u, xr[tail], sr[tail], spr[tail], ctr[tail])
+        acc = jax.tree.map(jnp.add, acc, dp)
+        dxr = jnp.concatenate([dxr, dx], axis=0)
+    return acc, dxr, u
+
+
 @functools.lru_cache(maxsize=None)
-def _bppsa_fn(cell, scan_method):
-    """The custom-VJP flat-state RNN for one (cell, scan) pair (cached: cells are hashable)."""
+def _bppsa_fn(cell, scan_method, chunk_size=None):
+    """The custom-VJP flat-state RNN for one (cell, scan, chunk_size) (cached: cells are hashable)."""
 
     @jax.custom_vjp
     def run(params, xs, s0):
@@ -79,6 +116,10 @@ def _bppsa_fn(cell, scan_method):
         sr = ss[::-1]
         spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
         ctr = ct[::-1].astype(ss.dtype)
+        if chunk_size is not None and chunk_size < ss.shape[0]:
+            dparams, dxr, g0 = _chunked_bwd(cell, scan_method, chunk_size, params, xr, sr, spr, ctr)
+            dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
+            return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
         Ms = cell.transposed_jacobian(params, spr, xr, sr)          # (T, B, S, S)
         ds = jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
         gs, g0 = scan_lib.scan(ctr[0], Ms, ds, scan_method)          # gs[k] = g_{T-k}
@@ -90,7 +131,8 @@ def _bppsa_fn(cell, scan_method):
     return run
 
 
-def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"):
+def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
+        chunk_size: int | None = None):
     """Run ``cell`` over a sequence; differentiable w.r.t. ``params``, ``xs`` and ``h0``.
 
     Args:
@@ -101,6 +143,9 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
       backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``) or
         "auto" (:func:`choose_backward` picks one for this cell, T and B).
       scan: the BPPSA scan: "blelloch", "associative" or "sequential" (see :mod:`bppsa.scan`).
+      chunk_size: BPPSA only (ignored by BPTT): run the backward over chunks of this many steps,
+        carrying the boundary gradient, so Jacobian memory is chunk_size·B·S² instead of T·B·S²
+        (exact; None: one chunk).
 
     Returns:
       hs: (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
@@ -109,6 +154,9 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
         raise ValueError(f"backward must be one of {list(BACKWARDS)}; got {backward!r}")
     if scan not in scan_lib.SCANS:
         raise ValueError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool)
+                                   or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
     xs = jnp.asarray(xs)
     s0 = _validate(cell, params, xs, h0)
     if backward == "auto":
@@ -116,7 +164,7 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
     if backward == "bptt":
         ss = _forward(cell, params, xs, s0)
     else:
-        ss = _bppsa_fn(cell, scan)(params, xs, s0)
+        ss = _bppsa_fn(cell, scan, chunk_size)(params, xs, s0)
     return cell.unflatten_state(ss)
 
 

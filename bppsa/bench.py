@@ -189,3 +189,528 @@ def time_components(cell, params, xs, h0, *, scan: str = "blelloch", repeats: in
     T, B, I = xs.shape
     out["shape"] = {"T": T, "B": B, "I": I, "S": cell.state_size, "dtype": str(xs.dtype)}
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Peak memory (XLA's compiled memory analysis) and the scan-variant comparison.
+# --------------------------------------------------------------------------------------------
+
+def compiled_memory(fn, *args) -> dict | None:
+    """Bytes of a jitted ``fn(*args)`` from XLA's compiled memory analysis, or None if unavailable.
+
+    ``peak`` = arguments + outputs + temporaries - aliased (an upper bound on what the program
+    holds at once; XLA's buffer assignment reuses temporaries, so ``temp`` is already its peak).
+    """
+    try:
+        m = jax.jit(fn).lower(*args).compile().memory_analysis()
+    except Exception:  # noqa: BLE001 -- some backends do not implement it
+        return None
+    if m is None:
+        return None
+    rec = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0) for k in ("argument", "output", "temp", "alias")}
+    rec["peak"] = rec["argument"] + rec["output"] + rec["temp"] - rec["alias"]
+    return rec
+
+
+def step_memory(cell, params, xs, h0, *, num_classes: int = 10, scan: str = "blelloch",
+                chunk_size: int | None = None) -> dict:
+    """Compiled peak memory (bytes) of one training step: {"bppsa": {...}, "bptt": {...}}.
+
+    With ``chunk_size`` an extra entry ``"bppsa_chunked"`` for the memory-bounded mode.
+    """
+    xs = jnp.asarray(xs)
+    B = xs.shape[1]
+    head = _head_init(jax.random.key(0), cell.hidden_size, num_classes, xs.dtype)
+    labels = jnp.zeros((B,), jnp.int32)
+    out = {}
+    variants = [("bppsa", "bppsa", None), ("bptt", "bptt", None)]
+    if chunk_size is not None:
+        variants.append(("bppsa_chunked", "bppsa", chunk_size))
+    for name, method, cs in variants:
+        step, init = make_train_step(cell, method, scan, chunk_size=cs)
+        out[name] = compiled_memory(step, init(params, head), xs, h0, labels)
+    return out
+
+
+def time_scans(v, Ms, ds=None, *, methods=("blelloch", "associative", "sequential"), repeats: int = 5,
+               warmup: int = 1) -> dict:
+    """The scan alone for each method on the same (v, Ms, ds), interleaved: {method: stats}."""
+    fns = {}
+    for m in methods:
+        f = jax.jit(lambda v, M, d, m=m: scan_lib.scan(v, M, d, m))
+        fns[m] = lambda f=f: f(v, Ms, ds)
+    return time_interleaved(fns, repeats=repeats, warmup=warmup)
+
+
+def scan_inputs(cell, params, xs, h0, *, seed: int = 0):
+    """(v, Ms, ds) exactly as the BPPSA backward builds them, for a random cotangent on every step."""
+    xs = jnp.asarray(xs)
+    s0 = backprop._validate(cell, params, xs, h0)
+    ct = jax.random.normal(jax.random.key(seed), xs.shape[:2] + (cell.state_size,), xs.dtype)
+
+    @jax.jit
+    def build(params, xs, s0, ct):
+        ss = backprop._forward(cell, params, xs, s0)
+        spr, xr, sr, v, ds = _bppsa_inputs(cell, ss, s0, xs, ct)
+        return v, cell.transposed_jacobian(params, spr, xr, sr), ds
+
+    return build(params, xs, s0, ct)
+
+
+# --------------------------------------------------------------------------------------------
+# Cost model and the `auto` policy.
+# --------------------------------------------------------------------------------------------
+
+def _gates(cell) -> int:
+    """Gate count of a cell: the per-step work of both methods scales with it."""
+    from .cells import GRU, LSTM
+    return 3 if isinstance(cell, GRU) else 4 if isinstance(cell, LSTM) else 1
+
+
+def _levels(T: int) -> int:
+    return 2 * max(1, int(T).bit_length())  # 2 ceil(log2(T + 1)): up-sweep + down-sweep
+
+
+def cost_features(cell, T: int, B: int) -> dict:
+    """The model's features for one problem (S = state size, G = gate count).
+
+    BPTT:  t = a_step · T            + a_flop · T·B·G·S²          (T dependent steps)
+    BPPSA: t = b_level · levels(T)   + b_gemm · T·B·S³ + b_mem · T·B·G·S²
+    levels(T) = 2⌈log₂(T + 1)⌉ dependent levels; T·B·S³ is the up-sweep's matrix–matrix work,
+    T·B·G·S² the Jacobian generation, vector products and contraction (memory bound).
+    """
+    S, G = cell.state_size, _gates(cell)
+    return {"bptt": [float(T), float(T) * B * G * S * S],
+            "bppsa": [float(_levels(T)), float(T) * B * S ** 3, float(T) * B * G * S * S]}
+
+
+class CostModel:
+    """Predicted backward-pass seconds of BPTT and BPPSA from :func:`cost_features`.
+
+    ``coef = {"bptt": [a_step, a_flop], "bppsa": [b_level, b_gemm, b_mem]}`` (seconds per unit),
+    fitted by :func:`calibrate`. ``choose`` picks the method with the smaller prediction; it is
+    the policy ``backward="auto"`` uses once installed with :func:`install_auto`.
+    """
+
+    def __init__(self, coef: dict, meta: dict | None = None):
+        for k, n in (("bptt", 2), ("bppsa", 3)):
+            if k not in coef or len(coef[k]) != n:
+                raise ValueError(f"coef[{k!r}] must be a list of {n} numbers; got {coef.get(k)!r}")
+        self.coef = {k: [float(c) for c in v] for k, v in coef.items()}
+        self.meta = dict(meta or {})
+
+    def predict(self, cell, T: int, B: int) -> dict:
+        f = cost_features(cell, T, B)
+        return {k: float(np.dot(self.coef[k], f[k])) for k in ("bptt", "bppsa")}
+
+    def choose(self, cell, T: int, B: int, dtype=None) -> str:
+        p = self.predict(cell, T, B)
+        return "bppsa" if p["bppsa"] < p["bptt"] else "bptt"
+
+    __call__ = choose
+
+    def to_json(self) -> dict:
+        return {"coef": self.coef, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, rec: dict) -> "CostModel":
+        return cls(rec["coef"], rec.get("meta"))
+
+
+def _nnls(A, y):
+    """Non-negative least squares on relative error (tiny: a few unknowns), by active-set pruning."""
+    A = np.asarray(A, float) / np.asarray(y, float)[:, None]
+    b = np.ones(len(y))
+    active = list(range(A.shape[1]))
+    while True:
+        x = np.zeros(A.shape[1])
+        x[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
+        neg = [i for i in active if x[i] < 0]
+        if not neg:
+            return x
+        active.remove(min(neg, key=lambda i: x[i]))
+
+
+PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (256, 8), (1024, 4), (512, 32))
+
+
+def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 3, dtype=jnp.float32,
+              scan: str = "blelloch") -> CostModel:
+    """Fit :class:`CostModel` on this device from a short probe (vanilla RNN, a few (T, B)).
+
+    Each probe point times the two backward functions (``jax.vjp`` backward of BPTT and of
+    BPPSA), interleaved. A few seconds on a CPU; the result is cached by :func:`load_cost_model`.
+    """
+    from .cells import RNN
+    cell = RNN(1, hidden_size)
+    params = cell.init(jax.random.key(0), dtype)
+    rows = {"bptt": ([], []), "bppsa": ([], [])}
+    apply_vjp = jax.jit(lambda f, c: f(c))
+    for T, B in points:
+        xs = jax.random.normal(jax.random.key(T + B), (T, B, 1), dtype)
+        s0 = jnp.zeros((B, hidden_size), dtype)
+        ct = jnp.ones((T, B, hidden_size), dtype)
+        _, vb = jax.vjp(lambda p, x, s: backprop._forward(cell, p, x, s), params, xs, s0)
+        _, vp = jax.vjp(backprop._bppsa_fn(cell, scan), params, xs, s0)
+        t = time_interleaved({"bptt": lambda: apply_vjp(vb, ct), "bppsa": lambda: apply_vjp(vp, ct)},
+                             repeats=repeats)
+        f = cost_features(cell, T, B)
+        for k in rows:
+            rows[k][0].append(f[k])
+            rows[k][1].append(t[k]["min"])
+    coef = {k: _nnls(*rows[k]).tolist() for k in rows}
+    meta = {"device": _device_key(), "points": [list(p) for p in points], "hidden_size": hidden_size,
+            "scan": scan, "dtype": str(jnp.dtype(dtype)),
+            "measured": {k: rows[k][1] for k in rows}}
+    return CostModel(coef, meta)
+
+
+def _device_key() -> str:
+    from .provenance import _cpu_model
+    d = jax.devices()[0]
+    kind = d.device_kind if jax.default_backend() != "cpu" else _cpu_model()
+    return f"{jax.default_backend()}|{kind}|jax {jax.__version__}"
+
+
+def cache_path():
+    """Where the calibrated model is cached: $BPPSA_CACHE_DIR or ~/.cache/bppsa, one file per device."""
+    import hashlib
+    import os
+    from pathlib import Path
+    root = Path(os.environ.get("BPPSA_CACHE_DIR") or Path.home() / ".cache" / "bppsa")
+    digest = hashlib.sha1(_device_key().encode()).hexdigest()[:12]
+    return root / f"cost_model-{digest}.json"
+
+
+def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:
+    """The cached :class:`CostModel` for this device; probe and cache it when missing."""
+    import json
+    path = cache_path()
+    if path.exists() and not recalibrate:
+        try:
+            rec = json.loads(path.read_text())
+            if rec.get("meta", {}).get("device") == _device_key():
+                return CostModel.from_json(rec)
+        except (ValueError, KeyError, TypeError):
+            pass  # a corrupt or stale cache is recomputed
+    model = calibrate(**calibrate_kw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(model.to_json(), indent=1) + "\n")
+    return model
+
+
+def install_auto(model: CostModel | None = None) -> CostModel:
+    """Make ``backward="auto"`` use ``model`` (default: the cached, calibrated one). Returns it."""
+    model = load_cost_model() if model is None else model
+    backprop.set_auto_policy(model.choose)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Sweeps, tables, plots, commands.
+# --------------------------------------------------------------------------------------------
+
+T_SWEEP = (10, 30, 100, 300, 1000, 3000, 10000, 30000)        # at B = 16 (the paper's Fig. 5a)
+B_SWEEP = (2, 4, 8, 16, 32, 64, 128, 256)                     # at T = 1000 (Fig. 5b)
+T_SWEEP_QUICK = (10, 100, 1000, 3000)
+B_SWEEP_QUICK = (2, 16, 64)
+
+_CELLS = {"rnn": "RNN", "gru": "GRU", "lstm": "LSTM"}
+
+
+def make_cell(kind: str, input_size: int, hidden_size: int):
+    from . import cells
+    if kind not in _CELLS:
+        raise ValueError(f"cell must be one of {sorted(_CELLS)}; got {kind!r}")
+    return getattr(cells, _CELLS[kind])(input_size, hidden_size)
+
+
+def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 5, warmup: int = 1,
+                dtype=jnp.float32, seed: int = 0, scan_variants=("blelloch", "associative", "sequential"),
+                max_scan_elements: int = 4_000_000, memory: bool = True, chunk_size: int | None = None,
+                model: CostModel | None = None, num_classes: int = 10, log=print) -> dict:
+    """One sweep point: components, speedups, scan variants, peak memory and the `auto` choice.
+
+    Scan variants are timed only when T·B <= ``max_scan_elements`` (the associative scan is
+    slow and memory hungry on a CPU); skipped variants are recorded as skipped.
+    """
+    params = cell.init(jax.random.key(seed), dtype)
+    k1, _ = jax.random.split(jax.random.key(seed + 1))
+    if cell.input_size == 1:  # the paper's bitstreams
+        xs = (jax.random.uniform(k1, (T, B, 1)) < 0.5).astype(dtype)
+    else:
+        xs = jax.random.normal(k1, (T, B, cell.input_size), dtype)
+    h0 = cell.unflatten_state(jnp.zeros((B, cell.state_size), dtype))
+    rec = {"T": T, "B": B, "H": cell.hidden_size, "cell": type(cell).__name__, "scan": scan,
+           "dtype": str(jnp.dtype(dtype))}
+    t = time_components(cell, params, xs, h0, scan=scan, repeats=repeats, warmup=warmup,
+                        num_classes=num_classes, seed=seed)
+    rec["components"] = {k: t[k] for k in COMPONENTS}
+    for k in ("speedup_backward", "speedup_scan", "speedup_step"):
+        rec[k] = t[k]
+    rec["speedup_backward_min"] = t["bptt_backward"]["min"] / t["bppsa_backward_full"]["min"]
+    rec["speedup_step_min"] = t["step_bptt"]["min"] / t["step_bppsa"]["min"]
+    if scan_variants:
+        if T * B <= max_scan_elements:
+            v, Ms, ds = scan_inputs(cell, params, xs, h0, seed=seed)
+            rec["scans"] = time_scans(v, Ms, ds, methods=scan_variants, repeats=repeats, warmup=warmup)
+            del v, Ms, ds
+        else:
+            rec["scans"] = {"skipped": f"T*B = {T * B} > max_scan_elements = {max_scan_elements}"}
+    if memory:
+        rec["memory"] = step_memory(cell, params, xs, h0, scan=scan, chunk_size=chunk_size,
+                                    num_classes=num_classes)
+        rec["memory"]["jacobian_bytes"] = T * B * cell.state_size ** 2 * jnp.dtype(dtype).itemsize
+    if model is not None:
+        pred = model.predict(cell, T, B)
+        faster = "bppsa" if t["bppsa_backward_full"]["median"] < t["bptt_backward"]["median"] else "bptt"
+        choice = model.choose(cell, T, B)
+        best = min(t["bppsa_backward_full"]["median"], t["bptt_backward"]["median"])
+        chosen = t["bppsa_backward_full" if choice == "bppsa" else "bptt_backward"]["median"]
+        rec["auto"] = {"choice": choice, "faster_measured": faster, "predicted_s": pred,
+                       "slowdown_vs_best": chosen / best}
+    log(_row_line(rec))
+    return rec
+
+
+def _ms(x):
+    return f"{1e3 * x:.2f}"
+
+
+_HEADER = ("| T | B | fwd ms | FO (jac) ms | scan ms | contract ms | BPPSA bwd ms | BPTT bwd ms | "
+           "bwd × | step BPPSA ms | step BPTT ms | step × | auto | peak MB BPPSA / BPTT |")
+
+
+def _row_line(r) -> str:
+    c = r["components"]
+    auto = r.get("auto")
+    auto_s = f"{auto['choice']} ({auto['slowdown_vs_best']:.2f})" if auto else "-"
+    mem = r.get("memory") or {}
+    mb = lambda m: f"{m['peak'] / 2 ** 20:.1f}" if m else "?"
+    mem_s = f"{mb(mem.get('bppsa'))} / {mb(mem.get('bptt'))}" if mem else "-"
+    return (f"| {r['T']} | {r['B']} | {_ms(c['forward']['median'])} | {_ms(c['jacobian']['median'])} | "
+            f"{_ms(c['bppsa_backward']['median'])} | {_ms(c['param_grads']['median'])} | "
+            f"{_ms(c['bppsa_backward_full']['median'])} | {_ms(c['bptt_backward']['median'])} | "
+            f"{r['speedup_backward']:.2f} | {_ms(c['step_bppsa']['median'])} | {_ms(c['step_bptt']['median'])} | "
+            f"{r['speedup_step']:.2f} | {auto_s} | {mem_s} |")
+
+
+def markdown_table(points, title: str = "") -> str:
+    """The sweep as a markdown table (medians; × = BPTT time / BPPSA time, > 1: BPPSA faster)."""
+    lines = [f"### {title}", ""] if title else []
+    lines += [_HEADER, "|" + "---|" * (_HEADER.count("|") - 1)]
+    lines += [_row_line(r) for r in points]
+    scans = [r for r in points if isinstance(r.get("scans"), dict) and "skipped" not in r["scans"]]
+    if scans:
+        methods = list(scans[0]["scans"])
+        lines += ["", "Scan variants (the scan alone on the same Jacobians, median ms):", "",
+                  "| T | B | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+        lines += [f"| {r['T']} | {r['B']} | " + " | ".join(_ms(r["scans"][m]["median"]) for m in methods) + " |"
+                  for r in scans]
+    return "\n".join(lines) + "\n"
+
+
+def plot_sweep(record, path) -> None:
+    """Backward and step speedups vs T (B fixed) and vs B (T fixed), log axes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    parts = [(name, pts) for name, pts in record["sweeps"].items() if pts]
+    fig, axes = plt.subplots(1, len(parts), figsize=(5.5 * len(parts), 3.8), squeeze=False)
+    for ax, (name, pts) in zip(axes[0], parts):
+        key = "T" if pts[0]["B"] == pts[-1]["B"] and len({p["T"] for p in pts}) > 1 else "B"
+        xs = [p[key] for p in pts]
+        ax.plot(xs, [p["speedup_backward"] for p in pts], "o-", label="backward (BPTT / BPPSA)")
+        ax.plot(xs, [p["speedup_step"] for p in pts], "s--", label="training step")
+        if pts and "scans" in pts[0]:
+            ax.plot(xs, [p["speedup_scan"] for p in pts], "^:", label="scan alone vs BPTT backward")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(key)
+        ax.set_ylabel("speedup of BPPSA over BPTT")
+        fixed = f"B = {pts[0]['B']}" if key == "T" else f"T = {pts[0]['T']}"
+        ax.set_title(f"{name}: {fixed}, H = {pts[0]['H']}")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"BPPSA vs BPTT, {record['provenance']['backend']} ({record['provenance']['cpu']})"
+                 if record["provenance"]["backend"] == "cpu" else
+                 f"BPPSA vs BPTT, {record['provenance']['device_kind']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixed: int = 16,
+              hidden_size: int = 20, cell: str = "rnn", input_size: int = 1, repeats: int = 5,
+              scan: str = "blelloch", auto: bool = True, memory: bool = True,
+              max_scan_elements: int = 4_000_000, time_budget_s: float | None = None,
+              log=print) -> dict:
+    """The paper's two sweeps: T at B = ``B_fixed`` and B at T = ``T_fixed``. Returns the record.
+
+    ``time_budget_s``: stop starting new points once this much wall time has passed (the
+    skipped points are listed in ``record["skipped"]``).
+    """
+    c = make_cell(cell, input_size, hidden_size)
+    model = load_cost_model() if auto else None
+    record = {"config": {"cell": cell, "input_size": input_size, "hidden_size": hidden_size,
+                         "T_values": list(T_values), "B_values": list(B_values), "T_fixed": T_fixed,
+                         "B_fixed": B_fixed, "repeats": repeats, "scan": scan, "dtype": "float32"},
+              "cost_model": model.to_json() if model else None, "sweeps": {}, "skipped": []}
+    start = time.perf_counter()
+    for name, pts in (("T sweep", [(T, B_fixed) for T in T_values]),
+                      ("B sweep", [(T_fixed, B) for B in B_values])):
+        log(f"\n{name} ({type(c).__name__}, H = {hidden_size}, {scan} scan, median of {repeats})\n{_HEADER}")
+        out = []
+        for T, B in pts:
+            if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+                record["skipped"].append({"sweep": name, "T": T, "B": B, "why": "time budget"})
+                log(f"skipped T = {T}, B = {B}: time budget of {time_budget_s:.0f} s spent")
+                continue
+            out.append(bench_point(c, T, B, scan=scan, repeats=repeats, model=model, memory=memory,
+                                   max_scan_elements=max_scan_elements, log=log))
+        record["sweeps"][name] = out
+    record["wall_s"] = time.perf_counter() - start
+    return record
+
+
+def save_record(record, outdir, name: str, command: str | None = None) -> list:
+    """Write ``name``.json (with provenance), .md and .png under ``outdir``; return the paths."""
+    from pathlib import Path
+
+    from .provenance import provenance, save_json
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    record.setdefault("provenance", provenance(command))
+    paths = [save_json(out / f"{name}.json", record)]
+    md = [f"## {name}", "", f"`{record['provenance']['command']}` — {record['provenance']['date']}, "
+          f"{record['provenance']['backend']} / {record['provenance']['device_kind']} / "
+          f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
+          "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). BPPSA bwd = the whole "
+          "BPPSA backward (FO + scan + contraction, one jit); step = forward + backward + Adam. "
+          "auto = the cost model's choice (its time / the faster method's time). Peak MB from "
+          "XLA's compiled memory analysis of the training step.", ""]
+    for sweep, pts in record["sweeps"].items():
+        if pts:
+            md.append(markdown_table(pts, sweep))
+    if record.get("skipped"):
+        md.append("Skipped: " + ", ".join(f"T={s['T']} B={s['B']} ({s['why']})" for s in record["skipped"]) + "\n")
+    (out / f"{name}.md").write_text("\n".join(md))
+    paths.append(out / f"{name}.md")
+    if any(record["sweeps"].values()):
+        plot_sweep(record, out / f"{name}.png")
+        paths.append(out / f"{name}.png")
+    return paths
+
+
+def _int_list(s: str):
+    try:
+        vals = [int(x) for x in s.split(",") if x]
+    except ValueError:
+        raise ValueError(f"expected a comma-separated list of ints; got {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"expected positive ints; got {s!r}")
+    return vals
+
+
+def main(argv=None) -> int:
+    """``bppsa bench``: time BPPSA vs BPTT for a cell over lists of T and B."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(prog="bppsa bench", description=main.__doc__)
+    p.add_argument("--cell", default="rnn", choices=sorted(_CELLS))
+    p.add_argument("--hidden", type=int, default=20)
+    p.add_argument("--input", type=int, default=1)
+    p.add_argument("--T", default="1000", help="comma-separated sequence lengths (default: %(default)s)")
+    p.add_argument("--B", default="16", help="comma-separated batch sizes (default: %(default)s)")
+    p.add_argument("--scan", default="blelloch", choices=sorted(scan_lib.SCANS))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-auto", action="store_true", help="skip the cost model (no calibration probe)")
+    p.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
+    p.add_argument("--name", default="bench")
+    a = p.parse_args(argv)
+    cell = make_cell(a.cell, a.input, a.hidden)
+    model = None if a.no_auto else load_cost_model()
+    pts = []
+    print(_HEADER)
+    for T in _int_list(a.T):
+        for B in _int_list(a.B):
+            pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model))
+    record = {"config": vars(a), "cost_model": model.to_json() if model else None,
+              "sweeps": {f"{a.cell} H={a.hidden}": pts}}
+    paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+def main_rnn_sweep(argv=None) -> int:
+    """``bppsa reproduce rnn-sweep``: the paper's vanilla-RNN sweeps (Wang et al. 2020, Fig. 5)."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(prog="bppsa reproduce rnn-sweep", description=main_rnn_sweep.__doc__)
+    p.add_argument("--quick", action="store_true", help="fewer points and repeats: a few minutes on 2 CPU cores")
+    p.add_argument("--workdir", default="runs/rnn-sweep", help="output folder (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--T", default=None, help="override the T values (comma-separated)")
+    p.add_argument("--B", default=None, help="override the B values (comma-separated)")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds; later points are skipped")
+    p.add_argument("--no-auto", action="store_true")
+    p.add_argument("--name", default=None)
+    a = p.parse_args(argv)
+    Ts = _int_list(a.T) if a.T else (T_SWEEP_QUICK if a.quick else T_SWEEP)
+    Bs = _int_list(a.B) if a.B else (B_SWEEP_QUICK if a.quick else B_SWEEP)
+    repeats = a.repeats or (3 if a.quick else 5)
+    record = run_sweep(T_values=Ts, B_values=Bs, repeats=repeats, auto=not a.no_auto,
+                       time_budget_s=a.time_budget)
+    name = a.name or ("rnn-sweep-quick" if a.quick else "rnn-sweep")
+    cmd = "bppsa reproduce rnn-sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+    paths = save_record(record, a.workdir, name, cmd.strip())
+    print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+def sweep_task(config, workdir) -> dict:
+    """Experiment task (``bppsa run experiments/configs/rnn_[tb]sweep.py``): one sweep to ``workdir``."""
+    rec = run_sweep(T_values=tuple(config.T_values), B_values=tuple(config.B_values),
+                    T_fixed=config.get("T_fixed", 1000), B_fixed=config.get("B_fixed", 16),
+                    hidden_size=config.hidden_size, repeats=config.repeats, auto=config.get("auto", True),
+                    time_budget_s=config.get("time_budget_s"))
+    rec["sweeps"] = {k: v for k, v in rec["sweeps"].items() if v}
+    save_record(rec, workdir, config.name)
+    return {name: [{"T": p["T"], "B": p["B"], "speedup_backward": p["speedup_backward"],
+                    "speedup_step": p["speedup_step"]} for p in pts] for name, pts in rec["sweeps"].items()}
+
+
+IRMAS_SETTINGS = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # (features, T), DESIGN.md
+
+
+def main_irmas_grid(argv=None) -> int:
+    """Timing part of the IRMAS grid on synthetic inputs of the right shapes: GRU(F, 20), 11 classes,
+    settings s/m/l x B in {16, 32, 64}. Writes irmas-timing.json/.md under --out."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(prog="irmas-timing", description=main_irmas_grid.__doc__)
+    p.add_argument("--out", required=True)
+    p.add_argument("--settings", default="s,m,l")
+    p.add_argument("--B", default="16,32,64")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--time-budget", type=float, default=None)
+    a = p.parse_args(argv)
+    from . import cells
+    start = time.perf_counter()
+    pts, skipped = [], []
+    print(_HEADER)
+    for s in a.settings.split(","):
+        if s not in IRMAS_SETTINGS:
+            raise ValueError(f"--settings entries must be in {sorted(IRMAS_SETTINGS)}; got {s!r}")
+        F, T = IRMAS_SETTINGS[s]
+        for B in _int_list(a.B):
+            if a.time_budget is not None and time.perf_counter() - start > a.time_budget:
+                skipped.append({"sweep": "irmas", "T": T, "B": B, "why": "time budget"})
+                continue
+            r = bench_point(cells.GRU(F, 20), T, B, repeats=a.repeats, num_classes=11,
+                            scan_variants=(), memory=False)
+            r["setting"] = s
+            pts.append(r)
+    record = {"config": vars(a), "sweeps": {"IRMAS GRU grid (synthetic inputs)": pts}, "skipped": skipped}
+    save_record(record, a.out, "irmas-timing", "irmas-timing " + " ".join(argv if argv is not None else sys.argv[1:]))
+    return 0

@@ -13,10 +13,12 @@ import sys
 REPRODUCE = {
     "default": "bppsa.reproduce:main_rnn_train",  # what `make reproduce` runs
     "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "rnn-sweep": "bppsa.bench:main_rnn_sweep",
 }
 
 # bppsa COMMAND [args...]
 COMMANDS = {
+    "bench": "bppsa.bench:main",
 }
 
 USAGE = """usage: bppsa COMMAND [args...]
