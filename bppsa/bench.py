@@ -427,7 +427,7 @@ def make_cell(kind: str, input_size: int, hidden_size: int):
 
 def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 5, warmup: int = 1,
                 dtype=jnp.float32, seed: int = 0, scan_variants=("blelloch", "associative", "sequential"),
-                max_scan_elements: int = 4_000_000, memory: bool = True, chunk_size: int | None = None,
+                max_scan_elements: int = 200_000, memory: bool = True, chunk_size: int | None = None,
                 model: CostModel | None = None, num_classes: int = 10, log=print) -> dict:
     """One sweep point: components, speedups, scan variants, peak memory and the `auto` choice.
 
@@ -543,7 +543,7 @@ def plot_sweep(record, path) -> None:
 def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixed: int = 16,
               hidden_size: int = 20, cell: str = "rnn", input_size: int = 1, repeats: int = 5,
               scan: str = "blelloch", auto: bool = True, memory: bool = True,
-              max_scan_elements: int = 4_000_000, time_budget_s: float | None = None,
+              max_scan_elements: int = 200_000, time_budget_s: float | None = None,
               log=print) -> dict:
     """The paper's two sweeps: T at B = ``B_fixed`` and B at T = ``T_fixed``. Returns the record.
 
@@ -650,17 +650,18 @@ def main_rnn_sweep(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer points and repeats: a few minutes on 2 CPU cores")
     p.add_argument("--workdir", default="runs/rnn-sweep", help="output folder (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--T", default=None, help="override the T values (comma-separated)")
-    p.add_argument("--B", default=None, help="override the B values (comma-separated)")
+    p.add_argument("--T", default=None, help="override the T values (comma-separated, or none)")
+    p.add_argument("--B", default=None, help="override the B values (comma-separated, or none)")
     p.add_argument("--time-budget", type=float, default=None, help="seconds; later points are skipped")
     p.add_argument("--no-auto", action="store_true")
     p.add_argument("--name", default=None)
     a = p.parse_args(argv)
-    Ts = _int_list(a.T) if a.T else (T_SWEEP_QUICK if a.quick else T_SWEEP)
-    Bs = _int_list(a.B) if a.B else (B_SWEEP_QUICK if a.quick else B_SWEEP)
+    Ts = () if a.T == "none" else _int_list(a.T) if a.T else (T_SWEEP_QUICK if a.quick else T_SWEEP)
+    Bs = () if a.B == "none" else _int_list(a.B) if a.B else (B_SWEEP_QUICK if a.quick else B_SWEEP)
     repeats = a.repeats or (3 if a.quick else 5)
     record = run_sweep(T_values=Ts, B_values=Bs, repeats=repeats, auto=not a.no_auto,
                        time_budget_s=a.time_budget)
+    record["sweeps"] = {k: v for k, v in record["sweeps"].items() if v}
     name = a.name or ("rnn-sweep-quick" if a.quick else "rnn-sweep")
     cmd = "bppsa reproduce rnn-sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     paths = save_record(record, a.workdir, name, cmd.strip())
