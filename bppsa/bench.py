@@ -602,6 +602,26 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     return paths
 
 
+def gemm_rates(*, n: int = 5000, S: int = 20, large: int = 1024, repeats: int = 7, dtype=jnp.float32) -> dict:
+    """GFLOP/s (from the min time) of a bare batch of n S x S products in the layouts we tried, and of
+    one large GEMM, interleaved: the ceiling the scan's batched products are compared against."""
+    k1, k2 = jax.random.split(jax.random.key(0))
+    A = jax.random.normal(k1, (n, S, S), dtype) / S
+    Bm = jax.random.normal(k2, (n, S, S), dtype) / S
+    At, Bt = jnp.moveaxis(A, 0, -1), jnp.moveaxis(Bm, 0, -1)
+    X = jax.random.normal(k1, (large, large), dtype)
+    forms = {
+        "batched matmul (n, S, S)": (jax.jit(jnp.matmul), (A, Bm)),
+        "batched matmul (n/16, 16, S, S)": (jax.jit(lambda a, b: jnp.matmul(a.reshape(-1, 16, S, S), b.reshape(-1, 16, S, S))), (A, Bm)),
+        "fused multiply-add over k (n, S, S)": (jax.jit(lambda a, b: sum(a[:, :, k, None] * b[:, None, k, :] for k in range(S))), (A, Bm)),
+        "einsum batch-last (S, S, n)": (jax.jit(lambda a, b: jnp.einsum("ikn,kjn->ijn", a, b)), (At, Bt)),
+        f"large GEMM {large}^3": (jax.jit(jnp.matmul), (X, X)),
+    }
+    t = time_interleaved({k: (lambda f=f, a=a: f(*a)) for k, (f, a) in forms.items()}, repeats=repeats)
+    flops = {k: (2 * large ** 3 if k.startswith("large") else 2 * n * S ** 3) for k in forms}
+    return {k: flops[k] / t[k]["min"] / 1e9 for k in forms}
+
+
 def _int_list(s: str):
     try:
         vals = [int(x) for x in s.split(",") if x]
@@ -627,6 +647,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-auto", action="store_true", help="skip the cost model (no calibration probe)")
     p.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
     p.add_argument("--name", default="bench")
+    p.add_argument("--gemm", action="store_true", help="also measure bare batched 20x20 GEMM rates")
     a = p.parse_args(argv)
     cell = make_cell(a.cell, a.input, a.hidden)
     model = None if a.no_auto else load_cost_model()
@@ -637,6 +658,12 @@ def main(argv=None) -> int:
             pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model))
     record = {"config": vars(a), "cost_model": model.to_json() if model else None,
               "sweeps": {f"{a.cell} H={a.hidden}": pts}}
+    if a.gemm:
+        record["gemm_gflops"] = gemm_rates(S=a.hidden)
+        for k, v in record["gemm_gflops"].items():
+            print(f"{k:40s} {v:7.1f} GFLOP/s")
+        for r in pts:  # the rate the scan reaches on its ~n matrix products (up-sweep work)
+            r["scan_gflops"] = 2 * r["T"] * r["B"] * a.hidden ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     print("wrote " + ", ".join(map(str, paths)))
     return 0
