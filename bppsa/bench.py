@@ -399,8 +399,22 @@ def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:
     return model
 
 
-def install_auto(model: CostModel | None = None) -> CostModel:
-    """Make ``backward="auto"`` use ``model`` (default: the cached, calibrated one). Returns it."""
+def install_auto(model: CostModel | None = None, *, lazy: bool = False):
+    """Make ``backward="auto"`` use ``model`` (default: the cached, calibrated one). Returns it.
+
+    ``lazy=True`` (and no model): install a policy that loads -- or probes and caches -- the
+    model the first time ``backward="auto"`` is used; returns None.
+    """
+    if model is None and lazy:
+        state = {}
+
+        def policy(cell, T, B, dtype=None):
+            if "model" not in state:
+                state["model"] = load_cost_model()
+            return state["model"].choose(cell, T, B, dtype)
+
+        backprop.set_auto_policy(policy)
+        return None
     model = load_cost_model() if model is None else model
     backprop.set_auto_policy(model.choose)
     return model

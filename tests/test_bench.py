@@ -297,3 +297,16 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
         assert "provenance" in json.loads((out / f"{name}.json").read_text())
         assert (out / f"{name}.md").exists()
     assert "summary" in r.stdout and "backward x" in r.stdout
+
+
+def test_install_auto_lazy_probes_on_first_use(tmp_path, monkeypatch):
+    monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
+    model = bench.CostModel({"bptt": [1.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
+    bench.cache_path().write_text(json.dumps(model.to_json()))
+    prev = backprop.set_auto_policy(backprop._default_policy)
+    try:
+        assert bench.install_auto(lazy=True) is None
+        assert backprop.choose_backward(cells.RNN(1, 2), 10, 1) == "bppsa"  # read from the cache
+        assert bench.install_auto(model).choose(cells.RNN(1, 2), 10, 1) == "bppsa"
+    finally:
+        backprop.set_auto_policy(prev)
