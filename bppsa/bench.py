@@ -616,7 +616,7 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     return paths
 
 
-def gemm_rates(*, n: int = 5000, S: int = 20, large: int = 1024, repeats: int = 7, dtype=jnp.float32) -> dict:
+def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 7, dtype=jnp.float32) -> dict:
     """GFLOP/s (from the min time) of a bare batch of n S x S products in the layouts we tried, and of
     one large GEMM, interleaved: the ceiling the scan's batched products are compared against."""
     k1, k2 = jax.random.split(jax.random.key(0))
