@@ -11,8 +11,9 @@ import sys
 
 # bppsa reproduce NAME [args...]
 REPRODUCE = {
-    "default": "bppsa.reproduce:main_rnn_train",  # what `make reproduce` runs
+    "default": "bppsa.irmas_experiment:main",  # what `make reproduce` runs
     "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "irmas": "bppsa.irmas_experiment:main",
 }
 
 # bppsa COMMAND [args...]
