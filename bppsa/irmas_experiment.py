@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ DEFAULT_CACHE_DIR = "data/cache"
 QUICK = dict(synth_dir="data/synth-irmas", clips_per_class=20, test_clips=22, test_seconds=(5.0, 8.0), batches=(16, 32, 64),
              settings=("s", "m", "l"), repeats=3, train_setting="m", steps=200, batch_size=16,
              learning_rate=3e-3, eval_every=25)
-FULL = dict(synth_dir="data/synth-irmas-full", clips_per_class=60, test_clips=110, test_seconds=(5.0, 20.0), batches=(16, 32, 64),
+FULL = dict(synth_dir="data/synth-irmas-full", clips_per_class=60, test_clips=55, test_seconds=(5.0, 20.0), batches=(16, 32, 64),
             settings=("s", "m", "l"), repeats=7, train_setting="m", steps=1500, batch_size=16,
             learning_rate=3e-4, eval_every=100)
 
@@ -438,13 +439,26 @@ def main(argv=None) -> int:
                    help="Adam learning rate (default: the paper's 3e-4; 3e-3 with --quick)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per component (default: 3 quick, 7 full)")
     p.add_argument("--settings", default=None, help="comma-separated subset of s,m,l for the grid")
+    p.add_argument("--batches", default=None, help="comma-separated batch sizes for the grid (default: 16,32,64)")
+    p.add_argument("--clips-per-class", type=int, default=None,
+                   help="stand-in size (default: 20 quick, 60 full; ignored with --data-dir)")
+    p.add_argument("--test-clips", type=int, default=None, help="stand-in test clips (default: 22 quick, 55 full)")
     p.add_argument("--skip-grid", action="store_true")
     p.add_argument("--skip-train", action="store_true")
     a = p.parse_args(argv)
     cfg = dict(QUICK if a.quick else FULL)
-    for key, val in (("steps", a.steps), ("learning_rate", a.lr), ("repeats", a.repeats)):
+    for key, val in (("steps", a.steps), ("learning_rate", a.lr), ("repeats", a.repeats),
+                     ("clips_per_class", a.clips_per_class), ("test_clips", a.test_clips)):
         if val is not None:
             cfg[key] = val
+    if a.batches:
+        try:
+            cfg["batches"] = tuple(int(b) for b in a.batches.split(","))
+        except ValueError:
+            p.error(f"--batches must be comma-separated positive ints; got {a.batches!r}")
+        if min(cfg["batches"]) < 1:
+            p.error(f"--batches must be comma-separated positive ints; got {a.batches!r}")
+    cfg["batch_size"] = min(cfg["batch_size"], 11 * cfg["clips_per_class"] - 11)
     if a.settings:
         cfg["settings"] = tuple(s.strip() for s in a.settings.split(","))
         for s in cfg["settings"]:
@@ -455,7 +469,7 @@ def main(argv=None) -> int:
                                          test_clips=cfg["test_clips"], test_seconds=cfg["test_seconds"],
                                          seed=a.seed, synth_dir=a.synth_dir or cfg["synth_dir"])
     print(f"IRMAS ({kind}) training data: {root}" + (f"; test data under {test_root}" if test_root else ""))
-    prov = provenance()
+    prov = provenance("bppsa reproduce irmas " + " ".join(argv if argv is not None else sys.argv[1:]))
     if not a.skip_grid:
         print(f"\n== timing grid: GRU(F, 20), B ∈ {cfg['batches']} × settings {cfg['settings']}, "
               f"median of {cfg['repeats']} (float32, {jax.default_backend()}) ==")
