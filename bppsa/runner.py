@@ -109,16 +109,15 @@ def _parse_scalar(text: str, typ: type, what: str):
 
 def _parse_sequence(text: str, current, typ: type, what: str):
     stripped = text.strip()
-    if stripped[:1] in "([":
-        try:
-            items = ast.literal_eval(stripped)  # literals only, never code
-        except (ValueError, SyntaxError):
-            raise ConfigError(f"{what}: expected a {typ.__name__} literal such as (1, 2); got {text!r}") from None
+    try:
+        items = ast.literal_eval(stripped)  # literals only, never code
         if not isinstance(items, (list, tuple)):
-            raise ConfigError(f"{what}: expected a {typ.__name__}; got {text!r}")
-        items = [str(i) if not isinstance(i, str) else i for i in items]
-    else:
-        items = [s.strip() for s in stripped.split(",") if s.strip()]
+            items = (items,)
+        items = [i if isinstance(i, str) else repr(i) for i in items]
+    except (ValueError, SyntaxError):  # bare words: "a,b" or "[a, b]"
+        if stripped[:1] + stripped[-1:] in ("()", "[]"):
+            stripped = stripped[1:-1]
+        items = [s.strip().strip("'\"") for s in stripped.split(",") if s.strip()]
     elem_types = {type(e) for e in current}
     if len(elem_types) > 1 and elem_types <= {int, float}:
         elem_types = {float}

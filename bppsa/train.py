@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -169,6 +170,18 @@ def batch_indices(num_samples: int, batch_size: int, seed: int, step: int) -> np
     return perm[pos * batch_size:(pos + 1) * batch_size]
 
 
+@functools.lru_cache(maxsize=1)
+def _shared_train_step():
+    """One jitted step for all :func:`fit` calls, so equal models and optimizers compile once."""
+    return make_train_step()
+
+
+@functools.lru_cache(maxsize=16)
+def _adam(learning_rate: float) -> optax.GradientTransformation:
+    """optax.adam, one object per rate: the optimizer is part of the jit key, so reuse avoids recompiles."""
+    return optax.adam(learning_rate)
+
+
 def _on_step(step: int) -> None:
     """Called after every completed step of :func:`fit`; a seam for fault-injection tests."""
 
@@ -254,9 +267,9 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
         raise ValueError(f"batch_size must be in 1..{len(x)} (the dataset size); got {batch_size}")
     if checkpoint_every < 0:
         raise ValueError(f"checkpoint_every must be >= 0; got {checkpoint_every}")
-    tx = optimizer if optimizer is not None else optax.adam(learning_rate)
+    tx = optimizer if optimizer is not None else _adam(float(learning_rate))
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    step_fn = make_train_step()
+    step_fn = _shared_train_step()
 
     start, elapsed, history, manager, metrics_file = 0, 0.0, [], None, None
     if workdir is not None:

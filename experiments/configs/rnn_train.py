@@ -37,15 +37,16 @@ def get_config(arg=None):
     c.timing.lengths = (1000,)
     c.timing.batches = (16,)
     c.timing.repeats = 5
-    if arg == "smoke":
-        c.length = 32
-        c.num_samples = 64
-        c.eval_samples = 32
+    if arg == "smoke":  # tiny: the tests run it several times
+        c.length = 16
+        c.num_samples = 32
+        c.eval_samples = 16
         c.batch_size = 8
-        c.steps = 12
-        c.eval_every = 6
-        c.checkpoint_every = 5
-        c.timing.lengths = (32,)
-        c.timing.batches = (4,)
+        c.steps = 10
+        c.eval_every = 4
+        c.checkpoint_every = 3
+        c.progress = False
+        c.timing.lengths = (16,)
+        c.timing.batches = (8,)
         c.timing.repeats = 2
     return c
