@@ -54,10 +54,13 @@ def rnn_train(config, workdir: Path) -> dict:
         finals[method]["param_abs_sum"] = float(sum(np.abs(np.asarray(l, np.float64)).sum() for l in leaves))
 
     methods = list(config.methods)
-    diff = 0.0
+    diff, diverge = 0.0, None
     if len(methods) > 1:
         a = curves[methods[0]]
-        diff = max(abs(r["loss"] - s["loss"]) for m in methods[1:] for r, s in zip(a, curves[m]))
+        gaps = [max(abs(r["loss"] - curves[m][i]["loss"]) for m in methods[1:]) for i, r in enumerate(a)]
+        diff = max(gaps)
+        # float32 rounding differs between the methods; training amplifies it over many steps
+        diverge = next((r["step"] for r, g in zip(a, gaps) if g > 1e-3), None)
 
     params = cell.init(jax.random.key(config.seed), dtype)
     times = []
@@ -78,6 +81,7 @@ def rnn_train(config, workdir: Path) -> dict:
                                                        or [curves[m][-1]["step_time"]])),
                       "train_time_s": curves[m][-1]["time"]} for m in methods},
         "max_loss_diff": diff,
+        "diverge_step": diverge,
         "backward_times": times,
         "curves": curves,
         "provenance": provenance(current_command()),
@@ -86,7 +90,7 @@ def rnn_train(config, workdir: Path) -> dict:
     save_json(workdir / f"{config.name}.json", record)
     (workdir / f"{config.name}.md").write_text(rnn_train_table(record))
     plot_rnn_train(record, workdir / f"{config.name}.png")
-    return {"max_loss_diff": diff,
+    return {"max_loss_diff": diff, "diverge_step": diverge,
             **{f"{m}_eval_accuracy": finals[m]["accuracy"] for m in methods},
             **{f"{m}_train_loss": curves[m][-1]["loss"] for m in methods}}
 
@@ -95,8 +99,12 @@ def rnn_train_table(record: dict) -> str:
     """Markdown tables of an :func:`rnn_train` record: final metrics and backward-pass times."""
     c = record["config"]
     lines = [f"Vanilla RNN(1, {c['hidden_size']}) on bitstreams, T = {c['length']}, B = {c['batch_size']}, "
-             f"{c['steps']} Adam steps (lr {c['learning_rate']}), {c['dtype']}; "
-             f"max |loss difference| between methods over the run: {record['max_loss_diff']:.2e}.", "",
+             f"{c['steps']} Adam steps (lr {c['learning_rate']}), {c['dtype']}, same initial parameters and "
+             f"batches for every method. Max |loss difference| between the methods over the run: "
+             f"{record['max_loss_diff']:.2e}" + (
+                 f"; the curves first differ by more than 1e-3 at step {record['diverge_step']}: {c['dtype']} "
+                 f"rounding differences (the two backward passes sum in different orders) are amplified by "
+                 f"training." if record.get("diverge_step") else "; they agree to 1e-3 throughout."), "",
              "| method | final train loss | eval loss | eval accuracy | median step (ms) | training time (s) |",
              "|---|---:|---:|---:|---:|---:|"]
     for m, f in record["final"].items():

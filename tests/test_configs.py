@@ -242,3 +242,10 @@ def test_sigkilled_subprocess_resumes_bit_identical(tmp_path):
     assert s1 == s2 == 400
     for k in p1:
         np.testing.assert_array_equal(p1[k], p2[k])
+
+
+def test_experiments_readme_maps_every_config():
+    text = (ROOT / "experiments" / "README.md").read_text()
+    for path in CONFIGS:
+        assert f"`{path.name}`" in text and f"bppsa run experiments/configs/{path.name}" in text, \
+            f"experiments/README.md does not list {path.name}"

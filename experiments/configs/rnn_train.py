@@ -1,4 +1,4 @@
-"""The paper's vanilla RNN training curve on the bitstream task: BPTT vs BPPSA (BPPSA §5.1, Fig. 5).
+"""The paper's vanilla RNN training curve on the bitstream task: BPTT vs BPPSA (BPPSA §5.1, the training curve).
 
     bppsa run experiments/configs/rnn_train.py          # ~4 min on 2 CPU cores
     bppsa run experiments/configs/rnn_train.py:smoke    # ~10 s
