@@ -63,7 +63,10 @@ def load_config(path, arg: str | None = None) -> ml_collections.ConfigDict:
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
         raise ConfigError(f"config file {str(path)!r} must define get_config(arg=None); it does not")
-    config = get_config(arg) if arg is not None else get_config()
+    try:
+        config = get_config(arg) if arg is not None else get_config()
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"get_config({arg!r}) in {str(path)!r} failed: {e}") from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config({arg!r}) in {str(path)!r} must return an ml_collections.ConfigDict; "
                           f"got {type(config).__name__}")

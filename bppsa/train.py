@@ -287,6 +287,10 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
                 state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
             _restore_state(model, opt, restored.state)
             start, elapsed = int(restored.meta["step"]), float(restored.meta["time"])
+            if start > steps:
+                manager.close()
+                raise ValueError(f"{workdir} holds a checkpoint at step {start}, past steps = {steps}; "
+                                 f"use a new workdir or a larger steps")
         metrics_path = workdir / "metrics.jsonl"
         history = _read_metrics(metrics_path, start)
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in history))
