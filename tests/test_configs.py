@@ -249,3 +249,24 @@ def test_experiments_readme_maps_every_config():
     for path in CONFIGS:
         assert f"`{path.name}`" in text and f"bppsa run experiments/configs/{path.name}" in text, \
             f"experiments/README.md does not list {path.name}"
+
+
+def test_fit_extends_a_finished_run_and_refuses_to_shrink_it(tmp_path):
+    from flax import nnx
+
+    from bppsa import cells
+    from bppsa.data.bitstream import make_bitstream
+    from bppsa.nn import SequenceClassifier
+
+    x, y = make_bitstream(32, 16)
+
+    def model():
+        return SequenceClassifier(cells.RNN(1, 20), 10, backward="bptt", rngs=nnx.Rngs(0))
+
+    straight = train.fit(model(), x, y, steps=6, batch_size=8, workdir=tmp_path / "a", progress=False)
+    train.fit(model(), x, y, steps=4, batch_size=8, workdir=tmp_path / "b", progress=False)
+    extended = train.fit(model(), x, y, steps=6, batch_size=8, workdir=tmp_path / "b", progress=False)
+    assert [r["loss"] for r in extended] == [r["loss"] for r in straight]
+    assert [r.get("warmup", False) for r in extended] == [True, False, False, False, True, False]
+    with pytest.raises(ValueError, match="past steps = 3"):
+        train.fit(model(), x, y, steps=3, batch_size=8, workdir=tmp_path / "b", progress=False)
