@@ -4,7 +4,8 @@ Every committed result is ``experiments/results/<device>/<name>.json`` (with a `
 key), optionally with ``<name>.md`` (a markdown table) and ``<name>.png`` (a plot). The README
 block between ``<!-- results:begin -->`` and ``<!-- results:end -->`` is generated from exactly
 these files (nothing else, no clock), so it can be checked: ``bppsa results --check`` exits 1
-when the README is out of date, and the tests compare the two.
+when the README is out of date, and the tests compare the two. ``bppsa results --plots`` also
+redraws the plots of results whose JSON names its plotting function (``"plot"``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["BEGIN", "END", "collect", "render", "extract", "update_readme", "main"]
+__all__ = ["BEGIN", "END", "collect", "render", "extract", "update_readme", "regenerate_plots", "main"]
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
@@ -108,14 +109,45 @@ def update_readme(readme, root) -> bool:
     return False
 
 
+def regenerate_plots(root) -> list[Path]:
+    """Redraw ``<name>.png`` for every result JSON that names its plotter in ``"plot"``.
+
+    ``"plot": "package.module:function"`` with ``function(record: dict, path) -> None``; results
+    without the key keep the PNG their task drew. Returns the PNGs written.
+    """
+    import importlib
+
+    written = []
+    for names in collect(root).values():
+        for files in names.values():
+            if "json" not in files:
+                continue
+            record = json.loads(files["json"].read_text())
+            target = record.get("plot") if isinstance(record, dict) else None
+            if not target:
+                continue
+            module, sep, func = target.partition(":")
+            if not sep:
+                raise ValueError(f"{files['json']}: \"plot\" must be \"package.module:function\"; got {target!r}")
+            png = files["json"].with_suffix(".png")
+            getattr(importlib.import_module(module), func)(record, png)
+            written.append(png)
+    return written
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bppsa results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", default=str(ROOT / "experiments" / "results"), help="results folder")
     p.add_argument("--readme", default=str(ROOT / "README.md"), help="README to update")
     p.add_argument("--check", action="store_true", help="exit 1 if the README's block is out of date")
+    p.add_argument("--plots", action="store_true",
+                   help="also redraw the PNGs of results whose JSON names a plotter (\"plot\": \"module:function\")")
     a = p.parse_args(argv)
     readme = Path(a.readme)
+    if a.plots and not a.check:
+        for png in regenerate_plots(a.root):
+            print(f"redrew {png}")
     if a.check:
         current = extract(readme.read_text()) if readme.exists() else None
         if current != render(a.root, readme.parent):

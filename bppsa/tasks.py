@@ -75,6 +75,7 @@ def rnn_train(config, workdir: Path) -> dict:
 
     record = {
         "name": config.name,
+        "plot": "bppsa.tasks:plot_rnn_train",
         "config": {k: v for k, v in config.items() if k != "timing"} | {"timing": dict(config.timing)},
         "final": {m: {"train_loss": curves[m][-1]["loss"], **finals[m],
                       "median_step_s": float(np.median([r["step_time"] for r in curves[m] if not r.get("warmup")]

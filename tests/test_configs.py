@@ -270,3 +270,32 @@ def test_fit_extends_a_finished_run_and_refuses_to_shrink_it(tmp_path):
     assert [r.get("warmup", False) for r in extended] == [True, False, False, False, True, False]
     with pytest.raises(ValueError, match="past steps = 3"):
         train.fit(model(), x, y, steps=3, batch_size=8, workdir=tmp_path / "b", progress=False)
+
+
+def test_publish_copies_the_task_outputs(tmp_path, capsys):
+    cfg = tmp_path / "pub.py"
+    cfg.write_text("import ml_collections\n"
+                   "def get_config(arg=None):\n"
+                   "    return ml_collections.ConfigDict({'task': 'bppsa.runner:_pub_task_for_tests', "
+                   "'name': 'pub', 'write': True})\n")
+
+    def task(config, workdir):
+        if config.write:
+            (workdir / "pub.json").write_text("{}")
+            (workdir / "pub.md").write_text("| a |\n")
+        return {"wrote": config.write}
+
+    runner._pub_task_for_tests = task
+    try:
+        out = runner.run(cfg, workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
+        from bppsa.provenance import device_label
+        dest = tmp_path / "results" / device_label()
+        assert sorted(p.name for p in dest.iterdir()) == ["pub.json", "pub.md"]
+        assert out["published"] == [str(dest / "pub.json"), str(dest / "pub.md")]
+        with pytest.raises(FileNotFoundError, match="pub.json"):
+            runner.run(cfg, None, {"write": "false"}, workdir=tmp_path / "w2", publish=True,
+                       results_root=tmp_path / "results")
+        assert cli.main(["run", str(cfg), "--workdir", str(tmp_path / "w3")]) == 0
+        assert '"wrote": true' in capsys.readouterr().out
+    finally:
+        del runner._pub_task_for_tests

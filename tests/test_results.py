@@ -60,3 +60,14 @@ def test_empty_and_broken_results(tmp_path):
     (tmp_path / "cpu" / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="bad.json"):
         results.render(tmp_path, tmp_path)
+
+
+def test_plots_are_regenerated_from_the_json(tmp_path):
+    src = RESULTS / "cpu" / "rnn_train.json"
+    record = json.loads(src.read_text())
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "rnn_train.json").write_text(json.dumps(record | {"plot": "bppsa.tasks:plot_rnn_train"}))
+    (tmp_path / "cpu" / "other.json").write_text(json.dumps({"provenance": {}}))
+    assert results.regenerate_plots(tmp_path) == [tmp_path / "cpu" / "rnn_train.png"]
+    assert (tmp_path / "cpu" / "rnn_train.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "cpu" / "other.png").exists()
