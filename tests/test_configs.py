@@ -25,6 +25,16 @@ TINY = {"timing.lengths": "()"}
 assert runner.load_config(RNN_TRAIN, "smoke").steps == 10
 
 
+@pytest.fixture(autouse=True)
+def _as_in_bppsa_run():
+    """Run configs as `bppsa run` does: float64 off (conftest turns it on for the gradient tests)."""
+    import jax
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
 def test_configs_found():
     assert RNN_TRAIN in CONFIGS
 
