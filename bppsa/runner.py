@@ -22,6 +22,7 @@ import json
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import ml_collections
@@ -239,13 +240,16 @@ def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, rest
                                                        overrides.items() if isinstance(overrides, dict)
                                                        else overrides)])
     previous, _COMMAND = _COMMAND, command
+    t0 = time.perf_counter()
     try:
         summary = task(config, workdir)
     finally:
         _COMMAND = previous
+    run_time = time.perf_counter() - t0
     if not isinstance(summary, dict):
         raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); got {type(summary).__name__}")
-    save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "provenance": provenance(command)})
+    save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "run_time_s": run_time,
+                                         "provenance": provenance(command)})
     if publish:
         name = config.get("name", path.stem)
         dest = Path(results_root) / device_label()
@@ -304,5 +308,6 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir) if args.workdir else default_workdir(path, arg)
     scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
     print(json.dumps(scalars, indent=2, default=str))
-    print(f"wrote {workdir / 'summary.json'}")
+    run_time = json.loads((workdir / "summary.json").read_text())["run_time_s"]
+    print(f"wrote {workdir / 'summary.json'} (the task ran {run_time:.1f} s)")
     return 0

@@ -51,7 +51,7 @@ def test_config_smoke_variant_runs(path, tmp_path):
     summary = runner.run(path, "smoke", workdir=tmp_path / "w")
     assert isinstance(summary, dict)
     saved = json.loads((tmp_path / "w" / "summary.json").read_text())
-    assert saved["provenance"]["jax"] and saved["config"]["task"] == runner.load_config(path, "smoke").task
+    assert saved["run_time_s"] > 0 and saved["provenance"]["jax"] and saved["config"]["task"] == runner.load_config(path, "smoke").task
     assert json.loads((tmp_path / "w" / "config.json").read_text()) == saved["config"]
     if path == RNN_TRAIN:
         _check_rnn_train_outputs(tmp_path / "w", summary)
