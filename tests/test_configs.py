@@ -309,3 +309,31 @@ def test_publish_copies_the_task_outputs(tmp_path, capsys):
         assert '"wrote": true' in capsys.readouterr().out
     finally:
         del runner._pub_task_for_tests
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(-10**12, 10**12), x=st.floats(allow_nan=False, allow_infinity=False),
+       b=st.booleans(), ts=st.lists(st.integers(1, 10**6), max_size=5))
+def test_override_round_trip(n, x, b, ts):
+    c = ml_collections.ConfigDict({"n": 1, "x": 1.0, "b": False, "ts": (1,), "s": "a"})
+    c.lock()
+    runner.apply_overrides(c, {"n": str(n), "x": repr(x), "b": str(b), "ts": ",".join(map(str, ts)),
+                               "s": f"{n}"})
+    assert (c.n, c.x, c.b, c.ts, c.s) == (n, x, b, tuple(ts), str(n))
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 200), b=st.integers(1, 200), seed=st.integers(0, 2**31), epoch=st.integers(0, 50))
+def test_batch_indices_cover_each_epoch_without_repeats(n, b, seed, epoch):
+    if b > n:
+        with pytest.raises(ValueError):
+            train.batch_indices(n, b, seed, 0)
+        return
+    per_epoch = n // b
+    batches = [train.batch_indices(n, b, seed, epoch * per_epoch + k) for k in range(per_epoch)]
+    assert all(len(x) == b for x in batches)
+    seen = np.concatenate(batches)
+    assert len(np.unique(seen)) == per_epoch * b and seen.min() >= 0 and seen.max() < n
