@@ -64,7 +64,7 @@ def test_local_timer_keys_and_the_table_layout(tmp_path):
     assert lines[0].startswith("| setting | T | F | B | forward | Jacobian gen. | BPPSA scan |")
     assert len(lines) == 4 and lines[2].startswith("| s | 7 | 3 | 2 |")
     assert f"**{t['speedup_backward']:.2f}×**" in lines[2]
-    ie._plot_grid(rec, tmp_path / "g.png")
+    ie.plot_grid(rec, tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 10_000
 
 

@@ -27,15 +27,14 @@ def get_config(arg=None):
     c.repeats = 7
     c.hidden_size = 20
     c.seed = 0
-    c.command = "bppsa run experiments/configs/irmas_grid.py"
     if arg == "smoke":
         c.clips_per_class = 2
         c.test_clips = 0
-        c.synth_dir = "data/synth-irmas-smoke-grid"
+        c.synth_dir = ""  # "": inside the work directory
+        c.cache_dir = ""
         c.settings = ("s",)
         c.batches = (16,)
         c.repeats = 1
-        c.command += ":smoke"
     elif arg not in (None, ""):
         raise ValueError(f"unknown config argument {arg!r}; expected nothing or 'smoke'")
     return c

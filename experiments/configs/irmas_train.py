@@ -29,9 +29,9 @@ def get_config(arg=None):
     c.hidden_size = 20
     c.eval_every = 100
     c.seed = 0
-    c.command = "bppsa run experiments/configs/irmas_train.py"
     if arg == "smoke":
-        c.synth_dir = "data/synth-irmas-smoke"
+        c.synth_dir = ""  # "": inside the work directory
+        c.cache_dir = ""
         c.clips_per_class = 2
         c.test_clips = 2
         c.test_seconds = (3.5, 6.0)
@@ -39,7 +39,6 @@ def get_config(arg=None):
         c.steps = 20
         c.batch_size = 8
         c.eval_every = 10
-        c.command += ":smoke"
     elif arg not in (None, ""):
         raise ValueError(f"unknown config argument {arg!r}; expected nothing or 'smoke'")
     return c
