@@ -242,7 +242,7 @@ def test_test_set_windows_labels_and_f1(tmp_path):
     (root / "c.txt").write_text("cel\n")
     (root / "d.txt").write_text("org\n")  # a label file without audio: ignored
     _write(root / "e.wav", np.zeros((2, 1000)))  # audio without labels: ignored
-    t = irmas.load_test_features(tmp_path, "s", progress=False)
+    t = irmas.load_test_features(tmp_path, "s", cache_dir=tmp_path / "cache", progress=False)
     assert t.paths == ["IRMAS-TestingData-Part1/Part1/a.wav", "IRMAS-TestingData-Part1/Part1/b.wav",
                        "IRMAS-TestingData-Part1/Part1/c.wav"]
     assert t.x.shape == (5, 259, 38) and list(t.clip) == [0, 1, 1, 1, 2]
@@ -250,9 +250,12 @@ def test_test_set_windows_labels_and_f1(tmp_path):
     b = irmas.read_audio(root / "b.wav", offset=6 * SAMPLE_RATE)
     np.testing.assert_allclose(t.x[3], irmas.mfcc_features(b, "s"), atol=1e-5)
     assert np.all(b[:, int(1.6 * SAMPLE_RATE) + 10:] == 0)
-    (root / "a.txt").write_text("piano\n")
+    cached = irmas.load_test_features(tmp_path, "s", cache_dir=tmp_path / "cache", progress=False)
+    np.testing.assert_array_equal(cached.x, t.x)
+    np.testing.assert_array_equal(cached.labels, t.labels)
+    (root / "a.txt").write_text("piano\n")  # a changed label file invalidates the cache too
     with pytest.warns(RuntimeWarning, match="skipped 1 of 3"):
-        t2 = irmas.load_test_features(tmp_path, "s", progress=False)
+        t2 = irmas.load_test_features(tmp_path, "s", cache_dir=tmp_path / "cache", progress=False)
     assert len(t2.paths) == 2 and "piano" in t2.skipped[0][1]
     with pytest.raises(FileNotFoundError):
         irmas.load_test_features(tmp_path / "none")

@@ -359,8 +359,8 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
         raise ValueError(f"hop_seconds must be > 0; got {hop_seconds}")
     root = Path(root)
     pairs = list_test_files(root)
-    files = [(p, 0) for p, _ in pairs]
-    key = _cache_key("test", root, files, setting, extra=(hop_seconds,))
+    key = _cache_key("test", root, [(p, 0) for p, _ in pairs] + [(t, 1) for _, t in pairs], setting,
+                     extra=(hop_seconds,))  # audio and label files
     cache = Path(cache_dir) / f"irmas-test-{setting}-{key[:16]}.npz" if cache_dir is not None else None
     if cache is not None and (z := _load_cache(cache, key)) is not None:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
