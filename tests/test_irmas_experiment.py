@@ -61,8 +61,10 @@ def test_local_timer_keys_and_the_table_layout(tmp_path):
     rec = {"rows": [row, dict(row, B=4)], "hidden_size": 4, "backend": "cpu"}
     md = ie.grid_markdown(rec)
     lines = md.strip().splitlines()
-    assert lines[0].startswith("| setting | T | F | B | forward | Jacobian gen. | BPPSA scan |")
+    assert lines[0].startswith("GRU(F, 4), float32 on cpu")
+    lines = lines[2:]
     assert len(lines) == 4 and lines[2].startswith("| s | 7 | 3 | 2 |")
+    assert lines[0].startswith("| setting | T | F | B | forward | Jacobian gen. | BPPSA scan |")
     assert f"**{t['speedup_backward']:.2f}×**" in lines[2]
     ie.plot_grid(rec, tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 10_000
