@@ -1,7 +1,7 @@
 """IRMAS timing grid (BPPSA paper §5.2, Table): GRU(F, 20), B ∈ {16, 32, 64} × settings s/m/l.
 
-    bppsa run experiments/configs/irmas_grid.py          # ~10 min on 2 CPU cores (repeats 7)
-    bppsa run experiments/configs/irmas_grid.py:smoke    # ~1 min: setting s, B = 16, 1 repeat
+    bppsa run experiments/configs/irmas_grid.py          # 5–20 min on 2 CPU cores (20 min measured, loaded)
+    bppsa run experiments/configs/irmas_grid.py:smoke    # 15–80 s: setting s, B = 16, 1 repeat
     bppsa run experiments/configs/irmas_grid.py --config.data_dir=/path/to/IRMAS   # the real data
 
 Times forward, transposed-Jacobian generation, the BPPSA scan, the parameter-gradient

@@ -1,7 +1,7 @@
 """IRMAS training, BPTT vs BPPSA (BPPSA paper §5.2): GRU(F, 20) -> 11 classes, Adam lr 3e-4.
 
-    bppsa run experiments/configs/irmas_train.py          # ~10 min on 2 CPU cores (1500 steps)
-    bppsa run experiments/configs/irmas_train.py:smoke    # ~1 min: 20 steps on a tiny stand-in
+    bppsa run experiments/configs/irmas_train.py          # 8–22 min on 2 CPU cores (22 min measured, loaded)
+    bppsa run experiments/configs/irmas_train.py:smoke    # 10–35 s: 20 steps on a tiny stand-in
     bppsa run experiments/configs/irmas_train.py --config.data_dir=/path/to/IRMAS   # the real data
 
 Trains the paper's model with BPTT and with BPPSA from the same initial parameters on the same
