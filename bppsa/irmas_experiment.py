@@ -18,7 +18,6 @@ generated on first use under ``data/synth-irmas`` (``--quick``: 20 clips per cla
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import sys
 import time
@@ -55,93 +54,6 @@ FULL = dict(synth_dir="data/synth-irmas-full", clips_per_class=60, test_clips=55
 # Timing
 # --------------------------------------------------------------------------------------------
 
-def _timer():
-    """(time_components, name): the shared harness when present, else the local fallback."""
-    try:
-        from .bench import time_components
-        return time_components, "bppsa.bench.time_components"
-    except ImportError:
-        return _local_time_components, "bppsa.irmas_experiment._local_time_components (fallback)"
-
-
-def _local_time_components(cell, params, xs, h0, *, scan="blelloch", repeats=5, warmup=1, num_classes=11,
-                           seed=0) -> dict:
-    """Minimal stand-in for ``bppsa.bench.time_components`` (same keys), used only without it.
-
-    Each piece is jitted and compiled first, then all are called ``repeats`` times interleaved.
-    """
-    import optax
-
-    from . import backprop
-    from . import scan as scan_lib
-
-    xs = jnp.asarray(xs)
-    s0 = backprop._validate(cell, params, xs, h0)
-    T, B, _ = xs.shape
-    k_ct, k_head, k_lab = jax.random.split(jax.random.key(seed), 3)
-    ct = jax.random.normal(k_ct, (T, B, cell.state_size), xs.dtype)
-    fwd = jax.jit(lambda p, x, s: backprop._forward(cell, p, x, s))
-    ss = fwd(params, xs, s0)
-    xr, sr = xs[::-1], ss[::-1]
-    spr = jnp.concatenate([ss[-2::-1], s0[None]], 0) if T > 1 else s0[None]
-    ctr = ct[::-1]
-    ds = jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], 0)
-    jac = jax.jit(cell.transposed_jacobian)
-    Ms = jac(params, spr, xr, sr)
-    scan_fn = jax.jit(lambda v, M, d: scan_lib.scan(v, M, d, scan))
-    gs, _ = scan_fn(ctr[0], Ms, ds)
-    pg = jax.jit(cell.param_grads)
-    _, vjp_bptt = jax.vjp(lambda p, x, s: backprop._forward(cell, p, x, s), params, xs, s0)
-    _, vjp_bppsa = jax.vjp(backprop._bppsa_fn(cell, scan), params, xs, s0)
-    apply = jax.jit(lambda f, c: f(c))
-    H = cell.hidden_size
-    head = {"W": jax.random.normal(k_head, (H, num_classes), xs.dtype) / math.sqrt(H),
-            "b": jnp.zeros((num_classes,), xs.dtype)}
-    labels = jax.random.randint(k_lab, (B,), 0, num_classes)
-    tx = optax.adam(3e-4)
-
-    def make_step(method):
-        def loss(w):
-            hs = backprop.rnn(cell, w[0], xs, h0, backward=method, scan=scan)
-            logits = hs[-1] @ w[1]["W"] + w[1]["b"]
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        @jax.jit
-        def step(w, opt):
-            l, g = jax.value_and_grad(loss)(w)
-            u, opt = tx.update(g, opt, w)
-            return optax.apply_updates(w, u), opt, l
-
-        w = (params, head)
-        opt = tx.init(w)
-        return lambda: step(w, opt)
-
-    fns = {
-        "forward": lambda: fwd(params, xs, s0),
-        "jacobian": lambda: jac(params, spr, xr, sr),
-        "bppsa_backward": lambda: scan_fn(ctr[0], Ms, ds),
-        "param_grads": lambda: pg(params, spr, xr, sr, gs),
-        "bppsa_backward_full": lambda: apply(vjp_bppsa, ct),
-        "bptt_backward": lambda: apply(vjp_bptt, ct),
-        "step_bppsa": make_step("bppsa"),
-        "step_bptt": make_step("bptt"),
-    }
-    for fn in fns.values():
-        for _ in range(max(warmup, 1)):
-            jax.block_until_ready(fn())
-    samples = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            samples[k].append(time.perf_counter() - t0)
-    out = {k: {"median": float(np.median(s)), "min": float(np.min(s)), "max": float(np.max(s)),
-               "repeats": repeats} for k, s in samples.items()}
-    out["speedup_backward"] = out["bptt_backward"]["median"] / out["bppsa_backward_full"]["median"]
-    out["speedup_step"] = out["step_bptt"]["median"] / out["step_bppsa"]["median"]
-    return out
-
-
 def _batch(x: np.ndarray, B: int) -> np.ndarray:
     """The first B clips as time-major xs (T, B, F); fewer clips are cycled to fill B."""
     idx = np.arange(B) % len(x)
@@ -151,10 +63,8 @@ def _batch(x: np.ndarray, B: int) -> np.ndarray:
 def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats=5, hidden_size=20,
                 scan="blelloch", cache_dir=None, seed=0, log=print) -> dict:
     """Time the GRU's components on IRMAS feature arrays for every (setting, B); a JSON-able record."""
-    time_components, timer_name = _timer()
-    kwargs = {"scan": scan, "repeats": repeats, "warmup": 1}
-    if "num_classes" in inspect.signature(time_components).parameters:
-        kwargs["num_classes"] = NUM_CLASSES
+    from .bench import time_components
+
     rows = []
     for setting in settings:
         feats = irmas.load_features(root, setting, cache_dir, max_per_class=math.ceil(max(batches) / NUM_CLASSES),
@@ -167,15 +77,12 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
         for B in batches:
             xs = jnp.asarray(_batch(feats.x, B))
             h0 = jnp.zeros((B, hidden_size), xs.dtype)
-            t = time_components(cell, params, xs, h0, **kwargs)
+            t = time_components(cell, params, xs, h0, scan=scan, repeats=repeats, warmup=1, num_classes=NUM_CLASSES)
             row = {"setting": setting, "T": int(T), "F": int(F), "B": int(B), "H": hidden_size,
                    "clips": int(min(B, len(feats.x)))}
             for k, v in t.items():
                 if isinstance(v, dict) and "median" in v:
                     row[k] = v
-            if "bppsa_backward_full" not in row:  # harness without the fused timing: sum the pieces
-                row["bppsa_backward_full"] = {"median": sum(row[k]["median"] for k in
-                                                            ("jacobian", "bppsa_backward", "param_grads"))}
             row["speedup_backward"] = row["bptt_backward"]["median"] / row["bppsa_backward_full"]["median"]
             row["speedup_scan"] = row["bptt_backward"]["median"] / row["bppsa_backward"]["median"]
             row["speedup_step"] = row["step_bptt"]["median"] / row["step_bppsa"]["median"]
@@ -186,7 +93,7 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
                 f"step ×{row['speedup_step']:.2f}")
     return {"title": "IRMAS timing grid: GRU(F, 20), BPTT vs BPPSA backward (paper §5.2)",
             "plot": "bppsa.irmas_experiment:plot_grid",
-            "rows": rows, "timer": timer_name, "scan": scan, "repeats": repeats, "hidden_size": hidden_size,
+            "rows": rows, "timer": "bppsa.bench.time_components", "scan": scan, "repeats": repeats, "hidden_size": hidden_size,
             "dtype": "float32", "backend": jax.default_backend()}
 
 

@@ -3,17 +3,13 @@
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bppsa import cells, cli
+from bppsa import cli
 from bppsa import irmas_experiment as ie
 from bppsa.data import irmas
 from bppsa.data.synth_irmas import make_synthetic_irmas
-
-KEYS = ("forward", "jacobian", "bppsa_backward", "param_grads", "bptt_backward", "step_bppsa", "step_bptt")
-
 
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory):
@@ -47,27 +43,24 @@ def test_stratified_split_holds_out_every_class():
         ie.stratified_split(y, 1.0, seed=0)
 
 
-def test_local_timer_keys_and_the_table_layout(tmp_path):
-    cell = cells.GRU(3, 4)
-    params = cell.init(jax.random.key(0))
-    xs = jax.random.normal(jax.random.key(1), (7, 2, 3), jnp.float32)
-    t = ie._local_time_components(cell, params, xs, jnp.zeros((2, 4), jnp.float32), repeats=2)
-    for k in KEYS + ("bppsa_backward_full",):
-        assert t[k]["repeats"] == 2 and 0 < t[k]["min"] <= t[k]["median"] <= t[k]["max"]
-    assert t["speedup_backward"] == pytest.approx(t["bptt_backward"]["median"] / t["bppsa_backward_full"]["median"])
-    assert t["speedup_step"] == pytest.approx(t["step_bptt"]["median"] / t["step_bppsa"]["median"])
-    row = {"setting": "s", "T": 7, "F": 3, "B": 2, **{k: t[k] for k in KEYS + ("bppsa_backward_full",)},
-           "speedup_backward": t["speedup_backward"], "speedup_step": t["speedup_step"]}
-    rec = {"rows": [row, dict(row, B=4)], "hidden_size": 4, "backend": "cpu"}
-    md = ie.grid_markdown(rec)
-    lines = md.strip().splitlines()
-    assert lines[0].startswith("GRU(F, 4), float32 on cpu")
-    lines = lines[2:]
-    assert len(lines) == 4 and lines[2].startswith("| s | 7 | 3 | 2 |")
-    assert lines[0].startswith("| setting | T | F | B | forward | Jacobian gen. | BPPSA scan |")
-    assert f"**{t['speedup_backward']:.2f}×**" in lines[2]
+def test_grid_table_layout_and_plot(tmp_path):
+    def t(ms):
+        return {"median": ms / 1e3, "min": ms / 1e3, "max": ms / 1e3, "repeats": 3}
+
+    row = {"setting": "m", "T": 517, "F": 24, "B": 16, "forward": t(8), "jacobian": t(40), "bppsa_backward": t(30),
+           "param_grads": t(10), "bppsa_backward_full": t(90), "bptt_backward": t(45), "step_bppsa": t(120),
+           "step_bptt": t(60), "speedup_backward": 0.5, "speedup_step": 0.5}
+    rec = {"rows": [row, dict(row, B=32, bptt_backward=t(180), speedup_backward=2.0)], "hidden_size": 20,
+           "backend": "cpu", "repeats": 3, "timer": "bppsa.bench.time_components", "data": {"kind": "synthetic"}}
+    lines = ie.grid_markdown(rec).strip().splitlines()
+    assert lines[0].startswith("GRU(F, 20), float32 on cpu, times in ms (median of 3 interleaved repeats")
+    assert lines[2].startswith("| setting | T | F | B | forward | Jacobian gen. | BPPSA scan | param. grads | "
+                               "BPPSA backward | BPTT backward | backward speedup |")
+    assert lines[4] == ("| m | 517 | 24 | 16 | 8.00 | 40.00 | 30.00 | 10.00 | 90.00 | 45.00 | **0.50×** | "
+                        "120.00 | 60.00 | **0.50×** |")
+    assert lines[5].startswith("| m | 517 | 24 | 32 |") and "| 180.00 | **2.00×** |" in lines[5]
     ie.plot_grid(rec, tmp_path / "g.png")
-    assert (tmp_path / "g.png").stat().st_size > 10_000
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_batches_are_time_major_and_cycle_when_there_are_too_few_clips():
