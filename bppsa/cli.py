@@ -13,6 +13,7 @@ import sys
 REPRODUCE = {
     "default": "bppsa.reproduce:main_rnn_train",  # what `make reproduce` runs
     "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "hetero-dp": "bppsa.hetero.experiment:main",
 }
 
 # bppsa COMMAND [args...]
