@@ -149,19 +149,23 @@ def make_allreduce(mesh: Mesh, axis: str | None = None):
     n_local = len(mesh.local_devices)
 
     @jax.jit
-    def _sum(tree):
-        return shard_map(lambda t: jax.tree.map(lambda a: jax.lax.psum(a[0], axis), t),
-                         mesh, in_specs=(P(axis),), out_specs=P())(tree)
+    def _sum(rows):
+        return shard_map(lambda r: jax.lax.psum(r[0], axis), mesh, in_specs=(P(axis),), out_specs=P())(rows)
 
     def allreduce(tree):
-        # one row per local device: this process's values on its first device, zeros elsewhere
-        def lift(a):
-            a = np.asarray(a)
-            rows = np.zeros((n_local,) + a.shape, a.dtype)
-            rows[0] = a
-            return jax.make_array_from_process_local_data(NamedSharding(mesh, P(axis)), rows)
-
-        out = _sum(jax.tree.map(lift, tree))
-        return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), out)
+        # one collective for the whole tree: flatten to one vector (the widest float dtype present)
+        leaves, treedef = jax.tree.flatten(tree)
+        leaves = [np.asarray(a) for a in leaves]
+        dtype = np.result_type(*[a.dtype for a in leaves], np.float32)
+        flat = np.concatenate([a.astype(dtype).ravel() for a in leaves])
+        rows = np.zeros((n_local, flat.size), dtype)
+        rows[0] = flat  # this process's values on its first device, zeros on any others
+        out = np.asarray(_sum(jax.make_array_from_process_local_data(NamedSharding(mesh, P(axis)), rows))
+                         .addressable_data(0))
+        parts, at = [], 0
+        for a in leaves:
+            parts.append(out[at:at + a.size].reshape(a.shape).astype(a.dtype if a.dtype.kind == "f" else dtype))
+            at += a.size
+        return jax.tree.unflatten(treedef, parts)
 
     return allreduce
