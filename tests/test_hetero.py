@@ -123,19 +123,27 @@ def test_sample_weights_show_the_bias_of_plain_averaging():
 
 # ---------------------------------------------------------------- SPMD over 4 simulated devices
 
+_GRAD_FNS = {}
+
+
+def _spmd_grad(average):
+    if average not in _GRAD_FNS:  # built once per session, so the compiled code is reused
+        _GRAD_FNS[average] = make_spmd_grad(_per_sample_loss, data_mesh(4), average=average)
+    return _GRAD_FNS[average]
+
+
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [1, 1, 2, 4], [0, 0, 0, 7], [1, 0, 0, 0], [4, 4, 4, 4]])
 def test_spmd_weighted_gradient_equals_full_batch(counts):
     assert jax.device_count() >= 4
-    mesh = data_mesh(4)
     params = _mlp_params(jax.random.key(1))
     x, y = _data(int(np.sum(counts)), seed=sum(counts))
-    xp, yp, mask = replica_batches(x, y, counts)
-    g, loss, n = make_spmd_grad(_per_sample_loss, mesh, average="weighted")(params, xp, yp, mask)
+    xp, yp, mask = replica_batches(x, y, counts, b_max=8)  # one shape: compile once for all cases
+    g, loss, n = _spmd_grad("weighted")(params, xp, yp, mask)
     assert g["w1"].dtype == jnp.float64 and int(n) == sum(counts)
     _assert_tree_close(g, _full_grad(params, x, y), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(loss, _per_sample_loss(params, x, y).mean(), rtol=1e-13)
 
-    g_mean, loss_mean, _ = make_spmd_grad(_per_sample_loss, mesh, average="mean")(params, xp, yp, mask)
+    g_mean, loss_mean, _ = _spmd_grad("mean")(params, xp, yp, mask)
     _assert_tree_close(g_mean, plain_mean(_replica_grads(params, x, y, counts), counts), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(loss_mean, loss, rtol=1e-13)
     uneven = len(set(c for c in counts if c > 0)) > 1
@@ -151,5 +159,7 @@ def test_replica_batches_layout_and_errors():
         replica_batches(x, y, [2, 2])
     with pytest.raises(ValueError, match="counts"):
         replica_batches(x, y, [6, -1])
+    with pytest.raises(ValueError, match="b_max"):
+        replica_batches(x, y, [2, 3], b_max=2)
     with pytest.raises(ValueError, match="average"):
         make_spmd_grad(_per_sample_loss, data_mesh(2), average="median")

@@ -237,6 +237,7 @@ def main(argv=None) -> int:
     config = mod.get_config("smoke" if (a.smoke or a.quick) else None)
     config.command = "bppsa reproduce hetero-dp" + (" --smoke" if (a.smoke or a.quick) else "")
     from ..provenance import device_label
+    _ensure_cpu_devices(max(len(m) for m in config.mixes.values()))  # before anything starts the backend
     workdir = a.workdir or (root / "experiments/results" / device_label() if not (a.smoke or a.quick)
                             else Path("runs/hetero_dp_smoke"))
     run(config, workdir)

@@ -69,17 +69,21 @@ def pad_local_batch(x, y, size: int):
     return xp, yp, mask
 
 
-def replica_batches(x, y, counts):
+def replica_batches(x, y, counts, b_max: int | None = None):
     """Cut a global batch into consecutive replica batches of sizes ``counts``, each padded.
 
     x: (B, ...), y: (B,), counts: (P,) with Σ counts = B. Returns x: (P·b_max, ...),
-    y: (P·b_max,), mask: (P·b_max,) with b_max = max(max(counts), 1); rows
+    y: (P·b_max,), mask: (P·b_max,) with b_max = max(max(counts), 1) unless given (a fixed
+    b_max keeps shapes, and so compiled code, constant across partitions); rows
     [i·b_max, i·b_max + b_i) belong to replica i.
     """
     c = _check_counts(counts)
     if c.sum() != len(x):
         raise ValueError(f"counts must sum to the batch size {len(x)}; got {c.tolist()} (sum {c.sum()})")
-    b_max = max(int(c.max()), 1)
+    if b_max is None:
+        b_max = max(int(c.max()), 1)
+    elif b_max < max(int(c.max()), 1):
+        raise ValueError(f"b_max must be >= the largest replica batch {int(c.max())}; got {b_max}")
     edges = np.concatenate([[0], np.cumsum(c)])
     parts = [pad_local_batch(x[edges[i]:edges[i + 1]], y[edges[i]:edges[i + 1]], b_max) for i in range(c.size)]
     return tuple(np.concatenate(p) for p in zip(*parts))
