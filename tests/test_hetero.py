@@ -74,6 +74,7 @@ def _data(B, seed=0, din=5, dout=3):
     return rng.normal(size=(B, din)), rng.integers(0, dout, size=B).astype(np.int32)
 
 
+@jax.jit
 def _full_grad(params, x, y):
     return jax.grad(lambda p: _per_sample_loss(p, x, y).mean())(params)
 
