@@ -39,3 +39,27 @@ def test_weighted_gradient_across_two_processes(tmp_path):
             # with both replicas holding samples, the plain mean is a different (biased) gradient
             diff = max(np.abs(got[f"mean/{k}"] - full[k]).max() for k in params)
             assert (diff > 1e-4) == (min(counts) > 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_training_with_real_replica_processes(tmp_path):
+    """2 replica processes at speeds 1:4 (the slow one really sleeps), every strategy, one epoch."""
+    import json
+
+    spec = {"task": "digits-cnn", "task_config": {"batch_size": 64, "learning_rate": 3e-3}, "mix": [1, 4],
+            "strategies": ["uniform", "proportional-mean", "proportional-weighted"], "seeds": [0], "epochs": 1,
+            "placement": "label", "probe_batches": [4, 16, 64], "profile_repeats": 2}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    res = spawn(["-m", "bppsa.hetero.worker", str(tmp_path / "spec.json")], 2, timeout=800)
+    for r in res:
+        assert r.returncode == 0, f"process {r.process_id} failed ({r.returncode}):\n{r.output[-3000:]}"
+    runs = {r["strategy"]: r for r in json.loads((tmp_path / "runs.json").read_text())}
+    assert set(runs) == set(spec["strategies"])
+    assert runs["uniform"]["initial_partition"] == [32, 32]
+    for r in runs.values():
+        assert sum(r["initial_partition"]) == 64 and len(r["history"]) == 2 and r["history"][-1]["time"] > 0
+        assert r["final_accuracy"] > 0.1 or r["strategy"] == "proportional-mean"
+    # profiling gave the slow replica (speed 1 of 1:4) the smaller batch
+    b = runs["proportional-weighted"]["initial_partition"]
+    assert b[0] < b[1]

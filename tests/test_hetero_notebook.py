@@ -28,4 +28,4 @@ def test_notebook_runs_in_smoke_mode(monkeypatch):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=500, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     out = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    assert "4 devices" in out and "weighted:" in out and "proportional-weighted" in out
+    assert "4 devices" in out and "weighted:" in out and "proportional-weighted" in out and "rebalance_every" in out

@@ -1,6 +1,5 @@
 """Heterogeneous data-parallel training: profiling, sampling, re-balancing, the three strategies."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -71,9 +71,8 @@ def sequence_task(data: str = "bitstream", num_samples: int = 2000, length: int 
                   num_classes: int = 10, test_fraction: float = 0.2, seed: int = 0) -> Task:
     """The GRU sequence classifier (hidden ``hidden_size``, BPPSA backward) on synthetic sequences.
 
-    data = "bitstream": the paper's Bernoulli(0.05 + 0.1 k) bitstreams (x: (N, T, 1));
-    data = "synth-irmas": MFCC features of the synthetic IRMAS stand-in (bppsa.data.synth_irmas,
-    when that module is present).
+    data = "bitstream": the paper's Bernoulli(0.05 + 0.1 k) bitstreams (x: (N, T, 1)). (The
+    synthetic IRMAS stand-in of bppsa.data was not available when this was written.)
     """
     from .. import cells
     from ..nn import SequenceClassifier
@@ -81,15 +80,8 @@ def sequence_task(data: str = "bitstream", num_samples: int = 2000, length: int 
     if data == "bitstream":
         from ..data.bitstream import make_bitstream
         x, y = make_bitstream(num_samples, length, seed=seed, num_classes=num_classes)
-    elif data == "synth-irmas":
-        try:
-            from ..data import synth_irmas  # noqa: F401  (issue 4)
-        except ImportError as e:
-            raise ValueError("data='synth-irmas' needs bppsa.data.synth_irmas, which is not in this "
-                             "checkout; use data='bitstream'") from e
-        raise ValueError("data='synth-irmas' is not wired up yet; use data='bitstream'")
     else:
-        raise ValueError(f"data must be 'bitstream' or 'synth-irmas'; got {data!r}")
+        raise ValueError(f"data must be 'bitstream'; got {data!r}")
     cell = cells.GRU(input_size=x.shape[-1], hidden_size=hidden_size)
     return Task(f"gru-{data}", *_split(x, y, test_fraction, seed), num_classes=num_classes,
                 make_model=lambda s: SequenceClassifier(cell, num_classes, backward="bppsa", rngs=nnx.Rngs(s)),
