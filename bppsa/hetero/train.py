@@ -172,7 +172,8 @@ class ProcessReplicas:
     """This process's replica under ``jax.distributed`` (one CPU device per process).
 
     Each step: compute the local (gradient sum, loss sum, count) on the padded local batch, sleep
-    (f − 1)× the compute time to emulate a replica f times slower, then one all-reduce of
+    (f − 1)× the compute time (median of the last few at this shape) to emulate a replica f
+    times slower, then one all-reduce of
     (gradient sum, count) — plus each replica's busy time in a one-hot slot, so every process
     sees the same timings and makes the same re-balancing decisions.
     """
@@ -186,6 +187,7 @@ class ProcessReplicas:
         self.allreduce = make_allreduce(data_mesh())
         self.local = jax.jit(partial(local_grad_sum, loss_fn))
         self._warm: set = set()
+        self._tc: dict = {}
 
     def reset(self, seed: int):
         pass
@@ -199,7 +201,11 @@ class ProcessReplicas:
         out = jax.block_until_ready(self.local(params, xp, yp, mask)) if mask.any() else None
         tc = time.perf_counter() - t0
         if f > 1 and out is not None:
-            time.sleep((f - 1) * tc)
+            # stretch by the median of this shape's recent compute times, so that one hiccup of a
+            # busy host is not multiplied by f
+            recent = self._tc.setdefault(xp.shape, [])
+            recent[:] = (recent + [tc])[-9:]
+            time.sleep((f - 1) * float(np.median(recent)))
         return out, time.perf_counter() - t0
 
     def _onehot(self, v):

@@ -42,7 +42,7 @@ def get_config(arg=None):
     c.jitter = 0.05                 # log-normal noise on each modelled replica step time
     c.comm_s = 0.0                  # modelled all-reduce time per step (same for every strategy)
     c.processes = ml_collections.ConfigDict({
-        "enabled": True, "task": "digits-cnn", "mix": [1, 1, 2, 4], "placement": "label", "epochs": 2,
+        "enabled": True, "task": "gru", "mix": [1, 1, 2, 4], "placement": "label", "epochs": 2,
         "seeds": [0], "timeout_s": 900,
     })
     c.command = ""
