@@ -173,9 +173,9 @@ class ProcessReplicas:
 
     Each step: compute the local (gradient sum, loss sum, count) on the padded local batch, sleep
     (f − 1)× the compute time (median of the last few at this shape) to emulate a replica f
-    times slower, then one all-reduce of
-    (gradient sum, count) — plus each replica's busy time in a one-hot slot, so every process
-    sees the same timings and makes the same re-balancing decisions.
+    times slower, then one all-reduce of (gradient sum, count) — plus each replica's busy time in
+    a one-hot slot, so every process sees the same timings and makes the same re-balancing
+    decisions. Replicas are the processes, in process-index order.
     """
 
     def __init__(self, loss_fn: Callable, slowdowns):
@@ -222,12 +222,7 @@ class ProcessReplicas:
         ab = self.allreduce({"alpha": self._onehot(mine.alpha), "beta": self._onehot(mine.beta)})
         return [TimeModel(float(a), float(b)) for a, b in zip(ab["alpha"], ab["beta"])]
 
-    def step(self, params, x, y, index_lists, counts, average, step):
-        t0 = time.perf_counter()
-        b_max = max(int(np.max(counts)), 1)
-        mine = index_lists[self.pid]
-        xp, yp, mask = pad_local_batch(x[mine], y[mine], b_max)
-        out, busy = self._busy(params, xp, yp, mask, step)
+    def _tree(self, out, params, busy, average):
         if out is None:
             g = jax.tree.map(lambda p: np.zeros(np.shape(p), np.asarray(p).dtype), params)
             loss_sum, n = 0.0, 0.0
@@ -235,16 +230,26 @@ class ProcessReplicas:
             g, loss_sum, n = jax.tree.map(np.asarray, out)
         n = float(n)
         if average == "weighted":
-            tree = {"g": g, "loss": loss_sum, "n": n, "t": self._onehot(busy)}
-        else:
-            tree = {"g": jax.tree.map(lambda a: a / max(n, 1.0), g), "k": float(n > 0), "loss": loss_sum,
-                    "n": n, "t": self._onehot(busy)}
-        sig = (average, jax.tree.structure(tree))
-        if sig not in self._warm:  # every process reaches this step together: compile untimed
-            self.allreduce(jax.tree.map(np.zeros_like, tree))
+            return {"g": g, "loss": loss_sum, "n": n, "t": self._onehot(busy)}
+        return {"g": jax.tree.map(lambda a: a / max(n, 1.0), g), "k": float(n > 0), "loss": loss_sum, "n": n,
+                "t": self._onehot(busy)}
+
+    def step(self, params, x, y, index_lists, counts, average, step):
+        b_max = max(int(np.max(counts)), 1)  # the same on every process, so every process sees the same shapes
+        mine = index_lists[self.pid]
+        xp, yp, mask = pad_local_batch(x[mine], y[mine], b_max)
+        sig = (average, xp.shape)
+        if sig not in self._warm:
+            # new shapes: every process compiles its local step and the all-reduce here, before the
+            # clock starts (the all-reduce doubles as a barrier), so no one's compile is counted as
+            # another's waiting time
+            out = jax.block_until_ready(self.local(params, xp, yp, mask))
+            self._warm.add(xp.shape)
+            self.allreduce(jax.tree.map(np.zeros_like, self._tree(out, params, 0.0, average)))
             self._warm.add(sig)
-            t0 = time.perf_counter() - busy
-        s = self.allreduce(tree)
+        t0 = time.perf_counter()
+        out, busy = self._busy(params, xp, yp, mask, step)
+        s = self.allreduce(self._tree(out, params, busy, average))
         denom = s["n"] if average == "weighted" else s["k"]
         g = jax.tree.map(lambda a: a / max(float(denom), 1.0), s["g"])
         return g, float(s["loss"]) / max(float(s["n"]), 1.0), s["t"], time.perf_counter() - t0
