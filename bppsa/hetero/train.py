@@ -162,7 +162,8 @@ class SimulatedReplicas:
     def step(self, params, x, y, index_lists, counts, average, step):
         """grads, mean loss, per-replica busy times (P,), step wall time (s)."""
         idx = np.concatenate(index_lists)
-        xp, yp, mask = replica_batches(x[idx], y[idx], counts)
+        # pad every replica to B: one compiled shape whatever the partition (the clock is modelled)
+        xp, yp, mask = replica_batches(x[idx], y[idx], counts, b_max=max(int(np.sum(counts)), 1))
         g, loss, _ = self.grad_fns[average](params, xp, yp, mask)
         times = self._times(counts, step)
         return g, loss, times, float(times.max()) + self.comm_s
