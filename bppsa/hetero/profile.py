@@ -100,12 +100,14 @@ class Rebalancer:
     """Dynamic load balancing: every ``every`` steps, re-estimate speeds from observed step times.
 
     ``observe(counts, times)`` records one step (per-replica batch sizes and busy times);
-    ``maybe_repartition(step, batch_size)`` returns new counts when the estimate changes the
-    partition, else None, and logs the switch in ``log``. Replicas without samples keep their
-    previous speed estimate. ``every = 0`` disables it.
+    ``maybe_repartition(step, batch_size, counts)`` returns new counts when the new partition's
+    predicted step time, max_i b_i/s_i, beats the current one's by more than ``tolerance``
+    (hysteresis against timing noise), else None, and logs the switch in ``log``. Replicas
+    without samples keep their previous speed estimate. ``every = 0`` disables it.
     """
     speeds: np.ndarray
     every: int = 0
+    tolerance: float = 0.05
     log: list = field(default_factory=list)
     _b: np.ndarray | None = None
     _t: np.ndarray | None = None
@@ -124,7 +126,8 @@ class Rebalancer:
         self._b = self._t = None
         self.speeds = new
         b = partition(new, batch_size)
-        if np.array_equal(b, counts):
+        predicted = lambda c: float(np.max(np.asarray(c) / new))  # noqa: E731
+        if np.array_equal(b, counts) or predicted(b) > (1 - self.tolerance) * predicted(counts):
             return None
         self.log.append({"step": step, "from": [int(v) for v in counts], "to": [int(v) for v in b],
                          "speeds": [float(v) for v in new]})
