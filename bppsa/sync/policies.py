@@ -82,8 +82,8 @@ class Policy:
     def join(self, worker: int, time: float) -> Decision:
         if worker in self.active:
             raise ValueError(f"worker {worker} already active")
+        self.clock[worker] = self.slowest_clock()
         self.active.add(worker)
-        self.clock[worker] = self.slowest_clock() if len(self.active) > 1 else 0
         return self._on_join(worker, float(time))
 
     def remove(self, worker: int, time: float) -> Decision:
@@ -177,7 +177,8 @@ class DSSP(SSP):
     On a push from p (after t_p ← t_p + 1 and applying the update): if r_p > 0, r_p ← r_p − 1 and p
     proceeds; else if t_p − t_slowest ≤ s_L it proceeds; else if p is the fastest worker, r_p ←
     :func:`dssp_controller` (from each worker's last two push times) and p proceeds if r_p > 0;
-    otherwise p waits until t_p − t_slowest ≤ s_L. The staleness is thus in [s_L, s_L + r_max].
+    otherwise p waits until t_p − t_slowest ≤ s_L. The fastest worker may thus run up to about
+    s_L + r_max iterations ahead of the slowest, by an allowance the controller picks per push.
     """
 
     name = "DSSP"
@@ -216,8 +217,8 @@ class DSSP(SSP):
             if len(a) == 2 and len(b) == 2:
                 r = dssp_controller(a[1], a[0], b[1], b[0], self.r_max)
                 self.controller_calls.append((worker, r))
+                self.r[worker] = r
                 if r > 0:
-                    self.r[worker] = r - 1  # this push uses one of the r extra iterations
                     return Decision(release=release)
         self.waiting[worker] = WAIT
         return Decision(WAIT, until=self.clock[worker] - self.s_L, release=release)
