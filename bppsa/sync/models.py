@@ -17,6 +17,7 @@ the class must be inferred by integrating the noisy frames over time.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -27,7 +28,7 @@ import optax
 from .. import cells
 from ..backprop import rnn
 
-__all__ = ["Task", "make_task", "make_sequence_task", "TASKS"]
+__all__ = ["Task", "make_task", "make_sequence_task", "load_digits_arrays", "TASKS"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -43,21 +44,37 @@ class Task:
     loss: Callable
     logits: Callable
     spec: dict
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def grad_fn(self):
-        """jitted ``(params, x, y) -> (loss, grads)``."""
-        return jax.jit(jax.value_and_grad(self.loss))
+        """jitted ``(params, x, y) -> (loss, grads)`` (one per task, so it compiles once)."""
+        if "grad" not in self._cache:
+            self._cache["grad"] = jax.jit(jax.value_and_grad(self.loss))
+        return self._cache["grad"]
 
     def accuracy_fn(self):
-        """jitted ``params -> (test loss, test accuracy)``."""
-        x, y = jnp.asarray(self.x_test), jnp.asarray(self.y_test)
+        """jitted ``params -> (test loss, test accuracy)`` (one per task)."""
+        if "acc" not in self._cache:
+            x, y = jnp.asarray(self.x_test), jnp.asarray(self.y_test)
 
-        @jax.jit
-        def acc(params):
-            lg = self.logits(params, x)
-            return (optax.softmax_cross_entropy_with_integer_labels(lg, y).mean(),
-                    (lg.argmax(-1) == y).mean())
-        return acc
+            @jax.jit
+            def acc(params):
+                lg = self.logits(params, x)
+                return (optax.softmax_cross_entropy_with_integer_labels(lg, y).mean(),
+                        (lg.argmax(-1) == y).mean())
+            self._cache["acc"] = acc
+        return self._cache["acc"]
+
+    def server_step(self, optimizer):
+        """jitted ``(params, opt_state, grads) -> (params, opt_state)`` for ``optimizer`` (cached per optimizer)."""
+        key = ("step", optimizer)
+        if key not in self._cache:
+            @jax.jit
+            def step(params, opt_state, grads):
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state
+            self._cache[key] = step
+        return self._cache[key]
 
 
 def _split(x, y, test_fraction, seed):
@@ -102,11 +119,29 @@ def _cnn_loss(params, x, y):
     return _xent(_cnn_logits(params, x), y)
 
 
-def _digits_task(spec):
+def load_digits_arrays():
+    """scikit-learn's bundled digits as (images (1797, 8, 8) float in [0, 16], target (1797,) int).
+
+    Reads the file ``sklearn.datasets.load_digits`` reads, without importing scikit-learn (whose
+    import takes seconds — it matters in every Ray worker process); falls back to ``load_digits``.
+    """
+    import gzip
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is not None and path.exists():
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",")
+        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
     d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[..., None]  # (1797, 8, 8, 1)
-    y = d.target.astype(np.int32)
+    return d.images, d.target
+
+
+def _digits_task(spec):
+    images, target = load_digits_arrays()
+    x = (images / 16.0).astype(np.float32)[..., None]  # (1797, 8, 8, 1)
+    y = target.astype(np.int32)
     xtr, ytr, xte, yte = _split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
     channels = tuple(spec.get("channels", (8, 16)))
     return Task("digits_cnn", xtr, ytr, xte, yte, lambda key: _cnn_init(key, channels),

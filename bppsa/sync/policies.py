@@ -10,8 +10,9 @@ The server calls the policy on three events and acts on the :class:`Decision` it
 - ``join(worker, time)`` — a worker arrives (late joiners); its decision is what it does first.
 - ``remove(worker, time)`` — a worker is gone (dead); waiting workers may be released.
 
-Every decision also lists ``release``: the waiting workers (never the pusher itself unless it
-proceeds) that may go on now; the runtime wakes each one and lets it pull the current parameters.
+Every decision also lists ``release``: the waiting workers that may go on now; the runtime wakes
+each one and lets it pull the current parameters. ``release`` includes the pusher itself when its
+own arrival opens a barrier (BSP, ElasticBSP): then it goes on at once despite ``kind``.
 All updates are applied on arrival (as DSSP's Algorithm 1 does); the policies only decide who waits.
 
 Papers:

@@ -15,7 +15,6 @@ import dataclasses
 import heapq
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -100,6 +99,16 @@ def policy_label(name: str, options: dict | None = None) -> str:
     return {"bsp": "BSP", "asp": "ASP"}.get(key, name)
 
 
+_SGD: dict = {}
+
+
+def _sgd(learning_rate):
+    """One optax.sgd per learning rate, so a task's jitted server step is reused across runs."""
+    if learning_rate not in _SGD:
+        _SGD[learning_rate] = optax.sgd(learning_rate)
+    return _SGD[learning_rate]
+
+
 def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict | None = None,
              optimizer: optax.GradientTransformation | None = None, learning_rate: float = 0.05,
              batch_size: int = 32, max_time: float = 100.0, eval_every: float = 1.0, seed: int = 0,
@@ -128,15 +137,10 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     n = compute.num_workers
     initial = [p for p in range(n) if compute.join_time(p) == 0]
     pol: Policy = make_policy(policy, len(initial), **(policy_options or {}))
-    opt = optimizer if optimizer is not None else optax.sgd(learning_rate)
-
+    opt = optimizer if optimizer is not None else _sgd(learning_rate)
     grad_fn = task.grad_fn()
     acc_fn = task.accuracy_fn()
-
-    @jax.jit
-    def server_step(params, opt_state, grads):
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
+    server_step = task.server_step(opt)
 
     params = task.init(jax.random.key(seed))
     opt_state = opt.init(params)
