@@ -11,8 +11,9 @@ Failures: a worker that dies is detected (a) by the driver, whose ``ray.wait`` o
 neither pushed nor pulled for ``dead_timeout`` seconds. The worker is then removed from the
 policy: ASP/SSP/DSSP continue without it, BSP/ElasticBSP drop it from the barrier set; both are
 logged. Every push carries a per-worker sequence number and the server applies each (worker, seq)
-at most once, so a retried push is never applied twice; every push the server acknowledges was
-applied, so none is lost.
+at most once, so a retried push is never applied twice; every push is answered "applied",
+"duplicate" (applied before) or "refused" (it arrived after training stopped), and the workers
+count them, so none is lost silently.
 
     from bppsa.sync.ray_runtime import run_ray
     log = run_ray({"name": "digits_cnn"}, "ssp", num_workers=3, policy_options={"s": 3},
@@ -75,6 +76,7 @@ class ParameterServer:
         self.wait_total = {p: 0.0 for p in range(num_workers)}
         self.applied: list[tuple[int, int]] = []
         self.duplicates: list[tuple[int, int]] = []
+        self.refused: list[tuple[int, int]] = []
         self.staleness: dict[int, int] = {}
         self.dead: list[dict] = []
         self.rejoined: list[dict] = []
@@ -148,17 +150,23 @@ class ParameterServer:
         return True
 
     async def pull(self, worker):
+        """(params, version, stop): where a worker starts."""
         self.last_seen[worker] = self.now()
         return self._params_np, self.version, self.stopped
 
     async def push(self, worker, seq, grads, pulled_version):
-        """Apply (worker, seq) once; return (params, version, stop) when the worker may go on."""
+        """Apply (worker, seq) once; return (params, version, stop, status) when the worker may go on.
+
+        status: "applied"; "duplicate" (this seq was applied before: a retry); "refused" (training
+        had stopped: nothing applied, and the worker is told to stop).
+        """
         from .policies import PROCEED
         if self.stopped:
-            return self._params_np, self.version, True
+            self.refused.append((worker, seq))
+            return self._params_np, self.version, True, "refused"
         if seq <= self.last_seq.get(worker, 0):
             self.duplicates.append((worker, seq))
-            return self._params_np, self.version, self.stopped
+            return self._params_np, self.version, self.stopped, "duplicate"
         if worker not in self.policy.active:  # declared dead but alive after all: take it back
             d = self.policy.join(worker, self.now())
             self.rejoined.append({"worker": worker, "time": self.now()})
@@ -168,13 +176,14 @@ class ParameterServer:
                 self._release(d.release)
                 await blocked
                 if self.stopped:
-                    return self._params_np, self.version, True
+                    self.refused.append((worker, seq))
+                    return self._params_np, self.version, True, "refused"
         self.last_seq[worker] = seq
         s = self.version - pulled_version
         self.staleness[s] = self.staleness.get(s, 0) + 1
         self.params, self.opt_state = self._step(self.params, self.opt_state, grads)
         self.version += 1
-        self.applied.append((worker, seq))
+        self.applied.append((worker, seq, self.now()))
         self._params_np = _to_numpy(self.params)
         d = self.policy.push(worker, self.now())
         if d.kind != PROCEED and worker not in d.release:  # a barrier its own arrival opened: go on
@@ -185,7 +194,7 @@ class ParameterServer:
         else:
             self._release(tuple(q for q in d.release if q != worker))
         self.last_seen[worker] = self.now()
-        return self._params_np, self.version, self.stopped
+        return self._params_np, self.version, self.stopped, "applied"
 
     def _block(self, worker):
         """Register ``worker`` as waiting; return the awaitable that ends when it is released."""
@@ -204,9 +213,9 @@ class ParameterServer:
 
     async def stats(self):
         per_worker = {p: 0 for p in range(self.num_workers)}
-        for w, _ in self.applied:
+        for w, _, _ in self.applied:
             per_worker[w] += 1
-        return {"version": self.version, "applied": list(self.applied), "duplicates": list(self.duplicates),
+        return {"version": self.version, "applied": list(self.applied), "duplicates": list(self.duplicates), "refused": list(self.refused),
                 "pushes": per_worker, "wait": dict(self.wait_total), "barriers": self.barriers,
                 "staleness_hist": dict(sorted(self.staleness.items())), "dead": list(self.dead),
                 "rejoined": list(self.rejoined), "curve": list(self.curve), "time": self.now(),
@@ -241,7 +250,7 @@ class Worker:
         import ray
         params, version, stop = ray.get(self.server.pull.remote(self.worker))
         seq = 0
-        acked = 0
+        acked = refused = 0
         while not stop and seq < max_iterations:
             idx = self.rng.integers(0, len(self.task.x_train), size=self.batch_size)
             _, g = self.grad(params, self.task.x_train[idx], self.task.y_train[idx])
@@ -251,9 +260,10 @@ class Worker:
             if self.delay + extra > 0:
                 time.sleep(self.delay + extra)
             seq += 1
-            params, version, stop = ray.get(self.server.push.remote(self.worker, seq, g, version))
-            acked += 1
-        return {"worker": self.worker, "pushes_acked": acked}
+            params, version, stop, status = ray.get(self.server.push.remote(self.worker, seq, g, version))
+            acked += status in ("applied", "duplicate")
+            refused += status == "refused"
+        return {"worker": self.worker, "pushes_acked": acked, "pushes_refused": refused}
 
 
 def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dict | None = None,
@@ -321,7 +331,7 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
                 try:
                     results[p] = ray.get(ref)
                 except ray.exceptions.RayError as e:  # the worker died
-                    results[p] = {"worker": p, "error": type(e).__name__}
+                    results[p] = {"worker": p, "error": type(e).__name__, "message": str(e)[-2000:]}
                     ray.get(server.report_dead.remote(p), timeout=60)
                     log(f"worker {p} died ({type(e).__name__}); dropped from the policy")
         ray.get(server.stop.remote(), timeout=60)
