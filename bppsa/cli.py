@@ -13,6 +13,8 @@ import sys
 REPRODUCE = {
     "default": "bppsa.reproduce:main_rnn_train",  # what `make reproduce` runs
     "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP
+    "zipline": "bppsa.sync.experiments:main_zipline",  # ZipLine runtime table
 }
 
 # bppsa COMMAND [args...]
