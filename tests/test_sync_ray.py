@@ -64,6 +64,10 @@ def test_server_timeout_drops_a_silent_worker_and_nothing_hangs():
         st = await s.stats()
         assert st["rejoined"][0]["worker"] == 2 and st["version"] == 5
         assert sorted((w, q) for w, q, _ in st["applied"]) == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1)]
+        # a worker whose death the driver reported: its in-flight push is refused, it never rejoins
+        await s.report_dead(2)
+        _, _, stop, status = await s.push(2, 2, g, 3)
+        assert status == "refused" and stop and (2, 2) in s.refused and 2 not in s.policy.active
         await s.stop()
     asyncio.run(main())
 

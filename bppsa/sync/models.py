@@ -17,6 +17,7 @@ the class must be inferred by integrating the noisy frames over time.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -206,10 +207,19 @@ def _seq_task(spec):
 TASKS = {"digits_cnn": _digits_task, "seq_gru": _seq_task}
 
 
+_TASK_CACHE: dict = {}
+
+
 def make_task(spec) -> Task:
-    """Build a task from a dict ``{"name": "digits_cnn" | "seq_gru", ...options}``."""
+    """Build a task from a dict ``{"name": "digits_cnn" | "seq_gru", ...options}``.
+
+    Tasks are cached per spec within a process, so their jitted functions compile once.
+    """
     spec = dict(spec)
     name = spec.get("name")
     if name not in TASKS:
         raise ValueError(f"task name must be one of {sorted(TASKS)}; got {name!r}")
-    return TASKS[name](spec)
+    key = json.dumps(spec, sort_keys=True, default=list)
+    if key not in _TASK_CACHE:
+        _TASK_CACHE[key] = TASKS[name](spec)
+    return _TASK_CACHE[key]

@@ -12,8 +12,10 @@ neither pushed nor pulled for ``dead_timeout`` seconds. The worker is then remov
 policy: ASP/SSP/DSSP continue without it, BSP/ElasticBSP drop it from the barrier set; both are
 logged. Every push carries a per-worker sequence number and the server applies each (worker, seq)
 at most once, so a retried push is never applied twice; every push is answered "applied",
-"duplicate" (applied before) or "refused" (it arrived after training stopped), and the workers
-count them, so none is lost silently.
+"duplicate" (applied before) or "refused" (it arrived after training stopped, or from a worker whose
+death Ray had already confirmed: a push still in flight when its sender was killed), and the
+workers count them, so none is lost silently. A worker dropped by the timeout that turns out to be
+alive is taken back (``policy.join``) when its next push arrives.
 
     from bppsa.sync.ray_runtime import run_ray
     log = run_ray({"name": "digits_cnn"}, "ssp", num_workers=3, policy_options={"s": 3},
@@ -45,24 +47,17 @@ class ParameterServer:
     def __init__(self, task_spec, policy, policy_options, num_workers, learning_rate, seed,
                  dead_timeout, eval_every):
         import jax
-        import optax
 
         from .models import make_task
         from .policies import make_policy
 
         self.task = make_task(task_spec)
         self.policy = make_policy(policy, num_workers, **(policy_options or {}))
-        self.opt = optax.sgd(learning_rate)
+        from .simulator import _sgd
+        self.opt = _sgd(learning_rate)
         self.params = self.task.init(jax.random.key(seed))
         self.opt_state = self.opt.init(self.params)
-        opt = self.opt
-
-        @jax.jit
-        def step(params, opt_state, grads):
-            updates, opt_state = opt.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        self._step = step
+        self._step = self.task.server_step(self.opt)
         self._acc = self.task.accuracy_fn()
         self.version = 0
         self.t0 = time.monotonic()
@@ -77,6 +72,7 @@ class ParameterServer:
         self.applied: list[tuple[int, int]] = []
         self.duplicates: list[tuple[int, int]] = []
         self.refused: list[tuple[int, int]] = []
+        self.confirmed_dead: set[int] = set()
         self.staleness: dict[int, int] = {}
         self.dead: list[dict] = []
         self.rejoined: list[dict] = []
@@ -145,7 +141,8 @@ class ParameterServer:
             self._finish_wait(q)
 
     async def report_dead(self, worker):
-        """The driver saw the worker's actor die."""
+        """The driver saw the worker's actor die: drop it for good (a push still in flight is refused)."""
+        self.confirmed_dead.add(worker)
         self._declare_dead(worker, "driver")
         return True
 
@@ -164,6 +161,9 @@ class ParameterServer:
         if self.stopped:
             self.refused.append((worker, seq))
             return self._params_np, self.version, True, "refused"
+        if worker in self.confirmed_dead:  # sent just before its actor died: the sender is gone
+            self.refused.append((worker, seq))
+            return self._params_np, self.version, True, "refused"
         if seq <= self.last_seq.get(worker, 0):
             self.duplicates.append((worker, seq))
             return self._params_np, self.version, self.stopped, "duplicate"
@@ -175,7 +175,7 @@ class ParameterServer:
                 blocked = self._block(worker)
                 self._release(d.release)
                 await blocked
-                if self.stopped:
+                if self.stopped or worker not in self.policy.active:
                     self.refused.append((worker, seq))
                     return self._params_np, self.version, True, "refused"
         self.last_seq[worker] = seq
