@@ -15,6 +15,7 @@ REPRODUCE = {
     "rnn-train": "bppsa.reproduce:main_rnn_train",
     "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP
     "zipline": "bppsa.sync.experiments:main_zipline",  # ZipLine runtime table
+    "sync-ray": "bppsa.sync.ray_runtime:main_ray",  # the same policies on a real (local) Ray
 }
 
 # bppsa COMMAND [args...]

@@ -85,6 +85,9 @@ def test_server_stop_releases_waiters():
     asyncio.run(main())
 
 
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # Ray's fork+exec of its daemons
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")

@@ -62,9 +62,9 @@ def selection_range(times, indices) -> float:
 
 def _merged(t: np.ndarray):
     """The n·R points in time order (ties by worker, then column): (time, worker, column) lists."""
-    n, R = t.shape
+    R = t.shape[1]
     flat = t.ravel()
-    order = np.lexsort((np.tile(np.arange(R), n), np.repeat(np.arange(n), R), flat))
+    order = np.argsort(flat, kind="stable")  # row-major flat index: ties stay in (worker, column) order
     return flat[order].tolist(), (order // R).tolist(), (order % R).tolist()
 
 
