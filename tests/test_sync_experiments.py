@@ -75,3 +75,11 @@ def test_notebook_runs_in_smoke_mode(monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+
+
+def test_notebook_is_committed_without_outputs_and_has_smoke_parameters():
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(ROOT / "notebooks" / "04_sync.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
+    assert "BPPSA_NOTEBOOK_SMOKE" in code[0].source and code[0].source.startswith("# Parameters")

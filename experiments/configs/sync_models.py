@@ -8,7 +8,7 @@ Four simulated workers, two fast and two 2.5× slower (mixed GPUs), log-normal n
 iteration time; virtual clock, real JAX gradients on the parameters each worker pulled, SGD on the
 server applied on arrival. Policies: BSP, ASP, SSP s = 3/6/15, DSSP(3, 12), ElasticBSP R =
 15/30/60/120/240. Models: a small CNN on scikit-learn's digits (target 0.95) and a GRU (BPPSA
-backward) on a synthetic 8-class sequence task (T = 32, 12 features; target 0.95). Three seeds.
+backward) on a synthetic 8-class sequence task (T = 32, 12 features; target 0.95). Five seeds.
 Results: experiments/results/<device>/sync_models.{json,md,png}.
 """
 
@@ -26,7 +26,7 @@ def get_config(arg=None):
     c = ml_collections.ConfigDict()
     c.task = "bppsa.sync.experiments:sync_models"
     c.name = "sync_models"
-    c.seeds = 3
+    c.seeds = 5
     c.cluster = ml_collections.ConfigDict({"means": (1.0, 1.0, 2.5, 2.5), "sigma": 0.1, "comm": 0.0})
     c.policies = POLICIES
     c.models = (
