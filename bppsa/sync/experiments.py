@@ -97,10 +97,12 @@ def sync_models(config, workdir) -> dict:
     record = {"title": "Elastic synchronization: time to target accuracy (simulated heterogeneous cluster)",
               "name": name, "plot": "bppsa.sync.experiments:plot_sync_models",
               "config": _plain(config), "rows": rows,
+              # full curves for seed 0 (the plot); every seed's numbers are in rows
               "curves": [{"model": r["model"], "label": r["label"], "seed": r["seed"],
-                          "time": [c["time"] for c in r["curve"]], "accuracy": [c["accuracy"] for c in r["curve"]],
+                          "time": [round(c["time"], 3) for c in r["curve"]],
+                          "accuracy": [round(c["accuracy"], 4) for c in r["curve"]],
                           "wait": r["wait"], "staleness_hist": r["staleness_hist"], "barriers": r["barriers"]}
-                         for r in runs],
+                         for r in runs if r["seed"] == 0],
               "real_seconds": time.time() - t_start,
               "provenance": provenance(config.get("command", None))}
     md = _sync_table(record)
