@@ -44,6 +44,17 @@ def _plain(x):
     return x
 
 
+def _command(config):
+    """The command for provenance: ours (bppsa reproduce), the runner's (bppsa run), or argv."""
+    if config.get("command", None):
+        return config.command
+    try:
+        from ..runner import current_command
+        return current_command()
+    except ImportError:
+        return None
+
+
 def _compute_model(c) -> ComputeModel:
     return ComputeModel(means=tuple(c.means), sigma=float(c.sigma),
                         stragglers=tuple(tuple(s) for s in c.get("stragglers", ())), comm=float(c.get("comm", 0.0)))
@@ -104,7 +115,7 @@ def sync_models(config, workdir) -> dict:
                           "wait": r["wait"], "staleness_hist": r["staleness_hist"], "barriers": r["barriers"]}
                          for r in runs if r["seed"] == 0],
               "real_seconds": time.time() - t_start,
-              "provenance": provenance(config.get("command", None))}
+              "provenance": provenance(_command(config))}
     md = _sync_table(record)
     save_json(workdir / f"{name}.json", record)
     (workdir / f"{name}.md").write_text(md)
@@ -228,7 +239,7 @@ def zipline_runtimes(config, workdir) -> dict:
               "plot": "bppsa.sync.experiments:plot_zipline_runtimes",
               "config": _plain(config), "rows": rows,
               "target_1000x150_s": None if target is None else target.get(f"{methods[0]}_s"),
-              "paper_1000x150_s": 2.38, "provenance": provenance(config.get("command", None))}
+              "paper_1000x150_s": 2.38, "provenance": provenance(_command(config))}
     md = _zipline_table(record)
     save_json(workdir / f"{name}.json", record)
     (workdir / f"{name}.md").write_text(md)
