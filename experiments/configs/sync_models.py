@@ -1,7 +1,7 @@
 """Elastic synchronization, time to target accuracy (DSSP's Table I layout) on a heterogeneous cluster.
 
-    bppsa run experiments/configs/sync_models.py          # ~10-20 min on 2 loaded CPU cores
-    bppsa run experiments/configs/sync_models.py:smoke    # ~15 s
+    bppsa run experiments/configs/sync_models.py          # 8-15 min on 2 loaded CPU cores (8.4 min measured)
+    bppsa run experiments/configs/sync_models.py:smoke    # ~25 s (mostly compilation)
     bppsa reproduce sync [--smoke]                        # the same, writing experiments/results/<device>/
 
 Four simulated workers, two fast and two 2.5× slower (mixed GPUs), log-normal noise σ = 0.1 on each
