@@ -1,8 +1,11 @@
-"""The synchronization experiment configs and tasks (smoke sizes), and the notebook (slow)."""
+"""The synchronization experiment configs and tasks at smoke size.
+
+(tests/test_configs.py also runs every config's smoke variant through `bppsa run`, and
+tests/test_notebooks.py executes notebooks/04_sync.ipynb with BPPSA_NOTEBOOK_SMOKE=1.)
+"""
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -45,41 +48,12 @@ def test_zipline_runtimes_smoke_writes_results(tmp_path):
 
 
 def test_committed_results_have_provenance():
-    found = sorted((ROOT / "experiments" / "results").glob("*/sync_models.json")) + \
-        sorted((ROOT / "experiments" / "results").glob("*/zipline_runtimes.json"))
-    if not found:
-        pytest.skip("no committed sync results")
-    for f in found:
-        rec = json.loads(f.read_text())
-        assert rec["provenance"]["git_commit"] is not None and rec["rows"]
-
-
-@pytest.mark.slow
-def test_sync_models_smoke(tmp_path):
-    from bppsa.sync.experiments import sync_models
-    cfg = _config("sync_models", "smoke")
-    out = sync_models(cfg, tmp_path)
-    assert {r["policy"] for r in out["rows"]} == {"BSP", "DSSP(3,12)", "ElasticBSP R=15"}
-    assert (tmp_path / f"{cfg.name}.png").exists()
-
-
-@pytest.mark.slow
-def test_notebook_runs_in_smoke_mode(monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    path = ROOT / "notebooks" / "04_sync.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
-    monkeypatch.setenv("BPPSA_NOTEBOOK_SMOKE", "1")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-
-
-def test_notebook_is_committed_without_outputs_and_has_smoke_parameters():
-    nbformat = pytest.importorskip("nbformat")
-    nb = nbformat.read(ROOT / "notebooks" / "04_sync.ipynb", as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
-    assert "BPPSA_NOTEBOOK_SMOKE" in code[0].source and code[0].source.startswith("# Parameters")
+    cpu = ROOT / "experiments" / "results" / "cpu"
+    for name in ("sync_models", "zipline_runtimes", "sync_ray"):
+        rec = json.loads((cpu / f"{name}.json").read_text())
+        assert rec["provenance"]["git_commit"] and rec["provenance"]["command"].startswith("bppsa ") and rec["rows"]
+        assert (cpu / f"{name}.md").exists()
+    table = (cpu / "sync_models.md").read_text()
+    for label in ("BSP", "ASP", "SSP s=3", "SSP s=6", "SSP s=15", "DSSP(3,12)", "ElasticBSP R=15",
+                  "ElasticBSP R=30", "ElasticBSP R=60", "ElasticBSP R=120", "ElasticBSP R=240"):
+        assert f"| {label} |" in table
