@@ -11,11 +11,11 @@ Every solver returns ``(indices, range)``: ``indices: (n,)`` int, the chosen col
 Exact solvers (all return an optimal range; they may pick different optimal index sets on ties):
 
 - :func:`zipline_paper` — the paper's ZipLine: merge the n·R points in time order and slide a
-  window holding one (the latest) point per worker; whenever the window covers every worker its
-  left end is found by a linear search, O(R·n²).
-- :func:`zipline_opt` — ZipLineOpt: the left end only moves when the incoming point replaces the
-  window's leftmost point, so the linear search is skipped whenever the incoming point's worker is
-  not the one holding the leftmost point.
+  time-ordered window holding one (the latest) point per worker; each incoming point replaces its
+  worker's older point, found by a linear search of the window, O(R·n²); when the window covers
+  every worker its range is incoming − leftmost.
+- :func:`zipline_opt` — ZipLineOpt: the linear search is skipped when the incoming point's worker
+  is the window's leftmost (the old point is then the left end, removed directly).
 - :func:`zipline_bsearch` — the binary-search variant: the window's times are kept sorted; the
   replaced point is found by binary search, O(R·n·log n) comparisons.
 - :func:`zipline_window` — a count-per-worker two-pointer window over the merged points, with the
@@ -69,45 +69,41 @@ def _merged(t: np.ndarray):
 
 
 def zipline_paper(times):
-    """The paper's ZipLine, O(R·n²): a window of the latest point per worker, linear search for its left end."""
-    t = _check(times)
-    n = t.shape[0]
-    vals, wks, cols = _merged(t)
-    latest_t = [0.0] * n
-    latest_c = [-1] * n
-    covered = 0
-    best, best_idx = np.inf, None
-    for x, w, c in zip(vals, wks, cols):
-        if latest_c[w] < 0:
-            covered += 1
-        latest_t[w], latest_c[w] = x, c
-        if covered == n:
-            lo = min(latest_t)  # linear search over the window, O(n)
-            if x - lo < best:
-                best, best_idx = x - lo, list(latest_c)
-    return np.asarray(best_idx, dtype=np.int64), float(best)
+    """The paper's ZipLine, O(R·n²): a time-ordered window holding each worker's latest point.
+
+    Each incoming point (the largest time so far) is appended on the right after the same worker's
+    older point is found by a linear search of the window and removed; once the window holds every
+    worker, its range is the new point minus the window's leftmost point.
+    """
+    return _zipline_list(times, skip_leftmost=False)
 
 
 def zipline_opt(times):
-    """ZipLineOpt: as :func:`zipline_paper`, but search for the left end only when it can have moved."""
+    """ZipLineOpt: as :func:`zipline_paper`, but the linear search is skipped when the incoming
+    point's worker holds the window's leftmost point (it is removed from the left end directly)."""
+    return _zipline_list(times, skip_leftmost=True)
+
+
+def _zipline_list(times, skip_leftmost):
     t = _check(times)
     n = t.shape[0]
     vals, wks, cols = _merged(t)
-    latest_t = [0.0] * n
+    win_w: list[int] = []  # workers of the window's points, in time order
+    win_t: list[float] = []
     latest_c = [-1] * n
-    covered = 0
-    left_w = -1  # the worker holding the window's leftmost point (valid once covered == n)
     best, best_idx = np.inf, None
     for x, w, c in zip(vals, wks, cols):
-        if latest_c[w] < 0:
-            covered += 1
-        latest_t[w], latest_c[w] = x, c
-        if covered == n:
-            if left_w < 0 or w == left_w:  # the leftmost point was replaced: search again
-                left_w = min(range(n), key=latest_t.__getitem__)
-            r = x - latest_t[left_w]
-            if r < best:
-                best, best_idx = r, list(latest_c)
+        if latest_c[w] >= 0:
+            if skip_leftmost and win_w[0] == w:
+                k = 0
+            else:
+                k = win_w.index(w)  # linear search, O(n)
+            del win_w[k], win_t[k]
+        win_w.append(w)
+        win_t.append(x)
+        latest_c[w] = c
+        if len(win_w) == n and x - win_t[0] < best:
+            best, best_idx = x - win_t[0], list(latest_c)
     return np.asarray(best_idx, dtype=np.int64), float(best)
 
 
