@@ -17,6 +17,7 @@ REPRODUCE = {
 
 # bppsa COMMAND [args...]
 COMMANDS = {
+    "launch": "bppsa.parallel.launch:main",
 }
 
 USAGE = """usage: bppsa COMMAND [args...]

@@ -35,17 +35,18 @@ def _assert_trees_close(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12), a, b)
 
 
-# (devices, T, B, combine, scan, loss at every step): T divisible and not, T < devices, B = 1.
-CASES = [
-    (4, 10, 2, "logstep", "blelloch", True),
-    (8, 16, 1, "allgather", "blelloch", False),
-    (8, 5, 2, "chain", "blelloch", True),
-]
+# Per cell, (devices, T, B, combine, scan, loss at every step): together they cover 4 and 8
+# devices, T divisible and not (and T < devices), B = 1, every combine, both kinds of loss.
+CASES = {
+    "rnn": [(4, 10, 2, "logstep", "blelloch", True), (8, 16, 1, "allgather", "blelloch", False)],
+    "gru": [(8, 5, 2, "chain", "blelloch", True), (4, 8, 2, "logstep", "blelloch", False)],
+    "lstm": [(4, 7, 2, "allgather", "blelloch", False), (8, 8, 2, "logstep", "blelloch", True)],
+}
 
 
 @pytest.mark.parametrize("cell_name", ["rnn", "gru", "lstm"])
 def test_sharded_gradients_equal_lax_scan_and_single_device(cell_name):
-    for P, T, B, combine, scan, every in CASES:
+    for P, T, B, combine, scan, every in CASES[cell_name]:
         cell, params, xs, h0 = problem(cell_name, T=T, B=B)
         mesh = parallel.make_mesh(P, batch_axis=None)
         loss = _loss(every)
@@ -62,14 +63,6 @@ def test_sharded_gradients_equal_lax_scan_and_single_device(cell_name):
         assert np.abs(np.asarray(ref[0]["W_h"])).max() > 1e-3  # a real gradient, not all zeros
         _assert_trees_close(sharded, ref)
         _assert_trees_close(sharded, one)
-
-
-def test_forward_states_equal_single_device_and_are_sharded():
-    cell, params, xs, h0 = problem("gru", T=11, B=2)
-    mesh = parallel.make_mesh(4, batch_axis=None)
-    hs = bppsa.rnn(cell, params, xs, h0, mesh=mesh)
-    np.testing.assert_allclose(hs, _ref_states(cell, params, xs, h0), rtol=1e-12, atol=1e-13)
-    assert hs.shape == (11, 2, 4)
 
 
 def test_two_dimensional_mesh_data_by_seq_with_uneven_batch_and_time():
@@ -101,7 +94,6 @@ def test_two_dimensional_mesh_shards_time_and_batch():
 def test_pmap_entry_point_matches_lax_scan():
     cell, params, xs, h0 = problem("lstm", T=12, B=2)
     P = 4
-    xs4 = xs.reshape(P, 3, 2, 3)
     loss = _loss(True)
 
     def pm_states(p, x, h):
@@ -109,11 +101,14 @@ def test_pmap_entry_point_matches_lax_scan():
         assert hs.shape == (P, 3, 2, 4)
         return hs.reshape(12, 2, 4), cs.reshape(12, 2, 4)
 
-    got = jax.jit(lambda p, x, h: _grads(pm_states, loss, p, x, h))(params, xs, h0)
-    ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+    @jax.jit
+    def both(params, xs, h0):
+        ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+        return ref, _grads(pm_states, loss, params, xs, h0), pm_states(params, xs, h0)[0]
+
+    ref, got, hs = both(params, xs, h0)
     _assert_trees_close(got, ref)
-    hs, _ = parallel.pmap_rnn(cell, params, xs4, h0)
-    np.testing.assert_allclose(hs.reshape(12, 2, 4), _ref_states(cell, params, xs, h0)[0], rtol=1e-12)
+    np.testing.assert_allclose(hs, _ref_states(cell, params, xs, h0)[0], rtol=1e-12, atol=1e-13)
 
 
 def test_bptt_through_the_mesh_and_other_local_scans():

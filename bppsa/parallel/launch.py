@@ -35,6 +35,8 @@ from .mesh import ENV
 
 __all__ = ["main", "launch", "free_port"]
 
+_FRAME = re.compile(r"^\s*@\s+0x")  # a line of a native (absl) stack trace
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -124,7 +126,7 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, p
         env = _worker_env(os.environ, i, n, port, devices_per_process, timeout)
         p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        tail = collections.deque(maxlen=15)
+        tail = collections.deque(maxlen=200)
         t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] ", tail, _Locked()), daemon=True)
         t.start()
         procs.append(p), tails.append(tail), pumps.append(t)
@@ -175,8 +177,9 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, p
                      f"{grace:g} s later (waiting for a peer that left?) and were stopped"]
         for i, c in enumerate(codes):
             lines.append(f"  process {i}: {_describe(c)}")
-            if c not in (0,) and tails[i]:
-                lines.extend(f"    | {line}" for line in list(tails[i])[-8:])
+            useful = [line for line in tails[i] if line.strip() and not _FRAME.match(line)]
+            if c not in (0,) and useful:  # its last words, without native stack frames
+                lines.extend(f"    | {line}" for line in useful[-8:])
         lines.append(f"  (coordinator 127.0.0.1:{port}, {elapsed:.1f} s in all)")
         err.write("\n".join(lines) + "\n")
         err.flush()
