@@ -7,6 +7,7 @@ grid of devices. On many hosts the mesh spans every process's devices (``jax.dev
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import jax
@@ -108,11 +109,17 @@ def initialize(*, timeout: int | None = None, heartbeat_timeout: int | None = No
         if not address:
             raise ValueError(f"{ENV['num_processes']} is set but {ENV['coordinator']} (host:port) is not")
         pid = int(os.environ[ENV["process_id"]])
-        jax.distributed.initialize(coordinator_address=address, num_processes=int(n), process_id=pid,
-                                   initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat,
-                                   coordinator_bind_address=address)
+        _initialize(coordinator_address=address, num_processes=int(n), process_id=pid,
+                    initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat,
+                    coordinator_bind_address=address)  # bind to loopback, not all interfaces
         return True
     if any(k in os.environ for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", ENV["coordinator"])):
-        jax.distributed.initialize(initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat)
+        _initialize(initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat)
         return True
     return False
+
+
+def _initialize(**kwargs):
+    """``jax.distributed.initialize`` with the keywords this JAX version knows."""
+    known = inspect.signature(jax.distributed.initialize).parameters
+    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if k in known})
