@@ -13,9 +13,9 @@ Jacobians and δ_p its result for u = 0.
    c_last (the chunk's own last-step loss gradient) gives δ_p at its root; Π_p is the product of
    the blocks block 0 absorbs at each level (⌈log₂ C⌉ more matrix products).
 2. Combine (across devices): u_p = A_{p+1}(A_{p+2}(… A_{P-1}(0))) — an exclusive suffix scan of
-   the P affine maps. ``combine="logstep"``: ⌈log₂ P⌉ ``ppermute`` rounds (Hillis–Steele, each
-   round sends one (Π, δ) pair, B·S² + B·S numbers, and composes with one matrix product), then
-   one vector shift. ``"allgather"``: one ``all_gather`` of every (Π, δ) ((P − 1)·(B·S² + B·S)
+   the P affine maps. ``combine="logstep"``: ⌈log₂ P⌉ ``ppermute`` rounds (Hillis–Steele: each
+   round but the last sends one (Π, δ) pair, B·S² + B·S numbers, and composes with one matrix
+   product; the last sends δ only), then one vector shift. ``"allgather"``: one ``all_gather`` of every (Π, δ) ((P − 1)·(B·S² + B·S)
    numbers received), then P vector–matrix products. ``"chain"``: P − 1 sequential vector hops
    (B·S numbers each), the latency-bound baseline.
 3. Finish (local): re-run the up-sweep's block-0 path with the true root u_p + c_last (⌈log₂ C⌉
@@ -75,8 +75,9 @@ def communication_volume(P: int, B: int, S: int, itemsize: int, combine: str) ->
         levels = []
     elif combine == "logstep":
         rounds = (P - 1).bit_length()
-        levels = [(f"ppermute d={2 ** k} (Π, δ)", mat + vec) for k in range(rounds)]
-        levels.append(("ppermute d=1 u (vector)", vec))
+        levels = [(f"ppermute d={2 ** k} (Π, δ)", mat + vec) for k in range(rounds - 1)]
+        levels.append((f"ppermute d={2 ** (rounds - 1)} δ", vec))  # the last round needs no Π
+        levels.append(("ppermute d=1 u", vec))
     elif combine == "allgather":
         levels = [("all_gather (Π, δ)", (P - 1) * (mat + vec))]  # received per device
     elif combine == "chain":
@@ -137,9 +138,11 @@ def combine_logstep(Pi, delta, axis, P):
     d = 1
     while d < P:
         has = idx + d < P
-        Pr, dr = _shift(Pi, axis, P, d), _shift(delta, axis, P, d)
+        if 2 * d < P:  # the last round needs only the right neighbour's vector
+            Pr = _shift(Pi, axis, P, d)
+        dr = _shift(delta, axis, P, d)
         delta = jnp.where(has, _vecmat(dr, Pi) + delta, delta)  # A_self ∘ A_right (right applied first)
-        if 2 * d < P:  # the last round needs only the vector part
+        if 2 * d < P:
             Pi = jnp.where(has, jnp.matmul(Pr, Pi), Pi)
         d *= 2
     return _shift(delta, axis, P, 1)
