@@ -23,7 +23,7 @@ def get_config(arg=None):
     config.B = 16
     config.dtype = "float32"
     config.devices = (1, 2, 4, 8)
-    config.repeats = 7
+    config.repeats = 9
     config.seed = 0
     if arg == "smoke":
         config.T = 64
