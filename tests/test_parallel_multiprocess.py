@@ -112,3 +112,30 @@ def test_launcher_bad_arguments():
     with pytest.raises(ValueError, match="n .number of processes. must be a positive int"):
         launch.launch(["true"], 0)
     assert 0 < launch.free_port() < 65536
+
+
+def test_scaling_config_shape():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("scaling_cfg", "experiments/configs/scaling.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    full, smoke = mod.get_config(), mod.get_config("smoke")
+    assert full.task == "bppsa.parallel.bench:run_scaling"
+    assert tuple(full.devices) == (1, 2, 4, 8) and all(full.T % p == 0 for p in full.devices)
+    assert smoke.T < full.T and smoke.repeats < full.repeats
+
+
+@pytest.mark.slow
+def test_scaling_smoke_run_writes_results(tmp_path):
+    """The experiments task end to end (a subprocess with 2 simulated devices when needed)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("scaling_cfg", "experiments/configs/scaling.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from bppsa.parallel.bench import run_scaling
+    summary = run_scaling(mod.get_config("smoke"), tmp_path)
+    assert [r["devices"] for r in summary["rows"]] == [1, 2]
+    assert all(r["backward_logstep_s"] > 0 for r in summary["rows"])
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"scaling.{ext}").stat().st_size > 0
+    assert "provenance" in __import__("json").loads((tmp_path / "scaling.json").read_text())

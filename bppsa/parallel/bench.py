@@ -169,13 +169,14 @@ def markdown(record) -> str:
         per_level = ", ".join(f"{b}" for _, b in ls) if ls else "—"
         ag = r["bytes_allgather"] or "—"
         ch = f"{r['levels_chain'][0][1]} × {len(r['levels_chain'])}" if r["levels_chain"] else "—"
+        comb = (" | ".join(f"{r[f'combine_{k}_s'] * 1e3:.3f}" for k in COMBINE_NAMES) if r["devices"] > 1
+                else "— | — | —")
         lines.append(f"| {r['devices']} | {r['chunk']} | {r['forward_s'] * 1e3:.2f} | "
                      f"{r['backward_logstep_s'] * 1e3:.2f} | {r['backward_allgather_s'] * 1e3:.2f} | "
-                     f"{r['backward_chain_s'] * 1e3:.2f} | {r['combine_logstep_s'] * 1e3:.3f} | "
-                     f"{r['combine_allgather_s'] * 1e3:.3f} | {r['combine_chain_s'] * 1e3:.3f} | "
-                     f"{per_level} | {ag} | {ch} |")
-    lines += ["", "Log-step: ⌈log₂ P⌉ rounds of one (Π, δ) pair (B·S² + B·S numbers) plus one vector "
-              "shift; all-gather: one collective receiving (P − 1) pairs; chain: P − 1 sequential "
+                     f"{r['backward_chain_s'] * 1e3:.2f} | {comb} | {per_level} | {ag} | {ch} |")
+    lines += ["", "Bytes are what each device sends in the backward's combine. Log-step: ⌈log₂ P⌉ "
+              "rounds, each but the last sending one (Π, δ) pair (B·S² + B·S numbers), the last δ only, "
+              "then one vector shift; all-gather: one collective receiving (P − 1) pairs; chain: P − 1 sequential "
               "vector hops. Simulated CPU devices share the host's cores: no parallel speed-up is "
               "possible here; the table shows overheads, per-device work and communication volume."]
     d = record.get("diagnostic_batched_matmul")
