@@ -43,7 +43,7 @@ def _time(fn, repeats):
 
 
 def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeats=7, dtype="float32",
-            seed=0, log=print) -> dict:
+            seed=0, combines=COMBINE_NAMES, diagnostic=True, log=print) -> dict:
     """Run the measurements in this process (it needs max(devices) JAX devices); return the record."""
     import jax
     import jax.numpy as jnp
@@ -57,6 +57,9 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
     if len(jax.devices()) < max(devices):
         raise ValueError(f"devices={tuple(devices)} needs {max(devices)} JAX devices; "
                          f"only {len(jax.devices())} are available")
+    combines = tuple(combines)
+    if not combines or any(c not in COMBINE_NAMES for c in combines) or combines[0] != "logstep":
+        raise ValueError(f"combines must start with 'logstep' and name only {COMBINE_NAMES}; got {combines}")
     bad = [P for P in devices if T % P]
     if bad:
         raise ValueError(f"T = {T} must be divisible by every device count; not by {bad}")
@@ -75,7 +78,7 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
         xsh = NamedSharding(mesh, PS("seq", None, None))
         xs_p, ct_p = jax.device_put(xs, xsh), jax.device_put(ct, xsh)
         fns = {}
-        for comb in COMBINE_NAMES:
+        for comb in combines:
             fwd_sm, bwd_sm, _ = _sharded_fns(c, "blelloch", comb, mesh, "seq", None, T)
             fns[comb] = jax.jit(bwd_sm)
         fwd = jax.jit(fwd_sm)
@@ -84,13 +87,13 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
         Pi = jax.device_put(0.3 * jax.random.normal(k3, (P, B, S, S), dt), NamedSharding(mesh, PS("seq")))
         dl = jax.device_put(jax.random.normal(k3, (P, B, S), dt), NamedSharding(mesh, PS("seq")))
         comb_only = {}
-        for comb in COMBINE_NAMES:
+        for comb in combines:
             f = _COMBINE_FNS[comb]
             body = (lambda Pi, dl, f=f: f(Pi[0], dl[0], "seq", P)[None]) if P > 1 else (lambda Pi, dl: dl * 0)
             comb_only[comb] = jax.jit(shard_map(body, mesh, in_specs=(PS("seq"), PS("seq")), out_specs=PS("seq")))
         calls = {("fwd", None): lambda: fwd(params, xs_p, s0)}
         small = {}
-        for comb in COMBINE_NAMES:
+        for comb in combines:
             calls[("bwd", comb)] = lambda comb=comb: fns[comb](params, xs_p, s0, ss, ct_p)
             small[("combine", comb)] = lambda comb=comb: comb_only[comb](Pi, dl)
         med = {}
@@ -104,14 +107,14 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
             med.update({k: statistics.median(v) for k, v in times.items()})
         # the combines agree (one backward, all three)
         ref = fns["logstep"](params, xs_p, s0, ss, ct_p)
-        for comb in ("allgather", "chain"):
+        for comb in combines[1:]:
             got = fns[comb](params, xs_p, s0, ss, ct_p)
             err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
             scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(ref))
             if not err <= 1e-4 * max(1.0, scale):
                 raise AssertionError(f"combine {comb!r} disagrees with 'logstep' at P = {P}: {err:.3g}")
         row = {"devices": P, "chunk": T // P, "forward_s": med[("fwd", None)]}
-        for comb in COMBINE_NAMES:
+        for comb in combines:
             vol = communication_volume(P, B, S, dt.itemsize, comb)
             row[f"backward_{comb}_s"] = med[("bwd", comb)]
             row[f"combine_{comb}_s"] = med[("combine", comb)]
@@ -119,17 +122,18 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
             row[f"levels_{comb}"] = vol["levels"]
         rows.append(row)
         log(f"P={P:2d} C={T // P:5d}  fwd {row['forward_s'] * 1e3:8.2f} ms  bwd "
-            + "  ".join(f"{k} {row[f'backward_{k}_s'] * 1e3:8.2f} ms" for k in COMBINE_NAMES)
-            + "  | combine " + "  ".join(f"{k} {row[f'combine_{k}_s'] * 1e3:7.3f} ms" for k in COMBINE_NAMES))
+            + "  ".join(f"{k} {row[f'backward_{k}_s'] * 1e3:8.2f} ms" for k in combines)
+            + "  | combine " + "  ".join(f"{k} {row[f'combine_{k}_s'] * 1e3:7.3f} ms" for k in combines))
     base = rows[0]["backward_logstep_s"]
     for r in rows:
         r["speedup_logstep_vs_1"] = base / r["backward_logstep_s"]
-    diagnostic = _batched_matmul_diagnostic(T, B, S, dt, repeats, pieces=T // max(devices))
-    log(f"XLA:{jax.default_backend()} batched matmul, one up-sweep level of {T} matrices: one op "
-        f"{diagnostic['one_op_s'] * 1e3:.2f} ms, in pieces of {diagnostic['piece']} "
-        f"{diagnostic['in_pieces_s'] * 1e3:.2f} ms")
+    if diagnostic:
+        diagnostic = _batched_matmul_diagnostic(T, B, S, dt, repeats, pieces=T // max(devices))
+        log(f"XLA:{jax.default_backend()} batched matmul, one up-sweep level of {T} matrices: one op "
+            f"{diagnostic['one_op_s'] * 1e3:.2f} ms, in pieces of {diagnostic['piece']} "
+            f"{diagnostic['in_pieces_s'] * 1e3:.2f} ms")
     return {"diagnostic_batched_matmul": diagnostic, "setup": {"cell": cell, "T": T, "B": B, "I": I, "H": H, "S": S, "dtype": str(dt),
-                      "repeats": repeats, "devices": list(devices), "scan": "blelloch",
+                      "repeats": repeats, "devices": list(devices), "scan": "blelloch", "combines": list(combines),
                       "jax_devices": len(jax.devices()), "cpu_count": os.cpu_count()},
             "rows": rows}
 
@@ -165,6 +169,8 @@ def markdown(record) -> str:
              "allgather (one level) | chain (per hop) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in record["rows"]:
+        r = {**{f"{a}_{k}{b}": float("nan") for k in COMBINE_NAMES for a, b in (("backward", "_s"), ("combine", "_s"))},
+             "levels_allgather": [], "bytes_allgather": 0, "levels_chain": [], **r}  # combines left out
         ls = r["levels_logstep"]
         per_level = ", ".join(f"{b}" for _, b in ls) if ls else "—"
         ag = r["bytes_allgather"] or "—"
@@ -195,7 +201,7 @@ def plot(record, path):
     rows = record["rows"]
     P = [r["devices"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    for comb in COMBINE_NAMES:
+    for comb in record["setup"].get("combines", COMBINE_NAMES):
         ax[0].plot(P, [r[f"backward_{comb}_s"] * 1e3 for r in rows], "o-", label=comb)
         ax[1].plot(P, [r[f"combine_{comb}_s"] * 1e3 for r in rows], "o-", label=comb)
     ax[0].plot(P, [r["forward_s"] * 1e3 for r in rows], "k--", label="forward")
@@ -220,8 +226,8 @@ def _write(record, outdir: Path, name="scaling"):
 
 
 def _options(config):
-    keys = ("devices", "T", "B", "I", "H", "cell", "repeats", "dtype", "seed")
-    return {k: (tuple(config[k]) if k == "devices" else config[k]) for k in keys if k in config}
+    keys = ("devices", "T", "B", "I", "H", "cell", "repeats", "dtype", "seed", "combines", "diagnostic")
+    return {k: (tuple(config[k]) if k in ("devices", "combines") else config[k]) for k in keys if k in config}
 
 
 def run_scaling(config, workdir) -> dict:

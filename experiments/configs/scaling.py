@@ -1,7 +1,7 @@
 """Scaling of sequence-parallel BPPSA: backward time vs number of devices (1, 2, 4, 8), per combine.
 
     bppsa run experiments/configs/scaling.py          # ~5–10 min on 2 shared CPU cores (compiles dominate)
-    bppsa run experiments/configs/scaling.py:smoke    # ~1 min (T = 64, B = 2, 1 and 2 devices)
+    bppsa run experiments/configs/scaling.py:smoke    # ~15 s idle, ~1 min on the loaded 2-core machine (T = 64, B = 2, 1 and 2 devices)
     python -m bppsa.parallel.bench                    # the same, written to experiments/results/<device>/
 
 On CPU the devices are simulated (``--xla_force_host_platform_device_count``; the task re-runs
@@ -25,9 +25,13 @@ def get_config(arg=None):
     config.devices = (1, 2, 4, 8)
     config.repeats = 9
     config.seed = 0
+    config.combines = ("logstep", "allgather", "chain")
+    config.diagnostic = True     # also time one batched-matmul level as one op vs in pieces
     if arg == "smoke":
         config.T = 64
         config.B = 2
         config.devices = (1, 2)
         config.repeats = 2
+        config.combines = ("logstep", "allgather")
+        config.diagnostic = False
     return config
