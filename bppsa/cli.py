@@ -17,6 +17,8 @@ REPRODUCE = {
 
 # bppsa COMMAND [args...]
 COMMANDS = {
+    "run": "bppsa.runner:main",
+    "results": "bppsa.results:main",
     "launch": "bppsa.parallel.launch:main",
 }
 
