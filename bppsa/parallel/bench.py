@@ -203,7 +203,8 @@ def plot(record, path):
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for comb in record["setup"].get("combines", COMBINE_NAMES):
         ax[0].plot(P, [r[f"backward_{comb}_s"] * 1e3 for r in rows], "o-", label=comb)
-        ax[1].plot(P, [r[f"combine_{comb}_s"] * 1e3 for r in rows], "o-", label=comb)
+        multi = [r for r in rows if r["devices"] > 1]  # P = 1 has no combine
+        ax[1].plot([r["devices"] for r in multi], [r[f"combine_{comb}_s"] * 1e3 for r in multi], "o-", label=comb)
     ax[0].plot(P, [r["forward_s"] * 1e3 for r in rows], "k--", label="forward")
     for a, title in zip(ax, ("backward (whole)", "cross-device combine only")):
         a.set_xscale("log", base=2)
@@ -220,6 +221,7 @@ def plot(record, path):
 def _write(record, outdir: Path, name="scaling"):
     from ..provenance import save_json
     outdir.mkdir(parents=True, exist_ok=True)
+    record.setdefault("plot", "bppsa.parallel.bench:plot")  # `bppsa results --plots` redraws with it
     save_json(outdir / f"{name}.json", record)
     (outdir / f"{name}.md").write_text(markdown(record))
     plot(record, outdir / f"{name}.png")

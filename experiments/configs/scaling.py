@@ -32,6 +32,6 @@ def get_config(arg=None):
         config.B = 2
         config.devices = (1, 2)
         config.repeats = 2
-        config.combines = ("logstep", "allgather")
+        config.combines = ("logstep",)
         config.diagnostic = False
     return config
