@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import bppsa
-from bppsa import cells, parallel
+from bppsa import parallel
 from bppsa.parallel.selfcheck import problem
 
 

@@ -47,7 +47,6 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
     """Run the measurements in this process (it needs max(devices) JAX devices); return the record."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as PS
 
     from .. import cells

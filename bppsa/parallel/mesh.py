@@ -12,7 +12,7 @@ import os
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh
 
 __all__ = ["shard_map", "make_mesh", "axis_size", "initialize", "ENV"]
 
@@ -85,7 +85,6 @@ def check_axes(mesh, seq_axis, batch_axis):
     return axis_size(mesh, seq_axis), (axis_size(mesh, batch_axis) if batch_axis is not None else 1)
 
 
-PS = PartitionSpec
 
 
 def initialize(*, timeout: int | None = None, heartbeat_timeout: int | None = None) -> bool:
