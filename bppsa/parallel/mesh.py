@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-__all__ = ["shard_map", "make_mesh", "axis_size", "initialize", "ENV"]
+__all__ = ["shard_map", "make_mesh", "axis_size", "check_axes", "initialize", "ENV"]
 
 # Environment variables set by `bppsa launch` for each worker (read by `initialize`).
 ENV = {
@@ -83,8 +83,6 @@ def check_axes(mesh, seq_axis, batch_axis):
         if batch_axis == seq_axis:
             raise ValueError(f"batch_axis and seq_axis must differ; both are {seq_axis!r}")
     return axis_size(mesh, seq_axis), (axis_size(mesh, batch_axis) if batch_axis is not None else 1)
-
-
 
 
 def initialize(*, timeout: int | None = None, heartbeat_timeout: int | None = None) -> bool:
