@@ -22,6 +22,7 @@ REPRODUCE = {
 COMMANDS = {
     "run": "bppsa.runner:main",
     "results": "bppsa.results:main",
+    "launch": "bppsa.parallel.launch:main",
 }
 
 USAGE = """usage: bppsa COMMAND [args...]
