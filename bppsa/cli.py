@@ -14,12 +14,17 @@ REPRODUCE = {
     "default": "bppsa.irmas_experiment:main",  # what `make reproduce` runs
     "rnn-train": "bppsa.reproduce:main_rnn_train",
     "irmas": "bppsa.irmas_experiment:main",
+    "hetero-dp": "bppsa.hetero.experiment:main",
+    "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP
+    "zipline": "bppsa.sync.experiments:main_zipline",  # ZipLine runtime table
+    "sync-ray": "bppsa.sync.ray_runtime:main_ray",  # the same policies on a real (local) Ray
 }
 
 # bppsa COMMAND [args...]
 COMMANDS = {
     "run": "bppsa.runner:main",
     "results": "bppsa.results:main",
+    "launch": "bppsa.parallel.launch:main",
 }
 
 USAGE = """usage: bppsa COMMAND [args...]
