@@ -317,3 +317,12 @@ def test_bppsa_and_bptt_gru_gradients_agree_on_real_mfcc_inputs(features, settin
     g1 = grad(ours("bppsa"))(params, xs[:1], h0)
     g1_ref = grad(ref)(params, xs[:1], h0)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12), g1, g1_ref)
+
+
+@pytest.mark.slow
+def test_parallel_extraction_equals_serial(small_irmas, features):
+    _, root, _ = small_irmas
+    with pytest.warns(RuntimeWarning, match="skipped 1 of 7"):
+        par = irmas.load_features(root, "m", workers=2, progress=False)
+    np.testing.assert_array_equal(par.x, features["m"].x)
+    assert par.paths == features["m"].paths and par.skipped == features["m"].skipped
