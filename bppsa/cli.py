@@ -17,6 +17,8 @@ REPRODUCE = {
 
 # bppsa COMMAND [args...]
 COMMANDS = {
+    "run": "bppsa.runner:main",
+    "results": "bppsa.results:main",
 }
 
 USAGE = """usage: bppsa COMMAND [args...]
