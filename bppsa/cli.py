@@ -13,6 +13,7 @@ import sys
 REPRODUCE = {
     "default": "bppsa.reproduce:main_rnn_train",  # what `make reproduce` runs
     "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "sparse-vgg": "bppsa.sparse_experiments:main",
 }
 
 # bppsa COMMAND [args...]

@@ -35,6 +35,8 @@ from jax import lax
 from . import sparse, vgg
 from .provenance import device_label, provenance, save_json
 
+_COMMAND: str | None = None
+
 __all__ = ["vgg11_layer_shapes", "generation_benchmark", "flop_experiment", "digits_retraining",
            "load_digits_16", "run", "main"]
 
@@ -326,8 +328,12 @@ def run(config, workdir) -> dict:
     """Experiments-convention task: run the parts named in ``config.parts`` into ``workdir``."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    command = config.get("command", None) or None
-    summary = {}
+    try:
+        from .runner import current_command
+        command = current_command() or _COMMAND
+    except ImportError:
+        command = _COMMAND
+    summary, tables = {}, []
     parts = tuple(config.parts)
     if "generation" in parts:
         g = config.generation
@@ -336,6 +342,7 @@ def run(config, workdir) -> dict:
         rec = {"rows": rows, "provenance": provenance(command)}
         save_json(workdir / "sparse_generation.json", rec)
         (workdir / "sparse_generation.md").write_text(_generation_md(rows))
+        tables.append("Jacobian generation, analytic vs jax.jacrev (one sample):\n\n" + _generation_md(rows))
         summary["generation_speedups"] = {f"{r['layer']} {tuple(r['input'])}": r["speedup"] for r in rows}
     if "flops" in parts:
         f = config.flops
@@ -345,25 +352,36 @@ def run(config, workdir) -> dict:
         save_json(workdir / "sparse_flops.json", res)
         (workdir / "sparse_flops.md").write_text(_flops_md(res))
         _flops_plot(res, workdir / "sparse_flops.png")
+        _flops_plot(res, workdir / f"{config.name}.png")
+        tables.append(f"Backward-pass FLOPs of pruned VGG-11 ({res['in_hw']}×{res['in_hw']}, one sample):\n\n"
+                      + _flops_md(res))
         summary["flops"] = [{k: r[k] for k in ("sparsity", "work_ratio", "critical_path_ratio")}
                             for r in res["by_sparsity"]]
     if "retrain" in parts:
         t = config.retrain
         res = digits_retraining(cfg=tuple(t.cfg), hidden=tuple(t.hidden), sparsity=t.sparsity,
                                 dense_steps=t.dense_steps, retrain_steps=t.retrain_steps,
-                                batch_size=t.batch_size, learning_rate=t.learning_rate, levels=t.levels,
+                                batch_size=t.batch_size, learning_rate=t.learning_rate,
+                                levels=None if t.levels < 0 else t.levels,
                                 check_every=t.check_every, margin=t.margin)
         res["provenance"] = provenance(command)
         save_json(workdir / "sparse_retrain.json", res)
         (workdir / "sparse_retrain.md").write_text(_retrain_md(res))
+        tables.append("Pruned retraining on digits with the BPPSA backward pass:\n\n" + _retrain_md(res))
         summary["retrain"] = {k: res[k] for k in ("accuracy_dense", "accuracy_pruned", "accuracy_retrained",
                                                   "within_margin", "max_relative_grad_diff")}
+    save_json(workdir / f"{config.name}.json", {"summary": summary, "provenance": provenance(command)})
+    (workdir / f"{config.name}.md").write_text("\n".join(tables))
     return summary
 
 
 def main(argv=None) -> int:
     """``bppsa reproduce sparse-vgg [--quick] [--workdir DIR] [--parts ...]``."""
-    from experiments.configs import sparse_vgg as cfg_module  # noqa: F401  (the config is the source of truth)
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "sparse_vgg.py"
+    spec = importlib.util.spec_from_file_location("bppsa_config_sparse_vgg", path)
+    cfg_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cfg_module)
     p = argparse.ArgumentParser(prog="bppsa reproduce sparse-vgg", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the smoke variant (seconds to a few minutes)")
     p.add_argument("--workdir", default=None, help="default: experiments/results/<device>/")
@@ -371,8 +389,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     config = cfg_module.get_config("smoke" if a.quick else None)
     if a.parts:
-        config.parts = a.parts
-    config.command = "bppsa reproduce sparse-vgg " + " ".join(argv or [])
+        config.parts = tuple(a.parts)
+    global _COMMAND
+    _COMMAND = " ".join(["bppsa reproduce sparse-vgg"] + list(argv or []))
     workdir = Path(a.workdir) if a.workdir else Path("experiments/results") / device_label()
     summary = run(config, workdir)
     print(json.dumps(summary, indent=2, default=float))
