@@ -41,8 +41,15 @@ __all__ = ["vgg11_layer_shapes", "generation_benchmark", "flop_experiment", "dig
            "load_digits_16", "run", "main"]
 
 
-def _median_time(fn, repeats):
+def _median_time(fn, repeats, slow_s=10.0):
+    """Median wall time of ``fn()`` over ``repeats`` calls after one warm-up call (compilation).
+
+    When the warm-up alone took more than ``slow_s`` seconds, one timed call is made.
+    """
+    t = time.perf_counter()
     jax.block_until_ready(fn())  # compile / warm-up
+    if time.perf_counter() - t > slow_s:
+        repeats = 1
     ts = []
     for _ in range(repeats):
         t = time.perf_counter()
@@ -130,82 +137,117 @@ def _generation_md(rows):
 # FLOP analysis of pruned VGG-11.
 # --------------------------------------------------------------------------------------------
 
-def flop_experiment(*, sparsities=(0.5, 0.7, 0.9, 0.95), width=1.0, in_hw=32, level_sweep_sparsity=0.9,
-                    seed=0, log=print):
-    """FLOPs of BP vs BPPSA (full scan) per sparsity, and vs L_m at one sparsity; one sample."""
+def _vgg11_jacobians(width, sparsity, in_hw, seed):
+    """Sparse transposed Jacobians of magnitude-pruned VGG-11 (channels × width) at one random input."""
     cfg = tuple(item if item == "M" else max(1, int(round(item * width))) for item in vgg.VGG11)
     layers, params = vgg.make_vgg(jax.random.key(seed), cfg, (3, in_hw, in_hw), num_classes=10)
     x = jax.random.normal(jax.random.key(seed + 1), (1, 3, in_hw, in_hw), jnp.float32)
-    by_sparsity, by_levels = [], []
+    pruned, _ = vgg.magnitude_prune(params, sparsity)
+    return layers, vgg.transposed_jacobians(layers, pruned, vgg.forward(layers, pruned, x))
+
+
+def _flop_record(Js, width, sparsity, levels):
+    r = vgg.flop_analysis(Js, levels)
+    return {"width": width, "sparsity": sparsity, "L_m": r["levels"], "bp_flops": r["bp_flops"],
+            "bppsa_flops": r["bppsa_flops"], "bppsa_critical": r["bppsa_critical"],
+            "work_ratio": r["bppsa_flops"] / r["bp_flops"],
+            "critical_path_ratio": r["bp_critical"] / r["bppsa_critical"],
+            "jacobian_nnz": r["jacobian_nnz"], "records": r["records"]}
+
+
+def flop_experiment(*, sparsities=(0.9, 0.95), width=1.0, widths=(0.25, 0.5), width_sweep_sparsity=0.9,
+                    level_sweep_sparsity=0.9, in_hw=32, seed=0, on_update=None, log=print):
+    """FLOPs of BP vs BPPSA with sparse products for pruned VGG-11 (one sample, random input).
+
+    Three sweeps: the full scan against the pruning level (at ``width``), against the problem
+    size (channel multiplier ``widths`` at ``width_sweep_sparsity``), and against L_m (at
+    ``width`` and ``level_sweep_sparsity``; None skips it). ``on_update(result)`` is called
+    after every record, so a long run can save what it has.
+    """
+    def log_rec(tag, r, t):
+        log(f"{tag}: BP {r['bp_flops']:.3e} FLOPs; BPPSA (L_m = {r['L_m']}) total {r['bppsa_flops']:.3e} "
+            f"({r['work_ratio']:.1f}× BP), critical path {r['bppsa_critical']:.3e} "
+            f"(BP/BPPSA {r['critical_path_ratio']:.3f}×)  [{time.perf_counter() - t:.1f} s]")
+
+    layers = None
+    by_sparsity, by_width, by_levels = [], [], []
+
+    def result():
+        return {"in_hw": in_hw, "width": width, "layers": [l.kind for l in layers] if layers else [],
+                "by_sparsity": by_sparsity, "by_width": sorted(by_width, key=lambda r: r["width"]),
+                "by_levels": by_levels}
+
+    def update():
+        if on_update is not None:
+            on_update(result())
+
     for s in sparsities:
-        pruned, _ = vgg.magnitude_prune(params, s)
         t = time.perf_counter()
-        Js = vgg.transposed_jacobians(layers, pruned, vgg.forward(layers, pruned, x))
-        sweep = [None] if s != level_sweep_sparsity else list(range(sparse.scan_depth(len(Js)) + 1))
-        for L in sweep:
-            r = vgg.flop_analysis(Js, L)
-            rec = {"sparsity": s, "L_m": r["levels"], "bp_flops": r["bp_flops"], "bppsa_flops": r["bppsa_flops"],
-                   "bppsa_critical": r["bppsa_critical"], "work_ratio": r["bppsa_flops"] / r["bp_flops"],
-                   "critical_path_ratio": r["bp_critical"] / r["bppsa_critical"]}
-            if L is None or L == sparse.scan_depth(len(Js)):
-                by_sparsity.append({**rec, "jacobian_nnz": r["jacobian_nnz"], "jacobian_shape": r["jacobian_shape"],
-                                    "records": r["records"]})
-            if L is not None:
-                by_levels.append(rec)
-        log(f"sparsity {s:.2f}: BP {by_sparsity[-1]['bp_flops']:.3e} FLOPs; BPPSA total "
-            f"{by_sparsity[-1]['bppsa_flops']:.3e} ({by_sparsity[-1]['work_ratio']:.1f}× BP), critical path "
-            f"{by_sparsity[-1]['bppsa_critical']:.3e} (BP/BPPSA {by_sparsity[-1]['critical_path_ratio']:.2f}×)"
-            f"  [{time.perf_counter() - t:.1f} s]")
-    for r in by_levels:
-        log(f"  L_m = {r['L_m']}: BPPSA total {r['bppsa_flops']:.3e}, critical path {r['bppsa_critical']:.3e} "
-            f"(BP/BPPSA {r['critical_path_ratio']:.2f}×)")
-    return {"cfg": list(map(str, cfg)), "in_hw": in_hw, "width": width, "layers": [l.kind for l in layers],
-            "by_sparsity": by_sparsity, "by_levels": by_levels}
+        layers, Js = _vgg11_jacobians(width, s, in_hw, seed)
+        by_sparsity.append(_flop_record(Js, width, s, None))
+        log_rec(f"width {width:g}, sparsity {s:.2f}", by_sparsity[-1], t)
+        update()
+        if s == level_sweep_sparsity:
+            for L in range(sparse.scan_depth(len(Js)) + 1):
+                t = time.perf_counter()
+                by_levels.append(_flop_record(Js, width, s, L))
+                log_rec(f"  L_m = {L}", by_levels[-1], t)
+                update()
+        del Js
+    for w in widths:
+        t = time.perf_counter()
+        done = [r for r in by_sparsity if w == width and r["sparsity"] == width_sweep_sparsity]
+        if done:
+            by_width.append(done[0])
+            continue
+        layers, Js = _vgg11_jacobians(w, width_sweep_sparsity, in_hw, seed)
+        by_width.append(_flop_record(Js, w, width_sweep_sparsity, None))
+        log_rec(f"width {w:g}, sparsity {width_sweep_sparsity:.2f}", by_width[-1], t)
+        update()
+        del Js
+    return result()
 
 
 def _flops_md(res):
-    lines = ["| sparsity | BP FLOPs (= critical path) | BPPSA FLOPs | BPPSA / BP work | BPPSA critical path | BP / BPPSA critical path |",
-             "|---:|---:|---:|---:|---:|---:|"]
-    for r in res["by_sparsity"]:
-        lines.append(f"| {r['sparsity']:.2f} | {r['bp_flops']:.3e} | {r['bppsa_flops']:.3e} | {r['work_ratio']:.1f}× | "
-                     f"{r['bppsa_critical']:.3e} | {r['critical_path_ratio']:.2f}× |")
-    if res["by_levels"]:
-        lines += ["", f"L_m sweep at sparsity {res['by_levels'][0]['sparsity']:.2f} (L_m = 0 is plain BP):", "",
-                  "| L_m | BPPSA FLOPs | BPPSA / BP work | critical path | BP / BPPSA critical path |",
-                  "|---:|---:|---:|---:|---:|"]
-        for r in res["by_levels"]:
-            lines.append(f"| {r['L_m']} | {r['bppsa_flops']:.3e} | {r['work_ratio']:.2f}× | {r['bppsa_critical']:.3e} | "
-                         f"{r['critical_path_ratio']:.2f}× |")
-    return "\n".join(lines) + "\n"
+    head = ("| width | sparsity | L_m | BP FLOPs (= its critical path) | BPPSA FLOPs | BPPSA / BP work | "
+            "BPPSA critical path | BP / BPPSA critical path |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def rows(rs):
+        return [f"| {r['width']:g} | {r['sparsity']:.2f} | {r['L_m']} | {r['bp_flops']:.3e} | {r['bppsa_flops']:.3e} | "
+                f"{r['work_ratio']:.2f}× | {r['bppsa_critical']:.3e} | {r['critical_path_ratio']:.3f}× |" for r in rs]
+
+    out = []
+    for title, rs in (("Full BPPSA scan against the pruning level", res["by_sparsity"]),
+                      ("Full BPPSA scan against the problem size (channel width of VGG-11)", res["by_width"]),
+                      ("Hybrid knob L_m (0 = plain BP)", res["by_levels"])):
+        if rs:
+            out += [f"{title}:", "", head] + rows(rs) + [""]
+    return "\n".join(out)
 
 
 def _flops_plot(res, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    s = [r["sparsity"] for r in res["by_sparsity"]]
-    ax = axes[0]
-    ax.plot(s, [r["bp_flops"] for r in res["by_sparsity"]], "o-", label="BP (total = critical path)")
-    ax.plot(s, [r["bppsa_flops"] for r in res["by_sparsity"]], "s--", label="BPPSA total")
-    ax.plot(s, [r["bppsa_critical"] for r in res["by_sparsity"]], "^-", label="BPPSA critical path")
-    ax.set_yscale("log")
-    ax.set_xlabel("pruning sparsity (fraction of conv/linear weights removed)")
-    ax.set_ylabel("FLOPs of the backward pass")
-    ax.set_title(f"Pruned VGG-11 ({res['in_hw']}×{res['in_hw']}, width ×{res['width']:g}), sparse products")
-    ax.legend(fontsize=8)
-    if res["by_levels"]:
-        ax = axes[1]
-        L = [r["L_m"] for r in res["by_levels"]]
-        ax.plot(L, [r["bp_flops"] for r in res["by_levels"]], "o-", label="BP")
-        ax.plot(L, [r["bppsa_flops"] for r in res["by_levels"]], "s--", label="BPPSA total")
-        ax.plot(L, [r["bppsa_critical"] for r in res["by_levels"]], "^-", label="BPPSA critical path")
+    panels = [(k, x, lab) for k, x, lab in (("by_sparsity", "sparsity", "pruning sparsity"),
+                                             ("by_width", "width", "channel width of VGG-11 (problem size)"),
+                                             ("by_levels", "L_m", "L_m (tree levels; 0 = plain BP)")) if res[k]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    for ax, (k, xkey, xlabel) in zip(axes[0], panels):
+        rs = res[k]
+        xs = [r[xkey] for r in rs]
+        ax.plot(xs, [r["bp_flops"] for r in rs], "o-", label="BP (total = critical path)")
+        ax.plot(xs, [r["bppsa_flops"] for r in rs], "s--", label="BPPSA total")
+        ax.plot(xs, [r["bppsa_critical"] for r in rs], "^-", label="BPPSA critical path")
         ax.set_yscale("log")
-        ax.set_xlabel("L_m (tree levels; 0 = sequential BP)")
-        ax.set_title(f"hybrid knob L_m at sparsity {res['by_levels'][0]['sparsity']:.2f}")
-        ax.legend(fontsize=8)
-    else:
-        axes[1].axis("off")
+        if k == "by_width":
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("backward-pass FLOPs")
+        fixed = {"by_sparsity": f"width {rs[0]['width']:g}", "by_width": f"sparsity {rs[0]['sparsity']:.2f}",
+                 "by_levels": f"width {rs[0]['width']:g}, sparsity {rs[0]['sparsity']:.2f}"}[k]
+        ax.set_title(f"pruned VGG-11 {res['in_hw']}×{res['in_hw']}, {fixed}", fontsize=9)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -346,17 +388,21 @@ def run(config, workdir) -> dict:
         summary["generation_speedups"] = {f"{r['layer']} {tuple(r['input'])}": r["speedup"] for r in rows}
     if "flops" in parts:
         f = config.flops
-        res = flop_experiment(sparsities=tuple(f.sparsities), width=f.width, in_hw=f.in_hw,
-                              level_sweep_sparsity=f.level_sweep_sparsity)
-        res["provenance"] = provenance(command)
-        save_json(workdir / "sparse_flops.json", res)
-        (workdir / "sparse_flops.md").write_text(_flops_md(res))
-        _flops_plot(res, workdir / "sparse_flops.png")
+
+        def save(res):
+            save_json(workdir / "sparse_flops.json", {**res, "provenance": provenance(command)})
+            (workdir / "sparse_flops.md").write_text(_flops_md(res))
+            _flops_plot(res, workdir / "sparse_flops.png")
+
+        res = flop_experiment(sparsities=tuple(f.sparsities), width=f.width, widths=tuple(f.widths),
+                              width_sweep_sparsity=f.width_sweep_sparsity, in_hw=f.in_hw,
+                              level_sweep_sparsity=f.level_sweep_sparsity, on_update=save)
+        save(res)
         _flops_plot(res, workdir / f"{config.name}.png")
         tables.append(f"Backward-pass FLOPs of pruned VGG-11 ({res['in_hw']}×{res['in_hw']}, one sample):\n\n"
                       + _flops_md(res))
-        summary["flops"] = [{k: r[k] for k in ("sparsity", "work_ratio", "critical_path_ratio")}
-                            for r in res["by_sparsity"]]
+        summary["flops"] = [{k: r[k] for k in ("width", "sparsity", "L_m", "work_ratio", "critical_path_ratio")}
+                            for r in res["by_sparsity"] + res["by_width"] + res["by_levels"]]
     if "retrain" in parts:
         t = config.retrain
         res = digits_retraining(cfg=tuple(t.cfg), hidden=tuple(t.hidden), sparsity=t.sparsity,

@@ -36,9 +36,11 @@ def get_config(arg=None):
 
     c.flops = ml_collections.ConfigDict()
     c.flops.in_hw = 32
-    c.flops.width = 1.0                          # channel multiplier of VGG-11
+    c.flops.width = 0.5                          # channel multiplier of VGG-11 for the sparsity / L_m sweeps
     c.flops.sparsities = (0.8, 0.9, 0.95, 0.98)
-    c.flops.level_sweep_sparsity = 0.9
+    c.flops.level_sweep_sparsity = 0.9           # L_m sweep at this sparsity (must be one of sparsities)
+    c.flops.widths = (0.125, 0.25, 0.5, 1.0)     # problem-size sweep at width_sweep_sparsity
+    c.flops.width_sweep_sparsity = 0.9
 
     c.retrain = ml_collections.ConfigDict()
     c.retrain.cfg = (8, "M", 16, "M")
@@ -59,6 +61,7 @@ def get_config(arg=None):
         c.flops.width = 0.0625
         c.flops.sparsities = (0.5, 0.9)
         c.flops.level_sweep_sparsity = 0.9
+        c.flops.widths = (0.03125, 0.0625)
         c.retrain.cfg = (4, "M")
         c.retrain.hidden = ()
         c.retrain.dense_steps = 20
