@@ -45,13 +45,13 @@ def get_config(arg=None):
     c.retrain = ml_collections.ConfigDict()
     c.retrain.cfg = (8, "M", 16, "M")
     c.retrain.hidden = (32,)
-    c.retrain.sparsity = 0.8
+    c.retrain.sparsity = 0.7
     c.retrain.dense_steps = 400
-    c.retrain.retrain_steps = 200
+    c.retrain.retrain_steps = 300
     c.retrain.batch_size = 32
     c.retrain.learning_rate = 3e-3
     c.retrain.levels = -1                        # L_m; -1 = the full Blelloch scan
-    c.retrain.check_every = 20
+    c.retrain.check_every = 30
     c.retrain.margin = 0.02                      # retrained accuracy >= unpruned - margin
     if arg == "smoke":
         c.generation.repeats = 1
@@ -59,9 +59,9 @@ def get_config(arg=None):
         c.generation.kinds = ("maxpool",)
         c.flops.in_hw = 32
         c.flops.width = 0.0625
-        c.flops.sparsities = (0.5, 0.9)
+        c.flops.sparsities = (0.9,)
         c.flops.level_sweep_sparsity = 0.9
-        c.flops.widths = (0.03125, 0.0625)
+        c.flops.widths = (0.0625,)
         c.retrain.cfg = (4, "M")
         c.retrain.hidden = ()
         c.retrain.dense_steps = 20
