@@ -102,7 +102,8 @@ def test_flatten_and_block_diag():
     assert_exact(sparse.block_diag(J1, 3), dense_transposed_jacobian(conv(w, 1, 1), x))
 
 
-@settings(max_examples=5, deadline=None)
+@pytest.mark.slow  # a jacrev compile per example; the parametrized cases above run by default
+@settings(max_examples=12, deadline=None)
 @given(B=st.integers(1, 2), C=st.integers(1, 3), Co=st.integers(1, 3), H=st.integers(2, 7), W=st.integers(2, 7),
        k=st.integers(1, 4), s=st.integers(1, 3), p=st.integers(0, 2), seed=st.integers(0, 2**16))
 def test_conv_property(B, C, Co, H, W, k, s, p, seed):
@@ -116,7 +117,8 @@ def test_conv_property(B, C, Co, H, W, k, s, p, seed):
     assert_exact(sparse.conv2d_transposed_jacobian(w, x.shape, s, p), dense_transposed_jacobian(conv(w, s, p), x))
 
 
-@settings(max_examples=5, deadline=None)
+@pytest.mark.slow  # a jacrev compile per example; the parametrized cases above run by default
+@settings(max_examples=12, deadline=None)
 @given(C=st.integers(1, 3), Ho=st.integers(1, 4), Wo=st.integers(1, 4), k=st.integers(1, 3),
        seed=st.integers(0, 2**16), relu_first=st.booleans())
 def test_maxpool_property(C, Ho, Wo, k, seed, relu_first):
