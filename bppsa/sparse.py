@@ -44,7 +44,8 @@ import numpy as np
 from jax.experimental import sparse as jsparse
 
 __all__ = [
-    "conv2d_transposed_jacobian", "relu_transposed_jacobian", "maxpool2d_transposed_jacobian",
+    "conv2d_transposed_jacobian", "conv2d_output_shape", "relu_transposed_jacobian",
+    "maxpool2d_transposed_jacobian",
     "linear_transposed_jacobian", "flatten_transposed_jacobian", "block_diag", "prune_zeros",
     "spgemm", "spmv", "spgemm_flops", "up_sweep", "sequential_middle", "down_sweep",
     "chain_scan", "scan_depth", "conv2d_weight_grad", "linear_weight_grad",

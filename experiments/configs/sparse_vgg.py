@@ -1,7 +1,7 @@
 """Sparse BPPSA over feed-forward chains: Jacobian generation, pruned VGG-11 FLOPs, digits retraining (BPPSA §5.3).
 
-    bppsa run experiments/configs/sparse_vgg.py          # ~15-30 min on 2 loaded CPU cores
-    bppsa run experiments/configs/sparse_vgg.py:smoke    # ~20 s (incl. compilation)
+    bppsa run experiments/configs/sparse_vgg.py          # ~1 h on 2 heavily shared CPU cores (measured: generation ~20 min, flops ~20 min, retrain ~25 min)
+    bppsa run experiments/configs/sparse_vgg.py:smoke    # ~30 s of CPU (incl. compilation)
     bppsa reproduce sparse-vgg [--quick]                 # the same, written to experiments/results/<device>/
 
 Three parts (``config.parts``):
