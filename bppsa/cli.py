@@ -11,8 +11,13 @@ import sys
 
 # bppsa reproduce NAME [args...]
 REPRODUCE = {
-    "default": "bppsa.reproduce:main_rnn_train",  # what `make reproduce` runs
+    "default": "bppsa.irmas_experiment:main",  # what `make reproduce` runs
     "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "irmas": "bppsa.irmas_experiment:main",
+    "hetero-dp": "bppsa.hetero.experiment:main",
+    "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP
+    "zipline": "bppsa.sync.experiments:main_zipline",  # ZipLine runtime table
+    "sync-ray": "bppsa.sync.ray_runtime:main_ray",  # the same policies on a real (local) Ray
     "sparse-vgg": "bppsa.sparse_experiments:main",
 }
 
@@ -20,6 +25,7 @@ REPRODUCE = {
 COMMANDS = {
     "run": "bppsa.runner:main",
     "results": "bppsa.results:main",
+    "launch": "bppsa.parallel.launch:main",
 }
 
 USAGE = """usage: bppsa COMMAND [args...]
