@@ -18,6 +18,7 @@ REPRODUCE = {
     "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP
     "zipline": "bppsa.sync.experiments:main_zipline",  # ZipLine runtime table
     "sync-ray": "bppsa.sync.ray_runtime:main_ray",  # the same policies on a real (local) Ray
+    "sparse-vgg": "bppsa.sparse_experiments:main",
 }
 
 # bppsa COMMAND [args...]
