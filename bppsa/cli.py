@@ -12,7 +12,7 @@ import sys
 # bppsa reproduce NAME [args...]
 REPRODUCE = {
     "default": "bppsa.irmas_experiment:main",  # what `make reproduce` runs
-    "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "rnn-train": "bppsa.tasks:main_rnn_train",
     "irmas": "bppsa.irmas_experiment:main",
     "hetero-dp": "bppsa.hetero.experiment:main",
     "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP

@@ -145,3 +145,21 @@ def plot_rnn_train(record: dict, path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def main_rnn_train(argv=None) -> int:
+    """``bppsa reproduce rnn-train [--quick] [--workdir DIR]``: the rnn_train config through the runner."""
+    import argparse
+
+    from .runner import run
+
+    p = argparse.ArgumentParser(prog="bppsa reproduce rnn-train",
+                                description="The paper's vanilla RNN on bitstreams, trained with BPTT and BPPSA "
+                                            "from the same initial parameters (experiments/configs/rnn_train.py).")
+    p.add_argument("--quick", action="store_true", help="the config's smoke variant (seconds)")
+    p.add_argument("--workdir", default=None, help="work directory (default: runs/rnn_train[-smoke])")
+    a = p.parse_args(argv)
+    config = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "rnn_train.py"
+    summary = run(config, arg="smoke" if a.quick else None, workdir=a.workdir)
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
