@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
 .PHONY: test test-all reproduce notebook venv clean
 
@@ -31,7 +32,7 @@ reproduce: $(STAMP)
 
 notebook: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[notebook]'
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(JUPYTER_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -132,6 +132,7 @@ def _bppsa_fn(cell, scan_method, chunk_size=None):
 
 
 def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
+        mesh=None, seq_axis: str = "seq", batch_axis: str | None = None,
         chunk_size: int | None = None):
     """Run ``cell`` over a sequence; differentiable w.r.t. ``params``, ``xs`` and ``h0``.
 
@@ -143,9 +144,11 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
       backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``) or
         "auto" (:func:`choose_backward` picks one for this cell, T and B).
       scan: the BPPSA scan: "blelloch", "associative" or "sequential" (see :mod:`bppsa.scan`).
+      mesh: a ``jax.sharding.Mesh``: split the time axis over ``mesh[seq_axis]`` (and the batch
+        over ``mesh[batch_axis]``), see :mod:`bppsa.parallel`; None runs on one device.
       chunk_size: BPPSA only (ignored by BPTT): run the backward over chunks of this many steps,
         carrying the boundary gradient, so Jacobian memory is chunk_size·B·S² instead of T·B·S²
-        (exact; None: one chunk).
+        (exact; None: one chunk). Not combined with ``mesh``.
 
     Returns:
       hs: (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
@@ -161,7 +164,14 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
     s0 = _validate(cell, params, xs, h0)
     if backward == "auto":
         backward = choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype)
-    if backward == "bptt":
+    if mesh is not None and chunk_size is not None:
+        raise ValueError(f"chunk_size={chunk_size!r} cannot be combined with mesh (the sharded scan "
+                         "already splits the sequence); pass one of them")
+    if mesh is not None:
+        from .parallel.sequence import sequence_parallel_states
+        ss = sequence_parallel_states(cell, params, xs, s0, mesh, seq_axis=seq_axis, batch_axis=batch_axis,
+                                      backward=backward, scan=scan)
+    elif backward == "bptt":
         ss = _forward(cell, params, xs, s0)
     else:
         ss = _bppsa_fn(cell, scan, chunk_size)(params, xs, s0)

@@ -11,13 +11,22 @@ import sys
 
 # bppsa reproduce NAME [args...]
 REPRODUCE = {
-    "default": "bppsa.reproduce:main_rnn_train",  # what `make reproduce` runs
-    "rnn-train": "bppsa.reproduce:main_rnn_train",
+    "default": "bppsa.irmas_experiment:main",  # what `make reproduce` runs
+    "rnn-train": "bppsa.tasks:main_rnn_train",
+    "irmas": "bppsa.irmas_experiment:main",
+    "hetero-dp": "bppsa.hetero.experiment:main",
+    "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP
+    "zipline": "bppsa.sync.experiments:main_zipline",  # ZipLine runtime table
+    "sync-ray": "bppsa.sync.ray_runtime:main_ray",  # the same policies on a real (local) Ray
+    "sparse-vgg": "bppsa.sparse_experiments:main",
     "rnn-sweep": "bppsa.bench:main_rnn_sweep",
 }
 
 # bppsa COMMAND [args...]
 COMMANDS = {
+    "run": "bppsa.runner:main",
+    "results": "bppsa.results:main",
+    "launch": "bppsa.parallel.launch:main",
     "bench": "bppsa.bench:main",
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -11,7 +12,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["cross_entropy", "make_train_step", "evaluate", "train_classifier", "time_backward"]
+__all__ = ["cross_entropy", "make_train_step", "evaluate", "train_classifier", "time_backward",
+           "compare_backward_training", "backward_times", "batch_indices", "fit"]
 
 
 def cross_entropy(logits, labels):
@@ -148,3 +150,194 @@ def backward_times(cell, params, T: int, B: int, *, methods=("bptt", "bppsa"), s
             samples[m].append(time.perf_counter() - t0)
     return {m: {"median": float(np.median(s)), "min": float(np.min(s)), "max": float(np.max(s)),
                 "repeats": repeats} for m, s in samples.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# The resumable loop: JSONL metrics, tqdm progress, orbax checkpoints, bit-identical resume.
+# --------------------------------------------------------------------------------------------
+
+def batch_indices(num_samples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """Sample indices (batch_size,) of 0-based ``step``: epoch-wise shuffles, stateless.
+
+    Epoch e = step // (num_samples // batch_size) is a permutation drawn from (seed, e), so the
+    batch of any step is a pure function of its arguments and a resumed run sees the same data.
+    """
+    per_epoch = num_samples // batch_size
+    if per_epoch < 1:
+        raise ValueError(f"batch_size must be in 1..{num_samples} (the dataset size); got {batch_size}")
+    epoch, pos = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(num_samples)
+    return perm[pos * batch_size:(pos + 1) * batch_size]
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_train_step():
+    """One jitted step for all :func:`fit` calls, so equal models and optimizers compile once."""
+    return make_train_step()
+
+
+@functools.lru_cache(maxsize=16)
+def _adam(learning_rate: float) -> optax.GradientTransformation:
+    """optax.adam, one object per rate: the optimizer is part of the jit key, so reuse avoids recompiles."""
+    return optax.adam(learning_rate)
+
+
+def _on_step(step: int) -> None:
+    """Called after every completed step of :func:`fit`; a seam for fault-injection tests."""
+
+
+def _state_leaves(model, opt):
+    return jax.tree.leaves({"model": nnx.state(model), "opt": nnx.state(opt)})
+
+
+def _to_saveable(leaf):
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(leaf))
+    return np.asarray(leaf)
+
+
+def _restore_state(model, opt, saved: dict) -> None:
+    tree = {"model": nnx.state(model), "opt": nnx.state(opt)}
+    leaves, treedef = jax.tree.flatten(tree)
+    if len(saved) != len(leaves):
+        raise ValueError(f"the checkpoint holds {len(saved)} arrays but the model and optimizer have "
+                         f"{len(leaves)}; was it written by a different model?")
+    new = []
+    for i, leaf in enumerate(leaves):
+        arr = saved[str(i)]
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            new.append(jax.random.wrap_key_data(jnp.asarray(arr), impl=jax.random.key_impl(leaf)))
+        else:
+            if arr.shape != leaf.shape or arr.dtype != leaf.dtype:
+                raise ValueError(f"checkpoint array {i} has shape {arr.shape} {arr.dtype}; the model "
+                                 f"expects {leaf.shape} {leaf.dtype}")
+            new.append(jnp.asarray(arr))
+    restored = jax.tree.unflatten(treedef, new)
+    nnx.update(model, restored["model"])
+    nnx.update(opt, restored["opt"])
+
+
+def _read_metrics(path, upto: int) -> list[dict]:
+    """Records with step <= ``upto`` from a JSONL file (later ones came after the last checkpoint)."""
+    import json
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                break
+            if rec["step"] <= upto:
+                records.append(rec)
+    return records
+
+
+def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3, seed: int = 0,
+        workdir=None, checkpoint_every: int = 0, keep_checkpoints: int = 2, eval_data=None,
+        eval_every: int = 0, log_every: int = 1, optimizer: optax.GradientTransformation | None = None,
+        progress: bool = True, desc: str | None = None,
+        callback: Callable[[dict], None] | None = None) -> list[dict]:
+    """The canonical training loop: resumable, with JSONL metrics, tqdm and orbax checkpoints.
+
+    Trains ``model`` on (x (N, T, I), y (N,)); the batch of step s is :func:`batch_indices`
+    (N, batch_size, seed, s). With a ``workdir`` it appends one JSON record per logged step to
+    ``workdir/metrics.jsonl`` and saves model + optimizer state to ``workdir/checkpoints`` every
+    ``checkpoint_every`` steps and at the end. Calling ``fit`` again with the same arguments on the
+    same workdir restores the latest checkpoint, drops the metrics logged after it and continues:
+    a run killed at any point and resumed ends with the same parameters (bit-identical on CPU) as
+    an uninterrupted one, because the state, the step count and the data order are all restored.
+
+    Records hold ``step``, ``loss``, ``accuracy`` (of the training batch), ``step_time`` (s, that
+    step incl. the host sync), ``time`` (cumulative training seconds, kept across resumes, without
+    the first step of each (re)start, which compiles and is marked ``warmup``) and,
+    every ``eval_every`` steps, ``eval_loss``/``eval_accuracy``. Returns the full history.
+    """
+    import json
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0; got {steps}")
+    if len(x) != len(y):
+        raise ValueError(f"x and y must have the same length; got {len(x)} and {len(y)}")
+    if not 1 <= batch_size <= len(x):
+        raise ValueError(f"batch_size must be in 1..{len(x)} (the dataset size); got {batch_size}")
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0; got {checkpoint_every}")
+    tx = optimizer if optimizer is not None else _adam(float(learning_rate))
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    step_fn = _shared_train_step()
+
+    start, elapsed, history, manager, metrics_file = 0, 0.0, [], None, None
+    if workdir is not None:
+        import orbax.checkpoint as ocp
+        workdir = Path(workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        manager = ocp.CheckpointManager(
+            workdir / "checkpoints",
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints,
+                                                 enable_async_checkpointing=False))
+        latest = manager.latest_step()
+        if latest is not None:
+            template = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
+            restored = manager.restore(latest, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
+            _restore_state(model, opt, restored.state)
+            start, elapsed = int(restored.meta["step"]), float(restored.meta["time"])
+            if start > steps:
+                manager.close()
+                raise ValueError(f"{workdir} holds a checkpoint at step {start}, past steps = {steps}; "
+                                 f"use a new workdir or a larger steps")
+        metrics_path = workdir / "metrics.jsonl"
+        history = _read_metrics(metrics_path, start)
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+        metrics_file = metrics_path.open("a")
+
+    def save(step):
+        import orbax.checkpoint as ocp
+        tree = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
+                                                   meta=ocp.args.JsonSave({"step": step, "time": elapsed})),
+                     force=True)
+        manager.wait_until_finished()
+
+    bar = tqdm(total=steps, initial=start, desc=desc, disable=not progress, leave=False)
+    try:
+        for step in range(start + 1, steps + 1):
+            idx = batch_indices(len(x), batch_size, seed, step - 1)
+            t0 = time.perf_counter()
+            loss, acc = step_fn(model, opt, jnp.asarray(x[idx]), jnp.asarray(y[idx]))
+            loss, acc = float(loss), float(acc)
+            dt = time.perf_counter() - t0
+            warmup = step == start + 1  # compiles: kept out of the cumulative time
+            elapsed += 0.0 if warmup else dt
+            record = None
+            if (log_every and step % log_every == 0) or step == steps or \
+                    (eval_data is not None and eval_every and step % eval_every == 0):
+                record = {"step": step, "loss": loss, "accuracy": acc, "step_time": dt, "time": elapsed}
+                if warmup:
+                    record["warmup"] = True
+                if eval_data is not None and eval_every and (step % eval_every == 0 or step == steps):
+                    ev = evaluate(model, *eval_data)
+                    record.update(eval_loss=ev["loss"], eval_accuracy=ev["accuracy"])
+                history.append(record)
+                if metrics_file is not None:
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                if callback is not None:
+                    callback(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}")
+            if manager is not None and ((checkpoint_every and step % checkpoint_every == 0) or step == steps):
+                save(step)
+            _on_step(step)
+    finally:
+        bar.close()
+        if metrics_file is not None:
+            metrics_file.close()
+        if manager is not None:
+            manager.close()
+    return history

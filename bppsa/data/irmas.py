@@ -1,0 +1,453 @@
+"""IRMAS (Bosch et al., ISMIR 2012) as used by BPPSA (Wang et al., MLSys 2020, §5.2).
+
+Training set: ``IRMAS-TrainingData/<class>/[<class>][<genre>]NNNN__N.wav``, 11 predominant
+instruments, stereo 3-second excerpts at 44.1 kHz. Features (the paper's): librosa MFCC on each
+channel separately, the 0th coefficient dropped, each coefficient standardised over time, the
+two channels concatenated. Three settings (n_mfcc, n_fft, hop) on 132,300 samples, librosa's
+centred frames giving T = 1 + 132300 // hop:
+
+    s = (20, 4096, 512) -> x (N, 259, 38)
+    m = (13, 2048, 256) -> x (N, 517, 24)
+    l = (7, 1024, 128)  -> x (N, 1034, 12)
+
+Test set: ``IRMAS-TestingData-Part{1,2,3}/…/<name>.wav`` excerpts of 5–20 s, each with a
+``<name>.txt`` listing one or more instruments (one per line). A model is evaluated on 3-second
+windows; a clip's class scores are the mean of its windows' softmax outputs, normalised by their
+maximum and thresholded (Han et al., 2017), then per-class, micro and macro F1 are reported.
+
+    feats = load_features("data/IRMAS-TrainingData", setting="m", cache_dir="data/cache")
+    feats.x  # (N, 517, 24) float32,  feats.y  # (N,) int32,  feats.skipped  # [(path, reason)]
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "CLASSES", "SETTINGS", "SAMPLE_RATE", "CLIP_SAMPLES", "TRAIN_DIR", "AUDIO_EXTENSIONS",
+    "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features",
+    "find_training_root", "list_training_files", "load_features", "list_test_files",
+    "read_test_labels", "load_test_features", "clip_predictions", "multilabel_f1",
+]
+
+CLASSES = ("cel", "cla", "flu", "gac", "gel", "org", "pia", "sax", "tru", "vio", "voi")
+SETTINGS = {  # name -> (n_mfcc, n_fft, hop_length)
+    "s": (20, 4096, 512),
+    "m": (13, 2048, 256),
+    "l": (7, 1024, 128),
+}
+SAMPLE_RATE = 44100
+CLIP_SECONDS = 3
+CLIP_SAMPLES = SAMPLE_RATE * CLIP_SECONDS  # 132,300
+TRAIN_DIR = "IRMAS-TrainingData"
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".aif", ".aiff", ".mp3")
+_STD_EPS = 1e-8
+_CACHE_VERSION = 1
+
+
+def _check_setting(setting):
+    if setting not in SETTINGS:
+        raise ValueError(f"setting must be one of {sorted(SETTINGS)} (s, m, l of the paper); got {setting!r}")
+    return SETTINGS[setting]
+
+
+def num_frames(setting: str) -> int:
+    """T for a setting: librosa's centred frames on 3 s at 44.1 kHz (259 / 517 / 1034)."""
+    return 1 + CLIP_SAMPLES // _check_setting(setting)[2]
+
+
+def num_features(setting: str) -> int:
+    """F for a setting: two channels × (n_mfcc − 1) (38 / 24 / 12)."""
+    return 2 * (_check_setting(setting)[0] - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Audio and features
+# --------------------------------------------------------------------------------------------
+
+def read_audio(path, *, offset: int = 0, num_samples: int | None = CLIP_SAMPLES) -> np.ndarray:
+    """Read a file as stereo float32 at 44.1 kHz: (2, num_samples) (or the whole file if None).
+
+    Mono is duplicated to both channels (more than two channels: the first two are kept); other
+    sample rates are resampled with librosa; ``offset`` (samples at 44.1 kHz) skips the start;
+    the result is zero-padded or cropped to ``num_samples``. Raises on undecodable files.
+    """
+    import librosa
+    import soundfile as sf
+
+    data, sr = sf.read(str(path), dtype="float32", always_2d=True)  # (n, channels)
+    if data.shape[1] == 0:
+        raise ValueError(f"{path}: no audio channels")
+    audio = data.T
+    audio = np.concatenate([audio, audio]) if audio.shape[0] == 1 else audio[:2]
+    if sr != SAMPLE_RATE:
+        audio = librosa.resample(audio, orig_sr=sr, target_sr=SAMPLE_RATE, axis=-1).astype(np.float32)
+    audio = audio[:, offset:]
+    if num_samples is not None:
+        if audio.shape[1] < num_samples:
+            audio = np.pad(audio, ((0, 0), (0, num_samples - audio.shape[1])))
+        audio = audio[:, :num_samples]
+    if not np.all(np.isfinite(audio)):
+        raise ValueError(f"{path}: audio contains NaN or inf")
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def mfcc_features(audio: np.ndarray, setting: str = "m") -> np.ndarray:
+    """The paper's features of one clip: audio (2, 132300) -> (T, F) float32.
+
+    MFCC per channel, 0th coefficient dropped, each coefficient standardised over time (zero
+    mean, unit variance; a constant coefficient becomes 0), channels concatenated.
+    """
+    import librosa
+
+    n_mfcc, n_fft, hop = _check_setting(setting)
+    audio = np.asarray(audio, np.float32)
+    if audio.ndim != 2 or audio.shape[0] != 2:
+        raise ValueError(f"audio must have shape (2, samples) (stereo); got {audio.shape}")
+    m = librosa.feature.mfcc(y=audio, sr=SAMPLE_RATE, n_mfcc=n_mfcc, n_fft=n_fft, hop_length=hop)
+    m = m[:, 1:, :]  # (2, n_mfcc - 1, T): drop the 0th (energy) coefficient
+    m = (m - m.mean(-1, keepdims=True)) / (m.std(-1, keepdims=True) + _STD_EPS)
+    return np.ascontiguousarray(m.reshape(-1, m.shape[-1]).T, dtype=np.float32)
+
+
+def _clip_features(path, setting, offset=0):
+    """Worker: (features (T, F) or None, error message or None)."""
+    try:
+        return mfcc_features(read_audio(path, offset=offset), setting), None
+    except Exception as e:  # any decoding failure is reported, never fatal
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _clip_features_batch(jobs, setting):
+    return [_clip_features(p, setting, off) for p, off in jobs]
+
+
+def _extract(jobs, setting, *, workers, progress, desc):
+    """Features of [(path, offset)] in order: a list of (features or None, error or None)."""
+    from tqdm.auto import tqdm
+
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 8) if len(jobs) >= 1000 else 1
+    results = []
+    bar = tqdm(total=len(jobs), desc=desc, unit="clip", disable=not progress)
+    try:
+        if workers <= 1:
+            for p, off in jobs:
+                results.append(_clip_features(p, setting, off))
+                bar.update(1)
+        else:
+            # spawn, not fork: the parent usually has JAX's threads running
+            ctx = multiprocessing.get_context("spawn")
+            chunk = 32
+            batches = [jobs[i:i + chunk] for i in range(0, len(jobs), chunk)]
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
+                for out in ex.map(_clip_features_batch, batches, [setting] * len(batches)):
+                    results.extend(out)
+                    bar.update(len(out))
+    finally:
+        bar.close()
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Training set
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class IrmasFeatures:
+    """Features of the IRMAS training set (or its stand-in).
+
+    x: (N, T, F) float32; y: (N,) int32 indices into ``classes``; paths: the N files (relative
+    to the training root); skipped: [(path, reason)] for files that could not be decoded.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    classes: tuple
+    skipped: list
+    paths: list
+    setting: str
+
+
+def find_training_root(root) -> Path:
+    """``root`` itself if it holds class folders, else ``root/IRMAS-TrainingData``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"IRMAS root {str(root)!r} does not exist or is not a folder; expected "
+                                f"the {TRAIN_DIR} folder (or its parent)")
+    if any((root / c).is_dir() for c in CLASSES):
+        return root
+    if (root / TRAIN_DIR).is_dir():
+        return root / TRAIN_DIR
+    raise FileNotFoundError(f"{str(root)!r} has neither class folders ({', '.join(CLASSES)}) nor a "
+                            f"{TRAIN_DIR} folder")
+
+
+def _is_audio(p: Path) -> bool:
+    return p.is_file() and not p.name.startswith(".") and p.suffix.lower() in AUDIO_EXTENSIONS
+
+
+def list_training_files(root) -> list[tuple[Path, int]]:
+    """[(path, class index)] of every audio file under ``<root>/<class>/``, sorted by path."""
+    root = find_training_root(root)
+    files = []
+    for k, c in enumerate(CLASSES):
+        d = root / c
+        if d.is_dir():
+            files.extend((p, k) for p in sorted(d.iterdir()) if _is_audio(p))
+    if not files:
+        raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) in the class folders of "
+                                f"{str(root)!r}")
+    return files
+
+
+def _cache_key(kind, root, files, setting, extra=()):
+    import librosa
+
+    h = hashlib.sha256()
+    h.update(repr((_CACHE_VERSION, kind, setting, SETTINGS[setting], librosa.__version__, extra)).encode())
+    for p, label in files:
+        st = p.stat()
+        h.update(repr((str(p.relative_to(root)), label, st.st_size, st.st_mtime_ns)).encode())
+    return h.hexdigest()
+
+
+def _load_cache(path: Path, key: str):
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) != key:
+                return None
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _save_cache(path: Path, **arrays):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def _warn_skipped(skipped, total):
+    if skipped:
+        shown = "; ".join(f"{p}: {r}" for p, r in skipped[:3])
+        warnings.warn(f"IRMAS: skipped {len(skipped)} of {total} files that could not be decoded "
+                      f"({shown}{'; …' if len(skipped) > 3 else ''})", RuntimeWarning, stacklevel=3)
+
+
+def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: int | None = None,
+                  workers: int | None = None, progress: bool = True) -> IrmasFeatures:
+    """Features of the IRMAS training set under ``root`` (``IRMAS-TrainingData`` or its parent).
+
+    Args:
+      root: the training folder; labels come from the class folder names (``CLASSES``).
+      setting: "s" | "m" | "l" (see the module docstring).
+      cache_dir: where to keep an ``.npz`` cache keyed by the file list (names, sizes, mtimes),
+        the setting and librosa's version; None disables caching.
+      max_per_class: use only the first k files (sorted) of each class.
+      workers: feature-extraction processes (default: the CPU count for ≥ 1000 files, else 1;
+        more than 1 uses "spawn", so a calling script needs the `if __name__ == "__main__":` guard).
+      progress: show a tqdm bar while extracting.
+
+    Files that cannot be decoded are skipped, listed in ``.skipped`` and reported in a warning.
+    """
+    _check_setting(setting)
+    if max_per_class is not None and max_per_class < 1:
+        raise ValueError(f"max_per_class must be >= 1 or None; got {max_per_class}")
+    troot = find_training_root(root)
+    files = list_training_files(troot)
+    if max_per_class is not None:
+        files = [f for k in range(len(CLASSES)) for f in [f for f in files if f[1] == k][:max_per_class]]
+    rel = [str(p.relative_to(troot)) for p, _ in files]
+    key = _cache_key("train", troot, files, setting)
+    cache = Path(cache_dir) / f"irmas-train-{setting}-{key[:16]}.npz" if cache_dir is not None else None
+    if cache is not None and (z := _load_cache(cache, key)) is not None:
+        skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
+        _warn_skipped(skipped, len(files))
+        return IrmasFeatures(z["x"], z["y"], CLASSES, skipped, z["paths"].tolist(), setting)
+
+    results = _extract([(p, 0) for p, _ in files], setting, workers=workers, progress=progress,
+                       desc=f"IRMAS features ({setting})")
+    T, F = num_frames(setting), num_features(setting)
+    xs, ys, paths, skipped = [], [], [], []
+    for (p, k), r, (feat, err) in zip(files, rel, results):
+        if feat is None:
+            skipped.append((r, err))
+        else:
+            xs.append(feat)
+            ys.append(k)
+            paths.append(r)
+    x = np.stack(xs).astype(np.float32) if xs else np.zeros((0, T, F), np.float32)
+    y = np.asarray(ys, np.int32)
+    if cache is not None:
+        _save_cache(cache, key=np.array(key), x=x, y=y, paths=np.array(paths, dtype=str),
+                    skipped_paths=np.array([s[0] for s in skipped], dtype=str),
+                    skipped_reasons=np.array([s[1] for s in skipped], dtype=str))
+    _warn_skipped(skipped, len(files))
+    return IrmasFeatures(x, y, CLASSES, skipped, paths, setting)
+
+
+# --------------------------------------------------------------------------------------------
+# Test set: variable-length excerpts, multi-label, evaluated on 3-second windows
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class IrmasTestFeatures:
+    """Windows of the IRMAS test set.
+
+    x: (W, T, F) float32 windows; clip: (W,) int index of each window's clip; labels: (C, 11)
+    bool multi-hot per clip; paths: the C clips; skipped: [(path, reason)].
+    """
+
+    x: np.ndarray
+    clip: np.ndarray
+    labels: np.ndarray
+    classes: tuple
+    skipped: list
+    paths: list
+    setting: str
+
+
+def read_test_labels(path) -> np.ndarray:
+    """The (11,) bool multi-hot of a test ``.txt`` (instrument codes separated by whitespace)."""
+    tokens = Path(path).read_text().split()
+    unknown = [t for t in tokens if t not in CLASSES]
+    if unknown or not tokens:
+        raise ValueError(f"{path}: expected instrument codes from {list(CLASSES)}; got {tokens!r}")
+    return np.isin(np.array(CLASSES), tokens)
+
+
+def list_test_files(root) -> list[tuple[Path, Path]]:
+    """[(audio, label .txt)] for every audio file under ``root`` (recursively) with a .txt beside it."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"IRMAS test root {str(root)!r} does not exist or is not a folder")
+    pairs = [(p, p.with_suffix(".txt")) for p in sorted(root.rglob("*"))
+             if _is_audio(p) and p.with_suffix(".txt").is_file()]
+    if not pairs:
+        raise FileNotFoundError(f"no audio files with a .txt label file beside them under {str(root)!r}")
+    return pairs
+
+
+def _num_samples(path) -> int:
+    import soundfile as sf
+
+    info = sf.info(str(path))
+    return int(round(info.frames * SAMPLE_RATE / info.samplerate))
+
+
+def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds: float = 3.0,
+                       workers: int | None = None, progress: bool = True) -> IrmasTestFeatures:
+    """Features of 3-second windows of every test clip under ``root`` (searched recursively).
+
+    Windows start every ``hop_seconds`` (3.0: non-overlapping); a final partial window is kept
+    (zero-padded) when it is at least half a window long, and every clip gets at least one.
+    """
+    _check_setting(setting)
+    if not hop_seconds > 0:
+        raise ValueError(f"hop_seconds must be > 0; got {hop_seconds}")
+    root = Path(root)
+    pairs = list_test_files(root)
+    key = _cache_key("test", root, [(p, 0) for p, _ in pairs] + [(t, 1) for _, t in pairs], setting,
+                     extra=(hop_seconds,))  # audio and label files
+    cache = Path(cache_dir) / f"irmas-test-{setting}-{key[:16]}.npz" if cache_dir is not None else None
+    if cache is not None and (z := _load_cache(cache, key)) is not None:
+        skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
+        _warn_skipped(skipped, len(pairs))
+        return IrmasTestFeatures(z["x"], z["clip"], z["labels"], CLASSES, skipped, z["paths"].tolist(), setting)
+
+    hop = int(round(hop_seconds * SAMPLE_RATE))
+    jobs, owner, labels, paths, skipped = [], [], [], [], []
+    for audio, txt in pairs:
+        r = str(audio.relative_to(root))
+        try:
+            lab = read_test_labels(txt)
+            n = _num_samples(audio)
+        except Exception as e:
+            skipped.append((r, f"{type(e).__name__}: {e}"))
+            continue
+        starts = [s for s in range(0, max(n, 1), hop) if s == 0 or n - s >= CLIP_SAMPLES // 2]
+        owner.extend([len(paths)] * len(starts))
+        jobs.extend((audio, s) for s in starts)
+        labels.append(lab)
+        paths.append(r)
+    results = _extract(jobs, setting, workers=workers, progress=progress, desc=f"IRMAS test windows ({setting})")
+    bad = {owner[i]: err for i, (f, err) in enumerate(results) if f is None}
+    keep = [c for c in range(len(paths)) if c not in bad]
+    skipped.extend((paths[c], bad[c]) for c in sorted(bad))
+    renum = {c: i for i, c in enumerate(keep)}
+    T, F = num_frames(setting), num_features(setting)
+    xs = [f for (f, _), c in zip(results, owner) if c in renum]
+    clip = np.array([renum[c] for c in owner if c in renum], np.int32)
+    x = np.stack(xs).astype(np.float32) if xs else np.zeros((0, T, F), np.float32)
+    lab = np.array([labels[c] for c in keep], bool).reshape(len(keep), len(CLASSES))
+    paths = [paths[c] for c in keep]
+    if cache is not None:
+        _save_cache(cache, key=np.array(key), x=x, clip=clip, labels=lab, paths=np.array(paths, dtype=str),
+                    skipped_paths=np.array([s[0] for s in skipped], dtype=str),
+                    skipped_reasons=np.array([s[1] for s in skipped], dtype=str))
+    _warn_skipped(skipped, len(pairs))
+    return IrmasTestFeatures(x, clip, lab, CLASSES, skipped, paths, setting)
+
+
+def clip_predictions(window_probs, clip, num_clips: int, threshold: float = 0.5) -> np.ndarray:
+    """Multi-label predictions per clip from window class probabilities.
+
+    window_probs: (W, 11) softmax outputs; clip: (W,) clip index of each window. A clip's
+    scores are the mean over its windows divided by their maximum; classes with a normalised
+    score >= ``threshold`` are predicted (so at least one class always is). Returns (C, 11) bool.
+    """
+    p = np.asarray(window_probs, np.float64)
+    clip = np.asarray(clip)
+    if p.ndim != 2 or len(p) != len(clip):
+        raise ValueError(f"window_probs must be (W, classes) with W = len(clip) = {len(clip)}; got {p.shape}")
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1]; got {threshold}")
+    sums = np.zeros((num_clips, p.shape[1]))
+    np.add.at(sums, clip, p)
+    counts = np.bincount(clip, minlength=num_clips)
+    if np.any(counts == 0):
+        raise ValueError(f"every clip needs at least one window; clips without: {np.flatnonzero(counts == 0)[:5]}")
+    mean = sums / counts[:, None]
+    return mean / mean.max(1, keepdims=True) >= threshold
+
+
+def multilabel_f1(y_true, y_pred, classes=CLASSES) -> dict:
+    """Per-class precision/recall/F1 and micro/macro F1 of (C, K) bool arrays.
+
+    Micro pools true/false positives/negatives over classes; macro averages the per-class F1
+    over classes that occur in y_true or y_pred (an absent, never-predicted class is skipped).
+    """
+    t = np.asarray(y_true, bool)
+    p = np.asarray(y_pred, bool)
+    if t.shape != p.shape or t.ndim != 2 or t.shape[1] != len(classes):
+        raise ValueError(f"y_true and y_pred must both be (clips, {len(classes)}); got {t.shape} and {p.shape}")
+    tp = (t & p).sum(0)
+    fp = (~t & p).sum(0)
+    fn = (t & ~p).sum(0)
+
+    def f1(tp, fp, fn):
+        d = 2 * tp + fp + fn
+        return float(2 * tp / d) if d else 0.0
+
+    per_class = {c: {"precision": float(tp[k] / (tp[k] + fp[k])) if tp[k] + fp[k] else 0.0,
+                     "recall": float(tp[k] / (tp[k] + fn[k])) if tp[k] + fn[k] else 0.0,
+                     "f1": f1(tp[k], fp[k], fn[k]), "support": int(t[:, k].sum())}
+                 for k, c in enumerate(classes)}
+    present = [k for k in range(len(classes)) if tp[k] + fp[k] + fn[k] > 0]
+    return {"per_class": per_class,
+            "micro_f1": f1(tp.sum(), fp.sum(), fn.sum()),
+            "macro_f1": float(np.mean([per_class[classes[k]]["f1"] for k in present])) if present else 0.0,
+            "micro_precision": float(tp.sum() / (tp.sum() + fp.sum())) if tp.sum() + fp.sum() else 0.0,
+            "micro_recall": float(tp.sum() / (tp.sum() + fn.sum())) if tp.sum() + fn.sum() else 0.0}

@@ -1,0 +1,106 @@
+"""Batch partitioning by speed and weighted gradient averaging (ALGORITHMS.md §2).
+
+Replica i at speed s_i gets b_i ≈ B·s_i/Σs samples (integers summing to B, largest-remainder
+rounding); the global gradient is g = Σ_i (b_i/B)·g_i, with g_i the mean gradient over replica
+i's b_i samples — exactly the full-batch mean gradient. Plain averaging (1/P)·Σ_i g_i
+over-weights each sample on replica i by B/(P·b_i).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["partition", "weighted_mean", "plain_mean", "sample_weights"]
+
+
+def _check_speeds(speeds) -> np.ndarray:
+    s = np.asarray(speeds, dtype=np.float64)
+    if s.ndim != 1 or s.size == 0:
+        raise ValueError(f"speeds must be a non-empty 1-D sequence of positive numbers; got shape {s.shape}")
+    bad = ~np.isfinite(s) | (s <= 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"speeds must be finite and > 0; got speeds[{i}] = {s[i]!r} in {s.tolist()}")
+    return s
+
+
+def partition(speeds: Sequence[float], batch_size: int) -> np.ndarray:
+    """Split ``batch_size`` samples over replicas in proportion to their ``speeds``.
+
+    Largest-remainder rounding: b_i = floor(B·s_i/Σs), then the remaining units go one each to
+    the replicas with the largest fractional parts (ties broken by the lower replica index, so
+    the result is deterministic and identical on every process). Returns b: (P,) int64 with
+    Σ b = B and |b_i − B·s_i/Σs| < 1; a replica may get 0 samples when B is small.
+    """
+    s = _check_speeds(speeds)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+        raise ValueError(f"batch_size must be an int >= 0; got {batch_size!r} of type {type(batch_size).__name__}")
+    if batch_size < 0:
+        raise ValueError(f"batch_size must be >= 0; got {batch_size}")
+    B = int(batch_size)
+    quota = B * (s / s.sum())
+    b = np.floor(quota).astype(np.int64)
+    # Rounding can push a floor one unit over (quota = 2.9999999 -> floor 2 is fine; a sum over B is not).
+    while b.sum() > B:
+        b[int(np.argmax(b - quota))] -= 1
+    remainder = quota - b
+    short = B - int(b.sum())
+    order = np.lexsort((np.arange(s.size), -remainder))  # largest remainder first, then lowest index
+    b[order[:short]] += 1
+    return b
+
+
+def _check_counts(counts, n) -> np.ndarray:
+    c = np.asarray(counts)
+    if c.shape != (n,):
+        raise ValueError(f"counts must have shape ({n},) (one per gradient); got shape {c.shape}")
+    if not np.all(np.isfinite(c)) or (c < 0).any():
+        raise ValueError(f"counts must be finite and >= 0; got {c.tolist()}")
+    if c.sum() <= 0:
+        raise ValueError(f"counts must not all be zero; got {c.tolist()}")
+    return c.astype(np.float64)
+
+
+def weighted_mean(grads: Sequence, counts: Sequence[float]):
+    """g = Σ_i (b_i / Σb)·g_i over a list of gradient pytrees g_i (each a mean over b_i samples).
+
+    Replicas with b_i = 0 contribute nothing (their g_i may be anything finite, e.g. zeros).
+    """
+    grads = list(grads)
+    if not grads:
+        raise ValueError("grads must be a non-empty list of gradient pytrees; got an empty list")
+    c = _check_counts(counts, len(grads))
+    w = c / c.sum()
+    return jax.tree.map(lambda *gs: sum(wi * jnp.asarray(g) for wi, g in zip(w, gs) if wi > 0), *grads)
+
+
+def plain_mean(grads: Sequence, counts: Sequence[float] | None = None):
+    """(1/P)·Σ_i g_i: the plain average data-parallel frameworks use (biased for unequal b_i).
+
+    With ``counts``, replicas holding no samples are left out (P counts the non-empty ones).
+    """
+    grads = list(grads)
+    if not grads:
+        raise ValueError("grads must be a non-empty list of gradient pytrees; got an empty list")
+    if counts is not None:
+        c = _check_counts(counts, len(grads))
+        grads = [g for g, ci in zip(grads, c) if ci > 0]
+    return jax.tree.map(lambda *gs: sum(jnp.asarray(g) for g in gs) / len(gs), *grads)
+
+
+def sample_weights(counts, average: str = "weighted") -> np.ndarray:
+    """The weight each sample on replica i gets in the global gradient: (P,) float.
+
+    "weighted": 1/B for everyone; "mean": 1/(P'·b_i) with P' the number of non-empty replicas
+    (0 where b_i = 0).
+    """
+    c = _check_counts(counts, len(np.asarray(counts)))
+    if average == "weighted":
+        return np.full(c.shape, 1.0 / c.sum())
+    if average == "mean":
+        return np.where(c > 0, 1.0 / ((c > 0).sum() * np.maximum(c, 1)), 0.0)
+    raise ValueError(f"average must be 'weighted' or 'mean'; got {average!r}")

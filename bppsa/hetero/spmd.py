@@ -1,0 +1,175 @@
+"""The SPMD form of weighted gradient averaging.
+
+Every replica holds a padded batch of the largest size b_max with a mask, computes the gradient
+of its masked *sum* of per-sample losses, and one ``psum`` of (gradient sum, sample count) over
+the data axis gives the exact global mean: g = psum(Σ_{samples on i} ∇ℓ) / psum(b_i). Replicas
+with zero samples contribute zeros. The same function runs on a mesh of local devices
+(``shard_map``) and on a mesh spanning processes (``jax.distributed``), where each process feeds
+its own local batch through :func:`global_batch`.
+
+A per-sample loss has the signature ``loss_fn(params, x, y) -> (b,)`` for x: (b, ...), y: (b,).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = ["AVERAGES", "shard_map", "data_mesh", "replica_batches", "pad_local_batch",
+           "local_grad_sum", "make_spmd_grad", "global_batch", "make_allreduce"]
+
+AVERAGES = ("weighted", "mean")
+
+
+def shard_map(f, mesh, in_specs, out_specs):
+    """``jax.shard_map`` where it exists (jax ≥ 0.7), else ``jax.experimental.shard_map``.
+
+    Replication checks are off: gradients taken inside are per-replica (no implicit psum of the
+    cotangent of a replicated input), and the explicit psum below makes the outputs replicated.
+    """
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    from jax.experimental.shard_map import shard_map as _sm
+    return _sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
+def data_mesh(num_replicas: int | None = None, axis: str = "data", devices=None) -> Mesh:
+    """A 1-D mesh over the first ``num_replicas`` devices (all of ``jax.devices()`` by default)."""
+    devs = list(jax.devices() if devices is None else devices)
+    n = len(devs) if num_replicas is None else num_replicas
+    if not 1 <= n <= len(devs):
+        raise ValueError(f"num_replicas must be in 1..{len(devs)} (the available devices); got {n}")
+    return Mesh(np.array(devs[:n]), (axis,))
+
+
+def _check_counts(counts) -> np.ndarray:
+    c = np.asarray(counts)
+    if c.ndim != 1 or c.size == 0 or not np.issubdtype(c.dtype, np.integer) or (c < 0).any():
+        raise ValueError(f"counts must be a non-empty 1-D sequence of ints >= 0; got {counts!r}")
+    return c.astype(np.int64)
+
+
+def pad_local_batch(x, y, size: int):
+    """Pad one replica's batch x: (b, ...), y: (b,) to ``size`` rows; returns (x, y, mask (size,))."""
+    x, y = np.asarray(x), np.asarray(y)
+    b = len(x)
+    if len(y) != b:
+        raise ValueError(f"x and y must have the same length; got {b} and {len(y)}")
+    if b > size:
+        raise ValueError(f"size must be >= the local batch size {b}; got {size}")
+    xp = np.zeros((size,) + x.shape[1:], x.dtype)
+    yp = np.zeros((size,) + y.shape[1:], y.dtype)
+    xp[:b], yp[:b] = x, y
+    mask = np.zeros(size, bool)
+    mask[:b] = True
+    return xp, yp, mask
+
+
+def replica_batches(x, y, counts, b_max: int | None = None):
+    """Cut a global batch into consecutive replica batches of sizes ``counts``, each padded.
+
+    x: (B, ...), y: (B,), counts: (P,) with Σ counts = B. Returns x: (P·b_max, ...),
+    y: (P·b_max,), mask: (P·b_max,) with b_max = max(max(counts), 1) unless given (a fixed
+    b_max keeps shapes, and so compiled code, constant across partitions); rows
+    [i·b_max, i·b_max + b_i) belong to replica i.
+    """
+    c = _check_counts(counts)
+    if c.sum() != len(x):
+        raise ValueError(f"counts must sum to the batch size {len(x)}; got {c.tolist()} (sum {c.sum()})")
+    if b_max is None:
+        b_max = max(int(c.max()), 1)
+    elif b_max < max(int(c.max()), 1):
+        raise ValueError(f"b_max must be >= the largest replica batch {int(c.max())}; got {b_max}")
+    edges = np.concatenate([[0], np.cumsum(c)])
+    parts = [pad_local_batch(x[edges[i]:edges[i + 1]], y[edges[i]:edges[i + 1]], b_max) for i in range(c.size)]
+    return tuple(np.concatenate(p) for p in zip(*parts))
+
+
+def local_grad_sum(loss_fn: Callable, params, x, y, mask):
+    """(∇ Σ_j mask_j·ℓ_j, Σ_j mask_j·ℓ_j, Σ_j mask_j) for one replica's padded batch."""
+    dtype = jax.tree.leaves(params)[0].dtype
+
+    def masked_sum(p):
+        return jnp.sum(jnp.where(mask, loss_fn(p, x, y), 0.0))
+
+    loss_sum, g = jax.value_and_grad(masked_sum)(params)
+    return g, loss_sum, jnp.sum(mask).astype(dtype)
+
+
+def _safe_div(a, n):
+    return jax.tree.map(lambda t: t / jnp.maximum(n, 1).astype(t.dtype), a)
+
+
+def make_spmd_grad(loss_fn: Callable, mesh: Mesh, *, average: str = "weighted", axis: str | None = None):
+    """A jitted ``grad_fn(params, x, y, mask) -> (grads, mean_loss, count)`` over ``mesh``.
+
+    x, y, mask: the padded global batch (P·b_max leading rows, see :func:`replica_batches` or
+    :func:`global_batch`), split over the mesh axis; params replicated.
+    ``average="weighted"``: grads = psum(Σ∇ℓ)/psum(b_i), the full-batch mean gradient.
+    ``average="mean"``: grads = (1/P')·Σ_i g_i, the plain average of the per-replica mean
+    gradients over the P' replicas that hold samples (biased when the b_i differ).
+    mean_loss is always the true mean over all samples; count = Σ b_i.
+    """
+    if average not in AVERAGES:
+        raise ValueError(f"average must be one of {AVERAGES}; got {average!r}")
+    axis = axis or mesh.axis_names[0]
+
+    def per_replica(params, x, y, mask):
+        g, loss_sum, n = local_grad_sum(loss_fn, params, x, y, mask)
+        if average == "weighted":
+            g, loss_sum, n = jax.lax.psum((g, loss_sum, n), axis)
+            return _safe_div(g, n), loss_sum / jnp.maximum(n, 1), n
+        g_i = _safe_div(g, n)
+        g, k, loss_sum, n = jax.lax.psum((g_i, (n > 0).astype(n.dtype), loss_sum, n), axis)
+        return jax.tree.map(lambda t: t / k, g), loss_sum / jnp.maximum(n, 1), n
+
+    spec = P(axis)
+    return jax.jit(shard_map(per_replica, mesh, in_specs=(P(), spec, spec, spec), out_specs=(P(), P(), P())))
+
+
+def global_batch(mesh: Mesh, *local_arrays, axis: str | None = None):
+    """Assemble global arrays split over the mesh axis from each process's local rows.
+
+    Each process passes its own padded arrays (same shapes on every process, e.g. from
+    :func:`pad_local_batch`); single-process, this is a plain sharded ``device_put``.
+    """
+    axis = axis or mesh.axis_names[0]
+    sharding = NamedSharding(mesh, P(axis))
+    out = tuple(jax.make_array_from_process_local_data(sharding, np.asarray(a)) for a in local_arrays)
+    return out if len(out) != 1 else out[0]
+
+
+def make_allreduce(mesh: Mesh, axis: str | None = None):
+    """``allreduce(tree) -> tree``: sum a pytree over the processes of ``mesh`` (one device each).
+
+    Each process passes its local values; every process gets the global sum as numpy arrays.
+    This is the collective alone, for callers that time local compute separately.
+    """
+    axis = axis or mesh.axis_names[0]
+    n_local = len(mesh.local_devices)
+
+    @jax.jit
+    def _sum(rows):
+        return shard_map(lambda r: jax.lax.psum(r[0], axis), mesh, in_specs=(P(axis),), out_specs=P())(rows)
+
+    def allreduce(tree):
+        # one collective for the whole tree: flatten to one vector (the widest float dtype present)
+        leaves, treedef = jax.tree.flatten(tree)
+        leaves = [np.asarray(a) for a in leaves]
+        dtype = np.result_type(*[a.dtype for a in leaves], np.float32)
+        flat = np.concatenate([a.astype(dtype).ravel() for a in leaves])
+        rows = np.zeros((n_local, flat.size), dtype)
+        rows[0] = flat  # this process's values on its first device, zeros on any others
+        out = np.asarray(_sum(jax.make_array_from_process_local_data(NamedSharding(mesh, P(axis)), rows))
+                         .addressable_data(0))
+        parts, at = [], 0
+        for a in leaves:
+            parts.append(out[at:at + a.size].reshape(a.shape).astype(a.dtype if a.dtype.kind == "f" else dtype))
+            at += a.size
+        return jax.tree.unflatten(treedef, parts)
+
+    return allreduce

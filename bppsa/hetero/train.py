@@ -1,0 +1,338 @@
+"""Heterogeneity-aware data-parallel training: strategies, data placement, replica back-ends.
+
+Three strategies (``STRATEGIES``):
+  uniform                equal split, plain average — the slowest replica sets the pace;
+  proportional-mean      b_i ∝ s_i, plain average (1/P)·Σ g_i — fast, but biased;
+  proportional-weighted  b_i ∝ s_i, g = psum(Σ∇ℓ)/psum(b_i) — the method: fast and exact.
+
+Two ways to run P replicas of different speed:
+  :class:`SimulatedReplicas`  one process, P devices of a mesh, a time model for the clock
+                              (fast sweeps): replica i's step takes f_i·t(b_i), t fitted to real
+                              timings of the local gradient on this machine;
+  :class:`ProcessReplicas`    P processes under ``jax.distributed``; replica i computes its
+                              local gradient, then really sleeps (f_i − 1)× that time before the
+                              collective, so fast replicas really wait there.
+Both feed one loop, :func:`train`.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .partition import partition
+from .profile import Rebalancer, TimeModel, balanced_speeds, fit_time_model
+from .spmd import data_mesh, local_grad_sum, make_allreduce, make_spmd_grad, pad_local_batch, replica_batches
+from .tasks import Task, functional
+
+__all__ = ["STRATEGIES", "PLACEMENTS", "ShardSampler", "SimulatedReplicas", "ProcessReplicas",
+           "measure_time_model", "train"]
+
+STRATEGIES = {"uniform": (False, "mean"), "proportional-mean": (True, "mean"),
+              "proportional-weighted": (True, "weighted")}  # name -> (proportional split?, average)
+PLACEMENTS = ("iid", "label")
+
+
+class ShardSampler:
+    """Each replica draws its b_i samples per step from its own shard of the training set.
+
+    Shard sizes are proportional to the replica batch sizes, so one epoch (N // B steps) visits
+    every sample about once. placement="iid": random shards; "label": shards cut from the
+    label-sorted data (data locality — replicas hold different classes), where plain averaging's
+    over-weighting of slow replicas becomes a bias towards their classes.
+    """
+
+    def __init__(self, y: np.ndarray, counts, placement: str = "iid", seed: int = 0):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}; got {placement!r}")
+        self.y, self.placement = np.asarray(y), placement
+        self.rng = np.random.default_rng(seed)
+        self.set_counts(counts)
+
+    def set_counts(self, counts):
+        self.counts = np.asarray(counts, np.int64)
+        perm = self.rng.permutation(len(self.y))
+        if self.placement == "label":
+            perm = perm[np.argsort(self.y[perm], kind="stable")]
+        sizes = partition(np.maximum(self.counts, 1e-9), len(self.y))
+        edges = np.concatenate([[0], np.cumsum(sizes)])
+        self.shards = [perm[a:b] for a, b in zip(edges[:-1], edges[1:])]
+        self.order = [self.rng.permutation(s) for s in self.shards]
+        self.pos = [0] * len(self.shards)
+
+    def next(self) -> list[np.ndarray]:
+        """Indices for one step: one array of b_i indices per replica."""
+        out = []
+        for i, b in enumerate(self.counts):
+            take = []
+            while b > 0 and len(self.shards[i]):
+                if self.pos[i] == len(self.order[i]):
+                    self.order[i], self.pos[i] = self.rng.permutation(self.shards[i]), 0
+                k = min(b, len(self.order[i]) - self.pos[i])
+                take.append(self.order[i][self.pos[i]:self.pos[i] + k])
+                self.pos[i] += k
+                b -= k
+            out.append(np.concatenate(take) if take else np.zeros(0, np.int64))
+        return out
+
+
+def measure_time_model(loss_fn: Callable, params, x: np.ndarray, y: np.ndarray, probe_batches: Sequence[int],
+                       repeats: int = 5) -> TimeModel:
+    """Fit t(b) = α + β·b to real timings of one replica's local gradient on this machine."""
+    fn = jax.jit(partial(local_grad_sum, loss_fn))
+
+    def step_time(b):
+        xp, yp, mask = pad_local_batch(x[:b], y[:b], b)
+        jax.block_until_ready(fn(params, xp, yp, mask))  # compile / warm up
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(params, xp, yp, mask))
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    return fit_time_model(list(probe_batches), [step_time(int(b)) for b in probe_batches])
+
+
+_JIT: dict = {}
+
+
+def _cached(key, build):
+    """Jitted functions shared across runs (same task, same settings): compile once per sweep."""
+    if key not in _JIT:
+        _JIT[key] = build()
+    return _JIT[key]
+
+
+def _slowdowns_at(schedule, step):
+    current = schedule[0][1]
+    for start, f in schedule:
+        if step >= start:
+            current = f
+    return np.asarray(current, np.float64)
+
+
+class SimulatedReplicas:
+    """P replicas on P devices of one process; the clock is a time model (for fast sweeps).
+
+    slowdowns: (P,) factors f_i ≥ some positive value (speed ∝ 1/f_i), or a schedule
+    [(step, (P,)), ...] for speeds that drift. base: the fitted time model of one replica
+    (from :func:`measure_time_model`); replica i's step on b_i samples takes
+    f_i·base.time(b_i)·ε (ε log-normal jitter), and a step takes the slowest replica's time
+    plus ``comm_s`` for the all-reduce.
+    """
+
+    def __init__(self, loss_fn: Callable, slowdowns, base: TimeModel, *, comm_s: float = 0.0,
+                 jitter: float = 0.05, seed: int = 0):
+        self.schedule = slowdowns if isinstance(slowdowns[0], (tuple, list)) and len(slowdowns[0]) == 2 \
+            and np.ndim(slowdowns[0][1]) == 1 else [(0, slowdowns)]
+        f0 = _slowdowns_at(self.schedule, 0)
+        if f0.ndim != 1 or (f0 <= 0).any():
+            raise ValueError(f"slowdowns must be positive factors, one per replica; got {slowdowns!r}")
+        self.num_replicas = len(f0)
+        self.base, self.comm_s, self.jitter = base, comm_s, jitter
+        self.reset(seed)
+        mesh = data_mesh(self.num_replicas)
+        self.grad_fns = {a: _cached(("spmd", loss_fn, self.num_replicas, a),
+                                    lambda a=a: make_spmd_grad(loss_fn, mesh, average=a))
+                         for a in ("weighted", "mean")}
+
+    def reset(self, seed: int):
+        """Restart the timing jitter's random stream (each training run calls this)."""
+        self.rng = np.random.default_rng(seed + 7919)
+
+    def _times(self, counts, step):
+        f = _slowdowns_at(self.schedule, step)
+        eps = self.rng.lognormal(0.0, self.jitter, size=len(f)) if self.jitter else 1.0
+        return f * self.base.time(counts) * eps
+
+    def profile(self, probe_batches, repeats: int = 3) -> list[TimeModel]:
+        """Each replica's time model, fitted to (emulated) timings at the probe sizes."""
+        pb = np.asarray(probe_batches)
+        samples = np.array([[np.median([self._times(np.full(self.num_replicas, b), 0)[i] for _ in range(repeats)])
+                             for b in pb] for i in range(self.num_replicas)])
+        return [fit_time_model(pb, samples[i]) for i in range(self.num_replicas)]
+
+    def step(self, params, x, y, index_lists, counts, average, step):
+        """grads, mean loss, per-replica busy times (P,), step wall time (s)."""
+        idx = np.concatenate(index_lists)
+        # pad every replica to B: one compiled shape whatever the partition (the clock is modelled)
+        xp, yp, mask = replica_batches(x[idx], y[idx], counts, b_max=max(int(np.sum(counts)), 1))
+        g, loss, _ = self.grad_fns[average](params, xp, yp, mask)
+        times = self._times(counts, step)
+        return g, loss, times, float(times.max()) + self.comm_s
+
+
+class ProcessReplicas:
+    """This process's replica under ``jax.distributed`` (one CPU device per process).
+
+    Each step: compute the local (gradient sum, loss sum, count) on the padded local batch, sleep
+    (f − 1)× the compute time (median of the last few at this shape) to emulate a replica f
+    times slower, then one all-reduce of (gradient sum, count) — plus each replica's busy time in
+    a one-hot slot, so every process sees the same timings and makes the same re-balancing
+    decisions. Replicas are the processes, in process-index order.
+    """
+
+    def __init__(self, loss_fn: Callable, slowdowns):
+        self.pid, self.num_replicas = jax.process_index(), jax.process_count()
+        self.schedule = slowdowns if isinstance(slowdowns[0], (tuple, list)) and len(slowdowns[0]) == 2 \
+            and np.ndim(slowdowns[0][1]) == 1 else [(0, slowdowns)]
+        if len(_slowdowns_at(self.schedule, 0)) != self.num_replicas:
+            raise ValueError(f"slowdowns must have one factor per process ({self.num_replicas}); got {slowdowns!r}")
+        self.allreduce = make_allreduce(data_mesh())
+        self.local = jax.jit(partial(local_grad_sum, loss_fn))
+        self._warm: set = set()
+        self._tc: dict = {}
+
+    def reset(self, seed: int):
+        pass
+
+    def _busy(self, params, xp, yp, mask, step):
+        f = float(_slowdowns_at(self.schedule, step)[self.pid])
+        if mask.any() and xp.shape not in self._warm:  # compile outside the timed (and stretched) part
+            jax.block_until_ready(self.local(params, xp, yp, mask))
+            self._warm.add(xp.shape)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(self.local(params, xp, yp, mask)) if mask.any() else None
+        tc = time.perf_counter() - t0
+        if f > 1 and out is not None:
+            # stretch by the median of this shape's recent compute times, so that one hiccup of a
+            # busy host is not multiplied by f
+            recent = self._tc.setdefault(xp.shape, [])
+            recent[:] = (recent + [tc])[-9:]
+            time.sleep((f - 1) * float(np.median(recent)))
+        return out, time.perf_counter() - t0
+
+    def _onehot(self, v):
+        a = np.zeros(self.num_replicas)
+        a[self.pid] = v
+        return a
+
+    def profile(self, probe_batches, repeats: int = 3, *, params=None, x=None, y=None) -> list[TimeModel]:
+        times = []
+        for b in probe_batches:
+            xp, yp, mask = pad_local_batch(x[:b], y[:b], int(b))
+            times.append(np.median([self._busy(params, xp, yp, mask, 0)[1] for _ in range(repeats)]))
+        mine = fit_time_model(list(probe_batches), times)
+        ab = self.allreduce({"alpha": self._onehot(mine.alpha), "beta": self._onehot(mine.beta)})
+        return [TimeModel(float(a), float(b)) for a, b in zip(ab["alpha"], ab["beta"])]
+
+    def _tree(self, out, params, busy, average):
+        if out is None:
+            g = jax.tree.map(lambda p: np.zeros(np.shape(p), np.asarray(p).dtype), params)
+            loss_sum, n = 0.0, 0.0
+        else:
+            g, loss_sum, n = jax.tree.map(np.asarray, out)
+        n = float(n)
+        if average == "weighted":
+            return {"g": g, "loss": loss_sum, "n": n, "t": self._onehot(busy)}
+        return {"g": jax.tree.map(lambda a: a / max(n, 1.0), g), "k": float(n > 0), "loss": loss_sum, "n": n,
+                "t": self._onehot(busy)}
+
+    def step(self, params, x, y, index_lists, counts, average, step):
+        b_max = max(int(np.max(counts)), 1)  # the same on every process, so every process sees the same shapes
+        mine = index_lists[self.pid]
+        xp, yp, mask = pad_local_batch(x[mine], y[mine], b_max)
+        sig = (average, xp.shape)
+        if sig not in self._warm:
+            # new shapes: every process compiles its local step and the all-reduce here, before the
+            # clock starts (the all-reduce doubles as a barrier), so no one's compile is counted as
+            # another's waiting time
+            out = jax.block_until_ready(self.local(params, xp, yp, mask))
+            self._warm.add(xp.shape)
+            self.allreduce(jax.tree.map(np.zeros_like, self._tree(out, params, 0.0, average)))
+            self._warm.add(sig)
+        t0 = time.perf_counter()
+        out, busy = self._busy(params, xp, yp, mask, step)
+        s = self.allreduce(self._tree(out, params, busy, average))
+        denom = s["n"] if average == "weighted" else s["k"]
+        g = jax.tree.map(lambda a: a / max(float(denom), 1.0), s["g"])
+        return g, float(s["loss"]) / max(float(s["n"]), 1.0), s["t"], time.perf_counter() - t0
+
+
+def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, learning_rate: float = 1e-3,
+          seed: int = 0, placement: str = "iid", probe_batches: Sequence[int] = (8, 32, 64),
+          profile_repeats: int = 3, speeds: Sequence[float] | None = None, rebalance_every: int = 0,
+          log: Callable[[str], None] | None = None) -> dict:
+    """Train ``task`` for ``epochs`` epochs of N // B steps on ``replicas`` with ``strategy``.
+
+    Speeds come from ``speeds`` when given, else from profiling each replica at
+    ``probe_batches`` (ignored by ``uniform``). ``rebalance_every`` K > 0 re-estimates speeds
+    from the observed step times every K steps and re-partitions (logged). Returns a JSON-able
+    record: per-epoch history (clock time, test accuracy, train loss), final accuracy, time per
+    epoch, partitions and switches.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {list(STRATEGIES)}; got {strategy!r}")
+    n = len(task.x_train)
+    if not 1 <= batch_size <= n:
+        raise ValueError(f"batch_size must be in 1..{n} (the training set size); got {batch_size}")
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1; got {epochs}")
+    log = log or (lambda s: None)
+    proportional, average = STRATEGIES[strategy]
+    P = replicas.num_replicas
+    params, loss_fn, predict = functional(task.make_model(seed))
+    params = jax.tree.map(lambda a: np.asarray(a), params)
+    replicas.reset(seed)
+
+    models = None
+    if not proportional:
+        s = np.ones(P)
+    elif speeds is not None:
+        s = np.asarray(speeds, np.float64)
+        if s.shape != (P,):
+            raise ValueError(f"speeds must have one entry per replica ({P}); got {list(speeds)}")
+    else:
+        kw = {"params": params, "x": task.x_train, "y": task.y_train} if isinstance(replicas, ProcessReplicas) else {}
+        models = replicas.profile([b for b in probe_batches if b <= n], profile_repeats, **kw)
+        s = balanced_speeds(models, batch_size)
+    counts = partition(s, batch_size)
+    log(f"{strategy}: speeds {np.round(s / s.max(), 3).tolist()} -> batches {counts.tolist()}")
+    rebalancer = Rebalancer(np.array(s, np.float64), every=rebalance_every if proportional else 0)
+    sampler = ShardSampler(task.y_train, counts, placement, seed)
+
+    tx = optax.adam(learning_rate)
+    opt_state = tx.init(params)
+    apply = _cached(("adam", learning_rate), lambda: jax.jit(
+        lambda p, o, g: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tx.update(g, o, p))))
+    accuracy = _cached(("accuracy", predict), lambda: jax.jit(
+        lambda p, x, y: jnp.mean(jnp.argmax(predict(p, x), -1) == y)))
+    x_test, y_test = jnp.asarray(task.x_test), jnp.asarray(task.y_test)
+
+    steps_per_epoch = n // batch_size
+    clock, step = 0.0, 0
+    history = [{"epoch": 0, "step": 0, "time": 0.0, "accuracy": float(accuracy(params, x_test, y_test)),
+                "loss": None}]
+    for epoch in range(1, epochs + 1):
+        losses = []
+        for _ in range(steps_per_epoch):
+            g, loss, times, wall = replicas.step(params, task.x_train, task.y_train, sampler.next(), counts,
+                                                 average, step)
+            params, opt_state = apply(params, opt_state, g)
+            clock += wall
+            step += 1
+            losses.append(float(loss))
+            rebalancer.observe(counts, times)
+            new = rebalancer.maybe_repartition(step, batch_size, counts)
+            if new is not None:
+                log(f"step {step}: re-partition {counts.tolist()} -> {new.tolist()}")
+                counts = new
+                sampler.set_counts(counts)
+        acc = float(accuracy(params, x_test, y_test))
+        history.append({"epoch": epoch, "step": step, "time": clock, "accuracy": acc,
+                        "loss": float(np.mean(losses))})
+        log(f"epoch {epoch}: time {clock:.3f} s, loss {np.mean(losses):.4f}, test accuracy {acc:.4f}")
+    return {"strategy": strategy, "average": average, "placement": placement, "seed": seed,
+            "batch_size": batch_size, "epochs": epochs, "speeds": [float(v) for v in s],
+            "time_models": None if models is None else [{"alpha": m.alpha, "beta": m.beta} for m in models],
+            "initial_partition": [int(v) for v in partition(s, batch_size)],
+            "final_partition": [int(v) for v in counts], "repartitions": rebalancer.log,
+            "history": history, "final_accuracy": history[-1]["accuracy"],
+            "time_per_epoch": clock / epochs, "total_time": clock}

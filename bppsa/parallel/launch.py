@@ -1,0 +1,221 @@
+"""``bppsa launch -n N [--devices-per-process K] -- COMMAND …``: N local processes, one JAX job.
+
+For development on one machine: it picks a free loopback port, starts N copies of COMMAND as
+subprocesses with the coordinator address and their process id in the environment (see
+:data:`bppsa.parallel.mesh.ENV`; the worker calls :func:`bppsa.parallel.initialize`), gives each
+K simulated CPU devices, prefixes their output with ``[i]`` and watches them:
+
+- all exit 0 → exit 0;
+- one exits non-zero (or is killed, e.g. JAX aborting on a lost peer) → the others get
+  ``--grace`` seconds to finish, are then stopped, and the launcher reports which process failed,
+  how, and its last output lines, exiting 1;
+- one exits 0 while others keep running past ``--grace`` (a peer waiting for a process that left)
+  → the rest are stopped and reported, exit 1;
+- nothing finishes within ``--timeout`` → every process is stopped and reported, exit 124.
+
+So a process that dies or never joins surfaces as a clear error within a bounded time instead of
+a hang. On a cluster, run the same COMMAND under the cluster's launcher instead (``srun``: JAX
+reads SLURM_NTASKS / SLURM_PROCID / SLURM_STEP_NODELIST itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from .mesh import ENV
+
+__all__ = ["main", "launch", "free_port"]
+
+_FRAME = re.compile(r"^\s*@\s+0x")  # a line of a native (absl) stack trace
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_env(base, i, n, port, devices, timeout):
+    env = dict(base)
+    env[ENV["coordinator"]] = f"127.0.0.1:{port}"
+    env[ENV["num_processes"]] = str(n)
+    env[ENV["process_id"]] = str(i)
+    env[ENV["timeout"]] = str(max(1, int(timeout)))
+    if devices is not None:
+        flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", env.get("XLA_FLAGS", ""))
+        env["XLA_FLAGS"] = f"{flags.strip()} --xla_force_host_platform_device_count={devices}".strip()
+        env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def _pump(stream, prefix, tail, out):
+    for line in iter(stream.readline, ""):
+        tail.append(line.rstrip("\n"))
+        out.write(f"{prefix}{line}")
+        out.flush()
+    stream.close()
+
+
+def _stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 3.0
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def _describe(code):
+    if code is None:
+        return "was still running"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, port=None,
+           out=None, err=None) -> int:
+    """Run ``command`` (a list) as ``n`` processes of one JAX job; return the exit code (see module)."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    if not command:
+        raise ValueError("command must be a non-empty list (the program after `--`)")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (number of processes) must be a positive int; got {n!r}")
+    if devices_per_process is not None and devices_per_process < 1:
+        raise ValueError(f"devices_per_process must be a positive int; got {devices_per_process!r}")
+    if timeout <= 0 or grace < 0:
+        raise ValueError(f"timeout must be > 0 and grace >= 0; got timeout={timeout}, grace={grace}")
+    port = free_port() if port is None else port
+    lock = threading.Lock()
+
+    class _Locked:
+        def write(self, s):
+            with lock:
+                out.write(s)
+
+        def flush(self):
+            out.flush()
+
+    procs, tails, pumps = [], [], []
+    start = time.monotonic()
+    for i in range(n):
+        env = _worker_env(os.environ, i, n, port, devices_per_process, timeout)
+        p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        tail = collections.deque(maxlen=200)
+        t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] ", tail, _Locked()), daemon=True)
+        t.start()
+        procs.append(p), tails.append(tail), pumps.append(t)
+
+    failure, first_exit = None, None
+    while True:
+        codes = [p.poll() for p in procs]
+        now = time.monotonic()
+        if all(c == 0 for c in codes):
+            rc = 0
+            break
+        bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+        if bad and failure is None:
+            failure = (bad[0], now)
+        if first_exit is None and any(c is not None for c in codes):
+            first_exit = now
+        running = [i for i, c in enumerate(codes) if c is None]
+        if failure is not None and (not running or now - failure[1] > grace):
+            rc = 1
+            break
+        if failure is None and first_exit is not None and now - first_exit > grace:
+            rc = 1
+            break
+        if now - start > timeout:
+            rc = 124
+            break
+        time.sleep(0.05)
+    codes = [p.poll() for p in procs]
+    _stop(procs)
+    for t in pumps:
+        t.join(timeout=2.0)
+    if rc != 0:
+        elapsed = time.monotonic() - start
+        running = [i for i, c in enumerate(codes) if c is None]
+        if rc == 124:
+            lines = [f"bppsa launch: timed out after {timeout:g} s; processes {running} were still running "
+                     f"(a peer that never joined, or a hang) and were stopped"]
+        elif failure is not None:
+            i = failure[0]
+            lines = [f"bppsa launch: process {i} of {n} {_describe(codes[i])} after "
+                     f"{failure[1] - start:.1f} s"]
+            if running:
+                lines.append(f"  processes {running} were still running {grace:g} s later (probably "
+                             f"waiting for the missing peer) and were stopped")
+        else:
+            done = [i for i, c in enumerate(codes) if c == 0]
+            lines = [f"bppsa launch: processes {done} finished but processes {running} were still running "
+                     f"{grace:g} s later (waiting for a peer that left?) and were stopped"]
+        for i, c in enumerate(codes):
+            lines.append(f"  process {i}: {_describe(c)}")
+            useful = [line for line in tails[i] if line.strip() and not _FRAME.match(line)]
+            if c not in (0,) and useful:  # its last words, without native stack frames
+                lines.extend(f"    | {line}" for line in useful[-8:])
+        lines.append(f"  (coordinator 127.0.0.1:{port}, {elapsed:.1f} s in all)")
+        err.write("\n".join(lines) + "\n")
+        err.flush()
+    return rc
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        opts, command = argv[:cut], argv[cut + 1:]
+    else:
+        opts, command = argv, []
+    ap = argparse.ArgumentParser(
+        prog="bppsa launch", description="Run COMMAND as N local processes of one JAX job "
+        "(jax.distributed on 127.0.0.1, gloo collectives on CPU).",
+        usage="bppsa launch -n N [--devices-per-process K] [--timeout S] [--grace S] [--port P] -- COMMAND ...")
+    ap.add_argument("-n", "--num-processes", type=int, required=True, help="number of processes")
+    ap.add_argument("--devices-per-process", type=int, default=None,
+                    help="simulated CPU devices per process (sets XLA_FLAGS and JAX_PLATFORMS=cpu)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds before everything is stopped")
+    ap.add_argument("--grace", type=float, default=30.0,
+                    help="seconds the others may run on after one process has exited")
+    ap.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
+    args = ap.parse_args(opts)
+    if not command:
+        ap.error("no COMMAND given; put it after `--`, e.g. bppsa launch -n 2 -- python -m bppsa.parallel.selfcheck")
+    if args.num_processes < 1:
+        ap.error(f"-n must be >= 1; got {args.num_processes}")
+    if args.devices_per_process is not None and args.devices_per_process < 1:
+        ap.error(f"--devices-per-process must be >= 1; got {args.devices_per_process}")
+    if command[0] == "python":  # the interpreter running bppsa, so the worker sees the same packages
+        command = [sys.executable] + command[1:]
+    return launch(command, args.num_processes, devices_per_process=args.devices_per_process,
+                  timeout=args.timeout, grace=args.grace, port=args.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

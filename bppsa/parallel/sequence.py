@@ -1,0 +1,335 @@
+"""Sequence-parallel BPPSA: one sequence's forward and backward pass split over a mesh axis.
+
+The time axis (T) is cut into P equal chunks of C = ⌈T / P⌉ steps, chunk p on device p of the
+``seq`` mesh axis (the tail is padded, see below); the batch can be split over a second mesh axis.
+
+Backward (three phases, everything in scan order, latest step first, as in :mod:`bppsa.scan`).
+Device p owns steps t = pC+1 … (p+1)C. Let u_p be the gradient reaching its last state from the
+*later* chunks (u_{P-1} = 0). The chunk is the affine map A_p(u) = u @ Π_p + δ_p that takes u_p
+to the gradient reaching the previous chunk's last state; Π_p is the product of its C transposed
+Jacobians and δ_p its result for u = 0.
+
+1. Aggregate (local, no communication): the up-sweep of the modified Blelloch scan with root
+   c_last (the chunk's own last-step loss gradient) gives δ_p at its root; Π_p is the product of
+   the blocks block 0 absorbs at each level (⌈log₂ C⌉ more matrix products).
+2. Combine (across devices): u_p = A_{p+1}(A_{p+2}(… A_{P-1}(0))) — an exclusive suffix scan of
+   the P affine maps. ``combine="logstep"``: ⌈log₂ P⌉ ``ppermute`` rounds (Hillis–Steele: each
+   round but the last sends one (Π, δ) pair, B·S² + B·S numbers, and composes with one matrix
+   product; the last sends δ only), then one vector shift. ``"allgather"``: one ``all_gather`` of every (Π, δ) ((P − 1)·(B·S² + B·S)
+   numbers received), then P vector–matrix products. ``"chain"``: P − 1 sequential vector hops
+   (B·S numbers each), the latency-bound baseline.
+3. Finish (local): re-run the up-sweep's block-0 path with the true root u_p + c_last (⌈log₂ C⌉
+   vector products) and the down-sweep (vector products only), giving every g_t of the chunk;
+   parameter gradients are the local contraction, summed over the mesh with ``psum``.
+
+Per device the backward costs about C matrix products (the single-device scan costs T) plus
+O(log C + log P) levels: the Θ(log T) depth of BPPSA is kept and the work is split P ways.
+
+Forward: sequential across devices by nature. Device p runs its chunk once the state h_{pC}
+arrives from device p − 1 (P rounds, one ``ppermute`` of a (B, S) state between them), so its
+wall time is that of T sequential steps plus P − 1 transfers — no faster than one device, but
+each device stores only its chunk's states (memory / P).
+
+Padding (T not divisible by P): the tail steps are masked in the forward (the state is carried
+unchanged), their loss gradients are zero and their transposed Jacobians are replaced by zero
+matrices, so every gradient flowing through them is exactly zero and the real steps' gradients
+are bit-for-bit those of the exact recurrence. A batch not divisible by the data axis is padded
+with zero rows the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as PS
+
+from .. import scan as scan_lib
+from .mesh import check_axes, make_mesh, shard_map
+
+__all__ = ["rnn", "pmap_rnn", "COMBINES", "choose_combine", "communication_volume"]
+
+COMBINES = ("logstep", "allgather", "chain", "auto")
+
+
+def choose_combine(P: int) -> str:
+    """``combine="auto"``: one all-gather for small device counts, log-step rounds beyond.
+
+    With P ≤ 8 the all-gather moves at most 7 (Π, δ) pairs in a single collective and needs no
+    matrix products; the log-step scan pays ⌈log₂ P⌉ latencies and as many matrix products
+    (see experiments/results/cpu/scaling.md for the measurement behind the threshold).
+    """
+    return "allgather" if P <= 8 else "logstep"
+
+
+def communication_volume(P: int, B: int, S: int, itemsize: int, combine: str) -> dict:
+    """Bytes each device sends in the backward's combine, per level and in total.
+
+    ``levels`` is a list of (what, bytes sent per device); the boundary-state shift that rebuilds
+    s_{pC} (B·S numbers) and the final ``psum`` of parameter gradients are listed separately.
+    """
+    mat, vec = B * S * S * itemsize, B * S * itemsize
+    if P == 1:
+        levels = []
+    elif combine == "logstep":
+        rounds = (P - 1).bit_length()
+        levels = [(f"ppermute d={2 ** k} (Π, δ)", mat + vec) for k in range(rounds - 1)]
+        levels.append((f"ppermute d={2 ** (rounds - 1)} δ", vec))  # the last round needs no Π
+        levels.append(("ppermute d=1 u", vec))
+    elif combine == "allgather":
+        levels = [("all_gather (Π, δ)", (P - 1) * (mat + vec))]  # received per device
+    elif combine == "chain":
+        levels = [(f"ppermute hop {k} u (vector)", vec) for k in range(P - 1)]
+    else:
+        raise ValueError(f"combine must be one of {COMBINES[:-1]}; got {combine!r}")
+    return {"levels": levels, "combine_bytes": sum(b for _, b in levels),
+            "boundary_bytes": vec if P > 1 else 0}
+
+
+# --------------------------------------------------------------------------------------------
+# Per-device pieces (run inside shard_map; axis names are mesh axes).
+# --------------------------------------------------------------------------------------------
+
+def _vecmat(v, M):
+    return jnp.einsum("...i,...ij->...j", v, M)
+
+
+def _tree_product(Ms):
+    """M_1 @ M_2 @ … @ M_n by pairwise levels: (n, B, S, S) -> (B, S, S)."""
+    while Ms.shape[0] > 1:
+        h = Ms.shape[0] // 2
+        prod = jnp.matmul(Ms[0:2 * h:2], Ms[1:2 * h:2])
+        Ms = jnp.concatenate([prod, Ms[2 * h:]], axis=0)
+    return Ms[0]
+
+
+def chunk_aggregate(method, c_last, Ms, ds):
+    """Phase 1: (Π, δ, state) of one chunk; ``state`` is what :func:`chunk_finish` reuses."""
+    if method == "blelloch":
+        levels = scan_lib.up_sweep(c_last, Ms, ds)
+        Pi = functools.reduce(jnp.matmul, [lvl[1][0] for lvl in levels[:-1]])
+        return Pi, levels[-1][0], levels
+    _, delta = scan_lib.scan(c_last, Ms, ds, method)
+    return _tree_product(Ms), delta, None
+
+
+def chunk_finish(method, state, v, Ms, ds):
+    """Phase 3: the chunk's exclusive prefixes (C, B, S) and total (B, S) for the root ``v``."""
+    if method != "blelloch":
+        return scan_lib.scan(v, Ms, ds, method)
+    levels = []
+    for _, M, d in state[:-1]:  # the up-sweep's block-0 path with the new root; blocks >= 1 reused
+        levels.append((v, M, d))
+        v = _vecmat(v, M[0]) + d[0]
+    levels.append((v,) + tuple(state[-1][1:]))
+    return scan_lib.down_sweep(levels), v
+
+
+def _shift(x, axis, P, d):
+    """Device i receives device i + d's x (zeros where i + d >= P)."""
+    return lax.ppermute(x, axis, perm=[(i + d, i) for i in range(P - d)])
+
+
+def combine_logstep(Pi, delta, axis, P):
+    """Exclusive suffix scan of the affine maps in ⌈log₂ P⌉ ppermute rounds; returns u (B, S)."""
+    idx = lax.axis_index(axis)
+    d = 1
+    while d < P:
+        has = idx + d < P
+        if 2 * d < P:  # the last round needs only the right neighbour's vector
+            Pr = _shift(Pi, axis, P, d)
+        dr = _shift(delta, axis, P, d)
+        delta = jnp.where(has, _vecmat(dr, Pi) + delta, delta)  # A_self ∘ A_right (right applied first)
+        if 2 * d < P:
+            Pi = jnp.where(has, jnp.matmul(Pr, Pi), Pi)
+        d *= 2
+    return _shift(delta, axis, P, 1)
+
+
+def combine_allgather(Pi, delta, axis, P):
+    """Gather every chunk's (Π, δ); each device folds the later ones into its u (B, S)."""
+    idx = lax.axis_index(axis)
+    Pis = lax.all_gather(Pi, axis)
+    dls = lax.all_gather(delta, axis)
+
+    def fold(u, q):
+        return jnp.where(q > idx, _vecmat(u, Pis[q]) + dls[q], u), None
+
+    u, _ = lax.scan(fold, jnp.zeros_like(delta), jnp.arange(P - 1, 0, -1))
+    return u
+
+
+def combine_chain(Pi, delta, axis, P):
+    """P − 1 sequential hops: device q sends A_q(u_q) to q − 1."""
+    idx = lax.axis_index(axis)
+    u = jnp.zeros_like(delta)
+    for q in range(P - 1, 0, -1):
+        sent = lax.ppermute(_vecmat(u, Pi) + delta, axis, perm=[(q, q - 1)])
+        u = jnp.where(idx == q - 1, sent, u)
+    return u
+
+
+_COMBINE_FNS = {"logstep": combine_logstep, "allgather": combine_allgather, "chain": combine_chain}
+
+
+def _forward_body(cell, T, P, seq_axis, params, xs, s0):
+    """xs (C, B, I), s0 (B, S) -> ss (C, B, S): the chunk, once its boundary state has arrived."""
+    C = xs.shape[0]
+    idx = lax.axis_index(seq_axis)
+    valid = idx * C + jnp.arange(C) < T
+
+    def chunk(s):
+        def body(s, inp):
+            x, ok = inp
+            s_new = cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
+            s_new = jnp.where(ok, s_new, s)  # padded steps carry the state unchanged
+            return s_new, s_new
+        return lax.scan(body, s, (xs, valid))[1]
+
+    if P == 1:
+        return chunk(s0)
+    out = jax.eval_shape(chunk, s0)
+    ss = jnp.zeros(out.shape, out.dtype)
+    boundary = s0.astype(out.dtype)
+    for k in range(P):  # round k: device k runs its chunk and hands its last state to k + 1
+        ss = lax.cond(idx == k, chunk, lambda s, ss=ss: ss, boundary)
+        if k + 1 < P:
+            sent = lax.ppermute(ss[-1], seq_axis, perm=[(k, k + 1)])
+            boundary = jnp.where(idx == k + 1, sent, boundary)
+    return ss
+
+
+def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs, s0, ss, ct):
+    """One device's share of the BPPSA backward: (dparams (psum'd), dxs (C, B, I), ds0 (B, S))."""
+    C = xs.shape[0]
+    idx = lax.axis_index(seq_axis)
+    valid = idx * C + jnp.arange(C) < T
+    boundary = s0.astype(ss.dtype)
+    if P > 1:  # s_{pC}: the previous chunk's last state
+        prev_last = lax.ppermute(ss[-1], seq_axis, perm=[(i, i + 1) for i in range(P - 1)])
+        boundary = jnp.where(idx == 0, boundary, prev_last)
+    s_prev = jnp.concatenate([boundary[None], ss[:-1]], axis=0)
+    xr, sr, spr, vr = xs[::-1], ss[::-1], s_prev[::-1], valid[::-1]
+    ctr = ct[::-1].astype(ss.dtype)
+    Ms = cell.transposed_jacobian(params, spr, xr, sr)                   # (C, B, S, S)
+    Ms = jnp.where(vr[:, None, None, None], Ms, jnp.zeros((), Ms.dtype))  # padded steps: zero maps
+    c_last = ctr[0]
+    ds = jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
+    Pi, delta, state = chunk_aggregate(method, c_last, Ms, ds)
+    u = _COMBINE_FNS[combine](Pi, delta, seq_axis, P) if P > 1 else jnp.zeros_like(delta)
+    gs, total = chunk_finish(method, state, u + c_last, Ms, ds)          # gs[k] = g at step (p+1)C - k
+    dparams, dxr = cell.param_grads(params, spr, xr, sr, gs)
+    axes = (seq_axis,) if batch_axis is None else (seq_axis, batch_axis)
+    dparams = jax.tree.map(lambda d: lax.psum(d, axes), dparams)
+    ds0 = lax.psum(jnp.where(idx == 0, total, jnp.zeros_like(total)), seq_axis) if P > 1 else total
+    return dparams, dxr[::-1], ds0
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_fns(cell, method, combine, mesh, seq_axis, batch_axis, T):
+    """(forward, backward, custom-VJP run) on padded arrays, for one configuration (cached)."""
+    P, _ = check_axes(mesh, seq_axis, batch_axis)
+    x_spec = PS(seq_axis, batch_axis, None)
+    s_spec = PS(batch_axis, None)
+    fwd_sm = shard_map(functools.partial(_forward_body, cell, T, P, seq_axis), mesh,
+                       in_specs=(PS(), x_spec, s_spec), out_specs=x_spec)
+    bwd_sm = shard_map(functools.partial(_backward_body, cell, method, combine, T, P, seq_axis, batch_axis),
+                       mesh, in_specs=(PS(), x_spec, s_spec, x_spec, x_spec),
+                       out_specs=(PS(), x_spec, s_spec))
+
+    @jax.custom_vjp
+    def run(params, xs, s0):
+        return fwd_sm(params, xs, s0)
+
+    def fwd(params, xs, s0):
+        ss = fwd_sm(params, xs, s0)
+        return ss, (params, xs, s0, ss)
+
+    def bwd(res, ct):
+        params, xs, s0, ss = res
+        dparams, dxs, ds0 = bwd_sm(params, xs, s0, ss, ct)
+        dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
+        return dparams, dxs.astype(xs.dtype), ds0.astype(s0.dtype)
+
+    run.defvjp(fwd, bwd)
+    return fwd_sm, bwd_sm, run
+
+
+def _pad(x, axis, n):
+    if n == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, n)
+    return jnp.pad(x, widths)
+
+
+def sequence_parallel_states(cell, params, xs, s0, mesh, *, seq_axis="seq", batch_axis=None,
+                             backward="bppsa", scan="blelloch", combine="auto"):
+    """Flat-state core: xs (T, B, I), s0 (B, S) -> ss (T, B, S), time sharded over ``seq_axis``.
+
+    Inputs are already validated (see :func:`bppsa.backprop.rnn`).
+    """
+    P, Pb = check_axes(mesh, seq_axis, batch_axis)
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
+    if combine == "auto":
+        combine = choose_combine(P)
+    T, B, _ = xs.shape
+    C = -(-T // P)
+    Bp = -(-B // Pb) * Pb
+    xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
+    s0_p = _pad(s0, 0, Bp - B)
+    fwd_sm, _, run = _sharded_fns(cell, scan, combine, mesh, seq_axis, batch_axis, T)
+    ss = fwd_sm(params, xs_p, s0_p) if backward == "bptt" else run(params, xs_p, s0_p)
+    return ss[:T, :B]
+
+
+def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, backward="bppsa",
+        scan="blelloch", combine="auto"):
+    """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
+    ``mesh[batch_axis]``); ``combine`` picks the cross-device step ("logstep", "allgather",
+    "chain" or "auto"). ``mesh=None`` uses a 1-D mesh over all devices.
+
+    xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
+    exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
+    """
+    from .. import backprop
+    if backward not in backprop.BACKWARDS:
+        raise ValueError(f"backward must be one of {list(backprop.BACKWARDS)}; got {backward!r}")
+    if scan not in scan_lib.SCANS:
+        raise ValueError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
+    if mesh is None:
+        mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
+    xs = jnp.asarray(xs)
+    s0 = backprop._validate(cell, params, xs, h0)
+    if backward == "auto":
+        backward = backprop.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype)
+    ss = sequence_parallel_states(cell, params, xs, s0, mesh, seq_axis=seq_axis, batch_axis=batch_axis,
+                                  backward=backward, scan=scan, combine=combine)
+    return cell.unflatten_state(ss)
+
+
+def pmap_rnn(cell, params, xs, h0, *, devices=None, backward="bppsa", scan="blelloch", combine="auto"):
+    """pmap-style entry point: the leading axis of ``xs`` is mapped over devices, as with ``jax.pmap``.
+
+    xs: (P, C, B, I) — chunk p (steps pC+1 … (p+1)C) on ``devices[p]`` (default: the first P
+    local devices); h0: (B, H) [LSTM: (h0, c0)], broadcast. Returns hs: (P, C, B, H) [LSTM: a pair].
+    The same code as :func:`rnn` (a 1-D ``shard_map`` mesh over those devices); differentiable.
+    """
+    xs = jnp.asarray(xs)
+    if xs.ndim != 4:
+        raise ValueError(f"xs must have shape (P, C, B, I) (rank 4: devices, chunk, batch, input); "
+                         f"got shape {xs.shape}")
+    P, C = xs.shape[:2]
+    devices = list(jax.local_devices()[:P] if devices is None else devices)
+    if len(devices) != P:
+        raise ValueError(f"xs has a leading (device) axis of {P}; got {len(devices)} devices "
+                         f"(jax.local_device_count() = {jax.local_device_count()})")
+    mesh = make_mesh(P, devices=devices, batch_axis=None)
+    hs = rnn(cell, params, xs.reshape((P * C,) + xs.shape[2:]), h0, mesh=mesh, backward=backward,
+             scan=scan, combine=combine)
+    return jax.tree.map(lambda h: h.reshape((P, C) + h.shape[1:]), hs)

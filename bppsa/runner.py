@@ -1,0 +1,313 @@
+"""``bppsa run CONFIG[:arg] [--config.key=value ...] [--workdir DIR]``: run one experiment config.
+
+A config is a Python file exposing ``get_config(arg=None)`` that returns an
+``ml_collections.ConfigDict`` with ``task = "package.module:function"``; the task has the
+signature ``function(config, workdir: pathlib.Path) -> dict`` and writes its outputs into
+``workdir``. The runner loads the file by path, locks the config (no new keys), applies the
+``--config.key=value`` overrides with type checks, writes the resolved config to
+``workdir/config.json``, calls the task and writes ``workdir/summary.json`` (the task's summary
+plus provenance). Re-running the same command on the same work directory resumes: training
+tasks use :func:`bppsa.train.fit`, which restores the latest checkpoint. ``--publish`` copies the
+task's ``<name>.{json,md,png}`` into ``experiments/results/<device>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import importlib
+import importlib.util
+import json
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import ml_collections
+
+__all__ = ["ConfigError", "load_config", "apply_overrides", "resolve_task", "run", "current_command", "main"]
+
+_COMMAND: str | None = None
+
+
+class ConfigError(ValueError):
+    """A config file, config argument or override that cannot be used."""
+
+
+def current_command() -> str | None:
+    """The ``bppsa run ...`` command of the run in progress (for provenance), or None."""
+    return _COMMAND
+
+
+def split_spec(spec: str) -> tuple[Path, str | None]:
+    """"path/to/cfg.py:arg" -> (Path("path/to/cfg.py"), "arg"); "path/to/cfg.py" -> (path, None)."""
+    path, sep, arg = spec.rpartition(":")
+    if sep and path.endswith(".py"):
+        return Path(path), (arg or None)
+    return Path(spec), None
+
+
+def load_config(path, arg: str | None = None) -> ml_collections.ConfigDict:
+    """Import the config file at ``path`` (by path, not by module name) and call ``get_config(arg)``.
+
+    Returns the config locked: existing keys may change (with their types checked), new keys may not.
+    """
+    path = Path(path)
+    if path.suffix != ".py" or not path.is_file():
+        raise ConfigError(f"CONFIG must be an existing .py file (e.g. experiments/configs/rnn_train.py); "
+                          f"got {str(path)!r}")
+    spec = importlib.util.spec_from_file_location(f"bppsa_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+        raise ConfigError(f"config file {str(path)!r} must define get_config(arg=None); it does not")
+    try:
+        config = get_config(arg) if arg is not None else get_config()
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"get_config({arg!r}) in {str(path)!r} failed: {e}") from e
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"get_config({arg!r}) in {str(path)!r} must return an ml_collections.ConfigDict; "
+                          f"got {type(config).__name__}")
+    if not isinstance(config.get("task"), str):
+        raise ConfigError(f"the config from {str(path)!r} must set task = \"package.module:function\"; "
+                          f"got task = {config.get('task')!r}")
+    config.lock()
+    return config
+
+
+def _flat_keys(config, prefix="") -> list[str]:
+    keys = []
+    for k, v in config.items():
+        keys.append(prefix + k)
+        if isinstance(v, ml_collections.ConfigDict):
+            keys.extend(_flat_keys(v, prefix + k + "."))
+    return keys
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _parse_scalar(text: str, typ: type, what: str):
+    if typ is bool:
+        try:
+            return _BOOLS[text.strip().lower()]
+        except KeyError:
+            raise ConfigError(f"{what}: expected a bool (true/false); got {text!r}") from None
+    if typ is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{what}: expected an int; got {text!r}") from None
+    if typ is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{what}: expected a float; got {text!r}") from None
+    if typ is str:
+        return text
+    raise ConfigError(f"{what}: cannot set a field of type {typ.__name__} from the command line")
+
+
+def _parse_sequence(text: str, current, typ: type, what: str):
+    stripped = text.strip()
+    try:
+        items = ast.literal_eval(stripped)  # literals only, never code
+        if not isinstance(items, (list, tuple)):
+            items = (items,)
+        items = [i if isinstance(i, str) else repr(i) for i in items]
+    except (ValueError, SyntaxError):  # bare words: "a,b" or "[a, b]"
+        if stripped[:1] + stripped[-1:] in ("()", "[]"):
+            stripped = stripped[1:-1]
+        items = [s.strip().strip("'\"") for s in stripped.split(",") if s.strip()]
+    elem_types = {type(e) for e in current}
+    if len(elem_types) > 1 and elem_types <= {int, float}:
+        elem_types = {float}
+    elem = elem_types.pop() if len(elem_types) == 1 else str
+    return typ(_parse_scalar(i, elem, f"{what} (elements of type {elem.__name__})") for i in items)
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
+    """Apply ``{"a.b": "text", ...}`` (or pairs) to a locked config, parsing each text by the field's type.
+
+    Unknown keys and values that do not parse as the field's type raise :class:`ConfigError`
+    naming the key, the value and the expected type.
+    """
+    items = overrides.items() if isinstance(overrides, dict) else overrides
+    for key, text in items:
+        what = f"--config.{key}={text}"
+        node, parts = config, key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                known = _flat_keys(config)
+                close = difflib.get_close_matches(key, known, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ConfigError(f"{what}: unknown config key {key!r}{hint} (known keys: {', '.join(known)})")
+            if i < len(parts) - 1:
+                node = node[part]
+        leaf = parts[-1]
+        current = node[leaf]
+        typ = node.get_type(leaf)
+        if isinstance(current, ml_collections.ConfigDict):
+            raise ConfigError(f"{what}: {key!r} is a group of keys ({', '.join(current.keys())}); "
+                              f"set them one by one, e.g. --config.{key}.{next(iter(current.keys()), 'x')}=...")
+        if isinstance(current, (list, tuple)):
+            value = _parse_sequence(text, current, type(current), what)
+        elif current is None and typ in (type(None), None):
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text
+        else:
+            value = _parse_scalar(text, typ, what)
+        try:
+            node[leaf] = value
+        except TypeError as e:
+            raise ConfigError(f"{what}: expected {typ.__name__}; {e}") from None
+    return config
+
+
+def resolve_task(target: str):
+    """"package.module:function" -> the function."""
+    module, sep, func = target.partition(":")
+    if not sep or not module or not func:
+        raise ConfigError(f"config.task must be \"package.module:function\"; got {target!r}")
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"config.task = {target!r} cannot be loaded: {e}") from None
+    if not callable(fn):
+        raise ConfigError(f"config.task = {target!r} is not a function")
+    return fn
+
+
+def _to_plain(obj):
+    if isinstance(obj, ml_collections.ConfigDict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _diff(old: dict, new: dict, prefix="") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, "<absent>"), new.get(k, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, prefix + k + ".")
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def default_workdir(path: Path, arg: str | None) -> Path:
+    return Path("runs") / (path.stem + (f"-{arg}" if arg else ""))
+
+
+def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, restart: bool = False,
+        publish: bool = False, results_root="experiments/results", command: str | None = None) -> dict:
+    """Load, override, lock and run one config; return the task's summary (see the module docstring)."""
+    global _COMMAND
+    path = Path(config_path)
+    config = load_config(path, arg)
+    apply_overrides(config, overrides)
+    task = resolve_task(config.task)
+    workdir = Path(workdir) if workdir is not None else default_workdir(path, arg)
+    resolved = _to_plain(config)
+    config_file = workdir / "config.json"
+    if config_file.exists():
+        if restart:
+            shutil.rmtree(workdir)
+        else:
+            old = json.loads(config_file.read_text())
+            changes = _diff(old, resolved)
+            if changes:
+                raise ConfigError(
+                    f"work directory {str(workdir)!r} holds a run of a different config ({'; '.join(changes)}); "
+                    f"re-run the same command to resume it, pass --workdir for a new run, or --restart to "
+                    f"delete it and start over")
+    elif restart and workdir.exists() and any(workdir.iterdir()):
+        raise ConfigError(f"--restart: {str(workdir)!r} is not a run directory (no config.json); not deleting it")
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(json.dumps(resolved, indent=2) + "\n")
+
+    from .provenance import device_label, provenance, save_json
+
+    command = command or "bppsa run " + shlex.join([str(path) + (f":{arg}" if arg else "")] +
+                                                   [f"--config.{k}={v}" for k, v in (
+                                                       overrides.items() if isinstance(overrides, dict)
+                                                       else overrides)])
+    previous, _COMMAND = _COMMAND, command
+    t0 = time.perf_counter()
+    try:
+        summary = task(config, workdir)
+    finally:
+        _COMMAND = previous
+    run_time = time.perf_counter() - t0
+    if not isinstance(summary, dict):
+        raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); got {type(summary).__name__}")
+    save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "run_time_s": run_time,
+                                         "provenance": provenance(command)})
+    if publish:
+        name = config.get("name", path.stem)
+        dest = Path(results_root) / device_label()
+        copied = []
+        for ext in ("json", "md", "png"):
+            src = workdir / f"{name}.{ext}"
+            if src.exists():
+                dest.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / src.name)
+                copied.append(str(dest / src.name))
+        if not copied:
+            raise FileNotFoundError(f"--publish: the task wrote no {name}.json/.md/.png into {str(workdir)!r}")
+        summary = {**summary, "published": copied}
+    return summary
+
+
+def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
+    out, i = [], 0
+    while i < len(rest):
+        tok = rest[i]
+        if not tok.startswith("--config."):
+            raise ConfigError(f"unexpected argument {tok!r}; overrides look like --config.key=value")
+        body = tok[len("--config."):]
+        if "=" in body:
+            key, value = body.split("=", 1)
+        elif i + 1 < len(rest):
+            key, value = body, rest[i + 1]
+            i += 1
+        else:
+            raise ConfigError(f"{tok}: missing a value (use --config.key=value)")
+        out.append((key, value))
+        i += 1
+    return out
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(
+        prog="bppsa run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="bppsa run CONFIG[:arg] [--config.key=value ...] [--workdir DIR] [--restart] [--publish]")
+    p.add_argument("config", help="path to a config file, optionally with :arg (e.g. :smoke)")
+    p.add_argument("--workdir", default=None, help="work directory (default: runs/<config>[-<arg>])")
+    p.add_argument("--restart", action="store_true", help="delete the work directory's run and start over")
+    p.add_argument("--publish", action="store_true",
+                   help="copy <name>.{json,md,png} from the work directory to experiments/results/<device>/")
+    args, rest = p.parse_known_args(argv)
+    try:
+        path, arg = split_spec(args.config)
+        overrides = _split_overrides(rest)
+        command = "bppsa run " + shlex.join(argv)
+        summary = run(path, arg, overrides, args.workdir, restart=args.restart, publish=args.publish,
+                      command=command)
+    except ConfigError as e:
+        print(f"bppsa run: error: {e}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir) if args.workdir else default_workdir(path, arg)
+    scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
+    print(json.dumps(scalars, indent=2, default=str))
+    run_time = json.loads((workdir / "summary.json").read_text())["run_time_s"]
+    print(f"wrote {workdir / 'summary.json'} (the task ran {run_time:.1f} s)")
+    return 0

@@ -1,0 +1,225 @@
+"""The small models the synchronization experiments train, as pure JAX functions over pytrees.
+
+A :class:`Task` bundles data and three pure functions; both runtimes (the simulator and Ray) build
+it by name from a plain dict, so only that dict crosses process boundaries.
+
+- ``"digits_cnn"``: a small CNN on scikit-learn's bundled 8×8 digits (``load_digits``, no download):
+  conv 3×3 (C₁) → ReLU → conv 3×3 stride 2 (C₂) → ReLU → dense(10). x: (N, 8, 8, 1).
+- ``"seq_gru"``: a GRU (:class:`bppsa.cells.GRU`, gradients by :func:`bppsa.rnn` with the BPPSA
+  backward) + a linear head on the last state, on a synthetic sequence task (below). x: (N, T, F).
+
+The synthetic sequence task (a stand-in with IRMAS's layout: K classes, F features per frame, T
+frames): class k has a random spectral template m_k (F,) and a modulation frequency ω_k; a sample
+is x_t = a·m_k·(1 + 0.5·sin(ω_k t + φ)) + σ·ε_t with random phase φ, gain a and Gaussian noise, so
+the class must be inferred by integrating the noisy frames over time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import cells
+from ..backprop import rnn
+
+__all__ = ["Task", "make_task", "make_sequence_task", "load_digits_arrays", "TASKS"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Task:
+    """Data (numpy, float32) and pure functions: ``init(key) -> params``, ``loss(params, x, y)``,
+    ``logits(params, x) -> (N, C)``."""
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    init: Callable
+    loss: Callable
+    logits: Callable
+    spec: dict
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def grad_fn(self):
+        """jitted ``(params, x, y) -> (loss, grads)`` (one per task, so it compiles once)."""
+        if "grad" not in self._cache:
+            self._cache["grad"] = jax.jit(jax.value_and_grad(self.loss))
+        return self._cache["grad"]
+
+    def accuracy_fn(self):
+        """jitted ``params -> (test loss, test accuracy)`` (one per task)."""
+        if "acc" not in self._cache:
+            x, y = jnp.asarray(self.x_test), jnp.asarray(self.y_test)
+
+            @jax.jit
+            def acc(params):
+                lg = self.logits(params, x)
+                return (optax.softmax_cross_entropy_with_integer_labels(lg, y).mean(),
+                        (lg.argmax(-1) == y).mean())
+            self._cache["acc"] = acc
+        return self._cache["acc"]
+
+    def server_step(self, optimizer):
+        """jitted ``(params, opt_state, grads) -> (params, opt_state)`` for ``optimizer`` (cached per optimizer)."""
+        key = ("step", optimizer)
+        if key not in self._cache:
+            @jax.jit
+            def step(params, opt_state, grads):
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state
+            self._cache[key] = step
+        return self._cache[key]
+
+
+def _split(x, y, test_fraction, seed):
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(x))
+    n_test = int(round(test_fraction * len(x)))
+    te, tr = perm[:n_test], perm[n_test:]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def _xent(logits, y):
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+
+# -- digits CNN
+def _cnn_init(key, channels=(8, 16), num_classes=10):
+    k1, k2, k3 = jax.random.split(key, 3)
+    c1, c2 = channels
+
+    def he(k, shape, fan_in):
+        return (jax.random.normal(k, shape, jnp.float32) * np.sqrt(2.0 / fan_in)).astype(jnp.float32)
+    return {"conv1": {"w": he(k1, (3, 3, 1, c1), 9), "b": jnp.zeros((c1,), jnp.float32)},
+            "conv2": {"w": he(k2, (3, 3, c1, c2), 9 * c1), "b": jnp.zeros((c2,), jnp.float32)},
+            "dense": {"w": he(k3, (4 * 4 * c2, num_classes), 16 * c2) * 0.5,
+                      "b": jnp.zeros((num_classes,), jnp.float32)}}
+
+
+def _conv(x, p, stride):
+    y = jax.lax.conv_general_dilated(x, p["w"], (stride, stride), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jax.nn.relu(y + p["b"])
+
+
+def _cnn_logits(params, x):
+    h = _conv(x, params["conv1"], 1)          # (N, 8, 8, C1)
+    h = _conv(h, params["conv2"], 2)          # (N, 4, 4, C2)
+    h = h.reshape(h.shape[0], -1)
+    return h @ params["dense"]["w"] + params["dense"]["b"]
+
+
+def _cnn_loss(params, x, y):
+    return _xent(_cnn_logits(params, x), y)
+
+
+def load_digits_arrays():
+    """scikit-learn's bundled digits as (images (1797, 8, 8) float in [0, 16], target (1797,) int).
+
+    Reads the file ``sklearn.datasets.load_digits`` reads, without importing scikit-learn (whose
+    import takes seconds — it matters in every Ray worker process); falls back to ``load_digits``.
+    """
+    import gzip
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is not None and path.exists():
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",")
+        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    return d.images, d.target
+
+
+def _digits_task(spec):
+    images, target = load_digits_arrays()
+    x = (images / 16.0).astype(np.float32)[..., None]  # (1797, 8, 8, 1)
+    y = target.astype(np.int32)
+    xtr, ytr, xte, yte = _split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
+    channels = tuple(spec.get("channels", (8, 16)))
+    return Task("digits_cnn", xtr, ytr, xte, yte, lambda key: _cnn_init(key, channels),
+                _cnn_loss, _cnn_logits, dict(spec))
+
+
+# -- GRU on a synthetic sequence task
+def make_sequence_task(num_samples: int, length: int, num_features: int = 12, num_classes: int = 8,
+                       noise: float = 1.0, seed: int = 0):
+    """x (N, T, F) float32, y (N,) int32: the synthetic sequence task described in the module docstring."""
+    for name, v, lo in (("num_samples", num_samples, 1), ("length", length, 1),
+                        ("num_features", num_features, 1), ("num_classes", num_classes, 2)):
+        if int(v) < lo:
+            raise ValueError(f"{name} must be >= {lo}; got {v}")
+    rng = np.random.default_rng(seed)
+    templates = rng.normal(size=(num_classes, num_features))
+    templates /= np.linalg.norm(templates, axis=1, keepdims=True) / np.sqrt(num_features)
+    omega = rng.uniform(0.2, 1.2, size=num_classes)
+    y = np.arange(num_samples) % num_classes
+    rng.shuffle(y)
+    t = np.arange(length)
+    phase = rng.uniform(0, 2 * np.pi, size=(num_samples, 1))
+    gain = rng.uniform(0.3, 0.7, size=(num_samples, 1, 1))
+    mod = 1.0 + 0.5 * np.sin(omega[y][:, None] * t[None, :] + phase)  # (N, T)
+    x = gain * templates[y][:, None, :] * mod[..., None] + noise * rng.normal(size=(num_samples, length, num_features))
+    return x.astype(np.float32), y.astype(np.int32)
+
+
+def _gru_parts(spec):
+    cell = cells.GRU(input_size=spec.get("num_features", 12), hidden_size=spec.get("hidden_size", 20))
+    num_classes = spec.get("num_classes", 8)
+    backward = spec.get("backward", "bppsa")
+
+    def init(key):
+        k1, k2 = jax.random.split(key)
+        H = cell.hidden_size
+        return {"cell": cell.init(k1, jnp.float32),
+                "head": {"w": (jax.random.normal(k2, (H, num_classes), jnp.float32) / np.sqrt(H)).astype(jnp.float32),
+                         "b": jnp.zeros((num_classes,), jnp.float32)}}
+
+    def logits(params, x):
+        xs = jnp.swapaxes(x, 0, 1)  # (T, B, F)
+        h0 = jnp.zeros((x.shape[0], cell.hidden_size), x.dtype)
+        hs = rnn(cell, params["cell"], xs, h0, backward=backward)
+        return hs[-1] @ params["head"]["w"] + params["head"]["b"]
+
+    def loss(params, x, y):
+        return _xent(logits(params, x), y)
+
+    return init, loss, logits
+
+
+def _seq_task(spec):
+    x, y = make_sequence_task(spec.get("num_samples", 2000), spec.get("length", 32),
+                              spec.get("num_features", 12), spec.get("num_classes", 8),
+                              spec.get("noise", 1.0), spec.get("data_seed", 0))
+    xtr, ytr, xte, yte = _split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
+    init, loss, logits = _gru_parts(spec)
+    return Task("seq_gru", xtr, ytr, xte, yte, init, loss, logits, dict(spec))
+
+
+TASKS = {"digits_cnn": _digits_task, "seq_gru": _seq_task}
+
+
+_TASK_CACHE: dict = {}
+
+
+def make_task(spec) -> Task:
+    """Build a task from a dict ``{"name": "digits_cnn" | "seq_gru", ...options}``.
+
+    Tasks are cached per spec within a process, so their jitted functions compile once.
+    """
+    spec = dict(spec)
+    name = spec.get("name")
+    if name not in TASKS:
+        raise ValueError(f"task name must be one of {sorted(TASKS)}; got {name!r}")
+    key = json.dumps(spec, sort_keys=True, default=list)
+    if key not in _TASK_CACHE:
+        _TASK_CACHE[key] = TASKS[name](spec)
+    return _TASK_CACHE[key]

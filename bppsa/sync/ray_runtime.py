@@ -1,0 +1,447 @@
+"""A real parameter-server runtime on Ray: one server actor, N worker actors, the same policies.
+
+The server (an asyncio actor) holds the parameters and an optax optimizer, applies each push on
+arrival, and asks the policy (:mod:`bppsa.sync.policies`) what the pusher does next; a push that
+must wait simply does not return until the policy releases it, and the reply carries the
+parameters to continue from. Workers compute real JAX gradients on the parameters they pulled and
+sleep for an injected per-worker slowdown (heterogeneous or straggling workers) — all wall-clock.
+
+Failures: a worker that dies is detected (a) by the driver, whose ``ray.wait`` on the worker's
+``run`` task raises ``RayActorError``, or (b) by the server, when a worker that is not waiting has
+neither pushed nor pulled for ``dead_timeout`` seconds. The worker is then removed from the
+policy: ASP/SSP/DSSP continue without it, BSP/ElasticBSP drop it from the barrier set; both are
+logged. Every push carries a per-worker sequence number and the server applies each (worker, seq)
+at most once, so a retried push is never applied twice; every push is answered "applied",
+"duplicate" (applied before) or "refused" (it arrived after training stopped, or from a worker whose
+death Ray had already confirmed: a push still in flight when its sender was killed), and the
+workers count them, so none is lost silently. A worker dropped by the timeout that turns out to be
+alive is taken back (``policy.join``) when its next push arrives.
+
+    from bppsa.sync.ray_runtime import run_ray
+    log = run_ray({"name": "digits_cnn"}, "ssp", num_workers=3, policy_options={"s": 3},
+                  duration_s=20, delays=[0.0, 0.0, 0.05])      # local Ray unless address= is given
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["run_ray", "ParameterServer", "Worker", "main_ray"]
+
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _to_numpy(tree):
+    import jax
+    return jax.tree.map(np.asarray, tree)
+
+
+class ParameterServer:
+    """The server actor's logic (wrapped with ``ray.remote`` by :func:`run_ray`)."""
+
+    def __init__(self, task_spec, policy, policy_options, num_workers, learning_rate, seed,
+                 dead_timeout, eval_every):
+        import jax
+
+        from .models import make_task
+        from .policies import make_policy
+
+        self.task = make_task(task_spec)
+        self.policy = make_policy(policy, num_workers, **(policy_options or {}))
+        from .simulator import _sgd
+        self.opt = _sgd(learning_rate)
+        self.params = self.task.init(jax.random.key(seed))
+        self.opt_state = self.opt.init(self.params)
+        self._step = self.task.server_step(self.opt)
+        self._acc = self.task.accuracy_fn()
+        self.version = 0
+        self.t0 = time.monotonic()
+        self.num_workers = num_workers
+        self.dead_timeout = float(dead_timeout)
+        self.eval_every = float(eval_every)
+        self.last_seq = {p: 0 for p in range(num_workers)}
+        self.last_seen = {p: 0.0 for p in range(num_workers)}
+        self.events: dict[int, asyncio.Event] = {}
+        self.wait_since: dict[int, float] = {}
+        self.wait_total = {p: 0.0 for p in range(num_workers)}
+        self.applied: list[tuple[int, int]] = []
+        self.duplicates: list[tuple[int, int]] = []
+        self.refused: list[tuple[int, int]] = []
+        self.confirmed_dead: set[int] = set()
+        self.staleness: dict[int, int] = {}
+        self.dead: list[dict] = []
+        self.rejoined: list[dict] = []
+        self.curve: list[dict] = []
+        self.barriers = 0
+        self.stopped = False
+        self._wait_kind: dict[int, str] = {}
+        self._params_np = _to_numpy(self.params)
+        # compile the server step and the evaluation before the clock starts
+        zeros = jax.tree.map(jax.numpy.zeros_like, self.params)
+        jax.block_until_ready(self._step(self.params, self.opt_state, zeros))
+        jax.block_until_ready(self._acc(self.params))
+
+    def now(self):
+        return time.monotonic() - self.t0
+
+    async def start(self):
+        """Reset the clock and start the failure monitor and the periodic evaluation."""
+        self.t0 = time.monotonic()
+        for p in self.last_seen:
+            self.last_seen[p] = 0.0
+        self._evaluate()
+        asyncio.get_running_loop().create_task(self._monitor())
+        return True
+
+    def _evaluate(self):
+        loss, acc = self._acc(self.params)
+        self.curve.append({"time": self.now(), "version": self.version, "loss": float(loss),
+                           "accuracy": float(acc)})
+
+    async def _monitor(self):
+        next_eval = self.eval_every
+        while not self.stopped:
+            await asyncio.sleep(min(0.1, self.eval_every))
+            t = self.now()
+            for p in sorted(self.policy.active):
+                if p not in self.policy.waiting and t - self.last_seen[p] > self.dead_timeout:
+                    self._declare_dead(p, "timeout")
+            if t >= next_eval:
+                self._evaluate()
+                next_eval += self.eval_every
+
+    def _declare_dead(self, p, how):
+        if p not in self.policy.active:
+            return
+        d = self.policy.remove(p, self.now())
+        self.dead.append({"worker": p, "time": self.now(), "detected_by": how,
+                          "last_seen": self.last_seen[p]})
+        self._finish_wait(p)
+        self._release(d.release)
+
+    def _finish_wait(self, p):
+        if p in self.wait_since:
+            self.wait_total[p] += self.now() - self.wait_since.pop(p)
+        ev = self.events.pop(p, None)
+        if ev is not None:
+            ev.set()
+
+    def _release(self, workers):
+        from .policies import BARRIER
+        if workers and any(self._wait_kind.get(q) == BARRIER for q in workers):
+            self.barriers += 1
+        for q in workers:
+            self._wait_kind.pop(q, None)
+            self.last_seen[q] = self.now()
+            self._finish_wait(q)
+
+    async def report_dead(self, worker):
+        """The driver saw the worker's actor die: drop it for good (a push still in flight is refused)."""
+        self.confirmed_dead.add(worker)
+        self._declare_dead(worker, "driver")
+        return True
+
+    async def pull(self, worker):
+        """(params, version, stop): where a worker starts."""
+        self.last_seen[worker] = self.now()
+        return self._params_np, self.version, self.stopped
+
+    async def push(self, worker, seq, grads, pulled_version):
+        """Apply (worker, seq) once; return (params, version, stop, status) when the worker may go on.
+
+        status: "applied"; "duplicate" (this seq was applied before: a retry); "refused" (training
+        had stopped: nothing applied, and the worker is told to stop).
+        """
+        from .policies import PROCEED
+        if self.stopped:
+            self.refused.append((worker, seq))
+            return self._params_np, self.version, True, "refused"
+        if worker in self.confirmed_dead:  # sent just before its actor died: the sender is gone
+            self.refused.append((worker, seq))
+            return self._params_np, self.version, True, "refused"
+        if seq <= self.last_seq.get(worker, 0):
+            self.duplicates.append((worker, seq))
+            return self._params_np, self.version, self.stopped, "duplicate"
+        if worker not in self.policy.active:  # declared dead but alive after all: take it back
+            d = self.policy.join(worker, self.now())
+            self.rejoined.append({"worker": worker, "time": self.now()})
+            if d.kind != PROCEED and worker not in d.release:
+                self._wait_kind[worker] = d.kind
+                blocked = self._block(worker)
+                self._release(d.release)
+                await blocked
+                if self.stopped or worker not in self.policy.active:
+                    self.refused.append((worker, seq))
+                    return self._params_np, self.version, True, "refused"
+        self.last_seq[worker] = seq
+        s = self.version - pulled_version
+        self.staleness[s] = self.staleness.get(s, 0) + 1
+        self.params, self.opt_state = self._step(self.params, self.opt_state, grads)
+        self.version += 1
+        self.applied.append((worker, seq, self.now()))
+        self._params_np = _to_numpy(self.params)
+        d = self.policy.push(worker, self.now())
+        if d.kind != PROCEED and worker not in d.release:  # a barrier its own arrival opened: go on
+            self._wait_kind[worker] = d.kind
+            blocked = self._block(worker)
+            self._release(d.release)
+            await blocked
+        else:
+            self._release(tuple(q for q in d.release if q != worker))
+        self.last_seen[worker] = self.now()
+        return self._params_np, self.version, self.stopped, "applied"
+
+    def _block(self, worker):
+        """Register ``worker`` as waiting; return the awaitable that ends when it is released."""
+        ev = asyncio.Event()
+        self.events[worker] = ev
+        self.wait_since[worker] = self.now()
+        return ev.wait()
+
+    async def stop(self):
+        """Stop training: every waiting and future push returns with stop = True."""
+        self.stopped = True
+        self._evaluate()
+        for p in list(self.events):
+            self._finish_wait(p)
+        return True
+
+    async def stats(self):
+        per_worker = {p: 0 for p in range(self.num_workers)}
+        for w, _, _ in self.applied:
+            per_worker[w] += 1
+        return {"version": self.version, "applied": list(self.applied), "duplicates": list(self.duplicates), "refused": list(self.refused),
+                "pushes": per_worker, "wait": dict(self.wait_total), "barriers": self.barriers,
+                "staleness_hist": dict(sorted(self.staleness.items())), "dead": list(self.dead),
+                "rejoined": list(self.rejoined), "curve": list(self.curve), "time": self.now(),
+                "active": sorted(self.policy.active)}
+
+
+class Worker:
+    """A worker actor's logic: pull, compute a real gradient, sleep the injected slowdown, push."""
+
+    def __init__(self, worker, task_spec, server, batch_size, seed, delay, slowdowns):
+        import jax
+
+        from .models import make_task
+        self.worker = worker
+        self.task = make_task(task_spec)
+        self.grad = self.task.grad_fn()
+        self.server = server
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng([seed, worker, 1])
+        self.delay = float(delay)
+        self.slowdowns = [s for s in slowdowns if s[0] == worker]
+        self.jax = jax
+
+    def ready(self):
+        # compile once before the clock starts
+        p = self.task.init(self.jax.random.key(0))
+        idx = np.arange(self.batch_size) % len(self.task.x_train)
+        self.grad(p, self.task.x_train[idx], self.task.y_train[idx])
+        return self.worker
+
+    def run(self, max_iterations, t0_wall):
+        import ray
+        params, version, stop = ray.get(self.server.pull.remote(self.worker))
+        seq = 0
+        acked = refused = 0
+        while not stop and seq < max_iterations:
+            idx = self.rng.integers(0, len(self.task.x_train), size=self.batch_size)
+            _, g = self.grad(params, self.task.x_train[idx], self.task.y_train[idx])
+            g = _to_numpy(g)
+            t = time.time() - t0_wall
+            extra = sum(x for w, a, b, x in self.slowdowns if a <= t < b)
+            if self.delay + extra > 0:
+                time.sleep(self.delay + extra)
+            seq += 1
+            params, version, stop, status = ray.get(self.server.push.remote(self.worker, seq, g, version))
+            acked += status in ("applied", "duplicate")
+            refused += status == "refused"
+        return {"worker": self.worker, "pushes_acked": acked, "pushes_refused": refused}
+
+
+def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dict | None = None,
+            duration_s: float = 20.0, delays=None, slowdowns=(), kill: tuple | None = None,
+            dead_timeout: float = 10.0, learning_rate: float = 0.05, batch_size: int = 32, seed: int = 0,
+            eval_every: float = 1.0, max_iterations: int = 10**9, address: str | None = None,
+            num_cpus: int | None = None, shutdown: bool | None = None, log=print) -> dict:
+    """Train ``task_spec`` for ``duration_s`` wall-clock seconds with a PS on Ray; return the server's log.
+
+    Args:
+      policy, policy_options: as :func:`bppsa.sync.make_policy`.
+      delays: (num_workers,) seconds each worker sleeps per iteration (its injected slowdown).
+      slowdowns: tuples (worker, start_s, end_s, extra_s): transient stragglers.
+      kill: (worker, at_s): ``ray.kill`` that worker at that time (a failure test).
+      dead_timeout: a worker that is computing but silent this long is declared dead.
+      address: an existing Ray cluster ("auto" or "ray://host:port"); None starts a local Ray with
+        ``num_cpus`` CPUs (stopped again at the end unless ``shutdown=False``).
+
+    Returns the server's ``stats()`` plus ``workers`` (each worker's own count of acknowledged
+    pushes, or the error that ended it), ``detect_delay`` (kill → detection, seconds) and timing.
+    """
+    import ray
+
+    from .policies import make_policy
+    make_policy(policy, num_workers, **(policy_options or {}))  # validate before starting anything
+    delays = [0.0] * num_workers if delays is None else [float(d) for d in delays]
+    if len(delays) != num_workers:
+        raise ValueError(f"delays must have num_workers = {num_workers} entries; got {len(delays)}")
+    if duration_s <= 0 or dead_timeout <= 0:
+        raise ValueError(f"duration_s and dead_timeout must be > 0; got {duration_s}, {dead_timeout}")
+    started = False
+    if not ray.is_initialized():
+        if address is None:
+            paths = [_REPO_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+            ray.init(num_cpus=num_cpus or 2, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+        started = True
+    Server = ray.remote(num_cpus=0, max_concurrency=1000)(ParameterServer)
+    Work = ray.remote(num_cpus=0, max_restarts=0)(Worker)
+    server = Server.remote(dict(task_spec), policy, policy_options or {}, num_workers, learning_rate, seed,
+                           dead_timeout, eval_every)
+    workers = [Work.remote(p, dict(task_spec), server, batch_size, seed, delays[p], list(slowdowns))
+               for p in range(num_workers)]
+    t_setup = time.time()
+    try:
+        ray.get([w.ready.remote() for w in workers] + [server.stats.remote()], timeout=300)
+        ray.get(server.start.remote(), timeout=60)
+        t0 = time.time()
+        log(f"ray runtime: {num_workers} workers and the server ready in {t0 - t_setup:.1f} s")
+        refs = {w.run.remote(max_iterations, t0): p for p, w in enumerate(workers)}
+        results: dict[int, dict] = {}
+        killed_at = None
+        pending = list(refs)
+        while pending and time.time() - t0 < duration_s:
+            if kill is not None and killed_at is None and time.time() - t0 >= kill[1]:
+                ray.kill(workers[kill[0]], no_restart=True)
+                killed_at = time.time() - t0
+                log(f"killed worker {kill[0]} at {killed_at:.2f} s")
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.1)
+            for ref in done:
+                p = refs[ref]
+                try:
+                    results[p] = ray.get(ref)
+                except ray.exceptions.RayError as e:  # the worker died
+                    results[p] = {"worker": p, "error": type(e).__name__, "message": str(e)[-2000:]}
+                    ray.get(server.report_dead.remote(p), timeout=60)
+                    log(f"worker {p} died ({type(e).__name__}); dropped from the policy")
+        ray.get(server.stop.remote(), timeout=60)
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=60) if pending else ([], [])
+        for ref in done:
+            try:
+                results[refs[ref]] = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                results[refs[ref]] = {"worker": refs[ref], "error": type(e).__name__}
+        for ref in pending:
+            results[refs[ref]] = {"worker": refs[ref], "error": "did not stop within 60 s"}
+        stats = ray.get(server.stats.remote(), timeout=60)
+        stats["workers"] = [results.get(p) for p in range(num_workers)]
+        stats["wall_s"] = time.time() - t0
+        stats["setup_s"] = t0 - t_setup
+        stats["killed_at"] = killed_at
+        det = [d["time"] for d in stats["dead"] if kill is not None and d["worker"] == kill[0]]
+        stats["detect_delay"] = (det[0] - killed_at) if det and killed_at is not None else None
+        stats["policy"], stats["policy_options"] = policy, dict(policy_options or {})
+        return stats
+    finally:
+        for a in workers + [server]:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # already dead
+                pass
+        if shutdown or (shutdown is None and started):
+            ray.shutdown()
+
+
+def main_ray(argv=None) -> int:
+    """``bppsa reproduce sync-ray``: the real runtime, each policy for a fixed wall-clock time."""
+    import argparse
+    import json as _json
+
+    import ray
+
+    from ..provenance import device_label, provenance, save_json
+    p = argparse.ArgumentParser(prog="bppsa reproduce sync-ray", description=main_ray.__doc__)
+    p.add_argument("--policies", default="bsp,asp,ssp:s=3,dssp,elasticbsp:R=30",
+                   help="comma-separated policy[:key=value[;key=value]] (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--delays", default="0.02,0.02,0.05,0.05", help="seconds each worker sleeps per iteration")
+    p.add_argument("--duration", type=float, default=20.0, help="wall-clock seconds per policy")
+    p.add_argument("--kill", default=None, help="WORKER:SECONDS, kill that worker then (e.g. 3:8)")
+    p.add_argument("--dead-timeout", type=float, default=30.0)
+    p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local Ray)")
+    p.add_argument("--task", default='{"name": "digits_cnn"}', help="task spec as JSON")
+    p.add_argument("--out", default=None, help="folder for sync_ray.{json,md} (default: experiments/results/<device>/)")
+    p.add_argument("--smoke", action="store_true", help="2 policies, 3 workers, 5 s each")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.policies, a.workers, a.delays, a.duration = "bsp,dssp", 3, "0.01,0.01,0.03", 5.0
+    delays = [float(x) for x in a.delays.split(",")]
+    kill = tuple(float(x) for x in a.kill.split(":")) if a.kill else None
+    kill = (int(kill[0]), kill[1]) if kill else None
+    task = _json.loads(a.task)
+    specs = []
+    for item in a.policies.split(","):
+        name, _, opts = item.partition(":")
+        kw = {}
+        for kv in filter(None, opts.split(";")):
+            k, _, v = kv.partition("=")
+            kw[k] = int(v)
+        specs.append((name, kw))
+    if a.address is None:
+        paths = [_REPO_ROOT] + [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q]
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address=a.address, log_to_driver=False)
+    rows, runs = [], []
+    try:
+        for name, kw in specs:
+            r = run_ray(task, name, num_workers=a.workers, policy_options=kw, duration_s=a.duration,
+                        delays=delays, kill=kill, dead_timeout=a.dead_timeout, shutdown=False)
+            from .simulator import policy_label
+            acc = [c["accuracy"] for c in r["curve"]]
+            row = {"policy": policy_label(name, kw), "updates": r["version"], "final_accuracy": acc[-1],
+                   "best_accuracy": max(acc), "barriers": r["barriers"],
+                   "wait_s": [round(r["wait"][w], 2) for w in sorted(r["wait"])],
+                   "pushes": [r["pushes"][w] for w in sorted(r["pushes"])], "dead": r["dead"],
+                   "detect_delay_s": r["detect_delay"], "duplicates": len(r["duplicates"]),
+                   "refused": len(r["refused"]), "setup_s": r["setup_s"]}
+            print(_json.dumps(row), flush=True)
+            rows.append(row)
+            runs.append({k: v for k, v in r.items() if k != "applied"})
+    finally:
+        ray.shutdown()
+    lines = [f"Real Ray runtime: {a.workers} worker actors + 1 parameter-server actor on a local Ray "
+             f"(2 CPUs), {a.duration:g} s wall clock per policy, injected per-iteration delays {delays} s"
+             + (f", worker {kill[0]} killed at {kill[1]:g} s" if kill else "") + "; CNN on digits, SGD.", "",
+             "| policy | updates | final acc. | barriers | pushes per worker | waiting per worker (s) | dead (detected by, after) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        dead = ", ".join(f"w{d['worker']} ({d['detected_by']})" for d in r["dead"]) or "—"
+        if r["detect_delay_s"] is not None:
+            dead += f", {r['detect_delay_s']:.2f} s"
+        lines.append(f"| {r['policy']} | {r['updates']} | {r['final_accuracy']:.3f} | {r['barriers']} | "
+                     f"{r['pushes']} | {r['wait_s']} | {dead} |")
+    md = "\n".join(lines) + "\n"
+    out = Path(a.out) if a.out else _REPO_ROOT_PATH / "experiments" / "results" / device_label()
+    name = "sync_ray_smoke" if a.smoke else "sync_ray"
+    record = {"title": "Elastic synchronization on a real Ray runtime", "name": name, "rows": rows,
+              "runs": runs, "args": vars(a), "provenance": provenance("bppsa reproduce sync-ray " + " ".join(argv or []))}
+    save_json(out / f"{name}.json", record)
+    (out / f"{name}.md").write_text(md)
+    print(md)
+    print(f"wrote {out / f'{name}.json'} and {out / f'{name}.md'}")
+    return 0
+
+
+_REPO_ROOT_PATH = Path(_REPO_ROOT)

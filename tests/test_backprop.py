@@ -1,0 +1,252 @@
+"""bppsa.rnn gradients equal autodiff through a plain lax.scan over cell.step, in float64."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from jax import lax
+
+import bppsa
+from bppsa import cells
+
+jax.config.update("jax_enable_x64", True)
+
+SCANS = ("blelloch", "associative", "sequential")
+
+
+def _generic_cell(I, H):
+    def step(p, h, x):
+        return jnp.tanh(x @ p["A"] + jnp.sin(h) @ p["W"] + p["b"])
+
+    def init(key, dtype=jnp.float32):
+        k = jax.random.split(key, 3)
+        return {"A": jax.random.normal(k[0], (I, H), dtype), "W": jax.random.normal(k[1], (H, H), dtype) / H,
+                "b": jax.random.normal(k[2], (H,), dtype)}
+
+    return cells.Generic(step, hidden_size=H, input_size=I, init_fn=init)
+
+
+def _generic_cell_with_jacobian(I, H):
+    """Generic with a user-supplied analytic Jacobian (a plain tanh RNN)."""
+    def step(p, h, x):
+        return jnp.tanh(x @ p["A"] + h @ p["W"])
+
+    def jac(p, h, x):  # M[b, i, j] = ∂h'_i/∂h_j
+        hn = step(p, h, x)
+        return (1 - hn ** 2)[:, :, None] * p["W"].T[None]
+
+    def init(key, dtype=jnp.float32):
+        k = jax.random.split(key)
+        return {"A": jax.random.normal(k[0], (I, H), dtype), "W": jax.random.normal(k[1], (H, H), dtype) / H}
+
+    return cells.Generic(step, jacobian_fn=jac, hidden_size=H, input_size=I, init_fn=init)
+
+
+CELLS = {
+    "rnn-tanh": lambda I, H: cells.RNN(I, H),
+    "rnn-relu": lambda I, H: cells.RNN(I, H, nonlinearity="relu"),
+    "gru": lambda I, H: cells.GRU(I, H),
+    "lstm": lambda I, H: cells.LSTM(I, H),
+    "generic": _generic_cell,
+    "generic-jac": _generic_cell_with_jacobian,
+}
+
+
+def _setup(name, T, B, I, H, seed=0, scale=1.0):
+    cell = CELLS[name](I, H)
+    k = jax.random.split(jax.random.key(seed), 4)
+    params = jax.tree.map(lambda p: p * scale, cell.init(k[0], jnp.float64))
+    xs = jax.random.normal(k[1], (T, B, I), jnp.float64)
+    h0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64)
+    return cell, params, xs, cell.unflatten_state(h0)
+
+
+def _reference(cell, params, xs, h0):
+    def body(h, x):
+        h = cell.step(params, h, x)
+        return h, h
+    return lax.scan(body, h0, xs)[1]
+
+
+def _loss(out, every_step):
+    """A loss with distinct weights per element, on the last step or on every step."""
+    total = 0.0
+    for o in jax.tree.leaves(out):
+        w = jnp.cos(jnp.arange(o[-1].size, dtype=o.dtype)).reshape(o[-1].shape)
+        total = total + (jnp.sum(jnp.sin(o) * w) if every_step else jnp.sum(o[-1] * w + o[-1] ** 2))
+    return total
+
+
+def _grads(fn, params, xs, h0, every_step):
+    return jax.jit(jax.grad(lambda p, x, h: _loss(fn(p, x, h), every_step), argnums=(0, 1, 2)))(params, xs, h0)
+
+
+def _check(cell, params, xs, h0, every_step, scan, rtol=1e-9, atol=1e-11):
+    _check_all(cell, params, xs, h0, [every_step], [scan], rtol, atol)
+
+
+def _check_all(cell, params, xs, h0, losses, scans, rtol=1e-9, atol=1e-11):
+    """One compiled function: reference and BPPSA gradients for every (loss, scan) pair."""
+
+    @jax.jit
+    def run(p, x, h):
+        out = []
+        for every in losses:
+            ref = jax.grad(lambda p, x, h: _loss(_reference(cell, p, x, h), every), argnums=(0, 1, 2))(p, x, h)
+            got = [jax.grad(lambda p, x, h: _loss(bppsa.rnn(cell, p, x, h, backward="bppsa", scan=s), every),
+                            argnums=(0, 1, 2))(p, x, h) for s in scans]
+            out.append((ref, got))
+        return out
+
+    for ref, got in run(params, xs, h0):
+        for g in got:
+            jax.tree.map(lambda a, w: np.testing.assert_allclose(a, w, rtol=rtol, atol=atol), g, ref)
+
+
+slow = pytest.mark.slow
+
+
+@pytest.mark.parametrize("cell", sorted(CELLS))
+@pytest.mark.parametrize("T,B", [(1, 1), (9, 3)] + [pytest.param(T, B, marks=slow) for T, B in
+                                                     [(2, 3), (3, 1), (7, 2), (8, 1), (17, 2)]])
+def test_gradients_match_autodiff(cell, T, B):
+    """Every cell x every scan x loss at the last step and at every step."""
+    c, params, xs, h0 = _setup(cell, T, B, 3, 4, seed=T)
+    _check_all(c, params, xs, h0, [False, True], SCANS)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"] + [pytest.param(c, marks=slow) for c in
+                                                     ["rnn-tanh", "rnn-relu", "generic", "generic-jac"]])
+def test_long_sequence(cell):
+    """T >= 1000 (2^10 + 1 = 1025: a non-power-of-two that carries a block at every level)."""
+    c, params, xs, h0 = _setup(cell, 1025, 2, 2, 3, seed=1)
+    _check_all(c, params, xs, h0, [False, True], ["blelloch"], rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("T", [31, 33, pytest.param(63, marks=slow), pytest.param(65, marks=slow)])
+def test_powers_of_two_neighbours(T):
+    c, params, xs, h0 = _setup("gru", T, 2, 3, 5, seed=T)
+    _check_all(c, params, xs, h0, [False, True], ["blelloch", "associative"])
+
+
+@pytest.mark.parametrize("cell,H", [("rnn-tanh", 1), ("lstm", 64)] + [
+    pytest.param(c, h, marks=slow) for c, h in [("rnn-tanh", 64), ("gru", 1), ("gru", 64), ("lstm", 1)]])
+def test_hidden_sizes(cell, H):
+    c, params, xs, h0 = _setup(cell, 13, 2, 3, H, seed=H)
+    _check(c, params, xs, h0, True, "blelloch", rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("cell", ["rnn-relu", "gru"] + [pytest.param(c, marks=slow) for c in ["rnn-tanh", "lstm"]])
+def test_saturated_units(cell):
+    """Large weights saturate tanh/sigmoid (σ' ≈ 0) and push relu units to 0."""
+    c, params, xs, h0 = _setup(cell, 25, 2, 3, 6, seed=3, scale=12.0)
+    _check(c, params, xs, h0, True, "blelloch", rtol=1e-8, atol=1e-12)
+
+
+@settings(max_examples=4, deadline=None)
+@given(cell=st.sampled_from(sorted(CELLS)), scan=st.sampled_from(SCANS), T=st.integers(1, 40),
+       B=st.integers(1, 4), I=st.integers(1, 4), H=st.integers(1, 6), every=st.booleans(),
+       seed=st.integers(0, 1000))
+def test_gradients_property(cell, scan, T, B, I, H, every, seed):
+    c, params, xs, h0 = _setup(cell, T, B, I, H, seed=seed)
+    _check(c, params, xs, h0, every, scan, rtol=1e-8, atol=1e-10)
+
+
+def test_forward_values_equal_lax_scan():
+    for name in ("gru", "lstm"):
+        c, params, xs, h0 = _setup(name, 10, 2, 3, 4)
+        for backward in ("bppsa", "bptt"):
+            out = bppsa.rnn(c, params, xs, h0, backward=backward)
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), out, _reference(c, params, xs, h0))
+
+
+def test_lstm_returns_hs_and_cs():
+    c, params, xs, h0 = _setup("lstm", 5, 2, 3, 4)
+    hs, cs = bppsa.rnn(c, params, xs, h0)
+    assert hs.shape == cs.shape == (5, 2, 4)
+
+
+def test_bptt_and_auto_gradients():
+    c, params, xs, h0 = _setup("gru", 12, 2, 3, 4)
+    want = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, True)
+    for backward in ("bptt", "auto"):
+        got = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h, backward=backward), params, xs, h0, True)
+        jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10), got, want)
+
+
+def test_value_and_grad_jit_vmap():
+    """vmap over independent sequences of a jitted value_and_grad; same as the reference."""
+    c, params, xs, h0 = _setup("gru", 9, 2, 3, 4)
+    xss = jnp.stack([xs, 2 * xs, -xs])
+
+    def make(fn):
+        return jax.jit(jax.vmap(jax.value_and_grad(lambda p, x: _loss(fn(p, x, h0), True)), in_axes=(None, 0)))
+
+    v1, g1 = make(lambda p, x, h: bppsa.rnn(c, p, x, h))(params, xss)
+    v2, g2 = make(lambda p, x, h: _reference(c, p, x, h))(params, xss)
+    np.testing.assert_allclose(v1, v2, rtol=1e-12)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9), g1, g2)
+
+
+def test_float32_gradients_close_to_float64():
+    c, params, xs, h0 = _setup("rnn-tanh", 300, 2, 1, 20)
+    p32, x32, h32 = jax.tree.map(lambda a: a.astype(jnp.float32), (params, xs, h0))
+    g64 = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, False)
+    g32 = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h), p32, x32, h32, False)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(g32))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4), g32, g64)
+
+
+def test_nan_in_inputs_propagates_like_autodiff():
+    c, params, xs, h0 = _setup("rnn-tanh", 9, 2, 3, 4)
+    xs = xs.at[4, 0, 1].set(jnp.nan)
+    want = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, True)
+    got = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h), params, xs, h0, True)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert np.isnan(w).any()
+        # every NaN of autodiff is a NaN here; finite entries agree
+        assert np.isnan(g[np.isnan(w)]).all()
+        finite = ~np.isnan(w) & ~np.isnan(g)
+        np.testing.assert_allclose(g[finite], w[finite], rtol=1e-9)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+def test_bad_inputs_raise_clear_errors():
+    cell = cells.GRU(3, 4)
+    params = cell.init(jax.random.key(0), jnp.float64)
+    xs = jnp.ones((5, 2, 3))
+    h0 = jnp.zeros((2, 4))
+    cases = [
+        (dict(xs=jnp.ones((5, 3))), r"xs must have shape \(T, B, I\) \(rank 3\)"),
+        (dict(xs=jnp.ones((0, 2, 3))), r"at least one time step"),
+        (dict(xs=jnp.ones((5, 2, 7))), r"I = GRU.input_size = 3"),
+        (dict(xs=jnp.ones((5, 2, 3), jnp.int32)), r"xs must have a floating dtype"),
+        (dict(h0=jnp.zeros((3, 4))), r"h0 must have shape \(B, H\) = \(2, 4\)"),
+        (dict(h0=jnp.zeros((2, 5))), r"h0 must have shape \(B, H\) = \(2, 4\)"),
+        (dict(h0=jnp.zeros((2, 4), jnp.int32)), r"h0 must have a floating dtype"),
+        (dict(backward="magic"), r"backward must be one of"),
+        (dict(scan="kogge"), r"scan must be one of"),
+        (dict(params={**params, "W_h": params["W_h"].astype(jnp.int32)}), r"params\['W_h'\] must have a floating"),
+    ]
+    for override, pattern in cases:
+        kw = dict(xs=xs, h0=h0, params=params)
+        kw.update(override)
+        extra = {k: kw.pop(k) for k in ("backward", "scan") if k in kw}
+        with pytest.raises(ValueError, match=pattern):
+            bppsa.rnn(cell, kw["params"], kw["xs"], kw["h0"], **extra)
+    lstm = cells.LSTM(3, 4)
+    with pytest.raises(ValueError, match=r"pair \(h0, c0\)"):
+        bppsa.rnn(lstm, lstm.init(jax.random.key(0)), xs, h0)
+    with pytest.raises(ValueError, match=r"c0 must have shape"):
+        bppsa.rnn(lstm, lstm.init(jax.random.key(0)), xs, (h0, jnp.zeros((2, 3))))
+
+
+def test_bad_cell_configuration():
+    with pytest.raises(ValueError, match="nonlinearity must be"):
+        cells.RNN(3, 4, nonlinearity="sigmoid")
+    with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+        cells.GRU(3, 0)
+    with pytest.raises(ValueError, match="input_size must be a positive int"):
+        cells.LSTM(2.5, 4)

@@ -1,0 +1,166 @@
+"""Heterogeneity-aware data parallelism: partition, weighted averaging, SPMD gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from bppsa.hetero import (data_mesh, make_spmd_grad, partition, plain_mean, replica_batches,
+                          sample_weights, weighted_mean)
+
+
+# ---------------------------------------------------------------- partition
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1e-3, 1e3), min_size=1, max_size=9), st.integers(0, 500))
+def test_partition_sums_exactly_and_is_proportional(speeds, B):
+    b = partition(speeds, B)
+    s = np.asarray(speeds)
+    assert b.dtype.kind == "i" and b.shape == (len(speeds),)
+    assert b.sum() == B and (b >= 0).all()
+    assert np.all(np.abs(b - B * s / s.sum()) < 1)
+
+
+def test_partition_examples():
+    np.testing.assert_array_equal(partition([1, 1, 2, 4], 64), [8, 8, 16, 32])
+    np.testing.assert_array_equal(partition([1, 1, 2, 4], 10), [1, 1, 3, 5])  # 1.25 1.25 2.5 5
+    np.testing.assert_array_equal(partition([3.0], 17), [17])                 # one replica
+    np.testing.assert_array_equal(partition([1, 2], 0), [0, 0])
+
+
+def test_partition_ties_go_to_the_lowest_index():
+    # quotas 2.5, 2.5, 2.5, 2.5 -> two extra units, to replicas 0 and 1
+    np.testing.assert_array_equal(partition([1, 1, 1, 1], 10), [3, 3, 2, 2])
+    np.testing.assert_array_equal(partition([1, 1, 1], 2), [1, 1, 0])
+    # quotas 0.5, 1, 1, 1.5: one unit left, tied remainders 0.5 of replicas 0 and 3 -> replica 0
+    np.testing.assert_array_equal(partition([1, 2, 2, 3], 4), [1, 1, 1, 1])
+    # quotas 1.125, 1.875: the larger remainder wins, not the lower index
+    np.testing.assert_array_equal(partition([3, 5], 3), [1, 2])
+
+
+def test_partition_zero_sample_replicas():
+    b = partition([1, 100, 100], 5)
+    assert b[0] == 0 and b.sum() == 5
+
+
+@pytest.mark.parametrize("speeds", [[], [1, 0], [1, -2], [1, np.nan], [np.inf, 1], [[1, 2]]])
+def test_partition_rejects_bad_speeds(speeds):
+    with pytest.raises(ValueError, match="speeds"):
+        partition(speeds, 8)
+
+
+@pytest.mark.parametrize("B", [-1, 2.5, "8", True])
+def test_partition_rejects_bad_batch_size(B):
+    with pytest.raises(ValueError, match="batch_size"):
+        partition([1, 2], B)
+
+
+# ---------------------------------------------------------------- a small model for gradients
+
+def _mlp_params(key, din=5, dh=7, dout=3):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {"w1": jax.random.normal(k1, (din, dh)) / np.sqrt(din), "b1": jnp.zeros(dh),
+            "w2": jax.random.normal(k2, (dh, dout)) / np.sqrt(dh), "b2": 0.1 * jax.random.normal(k3, (dout,))}
+
+
+def _per_sample_loss(p, x, y):
+    logits = jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+    return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1)[:, 0]
+
+
+def _data(B, seed=0, din=5, dout=3):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(B, din)), rng.integers(0, dout, size=B).astype(np.int32)
+
+
+@jax.jit
+def _full_grad(params, x, y):
+    return jax.grad(lambda p: _per_sample_loss(p, x, y).mean())(params)
+
+
+def _replica_grads(params, x, y, counts):
+    edges = np.concatenate([[0], np.cumsum(counts)])
+    return [_full_grad(params, x[a:b], y[a:b]) if b > a else jax.tree.map(jnp.zeros_like, params)
+            for a, b in zip(edges[:-1], edges[1:])]
+
+
+def _assert_tree_close(a, b, **kw):
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **kw), a, b)
+
+
+def _tree_maxdiff(a, b):
+    return max(jax.tree.leaves(jax.tree.map(lambda u, v: float(jnp.max(jnp.abs(u - v))), a, b)))
+
+
+def test_weighted_mean_equals_full_batch_gradient():
+    params = _mlp_params(jax.random.key(0))
+    x, y = _data(13)
+    counts = np.array([1, 0, 4, 8])
+    grads = _replica_grads(params, x, y, counts)
+    _assert_tree_close(weighted_mean(grads, counts), _full_grad(params, x, y), rtol=1e-12, atol=1e-14)
+    assert _tree_maxdiff(plain_mean(grads, counts), _full_grad(params, x, y)) > 1e-3
+
+
+def test_weighted_mean_rejects_bad_counts():
+    g = [{"a": jnp.ones(2)}] * 2
+    with pytest.raises(ValueError, match="counts"):
+        weighted_mean(g, [1])
+    with pytest.raises(ValueError, match="counts"):
+        weighted_mean(g, [0, 0])
+    with pytest.raises(ValueError, match="counts"):
+        weighted_mean(g, [1, -1])
+    with pytest.raises(ValueError, match="grads"):
+        weighted_mean([], [])
+
+
+def test_sample_weights_show_the_bias_of_plain_averaging():
+    # b = 8, 8, 16, 32 of B = 64: plain averaging gives slow replicas' samples B/(P·b_i) times the weight
+    w = sample_weights([8, 8, 16, 32], "mean")
+    np.testing.assert_allclose(w * 64, [2, 2, 1, 0.5])
+    np.testing.assert_allclose(sample_weights([8, 8, 16, 32], "weighted") * 64, 1)
+    np.testing.assert_allclose((w * [8, 8, 16, 32]).sum(), 1)
+
+
+# ---------------------------------------------------------------- SPMD over 4 simulated devices
+
+_GRAD_FNS = {}
+
+
+def _spmd_grad(average):
+    if average not in _GRAD_FNS:  # built once per session, so the compiled code is reused
+        _GRAD_FNS[average] = make_spmd_grad(_per_sample_loss, data_mesh(4), average=average)
+    return _GRAD_FNS[average]
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 1], [1, 1, 2, 4], [0, 0, 0, 7], [1, 0, 0, 0], [4, 4, 4, 4]])
+def test_spmd_weighted_gradient_equals_full_batch(counts):
+    assert jax.device_count() >= 4
+    params = _mlp_params(jax.random.key(1))
+    x, y = _data(int(np.sum(counts)), seed=sum(counts))
+    xp, yp, mask = replica_batches(x, y, counts, b_max=8)  # one shape: compile once for all cases
+    g, loss, n = _spmd_grad("weighted")(params, xp, yp, mask)
+    assert g["w1"].dtype == jnp.float64 and int(n) == sum(counts)
+    _assert_tree_close(g, _full_grad(params, x, y), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(loss, _per_sample_loss(params, x, y).mean(), rtol=1e-13)
+
+    g_mean, loss_mean, _ = _spmd_grad("mean")(params, xp, yp, mask)
+    _assert_tree_close(g_mean, plain_mean(_replica_grads(params, x, y, counts), counts), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(loss_mean, loss, rtol=1e-13)
+    uneven = len(set(c for c in counts if c > 0)) > 1
+    assert (_tree_maxdiff(g_mean, g) > 1e-4) == uneven  # plain mean is biased exactly when the b_i differ
+
+
+def test_replica_batches_layout_and_errors():
+    x, y = _data(5)
+    xp, yp, mask = replica_batches(x, y, [2, 0, 3])
+    assert xp.shape == (9, 5) and mask.tolist() == [1, 1, 0, 0, 0, 0, 1, 1, 1]
+    np.testing.assert_array_equal(xp[6:], x[2:])
+    with pytest.raises(ValueError, match="counts must sum"):
+        replica_batches(x, y, [2, 2])
+    with pytest.raises(ValueError, match="counts"):
+        replica_batches(x, y, [6, -1])
+    with pytest.raises(ValueError, match="b_max"):
+        replica_batches(x, y, [2, 3], b_max=2)
+    with pytest.raises(ValueError, match="average"):
+        make_spmd_grad(_per_sample_loss, data_mesh(2), average="median")

@@ -1,0 +1,105 @@
+"""`bppsa reproduce irmas`: training on the stand-in, the timing table, the command end to end."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from bppsa import cli
+from bppsa import irmas_experiment as ie
+from bppsa.data import irmas
+from bppsa.data.synth_irmas import make_synthetic_irmas
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    return make_synthetic_irmas(tmp_path_factory.mktemp("synth"), clips_per_class=6, seed=0)
+
+
+def test_short_training_run_learns_the_stand_in_above_chance(stand_in, tmp_path):
+    rec = ie.training_comparison(stand_in, setting="s", steps=40, batch_size=16, learning_rate=1e-2,
+                                 eval_every=20, seed=0, cache_dir=tmp_path, log=lambda m: None)
+    assert rec["config"]["num_train"] == 55 and rec["config"]["num_heldout"] == 11  # one per class held out
+    for m in ("bptt", "bppsa"):
+        assert len(rec["curves"][m]) == 40
+        assert rec["curves"][m][-1]["loss"] < rec["curves"][m][0]["loss"]
+        assert rec["heldout"][m]["accuracy"] >= 3 / 11  # chance is 1/11
+    # the same start, the same batches: the two backward passes give the same run (float32 rounding)
+    assert rec["max_loss_diff"] < 1e-4
+    ie._save_training(rec, tmp_path)
+    md = (tmp_path / "irmas_train.md").read_text()
+    assert "| BPTT |" in md and "| BPPSA |" in md
+    assert (tmp_path / "irmas_train.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "irmas_train.json").read_text())["max_loss_diff"] == rec["max_loss_diff"]
+
+
+def test_stratified_split_holds_out_every_class():
+    y = np.repeat(np.arange(11), 10)
+    tr, te = ie.stratified_split(y, 0.2, seed=0)
+    assert len(np.intersect1d(tr, te)) == 0 and len(tr) + len(te) == 110
+    assert np.all(np.bincount(y[te], minlength=11) == 2)
+    assert np.array_equal(ie.stratified_split(y, 0.2, seed=0)[1], te)
+    with pytest.raises(ValueError, match="holdout"):
+        ie.stratified_split(y, 1.0, seed=0)
+
+
+def test_grid_table_layout_and_plot(tmp_path):
+    def t(ms):
+        return {"median": ms / 1e3, "min": ms / 1e3, "max": ms / 1e3, "repeats": 3}
+
+    row = {"setting": "m", "T": 517, "F": 24, "B": 16, "forward": t(8), "jacobian": t(40), "bppsa_backward": t(30),
+           "param_grads": t(10), "bppsa_backward_full": t(90), "bptt_backward": t(45), "step_bppsa": t(120),
+           "step_bptt": t(60), "speedup_backward": 0.5, "speedup_step": 0.5}
+    rec = {"rows": [row, dict(row, B=32, bptt_backward=t(180), speedup_backward=2.0)], "hidden_size": 20,
+           "backend": "cpu", "repeats": 3, "timer": "bppsa.bench.time_components", "data": {"kind": "synthetic"}}
+    lines = ie.grid_markdown(rec).strip().splitlines()
+    assert lines[0].startswith("GRU(F, 20), float32 on cpu, times in ms (median of 3 interleaved repeats")
+    assert lines[2].startswith("| setting | T | F | B | forward | Jacobian gen. | BPPSA scan | param. grads | "
+                               "BPPSA backward | BPTT backward | backward speedup |")
+    assert lines[4] == ("| m | 517 | 24 | 16 | 8.00 | 40.00 | 30.00 | 10.00 | 90.00 | 45.00 | **0.50×** | "
+                        "120.00 | 60.00 | **0.50×** |")
+    assert lines[5].startswith("| m | 517 | 24 | 32 |") and "| 180.00 | **2.00×** |" in lines[5]
+    ie.plot_grid(rec, tmp_path / "g.png")
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_batches_are_time_major_and_cycle_when_there_are_too_few_clips():
+    x = np.arange(3 * 5 * 2, dtype=np.float32).reshape(3, 5, 2)  # (N, T, F)
+    xs = ie._batch(x, 4)
+    assert xs.shape == (5, 4, 2)
+    np.testing.assert_array_equal(xs[:, 3], x[0])
+    np.testing.assert_array_equal(xs[:, 1], x[1])
+
+
+def test_cli_registers_irmas_as_the_default_reproduction():
+    assert cli.REPRODUCE["irmas"] == "bppsa.irmas_experiment:main"
+    assert cli.REPRODUCE["default"] == cli.REPRODUCE["irmas"]
+
+
+def test_cli_rejects_bad_options(tmp_path):
+    with pytest.raises(ValueError, match="setting"):
+        ie.main(["--settings", "s,xl", "--workdir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        ie.main(["--batches", "16,x", "--workdir", str(tmp_path)])
+    with pytest.raises(FileNotFoundError):
+        ie.main(["--data-dir", str(tmp_path / "missing"), "--workdir", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_reproduce_irmas_end_to_end(tmp_path, capsys):
+    """The command on a tiny generated stand-in: grid (setting s, B = 4), training, test-set F1, files."""
+    rc = cli.main(["reproduce", "irmas", "--quick", "--synth-dir", str(tmp_path / "synth"),
+                   "--cache-dir", str(tmp_path / "cache"), "--workdir", str(tmp_path / "out"),
+                   "--clips-per-class", "2", "--test-clips", "2", "--settings", "s", "--batches", "4",
+                   "--repeats", "1", "--steps", "6"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| s | 259 | 38 | 4 |" in out and "| BPPSA |" in out
+    grid = json.loads((tmp_path / "out" / "irmas_grid.json").read_text())
+    assert [(r["setting"], r["B"]) for r in grid["rows"]] == [("s", 4)]
+    assert grid["provenance"]["jax"] == jax.__version__ and grid["data"]["kind"] == "synthetic"
+    train = json.loads((tmp_path / "out" / "irmas_train.json").read_text())
+    assert train["test"]["clips"] == 2 and 0 <= train["test"]["bppsa"]["micro_f1"] <= 1
+    for name in ("irmas_grid.md", "irmas_grid.png", "irmas_train.md", "irmas_train.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert len(list((tmp_path / "synth" / irmas.TRAIN_DIR).rglob("*.wav"))) == 22

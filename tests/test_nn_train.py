@@ -1,0 +1,73 @@
+"""The nnx modules, the bitstream data, the training loop and `bppsa reproduce rnn-train`."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bppsa import cells, cli
+from bppsa.data.bitstream import class_rates, make_bitstream
+from bppsa.nn import Recurrent, SequenceClassifier
+from bppsa.train import compare_backward_training
+
+
+def test_bitstream_is_deterministic_balanced_and_has_the_paper_rates():
+    x1, y1 = make_bitstream(400, 300, seed=3)
+    x2, y2 = make_bitstream(400, 300, seed=3)
+    assert x1.shape == (400, 300, 1) and x1.dtype == np.float32 and y1.dtype == np.int32
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+    assert np.bincount(y1).tolist() == [40] * 10
+    rates = np.array([x1[y1 == k].mean() for k in range(10)])
+    np.testing.assert_allclose(rates, class_rates(), atol=0.02)
+    assert not np.array_equal(make_bitstream(400, 300, seed=4)[0], x1)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(num_samples=0), "num_samples"), (dict(length=0), "length"),
+                                        (dict(num_classes=11), "num_classes")])
+def test_bitstream_bad_arguments(bad, match):
+    kw = dict(num_samples=10, length=5) | bad
+    with pytest.raises(ValueError, match=match):
+        make_bitstream(**kw)
+
+
+@pytest.mark.parametrize("cell", [cells.RNN(1, 5), cells.GRU(1, 5), cells.LSTM(1, 5)])
+def test_classifier_shapes_and_backward_choice_agree(cell):
+    x = jnp.asarray(make_bitstream(4, 7, seed=0)[0])
+    outs = [SequenceClassifier(cell, 10, backward=b, rngs=nnx.Rngs(0))(x) for b in ("bptt", "bppsa")]
+    assert outs[0].shape == (4, 10)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, I\)"):
+        SequenceClassifier(cell, 10, rngs=nnx.Rngs(0))(x[0])
+
+
+def test_recurrent_layer_gradients_equal_between_methods():
+    x = jax.random.normal(jax.random.key(0), (6, 3, 2), jnp.float64)
+
+    def grads(backward):
+        layer = Recurrent(cells.GRU(2, 4), backward=backward, rngs=nnx.Rngs(1), dtype=jnp.float64)
+        return nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+
+    a, b = grads("bptt"), grads("bppsa")
+    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=1e-10), a, b)
+
+
+def test_training_curves_of_bptt_and_bppsa_coincide_float32():
+    """Same initial parameters, same batches, 20 Adam steps: the same loss curve (float32)."""
+    x, y = make_bitstream(96, 40, seed=0)
+    cell = cells.RNN(1, 8)
+    curves = compare_backward_training(
+        lambda b: SequenceClassifier(cell, 10, backward=b, rngs=nnx.Rngs(0)), x, y,
+        steps=20, batch_size=16, learning_rate=1e-2, seed=0)
+    la = np.array([r["loss"] for r in curves["bptt"]])
+    lb = np.array([r["loss"] for r in curves["bppsa"]])
+    assert len(la) == len(lb) == 20
+    np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-5)
+    assert la[-5:].mean() < la[:5].mean()  # it learns something
+
+
+def test_cli_reproduce_unknown_name_is_a_clear_error(capsys):
+    assert cli.main(["reproduce", "no-such-result"]) == 2
+    assert "unknown NAME 'no-such-result'" in capsys.readouterr().err
+    assert cli.main(["frobnicate"]) == 2

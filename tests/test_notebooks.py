@@ -1,0 +1,65 @@
+"""Every notebook in notebooks/ runs top to bottom at small size, and is committed without outputs."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    names = {p.name for p in NOTEBOOKS}
+    assert {"01_walkthrough.ipynb", "02_speedups.ipynb"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs; clear them before committing"
+    params = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert params, f"{path.name}: no cell tagged 'parameters'"
+    assert "BPPSA_NOTEBOOK_SMOKE" in params[0].source, f"{path.name}: its parameters ignore BPPSA_NOTEBOOK_SMOKE"
+
+
+@pytest.fixture(scope="module")
+def kernel_name(tmp_path_factory, monkeypatch_module):
+    """A kernelspec for *this* interpreter (so the kernel sees the same packages), in a temp dir."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / "bppsa-test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "bppsa tests", "language": "python"}))
+    monkeypatch_module.setenv("JUPYTER_PATH", str(root))
+    monkeypatch_module.setenv("BPPSA_NOTEBOOK_SMOKE", "1")
+    monkeypatch_module.setenv("MPLBACKEND", "Agg")
+    # the kernel imports this checkout's bppsa, not whichever one is installed
+    monkeypatch_module.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return "bppsa-test"
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path, kernel_name):
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, kernel_name=kernel_name, timeout=300,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()  # raises CellExecutionError (with the cell and traceback) on any failure
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors

@@ -1,0 +1,244 @@
+"""Sequence-parallel BPPSA on 4 and 8 simulated CPU devices (conftest): gradients equal autodiff
+through ``lax.scan`` and single-device BPPSA in float64, for RNN/GRU/LSTM, T divisible by the
+device count and not, a loss at every step and at the last only, every combine, a 2-D mesh, the
+pmap-style entry point and the BPTT-through-the-mesh path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+import bppsa
+from bppsa import parallel
+from bppsa.parallel.selfcheck import problem
+
+
+def _ref_states(cell, params, xs, h0):
+    return lax.scan(lambda h, x: (cell.step(params, h, x),) * 2, h0, xs)[1]
+
+
+def _loss(every_step):
+    def loss(hs):
+        h = hs[0] if isinstance(hs, tuple) else hs
+        h = h if every_step else h[-1:]
+        return jnp.sum(jnp.sin(h) * jnp.arange(1, h.shape[-1] + 1, dtype=h.dtype))
+    return loss
+
+
+def _grads(states_fn, loss, params, xs, h0):
+    return jax.grad(lambda p, x, h: loss(states_fn(p, x, h)), argnums=(0, 1, 2))(params, xs, h0)
+
+
+def _assert_trees_close(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12), a, b)
+
+
+# Per cell, (devices, T, B, combine, scan, loss at every step): together they cover 4 and 8
+# devices, T divisible and not (and T < devices), B = 1, every combine, both kinds of loss.
+CASES = {
+    "rnn": [(4, 10, 2, "logstep", "blelloch", True), (8, 16, 1, "allgather", "blelloch", False)],
+    "gru": [(8, 5, 2, "chain", "blelloch", True), (4, 8, 2, "logstep", "blelloch", False)],
+    "lstm": [(4, 7, 2, "allgather", "blelloch", False), (8, 8, 2, "logstep", "blelloch", True)],
+}
+
+
+@pytest.mark.parametrize("cell_name", ["rnn", "gru", "lstm"])
+def test_sharded_gradients_equal_lax_scan_and_single_device(cell_name):
+    for P, T, B, combine, scan, every in CASES[cell_name]:
+        cell, params, xs, h0 = problem(cell_name, T=T, B=B)
+        mesh = parallel.make_mesh(P, batch_axis=None)
+        loss = _loss(every)
+
+        @jax.jit
+        def all_grads(params, xs, h0):
+            ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+            one = _grads(lambda p, x, h: bppsa.rnn(cell, p, x, h), loss, params, xs, h0) if P == 4 else ref
+            sharded = _grads(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, combine=combine,
+                                                          scan=scan), loss, params, xs, h0)
+            return ref, one, sharded
+
+        ref, one, sharded = all_grads(params, xs, h0)
+        assert np.abs(np.asarray(ref[0]["W_h"])).max() > 1e-3  # a real gradient, not all zeros
+        _assert_trees_close(sharded, ref)
+        _assert_trees_close(sharded, one)  # single-device BPPSA (once per cell, to save compiles)
+
+
+def test_two_dimensional_mesh_data_by_seq_with_uneven_batch_and_time():
+    cell, params, xs, h0 = problem("gru", T=7, B=3)  # 7 steps over 4 devices, 3 rows over 2
+    mesh = parallel.make_mesh(seq=4, data=2)
+    assert dict(mesh.shape) == {"data": 2, "seq": 4}
+    loss = _loss(True)
+
+    @jax.jit
+    def both(params, xs, h0):
+        ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+        got = _grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, seq_axis="seq", batch_axis="data"),
+                     loss, params, xs, h0)
+        return ref, got
+
+    ref, got = both(params, xs, h0)
+    _assert_trees_close(got, ref)
+
+
+def test_two_dimensional_mesh_shards_time_and_batch():
+    cell, params, xs, h0 = problem("rnn", T=8, B=4)
+    mesh = parallel.make_mesh(seq=4, data=2)
+    hs = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, batch_axis="data"))(params, xs, h0)
+    np.testing.assert_allclose(hs, _ref_states(cell, params, xs, h0), rtol=1e-12, atol=1e-13)
+    shard_shapes = {s.data.shape for s in hs.addressable_shards}
+    assert shard_shapes == {(2, 2, 4)}  # (T / 4, B / 2, H) on each of the 8 devices
+
+
+def test_pmap_entry_point_matches_lax_scan():
+    cell, params, xs, h0 = problem("lstm", T=12, B=2)
+    P = 4
+    loss = _loss(True)
+
+    def pm_states(p, x, h):
+        hs, cs = parallel.pmap_rnn(cell, p, x.reshape(P, 3, 2, 3), h)
+        assert hs.shape == (P, 3, 2, 4)
+        return hs.reshape(12, 2, 4), cs.reshape(12, 2, 4)
+
+    @jax.jit
+    def both(params, xs, h0):
+        ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+        return ref, _grads(pm_states, loss, params, xs, h0), pm_states(params, xs, h0)[0]
+
+    ref, got, hs = both(params, xs, h0)
+    _assert_trees_close(got, ref)
+    np.testing.assert_allclose(hs, _ref_states(cell, params, xs, h0)[0], rtol=1e-12, atol=1e-13)
+
+
+def test_bptt_through_the_mesh_and_other_local_scans():
+    cell, params, xs, h0 = problem("rnn", T=9, B=2)
+    mesh = parallel.make_mesh(4, batch_axis=None)
+    loss = _loss(True)
+
+    @jax.jit
+    def run(params, xs, h0):
+        ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+        outs = [_grads(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, backward="bptt"),
+                       loss, params, xs, h0)]
+        for scan in ("associative", "sequential"):
+            outs.append(_grads(lambda p, x, h, scan=scan: parallel.rnn(cell, p, x, h, mesh=mesh, scan=scan,
+                                                                         combine="logstep"),
+                               loss, params, xs, h0))
+        return ref, outs
+
+    ref, outs = run(params, xs, h0)
+    for got in outs:
+        _assert_trees_close(got, ref)
+
+
+def test_communication_volume_counts():
+    v = parallel.communication_volume(8, B=2, S=3, itemsize=8, combine="logstep")
+    assert [b for _, b in v["levels"]] == [(18 + 6) * 8] * 2 + [6 * 8] * 2
+    v = parallel.communication_volume(8, B=2, S=3, itemsize=8, combine="allgather")
+    assert v["combine_bytes"] == 7 * (18 + 6) * 8
+    assert parallel.communication_volume(1, 2, 3, 8, "chain")["combine_bytes"] == 0
+    assert parallel.choose_combine(4) == "allgather" and parallel.choose_combine(16) == "logstep"
+
+
+def test_bad_arguments_raise_clear_errors():
+    cell, params, xs, h0 = problem("rnn", T=4, B=2)
+    mesh = parallel.make_mesh(2, batch_axis=None)
+    with pytest.raises(ValueError, match="seq_axis 'time' is not an axis of the mesh"):
+        bppsa.rnn(cell, params, xs, h0, mesh=mesh, seq_axis="time")
+    with pytest.raises(ValueError, match="batch_axis 'data' is not an axis"):
+        bppsa.rnn(cell, params, xs, h0, mesh=mesh, batch_axis="data")
+    with pytest.raises(ValueError, match="combine must be one of"):
+        parallel.rnn(cell, params, xs, h0, mesh=mesh, combine="tree")
+    with pytest.raises(ValueError, match="mesh must be a jax.sharding.Mesh"):
+        bppsa.rnn(cell, params, xs, h0, mesh="seq")
+    with pytest.raises(ValueError, match="needs that many; only 8 are available"):
+        parallel.make_mesh(seq=8, data=2)
+    with pytest.raises(ValueError, match=r"xs must have shape \(P, C, B, I\)"):
+        parallel.pmap_rnn(cell, params, xs, h0)
+    with pytest.raises(ValueError, match="xs must have shape"):  # the core's validation still runs
+        bppsa.rnn(cell, params, xs[0], h0, mesh=mesh)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell_name", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize("P", [2, 3, 8])
+def test_sweep_lengths_devices_combines(cell_name, P):
+    devices = jax.devices()[:P]
+    mesh = parallel.make_mesh(P, devices=devices, batch_axis=None)
+    for T in sorted({1, max(1, P - 1), 2 * P + 1, 13}):
+        cell, params, xs, h0 = problem(cell_name, T=T, B=2, seed=T)
+
+        @jax.jit
+        def run(params, xs, h0):
+            out = []
+            for every in (True, False):
+                loss = _loss(every)
+                ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+                for combine in ("logstep", "allgather", "chain"):
+                    got = _grads(lambda p, x, h, c=combine: parallel.rnn(cell, p, x, h, mesh=mesh, combine=c),
+                                 loss, params, xs, h0)
+                    out.append((ref, got))
+            return out
+
+        for ref, got in run(params, xs, h0):
+            _assert_trees_close(got, ref)
+
+
+def _check_chunk_phases(n, method, seed):
+    """Phase 1 gives (Π, δ) with total(u) = u Π + δ; phase 3 with root u + c equals the scan."""
+    from bppsa.parallel.sequence import chunk_aggregate, chunk_finish
+    rng = np.random.default_rng(seed)
+    B, S = 2, 3
+    Ms = jnp.asarray(rng.normal(0, 0.6, (n, B, S, S)))
+    ds = jnp.asarray(rng.normal(0, 1, (n, B, S)))
+    c, u = jnp.asarray(rng.normal(0, 1, (B, S))), jnp.asarray(rng.normal(0, 1, (B, S)))
+
+    @jax.jit
+    def phases(c, u, Ms, ds):
+        Pi, delta, state = chunk_aggregate(method, c, Ms, ds)
+        return Pi, delta, chunk_finish(method, state, u + c, Ms, ds)
+
+    Pi, delta, (prefixes, total) = phases(c, u, Ms, ds)
+    ref_prefixes, ref_total = bppsa.sequential_scan(u + c, Ms, ds)
+    prod = Ms[0]
+    for k in range(1, n):
+        prod = prod @ Ms[k]
+    np.testing.assert_allclose(Pi, prod, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(jnp.einsum("bi,bij->bj", u, Pi) + delta, ref_total, rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(prefixes, ref_prefixes, rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(total, ref_total, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("n, method", [(1, "blelloch"), (7, "blelloch"), (5, "associative")])
+def test_chunk_aggregate_and_finish_equal_the_plain_scan(n, method):
+    _check_chunk_phases(n, method, seed=n)
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 17), method=st.sampled_from(["blelloch", "associative", "sequential"]),
+       seed=st.integers(0, 2 ** 16))
+def test_chunk_phases_property(n, method, seed):
+    _check_chunk_phases(n, method, seed)
+
+
+def test_cross_device_combines_equal_a_sequential_fold():
+    """u_p = A_{p+1}(A_{p+2}(… A_{P-1}(0))) on P = 5 devices (not a power of two), every combine."""
+    from jax.sharding import PartitionSpec as PS
+
+    from bppsa.parallel.sequence import _COMBINE_FNS
+    P, B, S = 5, 2, 3
+    rng = np.random.default_rng(0)
+    Pi, dl = rng.normal(0, 0.6, (P, B, S, S)), rng.normal(0, 1, (P, B, S))
+    mesh = parallel.make_mesh(P, devices=jax.devices()[:P], batch_axis=None)
+    run = jax.jit(parallel.shard_map(
+        lambda Pi, dl: tuple(_COMBINE_FNS[c](Pi[0], dl[0], "seq", P)[None] for c in ("logstep", "allgather", "chain")),
+        mesh, in_specs=(PS("seq"), PS("seq")), out_specs=(PS("seq"),) * 3))
+    expected = np.zeros((P, B, S))
+    for p in range(P - 2, -1, -1):
+        expected[p] = np.einsum("bi,bij->bj", expected[p + 1], Pi[p + 1]) + dl[p + 1]
+    for got in run(Pi, dl):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)

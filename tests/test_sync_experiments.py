@@ -1,0 +1,59 @@
+"""The synchronization experiment configs and tasks at smoke size.
+
+(tests/test_configs.py also runs every config's smoke variant through `bppsa run`, and
+tests/test_notebooks.py executes notebooks/04_sync.ipynb with BPPSA_NOTEBOOK_SMOKE=1.)
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config(name, arg=None):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "configs" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(arg)
+
+
+@pytest.mark.parametrize("name", ["sync_models", "zipline_runtimes"])
+def test_configs_have_task_and_smoke(name):
+    full, smoke = _config(name), _config(name, "smoke")
+    assert full.task.startswith("bppsa.sync.experiments:") and smoke.task == full.task
+    with pytest.raises(ValueError, match="smoke"):
+        _config(name, "huge")
+    if name == "sync_models":
+        labels = [p[0] for p in full.policies]
+        assert labels == ["bsp", "asp", "ssp", "ssp", "ssp", "dssp"] + ["elasticbsp"] * 5
+        assert [p[1].get("R") for p in full.policies[6:]] == [15, 30, 60, 120, 240]
+        assert tuple(full.cluster.means) == (1.0, 1.0, 2.5, 2.5)
+
+
+def test_zipline_runtimes_smoke_writes_results(tmp_path):
+    from bppsa.sync.experiments import zipline_runtimes
+    cfg = _config("zipline_runtimes", "smoke")
+    out = zipline_runtimes(cfg, tmp_path)
+    rec = json.loads((tmp_path / f"{cfg.name}.json").read_text())
+    assert rec["provenance"]["jax"] and len(rec["rows"]) == len(cfg.workers) * len(cfg.horizons)
+    for r in rec["rows"]:
+        ranges = [r[f"{m}_range"] for m in ("window", "zipline", "zipline_opt", "bsearch")]
+        assert max(ranges) - min(ranges) < 1e-12
+        assert r["grid_scan_range"] >= r["optimal_range"] - 1e-12
+    assert (tmp_path / f"{cfg.name}.md").read_text().startswith("Median wall time")
+    assert (tmp_path / f"{cfg.name}.png").stat().st_size > 0 and out["files"]
+
+
+def test_committed_results_have_provenance():
+    cpu = ROOT / "experiments" / "results" / "cpu"
+    for name in ("sync_models", "zipline_runtimes", "sync_ray"):
+        rec = json.loads((cpu / f"{name}.json").read_text())
+        assert rec["provenance"]["git_commit"] and rec["provenance"]["command"].startswith("bppsa ") and rec["rows"]
+        assert (cpu / f"{name}.md").exists()
+    table = (cpu / "sync_models.md").read_text()
+    for label in ("BSP", "ASP", "SSP s=3", "SSP s=6", "SSP s=15", "DSSP(3,12)", "ElasticBSP R=15",
+                  "ElasticBSP R=30", "ElasticBSP R=60", "ElasticBSP R=120", "ElasticBSP R=240"):
+        assert f"| {label} |" in table

@@ -1,0 +1,105 @@
+"""The discrete-event simulator: determinism, convergence, waiting/staleness/barrier logs, failures."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bppsa import sync
+
+SPEC = {"name": "digits_cnn", "channels": (4, 8)}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return sync.make_task(SPEC)
+
+
+def _run(task, policy, opts=None, **kw):
+    kw = {"max_time": 12.0, "eval_every": 2.0, "learning_rate": 0.1, "batch_size": 16, **kw}
+    return sync.simulate(task, policy, kw.pop("compute", sync.heterogeneous(4, 2.5, sigma=0.2)),
+                         policy_options=opts, **kw)
+
+
+def test_same_seed_same_result_and_seed_matters(task):
+    a = _run(task, "dssp", {"s_L": 1, "r_max": 4}, seed=3)
+    b = _run(task, "dssp", {"s_L": 1, "r_max": 4}, seed=3)
+    c = _run(task, "dssp", {"s_L": 1, "r_max": 4}, seed=4)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert json.dumps(a, sort_keys=True) != json.dumps(c, sort_keys=True)
+
+
+def test_short_simulated_training_converges(task):
+    r = _run(task, "elasticbsp", {"R": 15}, max_time=40.0, eval_every=5.0, target=0.8)
+    acc = [c["accuracy"] for c in r["curve"]]
+    assert acc[0] < 0.3  # chance level at the start
+    assert r["final_accuracy"] > 0.8
+    assert r["time_to_target"] is not None and r["time_to_target"] <= 40.0
+    assert r["time_to_target"] == sync.time_to_accuracy(r["curve"], 0.8)
+
+
+def test_logs_reflect_the_policy(task):
+    bsp = _run(task, "bsp")
+    asp = _run(task, "asp")
+    ebsp = _run(task, "elasticbsp", {"R": 30})
+    ssp = _run(task, "ssp", {"s": 2})
+    # BSP: lock-step, staleness < number of workers, one barrier per round, fast workers wait
+    assert max(bsp["pushes"]) - min(bsp["pushes"]) <= 1
+    assert max(bsp["staleness_hist"]) <= 3
+    assert bsp["barriers"] == min(bsp["pushes"])
+    assert min(bsp["wait"][:2]) > max(bsp["wait"][2:])
+    # ASP: nobody waits; the 2.5x faster workers push about 2.5x as often; staleness appears
+    assert asp["wait"] == [0.0] * 4 and asp["barriers"] == 0
+    assert 1.8 < sum(asp["pushes"][:2]) / sum(asp["pushes"][2:]) < 3.5
+    assert max(asp["staleness_hist"]) >= 2
+    # ElasticBSP: far fewer barriers and more updates than BSP in the same virtual time
+    assert 0 < ebsp["barriers"] < bsp["barriers"]
+    assert ebsp["total_pushes"] > bsp["total_pushes"]
+    # SSP(2): fast workers at most 3 pushes ahead of the slowest at any moment, so within 3 overall
+    assert max(ssp["pushes"]) - min(ssp["pushes"]) <= 3
+    assert sum(ssp["wait"][:2]) > 0
+    for r in (bsp, asp, ebsp, ssp):
+        assert sum(r["staleness_hist"].values()) == r["total_pushes"] == sum(r["pushes"])
+
+
+def test_stragglers_late_joiner_and_death(task):
+    base = dict(means=(1.0, 1.0, 1.0, 1.0), sigma=0.0)
+    slow = _run(task, "bsp", compute=sync.ComputeModel(**base, stragglers=((1, 0.0, 6.0, 3.0),)))
+    fast = _run(task, "bsp", compute=sync.ComputeModel(**base))
+    assert slow["total_pushes"] < fast["total_pushes"]
+    late = _run(task, "ssp", {"s": 1}, compute=sync.ComputeModel(**base, join_times=(0, 0, 0, 6.0)))
+    assert 0 < late["pushes"][3] < late["pushes"][0]
+    # a worker dies at t = 3; BSP drops it after the detection timeout and goes on
+    dead = _run(task, "bsp", compute=sync.ComputeModel(**base, deaths=((2, 3.0),), detect_timeout=1.0))
+    assert dead["deaths_detected"] == [{"worker": 2, "time": 4.0}]
+    assert dead["pushes"][2] <= 3 and dead["pushes"][0] >= 10
+    for policy in ("asp", "dssp", "elasticbsp"):
+        r = _run(task, policy, compute=sync.ComputeModel(**base, deaths=((0, 2.5),), detect_timeout=0.5))
+        assert r["pushes"][0] <= 3 and min(r["pushes"][1:]) >= 9, policy
+
+
+def test_bad_configuration(task):
+    with pytest.raises(ValueError, match="means"):
+        sync.ComputeModel(means=(1.0, -1.0))
+    with pytest.raises(ValueError, match="late joiners last"):
+        sync.ComputeModel(means=(1.0, 1.0), join_times=(5.0, 0.0))
+    with pytest.raises(ValueError, match="straggler"):
+        sync.ComputeModel(means=(1.0,), stragglers=((3, 0, 1, 2.0),))
+    with pytest.raises(ValueError, match="unknown policy"):
+        _run(task, "bulk")
+    with pytest.raises(ValueError, match="s .*>= 0"):
+        _run(task, "ssp", {"s": -1})
+    with pytest.raises(ValueError, match="R .*>= 1"):
+        _run(task, "elasticbsp", {"R": 0})
+    with pytest.raises(ValueError, match="task name"):
+        sync.make_task({"name": "imagenet"})
+
+
+def test_sequence_task_data():
+    x, y = sync.make_sequence_task(50, 16, num_features=6, num_classes=5, seed=1)
+    assert x.shape == (50, 16, 6) and x.dtype == np.float32 and y.shape == (50,)
+    assert set(y.tolist()) == set(range(5))
+    x2, _ = sync.make_sequence_task(50, 16, num_features=6, num_classes=5, seed=1)
+    assert np.array_equal(x, x2)
+    with pytest.raises(ValueError, match="length"):
+        sync.make_sequence_task(10, 0)
