@@ -511,7 +511,7 @@ def _row_line(r) -> str:
 
 def markdown_table(points, title: str = "") -> str:
     """The sweep as a markdown table (medians; × = BPTT time / BPPSA time, > 1: BPPSA faster)."""
-    lines = [f"### {title}", ""] if title else []
+    lines = [f"#### {title}", ""] if title else []
     lines += [_HEADER, "|" + "---|" * (_HEADER.count("|") - 1)]
     lines += [_row_line(r) for r in points]
     scans = [r for r in points if isinstance(r.get("scans"), dict) and "skipped" not in r["scans"]]
@@ -596,7 +596,7 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     out.mkdir(parents=True, exist_ok=True)
     record.setdefault("provenance", provenance(command))
     paths = [save_json(out / f"{name}.json", record)]
-    md = [f"## {name}", "", f"`{record['provenance']['command']}` — {record['provenance']['date']}, "
+    md = [f"`{record['provenance']['command']}` — {record['provenance']['date']}, "
           f"{record['provenance']['backend']} / {record['provenance']['device_kind']} / "
           f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
           "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). BPPSA bwd = the whole "
