@@ -26,14 +26,22 @@ BACKWARDS = ("bppsa", "bptt", "auto")
 def choose_backward(cell, T: int, B: int, dtype=None) -> str:
     """The method ``backward="auto"`` uses for this problem: "bppsa" or "bptt".
 
-    The default policy is BPTT; the benchmark module installs a calibrated cost model
-    (:func:`set_auto_policy`) when one is available.
+    By default: the calibrated cost model of :mod:`bppsa.bench` when one is cached for this
+    device (``bppsa bench`` or ``bppsa.bench.load_cost_model()`` probes and caches it), else BPTT.
+    :func:`set_auto_policy` installs any other policy.
     """
     return _AUTO_POLICY(cell, T, B, dtype)
 
 
+_CACHED_MODEL = []  # [model or None], looked up once per process
+
+
 def _default_policy(cell, T, B, dtype):
-    return "bptt"
+    if not _CACHED_MODEL:
+        from .bench import cached_cost_model
+        _CACHED_MODEL.append(cached_cost_model())
+    model = _CACHED_MODEL[0]
+    return "bptt" if model is None else model.choose(cell, T, B, dtype)
 
 
 _AUTO_POLICY = _default_policy

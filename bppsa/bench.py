@@ -382,6 +382,19 @@ def cache_path():
     return root / f"cost_model-{digest}.json"
 
 
+def cached_cost_model() -> CostModel | None:
+    """The cached :class:`CostModel` for this device, or None when none has been calibrated (no probe)."""
+    import json
+    path = cache_path()
+    try:
+        rec = json.loads(path.read_text())
+        if rec.get("meta", {}).get("device") == _device_key():
+            return CostModel.from_json(rec)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:
     """The cached :class:`CostModel` for this device; probe and cache it when missing."""
     import json

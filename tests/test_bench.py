@@ -310,3 +310,21 @@ def test_install_auto_lazy_probes_on_first_use(tmp_path, monkeypatch):
         assert bench.install_auto(model).choose(cells.RNN(1, 2), 10, 1) == "bppsa"
     finally:
         backprop.set_auto_policy(prev)
+
+
+def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch):
+    """No cached model: auto is BPTT without probing; a cached model for this device decides."""
+    from bppsa import backprop
+    monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(backprop, "_CACHED_MODEL", [])
+    monkeypatch.setattr(bench, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
+    previous = backprop.set_auto_policy(backprop._default_policy)
+    try:
+        cell = cells.RNN(1, 4)
+        assert backprop.choose_backward(cell, 1000, 2) == "bptt"
+        favour_bppsa = bench.CostModel({"bptt": [1.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
+        bench.cache_path().write_text(__import__("json").dumps(favour_bppsa.to_json()))
+        monkeypatch.setattr(backprop, "_CACHED_MODEL", [])
+        assert backprop.choose_backward(cell, 1000, 2) == "bppsa"
+    finally:
+        backprop.set_auto_policy(previous)
