@@ -1,28 +1,25 @@
-"""A minimal local multi-process spawner for ``jax.distributed`` on loopback (127.0.0.1).
+"""Spawn a local multi-process JAX job and collect each process's exit code and output.
 
-``spawn(argv, n)`` starts n copies of ``python argv...`` with the coordinator address, the
-process count and the process id in the environment, waits for them with a timeout, and
-returns their exit codes and output. In each child, :func:`init_distributed` reads that
-environment, selects CPU collectives over gloo, and calls ``jax.distributed.initialize``.
-(The project launcher, ``bppsa launch``, can take this over.)
+``spawn(argv, n)`` starts n copies of ``python argv...`` on loopback with the same environment
+contract as ``bppsa launch`` (:data:`bppsa.parallel.mesh.ENV`), waits for them with a timeout and
+returns one :class:`ProcessResult` per process — the form experiments and tests need, where
+``bppsa launch`` streams output for people. In each child, :func:`init_distributed` joins the job
+through :func:`bppsa.parallel.initialize` (gloo CPU collectives, coordinator bound to loopback).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["free_port", "spawn", "init_distributed", "ProcessResult", "ENV_COORDINATOR",
-           "ENV_NUM_PROCESSES", "ENV_PROCESS_ID"]
+from ..parallel.launch import free_port
+from ..parallel.mesh import ENV
 
-ENV_COORDINATOR = "BPPSA_COORDINATOR"
-ENV_NUM_PROCESSES = "BPPSA_NUM_PROCESSES"
-ENV_PROCESS_ID = "BPPSA_PROCESS_ID"
+__all__ = ["free_port", "spawn", "init_distributed", "ProcessResult"]
 
 
 @dataclass
@@ -30,13 +27,6 @@ class ProcessResult:
     process_id: int
     returncode: int | None  # None: killed at the timeout
     output: str
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child_env(port: int, n: int, i: int, extra: dict | None) -> dict:
@@ -48,9 +38,10 @@ def _child_env(port: int, n: int, i: int, extra: dict | None) -> dict:
     # children import the same bppsa as the parent (a worktree may shadow an installed copy)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env[ENV_COORDINATOR] = f"127.0.0.1:{port}"
-    env[ENV_NUM_PROCESSES] = str(n)
-    env[ENV_PROCESS_ID] = str(i)
+    env[ENV["coordinator"]] = f"127.0.0.1:{port}"
+    env[ENV["num_processes"]] = str(n)
+    env[ENV["process_id"]] = str(i)
+    env[ENV["timeout"]] = "60"
     env.update(extra or {})
     return env
 
@@ -86,20 +77,18 @@ def spawn(argv: list[str], num_processes: int, *, timeout: float = 120.0, env: d
 
 
 def init_distributed(*, x64: bool | None = None) -> tuple[int, int]:
-    """In a spawned child: initialise ``jax.distributed`` from the environment; returns (id, n).
+    """In a spawned child: join the job from the environment; returns (process id, process count).
 
-    Must run before any other JAX call in the process. CPU collectives go over gloo.
+    Must run before any other JAX call in the process.
     """
     import jax
 
-    try:
-        addr, n, i = os.environ[ENV_COORDINATOR], int(os.environ[ENV_NUM_PROCESSES]), int(os.environ[ENV_PROCESS_ID])
-    except KeyError as e:
-        raise RuntimeError(f"init_distributed: {e.args[0]} is not set; start this process with "
-                           "bppsa.hetero.launch.spawn") from None
+    from ..parallel.mesh import initialize
+
+    if ENV["num_processes"] not in os.environ:
+        raise RuntimeError(f"init_distributed: {ENV['num_processes']} is not set; start this process with "
+                           "bppsa.hetero.launch.spawn or bppsa launch")
     if x64 is not None:
         jax.config.update("jax_enable_x64", x64)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=addr, num_processes=n, process_id=i,
-                               initialization_timeout=60)
-    return i, n
+    initialize()
+    return jax.process_index(), jax.process_count()
