@@ -184,6 +184,14 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     def block(p, kind, t):
         wait_since[p], wait_kind[p] = t, kind
 
+    def act(p, d, t):
+        """Carry out a policy decision for worker p: run on or wait, then release whom it frees."""
+        if d.kind == PROCEED:
+            start(p, t)
+        else:
+            block(p, d.kind, t)
+        release(d.release, t)
+
     for p in initial:
         start(p, 0.0)
     for p in range(n):
@@ -222,21 +230,11 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
             version += 1
             pushes[p] += 1
             total += 1
-            d = pol.push(p, t)
-            if d.kind == PROCEED:
-                start(p, t)
-            else:
-                block(p, d.kind, t)
-            release(d.release, t)
+            act(p, pol.push(p, t), t)
             if max_pushes is not None and total >= max_pushes:
                 break
         elif kind == "join":
-            d = pol.join(p, t)
-            if d.kind == PROCEED:
-                start(p, t)
-            else:
-                block(p, d.kind, t)
-            release(d.release, t)
+            act(p, pol.join(p, t), t)
         elif kind == "death":
             alive[p] = False
             schedule(t + compute.detect_timeout, "detect", p)
