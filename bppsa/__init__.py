@@ -7,9 +7,13 @@
     hs = bppsa.rnn(cell, params, xs, h0, backward="bppsa", scan="blelloch")
 """
 
-from . import cells, scan
-from .backprop import BACKWARDS, choose_backward, rnn, set_auto_policy
-from .scan import SCANS, associative_scan, blelloch_scan, sequential_scan
+from . import host
+
+host.tune_allocator()  # keep XLA CPU's large temporaries in the heap (see bppsa.host)
+
+from . import cells, scan  # noqa: E402
+from .backprop import BACKWARDS, choose_backward, rnn, set_auto_policy  # noqa: E402
+from .scan import SCANS, associative_scan, blelloch_scan, sequential_scan  # noqa: E402
 
 __version__ = "0.1.0"
 

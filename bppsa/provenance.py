@@ -65,7 +65,13 @@ def provenance(command: str | None = None) -> dict:
         "optax": _version("optax"),
         "numpy": _version("numpy"),
         "git_commit": _git_commit(),
+        "malloc_tuned": _malloc_tuned(),
     }
+
+
+def _malloc_tuned() -> bool:
+    from .host import allocator_tuned
+    return allocator_tuned()
 
 
 def save_json(path, record: dict) -> Path:

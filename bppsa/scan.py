@@ -179,39 +179,180 @@ def down_sweep(levels):
     return incoming
 
 
+# --------------------------------------------------------------------------------------------
+# The fast Blelloch scan: a bottom layout in which every level's pairs are contiguous halves.
+# --------------------------------------------------------------------------------------------
+
+# Measured on the 2-core CPU (bare batch of 5000 products of 20 x 20, GFLOP/s from the min time;
+# experiments/results/cpu/scan-optimisation.md): the products written as S fused multiply-adds
+# (one XLA loop fusion) reach 58-67, batched ``matmul`` 50, and either one falls to 25-29 when its
+# operands are strided slices (every other matrix). So the scan never takes strided slices: the
+# elements are laid out so that at every bottom level the left operands are the first half of the
+# array and the right operands the second half, and the products are fused multiply-adds up to
+# S = _FMA_MAX (a batched GEMM beyond, where the unrolled form stops paying).
+_FMA_MAX = 64
+_TOP = 32  # the bottom levels stop when about _TOP..2*_TOP blocks are left
+
+
+def _matmul(L, R):
+    """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
+    S = L.shape[-1]
+    if S > _FMA_MAX:
+        return _flat_matmul(L, R)
+    out = L[..., :, 0, None] * R[..., None, 0, :]
+    for k in range(1, S):
+        out = out + L[..., :, k, None] * R[..., None, k, :]
+    return out
+
+
+def _vecmat_fused(v, M):
+    """(..., S) @ (..., S, S) -> (..., S) as S fused multiply-adds (small S; a multiply-and-sum
+    reduction measured 60x slower with a batch axis of 1)."""
+    S = M.shape[-1]
+    if S > _FMA_MAX:
+        return _flat_vecmat(v, M)
+    out = v[..., 0, None] * M[..., 0, :]
+    for k in range(1, S):
+        out = out + v[..., k, None] * M[..., k, :]
+    return out
+
+
+def bottom_layout(n: int) -> tuple[int, int, int]:
+    """``(k, m, N)`` for a scan of n elements: k bottom levels, m blocks left above them, N = m·2^k.
+
+    n is padded with N - n < 2^k <= n / _TOP identity elements (at most ~3 % extra work) so that
+    the k bottom levels pair everything; short scans (n < 2·_TOP) have k = 0.
+    """
+    if n < 1:
+        raise ValueError(f"the scan needs at least one element (n >= 1); got n = {n}")
+    k = max(0, n.bit_length() - 1 - (_TOP.bit_length() - 1))
+    m = -(-n // (1 << k))
+    return k, m, m << k
+
+
+def bottom_order(n: int):
+    """The storage order of the fast Blelloch scan: ``order[p]`` is the scan-order element stored
+    at position p (values >= n are identity padding). Returns (order, inverse) as numpy arrays,
+    ``inverse[i]`` the position of element i < n.
+
+    Element i = c·2^k + r (r < 2^k) goes to position m·bitrev_k(r) + c. Then at every bottom
+    level the pairs (2j, 2j + 1) are (position q, position q + half): left operands are the first
+    half, right operands the second, and the products land in the order the next level needs.
+    """
+    import numpy as np
+    k, m, N = bottom_layout(n)
+    order = np.arange(N).reshape((m,) + (2,) * k).transpose(tuple(range(k, -1, -1))).reshape(N)
+    inverse = np.empty(N, dtype=np.int64)
+    inverse[order] = np.arange(N)
+    return order, inverse[:n]
+
+
+def to_storage(x, n: int):
+    """Scan order -> the fast scan's storage order along axis 0 (see :func:`bottom_order`).
+
+    ``x`` has n or N rows (N from :func:`bottom_layout`; with n rows, N - n zero rows are
+    appended). A reshape and one transpose, no gather (XLA CPU's gather measured several times
+    slower).
+    """
+    k, m, N = bottom_layout(n)
+    if x.shape[0] == n and N > n:
+        x = jnp.concatenate([x, jnp.zeros((N - n,) + x.shape[1:], x.dtype)], axis=0)
+    if k == 0:
+        return x
+    rest = x.shape[1:]
+    y = x.reshape((m,) + (2,) * k + rest)
+    y = jnp.transpose(y, tuple(range(k, -1, -1)) + tuple(range(k + 1, y.ndim)))
+    return y.reshape((N,) + rest)
+
+
+def from_storage(y, n: int):
+    """The inverse of :func:`to_storage`: storage order (N rows) -> scan order (the first n rows)."""
+    k, m, N = bottom_layout(n)
+    if k:
+        rest = y.shape[1:]
+        x = y.reshape((2,) * k + (m,) + rest)
+        x = jnp.transpose(x, tuple(range(k, -1, -1)) + tuple(range(k + 1, x.ndim)))
+        y = x.reshape((N,) + rest)
+    return y[:n]
+
+
+def blelloch_scan_stored(v, Ms, ds, n: int):
+    """The fast modified Blelloch scan on elements already in storage order.
+
+    ``Ms`` (N, B, S, S) and ``ds`` (N, B, S) or None are the n scan-order elements put through
+    :func:`to_storage` (N - n padding rows: whatever the padding rows of Ms hold is replaced by
+    the identity here; those of ds must be zero, as :func:`to_storage` makes them). Letting the caller do the permutation lets :mod:`bppsa.backprop` permute the cheap
+    (T, B, S) state vectors and generate the Jacobians directly in storage order. Returns
+    ``(prefixes, total)`` exactly as :func:`blelloch_scan`, prefixes in scan order.
+    """
+    k, m, N = bottom_layout(n)
+    if Ms.shape[0] != N:
+        raise ValueError(f"Ms must have N = {N} rows in storage order for n = {n}; got {Ms.shape}")
+    if N > n:  # the padding elements become identity maps (their offsets are already zero)
+        pad = jnp.asarray(bottom_order(n)[0] >= n)
+        Ms = jnp.where(pad[:, None, None, None], jnp.eye(Ms.shape[-1], dtype=Ms.dtype), Ms)
+    incoming, total = _blelloch_bottom(v, Ms, ds, k)
+    return from_storage(incoming, n), total
+
+
+def _blelloch_bottom(v, X, D, k):
+    """k bottom levels on contiguous halves, the top m blocks by :func:`_blelloch_top`, then the
+    k down-sweep levels. Returns the exclusive prefixes in storage order (N, B, S) and the total."""
+    lefts = []
+    for _ in range(k):  # up-sweep: block (2j, 2j + 1) = positions (q, q + half)
+        h = X.shape[0] // 2
+        L, R = X[:h], X[h:]
+        DL = None if D is None else D[:h]
+        X = _matmul(L, R)
+        D = None if D is None else _vecmat_fused(DL, R) + D[h:]
+        lefts.append((L, DL))
+    incoming, total = _blelloch_top(v, X, D)
+    for L, DL in reversed(lefts):  # down-sweep: a left child gets its parent's prefix, a right
+        right = _vecmat_fused(incoming, L)  # child the parent's prefix composed with its sibling
+        if DL is not None:
+            right = right + DL
+        incoming = jnp.concatenate([incoming, right], axis=0)
+    return incoming, total
+
+
 def blelloch_scan(v, Ms, ds=None):
     """The paper's modified Blelloch scan (up-sweep, then down-sweep with reversed operands).
 
     Work: about n matrix–matrix products of S³ per batch row in the up-sweep (blocks away from
     the root), and about 2n vector–matrix products (S² each) for block 0 and the down-sweep —
-    Θ(n·B·S³) in all. Depth: 2⌈log₂(n + 1)⌉ levels, each one batched product. Any n >= 1.
+    Θ(n·B·S³) in all. Depth: about 2⌈log₂(n + 1)⌉ levels, each one batched product. Any n >= 1.
 
-    Same result as ``down_sweep(up_sweep(v, Ms, ds))``, organised for speed: each level's left
-    operands are kept from the up-sweep for the down-sweep (no second strided copy), the matrix
-    products are one batched ``matmul`` per level (XLA's batched GEMM, the fastest layout for
-    S x S blocks measured on CPU) with all leading dimensions flattened into one batch dimension,
-    and the pairs are taken with strided slices (no pair axis, no gather).
+    Same result as ``down_sweep(up_sweep(v, Ms, ds))``, organised for speed (see
+    :func:`bottom_order`): the elements are permuted once (padded with < n/32 identities) so
+    that every bottom level pairs the first half of its array with the second half — no strided
+    slices — and its products are fused multiply-adds; the top ~32–64 blocks, with the vector
+    root, are scanned by :func:`_blelloch_top`.
     """
     _check(v, Ms, ds)
+    n = Ms.shape[0]
+    return blelloch_scan_stored(v, to_storage(Ms, n), None if ds is None else to_storage(ds, n), n)
+
+
+def _blelloch_top(v, Ms, ds=None):
+    """The modified Blelloch scan with the vector at the root, for any n (used above the bottom
+    levels, where n is small): block 0 is the vector, pairs are taken with strided slices and
+    an odd block out is carried up. Same contract as :func:`blelloch_scan`."""
     n, B, S, _ = Ms.shape
-    # Up-sweep. Level record: (vec, L, DL, n_pairs, carried) -- block 0's value entering the
-    # level, the left operands of the pairs (2j, 2j + 1), their offsets, and whether the last
-    # block was carried up unpaired.
     records = []
     vec, X, D = v, Ms, ds
     while X.shape[0] >= 1:
         m = X.shape[0]
-        new_vec = _flat_vecmat(vec, X[0]) if D is None else _flat_vecmat(vec, X[0]) + D[0]
+        new_vec = _vecmat_fused(vec, X[0]) if D is None else _vecmat_fused(vec, X[0]) + D[0]
         P, carried = (m - 1) // 2, (m - 1) % 2 == 1
         L = DL = None
         new_X = X[:0]
         new_D = None if D is None else D[:0]
         if P:
             L, R = X[1:1 + 2 * P:2], X[2:2 + 2 * P:2]
-            new_X = _flat_matmul(L, R)
+            new_X = _matmul(L, R)
             if D is not None:
                 DL = D[1:1 + 2 * P:2]
-                new_D = _flat_vecmat(DL, R) + D[2:2 + 2 * P:2]
+                new_D = _vecmat_fused(DL, R) + D[2:2 + 2 * P:2]
         if carried:
             new_X = jnp.concatenate([new_X, X[-1:]], axis=0)
             if D is not None:
@@ -219,13 +360,12 @@ def blelloch_scan(v, Ms, ds=None):
         records.append((vec, L, DL, P, carried))
         vec, X, D = new_vec, new_X, new_D
     total = vec
-    # Down-sweep: inc[j] is the exclusive prefix of matrix block j + 1 (block 0's is empty).
     inc = jnp.zeros((0, B, S), v.dtype)
     for vec, L, DL, P, carried in reversed(records):
         parts = [vec[None]]  # block 1 = right child of block 0: its prefix is block 0's value
         if P:
             parent = inc[:P]
-            right = _flat_vecmat(parent, L) if DL is None else _flat_vecmat(parent, L) + DL
+            right = _vecmat_fused(parent, L) if DL is None else _vecmat_fused(parent, L) + DL
             parts.append(jnp.stack([parent, right], axis=1).reshape((2 * P, B, S)))
         if carried:
             parts.append(inc[P:P + 1])

@@ -126,6 +126,33 @@ def test_chunked_bppsa_is_exact(cell, T, chunk):
     _close(g_chunk, g_ref)
 
 
+def test_auto_chunk_size():
+    assert backprop.auto_chunk_size(30_000, 1, 20, 4, backend="gpu") is None  # one chunk off CPU
+    assert backprop.auto_chunk_size(1000, 2, 20, 4, backend="cpu") is None    # fits in CHUNK_BYTES
+    c = backprop.auto_chunk_size(30_000, 1, 20, 4, backend="cpu")
+    assert c % 64 == 0 and c * 20 * 20 * 4 <= backprop.CHUNK_BYTES < (c + 64) * 20 * 20 * 4
+    assert backprop.auto_chunk_size(10**6, 1024, 64, 8, backend="cpu") == 64  # never below 64
+
+
+def test_default_auto_chunking_is_exact(monkeypatch):
+    """chunk_size="auto" (the default) chunks once the Jacobians pass CHUNK_BYTES; exact."""
+    cell = cells.GRU(2, 3)
+    T, B = 150, 2
+    params = cell.init(jax.random.key(5), jnp.float64)
+    xs = jax.random.normal(jax.random.key(6), (T, B, 2), jnp.float64)
+    h0 = jax.random.normal(jax.random.key(7), (B, 3), jnp.float64)
+    monkeypatch.setattr(backprop, "CHUNK_BYTES", 64 * B * 3 * 3 * 8)  # chunks of 64, 64, 22
+    assert backprop.auto_chunk_size(T, B, 3, 8, backend="cpu") == 64
+    calls = []
+    chunked = backprop._chunked_bwd
+    monkeypatch.setattr(backprop, "_chunked_bwd", lambda *a: calls.append(a[2]) or chunked(*a))
+    g_ref = _grads(cell, params, xs, h0)
+    _close(_grads(cell, params, xs, h0, backward="bppsa"), g_ref)
+    assert calls == [64]  # the default took the chunked path, with chunks of 64
+    _close(_grads(cell, params, xs, h0, backward="bppsa", chunk_size=None), g_ref)
+    assert calls == [64]  # chunk_size=None: one chunk
+
+
 @pytest.mark.slow
 def test_chunked_bppsa_with_other_scans_and_b1():
     cell = cells.RNN(1, 4)

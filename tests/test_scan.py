@@ -33,7 +33,7 @@ def _reference(v, Ms, ds):
 
 
 @pytest.mark.parametrize("method", sorted(S.SCANS))
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 9, 16, 33, 100])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 9, 16, 33, 63, 64, 65, 100, 129])
 @pytest.mark.parametrize("with_d", [False, True])
 def test_scan_matches_python_loop(method, n, with_d):
     rng = np.random.default_rng(n)
@@ -107,3 +107,72 @@ def test_bad_inputs():
         S.associative_scan(v, Ms, ds[:2])
     with pytest.raises(ValueError, match="n >= 1"):
         S.blelloch_scan(v, Ms[:0], None)
+
+
+# --------------------------------------------------------------------------------------------
+# The fast Blelloch scan's storage order (bottom levels on contiguous halves).
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 100, 1000, 1025, 4097, 10000, 30001])
+def test_bottom_layout_bounds(n):
+    k, m, N = S.bottom_layout(n)
+    assert N == m << k and N >= n and N - n < (1 << k)
+    if k:  # enough blocks left for the top scan, and at most ~3 % padding
+        assert 32 <= m <= 64 and (N - n) <= n / 32
+    else:
+        assert N == n and n < 64
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 5000))
+def test_bottom_order_pairs_adjacent_blocks_as_contiguous_halves(n):
+    """At every bottom level, position q (first half) and q + half (second half) hold adjacent
+    blocks, left then right; after k levels the m blocks are in natural order."""
+    k, m, N = S.bottom_layout(n)
+    order, inverse = S.bottom_order(n)
+    assert sorted(order) == list(range(N)) and np.array_equal(order[inverse], np.arange(n))
+    start, end = order.copy(), order + 1  # each position holds the interval of elements it covers
+    for _ in range(k):
+        h = start.shape[0] // 2
+        assert np.array_equal(end[:h], start[h:])
+        start, end = start[:h], end[h:]
+    assert np.array_equal(start, np.arange(m) << k) and np.array_equal(end, (np.arange(m) + 1) << k)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 3000), rest=st.sampled_from([(), (2,), (1, 3)]))
+def test_to_storage_round_trip(n, rest):
+    x = jnp.arange(n * int(np.prod(rest, dtype=int)), dtype=jnp.float64).reshape((n,) + rest)
+    y = S.to_storage(x, n)
+    k, m, N = S.bottom_layout(n)
+    order, _ = S.bottom_order(n)
+    assert y.shape == (N,) + rest
+    padded = np.concatenate([np.asarray(x), np.zeros((N - n,) + rest)])
+    np.testing.assert_array_equal(y, padded[order])  # the padding rows are zero
+    np.testing.assert_array_equal(S.from_storage(y, n), x)
+
+
+@pytest.mark.parametrize("n", [71, 1000])
+def test_stored_scan_replaces_padding_with_identity(n):
+    """Whatever the padding rows of Ms hold (NaN here) is replaced by the identity map."""
+    v, Ms, ds = _elements(np.random.default_rng(n), n, 2, 3, True)
+    k, m, N = S.bottom_layout(n)
+    assert N > n
+    pad = S.bottom_order(n)[0] >= n
+    Mp = jnp.where(jnp.asarray(pad)[:, None, None, None], jnp.nan, S.to_storage(Ms, n))
+    p, t = jax.jit(S.blelloch_scan_stored, static_argnums=3)(v, Mp, S.to_storage(ds, n), n)
+    ref_p, ref_t = _reference(v, Ms, ds)
+    np.testing.assert_allclose(p, ref_p, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(t, ref_t, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match=f"N = {N} rows"):
+        S.blelloch_scan_stored(v, Ms, ds, n)
+
+
+@pytest.mark.parametrize("size", [3, 20, S._FMA_MAX, S._FMA_MAX + 1])
+def test_products_in_both_forms(size):
+    """Fused multiply-adds up to _FMA_MAX, a flat batched GEMM beyond: both are the product."""
+    rng = np.random.default_rng(size)
+    L, R = (jnp.asarray(rng.normal(size=(3, 2, size, size))) for _ in range(2))
+    w = jnp.asarray(rng.normal(size=(3, 2, size)))
+    np.testing.assert_allclose(jax.jit(S._matmul)(L, R), np.einsum("pbik,pbkj->pbij", L, R), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(jax.jit(S._vecmat_fused)(w, R), np.einsum("pbi,pbij->pbj", w, R), rtol=1e-11, atol=1e-12)
