@@ -267,21 +267,26 @@ def _gates(cell) -> int:
     return 3 if isinstance(cell, GRU) else 4 if isinstance(cell, LSTM) else 1
 
 
-def _levels(T: int) -> int:
-    return 2 * max(1, int(T).bit_length())  # 2 ceil(log2(T + 1)): up-sweep + down-sweep
+def _levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4) -> int:
+    """Dependent levels of the BPPSA backward: 2⌈log₂(C + 1)⌉ per chunk of C steps (up-sweep +
+    down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend."""
+    C = backprop.auto_chunk_size(T, B, S, itemsize) or T
+    return -(-T // C) * 2 * max(1, int(C).bit_length())
 
 
-def cost_features(cell, T: int, B: int) -> dict:
+def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
     """The model's features for one problem (S = state size, G = gate count).
 
     BPTT:  t = a_step · T            + a_flop · T·B·G·S²          (T dependent steps)
-    BPPSA: t = b_level · levels(T)   + b_gemm · T·B·S³ + b_mem · T·B·G·S²
-    levels(T) = 2⌈log₂(T + 1)⌉ dependent levels; T·B·S³ is the up-sweep's matrix–matrix work,
-    T·B·G·S² the Jacobian generation, vector products and contraction (memory bound).
+    BPPSA: t = b_level · levels      + b_gemm · T·B·S³ + b_mem · T·B·G·S²
+    levels = 2⌈log₂(C + 1)⌉ dependent levels per chunk of C steps (C = T unless the default
+    chunk_size="auto" chunks, see :func:`bppsa.backprop.auto_chunk_size`); T·B·S³ is the
+    up-sweep's matrix–matrix work, T·B·G·S² the Jacobian generation, vector products and
+    contraction (memory bound).
     """
     S, G = cell.state_size, _gates(cell)
     return {"bptt": [float(T), float(T) * B * G * S * S],
-            "bppsa": [float(_levels(T)), float(T) * B * S ** 3, float(T) * B * G * S * S]}
+            "bppsa": [float(_levels(T, B, S, itemsize)), float(T) * B * S ** 3, float(T) * B * G * S * S]}
 
 
 class CostModel:
@@ -299,12 +304,12 @@ class CostModel:
         self.coef = {k: [float(c) for c in v] for k, v in coef.items()}
         self.meta = dict(meta or {})
 
-    def predict(self, cell, T: int, B: int) -> dict:
-        f = cost_features(cell, T, B)
+    def predict(self, cell, T: int, B: int, dtype=None) -> dict:
+        f = cost_features(cell, T, B, 4 if dtype is None else jnp.dtype(dtype).itemsize)
         return {k: float(np.dot(self.coef[k], f[k])) for k in ("bptt", "bppsa")}
 
     def choose(self, cell, T: int, B: int, dtype=None) -> str:
-        p = self.predict(cell, T, B)
+        p = self.predict(cell, T, B, dtype)
         return "bppsa" if p["bppsa"] < p["bptt"] else "bptt"
 
     __call__ = choose
@@ -331,7 +336,7 @@ def _nnls(A, y):
         active.remove(min(neg, key=lambda i: x[i]))
 
 
-PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (256, 8), (1024, 4), (512, 32))
+PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 8), (1024, 4), (512, 32))
 
 
 def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 3, dtype=jnp.float32,
@@ -354,7 +359,7 @@ def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 3, d
         _, vp = jax.vjp(backprop._bppsa_fn(cell, scan), params, xs, s0)
         t = time_interleaved({"bptt": lambda: apply_vjp(vb, ct), "bppsa": lambda: apply_vjp(vp, ct)},
                              repeats=repeats)
-        f = cost_features(cell, T, B)
+        f = cost_features(cell, T, B, jnp.dtype(dtype).itemsize)
         for k in rows:
             rows[k][0].append(f[k])
             rows[k][1].append(t[k]["min"])
@@ -365,11 +370,15 @@ def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 3, d
     return CostModel(coef, meta)
 
 
+COST_MODEL_VERSION = 2  # 2: storage-order Blelloch scan, chunk_size="auto" (levels per chunk)
+
+
 def _device_key() -> str:
     from .provenance import _cpu_model
     d = jax.devices()[0]
     kind = d.device_kind if jax.default_backend() != "cpu" else _cpu_model()
-    return f"{jax.default_backend()}|{kind}|jax {jax.__version__}"
+    # COST_MODEL_VERSION: a model calibrated on an older backward implementation is recalibrated.
+    return f"{jax.default_backend()}|{kind}|jax {jax.__version__}|model {COST_MODEL_VERSION}"
 
 
 def cache_path():
