@@ -134,10 +134,16 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_cla
     ss = jax.block_until_ready(fwd(params, xs, s0))
 
     spr, xr, sr, v, ds = jax.jit(lambda ss, s0, xs, ct: _bppsa_inputs(cell, ss, s0, xs, ct))(ss, s0, xs, ct)
+    if scan == "blelloch":  # as bppsa.backprop does it: Jacobians generated in storage order
+        st = jax.jit(lambda a: scan_lib.to_storage(a, T))
+        spr_j, xr_j, sr_j, ds_j = st(spr), st(xr), st(sr), st(ds)
+        scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.blelloch_scan_stored(v, Ms, ds, T))
+    else:
+        spr_j, xr_j, sr_j, ds_j = spr, xr, sr, ds
+        scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.scan(v, Ms, ds, scan))
     jac = jax.jit(cell.transposed_jacobian)
-    Ms = jax.block_until_ready(jac(params, spr, xr, sr))
-    scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.scan(v, Ms, ds, scan))
-    gs, _ = jax.block_until_ready(scan_fn(v, Ms, ds))
+    Ms = jax.block_until_ready(jac(params, spr_j, xr_j, sr_j))
+    gs, _ = jax.block_until_ready(scan_fn(v, Ms, ds_j))
     pg = jax.jit(cell.param_grads)
 
     _, vjp_bptt = jax.vjp(lambda p, x, s: backprop._forward(cell, p, x, s), params, xs, s0)
@@ -153,8 +159,8 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_cla
 
     return {
         "forward": lambda: fwd(params, xs, s0),
-        "jacobian": lambda: jac(params, spr, xr, sr),
-        "bppsa_backward": lambda: scan_fn(v, Ms, ds),
+        "jacobian": lambda: jac(params, spr_j, xr_j, sr_j),
+        "bppsa_backward": lambda: scan_fn(v, Ms, ds_j),
         "param_grads": lambda: pg(params, spr, xr, sr, gs),
         "bppsa_backward_full": lambda: apply_vjp(vjp_bppsa, ct),
         "bptt_backward": lambda: apply_vjp(vjp_bptt, ct),
@@ -650,6 +656,8 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
         "batched matmul (n, S, S)": (jax.jit(jnp.matmul), (A, Bm)),
         "batched matmul (n/16, 16, S, S)": (jax.jit(lambda a, b: jnp.matmul(a.reshape(-1, 16, S, S), b.reshape(-1, 16, S, S))), (A, Bm)),
         "fused multiply-add over k (n, S, S)": (jax.jit(lambda a, b: sum(a[:, :, k, None] * b[:, None, k, :] for k in range(S))), (A, Bm)),
+        "scan's form: fused multiply-add on halves of (2n, S, S)": (
+            jax.jit(lambda x: scan_lib._matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
         "einsum batch-last (S, S, n)": (jax.jit(lambda a, b: jnp.einsum("ikn,kjn->ijn", a, b)), (At, Bt)),
         f"large GEMM {large}^3": (jax.jit(jnp.matmul), (X, X)),
     }
