@@ -283,28 +283,29 @@ def _levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4) -> int:
 def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
     """The model's features for one problem (S = state size, G = gate count).
 
-    BPTT:  t = a_step · T            + a_flop · T·B·G·S²          (T dependent steps)
+    BPTT:  t = a_step · T + a_batch · T·[B > 1] + a_flop · T·B·G·S²   (T dependent steps)
     BPPSA: t = b_level · levels      + b_gemm · T·B·S³ + b_mem · T·B·G·S²
     levels = 2⌈log₂(C + 1)⌉ dependent levels per chunk of C steps (C = T unless the default
     chunk_size="auto" chunks, see :func:`bppsa.backprop.auto_chunk_size`); T·B·S³ is the
     up-sweep's matrix–matrix work, T·B·G·S² the Jacobian generation, vector products and
-    contraction (memory bound).
+    contraction (memory bound). a_batch: XLA's per-step cost jumps from B = 1 to B = 2 (measured
+    0.7 -> 2.0 ms at T = 1000 on the 2-core CPU), more than the flops explain.
     """
     S, G = cell.state_size, _gates(cell)
-    return {"bptt": [float(T), float(T) * B * G * S * S],
+    return {"bptt": [float(T), float(T) * (B > 1), float(T) * B * G * S * S],
             "bppsa": [float(_levels(T, B, S, itemsize)), float(T) * B * S ** 3, float(T) * B * G * S * S]}
 
 
 class CostModel:
     """Predicted backward-pass seconds of BPTT and BPPSA from :func:`cost_features`.
 
-    ``coef = {"bptt": [a_step, a_flop], "bppsa": [b_level, b_gemm, b_mem]}`` (seconds per unit),
+    ``coef = {"bptt": [a_step, a_batch, a_flop], "bppsa": [b_level, b_gemm, b_mem]}`` (seconds per unit),
     fitted by :func:`calibrate`. ``choose`` picks the method with the smaller prediction; it is
     the policy ``backward="auto"`` uses once installed with :func:`install_auto`.
     """
 
     def __init__(self, coef: dict, meta: dict | None = None):
-        for k, n in (("bptt", 2), ("bppsa", 3)):
+        for k, n in (("bptt", 3), ("bppsa", 3)):
             if k not in coef or len(coef[k]) != n:
                 raise ValueError(f"coef[{k!r}] must be a list of {n} numbers; got {coef.get(k)!r}")
         self.coef = {k: [float(c) for c in v] for k, v in coef.items()}
@@ -342,10 +343,11 @@ def _nnls(A, y):
         active.remove(min(neg, key=lambda i: x[i]))
 
 
-PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 8), (1024, 4), (512, 32))
+PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 2), (2048, 2), (256, 8), (1024, 4),
+                (512, 32))
 
 
-def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 3, dtype=jnp.float32,
+def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 5, dtype=jnp.float32,
               scan: str = "blelloch") -> CostModel:
     """Fit :class:`CostModel` on this device from a short probe (vanilla RNN, a few (T, B)).
 
@@ -376,7 +378,7 @@ def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 3, d
     return CostModel(coef, meta)
 
 
-COST_MODEL_VERSION = 2  # 2: storage-order Blelloch scan, chunk_size="auto" (levels per chunk)
+COST_MODEL_VERSION = 3  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term
 
 
 def _device_key() -> str:

@@ -194,7 +194,7 @@ def test_chunked_mode_bounds_compiled_memory():
 def test_cost_model_choices_in_constructed_regimes():
     cell = cells.RNN(1, 20)
     # per-step latency dominates BPTT; BPPSA pays per level and per S^3 flop
-    model = bench.CostModel({"bptt": [1e-6, 1e-11], "bppsa": [2e-5, 5e-12, 1e-11]})
+    model = bench.CostModel({"bptt": [1e-6, 0.0, 1e-11], "bppsa": [2e-5, 5e-12, 1e-11]})
     assert model.choose(cell, T=100_000, B=1) == "bppsa"   # long, thin: few levels vs many steps
     assert model.choose(cell, T=4, B=1) == "bptt"          # short: level overhead dominates
     assert model.choose(cell, T=1000, B=4096) == "bptt"    # wide: S^3 work dominates
@@ -212,8 +212,8 @@ def test_auto_uses_installed_policy_and_stays_exact():
     g_ref = _grads(cell, params, xs, h0)
     seen = []
     for choice in ("bppsa", "bptt"):
-        model = bench.CostModel({"bptt": [1.0, 0.0], "bppsa": [0.0, 0.0, 0.0]} if choice == "bppsa"
-                                else {"bptt": [0.0, 0.0], "bppsa": [1.0, 0.0, 0.0]})
+        model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]} if choice == "bppsa"
+                                else {"bptt": [0.0, 0.0, 0.0], "bppsa": [1.0, 0.0, 0.0]})
         prev = backprop.set_auto_policy(lambda *a, m=model: seen.append(m(*a)) or m(*a))
         try:
             _close(_grads(cell, params, xs, h0, backward="auto"), g_ref)
@@ -281,7 +281,7 @@ def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
 
 def test_bench_point_records_auto_choice():
     cell = cells.RNN(1, 3)
-    model = bench.CostModel({"bptt": [1.0, 0.0], "bppsa": [0.0, 0.0, 0.0]})
+    model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]})
     r = bench.bench_point(cell, 5, 2, repeats=1, model=model, scan_variants=(), memory=False, log=lambda s: None)
     assert r["auto"]["choice"] == "bppsa"
     assert r["auto"]["faster_measured"] in ("bppsa", "bptt") and r["auto"]["slowdown_vs_best"] >= 1.0
@@ -328,7 +328,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
 
 def test_install_auto_lazy_probes_on_first_use(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    model = bench.CostModel({"bptt": [1.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
+    model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
     bench.cache_path().write_text(json.dumps(model.to_json()))
     prev = backprop.set_auto_policy(backprop._default_policy)
     try:
@@ -349,7 +349,7 @@ def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch
     try:
         cell = cells.RNN(1, 4)
         assert backprop.choose_backward(cell, 1000, 2) == "bptt"
-        favour_bppsa = bench.CostModel({"bptt": [1.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
+        favour_bppsa = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
         bench.cache_path().write_text(__import__("json").dumps(favour_bppsa.to_json()))
         monkeypatch.setattr(backprop, "_CACHED_MODEL", [])
         assert backprop.choose_backward(cell, 1000, 2) == "bppsa"
