@@ -22,8 +22,9 @@ __all__ = ["rnn", "BACKWARDS", "choose_backward", "auto_chunk_size", "CHUNK_BYTE
 
 # chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
 # chunk's scan works in cache. Measured (RNN H = 20, 2-core CPU, BPPSA backward, min of 7):
-# T = 30 000, B = 1: one chunk 48.8 ms, chunks of 2048-4096 steps 15 ms (BPTT 20.5 ms);
-# T = 3000, B = 16: 70.2 ms -> 22.8 ms with chunks of 256 (experiments/results/cpu/scan-optimisation.md).
+# T = 30 000, B = 1: one chunk 48.8 ms, chunks of 2048 / 4096 / 8192 steps 15.3 / 14.9 / 16.7 ms
+# (BPTT 20.5 ms); T = 3000, B = 16: 70.2 ms -> 22.8 ms with chunks of 256
+# (experiments/results/cpu/scan-optimisation.md). 8 MiB is 5120 steps at B = 1, 320 at B = 16.
 CHUNK_BYTES = 8 << 20
 
 BACKWARDS = ("bppsa", "bptt", "auto")
@@ -84,9 +85,11 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     """
     if scan_method == "blelloch":
         n = xr.shape[0]
-        spr_p, xr_p, sr_p, ds_p = (scan_lib.to_storage(a, n) for a in (spr, xr, sr, ds))
+        # padding steps get copies of a real step (finite Jacobians; the scan replaces them by the
+        # identity) and zero offsets
+        spr_p, xr_p, sr_p = (scan_lib.to_storage(a, n, pad="edge") for a in (spr, xr, sr))
         Ms = cell.transposed_jacobian(params, spr_p, xr_p, sr_p)
-        return scan_lib.blelloch_scan_stored(v, Ms, ds_p, n)
+        return scan_lib.blelloch_scan_stored(v, Ms, scan_lib.to_storage(ds, n), n, zero_padded_offsets=True)
     Ms = cell.transposed_jacobian(params, spr, xr, sr)
     return scan_lib.scan(v, Ms, ds, scan_method)
 
@@ -129,14 +132,20 @@ def _chunked_bwd(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
 
 def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None = None) -> int | None:
     """The chunk length ``chunk_size="auto"`` uses: None (one chunk) off CPU or when everything
-    fits in :data:`CHUNK_BYTES`; else the largest multiple of 64 steps whose (B, S, S) Jacobians
-    fit in it (at least 64)."""
+    fits in :data:`CHUNK_BYTES`; else the largest length of the form m·2^k (32 <= m < 64, so the
+    Blelloch scan pads nothing) whose (B, S, S) Jacobians fit in it, at least 64.
+
+    Decided when the backward is traced, from ``jax.default_backend()`` (not the placement of the
+    arrays) and the shapes the backward sees (per example under ``vmap``).
+    """
     if (backend or jax.default_backend()) != "cpu":
         return None
     per_step = B * S * S * itemsize
     if T * per_step <= CHUNK_BYTES:
         return None
-    c = max(64, CHUNK_BYTES // per_step // 64 * 64)
+    c = max(64, CHUNK_BYTES // per_step)
+    k, m, _ = scan_lib.bottom_layout(c)
+    c = max(64, (c >> k) << k)  # m·2^k steps: the Blelloch scan needs no padding in a full chunk
     return None if c >= T else int(c)
 
 
@@ -194,7 +203,8 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
         carrying the boundary gradient, so Jacobian memory is chunk_size·B·S² instead of T·B·S²
         (exact; None: one chunk). "auto" (default): on CPU, chunks whose Jacobians fit in
         :data:`CHUNK_BYTES` (cache blocking, see :func:`auto_chunk_size`); on accelerators, one
-        chunk. An int cannot be combined with ``mesh`` ("auto" is then one chunk per device).
+        chunk. An int cannot be combined with ``mesh``; with ``mesh`` each device scans its
+        stretch in one piece with the reference up/down-sweep of :mod:`bppsa.parallel`.
 
     Returns:
       hs: (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).

@@ -75,14 +75,14 @@ def _head_init(key, H, num_classes, dtype):
 
 
 def make_train_step(cell, backward: str, scan: str = "blelloch", learning_rate: float = 1e-3,
-                    chunk_size: int | None = None):
+                    chunk_size: int | str | None = "auto"):
     """A jitted ``step(state, xs, h0, labels) -> (state, loss)``; state = (params, head, opt_state).
 
     The model is the paper's: ``cell`` over xs (T, B, I), a linear head on the last hidden state,
     softmax cross-entropy against labels (B,), one Adam update.
     """
     tx = optax.adam(learning_rate)
-    kw = {} if chunk_size is None else {"chunk_size": chunk_size}
+    kw = {"chunk_size": chunk_size}
 
     def loss_fn(weights, xs, h0, labels):
         params, head = weights
@@ -220,16 +220,16 @@ def compiled_memory(fn, *args) -> dict | None:
 
 def step_memory(cell, params, xs, h0, *, num_classes: int = 10, scan: str = "blelloch",
                 chunk_size: int | None = None) -> dict:
-    """Compiled peak memory (bytes) of one training step: {"bppsa": {...}, "bptt": {...}}.
-
-    With ``chunk_size`` an extra entry ``"bppsa_chunked"`` for the memory-bounded mode.
+    """Compiled peak memory (bytes) of one training step: {"bppsa": {...}, "bppsa_one_chunk": {...},
+    "bptt": {...}}; "bppsa" is the default (``chunk_size="auto"``), "bppsa_one_chunk" holds all T
+    Jacobians. With ``chunk_size`` an extra entry ``"bppsa_chunked"`` for that chunk length.
     """
     xs = jnp.asarray(xs)
     B = xs.shape[1]
     head = _head_init(jax.random.key(0), cell.hidden_size, num_classes, xs.dtype)
     labels = jnp.zeros((B,), jnp.int32)
     out = {}
-    variants = [("bppsa", "bppsa", None), ("bptt", "bptt", None)]
+    variants = [("bppsa", "bppsa", "auto"), ("bppsa_one_chunk", "bppsa", None), ("bptt", "bptt", None)]
     if chunk_size is not None:
         variants.append(("bppsa_chunked", "bppsa", chunk_size))
     for name, method, cs in variants:
@@ -243,8 +243,15 @@ def time_scans(v, Ms, ds=None, *, methods=("blelloch", "associative", "sequentia
     """The scan alone for each method on the same (v, Ms, ds), interleaved: {method: stats}."""
     fns = {}
     for m in methods:
-        f = jax.jit(lambda v, M, d, m=m: scan_lib.scan(v, M, d, m))
-        fns[m] = lambda f=f: f(v, Ms, ds)
+        if m == "blelloch":  # as the backward runs it: elements already in storage order
+            n = Ms.shape[0]
+            st = jax.jit(lambda a: scan_lib.to_storage(a, n))
+            args = (v, st(Ms), None if ds is None else st(ds))
+            f = jax.jit(lambda v, M, d: scan_lib.blelloch_scan_stored(v, M, d, n))
+        else:
+            args = (v, Ms, ds)
+            f = jax.jit(lambda v, M, d, m=m: scan_lib.scan(v, M, d, m))
+        fns[m] = lambda f=f, args=args: f(*args)
     return time_interleaved(fns, repeats=repeats, warmup=warmup)
 
 
@@ -506,9 +513,9 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
                                     num_classes=num_classes)
         rec["memory"]["jacobian_bytes"] = T * B * cell.state_size ** 2 * jnp.dtype(dtype).itemsize
     if model is not None:
-        pred = model.predict(cell, T, B)
+        pred = model.predict(cell, T, B, dtype)
         faster = "bppsa" if t["bppsa_backward_full"]["median"] < t["bptt_backward"]["median"] else "bptt"
-        choice = model.choose(cell, T, B)
+        choice = model.choose(cell, T, B, dtype)
         best = min(t["bppsa_backward_full"]["median"], t["bptt_backward"]["median"])
         chosen = t["bppsa_backward_full" if choice == "bppsa" else "bptt_backward"]["median"]
         rec["auto"] = {"choice": choice, "faster_measured": faster, "predicted_s": pred,
@@ -630,9 +637,12 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
           f"{record['provenance']['backend']} / {record['provenance']['device_kind']} / "
           f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
           "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). BPPSA bwd = the whole "
-          "BPPSA backward (FO + scan + contraction, one jit); step = forward + backward + Adam. "
-          "auto = the cost model's choice (its time / the faster method's time). Peak MB from "
-          "XLA's compiled memory analysis of the training step.", ""]
+          "BPPSA backward as `bppsa.rnn` runs it by default (FO + scan + contraction, one jit; on "
+          "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`); FO, scan and "
+          "contract = those pieces on all T steps at once, so on CPU they can add up to more than "
+          "the whole. step = forward + backward + Adam. auto = the cost model's choice (its time / "
+          "the faster method's time). Peak MB from XLA's compiled memory analysis of the training "
+          "step (default chunking).", ""]
     for sweep, pts in record["sweeps"].items():
         if pts:
             md.append(markdown_table(pts, sweep))

@@ -28,12 +28,16 @@ total = g_0 (see :mod:`bppsa.backprop`). The scans know nothing about cells or d
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan",
-           "up_sweep", "down_sweep"]
+           "up_sweep", "down_sweep", "bottom_layout", "bottom_order", "to_storage", "from_storage",
+           "blelloch_scan_stored"]
 
 
 def _vecmat(v, M):
@@ -186,18 +190,27 @@ def down_sweep(levels):
 # Measured on the 2-core CPU (bare batch of 5000 products of 20 x 20, GFLOP/s from the min time;
 # experiments/results/cpu/scan-optimisation.md): the products written as S fused multiply-adds
 # (one XLA loop fusion) reach 58-67, batched ``matmul`` 50, and either one falls to 25-29 when its
-# operands are strided slices (every other matrix). So the scan never takes strided slices: the
-# elements are laid out so that at every bottom level the left operands are the first half of the
-# array and the right operands the second half, and the products are fused multiply-adds up to
-# S = _FMA_MAX (a batched GEMM beyond, where the unrolled form stops paying).
+# operands are strided slices (every other matrix). So the bottom levels -- nearly all the work --
+# never take strided slices: the elements are laid out so that at every bottom level the left
+# operands are the first half of the array and the right operands the second half (only the last
+# 32..64 blocks, in _blelloch_top, are paired by strided slices), and on CPU the products are fused
+# multiply-adds up to S = _FMA_MAX (a batched GEMM beyond, where the unrolled form stops paying).
 _FMA_MAX = 64
 _TOP = 32  # the bottom levels stop when about _TOP..2*_TOP blocks are left
+
+
+def _use_fma(S: int, dtype) -> bool:
+    """Fused multiply-adds for S <= _FMA_MAX in float32/float64 on CPU, where they were measured
+    faster; elsewhere (accelerators, low-precision dtypes, large S) the batched GEMM, whose
+    accumulation precision and tiling the backend chooses. Decided at trace time."""
+    return (S <= _FMA_MAX and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+            and jax.default_backend() == "cpu")
 
 
 def _matmul(L, R):
     """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
     S = L.shape[-1]
-    if S > _FMA_MAX:
+    if not _use_fma(S, jnp.result_type(L, R)):
         return _flat_matmul(L, R)
     out = L[..., :, 0, None] * R[..., None, 0, :]
     for k in range(1, S):
@@ -209,7 +222,7 @@ def _vecmat_fused(v, M):
     """(..., S) @ (..., S, S) -> (..., S) as S fused multiply-adds (small S; a multiply-and-sum
     reduction measured 60x slower with a batch axis of 1)."""
     S = M.shape[-1]
-    if S > _FMA_MAX:
+    if not _use_fma(S, jnp.result_type(v, M)):
         return _flat_vecmat(v, M)
     out = v[..., 0, None] * M[..., 0, :]
     for k in range(1, S):
@@ -223,6 +236,10 @@ def bottom_layout(n: int) -> tuple[int, int, int]:
     n is padded with N - n < 2^k <= n / _TOP identity elements (at most ~3 % extra work) so that
     the k bottom levels pair everything; short scans (n < 2·_TOP) have k = 0.
     """
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise ValueError(f"n must be a static Python int (a shape); got {n!r}") from None
     if n < 1:
         raise ValueError(f"the scan needs at least one element (n >= 1); got n = {n}")
     k = max(0, n.bit_length() - 1 - (_TOP.bit_length() - 1))
@@ -239,7 +256,6 @@ def bottom_order(n: int):
     level the pairs (2j, 2j + 1) are (position q, position q + half): left operands are the first
     half, right operands the second, and the products land in the order the next level needs.
     """
-    import numpy as np
     k, m, N = bottom_layout(n)
     order = np.arange(N).reshape((m,) + (2,) * k).transpose(tuple(range(k, -1, -1))).reshape(N)
     inverse = np.empty(N, dtype=np.int64)
@@ -247,16 +263,24 @@ def bottom_order(n: int):
     return order, inverse[:n]
 
 
-def to_storage(x, n: int):
+def to_storage(x, n: int, pad: str = "zeros"):
     """Scan order -> the fast scan's storage order along axis 0 (see :func:`bottom_order`).
 
-    ``x`` has n or N rows (N from :func:`bottom_layout`; with n rows, N - n zero rows are
-    appended). A reshape and one transpose, no gather (XLA CPU's gather measured several times
-    slower).
+    ``x`` has n or N rows (N from :func:`bottom_layout`). With n rows, N - n padding rows are
+    appended first: zeros (``pad="zeros"``, what offsets need) or copies of the last row
+    (``pad="edge"``: real states, so that a cell's Jacobian at a padding step is finite; the scan
+    replaces it by the identity anyway). A reshape and one transpose, no gather (XLA CPU's gather
+    measured several times slower).
     """
     k, m, N = bottom_layout(n)
+    if x.ndim < 1 or x.shape[0] not in (n, N):
+        raise ValueError(f"x must have n = {n} or N = {N} rows along axis 0; got shape {x.shape}")
+    if pad not in ("zeros", "edge"):
+        raise ValueError(f"pad must be 'zeros' or 'edge'; got {pad!r}")
     if x.shape[0] == n and N > n:
-        x = jnp.concatenate([x, jnp.zeros((N - n,) + x.shape[1:], x.dtype)], axis=0)
+        fill = (jnp.zeros((N - n,) + x.shape[1:], x.dtype) if pad == "zeros"
+                else jnp.broadcast_to(x[-1:], (N - n,) + x.shape[1:]))
+        x = jnp.concatenate([x, fill], axis=0)
     if k == 0:
         return x
     rest = x.shape[1:]
@@ -268,6 +292,8 @@ def to_storage(x, n: int):
 def from_storage(y, n: int):
     """The inverse of :func:`to_storage`: storage order (N rows) -> scan order (the first n rows)."""
     k, m, N = bottom_layout(n)
+    if y.ndim < 1 or y.shape[0] != N:
+        raise ValueError(f"y must have N = {N} rows (storage order for n = {n}); got shape {y.shape}")
     if k:
         rest = y.shape[1:]
         x = y.reshape((2,) * k + (m,) + rest)
@@ -276,21 +302,28 @@ def from_storage(y, n: int):
     return y[:n]
 
 
-def blelloch_scan_stored(v, Ms, ds, n: int):
+def blelloch_scan_stored(v, Ms, ds, n: int, *, zero_padded_offsets: bool = False):
     """The fast modified Blelloch scan on elements already in storage order.
 
     ``Ms`` (N, B, S, S) and ``ds`` (N, B, S) or None are the n scan-order elements put through
-    :func:`to_storage` (N - n padding rows: whatever the padding rows of Ms hold is replaced by
-    the identity here; those of ds must be zero, as :func:`to_storage` makes them). Letting the caller do the permutation lets :mod:`bppsa.backprop` permute the cheap
+    :func:`to_storage` (N - n padding rows, whatever they hold: they are replaced by the identity
+    map here). Letting the caller do the permutation lets :mod:`bppsa.backprop` permute the cheap
     (T, B, S) state vectors and generate the Jacobians directly in storage order. Returns
     ``(prefixes, total)`` exactly as :func:`blelloch_scan`, prefixes in scan order.
+
+    ``zero_padded_offsets=True`` promises that the padding rows of ds are already zero (as
+    ``to_storage(ds, n)`` makes them) and skips masking them; :mod:`bppsa.backprop` uses it.
     """
     k, m, N = bottom_layout(n)
-    if Ms.shape[0] != N:
-        raise ValueError(f"Ms must have N = {N} rows in storage order for n = {n}; got {Ms.shape}")
-    if N > n:  # the padding elements become identity maps (their offsets are already zero)
+    if Ms.ndim != 4 or Ms.shape[0] != N or Ms.shape[-1] != Ms.shape[-2]:
+        raise ValueError(f"Ms must have shape (N, B, S, S) with N = {N} rows in storage order for "
+                         f"n = {n}; got {Ms.shape}")
+    _check(v, Ms, ds)
+    if N > n:  # the padding elements become identity maps
         pad = jnp.asarray(bottom_order(n)[0] >= n)
         Ms = jnp.where(pad[:, None, None, None], jnp.eye(Ms.shape[-1], dtype=Ms.dtype), Ms)
+        if ds is not None and not zero_padded_offsets:
+            ds = jnp.where(pad[:, None, None], jnp.zeros((), ds.dtype), ds)
     incoming, total = _blelloch_bottom(v, Ms, ds, k)
     return from_storage(incoming, n), total
 

@@ -46,8 +46,8 @@ def test_scan_matches_python_loop(method, n, with_d):
 
 
 @settings(max_examples=15, deadline=None)
-@given(n=st.integers(1, 40), B=st.integers(1, 3), H=st.integers(1, 5), with_d=st.booleans(),
-       seed=st.integers(0, 2**31 - 1))
+@given(n=st.one_of(st.integers(1, 40), st.integers(64, 300)), B=st.integers(1, 3), H=st.integers(1, 5),
+       with_d=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_blelloch_equals_sequential_property(n, B, H, with_d, seed):
     v, Ms, ds = _elements(np.random.default_rng(seed), n, B, H, with_d)
     p_b, t_b = _scan(v, Ms, ds, method="blelloch")
@@ -78,15 +78,17 @@ def test_matrix_products_only_away_from_the_root():
     assert sum(lv[1].shape[0] for lv in levels[1:]) < 1000
 
 
-def test_float32_stays_float32():
-    v, Ms, ds = _elements(np.random.default_rng(2), 9, 2, 3, True)
+@pytest.mark.parametrize("n", [9, 100])
+def test_float32_stays_float32(n):
+    v, Ms, ds = _elements(np.random.default_rng(2), n, 2, 3, True)
     p, t = S.blelloch_scan(v.astype(jnp.float32), Ms.astype(jnp.float32), ds.astype(jnp.float32))
     assert p.dtype == jnp.float32 and t.dtype == jnp.float32
 
 
-def test_jit_and_vmap_compose():
+@pytest.mark.parametrize("n", [11, 100])  # 100: bottom levels and padding under vmap
+def test_jit_and_vmap_compose(n):
     rng = np.random.default_rng(3)
-    problems = [_elements(rng, 11, 2, 3, True) for _ in range(3)]
+    problems = [_elements(rng, n, 2, 3, True) for _ in range(3)]
     v, Ms, ds = (jnp.stack(parts) for parts in zip(*problems))  # a leading axis of 3 problems
     p, t = jax.vmap(jax.jit(S.blelloch_scan))(v, Ms, ds)
     for i, prob in enumerate(problems):
@@ -154,18 +156,48 @@ def test_to_storage_round_trip(n, rest):
 
 @pytest.mark.parametrize("n", [71, 1000])
 def test_stored_scan_replaces_padding_with_identity(n):
-    """Whatever the padding rows of Ms hold (NaN here) is replaced by the identity map."""
+    """Whatever the padding rows hold (NaN here) is replaced by the identity map."""
     v, Ms, ds = _elements(np.random.default_rng(n), n, 2, 3, True)
     k, m, N = S.bottom_layout(n)
     assert N > n
-    pad = S.bottom_order(n)[0] >= n
-    Mp = jnp.where(jnp.asarray(pad)[:, None, None, None], jnp.nan, S.to_storage(Ms, n))
-    p, t = jax.jit(S.blelloch_scan_stored, static_argnums=3)(v, Mp, S.to_storage(ds, n), n)
+    pad = jnp.asarray(S.bottom_order(n)[0] >= n)
+    Mp = jnp.where(pad[:, None, None, None], jnp.nan, S.to_storage(Ms, n))
+    dp = jnp.where(pad[:, None, None], jnp.nan, S.to_storage(ds, n))
     ref_p, ref_t = _reference(v, Ms, ds)
+    p, t = jax.jit(S.blelloch_scan_stored, static_argnums=3)(v, Mp, dp, n)
     np.testing.assert_allclose(p, ref_p, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(t, ref_t, rtol=1e-10, atol=1e-12)
+    # the backward's promise: zero offset padding (to_storage's), not masked again
+    p, t = jax.jit(lambda v, M, d: S.blelloch_scan_stored(v, M, d, n, zero_padded_offsets=True))(
+        v, Mp, S.to_storage(ds, n))
     np.testing.assert_allclose(t, ref_t, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match=f"N = {N} rows"):
         S.blelloch_scan_stored(v, Ms, ds, n)
+
+
+def test_storage_helpers_reject_bad_input():
+    x = jnp.zeros((100, 2))
+    with pytest.raises(ValueError, match="n = 99 or N = 100 rows"):
+        S.to_storage(x[:, None][:50], 99)
+    with pytest.raises(ValueError, match="N = 100 rows"):
+        S.from_storage(x[:99], 99)
+    with pytest.raises(ValueError, match="pad must be"):
+        S.to_storage(x, 100, pad="reflect")
+    with pytest.raises(ValueError, match="static Python int"):
+        S.bottom_layout(2.5)
+    assert S.bottom_layout(np.int64(100)) == S.bottom_layout(100)
+    edge = S.to_storage(jnp.arange(1.0, 72.0), 71, pad="edge")  # N = 72: one padding row
+    assert float(edge[S.bottom_order(71)[1]].max()) == 71.0 and sorted(np.asarray(edge))[-2:] == [71.0, 71.0]
+
+
+def test_scan_beyond_the_fused_product_size():
+    """S > _FMA_MAX: the flat-GEMM products, through a whole scan with bottom levels."""
+    S_ = S._FMA_MAX + 1
+    v, Ms, ds = _elements(np.random.default_rng(7), 70, 1, S_, True)
+    p, t = _scan(v, Ms, ds, method="blelloch")
+    ref_p, ref_t = _reference(v, Ms, ds)
+    np.testing.assert_allclose(p, ref_p, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(t, ref_t, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("size", [3, 20, S._FMA_MAX, S._FMA_MAX + 1])
