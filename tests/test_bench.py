@@ -318,7 +318,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
     cache = tmp_path / "cache"
     env = _gpu_script_env(tmp_path, BPPSA_ALLOW_CPU="1", BPPSA_CACHE_DIR=str(cache))
     code = ("import jax, json; from bppsa import bench; p = bench.cache_path(); p.parent.mkdir(parents=True);"
-            "p.write_text(json.dumps(bench.CostModel({'bptt': [1e-6, 1e-10], 'bppsa': [1e-5, 1e-10, 1e-11]},"
+            "p.write_text(json.dumps(bench.CostModel({'bptt': [1e-6, 0.0, 1e-10], 'bppsa': [1e-5, 1e-10, 1e-11]},"
             "{'device': bench._device_key()}).to_json()))")
     subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, check=True, timeout=120)
     out = tmp_path / "out"
