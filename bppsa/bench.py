@@ -678,6 +678,26 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
     return {k: flops[k] / t[k]["min"] / 1e9 for k in forms}
 
 
+def product_rate(T: int, B: int, S: int = 20, *, repeats: int = 7, dtype=jnp.float32) -> dict:
+    """GFLOP/s of the Blelloch scan's up-sweep matrix products alone, as the scan runs them: the
+    bottom levels of :func:`bppsa.scan.blelloch_scan_stored` (fused multiply-adds on contiguous
+    halves) on random elements in storage order, without offsets, vector products or the top.
+    Returns {"gflops", "flops", "min_s", "levels"}."""
+    k, m, N = scan_lib.bottom_layout(T)
+    X = jax.random.normal(jax.random.key(0), (N, B, S, S), dtype) / S
+
+    @jax.jit
+    def products(X):
+        for _ in range(k):
+            h = X.shape[0] // 2
+            X = scan_lib._matmul(X[:h], X[h:])
+        return X
+
+    t = time_interleaved({"products": lambda: products(X)}, repeats=repeats)["products"]["min"]
+    flops = sum(2 * (N >> (level + 1)) * B * S ** 3 for level in range(k))
+    return {"gflops": flops / t / 1e9 if flops else 0.0, "flops": flops, "min_s": t, "levels": k}
+
+
 def _int_list(s: str):
     try:
         vals = [int(x) for x in s.split(",") if x]
@@ -718,8 +738,13 @@ def main(argv=None) -> int:
         record["gemm_gflops"] = gemm_rates(S=a.hidden)
         for k, v in record["gemm_gflops"].items():
             print(f"{k:40s} {v:7.1f} GFLOP/s")
-        for r in pts:  # the rate the scan reaches on its ~n matrix products (up-sweep work)
+        for r in pts:
+            # the whole scan's effective rate: its ~n matrix products' flops / the whole scan's time
             r["scan_gflops"] = 2 * r["T"] * r["B"] * a.hidden ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
+            # the products alone (the up-sweep's bottom levels, as the scan runs them)
+            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden)
+            print(f"T={r['T']} B={r['B']}: scan {r['scan_gflops']:.1f} GFLOP/s effective, "
+                  f"up-sweep products {r['product_rate']['gflops']:.1f} GFLOP/s")
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     print("wrote " + ", ".join(map(str, paths)))
     return 0

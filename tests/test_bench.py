@@ -360,3 +360,9 @@ def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch
         assert backprop.choose_backward(cell, 1000, 2) == "bppsa"
     finally:
         backprop.set_auto_policy(previous)
+
+
+def test_product_rate_counts_the_bottom_level_products():
+    r = bench.product_rate(100, 2, 3, repeats=1)  # k = 1 bottom level: 50 products per batch row
+    assert r["levels"] == 1 and r["flops"] == 2 * 50 * 2 * 27 and r["gflops"] > 0
+    assert bench.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
