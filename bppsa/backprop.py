@@ -75,6 +75,14 @@ def _forward(cell, params, xs, s0):
     return ss
 
 
+def storage_inputs(spr, xr, sr, ds):
+    """The backward's scan-order (n, ...) inputs in the Blelloch scan's storage order: padding
+    steps get copies of a real step (finite Jacobians; the scan replaces them by the identity)
+    and zero offsets. Returns (spr, xr, sr, ds) with N rows (:func:`bppsa.scan.bottom_layout`)."""
+    n = xr.shape[0]
+    return (*(scan_lib.to_storage(a, n, pad="edge") for a in (spr, xr, sr)), scan_lib.to_storage(ds, n))
+
+
 def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     """Generate the Jacobians of one stretch of steps (scan order) and scan them from root v.
 
@@ -85,11 +93,9 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     """
     if scan_method == "blelloch":
         n = xr.shape[0]
-        # padding steps get copies of a real step (finite Jacobians; the scan replaces them by the
-        # identity) and zero offsets
-        spr_p, xr_p, sr_p = (scan_lib.to_storage(a, n, pad="edge") for a in (spr, xr, sr))
+        spr_p, xr_p, sr_p, ds_p = storage_inputs(spr, xr, sr, ds)
         Ms = cell.transposed_jacobian(params, spr_p, xr_p, sr_p)
-        return scan_lib.blelloch_scan_stored(v, Ms, scan_lib.to_storage(ds, n), n, zero_padded_offsets=True)
+        return scan_lib.blelloch_scan_stored(v, Ms, ds_p, n, zero_padded_offsets=True)
     Ms = cell.transposed_jacobian(params, spr, xr, sr)
     return scan_lib.scan(v, Ms, ds, scan_method)
 

@@ -135,9 +135,8 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_cla
 
     spr, xr, sr, v, ds = jax.jit(lambda ss, s0, xs, ct: _bppsa_inputs(cell, ss, s0, xs, ct))(ss, s0, xs, ct)
     if scan == "blelloch":  # as bppsa.backprop does it: Jacobians generated in storage order
-        st = jax.jit(lambda a: scan_lib.to_storage(a, T))
-        spr_j, xr_j, sr_j, ds_j = st(spr), st(xr), st(sr), st(ds)
-        scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.blelloch_scan_stored(v, Ms, ds, T))
+        spr_j, xr_j, sr_j, ds_j = jax.jit(backprop.storage_inputs)(spr, xr, sr, ds)
+        scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.blelloch_scan_stored(v, Ms, ds, T, zero_padded_offsets=True))
     else:
         spr_j, xr_j, sr_j, ds_j = spr, xr, sr, ds
         scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.scan(v, Ms, ds, scan))

@@ -22,7 +22,6 @@ import numpy as np
 
 import bppsa
 from bppsa import cells
-from bppsa.backprop import _validate
 
 POINTS = ((10000, 1), (1000, 2), (1000, 1), (1000, 16), (30000, 1), (3000, 16))
 
@@ -49,7 +48,6 @@ def main(argv=None):
         T, B = (int(x) for x in spec.split(":"))
         xs = jax.random.normal(jax.random.key(1), (T, B, 1), jnp.float32)
         h0 = jnp.zeros((B, 20), jnp.float32)
-        _validate(cell, params, xs, h0)
         fns = {"bptt": _backward(cell, params, xs, h0, backward="bptt"),
                "bppsa": _backward(cell, params, xs, h0, backward="bppsa")}
         if has_chunks:
