@@ -16,9 +16,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from . import cells as cells_lib
 from . import scan as scan_lib
 
-__all__ = ["rnn", "BACKWARDS", "choose_backward", "auto_chunk_size", "CHUNK_BYTES"]
+__all__ = ["rnn", "BACKWARDS", "choose_backward", "auto_chunk_size", "has_diagonal_jacobian",
+           "CHUNK_BYTES"]
 
 # chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
 # chunk's scan works in cache. Measured (RNN H = 20, 2-core CPU, BPPSA backward, min of 7):
@@ -83,6 +85,22 @@ def storage_inputs(spr, xr, sr, ds):
     return (*(scan_lib.to_storage(a, n, pad="edge") for a in (spr, xr, sr)), scan_lib.to_storage(ds, n))
 
 
+def stored_jacobians(cell, params, spr, xr, sr):
+    """The Jacobians of storage-order steps for the Blelloch scan: the cell's diagonal structure
+    ``(A, Wt)`` where it has one (:meth:`bppsa.cells.Cell.diagonal_jacobian`), else the
+    (N, B, S, S) matrices."""
+    diag = cell.diagonal_jacobian(params, spr, xr, sr) if has_diagonal_jacobian(cell) else None
+    return diag if diag is not None else cell.transposed_jacobian(params, spr, xr, sr)
+
+
+def stored_scan(v, jacobians, ds, n):
+    """The storage-order Blelloch scan of :func:`stored_jacobians`' output (ds zero-padded, as
+    :func:`storage_inputs` makes it). Returns (prefixes in scan order, total)."""
+    if isinstance(jacobians, tuple):
+        return scan_lib.blelloch_scan_stored_diag(v, *jacobians, ds, n)
+    return scan_lib.blelloch_scan_stored(v, jacobians, ds, n, zero_padded_offsets=True)
+
+
 def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     """Generate the Jacobians of one stretch of steps (scan order) and scan them from root v.
 
@@ -94,8 +112,7 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     if scan_method == "blelloch":
         n = xr.shape[0]
         spr_p, xr_p, sr_p, ds_p = storage_inputs(spr, xr, sr, ds)
-        Ms = cell.transposed_jacobian(params, spr_p, xr_p, sr_p)
-        return scan_lib.blelloch_scan_stored(v, Ms, ds_p, n, zero_padded_offsets=True)
+        return stored_scan(v, stored_jacobians(cell, params, spr_p, xr_p, sr_p), ds_p, n)
     Ms = cell.transposed_jacobian(params, spr, xr, sr)
     return scan_lib.scan(v, Ms, ds, scan_method)
 
@@ -136,10 +153,14 @@ def _chunked_bwd(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
     return acc, dxr, u
 
 
-def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None = None) -> int | None:
+def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None = None,
+                    structured: bool = False) -> int | None:
     """The chunk length ``chunk_size="auto"`` uses: None (one chunk) off CPU or when everything
     fits in :data:`CHUNK_BYTES`; else the largest length of the form m·2^k (32 <= m < 64, so the
-    Blelloch scan pads nothing) whose (B, S, S) Jacobians fit in it, at least 64.
+    Blelloch scan pads nothing) whose largest array fits in it, at least 64: the (B, S, S)
+    Jacobians per step, or for a cell with diagonal structure (``structured``, see
+    :func:`has_diagonal_jacobian`) half of that, the first level's products (its Jacobians are
+    never formed).
 
     Decided when the backward is traced, from ``jax.default_backend()`` (not the placement of the
     arrays) and the shapes the backward sees (per example under ``vmap``).
@@ -147,12 +168,20 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
     if (backend or jax.default_backend()) != "cpu":
         return None
     per_step = B * S * S * itemsize
+    if structured:
+        per_step = max(1, per_step // 2)
     if T * per_step <= CHUNK_BYTES:
         return None
     c = max(64, CHUNK_BYTES // per_step)
     k, m, _ = scan_lib.bottom_layout(c)
     c = max(64, (c >> k) << k)  # m·2^k steps: the Blelloch scan needs no padding in a full chunk
     return None if c >= T else int(c)
+
+
+def has_diagonal_jacobian(cell) -> bool:
+    """Whether ``cell`` provides :meth:`bppsa.cells.Cell.diagonal_jacobian` (M_t = diag(A_t) @ Wt),
+    which the Blelloch backward then uses instead of forming the matrices."""
+    return getattr(type(cell), "diagonal_jacobian", None) not in (None, cells_lib.Cell.diagonal_jacobian)
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +204,9 @@ def _bppsa_fn(cell, scan_method, chunk_size="auto"):
         spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
         ctr = ct[::-1].astype(ss.dtype)
         T, B, S = ss.shape
-        chunk = auto_chunk_size(T, B, S, ss.dtype.itemsize) if chunk_size == "auto" else chunk_size
+        chunk = (auto_chunk_size(T, B, S, ss.dtype.itemsize,
+                                 structured=scan_method == "blelloch" and has_diagonal_jacobian(cell))
+                 if chunk_size == "auto" else chunk_size)
         if chunk is not None and chunk < T:
             dparams, dxr, g0 = _chunked_bwd(cell, scan_method, chunk, params, xr, sr, spr, ctr)
             dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)

@@ -8,7 +8,8 @@ min and max in seconds. Interleaving makes ratios fair on a shared, noisy machin
 Components (the paper's breakdown, Wang et al. 2020 §5):
 
     forward          the ``lax.scan`` forward pass (shared by both methods)
-    jacobian         transposed-Jacobian generation for all T steps (the paper's "FO")
+    jacobian         transposed-Jacobian generation for all T steps (the paper's "FO"; for a
+                     cell with diagonal structure, the RNN, only its factors (A, Wt))
     bppsa_backward   the scan alone (Blelloch by default) on precomputed Jacobians
     param_grads      the batched parameter-gradient contraction
     bppsa_backward_full  the whole BPPSA backward (jacobian + scan + contraction, one jit), i.e.
@@ -24,6 +25,7 @@ and ``speedup_step = step_bptt / step_bppsa`` (overall training step).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -31,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import backprop
+from . import backprop, cells
 from . import scan as scan_lib
 
 __all__ = ["time_components", "component_functions", "time_interleaved", "make_train_step", "COMPONENTS"]
@@ -135,12 +137,14 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_cla
 
     spr, xr, sr, v, ds = jax.jit(lambda ss, s0, xs, ct: _bppsa_inputs(cell, ss, s0, xs, ct))(ss, s0, xs, ct)
     if scan == "blelloch":  # as bppsa.backprop does it: Jacobians generated in storage order
+        # (for a cell with diagonal structure, its (A, Wt) factors: the matrices are never formed)
         spr_j, xr_j, sr_j, ds_j = jax.jit(backprop.storage_inputs)(spr, xr, sr, ds)
-        scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.blelloch_scan_stored(v, Ms, ds, T, zero_padded_offsets=True))
+        scan_fn = jax.jit(lambda v, Ms, ds: backprop.stored_scan(v, Ms, ds, T))
+        jac = jax.jit(lambda p, a, b, c: backprop.stored_jacobians(cell, p, a, b, c))
     else:
         spr_j, xr_j, sr_j, ds_j = spr, xr, sr, ds
         scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.scan(v, Ms, ds, scan))
-    jac = jax.jit(cell.transposed_jacobian)
+        jac = jax.jit(cell.transposed_jacobian)
     Ms = jax.block_until_ready(jac(params, spr_j, xr_j, sr_j))
     gs, _ = jax.block_until_ready(scan_fn(v, Ms, ds_j))
     pg = jax.jit(cell.param_grads)
@@ -279,10 +283,15 @@ def _gates(cell) -> int:
     return 3 if isinstance(cell, GRU) else 4 if isinstance(cell, LSTM) else 1
 
 
-def _levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4) -> int:
+def _structured(cell) -> bool:
+    """Whether the default (Blelloch) backward of ``cell`` uses its diagonal Jacobian structure."""
+    return backprop.has_diagonal_jacobian(cell)
+
+
+def _levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:
     """Dependent levels of the BPPSA backward: 2⌈log₂(C + 1)⌉ per chunk of C steps (up-sweep +
     down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend."""
-    C = backprop.auto_chunk_size(T, B, S, itemsize) or T
+    C = backprop.auto_chunk_size(T, B, S, itemsize, structured=structured) or T
     return -(-T // C) * 2 * max(1, int(C).bit_length())
 
 
@@ -290,28 +299,33 @@ def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
     """The model's features for one problem (S = state size, G = gate count).
 
     BPTT:  t = a_step · T + a_batch · T·[B > 1] + a_flop · T·B·G·S²   (T dependent steps)
-    BPPSA: t = b_level · levels      + b_gemm · T·B·S³ + b_mem · T·B·G·S²
+    BPPSA: t = b_level · levels + b_dense · T·B·S³·[dense] + b_diag · T·B·S³·[diagonal] + b_mem · T·B·G·S²
     levels = 2⌈log₂(C + 1)⌉ dependent levels per chunk of C steps (C = T unless the default
     chunk_size="auto" chunks, see :func:`bppsa.backprop.auto_chunk_size`); T·B·S³ is the
-    up-sweep's matrix–matrix work, T·B·G·S² the Jacobian generation, vector products and
-    contraction (memory bound). a_batch: XLA's per-step cost jumps from B = 1 to B = 2 (measured
-    0.7 -> 2.0 ms at T = 1000 on the 2-core CPU), more than the flops explain.
+    up-sweep's matrix–matrix work, counted in one of two features: cells whose Jacobians are
+    formed (dense) and cells with diagonal structure (:func:`bppsa.backprop.has_diagonal_jacobian`,
+    the RNN), whose first level is one large GEMM from vectors; T·B·G·S² the Jacobian generation,
+    vector products and contraction (memory bound). a_batch: XLA's per-step cost jumps from B = 1
+    to B = 2 (measured 0.7 -> 2.0 ms at T = 1000 on the 2-core CPU), more than the flops explain.
     """
     S, G = cell.state_size, _gates(cell)
+    diag = _structured(cell)
+    work = float(T) * B * S ** 3
     return {"bptt": [float(T), float(T) * (B > 1), float(T) * B * G * S * S],
-            "bppsa": [float(_levels(T, B, S, itemsize)), float(T) * B * S ** 3, float(T) * B * G * S * S]}
+            "bppsa": [float(_levels(T, B, S, itemsize, diag)), 0.0 if diag else work,
+                      work if diag else 0.0, float(T) * B * G * S * S]}
 
 
 class CostModel:
     """Predicted backward-pass seconds of BPTT and BPPSA from :func:`cost_features`.
 
-    ``coef = {"bptt": [a_step, a_batch, a_flop], "bppsa": [b_level, b_gemm, b_mem]}`` (seconds per unit),
+    ``coef = {"bptt": [a_step, a_batch, a_flop], "bppsa": [b_level, b_dense, b_diag, b_mem]}`` (seconds per unit),
     fitted by :func:`calibrate`. ``choose`` picks the method with the smaller prediction; it is
     the policy ``backward="auto"`` uses once installed with :func:`install_auto`.
     """
 
     def __init__(self, coef: dict, meta: dict | None = None):
-        for k, n in (("bptt", 3), ("bppsa", 3)):
+        for k, n in (("bptt", 3), ("bppsa", 4)):
             if k not in coef or len(coef[k]) != n:
                 raise ValueError(f"coef[{k!r}] must be a list of {n} numbers; got {coef.get(k)!r}")
         self.coef = {k: [float(c) for c in v] for k, v in coef.items()}
@@ -351,40 +365,52 @@ def _nnls(A, y):
 
 PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 2), (2048, 2), (256, 8), (1024, 4),
                 (512, 32))
+# Points probed a second time with the RNN's diagonal structure switched off, so that b_dense
+# (cells whose Jacobians are formed: GRU, LSTM, generic) is measured, not guessed.
+DENSE_PROBE_POINTS = ((4096, 1), (1024, 4), (512, 32))
 
 
-def calibrate(*, points=PROBE_POINTS, hidden_size: int = 20, repeats: int = 5, dtype=jnp.float32,
-              scan: str = "blelloch") -> CostModel:
-    """Fit :class:`CostModel` on this device from a short probe (vanilla RNN, a few (T, B)).
+@dataclasses.dataclass(frozen=True)
+class _DenseRNN(cells.RNN):
+    """The RNN with its diagonal Jacobian structure switched off (the calibration's dense probe)."""
+    diagonal_jacobian = cells.Cell.diagonal_jacobian
+
+
+def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_size: int = 20,
+              repeats: int = 5, dtype=jnp.float32, scan: str = "blelloch") -> CostModel:
+    """Fit :class:`CostModel` on this device from a short probe (vanilla RNN, a few (T, B); the
+    ``dense_points`` again with the RNN's diagonal structure switched off).
 
     Each probe point times the two backward functions (``jax.vjp`` backward of BPTT and of
-    BPPSA), interleaved. A few seconds on a CPU; the result is cached by :func:`load_cost_model`.
+    BPPSA), interleaved. Seconds on a CPU; the result is cached by :func:`load_cost_model`.
     """
-    from .cells import RNN
-    cell = RNN(1, hidden_size)
+    cell = cells.RNN(1, hidden_size)
     params = cell.init(jax.random.key(0), dtype)
     rows = {"bptt": ([], []), "bppsa": ([], [])}
     apply_vjp = jax.jit(lambda f, c: f(c))
-    for T, B in points:
+    probes = [(cell, T, B) for T, B in points] + [(_DenseRNN(1, hidden_size), T, B) for T, B in dense_points]
+    for c, T, B in probes:
         xs = jax.random.normal(jax.random.key(T + B), (T, B, 1), dtype)
         s0 = jnp.zeros((B, hidden_size), dtype)
         ct = jnp.ones((T, B, hidden_size), dtype)
-        _, vb = jax.vjp(lambda p, x, s: backprop._forward(cell, p, x, s), params, xs, s0)
-        _, vp = jax.vjp(backprop._bppsa_fn(cell, scan), params, xs, s0)
+        _, vb = jax.vjp(lambda p, x, s: backprop._forward(c, p, x, s), params, xs, s0)
+        _, vp = jax.vjp(backprop._bppsa_fn(c, scan), params, xs, s0)
         t = time_interleaved({"bptt": lambda: apply_vjp(vb, ct), "bppsa": lambda: apply_vjp(vp, ct)},
                              repeats=repeats)
-        f = cost_features(cell, T, B, jnp.dtype(dtype).itemsize)
+        f = cost_features(c, T, B, jnp.dtype(dtype).itemsize)
         for k in rows:
             rows[k][0].append(f[k])
             rows[k][1].append(t[k]["min"])
     coef = {k: _nnls(*rows[k]).tolist() for k in rows}
-    meta = {"device": _device_key(), "points": [list(p) for p in points], "hidden_size": hidden_size,
+    meta = {"device": _device_key(), "points": [list(p) for p in points],
+            "dense_points": [list(p) for p in dense_points], "hidden_size": hidden_size,
             "scan": scan, "dtype": str(jnp.dtype(dtype)),
             "measured": {k: rows[k][1] for k in rows}}
     return CostModel(coef, meta)
 
 
-COST_MODEL_VERSION = 3  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term
+COST_MODEL_VERSION = 4  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term;
+# 4: the RNN's diagonal-structure scan, dense and diagonal S^3 terms
 
 
 def _device_key() -> str:
@@ -469,7 +495,6 @@ _CELLS = {"rnn": "RNN", "gru": "GRU", "lstm": "LSTM"}
 
 
 def make_cell(kind: str, input_size: int, hidden_size: int):
-    from . import cells
     if kind not in _CELLS:
         raise ValueError(f"cell must be one of {sorted(_CELLS)}; got {kind!r}")
     return getattr(cells, _CELLS[kind])(input_size, hidden_size)
@@ -670,6 +695,8 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
         "scan's form: fused multiply-add on halves of (2n, S, S)": (
             jax.jit(lambda x: scan_lib._matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
         "einsum batch-last (S, S, n)": (jax.jit(lambda a, b: jnp.einsum("ikn,kjn->ijn", a, b)), (At, Bt)),
+        "RNN structure: diag(a) Wt diag(b) Wt as diag(a)·(b @ K), one (n, S) @ (S, S^2) GEMM": (
+            jax.jit(lambda a, b, w: scan_lib._diag_products(a, b, w)), (A[:, 0], Bm[:, 0], A[0])),
         f"large GEMM {large}^3": (jax.jit(jnp.matmul), (X, X)),
     }
     t = time_interleaved({k: (lambda f=f, a=a: f(*a)) for k, (f, a) in forms.items()}, repeats=repeats)
@@ -677,22 +704,34 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
     return {k: flops[k] / t[k]["min"] / 1e9 for k in forms}
 
 
-def product_rate(T: int, B: int, S: int = 20, *, repeats: int = 7, dtype=jnp.float32) -> dict:
+def product_rate(T: int, B: int, S: int = 20, *, structured: bool = False, repeats: int = 7,
+                 dtype=jnp.float32) -> dict:
     """GFLOP/s of the Blelloch scan's up-sweep matrix products alone, as the scan runs them: the
     bottom levels of :func:`bppsa.scan.blelloch_scan_stored` (fused multiply-adds on contiguous
     halves) on random elements in storage order, without offsets, vector products or the top.
-    Returns {"gflops", "flops", "min_s", "levels"}."""
+    ``structured``: as :func:`bppsa.scan.blelloch_scan_stored_diag` runs them for elements
+    diag(a) Wᵀ (the RNN), level 0 from the vectors (one GEMM and a row scaling), the rest as above;
+    the flops counted are the same 2·S³ per product. Returns {"gflops", "flops", "min_s", "levels"}."""
     k, m, N = scan_lib.bottom_layout(T)
-    X = jax.random.normal(jax.random.key(0), (N, B, S, S), dtype) / S
+    k1, k2 = jax.random.split(jax.random.key(0))
+    if structured:
+        X = jax.random.uniform(k1, (N, B, S), dtype)
+        Wt = jax.random.normal(k2, (S, S), dtype) / S ** 0.5
+    else:
+        X = jax.random.normal(k1, (N, B, S, S), dtype) / S
+        Wt = None
 
     @jax.jit
-    def products(X):
-        for _ in range(k):
+    def products(X, Wt):
+        for level in range(k):
             h = X.shape[0] // 2
-            X = scan_lib._matmul(X[:h], X[h:])
+            if level == 0 and structured:
+                X = scan_lib._diag_products(X[:h], X[h:], Wt)
+            else:
+                X = scan_lib._matmul(X[:h], X[h:])
         return X
 
-    t = time_interleaved({"products": lambda: products(X)}, repeats=repeats)["products"]["min"]
+    t = time_interleaved({"products": lambda: products(X, Wt)}, repeats=repeats)["products"]["min"]
     flops = sum(2 * (N >> (level + 1)) * B * S ** 3 for level in range(k))
     return {"gflops": flops / t / 1e9 if flops else 0.0, "flops": flops, "min_s": t, "levels": k}
 
@@ -741,7 +780,7 @@ def main(argv=None) -> int:
             # the whole scan's effective rate: its ~n matrix products' flops / the whole scan's time
             r["scan_gflops"] = 2 * r["T"] * r["B"] * a.hidden ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
             # the products alone (the up-sweep's bottom levels, as the scan runs them)
-            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden)
+            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden, structured=_structured(cell))
             print(f"T={r['T']} B={r['B']}: scan {r['scan_gflops']:.1f} GFLOP/s effective, "
                   f"up-sweep products {r['product_rate']['gflops']:.1f} GFLOP/s")
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))
@@ -803,7 +842,6 @@ def main_irmas_grid(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--time-budget", type=float, default=None)
     a = p.parse_args(argv)
-    from . import cells
     start = time.perf_counter()
     pts, skipped = [], []
     print(_HEADER)

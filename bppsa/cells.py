@@ -11,6 +11,9 @@ s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
     transposed_jacobian(params, s_prev, xs, s) -> Ms    s_prev, s: (T, B, S), xs: (T, B, I)
         Ms: (T, B, S, S), the matrix M_t with g_{t-1} = g_t @ M_t (row vectors): the paper's
         Jᵀ acting on column vectors, i.e. M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j].
+    diagonal_jacobian(params, s_prev, xs, s) -> (A, Wt) or None
+        optional structure M_t = diag(A_t) @ Wt with one shared Wt (the RNN has it), which the
+        Blelloch scan uses to avoid forming the matrices; None where there is none.
     param_grads(params, s_prev, xs, s, gs) -> (dparams, dxs)
         gs: (T, B, S) the total gradient ∂L/∂s_t; the contraction of the per-step gradients of
         the pre-activations with x_t and s_{t-1}, one einsum over (t, b).
@@ -53,6 +56,13 @@ class Cell:
     def unflatten_state(self, s):
         """(..., S) -> state."""
         return s
+
+    def diagonal_jacobian(self, params, s_prev, xs, s):
+        """Optional structure of the transposed Jacobian: ``(A, Wt)`` with
+        M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) matrix Wt, or None (no such structure).
+        The Blelloch scan uses it to skip forming the (T, B, S, S) matrices
+        (:func:`bppsa.scan.blelloch_scan_stored_diag`)."""
+        return None
 
 
 def _rnn_params(key, input_size, hidden_size, gates, dtype):
@@ -113,6 +123,9 @@ class RNN(Cell):
 
     def transposed_jacobian(self, params, s_prev, xs, s):
         return self._dact(s)[..., :, None] * params["W_h"].T
+
+    def diagonal_jacobian(self, params, s_prev, xs, s):
+        return self._dact(s), params["W_h"].T
 
     def param_grads(self, params, s_prev, xs, s, gs):
         da = gs * self._dact(s)

@@ -37,7 +37,7 @@ from jax import lax
 
 __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan",
            "up_sweep", "down_sweep", "bottom_layout", "bottom_order", "to_storage", "from_storage",
-           "blelloch_scan_stored"]
+           "blelloch_scan_stored", "blelloch_scan_stored_diag"]
 
 
 def _vecmat(v, M):
@@ -325,6 +325,66 @@ def blelloch_scan_stored(v, Ms, ds, n: int, *, zero_padded_offsets: bool = False
         if ds is not None and not zero_padded_offsets:
             ds = jnp.where(pad[:, None, None], jnp.zeros((), ds.dtype), ds)
     incoming, total = _blelloch_bottom(v, Ms, ds, k)
+    return from_storage(incoming, n), total
+
+
+def _diag_products(aL, aR, Wt):
+    """(diag(aL) Wt) @ (diag(aR) Wt) for (..., S) vectors aL, aR: diag(aL) · (aR @ K) with
+    K[l, (i, j)] = Wt[i, l] Wt[l, j], one (·, S) @ (S, S²) GEMM for the whole batch of products."""
+    S = Wt.shape[-1]
+    K = (Wt.T[:, :, None] * Wt[:, None, :]).reshape((S, S * S))
+    return aL[..., None] * jnp.dot(aR.reshape((-1, S)), K).reshape(aR.shape + (S,))
+
+
+def blelloch_scan_stored_diag(v, A, Wt, ds, n: int):
+    """:func:`blelloch_scan_stored` for matrices with a shared factor, M_k = diag(A_k) @ Wt.
+
+    That is an Elman RNN's transposed Jacobian (A_k = σ'(a_k), Wt = W_hᵀ). The structure removes
+    the bottom level's memory traffic: the (N, B, S, S) matrices are never formed.
+
+    * Products: diag(a) Wt · diag(b) Wt = diag(a) · Q(b), Q(b)[i, j] = Σ_l b_l Wt[i, l] Wt[l, j],
+      i.e. all of the level's N/2 products are one (N/2·B, S) @ (S, S²) GEMM of the right
+      operands' vectors with K[l, (i, j)] = Wt[i, l] Wt[l, j], rows scaled by the left vectors.
+    * Offsets and the down-sweep: x @ diag(a) Wt = (x ⊙ a) @ Wt, one (N/2·B, S) @ (S, S) GEMM each.
+
+    From level 1 up it is the generic scan on the products. ``A`` (N, B, S) and ``ds`` (N, B, S)
+    or None are in storage order (:func:`to_storage`); their N - n padding rows may hold anything
+    (the padding elements are the latest in scan order, so no real prefix depends on them, and
+    ``total`` is recomputed from the last real element). Same result as
+    ``blelloch_scan_stored(v, A[..., None] * Wt, ds, n)``; any n >= 1.
+    """
+    k, m, N = bottom_layout(n)
+    if A.ndim != 3 or A.shape[0] != N:
+        raise ValueError(f"A must have shape (N, B, S) with N = {N} rows in storage order for "
+                         f"n = {n}; got {A.shape}")
+    S = A.shape[-1]
+    if Wt.shape != (S, S):
+        raise ValueError(f"Wt must have shape (S, S) = {(S, S)}; got {Wt.shape}")
+    if v.shape != A.shape[1:]:
+        raise ValueError(f"v must have shape (B, S) = {A.shape[1:]}; got {v.shape}")
+    if ds is not None and ds.shape != A.shape:
+        raise ValueError(f"ds must have shape (N, B, S) = {A.shape}; got {ds.shape}")
+    if k == 0:  # short scan: no bottom level to save
+        return blelloch_scan_stored(v, A[..., None] * Wt, ds, n)
+    dtype = jnp.result_type(v, A, Wt)
+    v, A, Wt = v.astype(dtype), A.astype(dtype), Wt.astype(dtype)
+    ds = None if ds is None else ds.astype(dtype)
+    h = N // 2
+    aL, aR = A[:h], A[h:]
+    shared = lambda x: jnp.dot(x.reshape((-1, S)), Wt).reshape(x.shape)  # (..., S) @ Wt
+    X = _diag_products(aL, aR, Wt)
+    DL = None if ds is None else ds[:h]
+    D = None if ds is None else shared(DL * aR) + ds[h:]
+    incoming, total = _blelloch_bottom(v, X, D, k - 1)
+    right = shared(incoming * aL)  # level 0 of the down-sweep
+    if DL is not None:
+        right = right + DL
+    incoming = jnp.concatenate([incoming, right], axis=0)
+    if N > n:  # the total without the padding: the last real element applied to its prefix
+        p = int(bottom_order(n)[1][n - 1])
+        total = shared(incoming[p] * A[p])
+        if ds is not None:
+            total = total + ds[p]
     return from_storage(incoming, n), total
 
 

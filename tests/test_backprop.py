@@ -250,3 +250,55 @@ def test_bad_cell_configuration():
         cells.GRU(3, 0)
     with pytest.raises(ValueError, match="input_size must be a positive int"):
         cells.LSTM(2.5, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The RNN's diagonal Jacobian structure (M_t = diag(σ'(a_t)) W_hᵀ): the Blelloch backward's fast
+# path, taken from T >= 64 (the scan's first bottom level), exact.
+# ---------------------------------------------------------------------------------------------
+
+import dataclasses  # noqa: E402
+
+from bppsa import backprop, scan as scan_lib  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class _DenseRNN(cells.RNN):
+    diagonal_jacobian = cells.Cell.diagonal_jacobian  # structure switched off: Jacobians formed
+
+
+@pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])
+def test_diagonal_jacobian_is_the_transposed_jacobian(name):
+    c, params, xs, h0 = _setup(name, 7, 2, 3, 5)
+    ss = _reference(c, params, xs, h0)
+    s_prev = jnp.concatenate([h0[None], ss[:-1]])
+    A, Wt = c.diagonal_jacobian(params, s_prev, xs, ss)
+    np.testing.assert_array_equal(A[..., None] * Wt, c.transposed_jacobian(params, s_prev, xs, ss))
+    assert backprop.has_diagonal_jacobian(c)
+    for other in ("gru", "lstm", "generic", "generic-jac"):
+        assert not backprop.has_diagonal_jacobian(CELLS[other](3, 4))
+    assert not backprop.has_diagonal_jacobian(_DenseRNN(3, 5))
+
+
+@pytest.mark.parametrize("name,T,B", [("rnn-tanh", 64, 1), ("rnn-tanh", 100, 3), ("rnn-relu", 129, 1),
+                                      ("rnn-tanh", 300, 2), pytest.param("rnn-tanh", 1025, 1, marks=slow)])
+def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
+    c, params, xs, h0 = _setup(name, T, B, 2, 4, seed=T)
+    calls = []
+    fast = scan_lib.blelloch_scan_stored_diag
+    monkeypatch.setattr(scan_lib, "blelloch_scan_stored_diag", lambda *a: calls.append(a[-1]) or fast(*a))
+    _check_all(c, params, xs, h0, [False, True], ["blelloch"], rtol=1e-8, atol=1e-10)
+    assert calls and set(calls) == {T}  # the structured path ran (both losses)
+    # the same gradients through the dense path (Jacobians formed)
+    d = _DenseRNN(2, 4, c.nonlinearity)
+    g = [jax.grad(lambda p: _loss(bppsa.rnn(cell, p, xs, h0), True))(params) for cell in (c, d)]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12), *g)
+
+
+def test_rnn_diagonal_path_chunked():
+    """Chunks with the structured scan (auto-sized for it), float64, against autodiff."""
+    c, params, xs, h0 = _setup("rnn-tanh", 200, 1, 1, 3, seed=5)
+    ref = jax.grad(lambda p: _loss(_reference(c, p, xs, h0), True))(params)
+    for chunk in (64, 71, None):
+        got = jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True))(params)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)

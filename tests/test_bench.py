@@ -32,7 +32,12 @@ def test_component_functions_compute_the_same_gradients(cell):
     _close(dparams, g_bptt[0])
     gs, _ = fns["bppsa_backward"]()
     assert gs.shape == (T, B, cell.state_size)
-    assert fns["jacobian"]().shape == (T, B, cell.state_size, cell.state_size)
+    jac = fns["jacobian"]()
+    S = cell.state_size
+    if backprop.has_diagonal_jacobian(cell):  # the RNN: only the factors (A, Wt) are generated
+        assert jac[0].shape == (T, B, S) and jac[1].shape == (S, S)
+    else:
+        assert jac.shape == (T, B, S, S)
     assert fns["forward"]().shape == (T, B, cell.state_size)
     (p1, h1, _), l1 = fns["step_bppsa"]()
     (p2, h2, _), l2 = fns["step_bptt"]()
@@ -134,6 +139,11 @@ def test_auto_chunk_size():
     assert c * 20 * 20 * 4 <= backprop.CHUNK_BYTES < 2 * c * 20 * 20 * 4
     assert scan_lib.bottom_layout(c)[2] == c  # m·2^k: the Blelloch scan pads nothing in a full chunk
     assert backprop.auto_chunk_size(10**6, 1024, 64, 8, backend="cpu") == 64  # never below 64
+    # diagonal structure (the RNN): no Jacobians formed, the largest array is half as big
+    assert backprop.auto_chunk_size(10_000, 1, 20, 4, backend="cpu") is not None
+    assert backprop.auto_chunk_size(10_000, 1, 20, 4, backend="cpu", structured=True) is None
+    c2 = backprop.auto_chunk_size(30_000, 1, 20, 4, backend="cpu", structured=True)
+    assert c2 * 20 * 20 * 4 // 2 <= backprop.CHUNK_BYTES < c2 * 20 * 20 * 4 and c2 > c
     assert c == 5120  # 8 MiB / 1600 B = 5242 steps, rounded down to 40 * 2^7: no padding in a chunk
 
 
@@ -186,8 +196,9 @@ def test_chunked_mode_bounds_compiled_memory():
     if mem["bppsa"] is None:
         pytest.skip("this backend has no compiled memory analysis")
     jac_bytes = T * B * 16 * 16 * 4
-    assert mem["bppsa_one_chunk"]["peak"] >= jac_bytes  # one chunk holds all T Jacobians
-    assert mem["bppsa_chunked"]["peak"] < mem["bppsa_one_chunk"]["peak"] / 4
+    # one chunk holds the first level's T/2 products (the RNN's Jacobians themselves are never formed)
+    assert mem["bppsa_one_chunk"]["peak"] >= jac_bytes // 2
+    assert mem["bppsa_chunked"]["peak"] < mem["bppsa_one_chunk"]["peak"] / 3
     assert mem["bptt"]["peak"] < mem["bppsa_one_chunk"]["peak"]
     assert mem["bppsa"]["peak"] <= mem["bppsa_one_chunk"]["peak"]  # the default chunks or not
 
@@ -199,7 +210,7 @@ def test_chunked_mode_bounds_compiled_memory():
 def test_cost_model_choices_in_constructed_regimes():
     cell = cells.RNN(1, 20)
     # per-step latency dominates BPTT; BPPSA pays per level and per S^3 flop
-    model = bench.CostModel({"bptt": [1e-6, 0.0, 1e-11], "bppsa": [2e-5, 5e-12, 1e-11]})
+    model = bench.CostModel({"bptt": [1e-6, 0.0, 1e-11], "bppsa": [2e-5, 5e-12, 5e-12, 1e-11]})
     assert model.choose(cell, T=100_000, B=1) == "bppsa"   # long, thin: few levels vs many steps
     assert model.choose(cell, T=4, B=1) == "bptt"          # short: level overhead dominates
     assert model.choose(cell, T=1000, B=4096) == "bptt"    # wide: S^3 work dominates
@@ -217,8 +228,8 @@ def test_auto_uses_installed_policy_and_stays_exact():
     g_ref = _grads(cell, params, xs, h0)
     seen = []
     for choice in ("bppsa", "bptt"):
-        model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]} if choice == "bppsa"
-                                else {"bptt": [0.0, 0.0, 0.0], "bppsa": [1.0, 0.0, 0.0]})
+        model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]} if choice == "bppsa"
+                                else {"bptt": [0.0, 0.0, 0.0], "bppsa": [1.0, 0.0, 0.0, 0.0]})
         prev = backprop.set_auto_policy(lambda *a, m=model: seen.append(m(*a)) or m(*a))
         try:
             _close(_grads(cell, params, xs, h0, backward="auto"), g_ref)
@@ -231,13 +242,14 @@ def test_calibration_probe_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
     path = bench.cache_path()
     assert not path.exists()
-    m1 = bench.load_cost_model(points=((16, 1), (64, 1)), hidden_size=4, repeats=1)
+    m1 = bench.load_cost_model(points=((16, 1), (64, 1)), dense_points=((64, 1),), hidden_size=4, repeats=1)
     assert path.exists() and path.parent == tmp_path
     assert all(c >= 0 for k in ("bptt", "bppsa") for c in m1.coef[k])
     m2 = bench.load_cost_model(points=((1, 1),))  # from the cache: the probe is not rerun
     assert m2.coef == m1.coef and m2.meta["points"] == [[16, 1], [64, 1]]
+    assert m1.meta["dense_points"] == [[64, 1]] and len(m1.meta["measured"]["bppsa"]) == 3
     path.write_text("{not json")
-    m3 = bench.load_cost_model(points=((16, 1),), hidden_size=4, repeats=1)  # corrupt: re-probed
+    m3 = bench.load_cost_model(points=((16, 1),), dense_points=(), hidden_size=4, repeats=1)  # corrupt: re-probed
     assert m3.meta["points"] == [[16, 1]]
 
 
@@ -286,7 +298,7 @@ def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
 
 def test_bench_point_records_auto_choice():
     cell = cells.RNN(1, 3)
-    model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]})
+    model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]})
     r = bench.bench_point(cell, 5, 2, repeats=1, model=model, scan_variants=(), memory=False, log=lambda s: None)
     assert r["auto"]["choice"] == "bppsa"
     assert r["auto"]["faster_measured"] in ("bppsa", "bptt") and r["auto"]["slowdown_vs_best"] >= 1.0
@@ -318,7 +330,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
     cache = tmp_path / "cache"
     env = _gpu_script_env(tmp_path, BPPSA_ALLOW_CPU="1", BPPSA_CACHE_DIR=str(cache))
     code = ("import jax, json; from bppsa import bench; p = bench.cache_path(); p.parent.mkdir(parents=True);"
-            "p.write_text(json.dumps(bench.CostModel({'bptt': [1e-6, 0.0, 1e-10], 'bppsa': [1e-5, 1e-10, 1e-11]},"
+            "p.write_text(json.dumps(bench.CostModel({'bptt': [1e-6, 0.0, 1e-10], 'bppsa': [1e-5, 1e-10, 1e-10, 1e-11]},"
             "{'device': bench._device_key()}).to_json()))")
     subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, check=True, timeout=120)
     out = tmp_path / "out"
@@ -333,7 +345,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
 
 def test_install_auto_lazy_probes_on_first_use(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
+    model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]}, {"device": bench._device_key()})
     bench.cache_path().write_text(json.dumps(model.to_json()))
     prev = backprop.set_auto_policy(backprop._default_policy)
     try:
@@ -354,7 +366,7 @@ def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch
     try:
         cell = cells.RNN(1, 4)
         assert backprop.choose_backward(cell, 1000, 2) == "bptt"
-        favour_bppsa = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0]}, {"device": bench._device_key()})
+        favour_bppsa = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]}, {"device": bench._device_key()})
         bench.cache_path().write_text(__import__("json").dumps(favour_bppsa.to_json()))
         monkeypatch.setattr(backprop, "_CACHED_MODEL", [])
         assert backprop.choose_backward(cell, 1000, 2) == "bppsa"
@@ -366,3 +378,16 @@ def test_product_rate_counts_the_bottom_level_products():
     r = bench.product_rate(100, 2, 3, repeats=1)  # k = 1 bottom level: 50 products per batch row
     assert r["levels"] == 1 and r["flops"] == 2 * 50 * 2 * 27 and r["gflops"] > 0
     assert bench.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
+    r2 = bench.product_rate(100, 2, 3, structured=True, repeats=1)  # level 0 from vectors, same flops
+    assert r2["levels"] == 1 and r2["flops"] == r["flops"] and r2["gflops"] > 0
+
+
+def test_cost_features_separate_dense_and_diagonal_products():
+    rnn, gru = cells.RNN(1, 20), cells.GRU(1, 20)
+    f_rnn, f_gru = bench.cost_features(rnn, 4096, 2), bench.cost_features(gru, 4096, 2)
+    work = 4096 * 2 * 20 ** 3
+    assert f_rnn["bppsa"][1:3] == [0.0, work] and f_gru["bppsa"][1:3] == [work, 0.0]
+    assert bench.cost_features(bench._DenseRNN(1, 20), 4096, 2)["bppsa"][1:3] == [work, 0.0]
+    # a device where dense products are slow and diagonal ones fast picks per cell
+    model = bench.CostModel({"bptt": [2e-6, 0.0, 0.0], "bppsa": [0.0, 1e-9, 1e-12, 0.0]})
+    assert model.choose(rnn, 4096, 2) == "bppsa" and model.choose(gru, 4096, 2) == "bptt"

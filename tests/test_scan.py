@@ -208,3 +208,94 @@ def test_products_in_both_forms(size):
     w = jnp.asarray(rng.normal(size=(3, 2, size)))
     np.testing.assert_allclose(jax.jit(S._matmul)(L, R), np.einsum("pbik,pbkj->pbij", L, R), rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(jax.jit(S._vecmat_fused)(w, R), np.einsum("pbi,pbij->pbj", w, R), rtol=1e-11, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The diagonal-structure scan (M_k = diag(A_k) @ Wt, the RNN's Jacobian): same results, no matrices.
+# ---------------------------------------------------------------------------------------------
+
+def _diag_elements(rng, n, B, H, with_d):
+    A = jnp.asarray(rng.uniform(0.0, 1.0, size=(n, B, H)))  # like tanh' = 1 - h^2
+    Wt = jnp.asarray(rng.normal(size=(H, H)) / np.sqrt(H))
+    ds = jnp.asarray(rng.normal(size=(n, B, H))) if with_d else None
+    v = jnp.asarray(rng.normal(size=(B, H)))
+    return v, A, Wt, ds
+
+
+def _diag_scan(v, A, Wt, ds, n, pad_with=None):
+    """Storage order, then the diagonal scan; ``pad_with`` overwrites the padding rows."""
+    Ap = S.to_storage(A, n, pad="edge")
+    dp = None if ds is None else S.to_storage(ds, n)
+    if pad_with is not None:
+        pad = jnp.asarray(S.bottom_order(n)[0] >= n)[:, None, None]
+        Ap = jnp.where(pad, pad_with, Ap)
+        dp = None if dp is None else jnp.where(pad, pad_with, dp)
+    return jax.jit(S.blelloch_scan_stored_diag, static_argnums=4)(v, Ap, Wt, dp, n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 127, 128, 129, 200, 1000, 1025])
+@pytest.mark.parametrize("with_d", [False, True])
+def test_diagonal_scan_matches_python_loop(n, with_d):
+    v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, with_d)
+    Ms = A[..., None] * Wt
+    ref_p, ref_t = _reference(v, Ms, ds)
+    p, t = _diag_scan(v, A, Wt, ds, n)
+    assert p.shape == (n, 2, 3) and t.shape == (2, 3)
+    np.testing.assert_allclose(p, ref_p, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(t, ref_t, rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.one_of(st.integers(1, 70), st.integers(64, 2100)), B=st.integers(1, 3), H=st.integers(1, 6),
+       with_d=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_diagonal_scan_equals_dense_stored_scan_property(n, B, H, with_d, seed):
+    v, A, Wt, ds = _diag_elements(np.random.default_rng(seed), n, B, H, with_d)
+    p_d, t_d = _diag_scan(v, A, Wt, ds, n)
+    Ms = A[..., None] * Wt
+    p_s, t_s = _scan(v, Ms, ds, method="sequential")
+    np.testing.assert_allclose(p_d, p_s, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(t_d, t_s, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [71, 1000, 4097])
+def test_diagonal_scan_ignores_padding_rows(n):
+    """Padding elements are the latest in scan order: whatever they hold (NaN, inf) reaches
+    neither a real prefix nor the total."""
+    v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, True)
+    assert S.bottom_layout(n)[2] > n
+    ref_p, ref_t = _reference(v, A[..., None] * Wt, ds)
+    for bad in (jnp.nan, jnp.inf):
+        p, t = _diag_scan(v, A, Wt, ds, n, pad_with=bad)
+        np.testing.assert_allclose(p, ref_p, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(t, ref_t, rtol=1e-10, atol=1e-12)
+
+
+def test_diagonal_scan_float32_and_vmap():
+    n = 300
+    v, A, Wt, ds = _diag_elements(np.random.default_rng(5), n, 1, 20, True)
+    ref_p, ref_t = _reference(v, A[..., None] * Wt, ds)
+    f32 = lambda x: x.astype(jnp.float32)
+    p, t = _diag_scan(f32(v), f32(A), f32(Wt), f32(ds), n)
+    assert p.dtype == jnp.float32
+    np.testing.assert_allclose(p, ref_p, rtol=2e-4, atol=2e-5)
+    # a batch of independent scans under vmap (the shared factor per scan)
+    vs, As, ds2 = (jnp.stack([x, 2 * x]) for x in (v, A, ds))
+    p2, t2 = jax.vmap(lambda v, a, d: _diag_scan(v, a, Wt, d, n))(vs, As, ds2)
+    np.testing.assert_allclose(p2[0], ref_p, rtol=1e-9, atol=1e-12)
+    ref_p2, ref_t2 = _reference(2 * v, (2 * A)[..., None] * Wt, 2 * ds)
+    np.testing.assert_allclose(p2[1], ref_p2, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(t2[1], ref_t2, rtol=1e-9, atol=1e-12)
+
+
+def test_diagonal_scan_rejects_bad_input():
+    n = 71  # N = 72
+    k, m, N = S.bottom_layout(n)
+    v, A, Wt, ds = _diag_elements(np.random.default_rng(0), N, 2, 3, True)
+    with pytest.raises(ValueError, match=f"A must have shape \\(N, B, S\\) with N = {N}"):
+        S.blelloch_scan_stored_diag(v, A[:n], Wt, ds, n)
+    with pytest.raises(ValueError, match="Wt must have shape"):
+        S.blelloch_scan_stored_diag(v, A, Wt[:2], ds, n)
+    with pytest.raises(ValueError, match="v must have shape"):
+        S.blelloch_scan_stored_diag(v[:1], A, Wt, ds, n)
+    with pytest.raises(ValueError, match="ds must have shape"):
+        S.blelloch_scan_stored_diag(v, A, Wt, ds[:, :1], n)
