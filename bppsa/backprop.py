@@ -27,6 +27,9 @@ __all__ = ["rnn", "BACKWARDS", "choose_backward", "auto_chunk_size", "has_diagon
 # T = 30 000, B = 1: one chunk 48.8 ms, chunks of 2048 / 4096 / 8192 steps 15.3 / 14.9 / 16.7 ms
 # (BPTT 20.5 ms); T = 3000, B = 16: 70.2 ms -> 22.8 ms with chunks of 256
 # (experiments/results/cpu/scan-optimisation.md). 8 MiB is 5120 steps at B = 1, 320 at B = 16.
+# The RNN (diagonal structure, no Jacobians formed) is far less sensitive: T = 30 000, B = 1, median
+# of 11: one chunk 13.1 ms, chunks of 4096 / 8192 / 16384 steps 12.8 / 13.4 / 13.0 ms; its chunks are
+# sized by its largest array, the first level's products (half the Jacobians' bytes).
 CHUNK_BYTES = 8 << 20
 
 BACKWARDS = ("bppsa", "bptt", "auto")
@@ -107,7 +110,8 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     Returns (gs, total): gs[k] the gradient w.r.t. the state of element k, total the gradient
     the stretch's first step sends to the state before it. For the Blelloch scan the Jacobians
     are generated directly in the scan's storage order (:func:`bppsa.scan.to_storage` of the
-    (n, B, S) state vectors, never of the (n, B, S, S) matrices).
+    (n, B, S) state vectors, never of the (n, B, S, S) matrices), and for a cell with diagonal
+    structure (the RNN) not at all: only its (A, Wt) factors (:func:`stored_jacobians`).
     """
     if scan_method == "blelloch":
         n = xr.shape[0]
@@ -238,8 +242,9 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
         over ``mesh[batch_axis]``), see :mod:`bppsa.parallel`; None runs on one device.
       chunk_size: BPPSA only (ignored by BPTT): run the backward over chunks of this many steps,
         carrying the boundary gradient, so Jacobian memory is chunk_size·B·S² instead of T·B·S²
-        (exact; None: one chunk). "auto" (default): on CPU, chunks whose Jacobians fit in
-        :data:`CHUNK_BYTES` (cache blocking, see :func:`auto_chunk_size`); on accelerators, one
+        (exact; None: one chunk). "auto" (default): on CPU, chunks whose Jacobians (for the RNN,
+        whose Jacobians are never formed: its first-level products) fit in :data:`CHUNK_BYTES`
+        (cache blocking, see :func:`auto_chunk_size`); on accelerators, one
         chunk. An int cannot be combined with ``mesh``; with ``mesh`` each device scans its
         stretch in one piece with the reference up/down-sweep of :mod:`bppsa.parallel`.
 

@@ -2,7 +2,8 @@
 
 Every timing here follows one protocol: the functions under test are jitted and compiled
 first (``warmup`` calls, excluded), then called ``repeats`` times *interleaved* (one call of
-each function per round), each call ended by ``jax.block_until_ready``; we report the median,
+each function per round, the order rotated every round), each call ended by
+``jax.block_until_ready``; we report the median,
 min and max in seconds. Interleaving makes ratios fair on a shared, noisy machine.
 
 Components (the paper's breakdown, Wang et al. 2020 §5):
@@ -52,6 +53,9 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict:
     """Time zero-argument callables interleaved: {name: fn} -> {name: {median, min, max, repeats}}.
 
     Each ``fn()`` must return JAX arrays (a pytree); the call is ended by ``block_until_ready``.
+    The order rotates every round, so that no function always runs right after the same other
+    one: on the shared 2-core CPU a call right after BPTT's long single-threaded loop measured up
+    to 1.5× slower by median than the same program a call later.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1; got {repeats}")
@@ -61,10 +65,11 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict:
         for _ in range(max(warmup, 1)):
             jax.block_until_ready(fn())
     samples = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
             t0 = time.perf_counter()
-            jax.block_until_ready(fn())
+            jax.block_until_ready(fns[name]())
             samples[name].append(time.perf_counter() - t0)
     return {name: _stats(s) for name, s in samples.items()}
 
@@ -578,7 +583,7 @@ def markdown_table(points, title: str = "") -> str:
     scans = [r for r in points if isinstance(r.get("scans"), dict) and "skipped" not in r["scans"]]
     if scans:
         methods = list(scans[0]["scans"])
-        lines += ["", "Scan variants (the scan alone on the same Jacobians, median ms):", "",
+        lines += ["", "Scan variants (the scan alone on the same Jacobians, formed as (T, B, S, S) matrices, one chunk, median ms):", "",
                   "| T | B | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
         lines += [f"| {r['T']} | {r['B']} | " + " | ".join(_ms(r["scans"][m]["median"]) for m in methods) + " |"
                   for r in scans]
@@ -662,7 +667,9 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
           f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
           "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). BPPSA bwd = the whole "
           "BPPSA backward as `bppsa.rnn` runs it by default (FO + scan + contraction, one jit; on "
-          "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`); FO, scan and "
+          "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`; the RNN's Jacobians "
+          "are never formed: FO generates only their diagonal factors, and its chunks bound its "
+          "first-level products instead); FO, scan and "
           "contract = those pieces on all T steps at once, so on CPU they can add up to more than "
           "the whole. step = forward + backward + Adam. auto = the cost model's choice (its time / "
           "the faster method's time). Peak MB from XLA's compiled memory analysis of the training "

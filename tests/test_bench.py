@@ -66,6 +66,14 @@ def test_time_interleaved_rejects_bad_repeats():
         bench.time_interleaved({"f": lambda: jnp.zeros(1)}, repeats=0)
 
 
+def test_time_interleaved_rotates_the_order():
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k) or jnp.zeros(1)) for k in "abc"}
+    out = bench.time_interleaved(fns, repeats=3, warmup=0)
+    assert calls[3:] == list("abc" "bca" "cab")  # after one compile call each
+    assert all(out[k]["repeats"] == 3 for k in "abc")
+
+
 # ---------------------------------------------------------------------------------------------
 # The fast Blelloch scan equals the sequential reference (float64, odd / non-power-of-two n).
 # ---------------------------------------------------------------------------------------------
