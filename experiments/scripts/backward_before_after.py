@@ -72,7 +72,8 @@ def combine(prefix, paths, note=""):
         else:
             runs[label] = dict(run, processes=1)
     with open(prefix + ".json", "w") as f:
-        json.dump({"title": TITLE, "note": note, "provenance": run.get("provenance", {}),  # the last run's
+        first = next(iter(runs.values()))  # provenance: the first checkout's (list "after" first)
+        json.dump({"title": TITLE, "note": note, "provenance": first.get("provenance", {}),
                    "runs": runs}, f, indent=1)
     cols = [(label, k) for label, run in runs.items()
             for k in run["rows"][0] if k not in ("T", "B", "bptt") and not k.startswith("speedup_")]
@@ -140,9 +141,13 @@ def main(argv=None):
         for k in fns:
             if k != "bptt":
                 row[f"speedup_{k}"] = {s: row["bptt"][f"{s}_ms"] / row[k][f"{s}_ms"] for s in ("median", "min")}
+                # BPTT and this variant timed in the same round, ratio per round, then the median
+                row[f"speedup_{k}"]["paired_median"] = float(np.median(np.divide(samples["bptt"], samples[k])))
         rows.append(row)
         print(f"T={T:6d} B={B:3d} " + "  ".join(f"{k} {row[k]['median_ms']:.2f}/{row[k]['min_ms']:.2f} ms"
-                                                for k in fns), flush=True)
+                                                for k in fns)
+              + "  paired x " + " ".join(f"{row[f'speedup_{k}']['paired_median']:.2f}" for k in fns if k != "bptt"),
+              flush=True)
     try:
         from bppsa.provenance import provenance
         prov = provenance("python " + " ".join(sys.argv))
