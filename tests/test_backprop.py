@@ -280,8 +280,8 @@ def test_diagonal_jacobian_is_the_transposed_jacobian(name):
     assert not backprop.has_diagonal_jacobian(_DenseRNN(3, 5))
 
 
-@pytest.mark.parametrize("name,T,B", [("rnn-tanh", 64, 1), ("rnn-tanh", 100, 3), ("rnn-relu", 129, 1),
-                                      ("rnn-tanh", 300, 2), pytest.param("rnn-tanh", 1025, 1, marks=slow)])
+@pytest.mark.parametrize("name,T,B", [("rnn-tanh", 64, 1), ("rnn-relu", 129, 1), ("rnn-tanh", 300, 2)] + [
+    pytest.param(*p, marks=slow) for p in [("rnn-tanh", 100, 3), ("rnn-tanh", 1025, 1)]])
 def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
     c, params, xs, h0 = _setup(name, T, B, 2, 4, seed=T)
     calls = []
@@ -299,6 +299,6 @@ def test_rnn_diagonal_path_chunked():
     """Chunks with the structured scan (auto-sized for it), float64, against autodiff."""
     c, params, xs, h0 = _setup("rnn-tanh", 200, 1, 1, 3, seed=5)
     ref = jax.grad(lambda p: _loss(_reference(c, p, xs, h0), True))(params)
-    for chunk in (64, 71, None):
+    for chunk in (71,):  # full chunks of 71 and a shorter last one (one chunk: the tests above)
         got = jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True))(params)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
