@@ -288,11 +288,6 @@ def _gates(cell) -> int:
     return 3 if isinstance(cell, GRU) else 4 if isinstance(cell, LSTM) else 1
 
 
-def _structured(cell) -> bool:
-    """Whether the default (Blelloch) backward of ``cell`` uses its diagonal Jacobian structure."""
-    return backprop.has_diagonal_jacobian(cell)
-
-
 def _levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:
     """Dependent levels of the BPPSA backward: 2⌈log₂(C + 1)⌉ per chunk of C steps (up-sweep +
     down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend."""
@@ -314,7 +309,7 @@ def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
     to B = 2 (measured 0.7 -> 2.0 ms at T = 1000 on the 2-core CPU), more than the flops explain.
     """
     S, G = cell.state_size, _gates(cell)
-    diag = _structured(cell)
+    diag = backprop.has_diagonal_jacobian(cell)
     work = float(T) * B * S ** 3
     return {"bptt": [float(T), float(T) * (B > 1), float(T) * B * G * S * S],
             "bppsa": [float(_levels(T, B, S, itemsize, diag)), 0.0 if diag else work,
@@ -787,7 +782,7 @@ def main(argv=None) -> int:
             # the whole scan's effective rate: its ~n matrix products' flops / the whole scan's time
             r["scan_gflops"] = 2 * r["T"] * r["B"] * a.hidden ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
             # the products alone (the up-sweep's bottom levels, as the scan runs them)
-            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden, structured=_structured(cell))
+            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden, structured=backprop.has_diagonal_jacobian(cell))
             print(f"T={r['T']} B={r['B']}: scan {r['scan_gflops']:.1f} GFLOP/s effective, "
                   f"up-sweep products {r['product_rate']['gflops']:.1f} GFLOP/s")
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))

@@ -257,14 +257,8 @@ def test_bad_cell_configuration():
 # path, taken from T >= 64 (the scan's first bottom level), exact.
 # ---------------------------------------------------------------------------------------------
 
-import dataclasses  # noqa: E402
-
 from bppsa import backprop, scan as scan_lib  # noqa: E402
-
-
-@dataclasses.dataclass(frozen=True)
-class _DenseRNN(cells.RNN):
-    diagonal_jacobian = cells.Cell.diagonal_jacobian  # structure switched off: Jacobians formed
+from bppsa.bench import _DenseRNN  # noqa: E402  (the RNN with its structure switched off)
 
 
 @pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])

@@ -222,6 +222,12 @@ def _diag_elements(rng, n, B, H, with_d):
     return v, A, Wt, ds
 
 
+def _assert_scan_close(got, ref, rtol, atol=1e-12):
+    """(prefixes, total) pairs agree."""
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=rtol, atol=atol)
+
+
 def _diag_scan(v, A, Wt, ds, n, pad_with=None):
     """Storage order, then the diagonal scan; ``pad_with`` overwrites the padding rows."""
     Ap = S.to_storage(A, n, pad="edge")
@@ -241,8 +247,7 @@ def test_diagonal_scan_matches_python_loop(n, with_d):
     ref_p, ref_t = _reference(v, Ms, ds)
     p, t = _diag_scan(v, A, Wt, ds, n)
     assert p.shape == (n, 2, 3) and t.shape == (2, 3)
-    np.testing.assert_allclose(p, ref_p, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(t, ref_t, rtol=1e-10, atol=1e-12)
+    _assert_scan_close((p, t), (ref_p, ref_t), rtol=1e-10)
 
 
 @settings(max_examples=15, deadline=None)
@@ -253,8 +258,7 @@ def test_diagonal_scan_equals_dense_stored_scan_property(n, B, H, with_d, seed):
     p_d, t_d = _diag_scan(v, A, Wt, ds, n)
     Ms = A[..., None] * Wt
     p_s, t_s = _scan(v, Ms, ds, method="sequential")
-    np.testing.assert_allclose(p_d, p_s, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(t_d, t_s, rtol=1e-9, atol=1e-12)
+    _assert_scan_close((p_d, t_d), (p_s, t_s), rtol=1e-9)
 
 
 @pytest.mark.parametrize("n", [71, 1000, 4097])
@@ -266,8 +270,7 @@ def test_diagonal_scan_ignores_padding_rows(n):
     ref_p, ref_t = _reference(v, A[..., None] * Wt, ds)
     for bad in (jnp.nan, jnp.inf):
         p, t = _diag_scan(v, A, Wt, ds, n, pad_with=bad)
-        np.testing.assert_allclose(p, ref_p, rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(t, ref_t, rtol=1e-10, atol=1e-12)
+        _assert_scan_close((p, t), (ref_p, ref_t), rtol=1e-10)
 
 
 def test_diagonal_scan_float32_and_vmap():
