@@ -16,60 +16,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import cells as cells_lib
+from . import cost as cost_lib
 from . import scan as scan_lib
 
-__all__ = ["rnn", "BACKWARDS", "choose_backward", "auto_chunk_size", "has_diagonal_jacobian",
-           "CHUNK_BYTES"]
-
-# chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
-# chunk's scan works in cache. Measured (RNN H = 20, 2-core CPU, BPPSA backward, min of 7):
-# T = 30 000, B = 1: one chunk 48.8 ms, chunks of 2048 / 4096 / 8192 steps 15.3 / 14.9 / 16.7 ms
-# (BPTT 20.5 ms); T = 3000, B = 16: 70.2 ms -> 22.8 ms with chunks of 256
-# (experiments/results/cpu/scan-optimisation.md). 8 MiB is 5120 steps at B = 1, 320 at B = 16.
-# The RNN (diagonal structure, no Jacobians formed) is far less sensitive: T = 30 000, B = 1, median
-# of 11: one chunk 13.1 ms, chunks of 4096 / 8192 / 16384 steps 12.8 / 13.4 / 13.0 ms; its chunks are
-# sized by its largest array, the first level's products (half the Jacobians' bytes).
-CHUNK_BYTES = 8 << 20
+__all__ = ["rnn", "BACKWARDS", "bppsa_states", "forward_states", "validate_inputs", "scan_order", "root_and_offsets",
+           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
 BACKWARDS = ("bppsa", "bptt", "auto")
 
 
-def choose_backward(cell, T: int, B: int, dtype=None) -> str:
-    """The method ``backward="auto"`` uses for this problem: "bppsa" or "bptt".
-
-    By default: the calibrated cost model of :mod:`bppsa.bench` when one is cached for this
-    device (``bppsa bench`` or ``bppsa.bench.load_cost_model()`` probes and caches it), else BPTT.
-    :func:`set_auto_policy` installs any other policy.
-    """
-    return _AUTO_POLICY(cell, T, B, dtype)
-
-
-_CACHED_MODEL = []  # [model or None], looked up once per process
-
-
-def _default_policy(cell, T, B, dtype):
-    if not _CACHED_MODEL:
-        from .bench import cached_cost_model
-        _CACHED_MODEL.append(cached_cost_model())
-    model = _CACHED_MODEL[0]
-    return "bptt" if model is None else model.choose(cell, T, B, dtype)
-
-
-_AUTO_POLICY = _default_policy
-
-
-def set_auto_policy(policy):
-    """Install ``policy(cell, T, B, dtype) -> "bppsa" | "bptt"`` for ``backward="auto"``.
-
-    Returns the previous policy, so callers can restore it.
-    """
-    global _AUTO_POLICY
-    previous, _AUTO_POLICY = _AUTO_POLICY, policy
-    return previous
-
-
-def _forward(cell, params, xs, s0):
+def forward_states(cell, params, xs, s0):
     """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S)."""
 
     def body(s, x):
@@ -92,8 +48,9 @@ def stored_jacobians(cell, params, spr, xr, sr):
     """The Jacobians of storage-order steps for the Blelloch scan: the cell's diagonal structure
     ``(A, Wt)`` where it has one (:meth:`bppsa.cells.Cell.diagonal_jacobian`), else the
     (N, B, S, S) matrices."""
-    diag = cell.diagonal_jacobian(params, spr, xr, sr) if has_diagonal_jacobian(cell) else None
-    return diag if diag is not None else cell.transposed_jacobian(params, spr, xr, sr)
+    if cell.has_diagonal_jacobian:
+        return cell.diagonal_jacobian(params, spr, xr, sr)
+    return cell.transposed_jacobian(params, spr, xr, sr)
 
 
 def stored_scan(v, jacobians, ds, n):
@@ -121,7 +78,7 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     return scan_lib.scan(v, Ms, ds, scan_method)
 
 
-def _chunked_bwd(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
+def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
     """BPPSA backward over chunks of ``chunk_size`` steps, latest chunk first (scan order).
 
     Each chunk generates only its own Jacobians (C, B, S, S), scans them with the gradient
@@ -132,8 +89,8 @@ def _chunked_bwd(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
     T = xr.shape[0]
 
     def chunk(u, xr_c, sr_c, spr_c, ctr_c):
-        ds = jnp.concatenate([ctr_c[1:], jnp.zeros_like(ctr_c[:1])], axis=0)
-        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, ctr_c[0] + u)
+        v, ds = root_and_offsets(ctr_c)
+        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u)
         dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
         return total, dp, dx
 
@@ -157,78 +114,67 @@ def _chunked_bwd(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
     return acc, dxr, u
 
 
-def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None = None,
-                    structured: bool = False) -> int | None:
-    """The chunk length ``chunk_size="auto"`` uses: None (one chunk) off CPU or when everything
-    fits in :data:`CHUNK_BYTES`; else the largest length of the form m·2^k (32 <= m < 64, so the
-    Blelloch scan pads nothing) whose largest array fits in it, at least 64: the (B, S, S)
-    Jacobians per step, or for a cell with diagonal structure (``structured``, see
-    :func:`has_diagonal_jacobian`) half of that, the first level's products (its Jacobians are
-    never formed).
+def scan_order(xs, ss, s0, ct):
+    """Time order -> scan order (latest step first), as every BPPSA backward needs it.
 
-    Decided when the backward is traced, from ``jax.default_backend()`` (not the placement of the
-    arrays) and the shapes the backward sees (per example under ``vmap``).
+    xs (T, B, I), ss (T, B, S) the states after each step, s0 (B, S) the state before the first,
+    ct (T, B, S) the cotangents of ss. Returns (xr, sr, spr, ctr), each reversed along time:
+    element k is step T - k, ``spr[k]`` the state before it (``sr[k + 1]``, and s0 last).
     """
-    if (backend or jax.default_backend()) != "cpu":
-        return None
-    per_step = B * S * S * itemsize
-    if structured:
-        per_step = max(1, per_step // 2)
-    if T * per_step <= CHUNK_BYTES:
-        return None
-    c = max(64, CHUNK_BYTES // per_step)
-    k, m, _ = scan_lib.bottom_layout(c)
-    c = max(64, (c >> k) << k)  # m·2^k steps: the Blelloch scan needs no padding in a full chunk
-    return None if c >= T else int(c)
+    spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
+    return xs[::-1], ss[::-1], spr, ct[::-1].astype(ss.dtype)
 
 
-def has_diagonal_jacobian(cell) -> bool:
-    """Whether ``cell`` provides :meth:`bppsa.cells.Cell.diagonal_jacobian` (M_t = diag(A_t) @ Wt),
-    which the Blelloch backward then uses instead of forming the matrices."""
-    return getattr(type(cell), "diagonal_jacobian", None) not in (None, cells_lib.Cell.diagonal_jacobian)
+def root_and_offsets(ctr):
+    """The scan's root vector v = ctr[0] (B, S) and offsets ds (n, B, S): element k adds ctr[k + 1]
+    (the last element, the first step, adds nothing: the loss on s0 is not the cell's)."""
+    return ctr[0], jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
 
 
-@functools.lru_cache(maxsize=None)
-def _bppsa_fn(cell, scan_method, chunk_size="auto"):
-    """The custom-VJP flat-state RNN for one (cell, scan, chunk_size) (cached: cells are hashable)."""
+def _cast_grads(dparams, dxr, g0, params, xs, s0):
+    dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
+    return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
 
-    @jax.custom_vjp
-    def run(params, xs, s0):
-        return _forward(cell, params, xs, s0)
 
-    def fwd(params, xs, s0):
-        ss = _forward(cell, params, xs, s0)
-        return ss, (params, xs, s0, ss)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def bppsa_states(cell, scan_method, chunk_size, params, xs, s0):
+    """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
+    VJP is the BPPSA backward with ``scan_method`` over chunks of ``chunk_size`` steps (an int,
+    None: one chunk, or "auto": :func:`bppsa.cost.auto_chunk_size`). ``cell``, ``scan_method``
+    and ``chunk_size`` are static (hashable); inputs are not validated (see :func:`rnn`)."""
+    return forward_states(cell, params, xs, s0)
 
-    def bwd(res, ct):
-        params, xs, s0, ss = res
-        # Everything in scan order (latest step first): element k is step T - k.
-        xr = xs[::-1]
-        sr = ss[::-1]
-        spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
-        ctr = ct[::-1].astype(ss.dtype)
-        T, B, S = ss.shape
-        chunk = (auto_chunk_size(T, B, S, ss.dtype.itemsize,
-                                 structured=scan_method == "blelloch" and has_diagonal_jacobian(cell))
-                 if chunk_size == "auto" else chunk_size)
-        if chunk is not None and chunk < T:
-            dparams, dxr, g0 = _chunked_bwd(cell, scan_method, chunk, params, xr, sr, spr, ctr)
-            dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
-            return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
-        ds = jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
-        gs, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, ctr[0])  # gs[k] = g_{T-k}
-        dparams, dxr = cell.param_grads(params, spr, xr, sr, gs)
-        dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
-        return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
 
-    run.defvjp(fwd, bwd)
-    return run
+def _bppsa_fwd(cell, scan_method, chunk_size, params, xs, s0):
+    ss = forward_states(cell, params, xs, s0)
+    return ss, (params, xs, s0, ss)
+
+
+def _bppsa_bwd(cell, scan_method, chunk_size, res, ct):
+    params, xs, s0, ss = res
+    xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
+    T, B, S = ss.shape
+    chunk = (cost_lib.auto_chunk_size(T, B, S, ss.dtype.itemsize,
+                                      structured=scan_method == "blelloch" and cell.has_diagonal_jacobian)
+             if chunk_size == "auto" else chunk_size)
+    if chunk is not None and chunk < T:
+        dparams, dxr, g0 = chunked_backward(cell, scan_method, chunk, params, xr, sr, spr, ctr)
+        return _cast_grads(dparams, dxr, g0, params, xs, s0)
+    v, ds = root_and_offsets(ctr)
+    gs, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v)  # gs[k] = g_{T-k}
+    dparams, dxr = cell.param_grads(params, spr, xr, sr, gs)
+    return _cast_grads(dparams, dxr, g0, params, xs, s0)
+
+
+bppsa_states.defvjp(_bppsa_fwd, _bppsa_bwd)
 
 
 def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
-        mesh=None, seq_axis: str = "seq", batch_axis: str | None = None,
-        chunk_size: int | str | None = "auto"):
-    """Run ``cell`` over a sequence; differentiable w.r.t. ``params``, ``xs`` and ``h0``.
+        chunk_size: int | str | None = "auto", cost_model=None):
+    """Run ``cell`` over a sequence on one device; differentiable w.r.t. ``params``, ``xs``, ``h0``.
+
+    ``bppsa.rnn`` is this function, or with ``mesh=`` :func:`bppsa.parallel.rnn` (the time axis
+    split over a device mesh).
 
     Args:
       cell: a cell from :mod:`bppsa.cells`.
@@ -236,20 +182,20 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
       xs: (T, B, I) inputs, time-major.
       h0: (B, H) initial state; for an LSTM the pair (h0, c0), each (B, H).
       backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``) or
-        "auto" (:func:`choose_backward` picks one for this cell, T and B).
+        "auto" (:func:`bppsa.cost.choose_backward` picks one for this cell, T and B).
       scan: the BPPSA scan: "blelloch", "associative" or "sequential" (see :mod:`bppsa.scan`).
-      mesh: a ``jax.sharding.Mesh``: split the time axis over ``mesh[seq_axis]`` (and the batch
-        over ``mesh[batch_axis]``), see :mod:`bppsa.parallel`; None runs on one device.
       chunk_size: BPPSA only (ignored by BPTT): run the backward over chunks of this many steps,
         carrying the boundary gradient, so Jacobian memory is chunk_size·B·S² instead of T·B·S²
         (exact; None: one chunk). "auto" (default): on CPU, chunks whose Jacobians (for the RNN,
-        whose Jacobians are never formed: its first-level products) fit in :data:`CHUNK_BYTES`
-        (cache blocking, see :func:`auto_chunk_size`); on accelerators, one
-        chunk. An int cannot be combined with ``mesh``; with ``mesh`` each device scans its
-        stretch in one piece with the reference up/down-sweep of :mod:`bppsa.parallel`.
+        whose Jacobians are never formed: its first-level products) fit in
+        :data:`bppsa.cost.CHUNK_BYTES` (cache blocking, see :func:`bppsa.cost.auto_chunk_size`);
+        on accelerators, one chunk.
+      cost_model: ``backward="auto"`` only: the :class:`bppsa.cost.CostModel` that decides
+        (None: the calibration cached for this device if there is one, else BPTT).
 
     Returns:
-      hs: (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
+      The cell's state sequence: hs (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
+      ``cell.hidden(out)`` is hs (T, B, H) for every cell: use it where only hs is needed.
     """
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {list(BACKWARDS)}; got {backward!r}")
@@ -259,20 +205,13 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
             not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
     xs = jnp.asarray(xs)
-    s0 = _validate(cell, params, xs, h0)
+    s0 = validate_inputs(cell, params, xs, h0)
     if backward == "auto":
-        backward = choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype)
-    if mesh is not None and chunk_size not in (None, "auto"):
-        raise ValueError(f"chunk_size={chunk_size!r} cannot be combined with mesh (the sharded scan "
-                         "already splits the sequence); pass one of them")
-    if mesh is not None:
-        from .parallel.sequence import sequence_parallel_states
-        ss = sequence_parallel_states(cell, params, xs, s0, mesh, seq_axis=seq_axis, batch_axis=batch_axis,
-                                      backward=backward, scan=scan)
-    elif backward == "bptt":
-        ss = _forward(cell, params, xs, s0)
+        backward = cost_lib.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype, cost_model=cost_model)
+    if backward == "bptt":
+        ss = forward_states(cell, params, xs, s0)
     else:
-        ss = _bppsa_fn(cell, scan, chunk_size)(params, xs, s0)
+        ss = bppsa_states(cell, scan, chunk_size, params, xs, s0)
     return cell.unflatten_state(ss)
 
 
@@ -280,7 +219,7 @@ def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.floating)
 
 
-def _validate(cell, params, xs, h0):
+def validate_inputs(cell, params, xs, h0):
     """Check shapes and dtypes; return the flat initial state s0 (B, S)."""
     name = type(cell).__name__
     if xs.ndim != 3:
@@ -298,8 +237,8 @@ def _validate(cell, params, xs, h0):
             raise ValueError(f"params{jax.tree_util.keystr(path)} must have a floating dtype; "
                              f"got {jnp.result_type(leaf)}")
     H = cell.hidden_size
-    parts = h0 if isinstance(cell_state_template(cell), tuple) else (h0,)
-    if isinstance(cell_state_template(cell), tuple) and not (isinstance(h0, (tuple, list)) and len(h0) == 2):
+    parts = h0 if cell.pair_state else (h0,)
+    if cell.pair_state and not (isinstance(h0, (tuple, list)) and len(h0) == 2):
         raise ValueError(f"h0 for {name} must be a pair (h0, c0) of (B, H) = {(B, H)} arrays; got {type(h0).__name__}")
     for label, part in zip(("h0", "c0"), parts):
         part = jnp.asarray(part)
@@ -310,9 +249,3 @@ def _validate(cell, params, xs, h0):
         if not _is_float(part):
             raise ValueError(f"{label} must have a floating dtype; got {part.dtype}")
     return cell.flatten_state(jax.tree.map(jnp.asarray, tuple(h0) if isinstance(h0, list) else h0))
-
-
-def cell_state_template(cell):
-    """() for cells whose state is one array, a tuple for cells with a pair state (LSTM)."""
-    from .cells import LSTM
-    return (None, None) if isinstance(cell, LSTM) else None

@@ -35,7 +35,9 @@ import numpy as np
 import optax
 
 from . import backprop, cells
+from . import cost as cost_lib
 from . import scan as scan_lib
+from .cost import CostModel
 
 __all__ = ["time_components", "component_functions", "time_interleaved", "make_train_step", "COMPONENTS"]
 
@@ -94,7 +96,7 @@ def make_train_step(cell, backward: str, scan: str = "blelloch", learning_rate: 
     def loss_fn(weights, xs, h0, labels):
         params, head = weights
         out = backprop.rnn(cell, params, xs, h0, backward=backward, scan=scan, **kw)
-        hs = out[0] if isinstance(out, tuple) else out
+        hs = cell.hidden(out)
         logits = hs[-1] @ head["W"] + head["b"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
@@ -112,13 +114,10 @@ def make_train_step(cell, backward: str, scan: str = "blelloch", learning_rate: 
     return step, init
 
 
-def _bppsa_inputs(cell, ss, s0, xs, ct):
+def _bppsa_inputs(ss, s0, xs, ct):
     """Scan-order arrays, as :mod:`bppsa.backprop` builds them: (spr, xr, sr, v, ds)."""
-    xr, sr = xs[::-1], ss[::-1]
-    spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
-    ctr = ct[::-1]
-    ds = jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
-    return spr, xr, sr, ctr[0], ds
+    xr, sr, spr, ctr = backprop.scan_order(xs, ss, s0, ct)
+    return (spr, xr, sr, *backprop.root_and_offsets(ctr))
 
 
 def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_classes: int = 10,
@@ -129,7 +128,7 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_cla
     cotangent on every step (seeded), the step functions a random head and labels.
     """
     xs = jnp.asarray(xs)
-    s0 = backprop._validate(cell, params, xs, h0)
+    s0 = backprop.validate_inputs(cell, params, xs, h0)
     T, B, I = xs.shape
     S = cell.state_size
     dtype = xs.dtype
@@ -137,10 +136,10 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_cla
     k_ct, k_head, k_lab = jax.random.split(key, 3)
     ct = jax.random.normal(k_ct, (T, B, S), dtype)
 
-    fwd = jax.jit(lambda p, x, s: backprop._forward(cell, p, x, s))
+    fwd = jax.jit(lambda p, x, s: backprop.forward_states(cell, p, x, s))
     ss = jax.block_until_ready(fwd(params, xs, s0))
 
-    spr, xr, sr, v, ds = jax.jit(lambda ss, s0, xs, ct: _bppsa_inputs(cell, ss, s0, xs, ct))(ss, s0, xs, ct)
+    spr, xr, sr, v, ds = jax.jit(_bppsa_inputs)(ss, s0, xs, ct)
     if scan == "blelloch":  # as bppsa.backprop does it: Jacobians generated in storage order
         # (for a cell with diagonal structure, its (A, Wt) factors: the matrices are never formed)
         spr_j, xr_j, sr_j, ds_j = jax.jit(backprop.storage_inputs)(spr, xr, sr, ds)
@@ -154,8 +153,8 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_cla
     gs, _ = jax.block_until_ready(scan_fn(v, Ms, ds_j))
     pg = jax.jit(cell.param_grads)
 
-    _, vjp_bptt = jax.vjp(lambda p, x, s: backprop._forward(cell, p, x, s), params, xs, s0)
-    _, vjp_bppsa = jax.vjp(backprop._bppsa_fn(cell, scan), params, xs, s0)
+    _, vjp_bptt = jax.vjp(lambda p, x, s: backprop.forward_states(cell, p, x, s), params, xs, s0)
+    _, vjp_bppsa = jax.vjp(lambda p, x, s: backprop.bppsa_states(cell, scan, "auto", p, x, s), params, xs, s0)
     apply_vjp = jax.jit(lambda f, c: f(c))
 
     head = _head_init(k_head, cell.hidden_size, num_classes, dtype)
@@ -266,102 +265,21 @@ def time_scans(v, Ms, ds=None, *, methods=("blelloch", "associative", "sequentia
 def scan_inputs(cell, params, xs, h0, *, seed: int = 0):
     """(v, Ms, ds) exactly as the BPPSA backward builds them, for a random cotangent on every step."""
     xs = jnp.asarray(xs)
-    s0 = backprop._validate(cell, params, xs, h0)
+    s0 = backprop.validate_inputs(cell, params, xs, h0)
     ct = jax.random.normal(jax.random.key(seed), xs.shape[:2] + (cell.state_size,), xs.dtype)
 
     @jax.jit
     def build(params, xs, s0, ct):
-        ss = backprop._forward(cell, params, xs, s0)
-        spr, xr, sr, v, ds = _bppsa_inputs(cell, ss, s0, xs, ct)
+        ss = backprop.forward_states(cell, params, xs, s0)
+        spr, xr, sr, v, ds = _bppsa_inputs(ss, s0, xs, ct)
         return v, cell.transposed_jacobian(params, spr, xr, sr), ds
 
     return build(params, xs, s0, ct)
 
 
 # --------------------------------------------------------------------------------------------
-# Cost model and the `auto` policy.
+# Cost-model calibration (the model itself: bppsa.cost).
 # --------------------------------------------------------------------------------------------
-
-def _gates(cell) -> int:
-    """Gate count of a cell: the per-step work of both methods scales with it."""
-    from .cells import GRU, LSTM
-    return 3 if isinstance(cell, GRU) else 4 if isinstance(cell, LSTM) else 1
-
-
-def _levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:
-    """Dependent levels of the BPPSA backward: 2⌈log₂(C + 1)⌉ per chunk of C steps (up-sweep +
-    down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend."""
-    C = backprop.auto_chunk_size(T, B, S, itemsize, structured=structured) or T
-    return -(-T // C) * 2 * max(1, int(C).bit_length())
-
-
-def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
-    """The model's features for one problem (S = state size, G = gate count).
-
-    BPTT:  t = a_step · T + a_batch · T·[B > 1] + a_flop · T·B·G·S²   (T dependent steps)
-    BPPSA: t = b_level · levels + b_dense · T·B·S³·[dense] + b_diag · T·B·S³·[diagonal] + b_mem · T·B·G·S²
-    levels = 2⌈log₂(C + 1)⌉ dependent levels per chunk of C steps (C = T unless the default
-    chunk_size="auto" chunks, see :func:`bppsa.backprop.auto_chunk_size`); T·B·S³ is the
-    up-sweep's matrix–matrix work, counted in one of two features: cells whose Jacobians are
-    formed (dense) and cells with diagonal structure (:func:`bppsa.backprop.has_diagonal_jacobian`,
-    the RNN), whose first level is one large GEMM from vectors; T·B·G·S² the Jacobian generation,
-    vector products and contraction (memory bound). a_batch: XLA's per-step cost jumps from B = 1
-    to B = 2 (measured 0.7 -> 2.0 ms at T = 1000 on the 2-core CPU), more than the flops explain.
-    """
-    S, G = cell.state_size, _gates(cell)
-    diag = backprop.has_diagonal_jacobian(cell)
-    work = float(T) * B * S ** 3
-    return {"bptt": [float(T), float(T) * (B > 1), float(T) * B * G * S * S],
-            "bppsa": [float(_levels(T, B, S, itemsize, diag)), 0.0 if diag else work,
-                      work if diag else 0.0, float(T) * B * G * S * S]}
-
-
-class CostModel:
-    """Predicted backward-pass seconds of BPTT and BPPSA from :func:`cost_features`.
-
-    ``coef = {"bptt": [a_step, a_batch, a_flop], "bppsa": [b_level, b_dense, b_diag, b_mem]}`` (seconds per unit),
-    fitted by :func:`calibrate`. ``choose`` picks the method with the smaller prediction; it is
-    the policy ``backward="auto"`` uses once installed with :func:`install_auto`.
-    """
-
-    def __init__(self, coef: dict, meta: dict | None = None):
-        for k, n in (("bptt", 3), ("bppsa", 4)):
-            if k not in coef or len(coef[k]) != n:
-                raise ValueError(f"coef[{k!r}] must be a list of {n} numbers; got {coef.get(k)!r}")
-        self.coef = {k: [float(c) for c in v] for k, v in coef.items()}
-        self.meta = dict(meta or {})
-
-    def predict(self, cell, T: int, B: int, dtype=None) -> dict:
-        f = cost_features(cell, T, B, 4 if dtype is None else jnp.dtype(dtype).itemsize)
-        return {k: float(np.dot(self.coef[k], f[k])) for k in ("bptt", "bppsa")}
-
-    def choose(self, cell, T: int, B: int, dtype=None) -> str:
-        p = self.predict(cell, T, B, dtype)
-        return "bppsa" if p["bppsa"] < p["bptt"] else "bptt"
-
-    __call__ = choose
-
-    def to_json(self) -> dict:
-        return {"coef": self.coef, "meta": self.meta}
-
-    @classmethod
-    def from_json(cls, rec: dict) -> "CostModel":
-        return cls(rec["coef"], rec.get("meta"))
-
-
-def _nnls(A, y):
-    """Non-negative least squares on relative error (tiny: a few unknowns), by active-set pruning."""
-    A = np.asarray(A, float) / np.asarray(y, float)[:, None]
-    b = np.ones(len(y))
-    active = list(range(A.shape[1]))
-    while True:
-        x = np.zeros(A.shape[1])
-        x[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
-        neg = [i for i in active if x[i] < 0]
-        if not neg:
-            return x
-        active.remove(min(neg, key=lambda i: x[i]))
-
 
 PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 2), (2048, 2), (256, 8), (1024, 4),
                 (512, 32))
@@ -370,115 +288,45 @@ PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 2), (2048, 2), (
 DENSE_PROBE_POINTS = ((4096, 1), (1024, 4), (512, 32))
 
 
-@dataclasses.dataclass(frozen=True)
-class _DenseRNN(cells.RNN):
-    """The RNN with its diagonal Jacobian structure switched off (the calibration's dense probe)."""
-    diagonal_jacobian = cells.Cell.diagonal_jacobian
-
-
 def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_size: int = 20,
               repeats: int = 5, dtype=jnp.float32, scan: str = "blelloch") -> CostModel:
-    """Fit :class:`CostModel` on this device from a short probe (vanilla RNN, a few (T, B); the
-    ``dense_points`` again with the RNN's diagonal structure switched off).
+    """Fit :class:`bppsa.cost.CostModel` on this device from a short probe (vanilla RNN, a few
+    (T, B); the ``dense_points`` again with ``cells.RNN(..., diagonal=False)``).
 
     Each probe point times the two backward functions (``jax.vjp`` backward of BPTT and of
     BPPSA), interleaved. Seconds on a CPU; the result is cached by :func:`load_cost_model`.
     """
     cell = cells.RNN(1, hidden_size)
     params = cell.init(jax.random.key(0), dtype)
-    rows = {"bptt": ([], []), "bppsa": ([], [])}
+    features, seconds = {"bptt": [], "bppsa": []}, {"bptt": [], "bppsa": []}
     apply_vjp = jax.jit(lambda f, c: f(c))
-    probes = [(cell, T, B) for T, B in points] + [(_DenseRNN(1, hidden_size), T, B) for T, B in dense_points]
+    dense = cells.RNN(1, hidden_size, diagonal=False)
+    probes = [(cell, T, B) for T, B in points] + [(dense, T, B) for T, B in dense_points]
     for c, T, B in probes:
         xs = jax.random.normal(jax.random.key(T + B), (T, B, 1), dtype)
         s0 = jnp.zeros((B, hidden_size), dtype)
         ct = jnp.ones((T, B, hidden_size), dtype)
-        _, vb = jax.vjp(lambda p, x, s: backprop._forward(c, p, x, s), params, xs, s0)
-        _, vp = jax.vjp(backprop._bppsa_fn(c, scan), params, xs, s0)
+        _, vb = jax.vjp(lambda p, x, s: backprop.forward_states(c, p, x, s), params, xs, s0)
+        _, vp = jax.vjp(lambda p, x, s: backprop.bppsa_states(c, scan, "auto", p, x, s), params, xs, s0)
         t = time_interleaved({"bptt": lambda: apply_vjp(vb, ct), "bppsa": lambda: apply_vjp(vp, ct)},
                              repeats=repeats)
-        f = cost_features(c, T, B, jnp.dtype(dtype).itemsize)
-        for k in rows:
-            rows[k][0].append(f[k])
-            rows[k][1].append(t[k]["min"])
-    coef = {k: _nnls(*rows[k]).tolist() for k in rows}
-    meta = {"device": _device_key(), "points": [list(p) for p in points],
+        f = cost_lib.cost_features(c, T, B, jnp.dtype(dtype).itemsize)
+        for k in features:
+            features[k].append(f[k])
+            seconds[k].append(t[k]["min"])
+    meta = {"device": cost_lib.device_key(), "points": [list(p) for p in points],
             "dense_points": [list(p) for p in dense_points], "hidden_size": hidden_size,
-            "scan": scan, "dtype": str(jnp.dtype(dtype)),
-            "measured": {k: rows[k][1] for k in rows}}
-    return CostModel(coef, meta)
-
-
-COST_MODEL_VERSION = 4  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term;
-# 4: the RNN's diagonal-structure scan, dense and diagonal S^3 terms
-
-
-def _device_key() -> str:
-    from .provenance import _cpu_model
-    d = jax.devices()[0]
-    kind = d.device_kind if jax.default_backend() != "cpu" else _cpu_model()
-    # COST_MODEL_VERSION: a model calibrated on an older backward implementation is recalibrated.
-    return f"{jax.default_backend()}|{kind}|jax {jax.__version__}|model {COST_MODEL_VERSION}"
-
-
-def cache_path():
-    """Where the calibrated model is cached: $BPPSA_CACHE_DIR or ~/.cache/bppsa, one file per device."""
-    import hashlib
-    import os
-    from pathlib import Path
-    root = Path(os.environ.get("BPPSA_CACHE_DIR") or Path.home() / ".cache" / "bppsa")
-    digest = hashlib.sha1(_device_key().encode()).hexdigest()[:12]
-    return root / f"cost_model-{digest}.json"
-
-
-def cached_cost_model() -> CostModel | None:
-    """The cached :class:`CostModel` for this device, or None when none has been calibrated (no probe)."""
-    import json
-    path = cache_path()
-    try:
-        rec = json.loads(path.read_text())
-        if rec.get("meta", {}).get("device") == _device_key():
-            return CostModel.from_json(rec)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+            "scan": scan, "dtype": str(jnp.dtype(dtype)), "measured": seconds}
+    return CostModel.fit(features, seconds, meta)
 
 
 def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:
-    """The cached :class:`CostModel` for this device; probe and cache it when missing."""
-    import json
-    path = cache_path()
-    if path.exists() and not recalibrate:
-        try:
-            rec = json.loads(path.read_text())
-            if rec.get("meta", {}).get("device") == _device_key():
-                return CostModel.from_json(rec)
-        except (ValueError, KeyError, TypeError):
-            pass  # a corrupt or stale cache is recomputed
-    model = calibrate(**calibrate_kw)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(model.to_json(), indent=1) + "\n")
-    return model
-
-
-def install_auto(model: CostModel | None = None, *, lazy: bool = False):
-    """Make ``backward="auto"`` use ``model`` (default: the cached, calibrated one). Returns it.
-
-    ``lazy=True`` (and no model): install a policy that loads -- or probes and caches -- the
-    model the first time ``backward="auto"`` is used; returns None.
-    """
-    if model is None and lazy:
-        state = {}
-
-        def policy(cell, T, B, dtype=None):
-            if "model" not in state:
-                state["model"] = load_cost_model()
-            return state["model"].choose(cell, T, B, dtype)
-
-        backprop.set_auto_policy(policy)
-        return None
-    model = load_cost_model() if model is None else model
-    backprop.set_auto_policy(model.choose)
+    """The cached :class:`bppsa.cost.CostModel` for this device (:func:`bppsa.cost.load`); probe
+    (:func:`calibrate`) and cache it when missing, stale or ``recalibrate``."""
+    model = None if recalibrate else cost_lib.load()
+    if model is None:
+        model = calibrate(**calibrate_kw)
+        cost_lib.save(model)
     return model
 
 
@@ -695,10 +543,10 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
         "batched matmul (n/16, 16, S, S)": (jax.jit(lambda a, b: jnp.matmul(a.reshape(-1, 16, S, S), b.reshape(-1, 16, S, S))), (A, Bm)),
         "fused multiply-add over k (n, S, S)": (jax.jit(lambda a, b: sum(a[:, :, k, None] * b[:, None, k, :] for k in range(S))), (A, Bm)),
         "scan's form: fused multiply-add on halves of (2n, S, S)": (
-            jax.jit(lambda x: scan_lib._matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
+            jax.jit(lambda x: scan_lib.batched_matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
         "einsum batch-last (S, S, n)": (jax.jit(lambda a, b: jnp.einsum("ikn,kjn->ijn", a, b)), (At, Bt)),
         "RNN structure: diag(a) Wt diag(b) Wt as diag(a)·(b @ K), one (n, S) @ (S, S^2) GEMM": (
-            jax.jit(lambda a, b, w: scan_lib._diag_products(a, b, w)), (A[:, 0], Bm[:, 0], A[0])),
+            jax.jit(lambda a, b, w: scan_lib.diagonal_products(a, b, w)), (A[:, 0], Bm[:, 0], A[0])),
         f"large GEMM {large}^3": (jax.jit(jnp.matmul), (X, X)),
     }
     t = time_interleaved({k: (lambda f=f, a=a: f(*a)) for k, (f, a) in forms.items()}, repeats=repeats)
@@ -728,9 +576,9 @@ def product_rate(T: int, B: int, S: int = 20, *, structured: bool = False, repea
         for level in range(k):
             h = X.shape[0] // 2
             if level == 0 and structured:
-                X = scan_lib._diag_products(X[:h], X[h:], Wt)
+                X = scan_lib.diagonal_products(X[:h], X[h:], Wt)
             else:
-                X = scan_lib._matmul(X[:h], X[h:])
+                X = scan_lib.batched_matmul(X[:h], X[h:])
         return X
 
     t = time_interleaved({"products": lambda: products(X, Wt)}, repeats=repeats)["products"]["min"]
@@ -782,7 +630,7 @@ def main(argv=None) -> int:
             # the whole scan's effective rate: its ~n matrix products' flops / the whole scan's time
             r["scan_gflops"] = 2 * r["T"] * r["B"] * a.hidden ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
             # the products alone (the up-sweep's bottom levels, as the scan runs them)
-            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden, structured=backprop.has_diagonal_jacobian(cell))
+            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden, structured=cell.has_diagonal_jacobian)
             print(f"T={r['T']} B={r['B']}: scan {r['scan_gflops']:.1f} GFLOP/s effective, "
                   f"up-sweep products {r['product_rate']['gflops']:.1f} GFLOP/s")
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))

@@ -25,6 +25,7 @@ methods may be in any time order (BPPSA passes them latest step first); they onl
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Callable
 
@@ -38,11 +39,55 @@ def _uniform(key, shape, bound, dtype):
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
 
-class Cell:
-    """Base class: the flat-state helpers shared by all cells."""
+class Cell(abc.ABC):
+    """The contract every cell meets. Shapes: B batch, I input, H hidden, S = flat state size
+    (S = H; LSTM: S = 2H with s = [h, c]), T steps (in any order, as long as the arrays agree).
+
+    Subclasses are frozen dataclasses (hashable: :func:`bppsa.backprop.rnn` passes them as a
+    static argument of its custom VJP).
+    """
 
     input_size: int | None
     hidden_size: int
+
+    @abc.abstractmethod
+    def init(self, key, dtype=jnp.float32):
+        """The parameter pytree for ``key``."""
+
+    @abc.abstractmethod
+    def step(self, params, h, x):
+        """One step: h (B, H) [LSTM: (h, c)], x (B, I) -> the next state, same structure as h."""
+
+    @abc.abstractmethod
+    def transposed_jacobian(self, params, s_prev, xs, s):
+        """s_prev, s: (T, B, S), xs: (T, B, I) -> Ms (T, B, S, S) with g_{t-1} = g_t @ M_t,
+        M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j]."""
+
+    @abc.abstractmethod
+    def param_grads(self, params, s_prev, xs, s, gs):
+        """gs (T, B, S) = ∂L/∂s_t -> (dparams, dxs (T, B, I)), summed over t and b."""
+
+    def diagonal_jacobian(self, params, s_prev, xs, s):
+        """Optional structure of the transposed Jacobian: ``(A, Wt)`` with A (T, B, S) and
+        M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) matrix Wt, or None (the default: no
+        such structure). The Blelloch scan uses it to skip forming the (T, B, S, S) matrices
+        (:func:`bppsa.scan.blelloch_scan_stored_diag`); see :attr:`has_diagonal_jacobian`."""
+        return None
+
+    @property
+    def has_diagonal_jacobian(self) -> bool:
+        """Whether :meth:`diagonal_jacobian` returns the structure (False by default)."""
+        return False
+
+    @property
+    def gates(self) -> int:
+        """Gate count G (pre-activations per step are G·H wide): the per-step work scales with it."""
+        return 1
+
+    @property
+    def pair_state(self) -> bool:
+        """Whether the state is a pair (h, c) of (B, H) arrays (LSTM) rather than one array."""
+        return False
 
     @property
     def state_size(self) -> int:
@@ -57,12 +102,10 @@ class Cell:
         """(..., S) -> state."""
         return s
 
-    def diagonal_jacobian(self, params, s_prev, xs, s):
-        """Optional structure of the transposed Jacobian: ``(A, Wt)`` with
-        M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) matrix Wt, or None (no such structure).
-        The Blelloch scan uses it to skip forming the (T, B, S, S) matrices
-        (:func:`bppsa.scan.blelloch_scan_stored_diag`)."""
-        return None
+    def hidden(self, states):
+        """The hidden states of what :func:`bppsa.rnn` returns: (T, B, H) for every cell
+        (for an LSTM, hs of the pair (hs, cs))."""
+        return states[0] if self.pair_state else states
 
 
 def _rnn_params(key, input_size, hidden_size, gates, dtype):
@@ -96,16 +139,21 @@ class RNN(Cell):
     """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h), σ = tanh or relu.
 
     Transposed Jacobian (row convention): M_t = diag(σ'(a_t)) W_hᵀ, so
-    g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t².
+    g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t². The Blelloch backward uses
+    that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
+    same gradients: the cost-model calibration measures the dense products with it).
     """
 
     input_size: int
     hidden_size: int
     nonlinearity: str = "tanh"
+    diagonal: bool = True  # False: ignore the structure and form the matrices (as for GRU/LSTM)
 
     def __post_init__(self):
         if self.nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"nonlinearity must be 'tanh' or 'relu'; got {self.nonlinearity!r}")
+        if not isinstance(self.diagonal, bool):
+            raise ValueError(f"diagonal must be True or False; got {self.diagonal!r}")
         _check_sizes(self)
 
     def init(self, key, dtype=jnp.float32):
@@ -124,8 +172,12 @@ class RNN(Cell):
     def transposed_jacobian(self, params, s_prev, xs, s):
         return self._dact(s)[..., :, None] * params["W_h"].T
 
+    @property
+    def has_diagonal_jacobian(self) -> bool:
+        return self.diagonal
+
     def diagonal_jacobian(self, params, s_prev, xs, s):
-        return self._dact(s), params["W_h"].T
+        return (self._dact(s), params["W_h"].T) if self.diagonal else None
 
     def param_grads(self, params, s_prev, xs, s, gs):
         da = gs * self._dact(s)
@@ -153,6 +205,10 @@ class GRU(Cell):
 
     def __post_init__(self):
         _check_sizes(self)
+
+    @property
+    def gates(self) -> int:
+        return 3
 
     def init(self, key, dtype=jnp.float32):
         return _rnn_params(key, self.input_size, self.hidden_size, 3, dtype)
@@ -223,6 +279,14 @@ class LSTM(Cell):
 
     def __post_init__(self):
         _check_sizes(self)
+
+    @property
+    def gates(self) -> int:
+        return 4
+
+    @property
+    def pair_state(self) -> bool:
+        return True
 
     @property
     def state_size(self) -> int:

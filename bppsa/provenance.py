@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["provenance", "device_label", "save_json"]
+__all__ = ["provenance", "device_label", "save_json", "cpu_model"]
 
 
 def _version(dist: str) -> str | None:
@@ -23,7 +23,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else what the platform module knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -56,7 +57,7 @@ def provenance(command: str | None = None) -> dict:
         "backend": jax.default_backend(),
         "device_kind": devs[0].device_kind if devs else None,
         "device_count": len(devs),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,

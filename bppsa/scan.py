@@ -194,20 +194,20 @@ def down_sweep(levels):
 # never take strided slices: the elements are laid out so that at every bottom level the left
 # operands are the first half of the array and the right operands the second half (only the last
 # 32..64 blocks, in _blelloch_top, are paired by strided slices), and on CPU the products are fused
-# multiply-adds up to S = _FMA_MAX (a batched GEMM beyond, where the unrolled form stops paying).
-_FMA_MAX = 64
+# multiply-adds up to S = FMA_MAX (a batched GEMM beyond, where the unrolled form stops paying).
+FMA_MAX = 64
 _TOP = 32  # the bottom levels stop when about _TOP..2*_TOP blocks are left
 
 
 def _use_fma(S: int, dtype) -> bool:
-    """Fused multiply-adds for S <= _FMA_MAX in float32/float64 on CPU, where they were measured
+    """Fused multiply-adds for S <= FMA_MAX in float32/float64 on CPU, where they were measured
     faster; elsewhere (accelerators, low-precision dtypes, large S) the batched GEMM, whose
     accumulation precision and tiling the backend chooses. Decided at trace time."""
-    return (S <= _FMA_MAX and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+    return (S <= FMA_MAX and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
             and jax.default_backend() == "cpu")
 
 
-def _matmul(L, R):
+def batched_matmul(L, R):
     """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
     S = L.shape[-1]
     if not _use_fma(S, jnp.result_type(L, R)):
@@ -218,7 +218,7 @@ def _matmul(L, R):
     return out
 
 
-def _vecmat_fused(v, M):
+def batched_vecmat(v, M):
     """(..., S) @ (..., S, S) -> (..., S) as S fused multiply-adds (small S; a multiply-and-sum
     reduction measured 60x slower with a batch axis of 1)."""
     S = M.shape[-1]
@@ -328,7 +328,7 @@ def blelloch_scan_stored(v, Ms, ds, n: int, *, zero_padded_offsets: bool = False
     return from_storage(incoming, n), total
 
 
-def _diag_products(aL, aR, Wt):
+def diagonal_products(aL, aR, Wt):
     """(diag(aL) Wt) @ (diag(aR) Wt) for (..., S) vectors aL, aR: diag(aL) · (aR @ K) with
     K[l, (i, j)] = Wt[i, l] Wt[l, j], one (·, S) @ (S, S²) GEMM for the whole batch of products."""
     S = Wt.shape[-1]
@@ -372,7 +372,7 @@ def blelloch_scan_stored_diag(v, A, Wt, ds, n: int):
     h = N // 2
     aL, aR = A[:h], A[h:]
     shared = lambda x: jnp.dot(x.reshape((-1, S)), Wt).reshape(x.shape)  # (..., S) @ Wt
-    X = _diag_products(aL, aR, Wt)
+    X = diagonal_products(aL, aR, Wt)
     DL = None if ds is None else ds[:h]
     D = None if ds is None else shared(DL * aR) + ds[h:]
     incoming, total = _blelloch_bottom(v, X, D, k - 1)
@@ -396,12 +396,12 @@ def _blelloch_bottom(v, X, D, k):
         h = X.shape[0] // 2
         L, R = X[:h], X[h:]
         DL = None if D is None else D[:h]
-        X = _matmul(L, R)
-        D = None if D is None else _vecmat_fused(DL, R) + D[h:]
+        X = batched_matmul(L, R)
+        D = None if D is None else batched_vecmat(DL, R) + D[h:]
         lefts.append((L, DL))
     incoming, total = _blelloch_top(v, X, D)
     for L, DL in reversed(lefts):  # down-sweep: a left child gets its parent's prefix, a right
-        right = _vecmat_fused(incoming, L)  # child the parent's prefix composed with its sibling
+        right = batched_vecmat(incoming, L)  # child the parent's prefix composed with its sibling
         if DL is not None:
             right = right + DL
         incoming = jnp.concatenate([incoming, right], axis=0)
@@ -435,17 +435,17 @@ def _blelloch_top(v, Ms, ds=None):
     vec, X, D = v, Ms, ds
     while X.shape[0] >= 1:
         m = X.shape[0]
-        new_vec = _vecmat_fused(vec, X[0]) if D is None else _vecmat_fused(vec, X[0]) + D[0]
+        new_vec = batched_vecmat(vec, X[0]) if D is None else batched_vecmat(vec, X[0]) + D[0]
         P, carried = (m - 1) // 2, (m - 1) % 2 == 1
         L = DL = None
         new_X = X[:0]
         new_D = None if D is None else D[:0]
         if P:
             L, R = X[1:1 + 2 * P:2], X[2:2 + 2 * P:2]
-            new_X = _matmul(L, R)
+            new_X = batched_matmul(L, R)
             if D is not None:
                 DL = D[1:1 + 2 * P:2]
-                new_D = _vecmat_fused(DL, R) + D[2:2 + 2 * P:2]
+                new_D = batched_vecmat(DL, R) + D[2:2 + 2 * P:2]
         if carried:
             new_X = jnp.concatenate([new_X, X[-1:]], axis=0)
             if D is not None:
@@ -458,7 +458,7 @@ def _blelloch_top(v, Ms, ds=None):
         parts = [vec[None]]  # block 1 = right child of block 0: its prefix is block 0's value
         if P:
             parent = inc[:P]
-            right = _vecmat_fused(parent, L) if DL is None else _vecmat_fused(parent, L) + DL
+            right = batched_vecmat(parent, L) if DL is None else batched_vecmat(parent, L) + DL
             parts.append(jnp.stack([parent, right], axis=1).reshape((2 * P, B, S)))
         if carried:
             parts.append(inc[P:P + 1])

@@ -138,7 +138,7 @@ def backward_times(cell, params, T: int, B: int, *, methods=("bptt", "bppsa"), s
     for m in methods:
         def loss(p, m=m):
             out = rnn(cell, p, xs, h0, backward=m, scan=scan)
-            hs = out[0] if isinstance(out, tuple) else out
+            hs = cell.hidden(out)
             return jnp.sum(hs[-1] ** 2)
         fns[m] = jax.jit(jax.grad(loss))
         jax.block_until_ready(fns[m](params))  # compile

@@ -10,7 +10,6 @@ from jax import lax
 import bppsa
 from bppsa import cells
 
-jax.config.update("jax_enable_x64", True)
 
 SCANS = ("blelloch", "associative", "sequential")
 
@@ -257,8 +256,7 @@ def test_bad_cell_configuration():
 # path, taken from T >= 64 (the scan's first bottom level), exact.
 # ---------------------------------------------------------------------------------------------
 
-from bppsa import backprop, scan as scan_lib  # noqa: E402
-from bppsa.bench import _DenseRNN  # noqa: E402  (the RNN with its structure switched off)
+from bppsa import scan as scan_lib  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])
@@ -268,10 +266,11 @@ def test_diagonal_jacobian_is_the_transposed_jacobian(name):
     s_prev = jnp.concatenate([h0[None], ss[:-1]])
     A, Wt = c.diagonal_jacobian(params, s_prev, xs, ss)
     np.testing.assert_array_equal(A[..., None] * Wt, c.transposed_jacobian(params, s_prev, xs, ss))
-    assert backprop.has_diagonal_jacobian(c)
+    assert c.has_diagonal_jacobian
     for other in ("gru", "lstm", "generic", "generic-jac"):
-        assert not backprop.has_diagonal_jacobian(CELLS[other](3, 4))
-    assert not backprop.has_diagonal_jacobian(_DenseRNN(3, 5))
+        assert not CELLS[other](3, 4).has_diagonal_jacobian
+    dense = cells.RNN(3, 5, diagonal=False)  # the structure switched off
+    assert not dense.has_diagonal_jacobian and dense.diagonal_jacobian(params, s_prev, xs, ss) is None
 
 
 @pytest.mark.parametrize("name,T,B", [("rnn-tanh", 64, 1), ("rnn-relu", 129, 1), ("rnn-tanh", 300, 2)] + [
@@ -284,7 +283,7 @@ def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
     _check_all(c, params, xs, h0, [False, True], ["blelloch"], rtol=1e-8, atol=1e-10)
     assert calls and set(calls) == {T}  # the structured path ran (both losses)
     # the same gradients through the dense path (Jacobians formed)
-    d = _DenseRNN(2, 4, c.nonlinearity)
+    d = cells.RNN(2, 4, c.nonlinearity, diagonal=False)
     g = [jax.grad(lambda p: _loss(bppsa.rnn(cell, p, xs, h0), True))(params) for cell in (c, d)]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12), *g)
 

@@ -34,7 +34,7 @@ def test_component_functions_compute_the_same_gradients(cell):
     assert gs.shape == (T, B, cell.state_size)
     jac = fns["jacobian"]()
     S = cell.state_size
-    if backprop.has_diagonal_jacobian(cell):  # the RNN: only the factors (A, Wt) are generated
+    if cell.has_diagonal_jacobian:  # the RNN: only the factors (A, Wt) are generated
         assert jac[0].shape == (T, B, S) and jac[1].shape == (S, S)
     else:
         assert jac.shape == (T, B, S, S)
@@ -140,41 +140,6 @@ def test_chunked_bppsa_is_exact(cell, T, chunk):
     _close(g_chunk, g_ref)
 
 
-def test_auto_chunk_size():
-    assert backprop.auto_chunk_size(30_000, 1, 20, 4, backend="gpu") is None  # one chunk off CPU
-    assert backprop.auto_chunk_size(1000, 2, 20, 4, backend="cpu") is None    # fits in CHUNK_BYTES
-    c = backprop.auto_chunk_size(30_000, 1, 20, 4, backend="cpu")
-    assert c * 20 * 20 * 4 <= backprop.CHUNK_BYTES < 2 * c * 20 * 20 * 4
-    assert scan_lib.bottom_layout(c)[2] == c  # m·2^k: the Blelloch scan pads nothing in a full chunk
-    assert backprop.auto_chunk_size(10**6, 1024, 64, 8, backend="cpu") == 64  # never below 64
-    # diagonal structure (the RNN): no Jacobians formed, the largest array is half as big
-    assert backprop.auto_chunk_size(10_000, 1, 20, 4, backend="cpu") is not None
-    assert backprop.auto_chunk_size(10_000, 1, 20, 4, backend="cpu", structured=True) is None
-    c2 = backprop.auto_chunk_size(30_000, 1, 20, 4, backend="cpu", structured=True)
-    assert c2 * 20 * 20 * 4 // 2 <= backprop.CHUNK_BYTES < c2 * 20 * 20 * 4 and c2 > c
-    assert c == 5120  # 8 MiB / 1600 B = 5242 steps, rounded down to 40 * 2^7: no padding in a chunk
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason='chunk_size="auto" chunks on CPU only')
-def test_default_auto_chunking_is_exact(monkeypatch):
-    """chunk_size="auto" (the default) chunks once the Jacobians pass CHUNK_BYTES; exact."""
-    cell = cells.GRU(2, 3)
-    T, B = 150, 2
-    params = cell.init(jax.random.key(5), jnp.float64)
-    xs = jax.random.normal(jax.random.key(6), (T, B, 2), jnp.float64)
-    h0 = jax.random.normal(jax.random.key(7), (B, 3), jnp.float64)
-    monkeypatch.setattr(backprop, "CHUNK_BYTES", 64 * B * 3 * 3 * 8)  # chunks of 64, 64, 22
-    assert backprop.auto_chunk_size(T, B, 3, 8, backend="cpu") == 64
-    calls = []
-    chunked = backprop._chunked_bwd
-    monkeypatch.setattr(backprop, "_chunked_bwd", lambda *a: calls.append(a[2]) or chunked(*a))
-    g_ref = _grads(cell, params, xs, h0)
-    _close(_grads(cell, params, xs, h0, backward="bppsa"), g_ref)
-    assert calls == [64]  # the default took the chunked path, with chunks of 64
-    _close(_grads(cell, params, xs, h0, backward="bppsa", chunk_size=None), g_ref)
-    assert calls == [64]  # chunk_size=None: one chunk
-
-
 @pytest.mark.slow
 def test_chunked_bppsa_with_other_scans_and_b1():
     cell = cells.RNN(1, 4)
@@ -209,56 +174,6 @@ def test_chunked_mode_bounds_compiled_memory():
     assert mem["bppsa_chunked"]["peak"] < mem["bppsa_one_chunk"]["peak"] / 3
     assert mem["bptt"]["peak"] < mem["bppsa_one_chunk"]["peak"]
     assert mem["bppsa"]["peak"] <= mem["bppsa_one_chunk"]["peak"]  # the default chunks or not
-
-
-# ---------------------------------------------------------------------------------------------
-# Cost model and backward="auto".
-# ---------------------------------------------------------------------------------------------
-
-def test_cost_model_choices_in_constructed_regimes():
-    cell = cells.RNN(1, 20)
-    # per-step latency dominates BPTT; BPPSA pays per level and per S^3 flop
-    model = bench.CostModel({"bptt": [1e-6, 0.0, 1e-11], "bppsa": [2e-5, 5e-12, 5e-12, 1e-11]})
-    assert model.choose(cell, T=100_000, B=1) == "bppsa"   # long, thin: few levels vs many steps
-    assert model.choose(cell, T=4, B=1) == "bptt"          # short: level overhead dominates
-    assert model.choose(cell, T=1000, B=4096) == "bptt"    # wide: S^3 work dominates
-    p = model.predict(cell, 1000, 2)
-    assert set(p) == {"bptt", "bppsa"} and all(v > 0 for v in p.values())
-    with pytest.raises(ValueError, match="coef"):
-        bench.CostModel({"bptt": [1.0]})
-
-
-def test_auto_uses_installed_policy_and_stays_exact():
-    cell = cells.RNN(1, 3)
-    params = cell.init(jax.random.key(0), jnp.float64)
-    xs = jax.random.normal(jax.random.key(1), (9, 2, 1), jnp.float64)
-    h0 = jnp.zeros((2, 3))
-    g_ref = _grads(cell, params, xs, h0)
-    seen = []
-    for choice in ("bppsa", "bptt"):
-        model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]} if choice == "bppsa"
-                                else {"bptt": [0.0, 0.0, 0.0], "bppsa": [1.0, 0.0, 0.0, 0.0]})
-        prev = backprop.set_auto_policy(lambda *a, m=model: seen.append(m(*a)) or m(*a))
-        try:
-            _close(_grads(cell, params, xs, h0, backward="auto"), g_ref)
-        finally:
-            backprop.set_auto_policy(prev)
-    assert seen == ["bppsa", "bptt"]
-
-
-def test_calibration_probe_is_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    path = bench.cache_path()
-    assert not path.exists()
-    m1 = bench.load_cost_model(points=((16, 1), (64, 1)), dense_points=((64, 1),), hidden_size=4, repeats=1)
-    assert path.exists() and path.parent == tmp_path
-    assert all(c >= 0 for k in ("bptt", "bppsa") for c in m1.coef[k])
-    m2 = bench.load_cost_model(points=((1, 1),))  # from the cache: the probe is not rerun
-    assert m2.coef == m1.coef and m2.meta["points"] == [[16, 1], [64, 1]]
-    assert m1.meta["dense_points"] == [[64, 1]] and len(m1.meta["measured"]["bppsa"]) == 3
-    path.write_text("{not json")
-    m3 = bench.load_cost_model(points=((16, 1),), dense_points=(), hidden_size=4, repeats=1)  # corrupt: re-probed
-    assert m3.meta["points"] == [[16, 1]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,9 +252,8 @@ def test_gpu_script_fails_loudly_without_a_gpu(tmp_path):
 def test_gpu_script_dry_run_on_cpu(tmp_path):
     cache = tmp_path / "cache"
     env = _gpu_script_env(tmp_path, BPPSA_ALLOW_CPU="1", BPPSA_CACHE_DIR=str(cache))
-    code = ("import jax, json; from bppsa import bench; p = bench.cache_path(); p.parent.mkdir(parents=True);"
-            "p.write_text(json.dumps(bench.CostModel({'bptt': [1e-6, 0.0, 1e-10], 'bppsa': [1e-5, 1e-10, 1e-10, 1e-11]},"
-            "{'device': bench._device_key()}).to_json()))")
+    code = ("from bppsa import cost; cost.save(cost.CostModel({'bptt': [1e-6, 0.0, 1e-10], "
+            "'bppsa': [1e-5, 1e-10, 1e-10, 1e-11]}, {'device': cost.device_key()}))")
     subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, check=True, timeout=120)
     out = tmp_path / "out"
     r = subprocess.run(["bash", str(ROOT / "experiments" / "gpu" / "run.sh"), str(out)], env=env,
@@ -351,51 +265,9 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
     assert "summary" in r.stdout and "backward x" in r.stdout
 
 
-def test_install_auto_lazy_probes_on_first_use(tmp_path, monkeypatch):
-    monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]}, {"device": bench._device_key()})
-    bench.cache_path().write_text(json.dumps(model.to_json()))
-    prev = backprop.set_auto_policy(backprop._default_policy)
-    try:
-        assert bench.install_auto(lazy=True) is None
-        assert backprop.choose_backward(cells.RNN(1, 2), 10, 1) == "bppsa"  # read from the cache
-        assert bench.install_auto(model).choose(cells.RNN(1, 2), 10, 1) == "bppsa"
-    finally:
-        backprop.set_auto_policy(prev)
-
-
-def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch):
-    """No cached model: auto is BPTT without probing; a cached model for this device decides."""
-    from bppsa import backprop
-    monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(backprop, "_CACHED_MODEL", [])
-    monkeypatch.setattr(bench, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
-    previous = backprop.set_auto_policy(backprop._default_policy)
-    try:
-        cell = cells.RNN(1, 4)
-        assert backprop.choose_backward(cell, 1000, 2) == "bptt"
-        favour_bppsa = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]}, {"device": bench._device_key()})
-        bench.cache_path().write_text(__import__("json").dumps(favour_bppsa.to_json()))
-        monkeypatch.setattr(backprop, "_CACHED_MODEL", [])
-        assert backprop.choose_backward(cell, 1000, 2) == "bppsa"
-    finally:
-        backprop.set_auto_policy(previous)
-
-
 def test_product_rate_counts_the_bottom_level_products():
     r = bench.product_rate(100, 2, 3, repeats=1)  # k = 1 bottom level: 50 products per batch row
     assert r["levels"] == 1 and r["flops"] == 2 * 50 * 2 * 27 and r["gflops"] > 0
     assert bench.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
     r2 = bench.product_rate(100, 2, 3, structured=True, repeats=1)  # level 0 from vectors, same flops
     assert r2["levels"] == 1 and r2["flops"] == r["flops"] and r2["gflops"] > 0
-
-
-def test_cost_features_separate_dense_and_diagonal_products():
-    rnn, gru = cells.RNN(1, 20), cells.GRU(1, 20)
-    f_rnn, f_gru = bench.cost_features(rnn, 4096, 2), bench.cost_features(gru, 4096, 2)
-    work = 4096 * 2 * 20 ** 3
-    assert f_rnn["bppsa"][1:3] == [0.0, work] and f_gru["bppsa"][1:3] == [work, 0.0]
-    assert bench.cost_features(bench._DenseRNN(1, 20), 4096, 2)["bppsa"][1:3] == [work, 0.0]
-    # a device where dense products are slow and diagonal ones fast picks per cell
-    model = bench.CostModel({"bptt": [2e-6, 0.0, 0.0], "bppsa": [0.0, 1e-9, 1e-12, 0.0]})
-    assert model.choose(rnn, 4096, 2) == "bppsa" and model.choose(gru, 4096, 2) == "bptt"

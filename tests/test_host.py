@@ -1,4 +1,4 @@
-"""bppsa.host: the glibc allocator settings applied on import, and the opt-outs."""
+"""bppsa.host: the glibc allocator settings (opt-in, never on import), and the opt-outs."""
 
 import os
 import subprocess
@@ -6,29 +6,31 @@ import sys
 
 import pytest
 
-import bppsa
-from bppsa import host, provenance
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION"),
                            reason="the settings are glibc's")
-user_env = (os.environ.get("BPPSA_MALLOC_TUNING", "1").lower() in ("0", "false", "no", "off")
-            or bool(host.user_malloc_settings()))
+
+
+def _tuned_in_subprocess(code, **env):
+    base = {k: v for k, v in os.environ.items()
+            if k != "BPPSA_MALLOC_TUNING" and not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", code], env=base | env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return out.stdout.strip()
+
+
+TUNE = "import bppsa; bppsa.host.tune_allocator(); print(bppsa.host.allocator_tuned())"
+
+
+def test_import_does_not_tune_the_allocator():
+    assert _tuned_in_subprocess("import bppsa; print(bppsa.host.allocator_tuned())") == "False"
 
 
 @glibc
-@pytest.mark.skipif(user_env, reason="this environment opts out of the tuning")
-def test_import_tunes_the_allocator_and_provenance_records_it():
-    assert bppsa.host.allocator_tuned()
-    assert host.tune_allocator()  # idempotent
-    assert provenance.provenance("x")["malloc_tuned"] is True
-
-
-def _tuned_in_subprocess(**env):
-    base = {k: v for k, v in os.environ.items()
-            if k != "BPPSA_MALLOC_TUNING" and not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", "import bppsa; print(bppsa.host.allocator_tuned())"],
-                         env=base | env, capture_output=True, text=True, timeout=120, check=True)
-    return out.stdout.strip()
+def test_opting_in_tunes_it_once_and_provenance_records_it():
+    code = ("from bppsa import host, provenance; assert host.tune_allocator(); assert host.tune_allocator(); "
+            "print(provenance.provenance('x')['malloc_tuned'])")
+    assert _tuned_in_subprocess(code) == "True"
 
 
 @pytest.mark.parametrize("env,expected", [
@@ -41,4 +43,4 @@ def _tuned_in_subprocess(**env):
 ])
 @glibc
 def test_environment_opt_outs(env, expected):
-    assert _tuned_in_subprocess(**env) == expected
+    assert _tuned_in_subprocess(TUNE, **env) == expected

@@ -229,13 +229,13 @@ def test_cross_device_combines_equal_a_sequential_fold():
     """u_p = A_{p+1}(A_{p+2}(… A_{P-1}(0))) on P = 5 devices (not a power of two), every combine."""
     from jax.sharding import PartitionSpec as PS
 
-    from bppsa.parallel.sequence import _COMBINE_FNS
+    from bppsa.parallel.sequence import COMBINE_FNS
     P, B, S = 5, 2, 3
     rng = np.random.default_rng(0)
     Pi, dl = rng.normal(0, 0.6, (P, B, S, S)), rng.normal(0, 1, (P, B, S))
     mesh = parallel.make_mesh(P, devices=jax.devices()[:P], batch_axis=None)
     run = jax.jit(parallel.shard_map(
-        lambda Pi, dl: tuple(_COMBINE_FNS[c](Pi[0], dl[0], "seq", P)[None] for c in ("logstep", "allgather", "chain")),
+        lambda Pi, dl: tuple(COMBINE_FNS[c](Pi[0], dl[0], "seq", P)[None] for c in ("logstep", "allgather", "chain")),
         mesh, in_specs=(PS("seq"), PS("seq")), out_specs=(PS("seq"),) * 3))
     expected = np.zeros((P, B, S))
     for p in range(P - 2, -1, -1):

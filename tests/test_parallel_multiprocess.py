@@ -34,7 +34,7 @@ def test_two_processes_two_devices_each_give_single_process_gradients(tmp_path):
     cell, params, xs, h0 = problem("gru", T=7, B=2)
 
     def loss(p, x, h):
-        return loss_of_states(lax.scan(lambda s, xt: (cell.step(p, s, xt),) * 2, h, x)[1])
+        return loss_of_states(cell, lax.scan(lambda s, xt: (cell.step(p, s, xt),) * 2, h, x)[1])
 
     value, (gp, gx, gh) = jax.value_and_grad(loss, argnums=(0, 1, 2))(params, xs, h0)
     saved = np.load(path)

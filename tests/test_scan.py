@@ -10,7 +10,6 @@ from hypothesis import given, settings, strategies as st
 
 from bppsa import scan as S
 
-jax.config.update("jax_enable_x64", True)
 
 _scan = jax.jit(S.scan, static_argnames="method")  # one compile per shape instead of per eager op
 
@@ -191,8 +190,8 @@ def test_storage_helpers_reject_bad_input():
 
 
 def test_scan_beyond_the_fused_product_size():
-    """S > _FMA_MAX: the flat-GEMM products, through a whole scan with bottom levels."""
-    S_ = S._FMA_MAX + 1
+    """S > FMA_MAX: the flat-GEMM products, through a whole scan with bottom levels."""
+    S_ = S.FMA_MAX + 1
     v, Ms, ds = _elements(np.random.default_rng(7), 70, 1, S_, True)
     p, t = _scan(v, Ms, ds, method="blelloch")
     ref_p, ref_t = _reference(v, Ms, ds)
@@ -200,14 +199,14 @@ def test_scan_beyond_the_fused_product_size():
     np.testing.assert_allclose(t, ref_t, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("size", [3, 20, S._FMA_MAX, S._FMA_MAX + 1])
+@pytest.mark.parametrize("size", [3, 20, S.FMA_MAX, S.FMA_MAX + 1])
 def test_products_in_both_forms(size):
-    """Fused multiply-adds up to _FMA_MAX, a flat batched GEMM beyond: both are the product."""
+    """Fused multiply-adds up to FMA_MAX, a flat batched GEMM beyond: both are the product."""
     rng = np.random.default_rng(size)
     L, R = (jnp.asarray(rng.normal(size=(3, 2, size, size))) for _ in range(2))
     w = jnp.asarray(rng.normal(size=(3, 2, size)))
-    np.testing.assert_allclose(jax.jit(S._matmul)(L, R), np.einsum("pbik,pbkj->pbij", L, R), rtol=1e-11, atol=1e-12)
-    np.testing.assert_allclose(jax.jit(S._vecmat_fused)(w, R), np.einsum("pbi,pbij->pbj", w, R), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(jax.jit(S.batched_matmul)(L, R), np.einsum("pbik,pbkj->pbij", L, R), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(jax.jit(S.batched_vecmat)(w, R), np.einsum("pbi,pbij->pbj", w, R), rtol=1e-11, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,10 +37,10 @@ def problem(cell_name="gru", T=7, B=2, I=3, H=4, seed=0):
     return cell, params, xs, h0
 
 
-def loss_of_states(hs):
-    """A loss at every step: Σ_t Σ_b Σ_i w_i sin(h_t[b, i])."""
+def loss_of_states(cell, states):
+    """A loss at every step of the hidden states h = ``cell.hidden(states)``: Σ_t Σ_b Σ_i w_i sin(h_t[b, i])."""
     import jax.numpy as jnp
-    h = hs[0] if isinstance(hs, tuple) else hs
+    h = cell.hidden(states)
     return jnp.sum(jnp.sin(h) * jnp.arange(1, h.shape[-1] + 1, dtype=h.dtype))
 
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     params, xs, h0 = jax.tree.map(put, (params, xs, h0))
 
     def loss(p, x, h):
-        return loss_of_states(rnn(cell, p, x, h, mesh=mesh, combine=args.combine))
+        return loss_of_states(cell, rnn(cell, p, x, h, mesh=mesh, combine=args.combine))
 
     value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(params, xs, h0)
     flat = jax.tree_util.tree_flatten_with_path(grads)[0]

@@ -46,10 +46,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as PS
 
+from .. import backprop, cost
 from .. import scan as scan_lib
 from .mesh import check_axes, make_mesh, shard_map
 
-__all__ = ["rnn", "pmap_rnn", "COMBINES", "choose_combine", "communication_volume"]
+__all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "choose_combine", "communication_volume",
+           "sharded_functions", "sequence_parallel_states"]
 
 COMBINES = ("logstep", "allgather", "chain", "auto")
 
@@ -171,7 +173,7 @@ def combine_chain(Pi, delta, axis, P):
     return u
 
 
-_COMBINE_FNS = {"logstep": combine_logstep, "allgather": combine_allgather, "chain": combine_chain}
+COMBINE_FNS = {"logstep": combine_logstep, "allgather": combine_allgather, "chain": combine_chain}
 
 
 def _forward_body(cell, T, P, seq_axis, params, xs, s0):
@@ -210,15 +212,12 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
     if P > 1:  # s_{pC}: the previous chunk's last state
         prev_last = lax.ppermute(ss[-1], seq_axis, perm=[(i, i + 1) for i in range(P - 1)])
         boundary = jnp.where(idx == 0, boundary, prev_last)
-    s_prev = jnp.concatenate([boundary[None], ss[:-1]], axis=0)
-    xr, sr, spr, vr = xs[::-1], ss[::-1], s_prev[::-1], valid[::-1]
-    ctr = ct[::-1].astype(ss.dtype)
+    xr, sr, spr, ctr = backprop.scan_order(xs, ss, boundary, ct)
     Ms = cell.transposed_jacobian(params, spr, xr, sr)                   # (C, B, S, S)
-    Ms = jnp.where(vr[:, None, None, None], Ms, jnp.zeros((), Ms.dtype))  # padded steps: zero maps
-    c_last = ctr[0]
-    ds = jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
+    Ms = jnp.where(valid[::-1, None, None, None], Ms, jnp.zeros((), Ms.dtype))  # padded steps: zero maps
+    c_last, ds = backprop.root_and_offsets(ctr)
     Pi, delta, state = chunk_aggregate(method, c_last, Ms, ds)
-    u = _COMBINE_FNS[combine](Pi, delta, seq_axis, P) if P > 1 else jnp.zeros_like(delta)
+    u = COMBINE_FNS[combine](Pi, delta, seq_axis, P) if P > 1 else jnp.zeros_like(delta)
     gs, total = chunk_finish(method, state, u + c_last, Ms, ds)          # gs[k] = g at step (p+1)C - k
     dparams, dxr = cell.param_grads(params, spr, xr, sr, gs)
     axes = (seq_axis,) if batch_axis is None else (seq_axis, batch_axis)
@@ -228,7 +227,7 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
 
 
 @functools.lru_cache(maxsize=None)
-def _sharded_fns(cell, method, combine, mesh, seq_axis, batch_axis, T):
+def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T):
     """(forward, backward, custom-VJP run) on padded arrays, for one configuration (cached)."""
     P, _ = check_axes(mesh, seq_axis, batch_axis)
     x_spec = PS(seq_axis, batch_axis, None)
@@ -281,33 +280,37 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, *, seq_axis="seq", batc
     Bp = -(-B // Pb) * Pb
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
-    fwd_sm, _, run = _sharded_fns(cell, scan, combine, mesh, seq_axis, batch_axis, T)
+    fwd_sm, _, run = sharded_functions(cell, scan, combine, mesh, seq_axis, batch_axis, T)
     ss = fwd_sm(params, xs_p, s0_p) if backward == "bptt" else run(params, xs_p, s0_p)
     return ss[:T, :B]
 
 
 def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, backward="bppsa",
-        scan="blelloch", combine="auto"):
+        scan="blelloch", combine="auto", chunk_size="auto", cost_model=None):
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
     ``mesh[batch_axis]``); ``combine`` picks the cross-device step ("logstep", "allgather",
-    "chain" or "auto"). ``mesh=None`` uses a 1-D mesh over all devices.
+    "chain" or "auto"). ``mesh=None`` uses a 1-D mesh over all devices. Each device scans its
+    stretch in one piece, so ``chunk_size`` must be None or "auto"; ``cost_model`` as in
+    :func:`bppsa.backprop.rnn`.
 
     xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
     exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
     """
-    from .. import backprop
     if backward not in backprop.BACKWARDS:
         raise ValueError(f"backward must be one of {list(backprop.BACKWARDS)}; got {backward!r}")
     if scan not in scan_lib.SCANS:
         raise ValueError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
     if combine not in COMBINES:
         raise ValueError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
+    if chunk_size not in (None, "auto"):
+        raise ValueError(f"chunk_size={chunk_size!r} cannot be combined with mesh (the sharded scan "
+                         "already splits the sequence); pass one of them")
     if mesh is None:
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
     xs = jnp.asarray(xs)
-    s0 = backprop._validate(cell, params, xs, h0)
+    s0 = backprop.validate_inputs(cell, params, xs, h0)
     if backward == "auto":
-        backward = backprop.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype)
+        backward = cost.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype, cost_model=cost_model)
     ss = sequence_parallel_states(cell, params, xs, s0, mesh, seq_axis=seq_axis, batch_axis=batch_axis,
                                   backward=backward, scan=scan, combine=combine)
     return cell.unflatten_state(ss)
