@@ -29,36 +29,23 @@ total = g_0 (see :mod:`bppsa.backprop`). The scans know nothing about cells or d
 from __future__ import annotations
 
 import operator
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan",
-           "up_sweep", "down_sweep", "bottom_layout", "bottom_order", "to_storage", "from_storage",
+__all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "Products", "DENSE",
+           "FUSED", "up_sweep", "down_sweep", "vecmat", "batched_matmul", "batched_vecmat", "FMA_MAX",
+           "diagonal_products", "bottom_layout", "bottom_order", "to_storage", "from_storage",
            "blelloch_scan_stored", "blelloch_scan_stored_diag"]
 
 
-def _vecmat(v, M):
-    """(..., B, S) @ (..., B, S, S) -> (..., B, S): one row vector times one matrix per batch row."""
+def vecmat(v, M):
+    """(..., B, S) @ (..., B, S, S) -> (..., B, S): one row vector times one matrix per batch row
+    (the reference product; :func:`batched_vecmat` is the tuned one)."""
     return jnp.einsum("...i,...ij->...j", v, M)
-
-
-# XLA CPU runs a batched dot with several batch dimensions far slower than the same dot with
-# one (measured: 41 ms vs 8.8 ms for a whole up-sweep at n = 1023, B = 16, S = 20), so the fast
-# scan flattens every leading dimension into one batch dimension before each product.
-
-def _flat_matmul(L, R):
-    """(..., S, S) @ (..., S, S) as one batched GEMM over the flattened leading dimensions."""
-    S = L.shape[-1]
-    return jnp.matmul(L.reshape((-1, S, S)), R.reshape((-1, S, S))).reshape(L.shape)
-
-
-def _flat_vecmat(v, M):
-    """(..., S) @ (..., S, S) -> (..., S) with the leading dimensions flattened into one."""
-    S = M.shape[-1]
-    return jnp.einsum("ni,nij->nj", v.reshape((-1, S)), M.reshape((-1, S, S))).reshape(v.shape)
 
 
 def _check(v, Ms, ds):
@@ -83,7 +70,7 @@ def sequential_scan(v, Ms, ds=None):
 
     def step(x, e):
         M, d = e
-        y = _vecmat(x, M)
+        y = vecmat(x, M)
         return (y if d is None else y + d), x
 
     total, prefixes = lax.scan(step, v, (Ms, ds))
@@ -103,24 +90,47 @@ def associative_scan(v, Ms, ds=None):
     _check(v, Ms, ds)
     if ds is None:
         P = lax.associative_scan(jnp.matmul, Ms)
-        inclusive = _vecmat(v, P)
+        inclusive = vecmat(v, P)
     else:
         def combine(a, b):  # a precedes b in scan order
             Ma, da = a
             Mb, db = b
-            return Ma @ Mb, _vecmat(da, Mb) + db
+            return Ma @ Mb, vecmat(da, Mb) + db
 
         P, q = lax.associative_scan(combine, (Ms, ds))
-        inclusive = _vecmat(v, P) + q
+        inclusive = vecmat(v, P) + q
     prefixes = jnp.concatenate([v[None], inclusive[:-1]], axis=0)
     return prefixes, inclusive[-1]
 
 
 # --------------------------------------------------------------------------------------------
-# The modified Blelloch scan with the vector at the root.
+# The modified Blelloch scan with the vector at the root: one up-sweep and one down-sweep,
+# parameterised by their products (dense, fused small-S, sparse lists: see bppsa.sparse).
 # --------------------------------------------------------------------------------------------
 
-def up_sweep(v, Ms, ds=None):
+class Products(NamedTuple):
+    """The products a sweep is made of, and the sequences it stores elements and vectors in.
+
+    compose(L, R):   equal-length sequences of elements -> the compositions "L_j then R_j"
+    push(x, M):      one vector through one element (block 0 absorbing block 1)
+    push_all(X, M):  a sequence of vectors, each through its element
+    concat(parts):   one sequence from a list of sequences
+    interleave(a, b): [a_0, b_0, a_1, b_1, ...]
+    one(v):          the sequence holding just v
+    Offsets (``ds``) are added with ``+``. :data:`DENSE` and :data:`FUSED` work on stacked arrays
+    (leading axis = sequence); :func:`bppsa.sparse.products` on Python lists of sparse matrices.
+    """
+    compose: Callable
+    push: Callable
+    push_all: Callable
+    concat: Callable = lambda parts: jnp.concatenate(parts, axis=0)
+    interleave: Callable = lambda a, b: jnp.stack([a, b], axis=1).reshape((2 * a.shape[0],) + a.shape[1:])
+    one: Callable = lambda v: v[None]
+
+
+DENSE = Products(compose=jnp.matmul, push=vecmat, push_all=vecmat)  # the reference products
+
+def up_sweep(v, Ms, ds=None, *, products: Products | None = None, levels: int | None = None):
     """The reduce phase of the modified Blelloch scan.
 
     Level 0 has the N = n + 1 blocks [v, e_1, ..., e_n]; level L + 1 pairs adjacent blocks of
@@ -128,58 +138,49 @@ def up_sweep(v, Ms, ds=None):
     its value is a *vector* (vector @ matrix); every other block is an affine map (matrix @
     matrix). Returns one record per level, bottom first, each ``(vec, Ms, ds)`` where ``vec``
     (B, S) is block 0's value and ``Ms`` (N_L - 1, B, S, S), ``ds`` (N_L - 1, B, S) or None hold
-    blocks 1 .. N_L - 1. The last record is the root: its ``vec`` is the total v ∘ e_1 ∘ … ∘ e_n.
+    blocks 1 .. N_L - 1. With all levels (``levels=None``) the last record is the root: its
+    ``vec`` is the total v ∘ e_1 ∘ … ∘ e_n. ``products`` (default :data:`DENSE`) does the products.
     """
-    levels = [(v, Ms, ds)]
-    while Ms.shape[0] >= 1:  # more than one block at this level
-        n_blocks = Ms.shape[0] + 1
-        # Block 0 (vector) absorbs block 1: a vector-matrix product.
-        vec = _vecmat(v, Ms[0])
-        if ds is not None:
-            vec = vec + ds[0]
-        # Blocks (2j, 2j+1), j >= 1, are lefts Ms[1::2] and rights Ms[2::2]: matrix-matrix products.
-        n_pairs = (n_blocks - 2) // 2
-        L = Ms[1:1 + 2 * n_pairs].reshape((n_pairs, 2) + Ms.shape[1:])
-        new_M = jnp.matmul(L[:, 0], L[:, 1])
-        if ds is not None:
-            D = ds[1:1 + 2 * n_pairs].reshape((n_pairs, 2) + ds.shape[1:])
-            new_d = _vecmat(D[:, 0], L[:, 1]) + D[:, 1]
-        if n_blocks % 2 == 1 and n_blocks >= 3:  # the last block has no partner: carry it up
-            new_M = jnp.concatenate([new_M, Ms[-1:]], axis=0)
-            if ds is not None:
-                new_d = jnp.concatenate([new_d, ds[-1:]], axis=0)
-        v, Ms, ds = vec, new_M, (None if ds is None else new_d)
-        levels.append((v, Ms, ds))
-    return levels
+    pr = DENSE if products is None else products
+    records = [(v, Ms, ds)]
+    while len(Ms) >= 1 and (levels is None or len(records) - 1 < levels):  # more than one block
+        P, carried = (len(Ms) - 1) // 2, len(Ms) % 2 == 0 and len(Ms) >= 2
+        vec = pr.push(v, Ms[0]) if ds is None else pr.push(v, Ms[0]) + ds[0]  # block 0 absorbs block 1
+        L, R = Ms[1:1 + 2 * P:2], Ms[2:2 + 2 * P:2]  # pairs (2j, 2j + 1), j >= 1: matrix-matrix
+        new_M = pr.compose(L, R) if P else Ms[:0]
+        new_d = None if ds is None else (pr.push_all(ds[1:1 + 2 * P:2], R) + ds[2:2 + 2 * P:2] if P else ds[:0])
+        if carried:  # the last block has no partner: carry it up
+            new_M = pr.concat([new_M, Ms[-1:]])
+            new_d = None if ds is None else pr.concat([new_d, ds[-1:]])
+        v, Ms, ds = vec, new_M, new_d
+        records.append((v, Ms, ds))
+    return records
 
 
-def down_sweep(levels):
+def down_sweep(levels, incoming=None, *, products: Products | None = None):
     """The distribute phase: exclusive prefixes of every level-0 block, top level first.
 
-    The root receives the empty prefix. Going down, a left child receives its parent's incoming
-    prefix and a right child receives *incoming prefix ∘ left sibling's value* — prefix first,
-    the reversal of the textbook down-sweep that a non-commutative operator needs. Every
+    ``incoming[j - 1]`` is the exclusive prefix of block j >= 1 at the top level of ``levels``
+    (None: the root, which has no such block). Going down, a left child receives its parent's
+    incoming prefix and a right child receives *incoming prefix ∘ left sibling's value* — prefix
+    first, the reversal of the textbook down-sweep that a non-commutative operator needs. Every
     non-empty prefix starts with v, so it is a vector and every product here is vector @ matrix;
     the empty prefix of the leftmost path is never built (the right child of block 0 just copies
     block 0's vector). Returns (n, B, S): the exclusive prefix of e_1 … e_n.
     """
-    # incoming[j - 1] is the exclusive prefix of block j >= 1 at the current level (block 0's is empty).
-    incoming = levels[-1][1][:, :, 0, :]  # (0, B, S): the root level has no block >= 1
+    pr = DENSE if products is None else products
+    if incoming is None:
+        incoming = pr.one(levels[-1][0])[:0]
     for vec, Ms, ds in reversed(levels[:-1]):
-        n_blocks = Ms.shape[0] + 1
-        n_pairs = (n_blocks - 2) // 2
-        parts = [vec[None]]  # block 1 = right child of block 0: incoming is empty, so it gets vec
-        if n_pairs:
-            parent = incoming[:n_pairs]  # parents of pairs (2j, 2j+1), j = 1 .. n_pairs
-            left_M = Ms[1:1 + 2 * n_pairs:2]
-            right_in = _vecmat(parent, left_M)
-            if ds is not None:
-                right_in = right_in + ds[1:1 + 2 * n_pairs:2]
-            # interleave: block 2j gets parent, block 2j + 1 gets parent ∘ value(2j)
-            parts.append(jnp.stack([parent, right_in], axis=1).reshape((2 * n_pairs,) + parent.shape[1:]))
-        if n_blocks % 2 == 1 and n_blocks >= 3:
-            parts.append(incoming[n_pairs:n_pairs + 1])  # the carried block keeps its parent's prefix
-        incoming = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+        P, carried = (len(Ms) - 1) // 2, len(Ms) % 2 == 0 and len(Ms) >= 2
+        parts = [pr.one(vec)]  # block 1 = right child of block 0: incoming is empty, so it gets vec
+        if P:  # block 2j gets its parent's prefix, block 2j + 1 that prefix ∘ value(2j)
+            parent = incoming[:P]
+            right = pr.push_all(parent, Ms[1:1 + 2 * P:2])
+            parts.append(pr.interleave(parent, right if ds is None else right + ds[1:1 + 2 * P:2]))
+        if carried:
+            parts.append(incoming[P:P + 1])  # the carried block keeps its parent's prefix
+        incoming = pr.concat(parts) if len(parts) > 1 else parts[0]
     return incoming
 
 
@@ -193,7 +194,7 @@ def down_sweep(levels):
 # operands are strided slices (every other matrix). So the bottom levels -- nearly all the work --
 # never take strided slices: the elements are laid out so that at every bottom level the left
 # operands are the first half of the array and the right operands the second half (only the last
-# 32..64 blocks, in _blelloch_top, are paired by strided slices), and on CPU the products are fused
+# 32..64 blocks, in the generic sweep, are paired by strided slices), and on CPU the products are fused
 # multiply-adds up to S = FMA_MAX (a batched GEMM beyond, where the unrolled form stops paying).
 FMA_MAX = 64
 _TOP = 32  # the bottom levels stop when about _TOP..2*_TOP blocks are left
@@ -207,11 +208,15 @@ def _use_fma(S: int, dtype) -> bool:
             and jax.default_backend() == "cpu")
 
 
+# XLA CPU runs a batched dot with several batch dimensions far slower than the same dot with
+# one (measured: 41 ms vs 8.8 ms for a whole up-sweep at n = 1023, B = 16, S = 20), so the GEMM
+# forms below flatten every leading dimension into one batch dimension.
+
 def batched_matmul(L, R):
     """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
     S = L.shape[-1]
     if not _use_fma(S, jnp.result_type(L, R)):
-        return _flat_matmul(L, R)
+        return jnp.matmul(L.reshape((-1, S, S)), R.reshape((-1, S, S))).reshape(L.shape)
     out = L[..., :, 0, None] * R[..., None, 0, :]
     for k in range(1, S):
         out = out + L[..., :, k, None] * R[..., None, k, :]
@@ -223,11 +228,14 @@ def batched_vecmat(v, M):
     reduction measured 60x slower with a batch axis of 1)."""
     S = M.shape[-1]
     if not _use_fma(S, jnp.result_type(v, M)):
-        return _flat_vecmat(v, M)
+        return jnp.einsum("ni,nij->nj", v.reshape((-1, S)), M.reshape((-1, S, S))).reshape(v.shape)
     out = v[..., 0, None] * M[..., 0, :]
     for k in range(1, S):
         out = out + v[..., k, None] * M[..., k, :]
     return out
+
+
+FUSED = Products(compose=batched_matmul, push=batched_vecmat, push_all=batched_vecmat)  # the tuned ones
 
 
 def bottom_layout(n: int) -> tuple[int, int, int]:
@@ -281,12 +289,7 @@ def to_storage(x, n: int, pad: str = "zeros"):
         fill = (jnp.zeros((N - n,) + x.shape[1:], x.dtype) if pad == "zeros"
                 else jnp.broadcast_to(x[-1:], (N - n,) + x.shape[1:]))
         x = jnp.concatenate([x, fill], axis=0)
-    if k == 0:
-        return x
-    rest = x.shape[1:]
-    y = x.reshape((m,) + (2,) * k + rest)
-    y = jnp.transpose(y, tuple(range(k, -1, -1)) + tuple(range(k + 1, y.ndim)))
-    return y.reshape((N,) + rest)
+    return _reverse_leading(x, (m,) + (2,) * k) if k else x
 
 
 def from_storage(y, n: int):
@@ -294,12 +297,14 @@ def from_storage(y, n: int):
     k, m, N = bottom_layout(n)
     if y.ndim < 1 or y.shape[0] != N:
         raise ValueError(f"y must have N = {N} rows (storage order for n = {n}); got shape {y.shape}")
-    if k:
-        rest = y.shape[1:]
-        x = y.reshape((2,) * k + (m,) + rest)
-        x = jnp.transpose(x, tuple(range(k, -1, -1)) + tuple(range(k + 1, x.ndim)))
-        y = x.reshape((N,) + rest)
-    return y[:n]
+    return (_reverse_leading(y, (2,) * k + (m,)) if k else y)[:n]
+
+
+def _reverse_leading(x, lead):
+    """Split axis 0 into ``lead``, reverse the order of those axes, merge them back."""
+    y = x.reshape(lead + x.shape[1:])
+    y = jnp.transpose(y, tuple(range(len(lead) - 1, -1, -1)) + tuple(range(len(lead), y.ndim)))
+    return y.reshape(x.shape)
 
 
 def blelloch_scan_stored(v, Ms, ds, n: int, *, zero_padded_offsets: bool = False):
@@ -389,8 +394,8 @@ def blelloch_scan_stored_diag(v, A, Wt, ds, n: int):
 
 
 def _blelloch_bottom(v, X, D, k):
-    """k bottom levels on contiguous halves, the top m blocks by :func:`_blelloch_top`, then the
-    k down-sweep levels. Returns the exclusive prefixes in storage order (N, B, S) and the total."""
+    """k bottom levels on contiguous halves, the top m blocks by :func:`up_sweep` and
+    :func:`down_sweep` with :data:`FUSED` products, then the k down-sweep levels. Returns the exclusive prefixes in storage order (N, B, S) and the total."""
     lefts = []
     for _ in range(k):  # up-sweep: block (2j, 2j + 1) = positions (q, q + half)
         h = X.shape[0] // 2
@@ -399,7 +404,8 @@ def _blelloch_bottom(v, X, D, k):
         X = batched_matmul(L, R)
         D = None if D is None else batched_vecmat(DL, R) + D[h:]
         lefts.append((L, DL))
-    incoming, total = _blelloch_top(v, X, D)
+    top = up_sweep(v, X, D, products=FUSED)  # the top m blocks, pairs by strided slices
+    incoming, total = down_sweep(top, products=FUSED), top[-1][0]
     for L, DL in reversed(lefts):  # down-sweep: a left child gets its parent's prefix, a right
         right = batched_vecmat(incoming, L)  # child the parent's prefix composed with its sibling
         if DL is not None:
@@ -419,51 +425,11 @@ def blelloch_scan(v, Ms, ds=None):
     :func:`bottom_order`): the elements are permuted once (padded with < n/32 identities) so
     that every bottom level pairs the first half of its array with the second half — no strided
     slices — and its products are fused multiply-adds; the top ~32–64 blocks, with the vector
-    root, are scanned by :func:`_blelloch_top`.
+    root, go through :func:`up_sweep` and :func:`down_sweep`.
     """
     _check(v, Ms, ds)
     n = Ms.shape[0]
     return blelloch_scan_stored(v, to_storage(Ms, n), None if ds is None else to_storage(ds, n), n)
-
-
-def _blelloch_top(v, Ms, ds=None):
-    """The modified Blelloch scan with the vector at the root, for any n (used above the bottom
-    levels, where n is small): block 0 is the vector, pairs are taken with strided slices and
-    an odd block out is carried up. Same contract as :func:`blelloch_scan`."""
-    n, B, S, _ = Ms.shape
-    records = []
-    vec, X, D = v, Ms, ds
-    while X.shape[0] >= 1:
-        m = X.shape[0]
-        new_vec = batched_vecmat(vec, X[0]) if D is None else batched_vecmat(vec, X[0]) + D[0]
-        P, carried = (m - 1) // 2, (m - 1) % 2 == 1
-        L = DL = None
-        new_X = X[:0]
-        new_D = None if D is None else D[:0]
-        if P:
-            L, R = X[1:1 + 2 * P:2], X[2:2 + 2 * P:2]
-            new_X = batched_matmul(L, R)
-            if D is not None:
-                DL = D[1:1 + 2 * P:2]
-                new_D = batched_vecmat(DL, R) + D[2:2 + 2 * P:2]
-        if carried:
-            new_X = jnp.concatenate([new_X, X[-1:]], axis=0)
-            if D is not None:
-                new_D = jnp.concatenate([new_D, D[-1:]], axis=0)
-        records.append((vec, L, DL, P, carried))
-        vec, X, D = new_vec, new_X, new_D
-    total = vec
-    inc = jnp.zeros((0, B, S), v.dtype)
-    for vec, L, DL, P, carried in reversed(records):
-        parts = [vec[None]]  # block 1 = right child of block 0: its prefix is block 0's value
-        if P:
-            parent = inc[:P]
-            right = batched_vecmat(parent, L) if DL is None else batched_vecmat(parent, L) + DL
-            parts.append(jnp.stack([parent, right], axis=1).reshape((2 * P, B, S)))
-        if carried:
-            parts.append(inc[P:P + 1])
-        inc = jnp.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    return inc[:n], total
 
 
 SCANS = {

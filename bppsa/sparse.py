@@ -43,11 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import sparse as jsparse
 
+from . import scan as scan_lib
+
 __all__ = [
     "conv2d_transposed_jacobian", "conv2d_output_shape", "relu_transposed_jacobian",
     "maxpool2d_transposed_jacobian",
     "linear_transposed_jacobian", "flatten_transposed_jacobian", "block_diag", "prune_zeros",
-    "spgemm", "spmv", "spgemm_flops", "up_sweep", "sequential_middle", "down_sweep",
+    "spgemm", "spmv", "spgemm_flops", "products", "sequential_middle",
     "chain_scan", "scan_depth", "conv2d_weight_grad", "linear_weight_grad",
 ]
 
@@ -297,24 +299,16 @@ def scan_depth(n):
     return math.ceil(math.log2(n + 1)) if n > 0 else 0
 
 
-def up_sweep(v, As, levels=None, *, matmat=spgemm, matvec=spmv):
-    """Up to ``levels`` (None: all) levels of the reduce phase.
-
-    Level 0 is [v, A_1, ..., A_n]; level L + 1 pairs adjacent blocks of level L, an odd block out
-    is carried up. Block 0 absorbs block 1 (matrix @ vector); the other pairs are sparse–sparse
-    products (right block @ left block). Returns one record per level, bottom first, each
-    ``(vec, Ms)``: block 0's vector and the matrices of blocks 1 .. N_L − 1.
-    """
-    out = [(v, list(As))]
-    while out[-1][1] and (levels is None or len(out) - 1 < levels):
-        vec, Ms = out[-1]
-        new_vec = matvec(Ms[0], vec)
-        rest = Ms[1:]
-        new_Ms = [matmat(rest[j + 1], rest[j]) for j in range(0, len(rest) - 1, 2)]
-        if len(rest) % 2:
-            new_Ms.append(rest[-1])
-        out.append((new_vec, new_Ms))
-    return out
+def products(matmat=spgemm, matvec=spmv) -> scan_lib.Products:
+    """The sweep's products over Python lists of matrices (:class:`bppsa.scan.Products`), from
+    ``matmat(later, earlier)`` and ``matvec(M, x)`` (column convention: A_k acts on the left)."""
+    return scan_lib.Products(
+        compose=lambda L, R: [matmat(r, l) for l, r in zip(L, R)],
+        push=lambda x, M: matvec(M, x),
+        push_all=lambda X, Ms: [matvec(M, x) for x, M in zip(X, Ms)],
+        concat=lambda parts: [x for part in parts for x in part],
+        interleave=lambda a, b: [x for pair in zip(a, b) for x in pair],
+        one=lambda v: [v])
 
 
 def sequential_middle(vec, Ms, *, matvec=spmv):
@@ -328,27 +322,6 @@ def sequential_middle(vec, Ms, *, matvec=spmv):
         incoming.append(x)
         x = matvec(M, x)
     return incoming, x
-
-
-def down_sweep(levels, incoming, *, matvec=spmv):
-    """The distribute phase from the top level kept in ``levels`` down to level 0.
-
-    ``incoming[j − 1]`` is the exclusive prefix of block j ≥ 1 at the top level. A left child
-    receives its parent's prefix, a right child ``left value @ prefix`` — prefix first, the
-    paper's reversal; block 1 (right child of block 0) receives block 0's vector, so the empty
-    prefix is never built. Returns the exclusive prefixes of A_1 … A_n (n vectors).
-    """
-    for vec, Ms in reversed(levels[:-1]):
-        n_blocks = len(Ms) + 1
-        n_pairs = (n_blocks - 2) // 2
-        nxt = [vec]
-        for j in range(n_pairs):
-            parent = incoming[j]
-            nxt += [parent, matvec(Ms[1 + 2 * j], parent)]
-        if n_blocks % 2 == 1 and n_blocks >= 3:
-            nxt.append(incoming[n_pairs])
-        incoming = nxt
-    return incoming
 
 
 def chain_scan(v, As: Sequence, levels=None, *, matmat: Callable = spgemm, matvec: Callable = spmv):
@@ -370,9 +343,10 @@ def chain_scan(v, As: Sequence, levels=None, *, matmat: Callable = spgemm, matve
         if A.ndim != 2 or A.shape[1] != want:
             raise ValueError(f"As[{k}] must have shape (S, {want}) to follow the previous element; "
                              f"got shape {A.shape}")
-    tree = up_sweep(v, As, levels, matmat=matmat, matvec=matvec)
-    incoming, total = sequential_middle(*tree[-1], matvec=matvec)
-    return down_sweep(tree, incoming, matvec=matvec), total
+    pr = products(matmat, matvec)
+    tree = scan_lib.up_sweep(v, list(As), products=pr, levels=levels)  # :func:`bppsa.scan.up_sweep`
+    incoming, total = sequential_middle(*tree[-1][:2], matvec=matvec)
+    return scan_lib.down_sweep(tree, incoming, products=pr), total
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import scan as scan_lib
 from . import sparse
 
 __all__ = ["Layer", "VGG11", "make_vgg", "forward", "loss", "transposed_jacobians",
@@ -232,19 +233,20 @@ def flop_analysis(Js, levels=None):
     n = len(As)
     depth = sparse.scan_depth(n) if levels is None else min(levels, sparse.scan_depth(n))
     records = []
-    tree = [(None, As)]
+    products = sparse.products(matmat, matvec)
+    tree = [(None, As, None)]
     for lvl in range(depth):
         cost.clear()
-        tree.append(sparse.up_sweep(*tree[-1], 1, matmat=matmat, matvec=matvec)[-1])
+        tree.append(scan_lib.up_sweep(*tree[-1], products=products, levels=1)[-1])
         records.append({"phase": "up", "level": lvl + 1, "ops": len(cost), "flops": sum(cost),
                         "critical": max(cost), "nnz": int(sum(M.nnz for M in tree[-1][1]))})
     cost.clear()
-    incoming, _ = sparse.sequential_middle(*tree[-1], matvec=matvec)
+    incoming, _ = sparse.sequential_middle(*tree[-1][:2], matvec=matvec)
     records.append({"phase": "middle", "level": depth, "ops": len(cost), "flops": sum(cost),
                     "critical": sum(cost), "nnz": 0})
     for lvl in range(depth, 0, -1):
         cost.clear()
-        incoming = sparse.down_sweep(tree[lvl - 1:lvl + 1], incoming, matvec=matvec)
+        incoming = scan_lib.down_sweep(tree[lvl - 1:lvl + 1], incoming, products=products)
         records.append({"phase": "down", "level": lvl, "ops": len(cost), "flops": sum(cost),
                         "critical": max(cost, default=0), "nnz": 0})
     return {

@@ -94,10 +94,6 @@ def communication_volume(P: int, B: int, S: int, itemsize: int, combine: str) ->
 # Per-device pieces (run inside shard_map; axis names are mesh axes).
 # --------------------------------------------------------------------------------------------
 
-def _vecmat(v, M):
-    return jnp.einsum("...i,...ij->...j", v, M)
-
-
 def _tree_product(Ms):
     """M_1 @ M_2 @ … @ M_n by pairwise levels: (n, B, S, S) -> (B, S, S)."""
     while Ms.shape[0] > 1:
@@ -124,7 +120,7 @@ def chunk_finish(method, state, v, Ms, ds):
     levels = []
     for _, M, d in state[:-1]:  # the up-sweep's block-0 path with the new root; blocks >= 1 reused
         levels.append((v, M, d))
-        v = _vecmat(v, M[0]) + d[0]
+        v = scan_lib.vecmat(v, M[0]) + d[0]
     levels.append((v,) + tuple(state[-1][1:]))
     return scan_lib.down_sweep(levels), v
 
@@ -143,7 +139,7 @@ def combine_logstep(Pi, delta, axis, P):
         if 2 * d < P:  # the last round needs only the right neighbour's vector
             Pr = _shift(Pi, axis, P, d)
         dr = _shift(delta, axis, P, d)
-        delta = jnp.where(has, _vecmat(dr, Pi) + delta, delta)  # A_self ∘ A_right (right applied first)
+        delta = jnp.where(has, scan_lib.vecmat(dr, Pi) + delta, delta)  # A_self ∘ A_right (right applied first)
         if 2 * d < P:
             Pi = jnp.where(has, jnp.matmul(Pr, Pi), Pi)
         d *= 2
@@ -157,7 +153,7 @@ def combine_allgather(Pi, delta, axis, P):
     dls = lax.all_gather(delta, axis)
 
     def fold(u, q):
-        return jnp.where(q > idx, _vecmat(u, Pis[q]) + dls[q], u), None
+        return jnp.where(q > idx, scan_lib.vecmat(u, Pis[q]) + dls[q], u), None
 
     u, _ = lax.scan(fold, jnp.zeros_like(delta), jnp.arange(P - 1, 0, -1))
     return u
@@ -168,7 +164,7 @@ def combine_chain(Pi, delta, axis, P):
     idx = lax.axis_index(axis)
     u = jnp.zeros_like(delta)
     for q in range(P - 1, 0, -1):
-        sent = lax.ppermute(_vecmat(u, Pi) + delta, axis, perm=[(q, q - 1)])
+        sent = lax.ppermute(scan_lib.vecmat(u, Pi) + delta, axis, perm=[(q, q - 1)])
         u = jnp.where(idx == q - 1, sent, u)
     return u
 
