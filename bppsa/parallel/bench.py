@@ -51,7 +51,7 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
 
     from .. import cells
     from .mesh import make_mesh, shard_map
-    from .sequence import _COMBINE_FNS, _sharded_fns, communication_volume
+    from .sequence import COMBINE_FNS, sharded_functions, communication_volume
 
     if len(jax.devices()) < max(devices):
         raise ValueError(f"devices={tuple(devices)} needs {max(devices)} JAX devices; "
@@ -78,7 +78,7 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
         xs_p, ct_p = jax.device_put(xs, xsh), jax.device_put(ct, xsh)
         fns = {}
         for comb in combines:
-            fwd_sm, bwd_sm, _ = _sharded_fns(c, "blelloch", comb, mesh, "seq", None, T)
+            fwd_sm, bwd_sm, _ = sharded_functions(c, "blelloch", comb, mesh, "seq", None, T)
             fns[comb] = jax.jit(bwd_sm)
         fwd = jax.jit(fwd_sm)
         ss = jax.block_until_ready(fwd(params, xs_p, s0))
@@ -87,7 +87,7 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
         dl = jax.device_put(jax.random.normal(k3, (P, B, S), dt), NamedSharding(mesh, PS("seq")))
         comb_only = {}
         for comb in combines:
-            f = _COMBINE_FNS[comb]
+            f = COMBINE_FNS[comb]
             body = (lambda Pi, dl, f=f: f(Pi[0], dl[0], "seq", P)[None]) if P > 1 else (lambda Pi, dl: dl * 0)
             comb_only[comb] = jax.jit(shard_map(body, mesh, in_specs=(PS("seq"), PS("seq")), out_specs=PS("seq")))
         calls = {("fwd", None): lambda: fwd(params, xs_p, s0)}
