@@ -23,14 +23,17 @@ __all__ = [
 ]
 
 
-def rnn(cell, params, xs, h0, *, mesh=None, seq_axis: str = "seq", batch_axis: str | None = None, **kwargs):
-    """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> hs (T, B, H)
-    [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
+def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
+        chunk_size: int | str | None = "auto", cost_model=None, mesh=None, seq_axis: str = "seq",
+        batch_axis: str | None = None):
+    """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> the state
+    sequence hs (T, B, H) [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
 
-    Without ``mesh``: :func:`bppsa.backprop.rnn` (keywords ``backward``, ``scan``,
-    ``chunk_size``, ``cost_model``). With a ``jax.sharding.Mesh``: :func:`bppsa.parallel.rnn`,
+    Without ``mesh``: :func:`bppsa.backprop.rnn` (one device; see it for ``backward``, ``scan``,
+    ``chunk_size`` and ``cost_model``). With a ``jax.sharding.Mesh``: :func:`bppsa.parallel.rnn`,
     the time axis split over ``mesh[seq_axis]`` and the batch over ``mesh[batch_axis]``.
     """
+    kw = dict(backward=backward, scan=scan, chunk_size=chunk_size, cost_model=cost_model)
     if mesh is None:
-        return backprop.rnn(cell, params, xs, h0, **kwargs)
-    return parallel.rnn(cell, params, xs, h0, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis, **kwargs)
+        return backprop.rnn(cell, params, xs, h0, **kw)
+    return parallel.rnn(cell, params, xs, h0, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis, **kw)
