@@ -18,6 +18,11 @@ s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
         gs: (T, B, S) the total gradient ∂L/∂s_t; the contraction of the per-step gradients of
         the pre-activations with x_t and s_{t-1}, one einsum over (t, b).
 
+:class:`Cell` writes the contract down (abstract methods) and answers the questions callers
+used to ask with type checks: ``gates`` (G, the per-step width), ``pair_state`` (the LSTM's
+(h, c)), ``has_diagonal_jacobian``, and ``hidden(states)``, the (T, B, H) hidden states of what
+:func:`bppsa.rnn` returns.
+
 Row convention throughout: a step computes ``x @ W_x + h @ W_h``, W_x: (I, G), W_h: (H, G). GRU
 and LSTM use PyTorch's gate order (r, z, n) and (i, f, g, o). The arrays passed to the batched
 methods may be in any time order (BPPSA passes them latest step first); they only have to agree.

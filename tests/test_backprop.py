@@ -295,3 +295,25 @@ def test_rnn_diagonal_path_chunked():
     for chunk in (71,):  # full chunks of 71 and a shorter last one (one chunk: the tests above)
         got = jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True))(params)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Cell contract: abstract methods, properties instead of type checks, one return convention.
+# ---------------------------------------------------------------------------------------------
+
+def test_cell_contract_and_properties():
+    with pytest.raises(TypeError, match="abstract"):
+        type("Partial", (cells.Cell,), {"init": lambda self, key, dtype=None: {}})()
+    rnn, gru, lstm = cells.RNN(2, 3), cells.GRU(2, 3), cells.LSTM(2, 3)
+    assert [c.gates for c in (rnn, gru, lstm)] == [1, 3, 4]
+    assert [c.pair_state for c in (rnn, gru, lstm)] == [False, False, True]
+    assert [c.has_diagonal_jacobian for c in (rnn, gru, lstm)] == [True, False, False]
+    assert cells.Generic(lambda p, h, x: h).gates == 1
+    with pytest.raises(ValueError, match="diagonal must be True or False"):
+        cells.RNN(2, 3, diagonal="no")
+    xs = jnp.ones((4, 2, 2))
+    for c in (rnn, gru, lstm):
+        h0 = c.unflatten_state(jnp.zeros((2, c.state_size)))
+        out = bppsa.rnn(c, c.init(jax.random.key(0)), xs, h0)
+        assert c.hidden(out).shape == (4, 2, 3)
+        assert isinstance(out, tuple) == c.pair_state
