@@ -85,6 +85,9 @@ def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
     flowing in from the later chunks added to its root vector, and passes the scan's total
     (the gradient its first step sends to the previous state) on as the next chunk's carry.
     Peak memory is O(C·B·S²) instead of O(T·B·S²); the result is exact.
+
+    xr (T, B, I), sr, spr, ctr (T, B, S) are in scan order (:func:`scan_order`). Returns
+    (dparams, dxr (T, B, I) in scan order, g0 (B, S) the gradient w.r.t. the initial state).
     """
     T = xr.shape[0]
 
