@@ -1,10 +1,7 @@
 """Timing harness for BPPSA vs BPTT (``bppsa bench``, ``bppsa reproduce rnn-sweep``).
 
-Every timing here follows one protocol: the functions under test are jitted and compiled
-first (``warmup`` calls, excluded), then called ``repeats`` times *interleaved* (one call of
-each function per round, the order rotated every round), each call ended by
-``jax.block_until_ready``; we report the median,
-min and max in seconds. Interleaving makes ratios fair on a shared, noisy machine.
+Every timing here follows the one protocol of :mod:`bppsa.timing` (compiled first, then
+steady-state blocks of calls interleaved in a rotating order, medians with min and max).
 
 Components (the paper's breakdown, Wang et al. 2020 §5):
 
@@ -36,42 +33,12 @@ import optax
 
 from . import backprop, cells
 from . import scan as scan_lib
+from .timing import time_interleaved
 
-__all__ = ["time_components", "component_functions", "time_interleaved", "make_train_step", "COMPONENTS"]
+__all__ = ["time_components", "component_functions", "make_train_step", "COMPONENTS"]
 
 COMPONENTS = ("forward", "jacobian", "bppsa_backward", "param_grads", "bppsa_backward_full",
               "bptt_backward", "step_bppsa", "step_bptt")
-
-
-def _stats(samples) -> dict:
-    s = np.asarray(samples, dtype=float)
-    return {"median": float(np.median(s)), "min": float(s.min()), "max": float(s.max()),
-            "repeats": int(s.size)}
-
-
-def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict:
-    """Time zero-argument callables interleaved: {name: fn} -> {name: {median, min, max, repeats}}.
-
-    Each ``fn()`` must return JAX arrays (a pytree); the call is ended by ``block_until_ready``.
-    The order rotates every round, so that no function always runs right after the same other
-    one: on the shared 2-core CPU a call right after BPTT's long single-threaded loop measured up
-    to 1.5× slower by median than the same program a call later.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1; got {repeats}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0; got {warmup}")
-    for fn in fns.values():  # compile (the first call) plus the requested warm-up calls
-        for _ in range(max(warmup, 1)):
-            jax.block_until_ready(fn())
-    samples = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            jax.block_until_ready(fns[name]())
-            samples[name].append(time.perf_counter() - t0)
-    return {name: _stats(s) for name, s in samples.items()}
 
 
 def _head_init(key, H, num_classes, dtype):

@@ -5,9 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bppsa import bench, cells
-
-jax.config.update("jax_enable_x64", True)
+from bppsa import bench, cells, timing
 
 
 def _close(a, b, rtol=1e-9, atol=1e-11):
@@ -61,17 +59,20 @@ def test_time_components_schema():
     assert out["shape"] == {"T": 5, "B": 2, "I": 1, "S": 3, "dtype": "float32"}
 
 
-def test_time_interleaved_rejects_bad_repeats():
-    with pytest.raises(ValueError, match="repeats"):
-        bench.time_interleaved({"f": lambda: jnp.zeros(1)}, repeats=0)
+def test_time_interleaved_rejects_bad_arguments():
+    for kw in ({"repeats": 0}, {"warmup": -1}, {"block": 1}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            timing.time_interleaved({"f": lambda: jnp.zeros(1)}, **kw)
 
 
-def test_time_interleaved_rotates_the_order():
+def test_time_interleaved_rotates_blocks_and_drops_their_first_call():
     calls = []
     fns = {k: (lambda k=k: calls.append(k) or jnp.zeros(1)) for k in "abc"}
-    out = bench.time_interleaved(fns, repeats=3, warmup=0)
-    assert calls[3:] == list("abc" "bca" "cab")  # after one compile call each
-    assert all(out[k]["repeats"] == 3 for k in "abc")
+    out = timing.time_interleaved(fns, repeats=3, warmup=0, block=3)
+    # after one compile call each: blocks of 3 calls, the order rotated every round
+    assert calls[3:] == list("aaabbbccc" "bbbcccaaa" "cccaaabbb")
+    assert all(out[k]["repeats"] == 3 * 2 for k in "abc")  # the first call of each block is dropped
+    assert timing.time_fn(lambda: jnp.zeros(1), repeats=2)["repeats"] == 2
 
 
 # ---------------------------------------------------------------------------------------------
