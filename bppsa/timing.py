@@ -2,7 +2,8 @@
 
 Every wall-clock number in bppsa's benchmarks and experiments comes from :func:`time_interleaved`:
 
-1. each function is called ``max(warmup, 1)`` times first, untimed (the first call compiles);
+1. each function is called ``warmup`` times first, untimed (the first call compiles; with
+   ``warmup=0`` the compile is the dropped first call of the function's first block);
 2. then, for ``repeats`` rounds, each function runs a *block* of ``block`` consecutive calls,
    each ended by ``jax.block_until_ready``; the first call of every block is dropped (it pays
    for whatever ran before it: caches evicted and allocator state left by the previous
@@ -47,8 +48,8 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1, block: int
         raise ValueError(f"warmup must be >= 0; got {warmup}")
     if block < 2:
         raise ValueError(f"block must be >= 2 (its first call is dropped); got {block}")
-    for fn in fns.values():  # compile (the first call) plus the requested warm-up calls
-        for _ in range(max(warmup, 1)):
+    for fn in fns.values():  # the first call compiles
+        for _ in range(warmup):
             jax.block_until_ready(fn())
     samples = {name: [] for name in fns}
     names = list(fns)

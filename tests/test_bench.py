@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bppsa import bench, cells, timing
+from bppsa.experiments import rnn_sweep
 
 
 def _close(a, b, rtol=1e-9, atol=1e-11):
@@ -69,8 +70,8 @@ def test_time_interleaved_rotates_blocks_and_drops_their_first_call():
     calls = []
     fns = {k: (lambda k=k: calls.append(k) or jnp.zeros(1)) for k in "abc"}
     out = timing.time_interleaved(fns, repeats=3, warmup=0, block=3)
-    # after one compile call each: blocks of 3 calls, the order rotated every round
-    assert calls[3:] == list("aaabbbccc" "bbbcccaaa" "cccaaabbb")
+    # blocks of 3 calls (the first block's first call compiles), the order rotated every round
+    assert calls == list("aaabbbccc" "bbbcccaaa" "cccaaabbb")
     assert all(out[k]["repeats"] == 3 * 2 for k in "abc")  # the first call of each block is dropped
     assert timing.time_fn(lambda: jnp.zeros(1), repeats=2)["repeats"] == 2
 
@@ -285,8 +286,8 @@ def _load_config(name, arg=None):
 
 def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
     config = _load_config("rnn_bsweep", "smoke")
-    assert config.task == "bppsa.bench:sweep_task"
-    summary = bench.sweep_task(config, tmp_path)
+    assert config.task == "bppsa.experiments.rnn_sweep:sweep_task"
+    summary = rnn_sweep.sweep_task(config, tmp_path)
     rec = json.loads((tmp_path / "rnn-bsweep.json").read_text())
     assert set(rec["provenance"]) >= {"date", "command", "backend", "device_kind", "cpu", "jax", "jaxlib"}
     (pts,) = rec["sweeps"].values()
@@ -316,9 +317,9 @@ def test_bench_point_records_auto_choice():
 def test_cli_registers_bench_and_rnn_sweep():
     from bppsa import cli
     assert cli.COMMANDS["bench"] == "bppsa.bench:main"
-    assert cli.REPRODUCE["rnn-sweep"] == "bppsa.bench:main_rnn_sweep"
+    assert "rnn-sweep" in cli.reproduce_names()
     with pytest.raises(ValueError, match="comma-separated"):
-        bench._int_list("10,x")
+        bench.main(["--T", "10,x", "--no-auto"])
 
 
 def _gpu_script_env(tmp_path, **extra):
@@ -347,8 +348,8 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     for name in ("rnn-sweep", "irmas-timing"):
-        assert "provenance" in json.loads((out / f"{name}.json").read_text())
-        assert (out / f"{name}.md").exists()
+        assert "provenance" in json.loads((out / name / f"{name}.json").read_text())
+        assert (out / name / f"{name}.md").exists()
     assert "summary" in r.stdout and "backward x" in r.stdout
 
 
@@ -384,10 +385,10 @@ def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch
 
 
 def test_product_rate_counts_the_bottom_level_products():
-    r = bench.product_rate(100, 2, 3, repeats=1)  # k = 1 bottom level: 50 products per batch row
+    r = rnn_sweep.product_rate(100, 2, 3, repeats=1)  # k = 1 bottom level: 50 products per batch row
     assert r["levels"] == 1 and r["flops"] == 2 * 50 * 2 * 27 and r["gflops"] > 0
-    assert bench.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
-    r2 = bench.product_rate(100, 2, 3, structured=True, repeats=1)  # level 0 from vectors, same flops
+    assert rnn_sweep.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
+    r2 = rnn_sweep.product_rate(100, 2, 3, structured=True, repeats=1)  # level 0 from vectors, same flops
     assert r2["levels"] == 1 and r2["flops"] == r["flops"] and r2["gflops"] > 0
 
 
