@@ -1,4 +1,5 @@
-"""Timing harness for BPPSA vs BPTT (``bppsa bench``, ``bppsa reproduce rnn-sweep``).
+"""Timing harness for BPPSA vs BPTT over the public API (``bppsa bench``; the experiments in
+:mod:`bppsa.experiments` build their sweeps from :func:`bench_point`).
 
 Every timing here follows the one protocol of :mod:`bppsa.timing` (compiled first, then
 steady-state blocks of calls interleaved in a rotating order, medians with min and max).

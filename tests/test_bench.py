@@ -267,7 +267,6 @@ def test_calibration_probe_is_cached(tmp_path, monkeypatch):
 # Sweep outputs, commands, the GPU script.
 # ---------------------------------------------------------------------------------------------
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -278,10 +277,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_config(name, arg=None):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(arg)
+    from bppsa.runner import load_config
+    return load_config(ROOT / "experiments" / "configs" / f"{name}.py", arg)
 
 
 def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):

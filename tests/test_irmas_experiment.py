@@ -95,7 +95,7 @@ def test_reproduce_irmas_end_to_end(tmp_path, capsys):
     rc = cli.main(["reproduce", "irmas", "--quick", f"--config.synth_dir={tmp_path / 'synth'}",
                    f"--config.cache_dir={tmp_path / 'cache'}", "--workdir", str(tmp_path / "out"),
                    "--config.clips_per_class=2", "--config.test_clips=2", "--config.settings=s",
-                   "--config.batches=4", "--config.repeats=1", "--config.steps=6"])
+                   "--config.batches=4", "--config.repeats=1", "--config.steps=6", "--config.batch_size=8"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "| s | 259 | 38 | 4 |" in out and "| BPPSA |" in out
