@@ -26,9 +26,9 @@ test-all: $(STAMP)
 	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
-# The main job on the built-in default data.
+# The main job on the built-in default data: the IRMAS grid and training on the synthetic stand-in.
 reproduce: $(STAMP)
-	$(BIN)/bppsa reproduce default --quick
+	$(BIN)/bppsa reproduce irmas --quick
 
 notebook: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[notebook]'

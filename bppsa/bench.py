@@ -1,10 +1,8 @@
-"""Timing harness for BPPSA vs BPTT (``bppsa bench``, ``bppsa reproduce rnn-sweep``).
+"""Timing harness for BPPSA vs BPTT over the public API (``bppsa bench``; the experiments in
+:mod:`bppsa.experiments` build their sweeps from :func:`bench_point`).
 
-Every timing here follows one protocol: the functions under test are jitted and compiled
-first (``warmup`` calls, excluded), then called ``repeats`` times *interleaved* (one call of
-each function per round, the order rotated every round), each call ended by
-``jax.block_until_ready``; we report the median,
-min and max in seconds. Interleaving makes ratios fair on a shared, noisy machine.
+Every timing here follows the one protocol of :mod:`bppsa.timing` (compiled first, then
+steady-state blocks of calls interleaved in a rotating order, medians with min and max).
 
 Components (the paper's breakdown, Wang et al. 2020 §5):
 
@@ -27,7 +25,6 @@ and ``speedup_step = step_bptt / step_bppsa`` (overall training step).
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
 import jax.numpy as jnp
@@ -38,42 +35,14 @@ from . import backprop, cells
 from . import cost as cost_lib
 from . import scan as scan_lib
 from .cost import CostModel
+from .timing import time_interleaved
 
-__all__ = ["time_components", "component_functions", "time_interleaved", "make_train_step", "COMPONENTS"]
+__all__ = ["time_components", "component_functions", "backward_times", "make_train_step", "compiled_memory",
+           "step_memory", "time_scans", "scan_inputs", "make_cell", "bench_point", "markdown_table",
+           "save_record", "main", "COMPONENTS", "TABLE_HEADER"]
 
 COMPONENTS = ("forward", "jacobian", "bppsa_backward", "param_grads", "bppsa_backward_full",
               "bptt_backward", "step_bppsa", "step_bptt")
-
-
-def _stats(samples) -> dict:
-    s = np.asarray(samples, dtype=float)
-    return {"median": float(np.median(s)), "min": float(s.min()), "max": float(s.max()),
-            "repeats": int(s.size)}
-
-
-def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1) -> dict:
-    """Time zero-argument callables interleaved: {name: fn} -> {name: {median, min, max, repeats}}.
-
-    Each ``fn()`` must return JAX arrays (a pytree); the call is ended by ``block_until_ready``.
-    The order rotates every round, so that no function always runs right after the same other
-    one: on the shared 2-core CPU a call right after BPTT's long single-threaded loop measured up
-    to 1.5× slower by median than the same program a call later.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1; got {repeats}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0; got {warmup}")
-    for fn in fns.values():  # compile (the first call) plus the requested warm-up calls
-        for _ in range(max(warmup, 1)):
-            jax.block_until_ready(fn())
-    samples = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            jax.block_until_ready(fns[name]())
-            samples[name].append(time.perf_counter() - t0)
-    return {name: _stats(s) for name, s in samples.items()}
 
 
 def _head_init(key, H, num_classes, dtype):
@@ -204,6 +173,27 @@ def time_components(cell, params, xs, h0, *, scan: str = "blelloch", repeats: in
     return out
 
 
+def backward_times(cell, params, T: int, B: int, *, methods=("bptt", "bppsa"), scan: str = "blelloch",
+                   repeats: int = 5, seed: int = 0, dtype=jnp.float32) -> dict[str, dict]:
+    """Time ``jax.grad`` of a last-step loss w.r.t. params for each backward method (interleaved).
+
+    xs (T, B, I) are standard normal (seeded), h0 (B, S) zeros. Includes the forward pass (both
+    methods run the same ``lax.scan`` forward). Returns {method: {median, min, max, repeats}}.
+    """
+    k1, _ = jax.random.split(jax.random.key(seed))
+    xs = jax.random.normal(k1, (T, B, cell.input_size), dtype)
+    h0 = cell.unflatten_state(jnp.zeros((B, cell.state_size), dtype))
+    fns = {}
+    for m in methods:
+        def loss(p, m=m):
+            out = backprop.rnn(cell, p, xs, h0, backward=m, scan=scan)
+            hs = cell.hidden(out)
+            return jnp.sum(hs[-1] ** 2)
+        grad = jax.jit(jax.grad(loss))
+        fns[m] = lambda grad=grad: grad(params)
+    return time_interleaved(fns, repeats=repeats)
+
+
 # --------------------------------------------------------------------------------------------
 # Peak memory (XLA's compiled memory analysis) and the scan-variant comparison.
 # --------------------------------------------------------------------------------------------
@@ -331,18 +321,14 @@ def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:
 
 
 # --------------------------------------------------------------------------------------------
-# Sweeps, tables, plots, commands.
+# One point of a sweep, its table and `bppsa bench`.
 # --------------------------------------------------------------------------------------------
-
-T_SWEEP = (10, 30, 100, 300, 1000, 3000, 10000, 30000)        # at B = 16 (the paper's Fig. 5a)
-B_SWEEP = (2, 4, 8, 16, 32, 64, 128, 256)                     # at T = 1000 (Fig. 5b)
-T_SWEEP_QUICK = (10, 100, 1000, 3000)
-B_SWEEP_QUICK = (2, 16, 64)
 
 _CELLS = {"rnn": "RNN", "gru": "GRU", "lstm": "LSTM"}
 
 
 def make_cell(kind: str, input_size: int, hidden_size: int):
+    """The cell named ``kind`` ("rnn", "gru" or "lstm") of the given sizes."""
     if kind not in _CELLS:
         raise ValueError(f"cell must be one of {sorted(_CELLS)}; got {kind!r}")
     return getattr(cells, _CELLS[kind])(input_size, hidden_size)
@@ -392,7 +378,7 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
         chosen = t["bppsa_backward_full" if choice == "bppsa" else "bptt_backward"]["median"]
         rec["auto"] = {"choice": choice, "faster_measured": faster, "predicted_s": pred,
                        "slowdown_vs_best": chosen / best}
-    log(_row_line(rec))
+    log(table_row(rec))
     return rec
 
 
@@ -400,11 +386,12 @@ def _ms(x):
     return f"{1e3 * x:.2f}"
 
 
-_HEADER = ("| T | B | fwd ms | FO (jac) ms | scan ms | contract ms | BPPSA bwd ms | BPTT bwd ms | "
+TABLE_HEADER = ("| T | B | fwd ms | FO (jac) ms | scan ms | contract ms | BPPSA bwd ms | BPTT bwd ms | "
            "bwd × | step BPPSA ms | step BPTT ms | step × | auto | peak MB BPPSA / BPTT |")
 
 
-def _row_line(r) -> str:
+def table_row(r) -> str:
+    """One :func:`bench_point` record as a row of the :data:`TABLE_HEADER` table."""
     c = r["components"]
     auto = r.get("auto")
     auto_s = f"{auto['choice']} ({auto['slowdown_vs_best']:.2f})" if auto else "-"
@@ -421,8 +408,8 @@ def _row_line(r) -> str:
 def markdown_table(points, title: str = "") -> str:
     """The sweep as a markdown table (medians; × = BPTT time / BPPSA time, > 1: BPPSA faster)."""
     lines = [f"#### {title}", ""] if title else []
-    lines += [_HEADER, "|" + "---|" * (_HEADER.count("|") - 1)]
-    lines += [_row_line(r) for r in points]
+    lines += [TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1)]
+    lines += [table_row(r) for r in points]
     scans = [r for r in points if isinstance(r.get("scans"), dict) and "skipped" not in r["scans"]]
     if scans:
         methods = list(scans[0]["scans"])
@@ -433,71 +420,8 @@ def markdown_table(points, title: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_sweep(record, path) -> None:
-    """Backward and step speedups vs T (B fixed) and vs B (T fixed), log axes."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    parts = [(name, pts) for name, pts in record["sweeps"].items() if pts]
-    fig, axes = plt.subplots(1, len(parts), figsize=(5.5 * len(parts), 3.8), squeeze=False)
-    for ax, (name, pts) in zip(axes[0], parts):
-        key = "T" if pts[0]["B"] == pts[-1]["B"] and len({p["T"] for p in pts}) > 1 else "B"
-        xs = [p[key] for p in pts]
-        ax.plot(xs, [p["speedup_backward"] for p in pts], "o-", label="backward (BPTT / BPPSA)")
-        ax.plot(xs, [p["speedup_step"] for p in pts], "s--", label="training step")
-        if pts and "scans" in pts[0]:
-            ax.plot(xs, [p["speedup_scan"] for p in pts], "^:", label="scan alone vs BPTT backward")
-        ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(key)
-        ax.set_ylabel("speedup of BPPSA over BPTT")
-        fixed = f"B = {pts[0]['B']}" if key == "T" else f"T = {pts[0]['T']}"
-        ax.set_title(f"{name}: {fixed}, H = {pts[0]['H']}")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"BPPSA vs BPTT, {record['provenance']['backend']} ({record['provenance']['cpu']})"
-                 if record["provenance"]["backend"] == "cpu" else
-                 f"BPPSA vs BPTT, {record['provenance']['device_kind']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixed: int = 16,
-              hidden_size: int = 20, cell: str = "rnn", input_size: int = 1, repeats: int = 5,
-              scan: str = "blelloch", auto: bool = True, memory: bool = True,
-              max_scan_elements: int = 200_000, time_budget_s: float | None = None,
-              log=print) -> dict:
-    """The paper's two sweeps: T at B = ``B_fixed`` and B at T = ``T_fixed``. Returns the record.
-
-    ``time_budget_s``: stop starting new points once this much wall time has passed (the
-    skipped points are listed in ``record["skipped"]``).
-    """
-    c = make_cell(cell, input_size, hidden_size)
-    model = load_cost_model() if auto else None
-    record = {"config": {"cell": cell, "input_size": input_size, "hidden_size": hidden_size,
-                         "T_values": list(T_values), "B_values": list(B_values), "T_fixed": T_fixed,
-                         "B_fixed": B_fixed, "repeats": repeats, "scan": scan, "dtype": "float32"},
-              "cost_model": model.to_json() if model else None, "sweeps": {}, "skipped": []}
-    start = time.perf_counter()
-    for name, pts in (("T sweep", [(T, B_fixed) for T in T_values]),
-                      ("B sweep", [(T_fixed, B) for B in B_values])):
-        log(f"\n{name} ({type(c).__name__}, H = {hidden_size}, {scan} scan, median of {repeats})\n{_HEADER}")
-        out = []
-        for T, B in pts:
-            if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-                record["skipped"].append({"sweep": name, "T": T, "B": B, "why": "time budget"})
-                log(f"skipped T = {T}, B = {B}: time budget of {time_budget_s:.0f} s spent")
-                continue
-            out.append(bench_point(c, T, B, scan=scan, repeats=repeats, model=model, memory=memory,
-                                   max_scan_elements=max_scan_elements, log=log))
-        record["sweeps"][name] = out
-    record["wall_s"] = time.perf_counter() - start
-    return record
-
-
 def save_record(record, outdir, name: str, command: str | None = None) -> list:
-    """Write ``name``.json (with provenance), .md and .png under ``outdir``; return the paths."""
+    """Write ``name``.json (with provenance) and ``name``.md (the tables) under ``outdir``; return the paths."""
     from pathlib import Path
 
     from .provenance import provenance, save_json
@@ -524,66 +448,7 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
         md.append("Skipped: " + ", ".join(f"T={s['T']} B={s['B']} ({s['why']})" for s in record["skipped"]) + "\n")
     (out / f"{name}.md").write_text("\n".join(md))
     paths.append(out / f"{name}.md")
-    if any(record["sweeps"].values()):
-        plot_sweep(record, out / f"{name}.png")
-        paths.append(out / f"{name}.png")
     return paths
-
-
-def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 7, dtype=jnp.float32) -> dict:
-    """GFLOP/s (from the min time) of a bare batch of n S x S products in the layouts we tried, and of
-    one large GEMM, interleaved: the ceiling the scan's batched products are compared against."""
-    k1, k2 = jax.random.split(jax.random.key(0))
-    A = jax.random.normal(k1, (n, S, S), dtype) / S
-    Bm = jax.random.normal(k2, (n, S, S), dtype) / S
-    At, Bt = jnp.moveaxis(A, 0, -1), jnp.moveaxis(Bm, 0, -1)
-    X = jax.random.normal(k1, (large, large), dtype)
-    forms = {
-        "batched matmul (n, S, S)": (jax.jit(jnp.matmul), (A, Bm)),
-        "batched matmul (n/16, 16, S, S)": (jax.jit(lambda a, b: jnp.matmul(a.reshape(-1, 16, S, S), b.reshape(-1, 16, S, S))), (A, Bm)),
-        "fused multiply-add over k (n, S, S)": (jax.jit(lambda a, b: sum(a[:, :, k, None] * b[:, None, k, :] for k in range(S))), (A, Bm)),
-        "scan's form: fused multiply-add on halves of (2n, S, S)": (
-            jax.jit(lambda x: scan_lib.batched_matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
-        "einsum batch-last (S, S, n)": (jax.jit(lambda a, b: jnp.einsum("ikn,kjn->ijn", a, b)), (At, Bt)),
-        "RNN structure: diag(a) Wt diag(b) Wt as diag(a)·(b @ K), one (n, S) @ (S, S^2) GEMM": (
-            jax.jit(lambda a, b, w: scan_lib.diagonal_products(a, b, w)), (A[:, 0], Bm[:, 0], A[0])),
-        f"large GEMM {large}^3": (jax.jit(jnp.matmul), (X, X)),
-    }
-    t = time_interleaved({k: (lambda f=f, a=a: f(*a)) for k, (f, a) in forms.items()}, repeats=repeats)
-    flops = {k: (2 * large ** 3 if k.startswith("large") else 2 * n * S ** 3) for k in forms}
-    return {k: flops[k] / t[k]["min"] / 1e9 for k in forms}
-
-
-def product_rate(T: int, B: int, S: int = 20, *, structured: bool = False, repeats: int = 7,
-                 dtype=jnp.float32) -> dict:
-    """GFLOP/s of the Blelloch scan's up-sweep matrix products alone, as the scan runs them: the
-    bottom levels of :func:`bppsa.scan.blelloch_scan_stored` (fused multiply-adds on contiguous
-    halves) on random elements in storage order, without offsets, vector products or the top.
-    ``structured``: as :func:`bppsa.scan.blelloch_scan_stored_diag` runs them for elements
-    diag(a) Wᵀ (the RNN), level 0 from the vectors (one GEMM and a row scaling), the rest as above;
-    the flops counted are the same 2·S³ per product. Returns {"gflops", "flops", "min_s", "levels"}."""
-    k, m, N = scan_lib.bottom_layout(T)
-    k1, k2 = jax.random.split(jax.random.key(0))
-    if structured:
-        X = jax.random.uniform(k1, (N, B, S), dtype)
-        Wt = jax.random.normal(k2, (S, S), dtype) / S ** 0.5
-    else:
-        X = jax.random.normal(k1, (N, B, S, S), dtype) / S
-        Wt = None
-
-    @jax.jit
-    def products(X, Wt):
-        for level in range(k):
-            h = X.shape[0] // 2
-            if level == 0 and structured:
-                X = scan_lib.diagonal_products(X[:h], X[h:], Wt)
-            else:
-                X = scan_lib.batched_matmul(X[:h], X[h:])
-        return X
-
-    t = time_interleaved({"products": lambda: products(X, Wt)}, repeats=repeats)["products"]["min"]
-    flops = sum(2 * (N >> (level + 1)) * B * S ** 3 for level in range(k))
-    return {"gflops": flops / t / 1e9 if flops else 0.0, "flops": flops, "min_s": t, "levels": k}
 
 
 def _int_list(s: str):
@@ -611,102 +476,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-auto", action="store_true", help="skip the cost model (no calibration probe)")
     p.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
     p.add_argument("--name", default="bench")
-    p.add_argument("--gemm", action="store_true", help="also measure bare batched 20x20 GEMM rates")
     a = p.parse_args(argv)
     cell = make_cell(a.cell, a.input, a.hidden)
     model = None if a.no_auto else load_cost_model()
     pts = []
-    print(_HEADER)
+    print(TABLE_HEADER)
     for T in _int_list(a.T):
         for B in _int_list(a.B):
             pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model))
     record = {"config": vars(a), "cost_model": model.to_json() if model else None,
               "sweeps": {f"{a.cell} H={a.hidden}": pts}}
-    if a.gemm:
-        record["gemm_gflops"] = gemm_rates(S=a.hidden)
-        for k, v in record["gemm_gflops"].items():
-            print(f"{k:40s} {v:7.1f} GFLOP/s")
-        for r in pts:
-            # the whole scan's effective rate: its ~n matrix products' flops / the whole scan's time
-            r["scan_gflops"] = 2 * r["T"] * r["B"] * a.hidden ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
-            # the products alone (the up-sweep's bottom levels, as the scan runs them)
-            r["product_rate"] = product_rate(r["T"], r["B"], a.hidden, structured=cell.has_diagonal_jacobian)
-            print(f"T={r['T']} B={r['B']}: scan {r['scan_gflops']:.1f} GFLOP/s effective, "
-                  f"up-sweep products {r['product_rate']['gflops']:.1f} GFLOP/s")
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     print("wrote " + ", ".join(map(str, paths)))
-    return 0
-
-
-def main_rnn_sweep(argv=None) -> int:
-    """``bppsa reproduce rnn-sweep``: the paper's vanilla-RNN sweeps (Wang et al. 2020, Fig. 5)."""
-    import argparse
-    import sys
-    p = argparse.ArgumentParser(prog="bppsa reproduce rnn-sweep", description=main_rnn_sweep.__doc__)
-    p.add_argument("--quick", action="store_true", help="fewer points and repeats: a few minutes on 2 CPU cores")
-    p.add_argument("--workdir", default="runs/rnn-sweep", help="output folder (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--T", default=None, help="override the T values (comma-separated, or none)")
-    p.add_argument("--B", default=None, help="override the B values (comma-separated, or none)")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds; later points are skipped")
-    p.add_argument("--no-auto", action="store_true")
-    p.add_argument("--name", default=None)
-    a = p.parse_args(argv)
-    Ts = () if a.T == "none" else _int_list(a.T) if a.T else (T_SWEEP_QUICK if a.quick else T_SWEEP)
-    Bs = () if a.B == "none" else _int_list(a.B) if a.B else (B_SWEEP_QUICK if a.quick else B_SWEEP)
-    repeats = a.repeats or (3 if a.quick else 5)
-    record = run_sweep(T_values=Ts, B_values=Bs, repeats=repeats, auto=not a.no_auto,
-                       time_budget_s=a.time_budget)
-    record["sweeps"] = {k: v for k, v in record["sweeps"].items() if v}
-    name = a.name or ("rnn-sweep-quick" if a.quick else "rnn-sweep")
-    cmd = "bppsa reproduce rnn-sweep " + " ".join(argv if argv is not None else sys.argv[1:])
-    paths = save_record(record, a.workdir, name, cmd.strip())
-    print("wrote " + ", ".join(map(str, paths)))
-    return 0
-
-
-def sweep_task(config, workdir) -> dict:
-    """Experiment task (``bppsa run experiments/configs/rnn_[tb]sweep.py``): one sweep to ``workdir``."""
-    rec = run_sweep(T_values=tuple(config.T_values), B_values=tuple(config.B_values),
-                    T_fixed=config.get("T_fixed", 1000), B_fixed=config.get("B_fixed", 16),
-                    hidden_size=config.hidden_size, repeats=config.repeats, auto=config.get("auto", True),
-                    time_budget_s=config.get("time_budget_s"))
-    rec["sweeps"] = {k: v for k, v in rec["sweeps"].items() if v}
-    save_record(rec, workdir, config.name)
-    return {name: [{"T": p["T"], "B": p["B"], "speedup_backward": p["speedup_backward"],
-                    "speedup_step": p["speedup_step"]} for p in pts] for name, pts in rec["sweeps"].items()}
-
-
-IRMAS_SETTINGS = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # (features, T), DESIGN.md
-
-
-def main_irmas_grid(argv=None) -> int:
-    """Timing part of the IRMAS grid on synthetic inputs of the right shapes: GRU(F, 20), 11 classes,
-    settings s/m/l x B in {16, 32, 64}. Writes irmas-timing.json/.md under --out."""
-    import argparse
-    import sys
-    p = argparse.ArgumentParser(prog="irmas-timing", description=main_irmas_grid.__doc__)
-    p.add_argument("--out", required=True)
-    p.add_argument("--settings", default="s,m,l")
-    p.add_argument("--B", default="16,32,64")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--time-budget", type=float, default=None)
-    a = p.parse_args(argv)
-    start = time.perf_counter()
-    pts, skipped = [], []
-    print(_HEADER)
-    for s in a.settings.split(","):
-        if s not in IRMAS_SETTINGS:
-            raise ValueError(f"--settings entries must be in {sorted(IRMAS_SETTINGS)}; got {s!r}")
-        F, T = IRMAS_SETTINGS[s]
-        for B in _int_list(a.B):
-            if a.time_budget is not None and time.perf_counter() - start > a.time_budget:
-                skipped.append({"sweep": "irmas", "T": T, "B": B, "why": "time budget"})
-                continue
-            r = bench_point(cells.GRU(F, 20), T, B, repeats=a.repeats, num_classes=11,
-                            scan_variants=(), memory=False)
-            r["setting"] = s
-            pts.append(r)
-    record = {"config": vars(a), "sweeps": {"IRMAS GRU grid (synthetic inputs)": pts}, "skipped": skipped}
-    save_record(record, a.out, "irmas-timing", "irmas-timing " + " ".join(argv if argv is not None else sys.argv[1:]))
     return 0

@@ -1,26 +1,21 @@
-"""The ``bppsa`` command: ``bppsa reproduce NAME``, ``bppsa run``, ``bppsa bench``, ``bppsa launch``.
+"""The ``bppsa`` command: ``bppsa reproduce NAME``, ``bppsa run``, ``bppsa bench``, ``bppsa launch``, ...
 
 Each subcommand lives in the module that owns the feature; this file only dispatches. An entry
 is "module:function", the function takes the remaining argv and returns an exit code.
+``bppsa reproduce NAME [--quick] [args...]`` is exactly ``bppsa run
+experiments/configs/NAME.py[:quick] [args...]`` (dashes in NAME read as underscores); the names
+are the config files present. The command opts in to :func:`bppsa.host.tune_allocator` once at start.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
-# bppsa reproduce NAME [args...]
-REPRODUCE = {
-    "default": "bppsa.irmas_experiment:main",  # what `make reproduce` runs
-    "rnn-train": "bppsa.tasks:main_rnn_train",
-    "irmas": "bppsa.irmas_experiment:main",
-    "hetero-dp": "bppsa.hetero.experiment:main",
-    "sync": "bppsa.sync.experiments:main_sync",  # time to accuracy, BSP/ASP/SSP/DSSP/ElasticBSP
-    "zipline": "bppsa.sync.experiments:main_zipline",  # ZipLine runtime table
-    "sync-ray": "bppsa.sync.ray_runtime:main_ray",  # the same policies on a real (local) Ray
-    "sparse-vgg": "bppsa.sparse_experiments:main",
-    "rnn-sweep": "bppsa.bench:main_rnn_sweep",
-}
+from . import host
+
+CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 # bppsa COMMAND [args...]
 COMMANDS = {
@@ -33,9 +28,28 @@ COMMANDS = {
 USAGE = """usage: bppsa COMMAND [args...]
 
 commands:
-  reproduce NAME [--quick] ...   reproduce a paper result; NAME is one of: {names}
+  reproduce NAME [--quick] ...   = run experiments/configs/NAME.py[:quick] ...; NAME is one of: {names}
 {commands}
 Run `bppsa COMMAND --help` for a command's options."""
+
+
+def reproduce_names(configs=CONFIGS) -> list[str]:
+    """The names ``bppsa reproduce`` accepts: one per config file, underscores written as dashes."""
+    return sorted(p.stem.replace("_", "-") for p in Path(configs).glob("*.py") if not p.name.startswith("_"))
+
+
+def reproduce_argv(argv, configs=CONFIGS) -> list[str]:
+    """``[NAME, --quick?, args...]`` -> the argv of ``bppsa run`` it stands for.
+
+    Raises ValueError naming the unknown NAME and the known ones.
+    """
+    name, rest = argv[0], list(argv[1:])
+    path = Path(configs) / f"{name.replace('-', '_')}.py"
+    if not path.is_file():
+        raise ValueError(f"unknown NAME {name!r}; expected one of: {', '.join(reproduce_names(configs))}")
+    quick = "--quick" in rest
+    rest = [a for a in rest if a != "--quick"]
+    return [str(path) + (":quick" if quick else "")] + rest
 
 
 def _load(target: str):
@@ -45,7 +59,7 @@ def _load(target: str):
 
 def _usage() -> str:
     cmds = "".join(f"  {name}\n" for name in sorted(COMMANDS))
-    return USAGE.format(names=", ".join(sorted(REPRODUCE)), commands=cmds)
+    return USAGE.format(names=", ".join(reproduce_names()), commands=cmds)
 
 
 def main(argv=None) -> int:
@@ -53,16 +67,19 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    host.tune_allocator()  # the entry point opts in (see bppsa.host); `import bppsa` does not
     cmd, rest = argv[0], argv[1:]
     if cmd == "reproduce":
         if not rest or rest[0] in ("-h", "--help"):
-            print(f"usage: bppsa reproduce NAME [args...]; NAME is one of: {', '.join(sorted(REPRODUCE))}")
+            print(f"usage: bppsa reproduce NAME [--quick] [--config.key=value ...] [--workdir DIR]; "
+                  f"NAME is one of: {', '.join(reproduce_names())}")
             return 0 if rest else 2
-        if rest[0] not in REPRODUCE:
-            print(f"bppsa reproduce: unknown NAME {rest[0]!r}; expected one of: {', '.join(sorted(REPRODUCE))}",
-                  file=sys.stderr)
+        try:
+            run_argv = reproduce_argv(rest)
+        except ValueError as e:
+            print(f"bppsa reproduce: {e}", file=sys.stderr)
             return 2
-        return int(_load(REPRODUCE[rest[0]])(rest[1:]) or 0)
+        return int(_load(COMMANDS["run"])(run_argv) or 0)
     if cmd in COMMANDS:
         return int(_load(COMMANDS[cmd])(rest) or 0)
     print(f"bppsa: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["provenance", "device_label", "save_json", "cpu_model"]
+__all__ = ["provenance", "device_label", "save_json", "cpu_model", "running_command", "current_command"]
 
 
 def _version(dist: str) -> str | None:
@@ -48,9 +49,31 @@ def device_label() -> str:
     return "gpu" if jax.default_backend() == "gpu" else jax.default_backend()
 
 
+_RUNNING: list[str] = []
+
+
+@contextlib.contextmanager
+def running_command(command: str):
+    """Within the block, :func:`provenance` records ``command`` (the runner's ``bppsa run ...``)."""
+    _RUNNING.append(command)
+    try:
+        yield
+    finally:
+        _RUNNING.pop()
+
+
+def current_command() -> str | None:
+    """The command of the run in progress (set by :func:`running_command`), or None."""
+    return _RUNNING[-1] if _RUNNING else None
+
+
 def provenance(command: str | None = None) -> dict:
-    """A JSON-able record of where and how a result was made."""
+    """A JSON-able record of where and how a result was made.
+
+    ``command``: default the run in progress (:func:`current_command`), else this process's argv.
+    """
     devs = jax.devices()
+    command = command if command is not None else current_command()
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command if command is not None else " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),

@@ -27,18 +27,12 @@ from pathlib import Path
 
 import ml_collections
 
+from .provenance import current_command, device_label, provenance, running_command, save_json
+
 __all__ = ["ConfigError", "load_config", "apply_overrides", "resolve_task", "run", "current_command", "main"]
-
-_COMMAND: str | None = None
-
 
 class ConfigError(ValueError):
     """A config file, config argument or override that cannot be used."""
-
-
-def current_command() -> str | None:
-    """The ``bppsa run ...`` command of the run in progress (for provenance), or None."""
-    return _COMMAND
 
 
 def split_spec(spec: str) -> tuple[Path, str | None]:
@@ -209,7 +203,6 @@ def default_workdir(path: Path, arg: str | None) -> Path:
 def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, restart: bool = False,
         publish: bool = False, results_root="experiments/results", command: str | None = None) -> dict:
     """Load, override, lock and run one config; return the task's summary (see the module docstring)."""
-    global _COMMAND
     path = Path(config_path)
     config = load_config(path, arg)
     apply_overrides(config, overrides)
@@ -233,18 +226,13 @@ def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, rest
     workdir.mkdir(parents=True, exist_ok=True)
     config_file.write_text(json.dumps(resolved, indent=2) + "\n")
 
-    from .provenance import device_label, provenance, save_json
-
     command = command or "bppsa run " + shlex.join([str(path) + (f":{arg}" if arg else "")] +
                                                    [f"--config.{k}={v}" for k, v in (
                                                        overrides.items() if isinstance(overrides, dict)
                                                        else overrides)])
-    previous, _COMMAND = _COMMAND, command
     t0 = time.perf_counter()
-    try:
+    with running_command(command):
         summary = task(config, workdir)
-    finally:
-        _COMMAND = previous
     run_time = time.perf_counter() - t0
     if not isinstance(summary, dict):
         raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); got {type(summary).__name__}")

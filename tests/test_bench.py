@@ -5,9 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bppsa import bench, cells
-
-jax.config.update("jax_enable_x64", True)
+from bppsa import bench, cells, timing
+from bppsa.experiments import rnn_sweep
 
 
 def _close(a, b, rtol=1e-9, atol=1e-11):
@@ -61,17 +60,20 @@ def test_time_components_schema():
     assert out["shape"] == {"T": 5, "B": 2, "I": 1, "S": 3, "dtype": "float32"}
 
 
-def test_time_interleaved_rejects_bad_repeats():
-    with pytest.raises(ValueError, match="repeats"):
-        bench.time_interleaved({"f": lambda: jnp.zeros(1)}, repeats=0)
+def test_time_interleaved_rejects_bad_arguments():
+    for kw in ({"repeats": 0}, {"warmup": -1}, {"block": 1}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            timing.time_interleaved({"f": lambda: jnp.zeros(1)}, **kw)
 
 
-def test_time_interleaved_rotates_the_order():
+def test_time_interleaved_rotates_blocks_and_drops_their_first_call():
     calls = []
     fns = {k: (lambda k=k: calls.append(k) or jnp.zeros(1)) for k in "abc"}
-    out = bench.time_interleaved(fns, repeats=3, warmup=0)
-    assert calls[3:] == list("abc" "bca" "cab")  # after one compile call each
-    assert all(out[k]["repeats"] == 3 for k in "abc")
+    out = timing.time_interleaved(fns, repeats=3, warmup=0, block=3)
+    # blocks of 3 calls (the first block's first call compiles), the order rotated every round
+    assert calls == list("aaabbbccc" "bbbcccaaa" "cccaaabbb")
+    assert all(out[k]["repeats"] == 3 * 2 for k in "abc")  # the first call of each block is dropped
+    assert timing.time_fn(lambda: jnp.zeros(1), repeats=2)["repeats"] == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +108,7 @@ def test_blelloch_equals_sequential(n, with_d):
 def _grads(cell, params, xs, h0, **kw):
     def loss(p, x, h):
         out = backprop.rnn(cell, p, x, h, **kw) if kw else _lax_scan(cell, p, x, h)
-        hs = out[0] if isinstance(out, tuple) else out
+        hs = cell.hidden(out)
         return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)  # a loss on every step
     return jax.grad(loss, argnums=(0, 1, 2))(params, xs, h0)
 
@@ -180,7 +182,6 @@ def test_chunked_mode_bounds_compiled_memory():
 # Sweep outputs, commands, the GPU script.
 # ---------------------------------------------------------------------------------------------
 
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -191,16 +192,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_config(name, arg=None):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(arg)
+    from bppsa.runner import load_config
+    return load_config(ROOT / "experiments" / "configs" / f"{name}.py", arg)
 
 
 def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
     config = _load_config("rnn_bsweep", "smoke")
-    assert config.task == "bppsa.bench:sweep_task"
-    summary = bench.sweep_task(config, tmp_path)
+    assert config.task == "bppsa.experiments.rnn_sweep:sweep_task"
+    summary = rnn_sweep.sweep_task(config, tmp_path)
     rec = json.loads((tmp_path / "rnn-bsweep.json").read_text())
     assert set(rec["provenance"]) >= {"date", "command", "backend", "device_kind", "cpu", "jax", "jaxlib"}
     (pts,) = rec["sweeps"].values()
@@ -230,9 +229,9 @@ def test_bench_point_records_auto_choice():
 def test_cli_registers_bench_and_rnn_sweep():
     from bppsa import cli
     assert cli.COMMANDS["bench"] == "bppsa.bench:main"
-    assert cli.REPRODUCE["rnn-sweep"] == "bppsa.bench:main_rnn_sweep"
+    assert "rnn-sweep" in cli.reproduce_names()
     with pytest.raises(ValueError, match="comma-separated"):
-        bench._int_list("10,x")
+        bench.main(["--T", "10,x", "--no-auto"])
 
 
 def _gpu_script_env(tmp_path, **extra):
@@ -260,14 +259,14 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     for name in ("rnn-sweep", "irmas-timing"):
-        assert "provenance" in json.loads((out / f"{name}.json").read_text())
-        assert (out / f"{name}.md").exists()
+        assert "provenance" in json.loads((out / name / f"{name}.json").read_text())
+        assert (out / name / f"{name}.md").exists()
     assert "summary" in r.stdout and "backward x" in r.stdout
 
 
 def test_product_rate_counts_the_bottom_level_products():
-    r = bench.product_rate(100, 2, 3, repeats=1)  # k = 1 bottom level: 50 products per batch row
+    r = rnn_sweep.product_rate(100, 2, 3, repeats=1)  # k = 1 bottom level: 50 products per batch row
     assert r["levels"] == 1 and r["flops"] == 2 * 50 * 2 * 27 and r["gflops"] > 0
-    assert bench.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
-    r2 = bench.product_rate(100, 2, 3, structured=True, repeats=1)  # level 0 from vectors, same flops
+    assert rnn_sweep.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
+    r2 = rnn_sweep.product_rate(100, 2, 3, structured=True, repeats=1)  # level 0 from vectors, same flops
     assert r2["levels"] == 1 and r2["flops"] == r["flops"] and r2["gflops"] > 0

@@ -147,15 +147,11 @@ def test_workdir_with_a_different_config_is_refused(tmp_path):
     cfg = tmp_path / "echo.py"
     cfg.write_text("import ml_collections\n"
                    "def get_config(arg=None):\n"
-                   "    return ml_collections.ConfigDict({'task': 'bppsa.runner:_echo_task_for_tests', 'n': 1})\n")
-    runner._echo_task_for_tests = lambda config, workdir: {"n": config.n}
-    try:
-        assert runner.run(cfg, workdir=tmp_path / "w") == {"n": 1}
-        with pytest.raises(ConfigError, match=r"n: 1 -> 2"):
-            runner.run(cfg, overrides={"n": "2"}, workdir=tmp_path / "w")
-        assert runner.run(cfg, overrides={"n": "2"}, workdir=tmp_path / "w", restart=True) == {"n": 2}
-    finally:
-        del runner._echo_task_for_tests
+                   "    return ml_collections.ConfigDict({'task': 'tests.helpers:echo_task', 'n': 1})\n")
+    assert runner.run(cfg, workdir=tmp_path / "w") == {"n": 1}
+    with pytest.raises(ConfigError, match=r"n: 1 -> 2"):
+        runner.run(cfg, overrides={"n": "2"}, workdir=tmp_path / "w")
+    assert runner.run(cfg, overrides={"n": "2"}, workdir=tmp_path / "w", restart=True) == {"n": 2}
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,29 +282,49 @@ def test_publish_copies_the_task_outputs(tmp_path, capsys):
     cfg = tmp_path / "pub.py"
     cfg.write_text("import ml_collections\n"
                    "def get_config(arg=None):\n"
-                   "    return ml_collections.ConfigDict({'task': 'bppsa.runner:_pub_task_for_tests', "
+                   "    return ml_collections.ConfigDict({'task': 'tests.helpers:pub_task', "
                    "'name': 'pub', 'write': True})\n")
+    out = runner.run(cfg, workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
+    from bppsa.provenance import device_label
+    dest = tmp_path / "results" / device_label()
+    assert sorted(p.name for p in dest.iterdir()) == ["pub.json", "pub.md"]
+    assert out["published"] == [str(dest / "pub.json"), str(dest / "pub.md")]
+    with pytest.raises(FileNotFoundError, match="pub.json"):
+        runner.run(cfg, None, {"write": "false"}, workdir=tmp_path / "w2", publish=True,
+                   results_root=tmp_path / "results")
+    assert cli.main(["run", str(cfg), "--workdir", str(tmp_path / "w3")]) == 0
+    assert '"wrote": true' in capsys.readouterr().out
 
-    def task(config, workdir):
-        if config.write:
-            (workdir / "pub.json").write_text("{}")
-            (workdir / "pub.md").write_text("| a |\n")
-        return {"wrote": config.write}
 
-    runner._pub_task_for_tests = task
-    try:
-        out = runner.run(cfg, workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
-        from bppsa.provenance import device_label
-        dest = tmp_path / "results" / device_label()
-        assert sorted(p.name for p in dest.iterdir()) == ["pub.json", "pub.md"]
-        assert out["published"] == [str(dest / "pub.json"), str(dest / "pub.md")]
-        with pytest.raises(FileNotFoundError, match="pub.json"):
-            runner.run(cfg, None, {"write": "false"}, workdir=tmp_path / "w2", publish=True,
-                       results_root=tmp_path / "results")
-        assert cli.main(["run", str(cfg), "--workdir", str(tmp_path / "w3")]) == 0
-        assert '"wrote": true' in capsys.readouterr().out
-    finally:
-        del runner._pub_task_for_tests
+# --------------------------------------------------------------------------------------------
+# `bppsa reproduce NAME` is `bppsa run experiments/configs/NAME.py`.
+# --------------------------------------------------------------------------------------------
+
+def test_reproduce_names_are_the_config_files():
+    names = cli.reproduce_names()
+    assert names == sorted(p.stem.replace("_", "-") for p in CONFIGS)
+    assert {"rnn-train", "rnn-sweep", "irmas", "sparse-vgg", "scaling"} <= set(names)
+
+
+def test_reproduce_is_run_of_the_config(tmp_path):
+    assert cli.reproduce_argv(["rnn-train"]) == [str(RNN_TRAIN)]
+    assert cli.reproduce_argv(["rnn-train", "--quick", "--config.steps=3", "--workdir", "w"]) == \
+        [str(RNN_TRAIN) + ":quick", "--config.steps=3", "--workdir", "w"]
+    args = ["--config.timing.lengths=()", "--config.steps=4"]
+    assert cli.main(["reproduce", "rnn-train", "--quick", *args, "--workdir", str(tmp_path / "a")]) == 0
+    assert cli.main(["run", str(RNN_TRAIN) + ":quick", *args, "--workdir", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / w / "summary.json").read_text()) for w in "ab")
+    assert a["config"] == b["config"] and a["config"]["steps"] == 4
+    assert a["summary"]["bppsa_train_loss"] == b["summary"]["bppsa_train_loss"]
+
+
+def test_reproduce_unknown_name_lists_the_names(capsys):
+    with pytest.raises(ValueError, match="unknown NAME 'no-such-result'; expected one of: .*rnn-train"):
+        cli.reproduce_argv(["no-such-result"])
+    assert cli.main(["reproduce", "no-such-result"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown NAME 'no-such-result'" in err and "irmas" in err and "rnn-sweep" in err
+    assert cli.main(["frobnicate"]) == 2
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402

@@ -177,8 +177,8 @@ def test_cache_hit_is_identical_and_a_changed_file_invalidates_it(tmp_path, monk
         assert all(z[k].dtype != object for k in z.files)
 
     calls = []
-    real_extract = irmas._extract
-    monkeypatch.setattr(irmas, "_extract", lambda *a, **k: calls.append(1) or real_extract(*a, **k))
+    real_extract = irmas.extract_features
+    monkeypatch.setattr(irmas, "extract_features", lambda *a, **k: calls.append(1) or real_extract(*a, **k))
     again = irmas.load_features(root, "s", cache_dir=cache, progress=False)
     assert calls == []  # served from the cache
     np.testing.assert_array_equal(again.x, first.x)

@@ -1,4 +1,4 @@
-"""`bppsa reproduce irmas`: training on the stand-in, the timing table, the command end to end."""
+"""`bppsa reproduce irmas` (bppsa.experiments.irmas): training on the stand-in, the timing table, the command end to end."""
 
 import json
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bppsa import cli
-from bppsa import irmas_experiment as ie
+from bppsa.experiments import irmas as ie
 from bppsa.data import irmas
 from bppsa.data.synth_irmas import make_synthetic_irmas
 
@@ -26,7 +26,7 @@ def test_short_training_run_learns_the_stand_in_above_chance(stand_in, tmp_path)
         assert rec["heldout"][m]["accuracy"] >= 3 / 11  # chance is 1/11
     # the same start, the same batches: the two backward passes give the same run (float32 rounding)
     assert rec["max_loss_diff"] < 1e-4
-    ie._save_training(rec, tmp_path)
+    ie.save_training(rec, tmp_path)
     md = (tmp_path / "irmas_train.md").read_text()
     assert "| BPTT |" in md and "| BPPSA |" in md
     assert (tmp_path / "irmas_train.png").stat().st_size > 10_000
@@ -65,33 +65,37 @@ def test_grid_table_layout_and_plot(tmp_path):
 
 def test_batches_are_time_major_and_cycle_when_there_are_too_few_clips():
     x = np.arange(3 * 5 * 2, dtype=np.float32).reshape(3, 5, 2)  # (N, T, F)
-    xs = ie._batch(x, 4)
+    xs = ie.batch_clips(x, 4)
     assert xs.shape == (5, 4, 2)
     np.testing.assert_array_equal(xs[:, 3], x[0])
     np.testing.assert_array_equal(xs[:, 1], x[1])
 
 
-def test_cli_registers_irmas_as_the_default_reproduction():
-    assert cli.REPRODUCE["irmas"] == "bppsa.irmas_experiment:main"
-    assert cli.REPRODUCE["default"] == cli.REPRODUCE["irmas"]
+def test_make_reproduce_runs_the_quick_irmas_config():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    assert "bppsa reproduce irmas --quick" in (root / "Makefile").read_text()
+    assert cli.reproduce_argv(["irmas", "--quick"]) == [str(root / "experiments" / "configs" / "irmas.py") + ":quick"]
 
 
-def test_cli_rejects_bad_options(tmp_path):
+def test_bad_settings_and_missing_data_are_clear_errors(tmp_path):
+    from bppsa import runner
+    cfg = cli.CONFIGS / "irmas.py"
     with pytest.raises(ValueError, match="setting"):
-        ie.main(["--settings", "s,xl", "--workdir", str(tmp_path)])
-    with pytest.raises(SystemExit):
-        ie.main(["--batches", "16,x", "--workdir", str(tmp_path)])
+        runner.run(cfg, "smoke", {"settings": "s,xl"}, workdir=tmp_path / "a")
+    with pytest.raises(runner.ConfigError, match="batches"):
+        runner.run(cfg, "smoke", {"batches": "16,x"}, workdir=tmp_path / "b")
     with pytest.raises(FileNotFoundError):
-        ie.main(["--data-dir", str(tmp_path / "missing"), "--workdir", str(tmp_path)])
+        runner.run(cfg, "smoke", {"data_dir": str(tmp_path / "missing")}, workdir=tmp_path / "c")
 
 
 @pytest.mark.slow
 def test_reproduce_irmas_end_to_end(tmp_path, capsys):
     """The command on a tiny generated stand-in: grid (setting s, B = 4), training, test-set F1, files."""
-    rc = cli.main(["reproduce", "irmas", "--quick", "--synth-dir", str(tmp_path / "synth"),
-                   "--cache-dir", str(tmp_path / "cache"), "--workdir", str(tmp_path / "out"),
-                   "--clips-per-class", "2", "--test-clips", "2", "--settings", "s", "--batches", "4",
-                   "--repeats", "1", "--steps", "6"])
+    rc = cli.main(["reproduce", "irmas", "--quick", f"--config.synth_dir={tmp_path / 'synth'}",
+                   f"--config.cache_dir={tmp_path / 'cache'}", "--workdir", str(tmp_path / "out"),
+                   "--config.clips_per_class=2", "--config.test_clips=2", "--config.settings=s",
+                   "--config.batches=4", "--config.repeats=1", "--config.steps=6", "--config.batch_size=8"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "| s | 259 | 38 | 4 |" in out and "| BPPSA |" in out

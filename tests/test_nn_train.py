@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bppsa import cells, cli
+from bppsa import cells
 from bppsa.data.bitstream import class_rates, make_bitstream
 from bppsa.nn import Recurrent, SequenceClassifier
 from bppsa.train import compare_backward_training
@@ -65,9 +65,3 @@ def test_training_curves_of_bptt_and_bppsa_coincide_float32():
     assert len(la) == len(lb) == 20
     np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-5)
     assert la[-5:].mean() < la[:5].mean()  # it learns something
-
-
-def test_cli_reproduce_unknown_name_is_a_clear_error(capsys):
-    assert cli.main(["reproduce", "no-such-result"]) == 2
-    assert "unknown NAME 'no-such-result'" in capsys.readouterr().err
-    assert cli.main(["frobnicate"]) == 2

@@ -120,7 +120,7 @@ def test_scaling_config_shape():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     full, smoke = mod.get_config(), mod.get_config("smoke")
-    assert full.task == "bppsa.parallel.bench:run_scaling"
+    assert full.task == "bppsa.experiments.scaling:run_scaling"
     assert tuple(full.devices) == (1, 2, 4, 8) and all(full.T % p == 0 for p in full.devices)
     assert smoke.T < full.T and smoke.repeats < full.repeats
 
@@ -132,7 +132,7 @@ def test_scaling_smoke_run_writes_results(tmp_path):
     spec = importlib.util.spec_from_file_location("scaling_cfg", "experiments/configs/scaling.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    from bppsa.parallel.bench import run_scaling
+    from bppsa.experiments.scaling import run_scaling
     summary = run_scaling(mod.get_config("smoke"), tmp_path)
     assert [r["devices"] for r in summary["rows"]] == [1, 2]
     assert all(r["backward_logstep_s"] > 0 for r in summary["rows"])

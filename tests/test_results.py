@@ -66,7 +66,7 @@ def test_plots_are_regenerated_from_the_json(tmp_path):
     src = RESULTS / "cpu" / "rnn_train.json"
     record = json.loads(src.read_text())
     (tmp_path / "cpu").mkdir()
-    (tmp_path / "cpu" / "rnn_train.json").write_text(json.dumps(record | {"plot": "bppsa.tasks:plot_rnn_train"}))
+    (tmp_path / "cpu" / "rnn_train.json").write_text(json.dumps(record | {"plot": "bppsa.experiments.rnn_train:plot_rnn_train"}))
     (tmp_path / "cpu" / "other.json").write_text(json.dumps({"provenance": {}}))
     assert results.regenerate_plots(tmp_path) == [tmp_path / "cpu" / "rnn_train.png"]
     assert (tmp_path / "cpu" / "rnn_train.png").read_bytes()[:4] == b"\x89PNG"

@@ -110,7 +110,7 @@ def test_magnitude_prune_and_bad_input():
 
 
 def test_digits_data():
-    from bppsa.sparse_experiments import load_digits_16
+    from bppsa.experiments.sparse_vgg import load_digits_16
     xtr, ytr, xte, yte = load_digits_16()
     assert xtr.shape[1:] == (1, 16, 16) and len(xtr) + len(xte) == 1797
     assert xtr.dtype == np.float32 and 0.0 <= xtr.min() and xtr.max() <= 1.0

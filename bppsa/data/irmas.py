@@ -33,7 +33,7 @@ import numpy as np
 
 __all__ = [
     "CLASSES", "SETTINGS", "SAMPLE_RATE", "CLIP_SAMPLES", "TRAIN_DIR", "AUDIO_EXTENSIONS",
-    "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features",
+    "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features", "extract_features",
     "find_training_root", "list_training_files", "load_features", "list_test_files",
     "read_test_labels", "load_test_features", "clip_predictions", "multilabel_f1",
 ]
@@ -130,8 +130,10 @@ def _clip_features_batch(jobs, setting):
     return [_clip_features(p, setting, off) for p, off in jobs]
 
 
-def _extract(jobs, setting, *, workers, progress, desc):
-    """Features of [(path, offset)] in order: a list of (features or None, error or None)."""
+def extract_features(jobs, setting, *, workers=None, progress=False, desc=None):
+    """MFCC features (T, F) of ``setting`` for [(path, offset in samples)], in order: a list of
+    (features or None, error message or None). ``workers`` > 1: spawned processes (default: 1,
+    or up to 8 for 1000 jobs or more)."""
     from tqdm.auto import tqdm
 
     if workers is None:
@@ -145,10 +147,8 @@ def _extract(jobs, setting, *, workers, progress, desc):
                 bar.update(1)
         else:
             # spawn, not fork: the parent usually has JAX's threads running
-            ctx = multiprocessing.get_context("spawn")
-            chunk = 32
-            batches = [jobs[i:i + chunk] for i in range(0, len(jobs), chunk)]
-            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
+            batches = [jobs[i:i + 32] for i in range(0, len(jobs), 32)]
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
                 for out in ex.map(_clip_features_batch, batches, [setting] * len(batches)):
                     results.extend(out)
                     bar.update(len(out))
@@ -221,14 +221,12 @@ def _cache_key(kind, root, files, setting, extra=()):
 
 
 def _load_cache(path: Path, key: str):
-    if not path.is_file():
-        return None
     try:
         with np.load(path, allow_pickle=False) as z:
             if str(z["key"]) != key:
                 return None
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError):  # missing, corrupt or stale
         return None
 
 
@@ -277,7 +275,7 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
         _warn_skipped(skipped, len(files))
         return IrmasFeatures(z["x"], z["y"], CLASSES, skipped, z["paths"].tolist(), setting)
 
-    results = _extract([(p, 0) for p, _ in files], setting, workers=workers, progress=progress,
+    results = extract_features([(p, 0) for p, _ in files], setting, workers=workers, progress=progress,
                        desc=f"IRMAS features ({setting})")
     T, F = num_frames(setting), num_features(setting)
     xs, ys, paths, skipped = [], [], [], []
@@ -342,7 +340,6 @@ def list_test_files(root) -> list[tuple[Path, Path]]:
 
 def _num_samples(path) -> int:
     import soundfile as sf
-
     info = sf.info(str(path))
     return int(round(info.frames * SAMPLE_RATE / info.samplerate))
 
@@ -382,7 +379,7 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
         jobs.extend((audio, s) for s in starts)
         labels.append(lab)
         paths.append(r)
-    results = _extract(jobs, setting, workers=workers, progress=progress, desc=f"IRMAS test windows ({setting})")
+    results = extract_features(jobs, setting, workers=workers, progress=progress, desc=f"IRMAS test windows ({setting})")
     bad = {owner[i]: err for i, (f, err) in enumerate(results) if f is None}
     keep = [c for c in range(len(paths)) if c not in bad]
     skipped.extend((paths[c], bad[c]) for c in sorted(bad))

@@ -15,7 +15,8 @@ import ml_collections
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
-    c.task = "bppsa.irmas_experiment:grid_task"
+    c.task = "bppsa.experiments.irmas:run"
+    c.parts = ("grid",)
     c.data_dir = ml_collections.config_dict.placeholder(str)  # None: the synthetic stand-in
     c.synth_dir = "data/synth-irmas"
     c.cache_dir = "data/cache"
@@ -27,7 +28,7 @@ def get_config(arg=None):
     c.repeats = 7
     c.hidden_size = 20
     c.seed = 0
-    if arg == "smoke":
+    if arg in ("quick", "smoke"):
         c.clips_per_class = 2
         c.test_clips = 0
         c.synth_dir = ""  # "": inside the work directory
@@ -36,5 +37,5 @@ def get_config(arg=None):
         c.batches = (16,)
         c.repeats = 1
     elif arg not in (None, ""):
-        raise ValueError(f"unknown config argument {arg!r}; expected nothing or 'smoke'")
+        raise ValueError(f"unknown config argument {arg!r}; expected nothing, 'quick' or 'smoke'")
     return c

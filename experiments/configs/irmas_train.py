@@ -15,7 +15,8 @@ import ml_collections
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
-    c.task = "bppsa.irmas_experiment:train_task"
+    c.task = "bppsa.experiments.irmas:run"
+    c.parts = ("train",)
     c.data_dir = ml_collections.config_dict.placeholder(str)  # None: the synthetic stand-in
     c.synth_dir = "data/synth-irmas-full"
     c.cache_dir = "data/cache"
@@ -29,7 +30,7 @@ def get_config(arg=None):
     c.hidden_size = 20
     c.eval_every = 100
     c.seed = 0
-    if arg == "smoke":
+    if arg in ("quick", "smoke"):
         c.synth_dir = ""  # "": inside the work directory
         c.cache_dir = ""
         c.clips_per_class = 2
@@ -40,5 +41,5 @@ def get_config(arg=None):
         c.batch_size = 8
         c.eval_every = 10
     elif arg not in (None, ""):
-        raise ValueError(f"unknown config argument {arg!r}; expected nothing or 'smoke'")
+        raise ValueError(f"unknown config argument {arg!r}; expected nothing, 'quick' or 'smoke'")
     return c

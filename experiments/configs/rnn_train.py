@@ -1,7 +1,7 @@
 """The paper's vanilla RNN training curve on the bitstream task: BPTT vs BPPSA (BPPSA §5.1, the training curve).
 
-    bppsa run experiments/configs/rnn_train.py          # 1-4 min on 2 CPU cores (3.6 min measured, loaded)
-    bppsa run experiments/configs/rnn_train.py:smoke    # ~10 s (incl. compilation)
+    bppsa reproduce rnn-train           # = bppsa run experiments/configs/rnn_train.py; 1-4 min on 2 CPU cores (3.6 min measured, loaded)
+    bppsa reproduce rnn-train --quick   # = ...rnn_train.py:quick, the same as :smoke; ~10 s (incl. compilation)
 
 RNN(input 1, hidden 20) -> 10 classes on Bernoulli(0.05 + 0.1 k) bitstreams of length T = 1000,
 B = 16, Adam, trained once with BPTT and once with BPPSA from the same parameters on the same
@@ -14,10 +14,10 @@ import ml_collections
 
 
 def get_config(arg=None):
-    if arg not in (None, "smoke"):
-        raise ValueError(f"rnn_train takes no argument or 'smoke'; got {arg!r}")
+    if arg not in (None, "quick", "smoke"):
+        raise ValueError(f"rnn_train takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
-    c.task = "bppsa.tasks:rnn_train"
+    c.task = "bppsa.experiments.rnn_train:rnn_train"
     c.name = "rnn_train"
     c.seed = 0
     c.length = 1000             # T
@@ -37,7 +37,7 @@ def get_config(arg=None):
     c.timing.lengths = (1000,)
     c.timing.batches = (16,)
     c.timing.repeats = 5
-    if arg == "smoke":  # tiny: the tests run it several times
+    if arg in ("quick", "smoke"):  # tiny: the tests run it several times
         c.length = 16
         c.num_samples = 32
         c.eval_samples = 16

@@ -5,6 +5,7 @@
 
 Times forward, Jacobian generation, scan, contraction, the whole backward and the training step
 of BPPSA and BPTT at every point (see bppsa.bench); writes rnn-tsweep.json/.md/.png to the workdir.
+:quick is the same as :smoke.
 """
 
 import ml_collections
@@ -12,7 +13,7 @@ import ml_collections
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
-    c.task = "bppsa.bench:sweep_task"
+    c.task = "bppsa.experiments.rnn_sweep:sweep_task"
     c.name = "rnn-tsweep"
     c.hidden_size = 20
     c.T_values = (10, 30, 100, 300, 1000, 3000, 10000, 30000)
@@ -21,8 +22,11 @@ def get_config(arg=None):
     c.T_fixed = 1000
     c.repeats = 5
     c.auto = True
-    c.time_budget_s = None
-    if arg == "smoke":
+    c.gemm = False
+    c.time_budget_s = ml_collections.config_dict.placeholder(float)
+    if arg not in (None, "quick", "smoke"):
+        raise ValueError(f"rnn_tsweep takes no argument, 'quick' or 'smoke'; got {arg!r}")
+    if arg in ("quick", "smoke"):
         c.T_values = (10,)
         c.repeats = 2
         c.auto = False

@@ -1,8 +1,8 @@
 """Sparse BPPSA over feed-forward chains: Jacobian generation, pruned VGG-11 FLOPs, digits retraining (BPPSA §5.3).
 
-    bppsa run experiments/configs/sparse_vgg.py          # ~1 h on 2 heavily shared CPU cores (measured: generation ~20 min, flops ~20 min, retrain ~25 min)
-    bppsa run experiments/configs/sparse_vgg.py:smoke    # ~30 s of CPU (incl. compilation)
-    bppsa reproduce sparse-vgg [--quick]                 # the same, written to experiments/results/<device>/
+    bppsa reproduce sparse-vgg            # = bppsa run experiments/configs/sparse_vgg.py; ~1 h on 2 heavily shared CPU cores (measured: generation ~20 min, flops ~20 min, retrain ~25 min)
+    bppsa reproduce sparse-vgg --quick    # = ...sparse_vgg.py:quick, the same as :smoke; ~30 s of CPU (incl. compilation)
+    bppsa reproduce sparse-vgg --workdir experiments/results/cpu   # written beside the committed results
 
 Three parts (``config.parts``):
 - generation: analytic sparse transposed Jacobians vs jax.jacrev for VGG-11's conv, ReLU and
@@ -21,10 +21,10 @@ import ml_collections
 
 
 def get_config(arg=None):
-    if arg not in (None, "smoke"):
-        raise ValueError(f"sparse_vgg takes no argument or 'smoke'; got {arg!r}")
+    if arg not in (None, "quick", "smoke"):
+        raise ValueError(f"sparse_vgg takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
-    c.task = "bppsa.sparse_experiments:run"
+    c.task = "bppsa.experiments.sparse_vgg:run"
     c.name = "sparse_vgg"
     c.parts = ("generation", "flops", "retrain")
 
@@ -53,7 +53,7 @@ def get_config(arg=None):
     c.retrain.levels = -1                        # L_m; -1 = the full Blelloch scan
     c.retrain.check_every = 30
     c.retrain.margin = 0.02                      # retrained accuracy >= unpruned - margin
-    if arg == "smoke":
+    if arg in ("quick", "smoke"):
         c.generation.repeats = 1
         c.generation.max_dense_entries = 2 ** 20
         c.generation.kinds = ("maxpool",)

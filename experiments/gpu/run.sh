@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # BPPSA on a GPU: the paper's RNN sweeps (T at B = 16, B at T = 1000) and the timing part of the
-# IRMAS GRU grid (synthetic inputs of the right shapes), JSON + markdown under OUTDIR.
+# IRMAS GRU grid (synthetic inputs of the right shapes), JSON + markdown under OUTDIR/{rnn-sweep,irmas-timing}/.
 #
 #   experiments/gpu/run.sh OUTDIR            # needs a visible GPU; < 8 min on an H200
 #   BPPSA_ALLOW_CPU=1 experiments/gpu/run.sh OUTDIR   # dry run on a CPU (tiny sizes)
@@ -24,17 +24,16 @@ if [[ "$BACKEND" != "gpu" && "$BACKEND" != "cuda" ]]; then
     exit 1
   fi
   echo "BPPSA_ALLOW_CPU=1: dry run on $BACKEND with tiny sizes"
-  RNN_ARGS=(--T 10,30 --B 2,4 --repeats 2)
-  IRMAS_ARGS=(--settings s --B 16 --repeats 2)
+  RNN_ARGS=(--config.T_values=10,30 --config.B_values=2,4 --config.repeats=2)
+  IRMAS_ARGS=(--config.settings=s --config.batches=16 --config.repeats=2)
 else
   "$PY" -c 'import jax; print("devices:", jax.devices())'
-  RNN_ARGS=(--repeats 5 --time-budget 300)
-  IRMAS_ARGS=(--repeats 5 --time-budget 90)
+  RNN_ARGS=(--config.repeats=5 --config.time_budget_s=300)
+  IRMAS_ARGS=(--config.repeats=5 --config.time_budget_s=90)
 fi
 
-"$PY" -m bppsa.cli reproduce rnn-sweep --workdir "$OUT" --name rnn-sweep "${RNN_ARGS[@]}"
-"$PY" -c 'import sys; from bppsa.bench import main_irmas_grid; sys.exit(main_irmas_grid(sys.argv[1:]))' \
-  --out "$OUT" "${IRMAS_ARGS[@]}"
+"$PY" -m bppsa.cli reproduce rnn-sweep --workdir "$OUT/rnn-sweep" "${RNN_ARGS[@]}"
+"$PY" -m bppsa.cli reproduce irmas-timing --workdir "$OUT/irmas-timing" "${IRMAS_ARGS[@]}"
 
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys, pathlib
@@ -42,7 +41,7 @@ out = pathlib.Path(sys.argv[1])
 print(f"\nsummary ({out}): speedup of BPPSA over BPTT (median times)")
 print(f"{'sweep':<34} {'T':>6} {'B':>4} {'backward x':>11} {'step x':>7}")
 for name in ("rnn-sweep", "irmas-timing"):
-    rec = json.loads((out / f"{name}.json").read_text())
+    rec = json.loads((out / name / f"{name}.json").read_text())
     for sweep, pts in rec["sweeps"].items():
         for p in pts:
             print(f"{sweep[:34]:<34} {p['T']:>6} {p['B']:>4} {p['speedup_backward']:>11.2f} {p['speedup_step']:>7.2f}")

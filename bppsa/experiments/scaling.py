@@ -1,10 +1,9 @@
 """Scaling benchmark: sequence-parallel BPPSA backward time vs number of devices, per combine.
 
-    python -m bppsa.parallel.bench [--smoke] [--out experiments/results/cpu]
-    bppsa run experiments/configs/scaling.py[:smoke]
+    bppsa reproduce scaling [--quick]      # = bppsa run experiments/configs/scaling.py[:quick]
 
-For P in (1, 2, 4, 8) devices of a 1-D ``seq`` mesh it times (median of repeats, after a compile
-warm-up, ``block_until_ready``, the methods interleaved in each repeat so they see the same load):
+For P in (1, 2, 4, 8) devices of a 1-D ``seq`` mesh it times, by :mod:`bppsa.timing` (the
+methods interleaved so they see the same load, medians):
 
 - the sharded backward alone (phases 1–3 + parameter-gradient ``psum``) for each combine
   ("logstep", "allgather", "chain"),
@@ -18,28 +17,18 @@ host's cores, so the times show overheads and work, not speed-up.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-__all__ = ["run_scaling", "measure", "main"]
+from ..provenance import current_command, provenance, save_json
+from ..timing import time_fn, time_interleaved
+
+__all__ = ["run_scaling", "measure", "markdown", "plot", "write_measurement"]
 
 COMBINE_NAMES = ("logstep", "allgather", "chain")
-
-
-def _time(fn, repeats):
-    import jax
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeats=7, dtype="float32",
@@ -50,8 +39,8 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
     from jax.sharding import NamedSharding, PartitionSpec as PS
 
     from .. import cells
-    from .mesh import make_mesh, shard_map
-    from .sequence import COMBINE_FNS, sharded_functions, communication_volume
+    from ..parallel.mesh import make_mesh, shard_map
+    from ..parallel.sequence import COMBINE_FNS, sharded_functions, communication_volume
 
     if len(jax.devices()) < max(devices):
         raise ValueError(f"devices={tuple(devices)} needs {max(devices)} JAX devices; "
@@ -97,13 +86,7 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
             small[("combine", comb)] = lambda comb=comb: comb_only[comb](Pi, dl)
         med = {}
         for group, n in ((calls, repeats), (small, 5 * repeats)):  # the cheap combines get more repeats
-            for f in group.values():  # compile + warm up
-                jax.block_until_ready(f())
-            times = {k: [] for k in group}
-            for _ in range(n):  # interleaved, so every method sees the same load
-                for k, f in group.items():
-                    times[k] += _time(f, 1)
-            med.update({k: statistics.median(v) for k, v in times.items()})
+            med.update({k: v["median"] for k, v in time_interleaved(group, repeats=n).items()})
         # the combines agree (one backward, all three)
         ref = fns["logstep"](params, xs_p, s0, ss, ct_p)
         for comb in combines[1:]:
@@ -150,8 +133,7 @@ def _batched_matmul_diagnostic(T, B, S, dt, repeats, pieces):
     split = jax.jit(lambda M: lax.map(lambda m: m[0::2] @ m[1::2], M.reshape((T // piece, piece) + M.shape[1:])))
     res = {}
     for name, f in (("one_op_s", one), ("in_pieces_s", split)):
-        jax.block_until_ready(f(Ms))
-        res[name] = statistics.median(_time(lambda f=f: f(Ms), max(5, repeats)))
+        res[name] = time_fn(lambda f=f: f(Ms), repeats=max(5, repeats))["median"]
     res["piece"] = piece
     return res
 
@@ -217,13 +199,20 @@ def plot(record, path):
     plt.close(fig)
 
 
-def _write(record, outdir: Path, name="scaling"):
-    from ..provenance import save_json
+def write_measurement(workdir, options: dict, name="scaling", command: str | None = None) -> dict:
+    """:func:`measure` with ``options`` in this process; ``name``.{json,md,png} into ``workdir``; the record.
+
+    ``command``: for the provenance (default: the run in progress or this process's argv).
+    """
+    record = measure(**options)
+    record["provenance"] = provenance(command)
+    record.setdefault("plot", "bppsa.experiments.scaling:plot")  # `bppsa results --plots` redraws with it
+    outdir = Path(workdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    record.setdefault("plot", "bppsa.parallel.bench:plot")  # `bppsa results --plots` redraws with it
     save_json(outdir / f"{name}.json", record)
     (outdir / f"{name}.md").write_text(markdown(record))
     plot(record, outdir / f"{name}.png")
+    return record
 
 
 def _options(config):
@@ -239,47 +228,17 @@ def run_scaling(config, workdir) -> dict:
     opts = _options(config)
     need = max(opts.get("devices", (1, 2, 4, 8)))
     if len(jax.devices()) >= need:
-        from ..provenance import provenance
-        record = measure(**opts)
-        record["provenance"] = provenance(config.get("command", None))
-        _write(record, workdir)
+        record = write_measurement(workdir, opts)
     else:
         if jax.default_backend() != "cpu":
             raise ValueError(f"the scaling benchmark needs {need} devices; this {jax.default_backend()} "
                              f"host has {len(jax.devices())}")
         env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
                    f"--xla_force_host_platform_device_count={need}".strip(), JAX_PLATFORMS="cpu")
-        subprocess.run([sys.executable, "-m", "bppsa.parallel.bench", "--out", str(workdir),
-                        "--options", json.dumps(opts)], env=env, check=True)
+        code = ("import json, sys; from bppsa.experiments.scaling import write_measurement; "
+                "write_measurement(sys.argv[1], json.loads(sys.argv[2]), command=sys.argv[3])")
+        command = current_command() or " ".join(sys.argv)
+        subprocess.run([sys.executable, "-c", code, str(workdir), json.dumps(opts), command], env=env, check=True)
         record = json.loads((workdir / "scaling.json").read_text())
     return {"rows": [{k: v for k, v in r.items() if not k.startswith("levels_")} for r in record["rows"]],
             "files": [str(workdir / f"scaling.{e}") for e in ("json", "md", "png")]}
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bppsa.parallel.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="output folder (default experiments/results/<device>)")
-    ap.add_argument("--smoke", action="store_true", help="a quick run (T = 64, B = 2, 1 and 2 devices, 2 repeats)")
-    ap.add_argument("--options", default=None, help="JSON dict of measure() options")
-    args = ap.parse_args(argv)
-    opts = json.loads(args.options) if args.options else {}
-    if args.smoke:
-        opts.update(T=64, B=2, repeats=2, devices=(1, 2))
-    need = max(opts.get("devices", (1, 2, 4, 8)))
-    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
-                                   f"--xla_force_host_platform_device_count={need}").strip()
-    import jax
-    from ..provenance import device_label, provenance
-    record = measure(**opts)
-    record["provenance"] = provenance("python -m bppsa.parallel.bench " + " ".join(argv if argv is not None
-                                                                                   else sys.argv[1:]))
-    out = Path(args.out) if args.out else Path("experiments/results") / device_label()
-    _write(record, out)
-    print(markdown(record))
-    print(f"wrote {out}/scaling.json, .md, .png")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,15 +14,11 @@ Three parts, each writing JSON (with provenance) and a markdown table into a wor
   with the BPPSA backward pass (gradients checked against autodiff along the way), compare
   test accuracy with the unpruned network.
 
-``run(config, workdir)`` is the experiments-convention task (``experiments/configs/sparse_vgg.py``);
-``main(argv)`` is ``bppsa reproduce sparse-vgg``.
+``run(config, workdir)`` is the task of ``experiments/configs/sparse_vgg.py`` (``bppsa reproduce sparse-vgg``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import time
 from pathlib import Path
 
@@ -32,30 +28,21 @@ import numpy as np
 import optax
 from jax import lax
 
-from . import sparse, vgg
-from .provenance import device_label, provenance, save_json
-
-_COMMAND: str | None = None
+from .. import sparse, vgg
+from ..provenance import provenance, save_json
+from ..timing import time_fn
 
 __all__ = ["vgg11_layer_shapes", "generation_benchmark", "flop_experiment", "digits_retraining",
-           "load_digits_16", "run", "main"]
+           "load_digits_16", "run"]
 
 
 def _median_time(fn, repeats, slow_s=10.0):
-    """Median wall time of ``fn()`` over ``repeats`` calls after one warm-up call (compilation).
-
-    When the warm-up alone took more than ``slow_s`` seconds, one timed call is made.
-    """
+    """Median seconds of ``fn()`` by :func:`bppsa.timing.time_fn` after one compile call; when that
+    call alone took more than ``slow_s`` seconds, one round (the jacrev of the largest layers)."""
     t = time.perf_counter()
-    jax.block_until_ready(fn())  # compile / warm-up
-    if time.perf_counter() - t > slow_s:
-        repeats = 1
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+    jax.block_until_ready(fn())  # compile
+    slow = time.perf_counter() - t > slow_s
+    return time_fn(fn, repeats=1 if slow else repeats, warmup=0)["median"]
 
 
 def vgg11_layer_shapes(in_hw=32):
@@ -370,11 +357,6 @@ def run(config, workdir) -> dict:
     """Experiments-convention task: run the parts named in ``config.parts`` into ``workdir``."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        from .runner import current_command
-        command = current_command() or _COMMAND
-    except ImportError:
-        command = _COMMAND
     summary, tables = {}, []
     parts = tuple(config.parts)
     if "generation" in parts:
@@ -382,8 +364,8 @@ def run(config, workdir) -> dict:
         rows = generation_benchmark(in_hw=g.in_hw, repeats=g.repeats, max_dense_entries=g.max_dense_entries,
                                     kinds=tuple(g.kinds))
         rec = {"title": "sparse_generation — analytic sparse transposed Jacobians vs jax.jacrev, VGG-11 layers "
-                        "at 32×32 (one sample; median of 3 calls, 1 call when the warm-up took > 10 s)",
-               "rows": rows, "provenance": provenance(command)}
+                        "at 32×32 (one sample; median of 3 rounds by bppsa.timing, 1 round when the compile call took > 10 s)",
+               "rows": rows, "provenance": provenance()}
         save_json(workdir / "sparse_generation.json", rec)
         (workdir / "sparse_generation.md").write_text(_generation_md(rows))
         tables.append("Jacobian generation, analytic vs jax.jacrev (one sample):\n\n" + _generation_md(rows))
@@ -395,7 +377,7 @@ def run(config, workdir) -> dict:
             save_json(workdir / "sparse_flops.json", {
                 "title": "sparse_flops — backward-pass FLOPs of pruned VGG-11, BP vs BPPSA with sparse products "
                          "(critical path = sum over tree levels of the largest product)",
-                **res, "provenance": provenance(command)})
+                **res, "provenance": provenance()})
             (workdir / "sparse_flops.md").write_text(_flops_md(res))
             _flops_plot(res, workdir / "sparse_flops.png")
 
@@ -416,35 +398,12 @@ def run(config, workdir) -> dict:
                                 levels=None if t.levels < 0 else t.levels,
                                 check_every=t.check_every, margin=t.margin)
         res = {"title": "sparse_retrain — pruned small VGG on digits, retrained with the BPPSA backward pass",
-               **res, "provenance": provenance(command)}
+               **res, "provenance": provenance()}
         save_json(workdir / "sparse_retrain.json", res)
         (workdir / "sparse_retrain.md").write_text(_retrain_md(res))
         tables.append("Pruned retraining on digits with the BPPSA backward pass:\n\n" + _retrain_md(res))
         summary["retrain"] = {k: res[k] for k in ("accuracy_dense", "accuracy_pruned", "accuracy_retrained",
                                                   "within_margin", "max_relative_grad_diff")}
-    save_json(workdir / f"{config.name}.json", {"summary": summary, "provenance": provenance(command)})
+    save_json(workdir / f"{config.name}.json", {"summary": summary, "provenance": provenance()})
     (workdir / f"{config.name}.md").write_text("\n".join(tables))
     return summary
-
-
-def main(argv=None) -> int:
-    """``bppsa reproduce sparse-vgg [--quick] [--workdir DIR] [--parts ...]``."""
-    import importlib.util
-    path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "sparse_vgg.py"
-    spec = importlib.util.spec_from_file_location("bppsa_config_sparse_vgg", path)
-    cfg_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cfg_module)
-    p = argparse.ArgumentParser(prog="bppsa reproduce sparse-vgg", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="the smoke variant (seconds to a few minutes)")
-    p.add_argument("--workdir", default=None, help="default: experiments/results/<device>/")
-    p.add_argument("--parts", nargs="+", default=None, choices=["generation", "flops", "retrain"])
-    a = p.parse_args(argv)
-    config = cfg_module.get_config("smoke" if a.quick else None)
-    if a.parts:
-        config.parts = tuple(a.parts)
-    global _COMMAND
-    _COMMAND = " ".join(["bppsa reproduce sparse-vgg"] + list(argv or []))
-    workdir = Path(a.workdir) if a.workdir else Path("experiments/results") / device_label()
-    summary = run(config, workdir)
-    print(json.dumps(summary, indent=2, default=float))
-    return 0

@@ -1,4 +1,4 @@
-"""``bppsa reproduce irmas``: the paper's GRU on IRMAS (BPPSA, Wang et al., MLSys 2020, §5.2).
+"""The paper's GRU on IRMAS (BPPSA, Wang et al., MLSys 2020, §5.2): ``bppsa reproduce irmas``.
 
 1. Timing grid, B ∈ {16, 32, 64} × settings s/m/l, on the dataset's own feature arrays
    (xs (T, B, F) of the first B clips): forward, transposed-Jacobian generation, the BPPSA scan,
@@ -10,16 +10,16 @@
    float32 rounding), accuracy on a held-out split and, where a test set is present, the
    multi-label F1 on 3-second windows of the test clips.
 
-Without ``--data-dir`` it runs on the synthetic stand-in (:mod:`bppsa.data.synth_irmas`),
-generated on first use under ``data/synth-irmas`` (``--quick``: 20 clips per class) or
-``data/synth-irmas-full`` (60 per class); with ``--data-dir`` on the real IRMAS.
+:func:`run` is the task of ``experiments/configs/irmas{,_grid,_train}.py`` (``config.parts``
+picks the grid, the training or both). Without ``config.data_dir`` it runs on the synthetic
+stand-in (:mod:`bppsa.data.synth_irmas`), generated on first use under ``config.synth_dir``; with
+it, on the real IRMAS. :func:`shapes_task` (``experiments/configs/irmas_timing.py``) times the
+grid on random inputs of the settings' shapes, without data (the GPU script).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -28,33 +28,25 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import cells
-from .data import irmas
-from .data.synth_irmas import ensure_synthetic_irmas
-from .nn import SequenceClassifier
-from .provenance import provenance, save_json
-from .train import compare_backward_training, evaluate
+from .. import cells
+from ..bench import TABLE_HEADER, bench_point, save_record, time_components
+from ..data import irmas
+from ..data.synth_irmas import ensure_synthetic_irmas
+from ..nn import SequenceClassifier
+from ..provenance import provenance, save_json
+from ..train import compare_backward_training, evaluate
 
 __all__ = ["timing_grid", "training_comparison", "grid_markdown", "training_markdown", "plot_grid",
-           "plot_training", "stratified_split", "prepare_data", "grid_task", "train_task", "main", "QUICK", "FULL"]
+           "plot_training", "stratified_split", "batch_clips", "predict_probs", "prepare_data", "save_grid",
+           "save_training", "run", "shapes_task", "SHAPES"]
 
 NUM_CLASSES = len(irmas.CLASSES)
-DEFAULT_CACHE_DIR = "data/cache"
-
-# The two presets of the command (and of experiments/configs/irmas_*.py).
-QUICK = dict(synth_dir="data/synth-irmas", clips_per_class=20, test_clips=22, test_seconds=(5.0, 8.0), batches=(16, 32, 64),
-             settings=("s", "m", "l"), repeats=3, train_setting="m", steps=200, batch_size=16,
-             learning_rate=3e-3, eval_every=25)
-FULL = dict(synth_dir="data/synth-irmas-full", clips_per_class=60, test_clips=55, test_seconds=(5.0, 20.0), batches=(16, 32, 64),
-            settings=("s", "m", "l"), repeats=7, train_setting="m", steps=1500, batch_size=16,
-            learning_rate=3e-4, eval_every=100)
-
 
 # --------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------
 
-def _batch(x: np.ndarray, B: int) -> np.ndarray:
+def batch_clips(x: np.ndarray, B: int) -> np.ndarray:
     """The first B clips as time-major xs (T, B, F); fewer clips are cycled to fill B."""
     idx = np.arange(B) % len(x)
     return np.ascontiguousarray(np.swapaxes(x[idx], 0, 1))
@@ -63,8 +55,6 @@ def _batch(x: np.ndarray, B: int) -> np.ndarray:
 def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats=5, hidden_size=20,
                 scan="blelloch", cache_dir=None, seed=0, log=print) -> dict:
     """Time the GRU's components on IRMAS feature arrays for every (setting, B); a JSON-able record."""
-    from .bench import time_components
-
     rows = []
     for setting in settings:
         feats = irmas.load_features(root, setting, cache_dir, max_per_class=math.ceil(max(batches) / NUM_CLASSES),
@@ -75,7 +65,7 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
         cell = cells.GRU(F, hidden_size)
         params = cell.init(jax.random.key(seed))
         for B in batches:
-            xs = jnp.asarray(_batch(feats.x, B))
+            xs = jnp.asarray(batch_clips(feats.x, B))
             h0 = jnp.zeros((B, hidden_size), xs.dtype)
             t = time_components(cell, params, xs, h0, scan=scan, repeats=repeats, warmup=1, num_classes=NUM_CLASSES)
             row = {"setting": setting, "T": int(T), "F": int(F), "B": int(B), "H": hidden_size,
@@ -92,7 +82,7 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
                 f"(scan {1e3 * row['bppsa_backward']['median']:.2f}),  backward ×{row['speedup_backward']:.2f}, "
                 f"step ×{row['speedup_step']:.2f}")
     return {"title": "IRMAS timing grid: GRU(F, 20), BPTT vs BPPSA backward (paper §5.2)",
-            "plot": "bppsa.irmas_experiment:plot_grid",
+            "plot": "bppsa.experiments.irmas:plot_grid",
             "rows": rows, "timer": "bppsa.bench.time_components", "scan": scan, "repeats": repeats, "hidden_size": hidden_size,
             "dtype": "float32", "backend": jax.default_backend()}
 
@@ -208,7 +198,7 @@ def training_comparison(root, *, setting="m", steps=200, batch_size=16, learning
     diverge = next((curves["bptt"][i]["step"] for i, g in enumerate(gaps) if g > 1e-3), None)
     final = {m: evaluate(models[m], feats.x[te], feats.y[te]) for m in models}
     record = {"title": "IRMAS training: GRU with BPTT vs BPPSA from the same start (paper §5.2)",
-              "plot": "bppsa.irmas_experiment:plot_training",
+              "plot": "bppsa.experiments.irmas:plot_training",
               "first_step_loss_diff_above_1e-3": diverge,
               "config": {"setting": setting, "steps": steps, "batch_size": batch_size,
                          "learning_rate": learning_rate, "hidden_size": hidden_size, "holdout": holdout,
@@ -295,144 +285,91 @@ def prepare_data(data_dir=None, *, clips_per_class=20, test_clips=0, test_second
     return irmas.find_training_root(root), (root if test_clips else None), "synthetic"
 
 
-def _cfg(config, key, default=None):
-    return config[key] if key in config else default
+def save_grid(rec, workdir: Path, name="irmas_grid") -> None:
+    """The grid record as ``name``.json, .md (:func:`grid_markdown`) and .png (:func:`plot_grid`)."""
+    save_json(Path(workdir) / f"{name}.json", rec)
+    (Path(workdir) / f"{name}.md").write_text(grid_markdown(rec))
+    plot_grid(rec, Path(workdir) / f"{name}.png")
 
 
-def _dirs(config, workdir: Path):
-    """(synth_dir, cache_dir) of a config; "" means a folder inside the work directory."""
-    synth = _cfg(config, "synth_dir", "") or workdir / "synth-irmas"
-    cache = _cfg(config, "cache_dir", "") or workdir / "cache"
-    return synth, cache
+def save_training(rec, workdir: Path, name="irmas_train") -> None:
+    """The training record as ``name``.json, .md (:func:`training_markdown`) and .png (:func:`plot_training`)."""
+    save_json(Path(workdir) / f"{name}.json", rec)
+    (Path(workdir) / f"{name}.md").write_text(training_markdown(rec))
+    plot_training(rec, Path(workdir) / f"{name}.png")
 
 
-def _command():
-    from .runner import current_command
-    return current_command()
+def run(config, workdir: Path) -> dict:
+    """Task of ``experiments/configs/irmas{,_grid,_train}.py``: the parts in ``config.parts``.
 
-
-def grid_task(config, workdir: Path) -> dict:
-    """Experiment task (``experiments/configs/irmas_grid.py``): the timing grid, saved to workdir."""
+    "grid": :func:`timing_grid` -> irmas_grid.{json,md,png}; "train": :func:`training_comparison`
+    -> irmas_train.{json,md,png}, both in ``workdir``. ``config.synth_dir`` / ``config.cache_dir``
+    "" mean a folder inside the work directory.
+    """
+    parts = tuple(config.parts)
+    if not parts or set(parts) - {"grid", "train"}:
+        raise ValueError(f"config.parts must name 'grid' and/or 'train'; got {parts}")
+    for s in (tuple(config.settings) if "grid" in parts else ()) + ((config.setting,) if "train" in parts else ()):
+        irmas.num_frames(s)  # ValueError on an unknown setting
     workdir = Path(workdir)
-    synth, cache = _dirs(config, workdir)
-    root, _, kind = prepare_data(_cfg(config, "data_dir"), clips_per_class=config.clips_per_class,
-                                 test_clips=_cfg(config, "test_clips", 0),
-                                 test_seconds=tuple(_cfg(config, "test_seconds", (5.0, 8.0))),
-                                 seed=config.seed, synth_dir=synth)
-    rec = timing_grid(root, settings=tuple(config.settings), batches=tuple(config.batches), repeats=config.repeats,
-                      hidden_size=config.hidden_size, cache_dir=cache, seed=config.seed)
-    rec["data"] = {"kind": kind, "root": str(root)}
-    rec["provenance"] = provenance(_command())
-    _save_grid(rec, workdir)
-    sb = [r["speedup_backward"] for r in rec["rows"]]
-    return {"speedup_backward_min": min(sb), "speedup_backward_max": max(sb),
-            "speedup_backward": {f"{r['setting']}/B={r['B']}": r["speedup_backward"] for r in rec["rows"]},
-            "speedup_step": {f"{r['setting']}/B={r['B']}": r["speedup_step"] for r in rec["rows"]}}
-
-
-def train_task(config, workdir: Path) -> dict:
-    """Experiment task (``experiments/configs/irmas_train.py``): BPTT vs BPPSA training, saved to workdir."""
-    workdir = Path(workdir)
-    synth, cache = _dirs(config, workdir)
-    root, test_root, kind = prepare_data(_cfg(config, "data_dir"), clips_per_class=config.clips_per_class,
+    synth = config.synth_dir or workdir / "synth-irmas"
+    cache = config.cache_dir or workdir / "cache"
+    root, test_root, kind = prepare_data(config.data_dir, clips_per_class=config.clips_per_class,
                                          test_clips=config.test_clips, test_seconds=tuple(config.test_seconds),
                                          seed=config.seed, synth_dir=synth)
-    rec = training_comparison(root, setting=config.setting, steps=config.steps, batch_size=config.batch_size,
-                              learning_rate=config.learning_rate, hidden_size=config.hidden_size,
-                              eval_every=config.eval_every, seed=config.seed, cache_dir=cache, test_root=test_root)
-    rec["data"] = {"kind": kind, "root": str(root)}
-    rec["provenance"] = provenance(_command())
-    _save_training(rec, workdir)
-    return {"max_loss_diff": rec["max_loss_diff"],
-            "heldout_accuracy": {m: v["accuracy"] for m, v in rec["heldout"].items()}}
-
-
-def _save_grid(rec, workdir: Path, name="irmas_grid"):
-    save_json(workdir / f"{name}.json", rec)
-    (workdir / f"{name}.md").write_text(grid_markdown(rec))
-    plot_grid(rec, workdir / f"{name}.png")
-
-
-def _save_training(rec, workdir: Path, name="irmas_train"):
-    save_json(workdir / f"{name}.json", rec)
-    (workdir / f"{name}.md").write_text(training_markdown(rec))
-    plot_training(rec, workdir / f"{name}.png")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="bppsa reproduce irmas", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data-dir", default=None,
-                   help="the real IRMAS: the IRMAS-TrainingData folder or its parent (test data, "
-                        "IRMAS-TestingData-Part*, is used when it sits beside it); default: the synthetic stand-in")
-    p.add_argument("--quick", action="store_true", help="small sizes: a few minutes on 2 CPU cores")
-    p.add_argument("--workdir", default="runs/irmas", help="where results go (default: %(default)s)")
-    p.add_argument("--synth-dir", default=None,
-                   help="where the stand-in lives (default: data/synth-irmas with --quick, else data/synth-irmas-full)")
-    p.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="feature cache (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: 200 quick, 1500 full)")
-    p.add_argument("--lr", type=float, default=None,
-                   help="Adam learning rate (default: the paper's 3e-4; 3e-3 with --quick)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats per component (default: 3 quick, 7 full)")
-    p.add_argument("--settings", default=None, help="comma-separated subset of s,m,l for the grid")
-    p.add_argument("--batches", default=None, help="comma-separated batch sizes for the grid (default: 16,32,64)")
-    p.add_argument("--clips-per-class", type=int, default=None,
-                   help="stand-in size (default: 20 quick, 60 full; ignored with --data-dir)")
-    p.add_argument("--test-clips", type=int, default=None, help="stand-in test clips (default: 22 quick, 55 full)")
-    p.add_argument("--skip-grid", action="store_true")
-    p.add_argument("--skip-train", action="store_true")
-    a = p.parse_args(argv)
-    cfg = dict(QUICK if a.quick else FULL)
-    for key, val in (("steps", a.steps), ("learning_rate", a.lr), ("repeats", a.repeats),
-                     ("clips_per_class", a.clips_per_class), ("test_clips", a.test_clips)):
-        if val is not None:
-            cfg[key] = val
-    if a.batches:
-        try:
-            cfg["batches"] = tuple(int(b) for b in a.batches.split(","))
-        except ValueError:
-            p.error(f"--batches must be comma-separated positive ints; got {a.batches!r}")
-        if min(cfg["batches"]) < 1:
-            p.error(f"--batches must be comma-separated positive ints; got {a.batches!r}")
-    cfg["batch_size"] = min(cfg["batch_size"], 11 * cfg["clips_per_class"] - 11)
-    if a.settings:
-        cfg["settings"] = tuple(s.strip() for s in a.settings.split(","))
-        for s in cfg["settings"]:
-            irmas.num_frames(s)  # ValueError on an unknown setting
-    out = Path(a.workdir)
-    t_start = time.perf_counter()
-    root, test_root, kind = prepare_data(a.data_dir, clips_per_class=cfg["clips_per_class"],
-                                         test_clips=cfg["test_clips"], test_seconds=cfg["test_seconds"],
-                                         seed=a.seed, synth_dir=a.synth_dir or cfg["synth_dir"])
     print(f"IRMAS ({kind}) training data: {root}" + (f"; test data under {test_root}" if test_root else ""))
-    prov = provenance("bppsa reproduce irmas " + " ".join(argv if argv is not None else sys.argv[1:]))
-    if not a.skip_grid:
-        print(f"\n== timing grid: GRU(F, 20), B ∈ {cfg['batches']} × settings {cfg['settings']}, "
-              f"median of {cfg['repeats']} (float32, {jax.default_backend()}) ==")
-        grid = timing_grid(root, settings=cfg["settings"], batches=cfg["batches"], repeats=cfg["repeats"],
-                           cache_dir=a.cache_dir, seed=a.seed)
-        grid["data"] = {"kind": kind, "root": str(root)}
-        grid["provenance"] = prov
-        _save_grid(grid, out)
-        print(f"\ntiming: {grid['timer']}; times in ms (median), speedup = BPTT / BPPSA\n")
-        print(grid_markdown(grid))
-    if not a.skip_train:
+    summary = {}
+    if "grid" in parts:
+        print(f"\n== timing grid: GRU(F, {config.hidden_size}), B ∈ {tuple(config.batches)} × settings "
+              f"{tuple(config.settings)}, median of {config.repeats} (float32, {jax.default_backend()}) ==")
+        rec = timing_grid(root, settings=tuple(config.settings), batches=tuple(config.batches),
+                          repeats=config.repeats, hidden_size=config.hidden_size, cache_dir=cache, seed=config.seed)
+        rec["data"] = {"kind": kind, "root": str(root)}
+        rec["provenance"] = provenance()
+        save_grid(rec, workdir)
+        print(grid_markdown(rec))
+        sb = [r["speedup_backward"] for r in rec["rows"]]
+        summary.update(speedup_backward_min=min(sb), speedup_backward_max=max(sb),
+                       speedup_backward={f"{r['setting']}/B={r['B']}": r["speedup_backward"] for r in rec["rows"]},
+                       speedup_step={f"{r['setting']}/B={r['B']}": r["speedup_step"] for r in rec["rows"]})
+    if "train" in parts:
         print("\n== training: BPTT vs BPPSA from the same initial parameters ==")
-        rec = training_comparison(root, setting=cfg["train_setting"], steps=cfg["steps"],
-                                  batch_size=cfg["batch_size"], learning_rate=cfg["learning_rate"],
-                                  eval_every=cfg["eval_every"], seed=a.seed, cache_dir=a.cache_dir,
+        rec = training_comparison(root, setting=config.setting, steps=config.steps, batch_size=config.batch_size,
+                                  learning_rate=config.learning_rate, hidden_size=config.hidden_size,
+                                  eval_every=config.eval_every, seed=config.seed, cache_dir=cache,
                                   test_root=test_root)
         rec["data"] = {"kind": kind, "root": str(root)}
-        rec["provenance"] = prov
-        _save_training(rec, out)
-        every = cfg["eval_every"] * max(1, cfg["steps"] // (10 * cfg["eval_every"]))
-        print(f"{'step':>5} {'loss BPTT':>10} {'loss BPPSA':>11} {'held-out acc BPTT':>18} {'BPPSA':>6}")
-        for x, y in zip(rec["curves"]["bptt"], rec["curves"]["bppsa"]):
-            if x["step"] % every == 0 or x["step"] == cfg["steps"]:
-                acc = (f"{x['eval_accuracy']:18.3f} {y['eval_accuracy']:6.3f}" if "eval_accuracy" in x else "")
-                print(f"{x['step']:5d} {x['loss']:10.5f} {y['loss']:11.5f} {acc}")
-        print()
+        rec["provenance"] = provenance()
+        save_training(rec, workdir)
         print(training_markdown(rec))
-    print(f"wrote results to {out}/ (irmas_grid.*, irmas_train.*) in {time.perf_counter() - t_start:.0f} s")
-    return 0
+        summary.update(max_loss_diff=rec["max_loss_diff"],
+                       heldout_accuracy={m: v["accuracy"] for m, v in rec["heldout"].items()})
+    return summary
+
+
+SHAPES = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # setting -> (features, T), DESIGN.md
+
+
+def shapes_task(config, workdir: Path) -> dict:
+    """Task of ``experiments/configs/irmas_timing.py``: the grid's timing on random inputs of each
+    setting's shape (GRU(F, H), 11 classes, no data needed); ``<name>``.{json,md} in ``workdir``."""
+    unknown = [s for s in config.settings if s not in SHAPES]
+    if unknown:
+        raise ValueError(f"config.settings entries must be in {sorted(SHAPES)}; got {unknown}")
+    start = time.perf_counter()
+    pts, skipped = [], []
+    print(TABLE_HEADER)
+    for s in config.settings:
+        F, T = SHAPES[s]
+        for B in config.batches:
+            if config.time_budget_s is not None and time.perf_counter() - start > config.time_budget_s:
+                skipped.append({"sweep": "irmas", "T": T, "B": B, "why": "time budget"})
+                continue
+            r = bench_point(cells.GRU(F, config.hidden_size), T, B, repeats=config.repeats,
+                            num_classes=NUM_CLASSES, scan_variants=(), memory=False)
+            r["setting"] = s
+            pts.append(r)
+    record = {"config": config.to_dict(), "sweeps": {"IRMAS GRU grid (synthetic inputs)": pts}, "skipped": skipped}
+    save_record(record, workdir, config.name)
+    return {f"{p['setting']}/B={p['B']}": {"speedup_backward": p["speedup_backward"],
+                                           "speedup_step": p["speedup_step"]} for p in pts}

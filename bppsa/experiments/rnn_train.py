@@ -1,6 +1,7 @@
-"""Task functions for experiment configs that no feature module owns (``config.task`` targets).
+"""The paper's vanilla RNN training curve on bitstreams, BPTT vs BPPSA (``experiments/configs/rnn_train.py``).
 
-A task has the signature ``task(config, workdir: pathlib.Path) -> dict`` (see :mod:`bppsa.runner`).
+``rnn_train(config, workdir)`` is the task (``bppsa reproduce rnn-train``); :func:`rnn_train_table`
+and :func:`plot_rnn_train` render its record.
 """
 
 from __future__ import annotations
@@ -12,6 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from .. import cells
+from ..bench import backward_times
+from ..data.bitstream import NUM_CLASSES, make_bitstream
+from ..nn import SequenceClassifier
+from ..provenance import provenance, save_json
+from ..train import evaluate, fit
 
 __all__ = ["rnn_train", "plot_rnn_train", "rnn_train_table"]
 
@@ -26,13 +34,6 @@ def rnn_train(config, workdir: Path) -> dict:
     Writes ``<name>.json`` (curves, final metrics, timings, provenance), ``<name>.md`` and
     ``<name>.png`` into ``workdir``.
     """
-    from . import cells
-    from .data.bitstream import NUM_CLASSES, make_bitstream
-    from .nn import SequenceClassifier
-    from .provenance import provenance, save_json
-    from .runner import current_command
-    from .train import backward_times, evaluate, fit
-
     workdir = Path(workdir)
     dtype = {"float32": jnp.float32, "float64": jnp.float64}[config.dtype]
     x, y = make_bitstream(config.num_samples, config.length, seed=config.seed)
@@ -75,7 +76,7 @@ def rnn_train(config, workdir: Path) -> dict:
 
     record = {
         "name": config.name,
-        "plot": "bppsa.tasks:plot_rnn_train",
+        "plot": "bppsa.experiments.rnn_train:plot_rnn_train",
         "config": {k: v for k, v in config.items() if k != "timing"} | {"timing": dict(config.timing)},
         "final": {m: {"train_loss": curves[m][-1]["loss"], **finals[m],
                       "median_step_s": float(np.median([r["step_time"] for r in curves[m] if not r.get("warmup")]
@@ -85,7 +86,7 @@ def rnn_train(config, workdir: Path) -> dict:
         "diverge_step": diverge,
         "backward_times": times,
         "curves": curves,
-        "provenance": provenance(current_command()),
+        "provenance": provenance(),
     }
     record["config"] = json.loads(json.dumps(record["config"], default=list))
     save_json(workdir / f"{config.name}.json", record)
@@ -145,21 +146,3 @@ def plot_rnn_train(record: dict, path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
-
-
-def main_rnn_train(argv=None) -> int:
-    """``bppsa reproduce rnn-train [--quick] [--workdir DIR]``: the rnn_train config through the runner."""
-    import argparse
-
-    from .runner import run
-
-    p = argparse.ArgumentParser(prog="bppsa reproduce rnn-train",
-                                description="The paper's vanilla RNN on bitstreams, trained with BPTT and BPPSA "
-                                            "from the same initial parameters (experiments/configs/rnn_train.py).")
-    p.add_argument("--quick", action="store_true", help="the config's smoke variant (seconds)")
-    p.add_argument("--workdir", default=None, help="work directory (default: runs/rnn_train[-smoke])")
-    a = p.parse_args(argv)
-    config = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "rnn_train.py"
-    summary = run(config, arg="smoke" if a.quick else None, workdir=a.workdir)
-    print(json.dumps(summary, indent=2, default=str))
-    return 0

@@ -1,0 +1,29 @@
+"""Float32 gradient error of BPPSA vs BPTT, and of both vs a float64 BPTT reference (RNN, H = 20).
+
+    bppsa reproduce core-accuracy            # T in (1000, 10000, 30000), B = 16: about a minute on 2 CPU cores
+    bppsa reproduce core-accuracy --quick    # T = 1000 only: seconds
+    bppsa run experiments/configs/core_accuracy.py:smoke    # T = 50, B = 2
+
+Max |difference| / max |gradient| over all parameter gradients of a loss with last-step and
+every-step terms, on Bernoulli(0.35) bitstreams. Writes core_accuracy.{json,md} into the work directory.
+"""
+
+import ml_collections
+
+
+def get_config(arg=None):
+    if arg not in (None, "quick", "smoke"):
+        raise ValueError(f"core_accuracy takes no argument, 'quick' or 'smoke'; got {arg!r}")
+    c = ml_collections.ConfigDict()
+    c.task = "bppsa.experiments.rnn_sweep:accuracy_task"
+    c.name = "core_accuracy"
+    c.lengths = (1000, 10000, 30000)
+    c.batch_size = 16
+    c.hidden_size = 20
+    c.seed = 0
+    if arg == "quick":
+        c.lengths = (1000,)
+    elif arg == "smoke":
+        c.lengths = (50,)
+        c.batch_size = 2
+    return c

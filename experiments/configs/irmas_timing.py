@@ -1,0 +1,29 @@
+"""The IRMAS grid's timing on random inputs of each setting's shape (no data): GRU(F, 20), 11 classes.
+
+    bppsa reproduce irmas-timing            # = bppsa run experiments/configs/irmas_timing.py; settings s/m/l x B 16/32/64
+    bppsa reproduce irmas-timing --quick    # = ...irmas_timing.py:quick; setting s, B = 16, 2 repeats
+    bppsa run experiments/configs/irmas_timing.py:smoke     # the same as :quick
+
+Each point is one bppsa.bench.bench_point (no scan variants, no memory); the GPU script
+(experiments/gpu/run.sh) runs it with a time budget. Writes irmas-timing.{json,md} into the work directory.
+"""
+
+import ml_collections
+
+
+def get_config(arg=None):
+    if arg not in (None, "quick", "smoke"):
+        raise ValueError(f"irmas_timing takes no argument, 'quick' or 'smoke'; got {arg!r}")
+    c = ml_collections.ConfigDict()
+    c.task = "bppsa.experiments.irmas:shapes_task"
+    c.name = "irmas-timing"
+    c.settings = ("s", "m", "l")
+    c.batches = (16, 32, 64)
+    c.hidden_size = 20
+    c.repeats = 5
+    c.time_budget_s = ml_collections.config_dict.placeholder(float)  # seconds; later points are skipped
+    if arg in ("quick", "smoke"):
+        c.settings = ("s",)
+        c.batches = (16,)
+        c.repeats = 2
+    return c
