@@ -16,7 +16,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["Task", "DigitsCNN", "digits_task", "sequence_task", "make_task", "functional"]
+from ..data.digits import load_digits, train_test_split
+
+__all__ = ["Task", "DigitsCNN", "digits_task", "sequence_task", "make_task", "task_from_config", "TASK_KEYS",
+           "functional"]
 
 
 @dataclass
@@ -46,23 +49,10 @@ class DigitsCNN(nnx.Module):
         return self.head(h.reshape(h.shape[0], -1))
 
 
-def _split(x, y, test_fraction, seed):
-    rng = np.random.default_rng(seed)
-    test = np.zeros(len(y), bool)
-    for c in np.unique(y):  # stratified
-        idx = np.flatnonzero(y == c)
-        test[rng.choice(idx, size=int(round(test_fraction * len(idx))), replace=False)] = True
-    return x[~test], y[~test], x[test], y[test]
-
-
 def digits_task(test_fraction: float = 0.2, seed: int = 0) -> Task:
-    """scikit-learn's bundled 8×8 digits (1797 images, no download), pixels scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[..., None]
-    y = d.target.astype(np.int32)
-    return Task("digits-cnn", *_split(x, y, test_fraction, seed), num_classes=10,
+    """scikit-learn's bundled 8×8 digits (1797 images, no download), pixels scaled to [0, 1], split per class."""
+    x_train, y_train, x_test, y_test = load_digits(test_fraction=test_fraction, seed=seed, stratify=True)
+    return Task("digits-cnn", x_train[..., None], y_train, x_test[..., None], y_test, num_classes=10,
                 make_model=lambda s: DigitsCNN(10, rngs=nnx.Rngs(s)),
                 description="small CNN (2 conv + linear) on sklearn digits, 8x8x1")
 
@@ -83,7 +73,7 @@ def sequence_task(data: str = "bitstream", num_samples: int = 2000, length: int 
     else:
         raise ValueError(f"data must be 'bitstream'; got {data!r}")
     cell = cells.GRU(input_size=x.shape[-1], hidden_size=hidden_size)
-    return Task(f"gru-{data}", *_split(x, y, test_fraction, seed), num_classes=num_classes,
+    return Task(f"gru-{data}", *train_test_split(x, y, test_fraction, seed, stratify=True), num_classes=num_classes,
                 make_model=lambda s: SequenceClassifier(cell, num_classes, backward="bppsa", rngs=nnx.Rngs(s)),
                 description=f"GRU({x.shape[-1]}, {hidden_size}) + linear, BPPSA backward, on {data} "
                             f"(T = {length}, {num_classes} classes)")
@@ -96,6 +86,18 @@ def make_task(name: str, **kwargs) -> Task:
     if name == "gru":
         return sequence_task(**kwargs)
     raise ValueError(f"task must be 'digits-cnn' or 'gru'; got {name!r}")
+
+
+TASK_KEYS = ("data", "num_samples", "length", "hidden_size", "num_classes")
+
+
+def task_from_config(name: str, config) -> Task:
+    """:func:`make_task` from one entry of an experiment's ``tasks`` config (a mapping).
+
+    Only the data/model keys (:data:`TASK_KEYS`) are used; the training keys beside them
+    (batch_size, epochs, learning_rate) are the caller's.
+    """
+    return make_task(name, **{k: config[k] for k in TASK_KEYS if k in config})
 
 
 _FUNCTIONAL: dict = {}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import Callable
 
 import jax
@@ -28,8 +27,9 @@ import optax
 
 from .. import cells
 from ..backprop import rnn
+from ..data.digits import load_digits, train_test_split
 
-__all__ = ["Task", "make_task", "make_sequence_task", "load_digits_arrays", "TASKS"]
+__all__ = ["Task", "make_task", "make_sequence_task", "TASKS"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -78,14 +78,6 @@ class Task:
         return self._cache[key]
 
 
-def _split(x, y, test_fraction, seed):
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(x))
-    n_test = int(round(test_fraction * len(x)))
-    te, tr = perm[:n_test], perm[n_test:]
-    return x[tr], y[tr], x[te], y[te]
-
-
 def _xent(logits, y):
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
@@ -120,33 +112,12 @@ def _cnn_loss(params, x, y):
     return _xent(_cnn_logits(params, x), y)
 
 
-def load_digits_arrays():
-    """scikit-learn's bundled digits as (images (1797, 8, 8) float in [0, 16], target (1797,) int).
-
-    Reads the file ``sklearn.datasets.load_digits`` reads, without importing scikit-learn (whose
-    import takes seconds — it matters in every Ray worker process); falls back to ``load_digits``.
-    """
-    import gzip
-    import importlib.util
-    spec = importlib.util.find_spec("sklearn")
-    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
-    if path is not None and path.exists():
-        with gzip.open(path, "rt") as f:
-            data = np.loadtxt(f, delimiter=",")
-        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    return d.images, d.target
-
-
 def _digits_task(spec):
-    images, target = load_digits_arrays()
-    x = (images / 16.0).astype(np.float32)[..., None]  # (1797, 8, 8, 1)
-    y = target.astype(np.int32)
-    xtr, ytr, xte, yte = _split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
+    x_train, y_train, x_test, y_test = load_digits(test_fraction=spec.get("test_fraction", 0.25),
+                                                   seed=spec.get("data_seed", 0))
     channels = tuple(spec.get("channels", (8, 16)))
-    return Task("digits_cnn", xtr, ytr, xte, yte, lambda key: _cnn_init(key, channels),
-                _cnn_loss, _cnn_logits, dict(spec))
+    return Task("digits_cnn", x_train[..., None], y_train, x_test[..., None], y_test,  # x: (N, 8, 8, 1)
+                lambda key: _cnn_init(key, channels), _cnn_loss, _cnn_logits, dict(spec))
 
 
 # -- GRU on a synthetic sequence task
@@ -199,7 +170,7 @@ def _seq_task(spec):
     x, y = make_sequence_task(spec.get("num_samples", 2000), spec.get("length", 32),
                               spec.get("num_features", 12), spec.get("num_classes", 8),
                               spec.get("noise", 1.0), spec.get("data_seed", 0))
-    xtr, ytr, xte, yte = _split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
+    xtr, ytr, xte, yte = train_test_split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
     init, loss, logits = _gru_parts(spec)
     return Task("seq_gru", xtr, ytr, xte, yte, init, loss, logits, dict(spec))
 
