@@ -6,8 +6,9 @@ import pytest
 from flax import nnx
 
 from bppsa.hetero import partition
-from bppsa.hetero.experiment import slowdowns_from_mix, summarize
-from bppsa.hetero.profile import Rebalancer, TimeModel, balanced_speeds, fit_time_model, profile_replica
+from bppsa.experiments.hetero_dp import summarize
+from bppsa.hetero.profile import (Rebalancer, TimeModel, balanced_speeds, fit_time_model, profile_replica,
+                                  slowdowns_from_mix)
 from bppsa.hetero.tasks import Task, functional
 from bppsa.hetero.train import STRATEGIES, ShardSampler, SimulatedReplicas, train
 

@@ -1,0 +1,1 @@
+"""One module per paper result: the task code that experiments/configs/*.py name."""
