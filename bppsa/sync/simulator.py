@@ -21,7 +21,7 @@ import optax
 from .models import Task, make_task
 from .policies import BARRIER, PROCEED, Policy, make_policy
 
-__all__ = ["ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label"]
+__all__ = ["ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label", "sgd"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,7 @@ def policy_label(name: str, options: dict | None = None) -> str:
 _SGD: dict = {}
 
 
-def _sgd(learning_rate):
+def sgd(learning_rate):
     """One optax.sgd per learning rate, so a task's jitted server step is reused across runs."""
     if learning_rate not in _SGD:
         _SGD[learning_rate] = optax.sgd(learning_rate)
@@ -137,7 +137,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     n = compute.num_workers
     initial = [p for p in range(n) if compute.join_time(p) == 0]
     pol: Policy = make_policy(policy, len(initial), **(policy_options or {}))
-    opt = optimizer if optimizer is not None else _sgd(learning_rate)
+    opt = optimizer if optimizer is not None else sgd(learning_rate)
     grad_fn = task.grad_fn()
     acc_fn = task.accuracy_fn()
     server_step = task.server_step(opt)
