@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..hetero.profile import TimeModel, slowdowns_from_mix
-from ..hetero.tasks import functional, task_from_config
+from ..hetero.tasks import task_from_config
 from ..hetero.train import SimulatedReplicas, measure_time_model, train
 from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
@@ -149,7 +149,7 @@ def run(config, workdir) -> dict:
     for task_name in config.task_names:
         tcfg = config.tasks[task_name]
         task = task_from_config(task_name, tcfg)
-        params, loss_fn, _ = functional(task.make_model(0))
+        params, loss_fn = task.init(jax.random.key(0)), task.per_sample_loss
         base = measure_time_model(loss_fn, params, task.x_train, task.y_train,
                                   [b for b in config.probe_batches if b <= len(task.x_train)], repeats=5)
         measured = base

@@ -25,14 +25,13 @@ def main(argv=None) -> int:
     import jax
 
     from .profile import slowdowns_from_mix
-    from .tasks import functional, task_from_config
+    from .tasks import task_from_config
     from .train import ProcessReplicas, train
 
     pid = jax.process_index()
     tcfg = spec["task_config"]
     task = task_from_config(spec["task"], tcfg)
-    _, loss_fn, _ = functional(task.make_model(0))
-    replicas = ProcessReplicas(loss_fn, slowdowns_from_mix(spec["mix"]))
+    replicas = ProcessReplicas(task.per_sample_loss, slowdowns_from_mix(spec["mix"]))
     log = print if pid == 0 else None
     runs = []
     for strategy in spec["strategies"]:

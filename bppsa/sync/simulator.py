@@ -18,7 +18,8 @@ import jax
 import numpy as np
 import optax
 
-from .models import Task, make_task
+from ..data.task import Task
+from .models import make_task
 from .policies import BARRIER, PROCEED, Policy, make_policy
 
 __all__ = ["ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label", "sgd"]
@@ -116,7 +117,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     """Simulate PS training of ``task`` under ``policy``; return a JSON-able log.
 
     Args:
-      task: a :class:`~bppsa.sync.models.Task` or its spec dict.
+      task: a :class:`~bppsa.data.task.Task` or its spec dict for :func:`~bppsa.sync.make_task`.
       policy: "bsp" | "asp" | "ssp" | "dssp" | "elasticbsp"; ``policy_options`` its arguments.
       compute: the workers' :class:`ComputeModel`.
       optimizer: the server's optax optimizer (default: SGD with ``learning_rate``).
