@@ -27,7 +27,7 @@ from ..backprop import rnn
 from ..data.digits import load_digits, train_test_split
 from ..data.task import Task
 
-__all__ = ["Task", "make_task", "make_sequence_task", "TASKS"]
+__all__ = ["make_task", "make_sequence_task", "TASKS"]
 
 
 # -- digits CNN
