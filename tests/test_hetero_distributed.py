@@ -24,7 +24,6 @@ def _launch(argv, n, timeout):
     out, err = io.StringIO(), io.StringIO()
     rc = launch([sys.executable, *argv], n, devices_per_process=1, timeout=timeout, out=out, err=err)
     assert rc == 0, f"launch failed ({rc}):\n{err.getvalue()}\n{out.getvalue()[-3000:]}"
-    return out.getvalue()
 
 
 @pytest.mark.timeout(240)

@@ -4,20 +4,18 @@
 tests/test_notebooks.py executes notebooks/04_sync.ipynb with BPPSA_NOTEBOOK_SMOKE=1.)
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from bppsa.runner import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(name, arg=None):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(arg)
+    return load_config(ROOT / "experiments" / "configs" / f"{name}.py", arg)
 
 
 @pytest.mark.parametrize("name, module", [("sync", "sync"), ("zipline", "zipline"), ("sync_ray", "sync")])
