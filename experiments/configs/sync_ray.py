@@ -2,7 +2,7 @@
 
     bppsa run experiments/configs/sync_ray.py --publish   # ~3 min on 2 loaded CPU cores (5 × 20 s + start-up)
     bppsa run experiments/configs/sync_ray.py:quick       # ~1 min: BSP and DSSP, 3 workers, 5 s each, no kill
-    bppsa run experiments/configs/sync_ray.py:smoke       # ~30 s: BSP only, 2 workers, 3 s
+    bppsa run experiments/configs/sync_ray.py:smoke       # ~35 s: BSP only, 2 workers, 3 s
     bppsa reproduce sync-ray [--quick]                    # = bppsa run experiments/configs/sync_ray.py[:quick]
     bppsa run experiments/configs/sync_ray.py --config.policies=bsp,ssp:s=3 --config.kill=  # overrides
 
