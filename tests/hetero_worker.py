@@ -1,6 +1,6 @@
 """Worker for tests/test_hetero_distributed.py: the weighted SPMD gradient across processes.
 
-Run by bppsa.hetero.launch.spawn; argv: OUT_DIR SEED CASES, CASES = "5,0;2,7": per case one
+Run by bppsa.parallel.launch.launch; argv: OUT_DIR SEED CASES, CASES = "5,0;2,7": per case one
 local batch size per process. Each process builds the same data, keeps only its own rows (a
 different number per process, possibly none), and writes the global gradients it receives to
 OUT_DIR/grads_<case>_<id>.npz.
@@ -8,32 +8,36 @@ OUT_DIR/grads_<case>_<id>.npz.
 
 import sys
 
-from bppsa.hetero.launch import init_distributed
+import jax
 
-pid, nproc = init_distributed(x64=True)
+# a process of its own, outside the test session: float64 as the session's reference uses
+jax.config.update("jax_enable_x64", True)
 
-import jax  # noqa: E402
+from bppsa.parallel import initialize  # noqa: E402
+
+initialize()
+pid, nproc = jax.process_index(), jax.process_count()
 import numpy as np  # noqa: E402
 
 from bppsa.hetero import data_mesh, global_batch, make_spmd_grad, pad_local_batch  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_hetero import _data, _mlp_params, _per_sample_loss  # noqa: E402
+from test_hetero import make_data, mlp_params, per_sample_loss  # noqa: E402
 
 out_dir, seed = sys.argv[1], int(sys.argv[2])
 mesh = data_mesh()
 assert jax.process_count() == nproc and jax.device_count() == nproc
-params = jax.tree.map(np.asarray, _mlp_params(jax.random.key(seed)))
+params = jax.tree.map(np.asarray, mlp_params(jax.random.key(seed)))
 for case, spec in enumerate(sys.argv[3].split(";")):
     counts = [int(c) for c in spec.split(",")]
     assert len(counts) == nproc
-    x, y = _data(sum(counts), seed=seed)
+    x, y = make_data(sum(counts), seed=seed)
     lo = sum(counts[:pid])
     b_max = max(max(counts), 1)
     xs, ys, mask = global_batch(mesh, *pad_local_batch(x[lo:lo + counts[pid]], y[lo:lo + counts[pid]], b_max))
     out = {}
     for average in ("weighted", "mean"):
-        g, loss, n = make_spmd_grad(_per_sample_loss, mesh, average=average)(params, xs, ys, mask)
+        g, loss, n = make_spmd_grad(per_sample_loss, mesh, average=average)(params, xs, ys, mask)
         for k, v in g.items():
             out[f"{average}/{k}"] = np.asarray(v.addressable_data(0))
         out[f"{average}/loss"] = np.asarray(loss.addressable_data(0))

@@ -58,30 +58,30 @@ def test_partition_rejects_bad_batch_size(B):
 
 # ---------------------------------------------------------------- a small model for gradients
 
-def _mlp_params(key, din=5, dh=7, dout=3):
+def mlp_params(key, din=5, dh=7, dout=3):
     k1, k2, k3 = jax.random.split(key, 3)
     return {"w1": jax.random.normal(k1, (din, dh)) / np.sqrt(din), "b1": jnp.zeros(dh),
             "w2": jax.random.normal(k2, (dh, dout)) / np.sqrt(dh), "b2": 0.1 * jax.random.normal(k3, (dout,))}
 
 
-def _per_sample_loss(p, x, y):
+def per_sample_loss(p, x, y):
     logits = jnp.tanh(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1)[:, 0]
 
 
-def _data(B, seed=0, din=5, dout=3):
+def make_data(B, seed=0, din=5, dout=3):
     rng = np.random.default_rng(seed)
     return rng.normal(size=(B, din)), rng.integers(0, dout, size=B).astype(np.int32)
 
 
 @jax.jit
-def _full_grad(params, x, y):
-    return jax.grad(lambda p: _per_sample_loss(p, x, y).mean())(params)
+def full_grad(params, x, y):
+    return jax.grad(lambda p: per_sample_loss(p, x, y).mean())(params)
 
 
-def _replica_grads(params, x, y, counts):
+def replica_grads(params, x, y, counts):
     edges = np.concatenate([[0], np.cumsum(counts)])
-    return [_full_grad(params, x[a:b], y[a:b]) if b > a else jax.tree.map(jnp.zeros_like, params)
+    return [full_grad(params, x[a:b], y[a:b]) if b > a else jax.tree.map(jnp.zeros_like, params)
             for a, b in zip(edges[:-1], edges[1:])]
 
 
@@ -94,12 +94,12 @@ def _tree_maxdiff(a, b):
 
 
 def test_weighted_mean_equals_full_batch_gradient():
-    params = _mlp_params(jax.random.key(0))
-    x, y = _data(13)
+    params = mlp_params(jax.random.key(0))
+    x, y = make_data(13)
     counts = np.array([1, 0, 4, 8])
-    grads = _replica_grads(params, x, y, counts)
-    _assert_tree_close(weighted_mean(grads, counts), _full_grad(params, x, y), rtol=1e-12, atol=1e-14)
-    assert _tree_maxdiff(plain_mean(grads, counts), _full_grad(params, x, y)) > 1e-3
+    grads = replica_grads(params, x, y, counts)
+    _assert_tree_close(weighted_mean(grads, counts), full_grad(params, x, y), rtol=1e-12, atol=1e-14)
+    assert _tree_maxdiff(plain_mean(grads, counts), full_grad(params, x, y)) > 1e-3
 
 
 def test_weighted_mean_rejects_bad_counts():
@@ -129,30 +129,30 @@ _GRAD_FNS = {}
 
 def _spmd_grad(average):
     if average not in _GRAD_FNS:  # built once per session, so the compiled code is reused
-        _GRAD_FNS[average] = make_spmd_grad(_per_sample_loss, data_mesh(4), average=average)
+        _GRAD_FNS[average] = make_spmd_grad(per_sample_loss, data_mesh(4), average=average)
     return _GRAD_FNS[average]
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [1, 1, 2, 4], [0, 0, 0, 7], [1, 0, 0, 0], [4, 4, 4, 4]])
 def test_spmd_weighted_gradient_equals_full_batch(counts):
     assert jax.device_count() >= 4
-    params = _mlp_params(jax.random.key(1))
-    x, y = _data(int(np.sum(counts)), seed=sum(counts))
+    params = mlp_params(jax.random.key(1))
+    x, y = make_data(int(np.sum(counts)), seed=sum(counts))
     xp, yp, mask = replica_batches(x, y, counts, b_max=8)  # one shape: compile once for all cases
     g, loss, n = _spmd_grad("weighted")(params, xp, yp, mask)
     assert g["w1"].dtype == jnp.float64 and int(n) == sum(counts)
-    _assert_tree_close(g, _full_grad(params, x, y), rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(loss, _per_sample_loss(params, x, y).mean(), rtol=1e-13)
+    _assert_tree_close(g, full_grad(params, x, y), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(loss, per_sample_loss(params, x, y).mean(), rtol=1e-13)
 
     g_mean, loss_mean, _ = _spmd_grad("mean")(params, xp, yp, mask)
-    _assert_tree_close(g_mean, plain_mean(_replica_grads(params, x, y, counts), counts), rtol=1e-12, atol=1e-14)
+    _assert_tree_close(g_mean, plain_mean(replica_grads(params, x, y, counts), counts), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(loss_mean, loss, rtol=1e-13)
     uneven = len(set(c for c in counts if c > 0)) > 1
     assert (_tree_maxdiff(g_mean, g) > 1e-4) == uneven  # plain mean is biased exactly when the b_i differ
 
 
 def test_replica_batches_layout_and_errors():
-    x, y = _data(5)
+    x, y = make_data(5)
     xp, yp, mask = replica_batches(x, y, [2, 0, 3])
     assert xp.shape == (9, 5) and mask.tolist() == [1, 1, 0, 0, 0, 0, 1, 1, 1]
     np.testing.assert_array_equal(xp[6:], x[2:])
@@ -163,4 +163,4 @@ def test_replica_batches_layout_and_errors():
     with pytest.raises(ValueError, match="b_max"):
         replica_batches(x, y, [2, 3], b_max=2)
     with pytest.raises(ValueError, match="average"):
-        make_spmd_grad(_per_sample_loss, data_mesh(2), average="median")
+        make_spmd_grad(per_sample_loss, data_mesh(2), average="median")

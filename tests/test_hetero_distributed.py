@@ -1,5 +1,8 @@
-"""The weighted SPMD gradient across 2 real processes (jax.distributed on 127.0.0.1, gloo)."""
+"""The weighted SPMD gradient across 2 real processes (`bppsa launch`'s launcher: jax.distributed
+on 127.0.0.1, gloo)."""
 
+import io
+import sys
 from pathlib import Path
 
 import jax
@@ -7,8 +10,8 @@ import numpy as np
 import pytest
 
 from bppsa.hetero import plain_mean
-from bppsa.hetero.launch import spawn
-from test_hetero import _data, _full_grad, _mlp_params, _replica_grads
+from bppsa.parallel.launch import launch
+from test_hetero import make_data, full_grad, mlp_params, replica_grads
 
 WORKER = str(Path(__file__).with_name("hetero_worker.py"))
 
@@ -16,18 +19,22 @@ WORKER = str(Path(__file__).with_name("hetero_worker.py"))
 CASES = [[5, 0], [2, 7]]  # uneven local batches, one of them empty
 
 
+def _launch(argv, n, timeout):
+    """Run ``python *argv`` as n processes of one job (one CPU device each); assert they all succeed."""
+    out, err = io.StringIO(), io.StringIO()
+    rc = launch([sys.executable, *argv], n, devices_per_process=1, timeout=timeout, out=out, err=err)
+    assert rc == 0, f"launch failed ({rc}):\n{err.getvalue()}\n{out.getvalue()[-3000:]}"
+
+
 @pytest.mark.timeout(240)
 def test_weighted_gradient_across_two_processes(tmp_path):
     seed = 3
-    res = spawn([WORKER, str(tmp_path), str(seed), ";".join(",".join(map(str, c)) for c in CASES)], 2,
-                timeout=180)
-    for r in res:
-        assert r.returncode == 0, f"process {r.process_id} failed ({r.returncode}):\n{r.output[-3000:]}"
-    params = _mlp_params(jax.random.key(seed))
+    _launch([WORKER, str(tmp_path), str(seed), ";".join(",".join(map(str, c)) for c in CASES)], 2, timeout=180)
+    params = mlp_params(jax.random.key(seed))
     for case, counts in enumerate(CASES):
-        x, y = _data(sum(counts), seed=seed)
-        full = _full_grad(params, x, y)
-        plain = plain_mean(_replica_grads(params, x, y, np.array(counts)), counts)
+        x, y = make_data(sum(counts), seed=seed)
+        full = full_grad(params, x, y)
+        plain = plain_mean(replica_grads(params, x, y, np.array(counts)), counts)
         for pid in range(2):
             got = np.load(tmp_path / f"grads_{case}_{pid}.npz")
             assert int(got["weighted/count"]) == sum(counts)
@@ -51,9 +58,7 @@ def test_training_with_real_replica_processes(tmp_path):
             "strategies": ["uniform", "proportional-mean", "proportional-weighted"], "seeds": [0], "epochs": 1,
             "placement": "label", "probe_batches": [4, 16, 64], "profile_repeats": 2}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    res = spawn(["-m", "bppsa.hetero.worker", str(tmp_path / "spec.json")], 2, timeout=800)
-    for r in res:
-        assert r.returncode == 0, f"process {r.process_id} failed ({r.returncode}):\n{r.output[-3000:]}"
+    _launch(["-m", "bppsa.hetero.worker", str(tmp_path / "spec.json")], 2, timeout=800)
     runs = {r["strategy"]: r for r in json.loads((tmp_path / "runs.json").read_text())}
     assert set(runs) == set(spec["strategies"])
     assert runs["uniform"]["initial_partition"] == [32, 32]

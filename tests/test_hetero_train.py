@@ -6,9 +6,10 @@ import pytest
 from flax import nnx
 
 from bppsa.hetero import partition
-from bppsa.hetero.experiment import slowdowns_from_mix, summarize
-from bppsa.hetero.profile import Rebalancer, TimeModel, balanced_speeds, fit_time_model, profile_replica
-from bppsa.hetero.tasks import Task, functional
+from bppsa.experiments.hetero_dp import summarize
+from bppsa.hetero.profile import (Rebalancer, TimeModel, balanced_speeds, fit_time_model, profile_replica,
+                                  slowdowns_from_mix)
+from bppsa.hetero.tasks import nnx_task
 from bppsa.hetero.train import STRATEGIES, ShardSampler, SimulatedReplicas, train
 
 
@@ -103,14 +104,13 @@ def _toy_task():
     centers = rng.normal(size=(3, 6)) * 2
     y = rng.integers(0, 3, size=320).astype(np.int32)
     x = (centers[y] + rng.normal(size=(320, 6))).astype(np.float32)
-    return Task("toy", x[:256], y[:256], x[256:], y[256:], 3, lambda s: _MLP(nnx.Rngs(s)))
+    return nnx_task("toy", x[:256], y[:256], x[256:], y[256:], _MLP)
 
 
 @pytest.fixture(scope="module")
 def toy():
     task = _toy_task()
-    _, loss_fn, _ = functional(task.make_model(0))
-    return task, loss_fn
+    return task, task.per_sample_loss
 
 
 def test_training_with_each_strategy(toy):

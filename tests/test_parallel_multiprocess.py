@@ -5,6 +5,7 @@ give the gradients of one process; a peer that dies or never joins is reported w
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from jax import lax
 
 from bppsa.parallel import launch
 from bppsa.parallel.selfcheck import loss_of_states, problem
+from bppsa.runner import load_config
 
 
 def _launch(args, timeout):
@@ -114,12 +116,11 @@ def test_launcher_bad_arguments():
     assert 0 < launch.free_port() < 65536
 
 
+SCALING = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "scaling.py"
+
+
 def test_scaling_config_shape():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("scaling_cfg", "experiments/configs/scaling.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    full, smoke = mod.get_config(), mod.get_config("smoke")
+    full, smoke = load_config(SCALING), load_config(SCALING, "smoke")
     assert full.task == "bppsa.experiments.scaling:run_scaling"
     assert tuple(full.devices) == (1, 2, 4, 8) and all(full.T % p == 0 for p in full.devices)
     assert smoke.T < full.T and smoke.repeats < full.repeats
@@ -128,12 +129,8 @@ def test_scaling_config_shape():
 @pytest.mark.slow
 def test_scaling_smoke_run_writes_results(tmp_path):
     """The experiments task end to end (a subprocess with 2 simulated devices when needed)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("scaling_cfg", "experiments/configs/scaling.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     from bppsa.experiments.scaling import run_scaling
-    summary = run_scaling(mod.get_config("smoke"), tmp_path)
+    summary = run_scaling(load_config(SCALING, "smoke"), tmp_path)
     assert [r["devices"] for r in summary["rows"]] == [1, 2]
     assert all(r["backward_logstep_s"] > 0 for r in summary["rows"])
     for ext in ("json", "md", "png"):

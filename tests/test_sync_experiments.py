@@ -4,38 +4,47 @@
 tests/test_notebooks.py executes notebooks/04_sync.ipynb with BPPSA_NOTEBOOK_SMOKE=1.)
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from bppsa.runner import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(name, arg=None):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config(arg)
+    return load_config(ROOT / "experiments" / "configs" / f"{name}.py", arg)
 
 
-@pytest.mark.parametrize("name", ["sync_models", "zipline_runtimes"])
-def test_configs_have_task_and_smoke(name):
-    full, smoke = _config(name), _config(name, "smoke")
-    assert full.task.startswith("bppsa.sync.experiments:") and smoke.task == full.task
+@pytest.mark.parametrize("name, module", [("sync", "sync"), ("zipline", "zipline"), ("sync_ray", "sync")])
+def test_configs_have_task_and_smoke(name, module):
+    full, smoke, quick = _config(name), _config(name, "smoke"), _config(name, "quick")
+    assert full.task.startswith(f"bppsa.experiments.{module}:") and smoke.task == quick.task == full.task
     with pytest.raises(ValueError, match="smoke"):
         _config(name, "huge")
-    if name == "sync_models":
+    if name == "sync":
         labels = [p[0] for p in full.policies]
         assert labels == ["bsp", "asp", "ssp", "ssp", "ssp", "dssp"] + ["elasticbsp"] * 5
         assert [p[1].get("R") for p in full.policies[6:]] == [15, 30, 60, 120, 240]
         assert tuple(full.cluster.means) == (1.0, 1.0, 2.5, 2.5)
 
 
+def test_sync_ray_policies_parse():
+    from bppsa.experiments.sync import parse_policies
+    assert parse_policies(_config("sync_ray").policies) == [
+        ("bsp", {}), ("asp", {}), ("ssp", {"s": 3}), ("dssp", {}), ("elasticbsp", {"R": 30})]
+    assert parse_policies("dssp:s_L=3;r_max=12") == [("dssp", {"s_L": 3, "r_max": 12})]
+    with pytest.raises(ValueError, match="key=<int>"):
+        parse_policies("ssp:s=three")
+    with pytest.raises(ValueError, match="at least one policy"):
+        parse_policies(" , ")
+
+
 def test_zipline_runtimes_smoke_writes_results(tmp_path):
-    from bppsa.sync.experiments import zipline_runtimes
-    cfg = _config("zipline_runtimes", "smoke")
+    from bppsa.experiments.zipline import zipline_runtimes
+    cfg = _config("zipline", "smoke")
     out = zipline_runtimes(cfg, tmp_path)
     rec = json.loads((tmp_path / f"{cfg.name}.json").read_text())
     assert rec["provenance"]["jax"] and len(rec["rows"]) == len(cfg.workers) * len(cfg.horizons)

@@ -91,7 +91,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # Ray'
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from bppsa.sync.ray_runtime import init_ray
+    init_ray(num_cpus=2)
     yield ray
     ray.shutdown()
 

@@ -17,7 +17,15 @@ import numpy as np
 
 from .partition import partition
 
-__all__ = ["TimeModel", "fit_time_model", "profile_replica", "balanced_speeds", "Rebalancer"]
+__all__ = ["TimeModel", "fit_time_model", "profile_replica", "balanced_speeds", "Rebalancer", "slowdowns_from_mix"]
+
+
+def slowdowns_from_mix(mix) -> list[float]:
+    """Speed ratios (e.g. 1:1:2:4) -> slowdown factors relative to the fastest (4, 4, 2, 1)."""
+    s = np.asarray(mix, np.float64)
+    if s.ndim != 1 or s.size == 0 or (s <= 0).any():
+        raise ValueError(f"a speed mix must be positive ratios, one per replica; got {mix!r}")
+    return (s.max() / s).tolist()
 
 
 @dataclass(frozen=True)

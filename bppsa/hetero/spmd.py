@@ -19,22 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-__all__ = ["AVERAGES", "shard_map", "data_mesh", "replica_batches", "pad_local_batch",
+# replication checks off: gradients taken inside are per-replica (no implicit psum of the cotangent
+# of a replicated input); the explicit psums make the outputs replicated
+from ..parallel.mesh import shard_map
+
+__all__ = ["AVERAGES", "data_mesh", "replica_batches", "pad_local_batch",
            "local_grad_sum", "make_spmd_grad", "global_batch", "make_allreduce"]
 
 AVERAGES = ("weighted", "mean")
-
-
-def shard_map(f, mesh, in_specs, out_specs):
-    """``jax.shard_map`` where it exists (jax ≥ 0.7), else ``jax.experimental.shard_map``.
-
-    Replication checks are off: gradients taken inside are per-replica (no implicit psum of the
-    cotangent of a replicated input), and the explicit psum below makes the outputs replicated.
-    """
-    if hasattr(jax, "shard_map"):
-        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    from jax.experimental.shard_map import shard_map as _sm
-    return _sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
 
 
 def data_mesh(num_replicas: int | None = None, axis: str = "data", devices=None) -> Mesh:

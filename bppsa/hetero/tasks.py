@@ -1,34 +1,41 @@
 """The experiment's two tasks: a small CNN (flax.nnx) on scikit-learn's bundled digits, and the
 GRU sequence classifier (bppsa.nn, BPPSA backward) on a synthetic sequence task.
 
-A task holds numpy train/test arrays and ``make_model(seed) -> nnx.Module``; models map x (B, ...)
-to logits (B, C) and hold only ``nnx.Param`` state.
+Each is a :class:`bppsa.data.task.Task` (numpy train/test arrays, ``init(key) -> params``,
+``logits(params, x)``) built by :func:`nnx_task` from an nnx module that maps x (B, ...) to logits
+(B, C) and holds only ``nnx.Param`` state.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 from flax import nnx
 
-__all__ = ["Task", "DigitsCNN", "digits_task", "sequence_task", "make_task", "functional"]
+from ..data.digits import load_digits, train_test_split
+from ..data.task import Task
+
+__all__ = ["nnx_task", "DigitsCNN", "digits_task", "sequence_task", "make_task", "task_from_config", "TASK_KEYS"]
 
 
-@dataclass
-class Task:
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
-    make_model: Callable[[int], nnx.Module]
-    description: str = ""
+def nnx_task(name: str, x_train, y_train, x_test, y_test, make_model: Callable[[nnx.Rngs], nnx.Module],
+             description: str = "") -> Task:
+    """A :class:`~bppsa.data.task.Task` whose model is ``make_model(rngs)``, an nnx module (x (B, ...) -> (B, C)).
+
+    ``init(key)`` builds the module with ``nnx.Rngs(key)`` and returns its state (the parameter
+    pytree); ``logits`` merges that state back into the module's graph and calls it.
+    """
+    graphdef, _ = nnx.split(make_model(nnx.Rngs(0)))
+
+    def init(key):
+        return nnx.split(make_model(nnx.Rngs(key)))[1]
+
+    def logits(params, x):
+        return nnx.merge(graphdef, params)(x)
+
+    return Task(name, x_train, y_train, x_test, y_test, init, logits, description=description)
 
 
 class DigitsCNN(nnx.Module):
@@ -46,25 +53,12 @@ class DigitsCNN(nnx.Module):
         return self.head(h.reshape(h.shape[0], -1))
 
 
-def _split(x, y, test_fraction, seed):
-    rng = np.random.default_rng(seed)
-    test = np.zeros(len(y), bool)
-    for c in np.unique(y):  # stratified
-        idx = np.flatnonzero(y == c)
-        test[rng.choice(idx, size=int(round(test_fraction * len(idx))), replace=False)] = True
-    return x[~test], y[~test], x[test], y[test]
-
-
 def digits_task(test_fraction: float = 0.2, seed: int = 0) -> Task:
-    """scikit-learn's bundled 8×8 digits (1797 images, no download), pixels scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[..., None]
-    y = d.target.astype(np.int32)
-    return Task("digits-cnn", *_split(x, y, test_fraction, seed), num_classes=10,
-                make_model=lambda s: DigitsCNN(10, rngs=nnx.Rngs(s)),
-                description="small CNN (2 conv + linear) on sklearn digits, 8x8x1")
+    """scikit-learn's bundled 8×8 digits (1797 images, no download), pixels scaled to [0, 1], split per class."""
+    x_train, y_train, x_test, y_test = load_digits(test_fraction=test_fraction, seed=seed, stratify=True)
+    return nnx_task("digits-cnn", x_train[..., None], y_train, x_test[..., None], y_test,
+                    lambda rngs: DigitsCNN(10, rngs=rngs),
+                    description="small CNN (2 conv + linear) on sklearn digits, 8x8x1")
 
 
 def sequence_task(data: str = "bitstream", num_samples: int = 2000, length: int = 32, hidden_size: int = 20,
@@ -83,10 +77,10 @@ def sequence_task(data: str = "bitstream", num_samples: int = 2000, length: int 
     else:
         raise ValueError(f"data must be 'bitstream'; got {data!r}")
     cell = cells.GRU(input_size=x.shape[-1], hidden_size=hidden_size)
-    return Task(f"gru-{data}", *_split(x, y, test_fraction, seed), num_classes=num_classes,
-                make_model=lambda s: SequenceClassifier(cell, num_classes, backward="bppsa", rngs=nnx.Rngs(s)),
-                description=f"GRU({x.shape[-1]}, {hidden_size}) + linear, BPPSA backward, on {data} "
-                            f"(T = {length}, {num_classes} classes)")
+    return nnx_task(f"gru-{data}", *train_test_split(x, y, test_fraction, seed, stratify=True),
+                    lambda rngs: SequenceClassifier(cell, num_classes, backward="bppsa", rngs=rngs),
+                    description=f"GRU({x.shape[-1]}, {hidden_size}) + linear, BPPSA backward, on {data} "
+                                f"(T = {length}, {num_classes} classes)")
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -98,24 +92,13 @@ def make_task(name: str, **kwargs) -> Task:
     raise ValueError(f"task must be 'digits-cnn' or 'gru'; got {name!r}")
 
 
-_FUNCTIONAL: dict = {}
+TASK_KEYS = ("data", "num_samples", "length", "hidden_size", "num_classes")
 
 
-def functional(model: nnx.Module):
-    """Split an nnx model into (params, loss_fn, predict_fn) over a parameter pytree.
+def task_from_config(name: str, config) -> Task:
+    """:func:`make_task` from one entry of an experiment's ``tasks`` config (a mapping).
 
-    loss_fn(params, x, y) -> per-sample cross-entropy (B,); predict_fn(params, x) -> logits.
-    Models with the same structure share the same two functions (so jitted code is reused).
+    Only the data/model keys (:data:`TASK_KEYS`) are used; the training keys beside them
+    (batch_size, epochs, learning_rate) are the caller's.
     """
-    graphdef, params = nnx.split(model)
-    if graphdef in _FUNCTIONAL:
-        return params, *_FUNCTIONAL[graphdef]
-
-    def predict(p, x):
-        return nnx.merge(graphdef, p)(x)
-
-    def loss_fn(p, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(predict(p, x), y)
-
-    _FUNCTIONAL[graphdef] = (loss_fn, predict)
-    return params, loss_fn, predict
+    return make_task(name, **{k: config[k] for k in TASK_KEYS if k in config})

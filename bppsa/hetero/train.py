@@ -29,7 +29,7 @@ import optax
 from .partition import partition
 from .profile import Rebalancer, TimeModel, balanced_speeds, fit_time_model
 from .spmd import data_mesh, local_grad_sum, make_allreduce, make_spmd_grad, pad_local_batch, replica_batches
-from .tasks import Task, functional
+from ..data.task import Task
 
 __all__ = ["STRATEGIES", "PLACEMENTS", "ShardSampler", "SimulatedReplicas", "ProcessReplicas",
            "measure_time_model", "train"]
@@ -278,8 +278,8 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
     log = log or (lambda s: None)
     proportional, average = STRATEGIES[strategy]
     P = replicas.num_replicas
-    params, loss_fn, predict = functional(task.make_model(seed))
-    params = jax.tree.map(lambda a: np.asarray(a), params)
+    params = jax.tree.map(lambda a: np.asarray(a), task.init(jax.random.key(seed)))
+    predict = task.logits
     replicas.reset(seed)
 
     models = None

@@ -1,8 +1,11 @@
-"""One replica process of the real-process experiment (started by bppsa.hetero.launch.spawn).
+"""One replica process of the real-process experiment (started with :func:`bppsa.parallel.launch.launch`).
 
 ``python -m bppsa.hetero.worker SPEC.json``: trains the spec's task with every strategy and
 seed on P = (number of processes) replicas, this one slowed down by its factor from the speed
-mix; process 0 writes ``runs.json`` next to the spec.
+mix; process 0 writes ``runs.json`` next to the spec. SPEC holds ``task`` (a name for
+:func:`~bppsa.hetero.tasks.task_from_config`), ``task_config`` (its config, with batch_size and
+learning_rate), ``mix`` (speed ratios, one per process), ``strategies``, ``seeds``, ``epochs``,
+``placement``, ``probe_batches`` and ``profile_repeats``.
 """
 
 from __future__ import annotations
@@ -13,23 +16,22 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from .launch import init_distributed
+    from ..parallel.mesh import initialize
 
     spec_path = Path((argv or sys.argv[1:])[0])
     spec = json.loads(spec_path.read_text())
-    pid, nproc = init_distributed()
+    initialize()  # before any other JAX call
 
     import jax
 
-    from .experiment import _task, slowdowns_from_mix
-    from .tasks import functional
+    from .profile import slowdowns_from_mix
+    from .tasks import task_from_config
     from .train import ProcessReplicas, train
 
-    from ml_collections import ConfigDict
-    task = _task(spec["task"], ConfigDict(spec["task_config"]))
+    pid = jax.process_index()
     tcfg = spec["task_config"]
-    _, loss_fn, _ = functional(task.make_model(0))
-    replicas = ProcessReplicas(loss_fn, slowdowns_from_mix(spec["mix"]))
+    task = task_from_config(spec["task"], tcfg)
+    replicas = ProcessReplicas(task.per_sample_loss, slowdowns_from_mix(spec["mix"]))
     log = print if pid == 0 else None
     runs = []
     for strategy in spec["strategies"]:

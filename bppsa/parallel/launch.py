@@ -2,8 +2,8 @@
 
 For development on one machine: it picks a free loopback port, starts N copies of COMMAND as
 subprocesses with the coordinator address and their process id in the environment (see
-:data:`bppsa.parallel.mesh.ENV`; the worker calls :func:`bppsa.parallel.initialize`), gives each
-K simulated CPU devices, prefixes their output with ``[i]`` and watches them:
+:data:`bppsa.parallel.mesh.ENV`; the worker calls :func:`bppsa.parallel.initialize`), puts this
+bppsa first on their PYTHONPATH, gives each K simulated CPU devices, prefixes their output with ``[i]`` and watches them:
 
 - all exit 0 → exit 0;
 - one exits non-zero (or is killed, e.g. JAX aborting on a lost peer) → the others get
@@ -47,6 +47,10 @@ def free_port() -> int:
 
 def _worker_env(base, i, n, port, devices, timeout):
     env = dict(base)
+    # workers import the same bppsa as the launcher (a checkout may shadow an installed copy)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env[ENV["coordinator"]] = f"127.0.0.1:{port}"
     env[ENV["num_processes"]] = str(n)
     env[ENV["process_id"]] = str(i)

@@ -14,7 +14,8 @@ from .policies import ASP, BSP, DSSP, POLICIES, SSP, Decision, ElasticBSP, Polic
 from .simulator import ComputeModel, heterogeneous, policy_label, simulate, time_to_accuracy
 from .zipline import (ZIPLINE_METHODS, brute_force, full_grid_scan, grid_scan, selection_range, zipline,
                       zipline_bsearch, zipline_opt, zipline_paper, zipline_window)
-from .models import Task, make_sequence_task, make_task
+from ..data.task import Task
+from .models import make_sequence_task, make_task
 
 __all__ = [
     "Decision", "Policy", "BSP", "ASP", "SSP", "DSSP", "ElasticBSP", "POLICIES", "make_policy", "dssp_controller",

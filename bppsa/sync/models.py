@@ -1,7 +1,7 @@
 """The small models the synchronization experiments train, as pure JAX functions over pytrees.
 
-A :class:`Task` bundles data and three pure functions; both runtimes (the simulator and Ray) build
-it by name from a plain dict, so only that dict crosses process boundaries.
+A task (:class:`bppsa.data.task.Task`: data, ``init`` and ``logits``) is built by name from a plain
+dict; both runtimes (the simulator and Ray) do so, so only that dict crosses process boundaries.
 
 - ``"digits_cnn"``: a small CNN on scikit-learn's bundled 8×8 digits (``load_digits``, no download):
   conv 3×3 (C₁) → ReLU → conv 3×3 stride 2 (C₂) → ReLU → dense(10). x: (N, 8, 8, 1).
@@ -16,78 +16,18 @@ the class must be inferred by integrating the noisy frames over time.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from pathlib import Path
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from .. import cells
 from ..backprop import rnn
+from ..data.digits import load_digits, train_test_split
+from ..data.task import Task
 
-__all__ = ["Task", "make_task", "make_sequence_task", "load_digits_arrays", "TASKS"]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Task:
-    """Data (numpy, float32) and pure functions: ``init(key) -> params``, ``loss(params, x, y)``,
-    ``logits(params, x) -> (N, C)``."""
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    init: Callable
-    loss: Callable
-    logits: Callable
-    spec: dict
-    _cache: dict = dataclasses.field(default_factory=dict, repr=False)
-
-    def grad_fn(self):
-        """jitted ``(params, x, y) -> (loss, grads)`` (one per task, so it compiles once)."""
-        if "grad" not in self._cache:
-            self._cache["grad"] = jax.jit(jax.value_and_grad(self.loss))
-        return self._cache["grad"]
-
-    def accuracy_fn(self):
-        """jitted ``params -> (test loss, test accuracy)`` (one per task)."""
-        if "acc" not in self._cache:
-            x, y = jnp.asarray(self.x_test), jnp.asarray(self.y_test)
-
-            @jax.jit
-            def acc(params):
-                lg = self.logits(params, x)
-                return (optax.softmax_cross_entropy_with_integer_labels(lg, y).mean(),
-                        (lg.argmax(-1) == y).mean())
-            self._cache["acc"] = acc
-        return self._cache["acc"]
-
-    def server_step(self, optimizer):
-        """jitted ``(params, opt_state, grads) -> (params, opt_state)`` for ``optimizer`` (cached per optimizer)."""
-        key = ("step", optimizer)
-        if key not in self._cache:
-            @jax.jit
-            def step(params, opt_state, grads):
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), opt_state
-            self._cache[key] = step
-        return self._cache[key]
-
-
-def _split(x, y, test_fraction, seed):
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(x))
-    n_test = int(round(test_fraction * len(x)))
-    te, tr = perm[:n_test], perm[n_test:]
-    return x[tr], y[tr], x[te], y[te]
-
-
-def _xent(logits, y):
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+__all__ = ["make_task", "make_sequence_task", "TASKS"]
 
 
 # -- digits CNN
@@ -116,37 +56,12 @@ def _cnn_logits(params, x):
     return h @ params["dense"]["w"] + params["dense"]["b"]
 
 
-def _cnn_loss(params, x, y):
-    return _xent(_cnn_logits(params, x), y)
-
-
-def load_digits_arrays():
-    """scikit-learn's bundled digits as (images (1797, 8, 8) float in [0, 16], target (1797,) int).
-
-    Reads the file ``sklearn.datasets.load_digits`` reads, without importing scikit-learn (whose
-    import takes seconds — it matters in every Ray worker process); falls back to ``load_digits``.
-    """
-    import gzip
-    import importlib.util
-    spec = importlib.util.find_spec("sklearn")
-    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
-    if path is not None and path.exists():
-        with gzip.open(path, "rt") as f:
-            data = np.loadtxt(f, delimiter=",")
-        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    return d.images, d.target
-
-
 def _digits_task(spec):
-    images, target = load_digits_arrays()
-    x = (images / 16.0).astype(np.float32)[..., None]  # (1797, 8, 8, 1)
-    y = target.astype(np.int32)
-    xtr, ytr, xte, yte = _split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
+    x_train, y_train, x_test, y_test = load_digits(test_fraction=spec.get("test_fraction", 0.25),
+                                                   seed=spec.get("data_seed", 0))
     channels = tuple(spec.get("channels", (8, 16)))
-    return Task("digits_cnn", xtr, ytr, xte, yte, lambda key: _cnn_init(key, channels),
-                _cnn_loss, _cnn_logits, dict(spec))
+    return Task("digits_cnn", x_train[..., None], y_train, x_test[..., None], y_test,  # x: (N, 8, 8, 1)
+                lambda key: _cnn_init(key, channels), _cnn_logits, spec=dict(spec))
 
 
 # -- GRU on a synthetic sequence task
@@ -189,19 +104,16 @@ def _gru_parts(spec):
         hs = rnn(cell, params["cell"], xs, h0, backward=backward)
         return hs[-1] @ params["head"]["w"] + params["head"]["b"]
 
-    def loss(params, x, y):
-        return _xent(logits(params, x), y)
-
-    return init, loss, logits
+    return init, logits
 
 
 def _seq_task(spec):
     x, y = make_sequence_task(spec.get("num_samples", 2000), spec.get("length", 32),
                               spec.get("num_features", 12), spec.get("num_classes", 8),
                               spec.get("noise", 1.0), spec.get("data_seed", 0))
-    xtr, ytr, xte, yte = _split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
-    init, loss, logits = _gru_parts(spec)
-    return Task("seq_gru", xtr, ytr, xte, yte, init, loss, logits, dict(spec))
+    xtr, ytr, xte, yte = train_test_split(x, y, spec.get("test_fraction", 0.25), spec.get("data_seed", 0))
+    init, logits = _gru_parts(spec)
+    return Task("seq_gru", xtr, ytr, xte, yte, init, logits, spec=dict(spec))
 
 
 TASKS = {"digits_cnn": _digits_task, "seq_gru": _seq_task}

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["run_ray", "ParameterServer", "Worker", "main_ray"]
+__all__ = ["run_ray", "init_ray", "ParameterServer", "Worker"]
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -53,8 +53,8 @@ class ParameterServer:
 
         self.task = make_task(task_spec)
         self.policy = make_policy(policy, num_workers, **(policy_options or {}))
-        from .simulator import _sgd
-        self.opt = _sgd(learning_rate)
+        from .simulator import sgd
+        self.opt = sgd(learning_rate)
         self.params = self.task.init(jax.random.key(seed))
         self.opt_state = self.opt.init(self.params)
         self._step = self.task.server_step(self.opt)
@@ -266,6 +266,22 @@ class Worker:
         return {"worker": self.worker, "pushes_acked": acked, "pushes_refused": refused}
 
 
+def init_ray(address: str | None = None, *, num_cpus: int = 2) -> None:
+    """Start a local Ray with ``num_cpus`` CPUs (no dashboard), or join the cluster at ``address``.
+
+    A local Ray's worker processes get this bppsa first on their PYTHONPATH, so the actors import
+    the same code as the driver.
+    """
+    import ray
+
+    if address is None:
+        paths = [_REPO_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address=address, log_to_driver=False)
+
+
 def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dict | None = None,
             duration_s: float = 20.0, delays=None, slowdowns=(), kill: tuple | None = None,
             dead_timeout: float = 10.0, learning_rate: float = 0.05, batch_size: int = 32, seed: int = 0,
@@ -296,13 +312,7 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
         raise ValueError(f"duration_s and dead_timeout must be > 0; got {duration_s}, {dead_timeout}")
     started = False
     if not ray.is_initialized():
-        if address is None:
-            paths = [_REPO_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-            os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-            ray.init(num_cpus=num_cpus or 2, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+        init_ray(address, num_cpus=num_cpus or 2)
         started = True
     Server = ray.remote(num_cpus=0, max_concurrency=1000)(ParameterServer)
     Work = ray.remote(num_cpus=0, max_restarts=0)(Worker)
@@ -360,88 +370,3 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
                 pass
         if shutdown or (shutdown is None and started):
             ray.shutdown()
-
-
-def main_ray(argv=None) -> int:
-    """``bppsa reproduce sync-ray``: the real runtime, each policy for a fixed wall-clock time."""
-    import argparse
-    import json as _json
-
-    import ray
-
-    from ..provenance import device_label, provenance, save_json
-    p = argparse.ArgumentParser(prog="bppsa reproduce sync-ray", description=main_ray.__doc__)
-    p.add_argument("--policies", default="bsp,asp,ssp:s=3,dssp,elasticbsp:R=30",
-                   help="comma-separated policy[:key=value[;key=value]] (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--delays", default="0.02,0.02,0.05,0.05", help="seconds each worker sleeps per iteration")
-    p.add_argument("--duration", type=float, default=20.0, help="wall-clock seconds per policy")
-    p.add_argument("--kill", default=None, help="WORKER:SECONDS, kill that worker then (e.g. 3:8)")
-    p.add_argument("--dead-timeout", type=float, default=30.0)
-    p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local Ray)")
-    p.add_argument("--task", default='{"name": "digits_cnn"}', help="task spec as JSON")
-    p.add_argument("--out", default=None, help="folder for sync_ray.{json,md} (default: experiments/results/<device>/)")
-    p.add_argument("--smoke", action="store_true", help="2 policies, 3 workers, 5 s each")
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.policies, a.workers, a.delays, a.duration = "bsp,dssp", 3, "0.01,0.01,0.03", 5.0
-    delays = [float(x) for x in a.delays.split(",")]
-    kill = tuple(float(x) for x in a.kill.split(":")) if a.kill else None
-    kill = (int(kill[0]), kill[1]) if kill else None
-    task = _json.loads(a.task)
-    specs = []
-    for item in a.policies.split(","):
-        name, _, opts = item.partition(":")
-        kw = {}
-        for kv in filter(None, opts.split(";")):
-            k, _, v = kv.partition("=")
-            kw[k] = int(v)
-        specs.append((name, kw))
-    if a.address is None:
-        paths = [_REPO_ROOT] + [q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep) if q]
-        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    else:
-        ray.init(address=a.address, log_to_driver=False)
-    rows, runs = [], []
-    try:
-        for name, kw in specs:
-            r = run_ray(task, name, num_workers=a.workers, policy_options=kw, duration_s=a.duration,
-                        delays=delays, kill=kill, dead_timeout=a.dead_timeout, shutdown=False)
-            from .simulator import policy_label
-            acc = [c["accuracy"] for c in r["curve"]]
-            row = {"policy": policy_label(name, kw), "updates": r["version"], "final_accuracy": acc[-1],
-                   "best_accuracy": max(acc), "barriers": r["barriers"],
-                   "wait_s": [round(r["wait"][w], 2) for w in sorted(r["wait"])],
-                   "pushes": [r["pushes"][w] for w in sorted(r["pushes"])], "dead": r["dead"],
-                   "detect_delay_s": r["detect_delay"], "duplicates": len(r["duplicates"]),
-                   "refused": len(r["refused"]), "setup_s": r["setup_s"]}
-            print(_json.dumps(row), flush=True)
-            rows.append(row)
-            runs.append({k: v for k, v in r.items() if k != "applied"})
-    finally:
-        ray.shutdown()
-    lines = [f"Real Ray runtime: {a.workers} worker actors + 1 parameter-server actor on a local Ray "
-             f"(2 CPUs), {a.duration:g} s wall clock per policy, injected per-iteration delays {delays} s"
-             + (f", worker {kill[0]} killed at {kill[1]:g} s" if kill else "") + "; CNN on digits, SGD.", "",
-             "| policy | updates | final acc. | barriers | pushes per worker | waiting per worker (s) | dead (detected by, after) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        dead = ", ".join(f"w{d['worker']} ({d['detected_by']})" for d in r["dead"]) or "—"
-        if r["detect_delay_s"] is not None:
-            dead += f", {r['detect_delay_s']:.2f} s"
-        lines.append(f"| {r['policy']} | {r['updates']} | {r['final_accuracy']:.3f} | {r['barriers']} | "
-                     f"{r['pushes']} | {r['wait_s']} | {dead} |")
-    md = "\n".join(lines) + "\n"
-    out = Path(a.out) if a.out else _REPO_ROOT_PATH / "experiments" / "results" / device_label()
-    name = "sync_ray_smoke" if a.smoke else "sync_ray"
-    record = {"title": "Elastic synchronization on a real Ray runtime", "name": name, "rows": rows,
-              "runs": runs, "args": vars(a), "provenance": provenance("bppsa reproduce sync-ray " + " ".join(argv or []))}
-    save_json(out / f"{name}.json", record)
-    (out / f"{name}.md").write_text(md)
-    print(md)
-    print(f"wrote {out / f'{name}.json'} and {out / f'{name}.md'}")
-    return 0
-
-
-_REPO_ROOT_PATH = Path(_REPO_ROOT)

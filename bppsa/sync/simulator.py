@@ -18,10 +18,11 @@ import jax
 import numpy as np
 import optax
 
-from .models import Task, make_task
+from ..data.task import Task
+from .models import make_task
 from .policies import BARRIER, PROCEED, Policy, make_policy
 
-__all__ = ["ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label"]
+__all__ = ["ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label", "sgd"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ def policy_label(name: str, options: dict | None = None) -> str:
 _SGD: dict = {}
 
 
-def _sgd(learning_rate):
+def sgd(learning_rate):
     """One optax.sgd per learning rate, so a task's jitted server step is reused across runs."""
     if learning_rate not in _SGD:
         _SGD[learning_rate] = optax.sgd(learning_rate)
@@ -116,7 +117,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     """Simulate PS training of ``task`` under ``policy``; return a JSON-able log.
 
     Args:
-      task: a :class:`~bppsa.sync.models.Task` or its spec dict.
+      task: a :class:`~bppsa.data.task.Task` or its spec dict for :func:`~bppsa.sync.make_task`.
       policy: "bsp" | "asp" | "ssp" | "dssp" | "elasticbsp"; ``policy_options`` its arguments.
       compute: the workers' :class:`ComputeModel`.
       optimizer: the server's optax optimizer (default: SGD with ``learning_rate``).
@@ -137,7 +138,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     n = compute.num_workers
     initial = [p for p in range(n) if compute.join_time(p) == 0]
     pol: Policy = make_policy(policy, len(initial), **(policy_options or {}))
-    opt = optimizer if optimizer is not None else _sgd(learning_rate)
+    opt = optimizer if optimizer is not None else sgd(learning_rate)
     grad_fn = task.grad_fn()
     acc_fn = task.accuracy_fn()
     server_step = task.server_step(opt)

@@ -1,8 +1,9 @@
 """Heterogeneity-aware data parallelism: uniform vs proportional-mean vs proportional-weighted.
 
     bppsa run experiments/configs/hetero_dp.py --publish   # ~15 min on 2 busy CPU cores
-    bppsa reproduce hetero-dp                              # same, writes experiments/results/<device>/
+    bppsa reproduce hetero-dp                              # the same run
     bppsa run experiments/configs/hetero_dp.py:smoke       # under a minute (digits only, 1 epoch, 1 seed)
+    bppsa reproduce hetero-dp --quick                      # = :quick, the same as :smoke
 
 Four replicas at speed ratios 1:1:2:4 (and 1:2:4:8) train a small CNN on scikit-learn's
 digits and the GRU sequence classifier (BPPSA backward) on the synthetic bitstream task, each
@@ -19,7 +20,7 @@ import ml_collections
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
-    c.task = "bppsa.hetero.experiment:run"
+    c.task = "bppsa.experiments.hetero_dp:run"
     c.task_names = ["digits-cnn", "gru"]
     c.tasks = ml_collections.ConfigDict({
         "digits-cnn": {"batch_size": 64, "epochs": 10, "learning_rate": 3e-3},
@@ -46,7 +47,7 @@ def get_config(arg=None):
         "seeds": [0], "timeout_s": 900,
     })
     c.command = ""
-    if arg == "smoke":
+    if arg in ("smoke", "quick"):
         c.task_names = ["digits-cnn"]
         c.tasks["digits-cnn"].epochs = 1
         c.tasks.gru.update(num_samples=256, length=8, epochs=1)
@@ -56,5 +57,5 @@ def get_config(arg=None):
         c.profile_repeats = 2
         c.processes.update(enabled=False)
     elif arg not in (None, ""):
-        raise ValueError(f"get_config: unknown argument {arg!r}; expected None or 'smoke'")
+        raise ValueError(f"get_config: unknown argument {arg!r}; expected None, 'quick' or 'smoke'")
     return c

@@ -1,15 +1,15 @@
 """The heterogeneous data-parallel experiment: strategies × speed mixes × tasks × seeds.
 
 ``run(config, workdir)`` (the task of experiments/configs/hetero_dp.py) trains every
-combination with :class:`SimulatedReplicas` (one process, 4 devices, a time model fitted to
-real timings on this machine), optionally validates the clock with real replica processes
-(:class:`ProcessReplicas`, real sleeps, jax.distributed over loopback), and writes
-hetero_dp.json / .md / .png into ``workdir``.
+combination with :class:`~bppsa.hetero.train.SimulatedReplicas` (one process, 4 devices, a time
+model fitted to real timings on this machine), optionally validates the clock with real replica
+processes (:mod:`bppsa.hetero.worker` started by :func:`bppsa.parallel.launch.launch`: real
+sleeps, jax.distributed over loopback), and writes hetero_dp.json / .md / .png into ``workdir``.
 """
 
 from __future__ import annotations
 
-import argparse
+import io
 import json
 import os
 import sys
@@ -19,21 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["run", "main", "slowdowns_from_mix", "summarize", "markdown"]
+from ..hetero.profile import TimeModel, slowdowns_from_mix
+from ..hetero.tasks import task_from_config
+from ..hetero.train import SimulatedReplicas, measure_time_model, train
+from ..parallel.launch import launch
+from ..provenance import device_label, provenance, save_json
 
-
-def slowdowns_from_mix(mix) -> list[float]:
-    """Speed ratios (e.g. 1:1:2:4) -> slowdown factors relative to the fastest (4, 4, 2, 1)."""
-    s = np.asarray(mix, np.float64)
-    if s.ndim != 1 or s.size == 0 or (s <= 0).any():
-        raise ValueError(f"a speed mix must be positive ratios, one per replica; got {mix!r}")
-    return (s.max() / s).tolist()
-
-
-def _task(name, tcfg):
-    from .tasks import make_task
-    kw = {k: tcfg[k] for k in ("data", "num_samples", "length", "hidden_size", "num_classes") if k in tcfg}
-    return make_task(name, **kw)
+__all__ = ["run", "summarize", "markdown"]
 
 
 def _mix_name(mix):
@@ -111,23 +103,22 @@ def _plot(runs, path):
 
 
 def _run_processes(config, log) -> list[dict]:
-    """Real replica processes: one spawn of P workers runs every strategy; returns their records."""
-    from .launch import spawn
-
+    """Real replica processes: one launch of P workers runs every strategy; returns their records."""
     pc = config.processes
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"task": pc.task, "task_config": dict(config.tasks[pc.task]), "mix": list(pc.mix),
                 "strategies": list(config.strategies), "seeds": list(pc.seeds), "epochs": int(pc.epochs),
                 "placement": pc.placement, "probe_batches": list(config.probe_batches),
-                "profile_repeats": int(config.profile_repeats), "out": tmp}
+                "profile_repeats": int(config.profile_repeats)}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         log(f"real processes: {len(pc.mix)} replicas at speeds {_mix_name(pc.mix)} on {pc.task} ...")
         t0 = time.perf_counter()
-        res = spawn(["-m", "bppsa.hetero.worker", str(Path(tmp) / "spec.json")], len(pc.mix), timeout=pc.timeout_s)
-        for r in res:
-            if r.returncode != 0:
-                raise RuntimeError(f"replica process {r.process_id} failed ({r.returncode}):\n{r.output[-4000:]}")
-        log(res[0].output.rstrip())
+        out, err = io.StringIO(), io.StringIO()
+        rc = launch([sys.executable, "-m", "bppsa.hetero.worker", str(Path(tmp) / "spec.json")], len(pc.mix),
+                    devices_per_process=1, timeout=pc.timeout_s, out=out, err=err)
+        if rc != 0:
+            raise RuntimeError(f"replica processes failed ({rc}):\n{err.getvalue()[-4000:]}")
+        log("\n".join(line[4:] for line in out.getvalue().splitlines() if line.startswith("[0] ")))
         log(f"real processes done in {time.perf_counter() - t0:.1f} s")
         return json.loads((Path(tmp) / "runs.json").read_text())
 
@@ -143,17 +134,13 @@ def _ensure_cpu_devices(n: int):
 
 def run(config, workdir) -> dict:
     """Run the experiment described by ``config`` (see experiments/configs/hetero_dp.py)."""
-    from ..provenance import device_label, provenance, save_json
-    from .tasks import functional
-    from .profile import TimeModel
-    from .train import SimulatedReplicas, measure_time_model, train
-
     import jax
+
     _ensure_cpu_devices(max(len(m) for m in config.mixes.values()))
     if jax.device_count() < max(len(m) for m in config.mixes.values()):
         raise RuntimeError(f"need {max(len(m) for m in config.mixes.values())} devices; have {jax.device_count()}: "
                            "set XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts "
-                           "(bppsa.hetero.experiment.main does)")
+                           "(this task does so itself when it runs before anything else starts JAX)")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     log = print
@@ -161,8 +148,8 @@ def run(config, workdir) -> dict:
     t_start = time.perf_counter()
     for task_name in config.task_names:
         tcfg = config.tasks[task_name]
-        task = _task(task_name, tcfg)
-        params, loss_fn, _ = functional(task.make_model(0))
+        task = task_from_config(task_name, tcfg)
+        params, loss_fn = task.init(jax.random.key(0)), task.per_sample_loss
         base = measure_time_model(loss_fn, params, task.x_train, task.y_train,
                                   [b for b in config.probe_batches if b <= len(task.x_train)], repeats=5)
         measured = base
@@ -213,32 +200,10 @@ def run(config, workdir) -> dict:
     record = {"config": json.loads(config.to_json_best_effort()), "time_models": time_models, "summary": rows, "runs": runs,
               "process_summary": process_rows, "process_runs": process_runs,
               "seconds": time.perf_counter() - t_start,
-              "provenance": provenance(config.get("command") or " ".join(sys.argv))}
+              "provenance": provenance(config.get("command") or None)}
     save_json(workdir / "hetero_dp.json", record)
     (workdir / "hetero_dp.md").write_text(md)
     _plot(runs, workdir / "hetero_dp.png")
     log("\n" + md)
     log(f"wrote {workdir / 'hetero_dp.json'}, .md, .png")
     return {"summary": rows, "process_summary": process_rows, "workdir": str(workdir)}
-
-
-def main(argv=None) -> int:
-    """``bppsa reproduce hetero-dp [--smoke] [--workdir DIR]``."""
-    p = argparse.ArgumentParser(prog="bppsa reproduce hetero-dp", description=__doc__)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: seconds")
-    p.add_argument("--quick", action="store_true", help="alias of --smoke")
-    p.add_argument("--workdir", default=None, help="default: experiments/results/<device>/")
-    a = p.parse_args(argv)
-    import importlib.util
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("hetero_dp_config", root / "experiments/configs/hetero_dp.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    config = mod.get_config("smoke" if (a.smoke or a.quick) else None)
-    config.command = "bppsa reproduce hetero-dp" + (" --smoke" if (a.smoke or a.quick) else "")
-    from ..provenance import device_label
-    _ensure_cpu_devices(max(len(m) for m in config.mixes.values()))  # before anything starts the backend
-    workdir = a.workdir or (root / "experiments/results" / device_label() if not (a.smoke or a.quick)
-                            else Path("runs/hetero_dp_smoke"))
-    run(config, workdir)
-    return 0
