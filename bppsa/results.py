@@ -65,9 +65,10 @@ def _read_record(path: Path) -> dict:
 
 def _nested(md: str, level: int) -> str:
     """``md`` with its headings moved down so that the highest is at ``level`` (at least)."""
-    levels = [len(l) - len(l.lstrip("#")) for l in md.splitlines() if l.startswith("#")]
+    lines = md.splitlines()
+    levels = [len(line) - len(line.lstrip("#")) for line in lines if line.startswith("#")]
     shift = max(0, level - min(levels)) if levels else 0
-    return "\n".join("#" * shift + l if l.startswith("#") else l for l in md.splitlines())
+    return "\n".join("#" * shift + line if line.startswith("#") else line for line in lines)
 
 
 def _first_heading(text: str, default: str) -> str:
@@ -77,10 +78,13 @@ def _first_heading(text: str, default: str) -> str:
     return default
 
 
+def _rel(path: Path, root: Path) -> str:
+    return Path(os.path.relpath(path, root)).as_posix()
+
+
 def render_index(root) -> str:
     """The text of ``root``/README.md: every result under ``root``/<device>/, links relative to ``root``."""
     root = Path(root)
-    rel = lambda p: Path(os.path.relpath(p, root)).as_posix()  # noqa: E731
     lines = [HEADER, ""]
     results = collect(root)
     if not results:
@@ -90,11 +94,11 @@ def render_index(root) -> str:
         writeups = [(n, f) for n, f in names.items() if "json" not in f and "md" in f]
         if writeups:
             lines += ["Write-ups: " + ", ".join(
-                f"[{_first_heading(f['md'].read_text(), n)}]({rel(f['md'])})" for n, f in writeups), ""]
+                f"[{_first_heading(f['md'].read_text(), n)}]({_rel(f['md'], root)})" for n, f in writeups), ""]
         for name, files in names.items():
             if "json" not in files:
                 if "md" not in files:  # a plot alone
-                    lines += [f"### {name}", "", f"![{name}]({rel(files['png'])})", ""]
+                    lines += [f"### {name}", "", f"![{name}]({_rel(files['png'], root)})", ""]
                 continue
             record = _read_record(files["json"])
             title = record.get("title") or name
@@ -103,8 +107,8 @@ def render_index(root) -> str:
             if "md" in files:
                 lines += [_nested(files["md"].read_text().strip(), 4), ""]
             if "png" in files:
-                lines += [f"![{name}]({rel(files['png'])})", ""]
-            lines += ["Files: " + ", ".join(f"[{ext}]({rel(files[ext])})"
+                lines += [f"![{name}]({_rel(files['png'], root)})", ""]
+            lines += ["Files: " + ", ".join(f"[{ext}]({_rel(files[ext], root)})"
                                             for ext in ("json", "md", "png") if ext in files), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -42,7 +42,8 @@ def test_readme_links_resolve():
 def test_render_and_write(tmp_path):
     root = tmp_path / "results"
     (root / "cpu").mkdir(parents=True)
-    (root / "cpu" / "b_thing.json").write_text(json.dumps({"title": "B thing", "provenance": provenance("bppsa run b")}))
+    record = {"title": "B thing", "provenance": provenance("bppsa run b")}
+    (root / "cpu" / "b_thing.json").write_text(json.dumps(record))
     (root / "cpu" / "b_thing.md").write_text("| x | y |\n|---|---|\n| 1 | 2 |\n")
     (root / "cpu" / "b_thing.png").write_bytes(b"\x89PNG")
     (root / "cpu" / "a_thing.json").write_text(json.dumps({"value": 1}))
@@ -80,7 +81,8 @@ def test_plots_are_redrawn_by_bppsa_experiments_functions(tmp_path, monkeypatch)
     module.draw = _draw
     monkeypatch.setitem(sys.modules, "bppsa.experiments.demo_plots", module)
     (tmp_path / "cpu").mkdir()
-    (tmp_path / "cpu" / "thing.json").write_text(json.dumps({"value": 7, "plot": "bppsa.experiments.demo_plots:draw"}))
+    record = {"value": 7, "plot": "bppsa.experiments.demo_plots:draw"}
+    (tmp_path / "cpu" / "thing.json").write_text(json.dumps(record))
     (tmp_path / "cpu" / "other.json").write_text(json.dumps({"provenance": {}}))
     assert results.regenerate_plots(tmp_path) == [tmp_path / "cpu" / "thing.png"]
     assert (tmp_path / "cpu" / "thing.png").read_bytes() == b"\x89PNG7"
