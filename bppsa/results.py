@@ -93,8 +93,8 @@ def render_index(root) -> str:
         lines += [f"## {device}", ""]
         writeups = [(n, f) for n, f in names.items() if "json" not in f and "md" in f]
         if writeups:
-            lines += ["Write-ups: " + ", ".join(
-                f"[{_first_heading(f['md'].read_text(), n)}]({_rel(f['md'], root)})" for n, f in writeups), ""]
+            links = [f"[{_first_heading(f['md'].read_text(), n)}]({_rel(f['md'], root)})" for n, f in writeups]
+            lines += ["Write-ups: " + ", ".join(links), ""]
         for name, files in names.items():
             if "json" not in files:
                 if "md" not in files:  # a plot alone
@@ -146,14 +146,20 @@ def regenerate_plots(root) -> list[Path]:
     PNG their task drew. Every ``"plot"`` is checked (``plot_function``) before any is called.
     Returns the PNGs written.
     """
-    jobs = []
+    jobs, refused = [], []
     for names in collect(root).values():
         for files in names.values():
             if "json" in files:
                 record = _read_record(files["json"])
                 if record.get("plot"):
-                    jobs.append((plot_function(record["plot"], files["json"]), record,
-                                 files["json"].with_suffix(".png")))
+                    try:
+                        fn = plot_function(record["plot"], files["json"])
+                    except ValueError as e:
+                        refused.append(str(e))
+                        continue
+                    jobs.append((fn, record, files["json"].with_suffix(".png")))
+    if refused:
+        raise ValueError("no plot redrawn:\n" + "\n".join(refused))
     for fn, record, png in jobs:
         fn(record, png)
     return [png for _, _, png in jobs]
@@ -175,7 +181,12 @@ def main(argv=None) -> int:
         print(f"{index} is in sync with {a.root}")
         return 0
     if a.plots:
-        for png in regenerate_plots(a.root):
+        try:
+            written = regenerate_plots(a.root)
+        except ValueError as e:
+            print(f"bppsa results --plots: {e}", file=sys.stderr)
+            return 2
+        for png in written:
             print(f"redrew {png}")
     changed = write_index(a.root)
     print(f"{index}: {'updated' if changed else 'already up to date'}")

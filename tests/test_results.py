@@ -91,9 +91,15 @@ def test_plots_are_redrawn_by_bppsa_experiments_functions(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("spec", ["os:system", "bppsa.results:main", "bppsa.experimentsX.m:f",
                                   "bppsa.experiments", "bppsa.experiments.demo_plots", 3])
-def test_plots_refuse_functions_outside_bppsa_experiments(tmp_path, spec):
+def test_plots_refuse_functions_outside_bppsa_experiments(tmp_path, monkeypatch, spec):
+    module = types.ModuleType("bppsa.experiments.demo_plots")
+    module.draw = _draw
+    monkeypatch.setitem(sys.modules, "bppsa.experiments.demo_plots", module)
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "evil.json").write_text(json.dumps({"plot": spec}))
+    good = {"value": 1, "plot": "bppsa.experiments.demo_plots:draw"}
+    (tmp_path / "cpu" / "good.json").write_text(json.dumps(good))
     with pytest.raises(ValueError, match=r"evil\.json.*bppsa\.experiments\.<module>:<function>"):
         results.regenerate_plots(tmp_path)
-    assert not (tmp_path / "cpu" / "evil.png").exists()
+    assert results.main(["--root", str(tmp_path), "--plots"]) == 2
+    assert not (tmp_path / "cpu" / "evil.png").exists() and not (tmp_path / "cpu" / "good.png").exists()
