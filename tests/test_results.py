@@ -1,6 +1,8 @@
-"""The README's results section is generated from experiments/results/ and kept in sync."""
+"""experiments/results/README.md is generated from the committed results and kept in sync."""
 
 import json
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -14,11 +16,11 @@ PROVENANCE_KEYS = {"date", "command", "backend", "device_kind", "cpu", "jax", "j
                    "git_commit"}
 
 
-def test_readme_results_section_is_in_sync():
-    block = results.extract((ROOT / "README.md").read_text())
-    assert block is not None, "README.md lacks the <!-- results:begin/end --> markers"
-    assert block == results.render(RESULTS, ROOT), \
-        "README.md's results section is out of date: run `bppsa results` (python -m bppsa.results)"
+def test_results_index_is_in_sync():
+    index = RESULTS / results.INDEX
+    assert index.exists(), f"{index} is missing: run `bppsa results` (python -m bppsa.results)"
+    assert index.read_text() == results.render_index(RESULTS), \
+        f"{index} is out of date: run `bppsa results` (python -m bppsa.results)"
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*/*.json")), ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -29,45 +31,75 @@ def test_committed_results_carry_provenance(path):
     assert record["provenance"]["command"]
 
 
-def test_render_and_update(tmp_path):
-    root = tmp_path / "experiments" / "results"
+def test_readme_links_resolve():
+    """Every relative link of the front page and of the experiments README points at a file."""
+    import re
+    for page in (ROOT / "README.md", ROOT / "experiments" / "README.md"):
+        for link in re.findall(r"\]\(([^)#:]+)\)", page.read_text()):
+            assert (page.parent / link).exists(), f"{page.relative_to(ROOT)} links to missing {link}"
+
+
+def test_render_and_write(tmp_path):
+    root = tmp_path / "results"
     (root / "cpu").mkdir(parents=True)
-    (root / "cpu" / "b_thing.json").write_text(json.dumps({"title": "B thing", "provenance": provenance("bppsa run b")}))
+    record = {"title": "B thing", "provenance": provenance("bppsa run b")}
+    (root / "cpu" / "b_thing.json").write_text(json.dumps(record))
     (root / "cpu" / "b_thing.md").write_text("| x | y |\n|---|---|\n| 1 | 2 |\n")
     (root / "cpu" / "b_thing.png").write_bytes(b"\x89PNG")
     (root / "cpu" / "a_thing.json").write_text(json.dumps({"value": 1}))
-    readme = tmp_path / "README.md"
-    readme.write_text("# Title\n\nText.\n")
-    assert results.update_readme(readme, root)
-    text = readme.read_text()
-    assert text.startswith("# Title\n\nText.\n\n" + results.BEGIN)
-    block = results.extract(text)
-    assert block.index("#### a_thing") < block.index("#### B thing")  # sorted by file name
-    assert "| 1 | 2 |" in block and "![b_thing](experiments/results/cpu/b_thing.png)" in block
-    assert "`bppsa run b`" in block and "no provenance recorded" in block
-    assert not results.update_readme(readme, root)  # idempotent
-    assert results.main(["--root", str(root), "--readme", str(readme), "--check"]) == 0
+    (root / "cpu" / "notes.md").write_text("# How it was made fast\n\nlong text\n")
+    assert results.write_index(root)
+    text = (root / results.INDEX).read_text()
+    assert text.index("### a_thing") < text.index("### b_thing — B thing")  # sorted by file name
+    assert "| 1 | 2 |" in text and "![b_thing](cpu/b_thing.png)" in text
+    assert "`bppsa run b`" in text and "no provenance recorded" in text
+    assert "[How it was made fast](cpu/notes.md)" in text and "long text" not in text  # linked, not copied
+    assert not results.write_index(root)  # idempotent
+    assert results.main(["--root", str(root), "--check"]) == 0
+    (root / "cpu" / "c.json").write_text(json.dumps({"provenance": {}}))
     (root / "cpu" / "c.md").write_text("new table\n")
-    assert results.main(["--root", str(root), "--readme", str(readme), "--check"]) == 1
-    assert results.main(["--root", str(root), "--readme", str(readme)]) == 0
-    assert "new table" in readme.read_text() and readme.read_text().count(results.BEGIN) == 1
-    assert readme.read_text().startswith("# Title\n\nText.\n")
+    assert results.main(["--root", str(root), "--check"]) == 1
+    assert results.main(["--root", str(root)]) == 0
+    assert "new table" in (root / results.INDEX).read_text()
+    assert results.main(["--root", str(root), "--check"]) == 0
 
 
 def test_empty_and_broken_results(tmp_path):
-    assert "No results committed yet." in results.render(tmp_path / "none", tmp_path)
+    assert "No results committed yet." in results.render_index(tmp_path / "none")
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="bad.json"):
-        results.render(tmp_path, tmp_path)
+        results.render_index(tmp_path)
 
 
-def test_plots_are_regenerated_from_the_json(tmp_path):
-    src = RESULTS / "cpu" / "rnn_train.json"
-    record = json.loads(src.read_text())
+def _draw(record, path):
+    Path(path).write_bytes(b"\x89PNG" + json.dumps(record["value"]).encode())
+
+
+def test_plots_are_redrawn_by_bppsa_experiments_functions(tmp_path, monkeypatch):
+    module = types.ModuleType("bppsa.experiments.demo_plots")
+    module.draw = _draw
+    monkeypatch.setitem(sys.modules, "bppsa.experiments.demo_plots", module)
     (tmp_path / "cpu").mkdir()
-    (tmp_path / "cpu" / "rnn_train.json").write_text(json.dumps(record | {"plot": "bppsa.experiments.rnn_train:plot_rnn_train"}))
+    record = {"value": 7, "plot": "bppsa.experiments.demo_plots:draw"}
+    (tmp_path / "cpu" / "thing.json").write_text(json.dumps(record))
     (tmp_path / "cpu" / "other.json").write_text(json.dumps({"provenance": {}}))
-    assert results.regenerate_plots(tmp_path) == [tmp_path / "cpu" / "rnn_train.png"]
-    assert (tmp_path / "cpu" / "rnn_train.png").read_bytes()[:4] == b"\x89PNG"
+    assert results.regenerate_plots(tmp_path) == [tmp_path / "cpu" / "thing.png"]
+    assert (tmp_path / "cpu" / "thing.png").read_bytes() == b"\x89PNG7"
     assert not (tmp_path / "cpu" / "other.png").exists()
+
+
+@pytest.mark.parametrize("spec", ["os:system", "bppsa.results:main", "bppsa.experimentsX.m:f",
+                                  "bppsa.experiments", "bppsa.experiments.demo_plots", 3])
+def test_plots_refuse_functions_outside_bppsa_experiments(tmp_path, monkeypatch, spec):
+    module = types.ModuleType("bppsa.experiments.demo_plots")
+    module.draw = _draw
+    monkeypatch.setitem(sys.modules, "bppsa.experiments.demo_plots", module)
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "evil.json").write_text(json.dumps({"plot": spec}))
+    good = {"value": 1, "plot": "bppsa.experiments.demo_plots:draw"}
+    (tmp_path / "cpu" / "good.json").write_text(json.dumps(good))
+    with pytest.raises(ValueError, match=r"evil\.json.*bppsa\.experiments\.<module>:<function>"):
+        results.regenerate_plots(tmp_path)
+    assert results.main(["--root", str(tmp_path), "--plots"]) == 2
+    assert not (tmp_path / "cpu" / "evil.png").exists() and not (tmp_path / "cpu" / "good.png").exists()
