@@ -2,7 +2,7 @@
 
 A :class:`CostModel` predicts the backward-pass seconds of BPTT and of BPPSA from a handful of
 problem features (:func:`cost_features`), with non-negative coefficients fitted per device
-(:meth:`CostModel.fit`; the probe that times the real backward is :func:`bppsa.bench.calibrate`).
+(:meth:`CostModel.fit`; the probe that times the real backward is :func:`bppsa.calibrate.calibrate`).
 A calibrated model is cached per device (:func:`cache_path`, :func:`load`, :func:`save`).
 
 :func:`choose_backward` is the whole policy: the model passed in, else the cached calibration
@@ -205,7 +205,7 @@ def choose_backward(cell, T: int, B: int, dtype=None, *, cost_model: CostModel |
     """The method ``backward="auto"`` uses for this problem: "bppsa" or "bptt".
 
     ``cost_model`` decides when given; else the calibrated model cached for this device
-    (:func:`default_cost_model`; ``bppsa bench`` or :func:`bppsa.bench.load_cost_model` probes
+    (:func:`default_cost_model`; ``bppsa bench`` or :func:`bppsa.calibrate.load_cost_model` probes
     and caches one); with neither, BPTT. Never probes.
     """
     model = default_cost_model() if cost_model is None else cost_model

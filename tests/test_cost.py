@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa import backprop, bench, cells, cost
+from bppsa import backprop, calibrate, cells, cost
 from bppsa import scan as scan_lib
 
 
@@ -132,7 +132,7 @@ def test_auto_uses_the_given_model_and_stays_exact():
 def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch):
     """No cached model: auto is BPTT without probing; a cached model for this device decides."""
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(bench, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
+    monkeypatch.setattr(calibrate, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
     cost.default_cost_model.cache_clear()
     try:
         cell = cells.RNN(1, 4)
@@ -165,13 +165,13 @@ def test_calibration_probe_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
     path = cost.cache_path()
     assert not path.exists()
-    m1 = bench.load_cost_model(points=((16, 1), (64, 1)), dense_points=((64, 1),), hidden_size=4, repeats=1)
+    m1 = calibrate.load_cost_model(points=((16, 1), (64, 1)), dense_points=((64, 1),), hidden_size=4, repeats=1)
     assert path.exists() and path.parent == tmp_path
     assert all(c >= 0 for k in ("bptt", "bppsa") for c in m1.coef[k])
-    m2 = bench.load_cost_model(points=((1, 1),))  # from the cache: the probe is not rerun
+    m2 = calibrate.load_cost_model(points=((1, 1),))  # from the cache: the probe is not rerun
     assert m2.coef == m1.coef and m2.meta["points"] == [[16, 1], [64, 1]]
     assert m1.meta["dense_points"] == [[64, 1]] and len(m1.meta["measured"]["bppsa"]) == 3
     path.write_text("{not json")
-    m3 = bench.load_cost_model(points=((16, 1),), dense_points=(), hidden_size=4, repeats=1)  # corrupt: re-probed
+    m3 = calibrate.load_cost_model(points=((16, 1),), dense_points=(), hidden_size=4, repeats=1)  # corrupt: re-probed
     assert m3.meta["points"] == [[16, 1]]
     cost.default_cost_model.cache_clear()

@@ -18,7 +18,8 @@ import numpy as np
 
 from .. import backprop, cells
 from .. import scan as scan_lib
-from ..bench import TABLE_HEADER, bench_point, load_cost_model, make_cell, save_record
+from ..bench import TABLE_HEADER, bench_point, make_cell, save_record
+from ..calibrate import load_cost_model
 from ..provenance import provenance, save_json
 from ..timing import time_interleaved
 

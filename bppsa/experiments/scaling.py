@@ -125,7 +125,6 @@ def _batched_matmul_diagnostic(T, B, S, dt, repeats, pieces):
     pieces of ``pieces`` matrices, on one device: shows how much of a "speed-up" of smaller
     chunks is the host's batched-matmul efficiency (cache) rather than parallelism."""
     import jax
-    import jax.numpy as jnp
     from jax import lax
     piece = max(2, pieces - pieces % 2)
     Ms = 0.25 * jax.random.normal(jax.random.key(0), (T, B, S, S), dt)

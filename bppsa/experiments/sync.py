@@ -112,13 +112,13 @@ def _sync_table(record) -> str:
         rm = {r["policy"]: r for r in rows if r["model"] == m}
         tgt = next(iter(rm.values()))["target"]
         lines.append(f"| {m} ({tgt:.2f}) | " + " | ".join(_fmt(rm[p]["median_time_to_target"]) for p in pols) + " |")
-        lines.append(f"| speed-up vs BSP | " + " | ".join(
+        lines.append("| speed-up vs BSP | " + " | ".join(
             "—" if rm[p]["speedup_vs_bsp"] is None else f"{rm[p]['speedup_vs_bsp']:.2f}×" for p in pols) + " |")
-        lines.append(f"| final accuracy | " + " | ".join(f"{rm[p]['final_accuracy']:.3f}" for p in pols) + " |")
-        lines.append(f"| waiting (s, all workers) | " + " | ".join(
+        lines.append("| final accuracy | " + " | ".join(f"{rm[p]['final_accuracy']:.3f}" for p in pols) + " |")
+        lines.append("| waiting (s, all workers) | " + " | ".join(
             f"{sum(rm[p]['wait_per_worker']):.0f}" for p in pols) + " |")
-        lines.append(f"| barriers | " + " | ".join(f"{rm[p]['barriers']:.0f}" for p in pols) + " |")
-        lines.append(f"| mean / max staleness | " + " | ".join(
+        lines.append("| barriers | " + " | ".join(f"{rm[p]['barriers']:.0f}" for p in pols) + " |")
+        lines.append("| mean / max staleness | " + " | ".join(
             f"{rm[p]['mean_staleness']:.1f} / {rm[p]['max_staleness']}" for p in pols) + " |")
     return "\n".join(lines) + "\n"
 
