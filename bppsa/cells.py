@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -84,15 +84,10 @@ class Cell(abc.ABC):
         """Whether :meth:`diagonal_jacobian` returns the structure (False by default)."""
         return False
 
-    @property
-    def gates(self) -> int:
-        """Gate count G (pre-activations per step are G·H wide): the per-step work scales with it."""
-        return 1
-
-    @property
-    def pair_state(self) -> bool:
-        """Whether the state is a pair (h, c) of (B, H) arrays (LSTM) rather than one array."""
-        return False
+    #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
+    gates: ClassVar[int] = 1
+    #: Whether the state is a pair (h, c) of (B, H) arrays (LSTM) rather than one array.
+    pair_state: ClassVar[bool] = False
 
     @property
     def state_size(self) -> int:
@@ -211,9 +206,7 @@ class GRU(Cell):
     def __post_init__(self):
         _check_sizes(self)
 
-    @property
-    def gates(self) -> int:
-        return 3
+    gates: ClassVar[int] = 3
 
     def init(self, key, dtype=jnp.float32):
         return _rnn_params(key, self.input_size, self.hidden_size, 3, dtype)
@@ -285,13 +278,8 @@ class LSTM(Cell):
     def __post_init__(self):
         _check_sizes(self)
 
-    @property
-    def gates(self) -> int:
-        return 4
-
-    @property
-    def pair_state(self) -> bool:
-        return True
+    gates: ClassVar[int] = 4
+    pair_state: ClassVar[bool] = True
 
     @property
     def state_size(self) -> int:
