@@ -110,8 +110,8 @@ def test_magnitude_prune_and_bad_input():
 
 
 def test_digits_data():
-    from bppsa.experiments.sparse_vgg import load_digits_16
-    xtr, ytr, xte, yte = load_digits_16()
-    assert xtr.shape[1:] == (1, 16, 16) and len(xtr) + len(xte) == 1797
+    from bppsa.data.digits import load_digits
+    xtr, ytr, xte, yte = load_digits(size=16)
+    assert xtr.shape[1:] == (16, 16) and len(xtr) + len(xte) == 1797
     assert xtr.dtype == np.float32 and 0.0 <= xtr.min() and xtr.max() <= 1.0
     assert set(np.unique(ytr)) == set(range(10))

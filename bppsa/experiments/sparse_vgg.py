@@ -29,11 +29,12 @@ import optax
 from jax import lax
 
 from .. import sparse, vgg
+from ..data.digits import load_digits
 from ..provenance import provenance, save_json
 from ..timing import time_fn
 
 __all__ = ["vgg11_layer_shapes", "generation_benchmark", "flop_experiment", "digits_retraining",
-           "load_digits_16", "run"]
+           "run"]
 
 
 def _median_time(fn, repeats, slow_s=10.0):
@@ -244,21 +245,6 @@ def _flops_plot(res, path):
 # Retraining a pruned small VGG on scikit-learn's digits.
 # --------------------------------------------------------------------------------------------
 
-def load_digits_16(seed=0, test_fraction=0.2):
-    """sklearn's bundled 8×8 digits, nearest-upsampled to 16×16, scaled to [0, 1], split.
-
-    Returns (x_train (N, 1, 16, 16), y_train, x_test, y_test) as float32 / int32 numpy arrays.
-    """
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x = np.kron(d.images.astype(np.float32) / 16.0, np.ones((2, 2), np.float32))[:, None]
-    y = d.target.astype(np.int32)
-    perm = np.random.default_rng(seed).permutation(len(y))
-    n_test = int(round(test_fraction * len(y)))
-    te, tr = perm[:n_test], perm[n_test:]
-    return x[tr], y[tr], x[te], y[te]
-
-
 def _accuracy(layers, params, x, y):
     logits = jax.jit(lambda p, x: vgg.forward(layers, p, x)[-1])(params, jnp.asarray(x))
     return float(jnp.mean(jnp.argmax(logits, -1) == jnp.asarray(y)))
@@ -268,7 +254,8 @@ def digits_retraining(*, cfg=(8, "M", 16, "M"), hidden=(32,), sparsity=0.8, dens
                       batch_size=32, learning_rate=3e-3, levels=None, check_every=20, margin=0.02, seed=0,
                       log=print):
     """Train dense (autodiff), prune, retrain with BPPSA; returns a JSON-able record."""
-    xtr, ytr, xte, yte = load_digits_16(seed)
+    xtr, ytr, xte, yte = load_digits(size=16, seed=seed)
+    xtr, xte = xtr[:, None], xte[:, None]  # (N, 1, 16, 16): one input channel
     layers, params = vgg.make_vgg(jax.random.key(seed), cfg, xtr.shape[1:], hidden=hidden, num_classes=10)
     opt = optax.adam(learning_rate)
     rng = np.random.default_rng(seed)

@@ -30,6 +30,7 @@ from .partition import partition
 from .profile import Rebalancer, TimeModel, balanced_speeds, fit_time_model
 from .spmd import data_mesh, local_grad_sum, make_allreduce, make_spmd_grad, pad_local_batch, replica_batches
 from ..data.task import Task
+from ..timing import time_fn
 
 __all__ = ["STRATEGIES", "PLACEMENTS", "ShardSampler", "SimulatedReplicas", "ProcessReplicas",
            "measure_time_model", "train"]
@@ -89,13 +90,7 @@ def measure_time_model(loss_fn: Callable, params, x: np.ndarray, y: np.ndarray, 
 
     def step_time(b):
         xp, yp, mask = pad_local_batch(x[:b], y[:b], b)
-        jax.block_until_ready(fn(params, xp, yp, mask))  # compile / warm up
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(params, xp, yp, mask))
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
+        return time_fn(lambda: fn(params, xp, yp, mask), repeats=repeats)["median"]
 
     return fit_time_model(list(probe_batches), [step_time(int(b)) for b in probe_batches])
 
