@@ -13,7 +13,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-__all__ = ["cross_entropy", "make_train_step", "evaluate", "compare_backward_training", "batch_indices", "fit"]
+__all__ = ["cross_entropy", "make_train_step", "evaluate", "compare_backward_training", "batch_indices", "fit", "after_step"]
 
 
 def cross_entropy(logits, labels):
@@ -99,8 +99,9 @@ def _adam(learning_rate: float) -> optax.GradientTransformation:
     return optax.adam(learning_rate)
 
 
-def _on_step(step: int) -> None:
-    """Called after every completed step of :func:`fit`; a seam for fault-injection tests."""
+def after_step(step: int) -> None:
+    """Called with the global step after every completed step of :func:`fit` (after its checkpoint):
+    a hook for fault-injection tests and progress monitors (replace it with monkeypatch or by assignment)."""
 
 
 def _state_leaves(model, opt):
@@ -250,7 +251,7 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
             bar.set_postfix(loss=f"{loss:.4f}")
             if manager is not None and ((checkpoint_every and step % checkpoint_every == 0) or step == steps):
                 save(step)
-            _on_step(step)
+            after_step(step)
     finally:
         bar.close()
         if metrics_file is not None:

@@ -188,14 +188,14 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch, kill_at)
         if calls["n"] == kill_at:
             raise Killed(f"killed after step {step}")
 
-    monkeypatch.setattr(train, "_on_step", kill)
+    monkeypatch.setattr(train, "after_step", kill)
     with pytest.raises(Killed):
         runner.run(RNN_TRAIN, "smoke", TINY, workdir=tmp_path / "resumed")
     assert not (tmp_path / "resumed" / "summary.json").exists()
     killed_method = "bptt" if kill_at <= 10 else "bppsa"
     # metrics went past the last checkpoint (step 3 or 6); the resume must drop and redo them
     assert _losses(tmp_path / "resumed", killed_method)[-1][0] == (kill_at - 1) % 10 + 1
-    monkeypatch.setattr(train, "_on_step", lambda step: None)
+    monkeypatch.setattr(train, "after_step", lambda step: None)
     runner.run(RNN_TRAIN, "smoke", TINY, workdir=tmp_path / "resumed")
 
     for method in ("bptt", "bppsa"):
