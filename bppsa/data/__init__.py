@@ -1,1 +1,1 @@
-"""Datasets: the synthetic bitstream task (and, with their issues, IRMAS and its stand-in)."""
+"""Datasets: the synthetic bitstream task, scikit-learn's digits, IRMAS and its synthetic stand-in, and the Task container."""

@@ -18,9 +18,9 @@ All updates are applied on arrival (as DSSP's Algorithm 1 does); the policies on
 Papers:
 - BSP, ASP and SSP(s): Ho et al., "More effective distributed ML via a stale synchronous parallel
   parameter server", NIPS 2013.
-- DSSP(s_L, r_max): Zhao, An, Lin, Wang, "Dynamic Stale Synchronous Parallel Distributed Training
+- DSSP(s_L, r_max): Zhao, An, Liu, Chen, "Dynamic Stale Synchronous Parallel Distributed Training
   for Deep Learning", ICDCS 2019, Algorithms 1–2.
-- ElasticBSP(R): Zhao, Tomasini, An et al., "Elastic Bulk Synchronous Parallel Model for
+- ElasticBSP(R): Zhao, Papagelis, An, Chen, Liu, Hu, "Elastic Bulk Synchronous Parallel Model for
   Distributed Deep Learning", ICDM 2019; "ZipLine" in Machine Learning 2021.
 """
 
