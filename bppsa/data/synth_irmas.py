@@ -114,6 +114,14 @@ def _saw(n_h, power=1.0):
     return 1.0 / np.arange(1, n_h + 1) ** power
 
 
+def _struck(buf, start, f0, decay, amps, attack, rng, **tone_kw):
+    """Add a struck or plucked note at ``start``: an exponential decay, cut after 5 time constants
+    (below -43 dB) or at the end of ``buf``."""
+    n = min(len(buf) - start, int(5 * decay * SAMPLE_RATE))
+    tone = _tone(n, f0, amps, rng=rng, **tone_kw)
+    _add(buf, start, tone * _envelope(n, SAMPLE_RATE, attack, 0.0, decay=decay))
+
+
 def _cel(rng, n):
     buf = np.zeros(n)
     for s, l in _schedule(rng, n, rng.integers(1, 3)):
@@ -153,10 +161,8 @@ def _gac(rng, n):
     for start in range(int(rng.uniform(0, 0.1) * SAMPLE_RATE), n, period):
         for iv in rng.choice([0, 4, 7, 12, 16], size=rng.integers(1, 4), replace=False):
             f0 = _midi_hz(root + iv + rng.integers(-2, 3))
-            decay = rng.uniform(0.3, 0.6)
-            l = min(n - start, int(5 * decay * SAMPLE_RATE))  # 5 time constants: below -43 dB
-            tone = _tone(l, f0, _saw(12, 1.2), rng=rng, harmonic_decay=rng.uniform(0.8, 1.5), stretch=1e-5)
-            _add(buf, start, tone * _envelope(l, SAMPLE_RATE, 0.002, 0.0, decay=decay))
+            _struck(buf, start, f0, rng.uniform(0.3, 0.6), _saw(12, 1.2), 0.002, rng,
+                    harmonic_decay=rng.uniform(0.8, 1.5), stretch=1e-5)
     return buf
 
 
@@ -186,11 +192,8 @@ def _pia(rng, n):
     starts = np.sort(rng.integers(0, int(0.8 * n), size=rng.integers(3, 7)))
     for start in starts:
         f0 = _midi_hz(rng.uniform(33, 84))
-        decay = rng.uniform(0.6, 1.2)
-        l = min(n - start, int(5 * decay * SAMPLE_RATE))
-        tone = _tone(l, f0, _saw(16, 1.5), rng=rng, stretch=rng.uniform(1e-4, 4e-4),
-                     harmonic_decay=rng.uniform(1.5, 3.0))
-        _add(buf, start, tone * _envelope(l, SAMPLE_RATE, 0.003, 0.0, decay=decay))
+        _struck(buf, start, f0, rng.uniform(0.6, 1.2), _saw(16, 1.5), 0.003, rng,
+                stretch=rng.uniform(1e-4, 4e-4), harmonic_decay=rng.uniform(1.5, 3.0))
     return buf
 
 

@@ -30,14 +30,14 @@ def _zipline_input(n, R, seed):
 
 def zipline_runtimes(config, workdir) -> dict:
     """Median wall time of each ZipLine method on n × R prediction matrices; heuristics' gap to the optimum."""
+    methods = list(config.methods)
+    for m in methods:  # checked before anything is written
+        if m not in ZIPLINE_METHODS:
+            raise ValueError(f"config.methods: unknown method {m!r}; expected some of {sorted(ZIPLINE_METHODS)}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     name = config.get("name", "zipline_runtimes")
     plain = json.loads(config.to_json_best_effort())
-    methods = list(config.methods)
-    for m in methods:
-        if m not in ZIPLINE_METHODS:
-            raise ValueError(f"config.methods: unknown method {m!r}; expected some of {sorted(ZIPLINE_METHODS)}")
     max_points = plain["max_points"]
     rows = []
     for n in config.workers:
