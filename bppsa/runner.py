@@ -27,11 +27,12 @@ from pathlib import Path
 
 import ml_collections
 
+from .errors import UsageError
 from .provenance import current_command, device_label, provenance, running_command, save_json
 
 __all__ = ["ConfigError", "load_config", "apply_overrides", "resolve_task", "run", "current_command", "main"]
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A config file, config argument or override that cannot be used."""
 
 
