@@ -1,5 +1,7 @@
 """Heterogeneity-aware data parallelism: partition, weighted averaging, SPMD gradients."""
 
+from fractions import Fraction
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,28 @@ def test_partition_sums_exactly_and_is_proportional(speeds, B):
     assert b.dtype.kind == "i" and b.shape == (len(speeds),)
     assert b.sum() == B and (b >= 0).all()
     assert np.all(np.abs(b - B * s / s.sum()) < 1)
+
+
+FINITE_POSITIVE = st.floats(min_value=5e-324, max_value=1.7976931348623157e308, allow_nan=False,
+                            allow_infinity=False)  # subnormal to the largest double
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(FINITE_POSITIVE, min_size=1, max_size=8), st.integers(0, 10_000))
+def test_partition_any_magnitude_sums_exactly_and_is_proportional(speeds, B):
+    """Exact shares (rational arithmetic) for speeds from 5e-324 to 1.8e308, mixed in one list."""
+    b = partition(speeds, B)
+    assert b.sum() == B and (b >= 0).all()
+    total = sum(Fraction(x) for x in speeds)
+    for bi, x in zip(b.tolist(), speeds):
+        assert abs(bi - B * Fraction(x) / total) < 1, (bi, x, speeds, B)
+
+
+def test_partition_huge_and_tiny_speeds():
+    np.testing.assert_array_equal(partition([1e308, 1e308], 64), [32, 32])  # their sum is inf
+    np.testing.assert_array_equal(partition([1.7e308, 1.7e308, 1.7e308, 1.7e308], 10), [3, 3, 2, 2])
+    np.testing.assert_array_equal(partition([1e-320, 3e-320], 8), [2, 6])  # subnormal
+    np.testing.assert_array_equal(partition([5e-324, 1e308], 7), [0, 7])
 
 
 def test_partition_examples():
@@ -44,7 +68,8 @@ def test_partition_zero_sample_replicas():
     assert b[0] == 0 and b.sum() == 5
 
 
-@pytest.mark.parametrize("speeds", [[], [1, 0], [1, -2], [1, np.nan], [np.inf, 1], [[1, 2]]])
+@pytest.mark.parametrize("speeds", [[], [1, 0], [0, 0], [1, -2], [1, np.nan], [np.inf, 1], [[1, 2]],
+                                    ["fast", 1], [[1], [1, 2]]])
 def test_partition_rejects_bad_speeds(speeds):
     with pytest.raises(ValueError, match="speeds"):
         partition(speeds, 8)

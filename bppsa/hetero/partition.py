@@ -1,7 +1,7 @@
 """Batch partitioning by speed and weighted gradient averaging (ALGORITHMS.md §2).
 
 Replica i at speed s_i gets b_i ≈ B·s_i/Σs samples (integers summing to B, largest-remainder
-rounding); the global gradient is g = Σ_i (b_i/B)·g_i, with g_i the mean gradient over replica
+rounding; speeds are divided by their maximum first, so any finite magnitude works); the global gradient is g = Σ_i (b_i/B)·g_i, with g_i the mean gradient over replica
 i's b_i samples — exactly the full-batch mean gradient. Plain averaging (1/P)·Σ_i g_i
 over-weights each sample on replica i by B/(P·b_i).
 """
@@ -18,7 +18,10 @@ __all__ = ["partition", "weighted_mean", "plain_mean", "sample_weights"]
 
 
 def _check_speeds(speeds) -> np.ndarray:
-    s = np.asarray(speeds, dtype=np.float64)
+    try:
+        s = np.asarray(speeds, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"speeds must be a non-empty 1-D sequence of positive numbers; got {speeds!r}") from None
     if s.ndim != 1 or s.size == 0:
         raise ValueError(f"speeds must be a non-empty 1-D sequence of positive numbers; got shape {s.shape}")
     bad = ~np.isfinite(s) | (s <= 0)
@@ -33,8 +36,11 @@ def partition(speeds: Sequence[float], batch_size: int) -> np.ndarray:
 
     Largest-remainder rounding: b_i = floor(B·s_i/Σs), then the remaining units go one each to
     the replicas with the largest fractional parts (ties broken by the lower replica index, so
-    the result is deterministic and identical on every process). Returns b: (P,) int64 with
-    Σ b = B and |b_i − B·s_i/Σs| < 1; a replica may get 0 samples when B is small.
+    the result is deterministic and identical on every process). Only the ratios of the speeds
+    matter: they are divided by their maximum before summing, so huge (1e308) or tiny (1e-308)
+    speeds neither overflow nor underflow the sum. Returns b: (P,) int64 with Σ b = B and
+    |b_i − B·s_i/Σs| < 1; a replica may get 0 samples when B is small. Raises ValueError for
+    speeds that are empty, NaN, infinite, zero or negative.
     """
     s = _check_speeds(speeds)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
@@ -42,6 +48,7 @@ def partition(speeds: Sequence[float], batch_size: int) -> np.ndarray:
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0; got {batch_size}")
     B = int(batch_size)
+    s = s / s.max()  # in (0, 1]: the sum below is at most P, never inf
     quota = B * (s / s.sum())
     b = np.floor(quota).astype(np.int64)
     # Rounding can push a floor one unit over (quota = 2.9999999 -> floor 2 is fine; a sum over B is not).
