@@ -11,11 +11,23 @@ bppsa first on their PYTHONPATH, gives each K simulated CPU devices, prefixes th
   how, and its last output lines, exiting 1;
 - one exits 0 while others keep running past ``--grace`` (a peer waiting for a process that left)
   → the rest are stopped and reported, exit 1;
+- the launcher gets SIGTERM, SIGINT (Ctrl-C) or SIGHUP → it forwards that signal to every
+  process, and exits 128 + the signal's number (143, 130, 129) once they are gone;
 - nothing finishes within ``--timeout`` → every process is stopped and reported, exit 124.
 
+Each process runs in its own session, so a signal reaches it only through the launcher.
+"Stopped" means: the signal (SIGTERM unless the launcher got another one) goes to the process's
+whole process group; what is still running ``--kill-after`` seconds later gets SIGKILL (a second
+signal to the launcher kills at once), and the report names every process that had to be killed.
+``--timeout`` bounds everything, a stop in progress included: at ``timeout`` seconds the
+processes get SIGTERM and at most :data:`TIMEOUT_KILL_S` seconds later SIGKILL, so the launcher
+returns within about ``timeout + 1`` seconds whatever the processes do. (Signals are handled when
+:func:`launch` runs in the main thread.)
+
 So a process that dies or never joins surfaces as a clear error within a bounded time instead of
-a hang. On a cluster, run the same COMMAND under the cluster's launcher instead (``srun``: JAX
-reads SLURM_NTASKS / SLURM_PROCID / SLURM_STEP_NODELIST itself).
+a hang, and no process outlives the launcher. On a cluster, run the same COMMAND under the
+cluster's launcher instead (``srun``: JAX reads SLURM_NTASKS / SLURM_PROCID / SLURM_STEP_NODELIST
+itself).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import sys
 import threading
 import time
 
+from ..errors import UsageError
 from .mesh import ENV
 
 __all__ = ["main", "launch", "free_port"]
@@ -70,23 +83,48 @@ def _pump(stream, prefix, tail, out):
     stream.close()
 
 
-def _stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 3.0
+TIMEOUT_KILL_S = 1.0  # at --timeout: seconds from SIGTERM to SIGKILL
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
+
+
+def _status(p):
+    """p's exit code (negative: killed by that signal) or None while it runs, without reaping it:
+    an unreaped process keeps its pid, so its process group can still be signalled safely."""
+    if p.returncode is not None:
+        return p.returncode
+    if not hasattr(os, "waitid"):  # macOS before Python 3.13
+        return p.poll()
+    try:
+        r = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return p.poll()
+    if r is None:
+        return None
+    return r.si_status if r.si_code == os.CLD_EXITED else -r.si_status
+
+
+def _signal_groups(procs, sig):
     for p in procs:
         try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _stop(procs, sig, wait, received):
+    """Send ``sig`` to every process group, give the processes ``wait`` seconds (cut short by a
+    new signal in ``received``), SIGKILL the groups (stragglers and leftover children alike) and
+    reap the processes. Returns the indices of the processes that were still running when killed."""
+    procs = [p for p in procs if p.returncode is None]  # unreaped: their pids (= group ids) are still theirs
+    _signal_groups(procs, sig)
+    end, seen = time.monotonic() + max(0.0, wait), len(received)
+    while time.monotonic() < end and len(received) == seen and any(_status(p) is None for p in procs):
+        time.sleep(0.02)
+    killed = [p for p in procs if _status(p) is None]
+    _signal_groups(procs, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+    return killed
 
 
 def _describe(code):
@@ -100,7 +138,31 @@ def _describe(code):
     return f"exited with code {code}"
 
 
-def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, port=None,
+def _signame(sig):
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class _Handlers:
+    """Record SIGTERM/SIGINT/SIGHUP in a list while active (main thread only; elsewhere a no-op)."""
+
+    def __init__(self):
+        self.received, self._old = [], {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._old[sig] = signal.signal(sig, lambda signum, frame: self.received.append(signum))
+        return self.received
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, kill_after=5.0, port=None,
            out=None, err=None) -> int:
     """Run ``command`` (a list) as ``n`` processes of one JAX job; return the exit code (see module)."""
     out = sys.stdout if out is None else out
@@ -111,8 +173,9 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, p
         raise ValueError(f"n (number of processes) must be a positive int; got {n!r}")
     if devices_per_process is not None and devices_per_process < 1:
         raise ValueError(f"devices_per_process must be a positive int; got {devices_per_process!r}")
-    if timeout <= 0 or grace < 0:
-        raise ValueError(f"timeout must be > 0 and grace >= 0; got timeout={timeout}, grace={grace}")
+    if not (timeout > 0 and grace >= 0 and kill_after >= 0):
+        raise ValueError(f"timeout must be > 0, grace and kill_after >= 0; got timeout={timeout}, grace={grace}, "
+                         f"kill_after={kill_after}")
     port = free_port() if port is None else port
     lock = threading.Lock()
 
@@ -126,48 +189,42 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, p
 
     procs, tails, pumps = [], [], []
     start = time.monotonic()
-    for i in range(n):
-        env = _worker_env(os.environ, i, n, port, devices_per_process, timeout)
-        p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        tail = collections.deque(maxlen=200)
-        t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] ", tail, _Locked()), daemon=True)
-        t.start()
-        procs.append(p), tails.append(tail), pumps.append(t)
-
-    failure, first_exit = None, None
-    while True:
-        codes = [p.poll() for p in procs]
-        now = time.monotonic()
-        if all(c == 0 for c in codes):
-            rc = 0
-            break
-        bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
-        if bad and failure is None:
-            failure = (bad[0], now)
-        if first_exit is None and any(c is not None for c in codes):
-            first_exit = now
-        running = [i for i, c in enumerate(codes) if c is None]
-        if failure is not None and (not running or now - failure[1] > grace):
-            rc = 1
-            break
-        if failure is None and first_exit is not None and now - first_exit > grace:
-            rc = 1
-            break
-        if now - start > timeout:
-            rc = 124
-            break
-        time.sleep(0.05)
-    codes = [p.poll() for p in procs]
-    _stop(procs)
+    with _Handlers() as received:
+        try:
+            for i in range(n):
+                env = _worker_env(os.environ, i, n, port, devices_per_process, timeout)
+                try:
+                    p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                except OSError as e:  # not found, not executable
+                    raise UsageError(f"cannot start COMMAND {command[0]!r}: {e.strerror or e}; expected a program "
+                                     f"on PATH or a path to an executable") from None
+                tail = collections.deque(maxlen=200)
+                t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] ", tail, _Locked()), daemon=True)
+                t.start()
+                procs.append(p), tails.append(tail), pumps.append(t)
+            rc, failure, codes = _watch(procs, start, timeout, grace, received)
+            now = time.monotonic()
+            # every stop ends by timeout + TIMEOUT_KILL_S, however long --kill-after is
+            wait = min(kill_after, max(0.0, start + timeout + TIMEOUT_KILL_S - now))
+            sig = received[0] if received else signal.SIGTERM
+            killed = [procs.index(p) for p in _stop(procs, sig, wait, received)]
+        finally:
+            if any(p.returncode is None for p in procs):  # an exception on the way: leave no process behind
+                _stop(procs, signal.SIGKILL, 0.0, received)
+    end = time.monotonic() + 2.0
     for t in pumps:
-        t.join(timeout=2.0)
+        t.join(timeout=max(0.0, end - time.monotonic()))
     if rc != 0:
         elapsed = time.monotonic() - start
         running = [i for i, c in enumerate(codes) if c is None]
         if rc == 124:
             lines = [f"bppsa launch: timed out after {timeout:g} s; processes {running} were still running "
                      f"(a peer that never joined, or a hang) and were stopped"]
+        elif rc > 128:
+            lines = [f"bppsa launch: received {_signame(rc - 128)} after {now - start:.1f} s; forwarded it to "
+                     f"processes {running} (exit code {rc} = 128 + {rc - 128})"]
+            codes = [p.returncode for p in procs]
         elif failure is not None:
             i = failure[0]
             lines = [f"bppsa launch: process {i} of {n} {_describe(codes[i])} after "
@@ -179,6 +236,9 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, p
             done = [i for i, c in enumerate(codes) if c == 0]
             lines = [f"bppsa launch: processes {done} finished but processes {running} were still running "
                      f"{grace:g} s later (waiting for a peer that left?) and were stopped"]
+        why = (f"was still running at a second signal ({_signame(received[-1])})" if len(received) > 1 else
+               f"did not exit within {wait:.1f} s of {_signame(sig)}")
+        lines.extend(f"  process {i} {why} and was killed (SIGKILL)" for i in killed)
         for i, c in enumerate(codes):
             lines.append(f"  process {i}: {_describe(c)}")
             useful = [line for line in tails[i] if line.strip() and not _FRAME.match(line)]
@@ -188,6 +248,31 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, p
         err.write("\n".join(lines) + "\n")
         err.flush()
     return rc
+
+
+def _watch(procs, start, timeout, grace, received):
+    """Poll until the job is decided: (exit code, (first failed index, time) or None, codes then)."""
+    failure, first_exit = None, None
+    while True:
+        codes = [_status(p) for p in procs]
+        now = time.monotonic()
+        if all(c == 0 for c in codes):
+            return 0, failure, codes
+        if received:
+            return 128 + received[0], failure, codes
+        bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+        if bad and failure is None:
+            failure = (bad[0], now)
+        if first_exit is None and any(c is not None for c in codes):
+            first_exit = now
+        running = [i for i, c in enumerate(codes) if c is None]
+        if failure is not None and (not running or now - failure[1] > grace):
+            return 1, failure, codes
+        if failure is None and first_exit is not None and now - first_exit > grace:
+            return 1, failure, codes
+        if now - start > timeout:
+            return 124, failure, codes
+        time.sleep(0.05)
 
 
 def main(argv=None) -> int:
@@ -200,13 +285,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="bppsa launch", description="Run COMMAND as N local processes of one JAX job "
         "(jax.distributed on 127.0.0.1, gloo collectives on CPU).",
-        usage="bppsa launch -n N [--devices-per-process K] [--timeout S] [--grace S] [--port P] -- COMMAND ...")
+        usage="bppsa launch -n N [--devices-per-process K] [--timeout S] [--grace S] [--kill-after S] [--port P] "
+              "-- COMMAND ...")
     ap.add_argument("-n", "--num-processes", type=int, required=True, help="number of processes")
     ap.add_argument("--devices-per-process", type=int, default=None,
                     help="simulated CPU devices per process (sets XLA_FLAGS and JAX_PLATFORMS=cpu)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds before everything is stopped")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds before everything is stopped (a hard bound: SIGKILL at most 1 s later)")
     ap.add_argument("--grace", type=float, default=30.0,
                     help="seconds the others may run on after one process has exited")
+    ap.add_argument("--kill-after", type=float, default=5.0,
+                    help="seconds between the stop signal (SIGTERM, or the SIGINT/SIGHUP the launcher got) "
+                         "and SIGKILL")
     ap.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
     args = ap.parse_args(opts)
     if not command:
@@ -215,10 +305,15 @@ def main(argv=None) -> int:
         ap.error(f"-n must be >= 1; got {args.num_processes}")
     if args.devices_per_process is not None and args.devices_per_process < 1:
         ap.error(f"--devices-per-process must be >= 1; got {args.devices_per_process}")
+    if not args.timeout > 0:
+        ap.error(f"--timeout must be > 0 seconds; got {args.timeout:g}")
+    for flag, value in (("--grace", args.grace), ("--kill-after", args.kill_after)):
+        if not value >= 0:
+            ap.error(f"{flag} must be >= 0 seconds; got {value:g}")
     if command[0] == "python":  # the interpreter running bppsa, so the worker sees the same packages
         command = [sys.executable] + command[1:]
     return launch(command, args.num_processes, devices_per_process=args.devices_per_process,
-                  timeout=args.timeout, grace=args.grace, port=args.port)
+                  timeout=args.timeout, grace=args.grace, kill_after=args.kill_after, port=args.port)
 
 
 if __name__ == "__main__":
