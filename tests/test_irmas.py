@@ -15,6 +15,7 @@ import bppsa
 from bppsa import cells
 from bppsa.data import irmas
 from bppsa.data.irmas import CLASSES, CLIP_SAMPLES, SAMPLE_RATE
+from bppsa.errors import UsageError
 from bppsa.data.synth_irmas import ensure_synthetic_irmas, make_synthetic_irmas, synthesize_clip
 
 N_VALID = 6  # decodable audio files in the small folder
@@ -148,15 +149,63 @@ def test_parent_folder_is_accepted(small_irmas, features):
     np.testing.assert_array_equal(f.x, features["m"].x[[0, 2, 3, 4, 5]])
 
 
-def test_bad_arguments(tmp_path, small_irmas):
+def _one_line_usage_error(match, fn, *args, **kwargs):
+    with pytest.raises(UsageError, match=match) as info:
+        fn(*args, **kwargs)
+    msg = str(info.value)
+    assert "\n" not in msg and "expected" in msg, msg
+    return msg
+
+
+def test_unusable_data_folders_are_one_line_usage_errors(tmp_path):
+    load = irmas.load_features
+    msg = _one_line_usage_error(r"IRMAS data folder '.*nowhere' does not exist", load, tmp_path / "nowhere")
+    assert "IRMAS-TrainingData/<class>/*.wav" in msg and "cel, cla, flu" in msg
+    (tmp_path / "empty").mkdir()
+    _one_line_usage_error(r"'.*empty' has neither class folders nor a IRMAS-TrainingData folder \(it is empty\)",
+                          load, tmp_path / "empty")
+    (tmp_path / "other" / "Violin").mkdir(parents=True)
+    _one_line_usage_error(r"neither class folders .*\(it holds Violin\); expected the IRMAS layout", load,
+                          tmp_path / "other")
+    (tmp_path / "other" / "cel").mkdir()
+    _one_line_usage_error(r"no audio files .* in the class folders of", load, tmp_path / "other")
+    junk = tmp_path / "junk" / "IRMAS-TrainingData"  # only undecodable files: text named .wav
+    for c in ("cel", "vio"):
+        (junk / c).mkdir(parents=True)
+        (junk / c / f"[{c}][cla]0001__1.wav").write_text("not audio\nat all\n")
+    for cache in (None, tmp_path / "cache", tmp_path / "cache"):  # with and without a cache, twice
+        _one_line_usage_error(r"none of the 2 audio files under '.*IRMAS-TrainingData' could be read \(first: "
+                              r"cel/\[cel\]\[cla\]0001__1.wav: .*\); expected the IRMAS layout", load, junk.parent,
+                              "s", cache, progress=False)
+    _one_line_usage_error(r"IRMAS test folder .* does not exist", irmas.load_test_features, tmp_path / "none")
+    test = tmp_path / "test" / "IRMAS-TestingData-Part1"
+    test.mkdir(parents=True)
+    _one_line_usage_error(r"no audio files with a .txt label file", irmas.load_test_features, test.parent)
+    (test / "a.wav").write_text("junk")
+    (test / "a.txt").write_text("pia\n")
+    _one_line_usage_error(r"none of the 1 audio files .* could be read .*<name>.txt of instrument codes",
+                          irmas.load_test_features, test.parent, "s", progress=False)
+
+
+def test_audio_outside_the_class_folders_is_reported(tmp_path):
+    root = tmp_path / "IRMAS-TrainingData"
+    clip = synthesize_clip("cel", np.random.default_rng(0), SAMPLE_RATE // 4)
+    for rel in ("cel/[cel][cla]0001__1.wav", "Violin/a.wav", "Violin/b.WAV", "xyz/deep/c.flac", "cel/extra/d.wav",
+                "top.wav", ".hidden/e.wav"):
+        _write(root / rel, clip, subtype="PCM_16")
+    (root / "xyz" / "notes.txt").write_text("not audio\n")
+    expected = {".": 1, "Violin": 2, "cel/extra": 1, "xyz/deep": 1}
+    assert irmas.non_class_folders(tmp_path) == expected
+    for _ in range(2):  # extracted, then from the cache: reported both times
+        with pytest.warns(RuntimeWarning, match=r"ignored 5 audio files in folders that are not class folders of "
+                          r"'.*IRMAS-TrainingData': \./ \(1\), Violin/ \(2\), cel/extra/ \(1\), xyz/deep/ \(1\); "
+                          r"expected <class>/"):
+            f = irmas.load_features(tmp_path, "s", cache_dir=tmp_path / "cache", progress=False)
+        assert f.skipped_folders == expected and f.paths == ["cel/[cel][cla]0001__1.wav"] and f.skipped == []
+
+
+def test_bad_arguments(small_irmas):
     _, root, _ = small_irmas
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        irmas.load_features(tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match="class folders"):
-        irmas.load_features(tmp_path)
-    (tmp_path / "cel").mkdir()
-    with pytest.raises(FileNotFoundError, match="no audio files"):
-        irmas.load_features(tmp_path)
     with pytest.raises(ValueError, match=r"setting must be one of .* got 'xl'"):
         irmas.load_features(root, setting="xl")
     with pytest.raises(ValueError, match="max_per_class"):
@@ -257,7 +306,7 @@ def test_test_set_windows_labels_and_f1(tmp_path):
     with pytest.warns(RuntimeWarning, match="skipped 1 of 3"):
         t2 = irmas.load_test_features(tmp_path, "s", cache_dir=tmp_path / "cache", progress=False)
     assert len(t2.paths) == 2 and "piano" in t2.skipped[0][1]
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(UsageError, match="does not exist"):
         irmas.load_test_features(tmp_path / "none")
 
 

@@ -1,6 +1,7 @@
 """`bppsa reproduce irmas` (bppsa.experiments.irmas): training on the stand-in, the timing table, the command end to end."""
 
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -10,6 +11,7 @@ from bppsa import cli
 from bppsa.experiments import irmas as ie
 from bppsa.data import irmas
 from bppsa.data.synth_irmas import make_synthetic_irmas
+from bppsa.errors import UsageError
 
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory):
@@ -17,8 +19,13 @@ def stand_in(tmp_path_factory):
 
 
 def test_short_training_run_learns_the_stand_in_above_chance(stand_in, tmp_path):
-    rec = ie.training_comparison(stand_in, setting="s", steps=40, batch_size=16, learning_rate=1e-2,
-                                 eval_every=20, seed=0, cache_dir=tmp_path, log=lambda m: None)
+    cel = sorted((stand_in / "IRMAS-TrainingData" / "cel").iterdir())[0]
+    (stand_in / "IRMAS-TrainingData" / "Violin").mkdir()  # not a class folder: reported, not used
+    shutil.copy(cel, stand_in / "IRMAS-TrainingData" / "Violin" / "a.wav")
+    with pytest.warns(RuntimeWarning, match=r"ignored 1 audio files .*: Violin/ \(1\)"):
+        rec = ie.training_comparison(stand_in, setting="s", steps=40, batch_size=16, learning_rate=1e-2,
+                                     eval_every=20, seed=0, cache_dir=tmp_path, log=lambda m: None)
+    assert rec["skipped"] == {"files": [], "folders": {"Violin": 1}}
     assert rec["config"]["num_train"] == 55 and rec["config"]["num_heldout"] == 11  # one per class held out
     for m in ("bptt", "bppsa"):
         assert len(rec["curves"][m]) == 40
@@ -30,7 +37,8 @@ def test_short_training_run_learns_the_stand_in_above_chance(stand_in, tmp_path)
     md = (tmp_path / "irmas_train.md").read_text()
     assert "| BPTT |" in md and "| BPPSA |" in md
     assert (tmp_path / "irmas_train.png").stat().st_size > 10_000
-    assert json.loads((tmp_path / "irmas_train.json").read_text())["max_loss_diff"] == rec["max_loss_diff"]
+    saved = json.loads((tmp_path / "irmas_train.json").read_text())
+    assert saved["max_loss_diff"] == rec["max_loss_diff"] and saved["skipped"]["folders"] == {"Violin": 1}
 
 
 def test_stratified_split_holds_out_every_class():
@@ -85,7 +93,7 @@ def test_bad_settings_and_missing_data_are_clear_errors(tmp_path):
         runner.run(cfg, "smoke", {"settings": "s,xl"}, workdir=tmp_path / "a")
     with pytest.raises(runner.ConfigError, match="batches"):
         runner.run(cfg, "smoke", {"batches": "16,x"}, workdir=tmp_path / "b")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(UsageError, match=r"IRMAS data folder '.*missing' does not exist.*expected the IRMAS layout"):
         runner.run(cfg, "smoke", {"data_dir": str(tmp_path / "missing")}, workdir=tmp_path / "c")
 
 

@@ -17,6 +17,10 @@ maximum and thresholded (Han et al., 2017), then per-class, micro and macro F1 a
 
     feats = load_features("data/IRMAS-TrainingData", setting="m", cache_dir="data/cache")
     feats.x  # (N, 517, 24) float32,  feats.y  # (N,) int32,  feats.skipped  # [(path, reason)]
+    feats.skipped_folders  # {"Violin": 3}: audio outside the class folders, not used
+
+The folder layout (class names, file lists, test labels) is :mod:`bppsa.data.irmas_files`,
+re-exported here. A data folder with no usable audio raises :class:`bppsa.errors.UsageError`.
 """
 
 from __future__ import annotations
@@ -31,14 +35,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UsageError
+from .irmas_files import (AUDIO_EXTENSIONS, CLASSES, LAYOUT, TEST_LAYOUT, TRAIN_DIR, find_training_root,
+                          list_test_files, list_training_files, non_class_folders, read_test_labels)
+
 __all__ = [
     "CLASSES", "SETTINGS", "SAMPLE_RATE", "CLIP_SAMPLES", "TRAIN_DIR", "AUDIO_EXTENSIONS",
     "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features", "extract_features",
-    "find_training_root", "list_training_files", "load_features", "list_test_files",
+    "find_training_root", "list_training_files", "non_class_folders", "load_features", "list_test_files",
     "read_test_labels", "load_test_features", "clip_predictions", "multilabel_f1",
 ]
 
-CLASSES = ("cel", "cla", "flu", "gac", "gel", "org", "pia", "sax", "tru", "vio", "voi")
 SETTINGS = {  # name -> (n_mfcc, n_fft, hop_length)
     "s": (20, 4096, 512),
     "m": (13, 2048, 256),
@@ -47,8 +54,6 @@ SETTINGS = {  # name -> (n_mfcc, n_fft, hop_length)
 SAMPLE_RATE = 44100
 CLIP_SECONDS = 3
 CLIP_SAMPLES = SAMPLE_RATE * CLIP_SECONDS  # 132,300
-TRAIN_DIR = "IRMAS-TrainingData"
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".aif", ".aiff", ".mp3")
 _STD_EPS = 1e-8
 _CACHE_VERSION = 1
 
@@ -166,7 +171,8 @@ class IrmasFeatures:
     """Features of the IRMAS training set (or its stand-in).
 
     x: (N, T, F) float32; y: (N,) int32 indices into ``classes``; paths: the N files (relative
-    to the training root); skipped: [(path, reason)] for files that could not be decoded.
+    to the training root); skipped: [(path, reason)] for files that could not be decoded;
+    skipped_folders: {folder: audio files} outside the class folders, not used (``non_class_folders``).
     """
 
     x: np.ndarray
@@ -175,38 +181,7 @@ class IrmasFeatures:
     skipped: list
     paths: list
     setting: str
-
-
-def find_training_root(root) -> Path:
-    """``root`` itself if it holds class folders, else ``root/IRMAS-TrainingData``."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"IRMAS root {str(root)!r} does not exist or is not a folder; expected "
-                                f"the {TRAIN_DIR} folder (or its parent)")
-    if any((root / c).is_dir() for c in CLASSES):
-        return root
-    if (root / TRAIN_DIR).is_dir():
-        return root / TRAIN_DIR
-    raise FileNotFoundError(f"{str(root)!r} has neither class folders ({', '.join(CLASSES)}) nor a "
-                            f"{TRAIN_DIR} folder")
-
-
-def _is_audio(p: Path) -> bool:
-    return p.is_file() and not p.name.startswith(".") and p.suffix.lower() in AUDIO_EXTENSIONS
-
-
-def list_training_files(root) -> list[tuple[Path, int]]:
-    """[(path, class index)] of every audio file under ``<root>/<class>/``, sorted by path."""
-    root = find_training_root(root)
-    files = []
-    for k, c in enumerate(CLASSES):
-        d = root / c
-        if d.is_dir():
-            files.extend((p, k) for p in sorted(d.iterdir()) if _is_audio(p))
-    if not files:
-        raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) in the class folders of "
-                                f"{str(root)!r}")
-    return files
+    skipped_folders: dict = dataclasses.field(default_factory=dict)
 
 
 def _cache_key(kind, root, files, setting, extra=()):
@@ -237,6 +212,21 @@ def _save_cache(path: Path, **arrays):
     os.replace(tmp, path)
 
 
+def _check_decoded(n_decoded, skipped, root, expected):
+    if n_decoded == 0 and skipped:  # every file failed: the folder is not what it should be
+        first = " ".join(f"{skipped[0][0]}: {skipped[0][1]}".split())[:200]
+        raise UsageError(f"none of the {len(skipped)} audio files under {str(root)!r} could be read (first: "
+                         f"{first}); expected {expected}")
+
+
+def _warn_folders(folders, root):
+    if folders:
+        shown = ", ".join(f"{d}/ ({n})" for d, n in folders.items())
+        warnings.warn(f"IRMAS: ignored {sum(folders.values())} audio files in folders that are not class folders "
+                      f"of {str(root)!r}: {shown}; expected <class>/ with <class> one of {', '.join(CLASSES)}",
+                      RuntimeWarning, stacklevel=3)
+
+
 def _warn_skipped(skipped, total):
     if skipped:
         shown = "; ".join(f"{p}: {r}" for p, r in skipped[:3])
@@ -258,13 +248,17 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
         more than 1 uses "spawn", so a calling script needs the `if __name__ == "__main__":` guard).
       progress: show a tqdm bar while extracting.
 
-    Files that cannot be decoded are skipped, listed in ``.skipped`` and reported in a warning.
+    Files that cannot be decoded are skipped, listed in ``.skipped`` and reported in a warning;
+    audio outside the class folders is counted in ``.skipped_folders`` and reported in a warning.
+    Raises UsageError when the folder has no class folders, no audio, or no file that decodes.
     """
     _check_setting(setting)
     if max_per_class is not None and max_per_class < 1:
         raise ValueError(f"max_per_class must be >= 1 or None; got {max_per_class}")
     troot = find_training_root(root)
     files = list_training_files(troot)
+    folders = non_class_folders(troot)
+    _warn_folders(folders, troot)
     if max_per_class is not None:
         files = [f for k in range(len(CLASSES)) for f in [f for f in files if f[1] == k][:max_per_class]]
     rel = [str(p.relative_to(troot)) for p, _ in files]
@@ -272,12 +266,12 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
     cache = Path(cache_dir) / f"irmas-train-{setting}-{key[:16]}.npz" if cache_dir is not None else None
     if cache is not None and (z := _load_cache(cache, key)) is not None:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
+        _check_decoded(len(z["y"]), skipped, troot, LAYOUT)
         _warn_skipped(skipped, len(files))
-        return IrmasFeatures(z["x"], z["y"], CLASSES, skipped, z["paths"].tolist(), setting)
+        return IrmasFeatures(z["x"], z["y"], CLASSES, skipped, z["paths"].tolist(), setting, folders)
 
     results = extract_features([(p, 0) for p, _ in files], setting, workers=workers, progress=progress,
                        desc=f"IRMAS features ({setting})")
-    T, F = num_frames(setting), num_features(setting)
     xs, ys, paths, skipped = [], [], [], []
     for (p, k), r, (feat, err) in zip(files, rel, results):
         if feat is None:
@@ -286,14 +280,15 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
             xs.append(feat)
             ys.append(k)
             paths.append(r)
-    x = np.stack(xs).astype(np.float32) if xs else np.zeros((0, T, F), np.float32)
+    _check_decoded(len(xs), skipped, troot, LAYOUT)
+    x = np.stack(xs).astype(np.float32)
     y = np.asarray(ys, np.int32)
     if cache is not None:
         _save_cache(cache, key=np.array(key), x=x, y=y, paths=np.array(paths, dtype=str),
                     skipped_paths=np.array([s[0] for s in skipped], dtype=str),
                     skipped_reasons=np.array([s[1] for s in skipped], dtype=str))
     _warn_skipped(skipped, len(files))
-    return IrmasFeatures(x, y, CLASSES, skipped, paths, setting)
+    return IrmasFeatures(x, y, CLASSES, skipped, paths, setting, folders)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,27 +312,6 @@ class IrmasTestFeatures:
     setting: str
 
 
-def read_test_labels(path) -> np.ndarray:
-    """The (11,) bool multi-hot of a test ``.txt`` (instrument codes separated by whitespace)."""
-    tokens = Path(path).read_text().split()
-    unknown = [t for t in tokens if t not in CLASSES]
-    if unknown or not tokens:
-        raise ValueError(f"{path}: expected instrument codes from {list(CLASSES)}; got {tokens!r}")
-    return np.isin(np.array(CLASSES), tokens)
-
-
-def list_test_files(root) -> list[tuple[Path, Path]]:
-    """[(audio, label .txt)] for every audio file under ``root`` (recursively) with a .txt beside it."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"IRMAS test root {str(root)!r} does not exist or is not a folder")
-    pairs = [(p, p.with_suffix(".txt")) for p in sorted(root.rglob("*"))
-             if _is_audio(p) and p.with_suffix(".txt").is_file()]
-    if not pairs:
-        raise FileNotFoundError(f"no audio files with a .txt label file beside them under {str(root)!r}")
-    return pairs
-
-
 def _num_samples(path) -> int:
     import soundfile as sf
     info = sf.info(str(path))
@@ -350,6 +324,7 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
 
     Windows start every ``hop_seconds`` (3.0: non-overlapping); a final partial window is kept
     (zero-padded) when it is at least half a window long, and every clip gets at least one.
+    Raises UsageError when no clip under ``root`` can be used.
     """
     _check_setting(setting)
     if not hop_seconds > 0:
@@ -361,6 +336,7 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
     cache = Path(cache_dir) / f"irmas-test-{setting}-{key[:16]}.npz" if cache_dir is not None else None
     if cache is not None and (z := _load_cache(cache, key)) is not None:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
+        _check_decoded(len(z["paths"]), skipped, root, TEST_LAYOUT)
         _warn_skipped(skipped, len(pairs))
         return IrmasTestFeatures(z["x"], z["clip"], z["labels"], CLASSES, skipped, z["paths"].tolist(), setting)
 
@@ -383,11 +359,11 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
     bad = {owner[i]: err for i, (f, err) in enumerate(results) if f is None}
     keep = [c for c in range(len(paths)) if c not in bad]
     skipped.extend((paths[c], bad[c]) for c in sorted(bad))
+    _check_decoded(len(keep), skipped, root, TEST_LAYOUT)
     renum = {c: i for i, c in enumerate(keep)}
-    T, F = num_frames(setting), num_features(setting)
     xs = [f for (f, _), c in zip(results, owner) if c in renum]
     clip = np.array([renum[c] for c in owner if c in renum], np.int32)
-    x = np.stack(xs).astype(np.float32) if xs else np.zeros((0, T, F), np.float32)
+    x = np.stack(xs).astype(np.float32)
     lab = np.array([labels[c] for c in keep], bool).reshape(len(keep), len(CLASSES))
     paths = [paths[c] for c in keep]
     if cache is not None:

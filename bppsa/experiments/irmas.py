@@ -55,10 +55,11 @@ def batch_clips(x: np.ndarray, B: int) -> np.ndarray:
 def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats=5, hidden_size=20,
                 scan="blelloch", cache_dir=None, seed=0, log=print) -> dict:
     """Time the GRU's components on IRMAS feature arrays for every (setting, B); a JSON-able record."""
-    rows = []
+    rows, skipped = [], {}
     for setting in settings:
         feats = irmas.load_features(root, setting, cache_dir, max_per_class=math.ceil(max(batches) / NUM_CLASSES),
                                     progress=False)
+        skipped = {"files": feats.skipped, "folders": feats.skipped_folders}  # the same for every setting
         if len(feats.x) == 0:
             raise ValueError(f"no decodable clips under {root}; cannot time setting {setting!r}")
         T, F = feats.x.shape[1:]
@@ -83,7 +84,7 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
                 f"step ×{row['speedup_step']:.2f}")
     return {"title": "IRMAS timing grid: GRU(F, 20), BPTT vs BPPSA backward (paper §5.2)",
             "plot": "bppsa.experiments.irmas:plot_grid",
-            "rows": rows, "timer": "bppsa.bench.time_components", "scan": scan, "repeats": repeats, "hidden_size": hidden_size,
+            "rows": rows, "skipped": skipped, "timer": "bppsa.bench.time_components", "scan": scan, "repeats": repeats, "hidden_size": hidden_size,
             "dtype": "float32", "backend": jax.default_backend()}
 
 
@@ -206,7 +207,8 @@ def training_comparison(root, *, setting="m", steps=200, batch_size=16, learning
                          "T": int(feats.x.shape[1]), "F": int(F)},
               "curves": curves, "max_loss_diff": diff, "heldout": final,
               "train_seconds": {m: curves[m][-1]["time"] for m in curves}, "wall_seconds": wall,
-              "skipped": feats.skipped, "chance_accuracy": 1.0 / NUM_CLASSES}
+              "skipped": {"files": feats.skipped, "folders": feats.skipped_folders},
+              "chance_accuracy": 1.0 / NUM_CLASSES}
     if test_root is not None:
         test = irmas.load_test_features(test_root, setting, cache_dir)
         record["test"] = {"clips": len(test.paths), "windows": int(len(test.x)), "skipped": test.skipped}
