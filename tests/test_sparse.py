@@ -9,6 +9,7 @@ from jax import lax
 from jax.experimental import sparse as jsparse
 
 from bppsa import sparse
+from tests.props import property_pair
 
 
 def dense_transposed_jacobian(f, x):
@@ -34,11 +35,11 @@ def assert_exact(J, dense):
     np.testing.assert_allclose(np.asarray(J.todense()), dense, rtol=0, atol=1e-13)
 
 
-CONV_CASES = [  # (B, C_in, H, W, C_out, kh, kw, stride, padding)
+CONV_CASES = [  # (B, C_in, H, W, C_out, kh, kw, stride, padding); the slow run adds two
     (1, 1, 5, 7, 2, 3, 3, 1, 1),   # non-square input
-    (1, 3, 6, 6, 4, 3, 3, 2, 1),   # stride 2
+    pytest.param((1, 3, 6, 6, 4, 3, 3, 2, 1), marks=pytest.mark.slow),   # stride 2 (stride 3 below)
     (2, 2, 6, 5, 3, 3, 2, 2, 0),   # batch, padding 0, non-square kernel
-    (1, 4, 4, 4, 1, 5, 5, 1, 1),   # kernel larger than the input, not the padded input
+    pytest.param((1, 4, 4, 4, 1, 5, 5, 1, 1), marks=pytest.mark.slow),   # kernel larger than the input
     (1, 2, 7, 5, 3, 1, 1, 1, 0),   # 1x1 conv
     (1, 2, 8, 6, 2, 3, 3, 3, 2),   # stride 3, padding 2
 ]
@@ -172,10 +173,7 @@ def random_sparse(rng, m, n, density):
     return jsparse.BCOO((jnp.asarray(dense[rows, cols]), indices), shape=(m, n)), dense
 
 
-@settings(max_examples=15, deadline=None)
-@given(m=st.integers(1, 9), k=st.integers(1, 9), n=st.integers(1, 9), density=st.floats(0.0, 1.0),
-       seed=st.integers(0, 2**16))
-def test_spgemm_and_spmv_property(m, k, n, density, seed):
+def _spgemm_and_spmv(m, k, n, density, seed):
     rng = np.random.default_rng(seed)
     A, Ad = random_sparse(rng, m, k, density)
     B, Bd = random_sparse(rng, k, n, density)
@@ -185,6 +183,11 @@ def test_spgemm_and_spmv_property(m, k, n, density, seed):
     assert sparse.spgemm_flops(A, B) == 2 * int(((Ad != 0).astype(int).T.sum(1) * (Bd != 0).sum(1)).sum())
     x = rng.normal(size=k)
     np.testing.assert_allclose(np.asarray(sparse.spmv(A, jnp.asarray(x))), Ad @ x, rtol=1e-13, atol=1e-13)
+
+
+test_spgemm_and_spmv_property, test_spgemm_and_spmv_property_full = property_pair(
+    5, 15, m=st.integers(1, 9), k=st.integers(1, 9), n=st.integers(1, 9), density=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16))(_spgemm_and_spmv)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 11])
