@@ -38,6 +38,8 @@ from typing import Any, Callable, ClassVar
 import jax
 import jax.numpy as jnp
 
+from .errors import UsageError
+
 __all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic"]
 
 
@@ -161,9 +163,9 @@ class RNN(Cell):
 
     def __post_init__(self):
         if self.nonlinearity not in ("tanh", "relu"):
-            raise ValueError(f"nonlinearity must be 'tanh' or 'relu'; got {self.nonlinearity!r}")
+            raise UsageError(f"nonlinearity must be 'tanh' or 'relu'; got {self.nonlinearity!r}")
         if not isinstance(self.diagonal, bool):
-            raise ValueError(f"diagonal must be True or False; got {self.diagonal!r}")
+            raise UsageError(f"diagonal must be True or False; got {self.diagonal!r}")
         _check_sizes(self)
 
     def init(self, key, dtype=jnp.float32):
@@ -384,7 +386,7 @@ class Generic(Cell):
 
     def init(self, key, dtype=jnp.float32):
         if self.init_fn is None:
-            raise ValueError("Generic.init needs init_fn(key, dtype); none was given")
+            raise UsageError("Generic.init needs init_fn(key, dtype); none was given")
         return self.init_fn(key, dtype)
 
     def param_spec(self, dtype=jnp.float32):
@@ -408,4 +410,4 @@ def _check_sizes(cell):
     for name in ("input_size", "hidden_size"):
         value = getattr(cell, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")
+            raise UsageError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")
