@@ -11,6 +11,7 @@ returned states are exact. ``backward="bptt"`` is the plain ``lax.scan`` differe
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,10 @@ from jax import lax
 
 from . import cost as cost_lib
 from . import scan as scan_lib
+from .errors import UsageError
 
-__all__ = ["rnn", "BACKWARDS", "bppsa_states", "forward_states", "validate_inputs", "scan_order", "root_and_offsets",
+__all__ = ["rnn", "BACKWARDS", "bppsa_states", "forward_states", "validate_inputs", "validate_options",
+           "validate_params", "scan_order", "root_and_offsets",
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
 BACKWARDS = ("bppsa", "bptt", "auto")
@@ -187,7 +190,8 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
       backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``) or
         "auto" (:func:`bppsa.cost.choose_backward` picks one for this cell, T and B).
       scan: the BPPSA scan: "blelloch", "associative" or "sequential" (see :mod:`bppsa.scan`).
-      chunk_size: BPPSA only (ignored by BPTT): run the backward over chunks of this many steps,
+      chunk_size: BPPSA only (ignored by BPTT): run the backward over chunks of this many steps
+        (an int; numpy and JAX integer scalars are taken as ints),
         carrying the boundary gradient, so Jacobian memory is chunk_size·B·S² instead of T·B·S²
         (exact; None: one chunk). "auto" (default): on CPU, chunks whose Jacobians (for the RNN,
         whose Jacobians are never formed: its first-level products) fit in
@@ -199,14 +203,14 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
     Returns:
       The cell's state sequence: hs (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
       ``cell.hidden(out)`` is hs (T, B, H) for every cell: use it where only hs is needed.
+
+    Raises:
+      bppsa.errors.UsageError (a ValueError), one line naming the argument and what was expected:
+      unknown method names, a bad chunk_size, params that are not ``cell.param_spec``'s structure
+      (a missing, extra or misshapen leaf), xs or h0 of the wrong shape or a non-float dtype, an h0
+      whose dtype one step would change (h0 float32 with float64 params). See :func:`validate_inputs`.
     """
-    if backward not in BACKWARDS:
-        raise ValueError(f"backward must be one of {list(BACKWARDS)}; got {backward!r}")
-    if scan not in scan_lib.SCANS:
-        raise ValueError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
-    if chunk_size is not None and not (isinstance(chunk_size, str) and chunk_size == "auto") and (
-            not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
+    chunk_size = validate_options(backward, scan, chunk_size)
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)
     if backward == "auto":
@@ -218,37 +222,118 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
     return cell.unflatten_state(ss)
 
 
+def validate_options(backward, scan, chunk_size):
+    """Check :func:`rnn`'s method arguments; return ``chunk_size`` as an int, None or "auto"
+    (a numpy or JAX integer scalar becomes an int; bools, floats and traced values are refused)."""
+    if not (isinstance(backward, str) and backward in BACKWARDS):
+        raise UsageError(f"backward must be one of {list(BACKWARDS)}; got {backward!r}")
+    if not (isinstance(scan, str) and scan in scan_lib.SCANS):
+        raise UsageError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
+    if chunk_size is None or (isinstance(chunk_size, str) and chunk_size == "auto"):
+        return chunk_size
+    dtype = getattr(chunk_size, "dtype", None)
+    if (isinstance(chunk_size, int) and not isinstance(chunk_size, bool)) or (
+            dtype is not None and jnp.ndim(chunk_size) == 0 and jnp.issubdtype(dtype, jnp.integer)):
+        try:
+            n = operator.index(chunk_size)
+        except TypeError:  # a traced value: the chunking is decided at trace time
+            raise UsageError(f"chunk_size must be a concrete positive int (static under jit); "
+                             f"got a traced {dtype} value") from None
+        if n >= 1:
+            return n
+    raise UsageError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
+
+
+def validate_params(cell, params):
+    """Check ``params`` against ``cell.param_spec`` (leaf paths and shapes, at trace time; nothing
+    when the spec is None): a UsageError names the first leaf that is missing, extra or of another
+    shape. Containers are compared by their leaves' paths only (a dict and a flax State with the
+    same keys both pass)."""
+    name = type(cell).__name__
+    if params is None:
+        raise UsageError(f"params must be {name}'s parameter pytree (cell.init(key)); got None")
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    dtypes = [jnp.result_type(leaf) for _, leaf in leaves]
+    dtype = jnp.result_type(*dtypes) if dtypes and all(_is_float(d) for d in dtypes) else jnp.float32
+    spec = cell.param_spec(dtype)
+    if spec is None:
+        return
+    keystr = jax.tree_util.keystr
+    want = {keystr(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(spec)}
+    got = {keystr(path): tuple(jnp.shape(leaf)) for path, leaf in leaves}
+    if got and not set(got) & set(want):
+        raise UsageError(f"params must be like {name}.init's output, a {type(spec).__name__} with "
+                         f"{', '.join('params' + k for k in want)}; got a {type(params).__name__} with "
+                         f"{', '.join('params' + k for k in got)}")
+    for key, shape in want.items():
+        if key not in got:
+            raise UsageError(f"params{key} is missing: {name} expects a leaf of shape {shape} there "
+                             f"(its params: {', '.join('params' + k for k in want)})")
+    for key, shape in got.items():
+        if key not in want:
+            raise UsageError(f"params{key} (shape {shape}) is not a parameter of {name}; expected exactly "
+                             f"{', '.join('params' + k for k in want)}")
+        if shape != want[key]:
+            raise UsageError(f"params{key} has shape {shape}; {name} expects {want[key]}")
+
+
 def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.floating)
 
 
 def validate_inputs(cell, params, xs, h0):
-    """Check shapes and dtypes; return the flat initial state s0 (B, S)."""
+    """Check params (:func:`validate_params`), shapes and dtypes; return the flat initial state
+    s0 (B, S). Shape checks only: everything here runs at trace time."""
     name = type(cell).__name__
+    validate_params(cell, params)
     if xs.ndim != 3:
-        raise ValueError(f"xs must have shape (T, B, I) (rank 3); got rank {xs.ndim} with shape {xs.shape}")
+        raise UsageError(f"xs must have shape (T, B, I) (rank 3); got rank {xs.ndim} with shape {xs.shape}")
     T, B, I = xs.shape
     if T == 0:
-        raise ValueError(f"xs must have at least one time step (T >= 1); got shape {xs.shape}")
+        raise UsageError(f"xs must have at least one time step (T >= 1); got shape {xs.shape}")
     if not _is_float(xs):
-        raise ValueError(f"xs must have a floating dtype; got {xs.dtype}")
+        raise UsageError(f"xs must have a floating dtype; got {xs.dtype}")
     if cell.input_size is not None and I != cell.input_size:
-        raise ValueError(f"xs must have shape (T, B, I) with I = {name}.input_size = {cell.input_size}; "
+        raise UsageError(f"xs must have shape (T, B, I) with I = {name}.input_size = {cell.input_size}; "
                          f"got shape {xs.shape}")
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         if not _is_float(leaf):
-            raise ValueError(f"params{jax.tree_util.keystr(path)} must have a floating dtype; "
+            raise UsageError(f"params{jax.tree_util.keystr(path)} must have a floating dtype; "
                              f"got {jnp.result_type(leaf)}")
     H = cell.hidden_size
-    parts = h0 if cell.pair_state else (h0,)
+    expected = (B, H) if H is not None else (B, "H")
     if cell.pair_state and not (isinstance(h0, (tuple, list)) and len(h0) == 2):
-        raise ValueError(f"h0 for {name} must be a pair (h0, c0) of (B, H) = {(B, H)} arrays; got {type(h0).__name__}")
+        raise UsageError(f"h0 for {name} must be a pair (h0, c0) of (B, H) = {expected} arrays; got {type(h0).__name__}")
+    h0 = tuple(h0) if cell.pair_state else h0
+    parts = h0 if cell.pair_state else (h0,)
     for label, part in zip(("h0", "c0"), parts):
+        if part is None:
+            raise UsageError(f"{label} must be the initial state, a (B, H) = {expected} array "
+                             f"(e.g. jnp.zeros); got None")
         part = jnp.asarray(part)
-        expected = (B, H) if H is not None else (B, "H")
         if part.ndim != 2 or part.shape[0] != B or (H is not None and part.shape[1] != H):
-            raise ValueError(f"{label} must have shape (B, H) = {expected} to match xs {xs.shape} and "
+            raise UsageError(f"{label} must have shape (B, H) = {expected} to match xs {xs.shape} and "
                              f"{name}.hidden_size; got {part.shape}")
         if not _is_float(part):
-            raise ValueError(f"{label} must have a floating dtype; got {part.dtype}")
-    return cell.flatten_state(jax.tree.map(jnp.asarray, tuple(h0) if isinstance(h0, list) else h0))
+            raise UsageError(f"{label} must have a floating dtype; got {part.dtype}")
+    h0 = jax.tree.map(jnp.asarray, h0)
+    _check_step(cell, params, xs, h0)
+    return cell.flatten_state(h0)
+
+
+def _check_step(cell, params, xs, h0):
+    """One step, traced only: it must return the state's shapes and dtypes (lax.scan needs it)."""
+    name = type(cell).__name__
+    out = jax.eval_shape(cell.step, params, h0, xs[0])
+    parts, outs = jax.tree.leaves(jax.eval_shape(lambda h: h, h0)), jax.tree.leaves(out)
+    if jax.tree.structure(out) != jax.tree.structure(h0) or any(o.shape != h.shape for o, h in zip(outs, parts)):
+        raise UsageError(f"{name}.step must return the state's shape {[h.shape for h in parts]}; "
+                         f"it returns {[o.shape for o in outs]} for h0 {[h.shape for h in parts]}")
+    for label, o, h in zip(("h0", "c0"), outs, parts):
+        if o.dtype != h.dtype and not h.weak_type:  # lax.scan promotes a weakly typed h0
+            dtypes = [jnp.result_type(leaf) for leaf in jax.tree.leaves(params)]
+            pdtype = jnp.result_type(*dtypes) if dtypes else None
+            cause = (f"params' dtype {pdtype}" if pdtype is not None and pdtype != h.dtype
+                     else f"xs' dtype {xs.dtype}")
+            raise UsageError(f"{label} has dtype {h.dtype} but {name}.step turns it into {o.dtype} "
+                             f"(from {cause}); pass {label} as {o.dtype}, or params and xs as {h.dtype}")

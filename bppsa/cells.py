@@ -3,6 +3,7 @@
 A cell is a small frozen dataclass (hashable, so it can key compiled functions) with
 
     init(key, dtype=float32) -> params                  a pytree of arrays
+    param_spec(dtype=float32) -> spec                   its shapes (jax.ShapeDtypeStruct), or None
     step(params, h, x) -> h'                            h: (B, H) [LSTM: (h, c)], x: (B, I)
 
 and the two batched pieces BPPSA needs, both over all T steps at once, on the *flat* state
@@ -37,6 +38,8 @@ from typing import Any, Callable, ClassVar
 import jax
 import jax.numpy as jnp
 
+from .errors import UsageError
+
 __all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic"]
 
 
@@ -49,7 +52,9 @@ class Cell(abc.ABC):
     (S = H; LSTM: S = 2H with s = [h, c]), T steps (in any order, as long as the arrays agree).
 
     Subclasses are frozen dataclasses (hashable: :func:`bppsa.backprop.rnn` passes them as a
-    static argument of its custom VJP).
+    static argument of its custom VJP). :meth:`param_spec` is the structure ``params`` must have
+    (:func:`bppsa.backprop.validate_inputs` names any leaf that is missing, extra or of another
+    shape); its default traces :meth:`init`, so a cell that implements ``init`` is checked.
     """
 
     input_size: int | None
@@ -58,6 +63,13 @@ class Cell(abc.ABC):
     @abc.abstractmethod
     def init(self, key, dtype=jnp.float32):
         """The parameter pytree for ``key``."""
+
+    def param_spec(self, dtype=jnp.float32):
+        """The parameter structure :func:`bppsa.rnn` checks ``params`` against (shapes and keys,
+        at trace time): a pytree of ``jax.ShapeDtypeStruct`` like :meth:`init`'s output, or None
+        (not checked). The default traces :meth:`init` without computing it, so a subclass that
+        implements ``init`` gets the check for free; override it where ``init`` cannot be traced."""
+        return jax.eval_shape(lambda key: self.init(key, dtype), jax.random.key(0))
 
     @abc.abstractmethod
     def step(self, params, h, x):
@@ -151,9 +163,9 @@ class RNN(Cell):
 
     def __post_init__(self):
         if self.nonlinearity not in ("tanh", "relu"):
-            raise ValueError(f"nonlinearity must be 'tanh' or 'relu'; got {self.nonlinearity!r}")
+            raise UsageError(f"nonlinearity must be 'tanh' or 'relu'; got {self.nonlinearity!r}")
         if not isinstance(self.diagonal, bool):
-            raise ValueError(f"diagonal must be True or False; got {self.diagonal!r}")
+            raise UsageError(f"diagonal must be True or False; got {self.diagonal!r}")
         _check_sizes(self)
 
     def init(self, key, dtype=jnp.float32):
@@ -351,13 +363,19 @@ class LSTM(Cell):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Generic(Cell):
-    """Any step function ``step_fn(params, h, x) -> h'`` with h: (B, H), x: (B, I).
+    """Any per-example step ``step_fn(params, h, x) -> h'`` with h, h': (S,) and x: (I,).
 
-    ``jacobian_fn(params, h, x) -> (B, H, H)`` gives M[b, i, j] = ∂h'[b, i]/∂h[b, j] for one step;
-    without it the Jacobian comes from autodiff (``jax.jacrev`` per sample, vmapped over B and T),
-    which assumes the step treats batch rows independently. Parameter gradients come from one
-    ``jax.vjp`` of the step vmapped over T. ``hidden_size``/``input_size`` are optional and only
-    used to validate shapes; ``init_fn(key, dtype)`` supplies ``init``.
+    bppsa vmaps ``step_fn`` over the batch (``step`` takes h (B, S), x (B, I)) and, in the
+    backward, over time too, so a step cannot couple batch rows (it never sees the batch axis);
+    something like ``h.mean(0)`` inside it is a mean over the state's S entries. Optional:
+
+    - ``jacobian_fn(params, h, x) -> (S, S)``: M[i, j] = ∂h'[i]/∂h[j] for one example and step;
+      without it, ``jax.jacrev`` of ``step_fn``.
+    - ``hidden_size``/``input_size``: checked against h0 and xs when given.
+    - ``init_fn(key, dtype) -> params``: supplies ``init``, and ``param_spec`` (so
+      :func:`bppsa.rnn` checks ``params`` against its structure); without it params are not checked.
+
+    Parameter gradients come from one ``jax.vjp`` of ``step_fn`` vmapped over T and B.
     """
 
     step_fn: Callable[[Any, jax.Array, jax.Array], jax.Array]
@@ -368,23 +386,22 @@ class Generic(Cell):
 
     def init(self, key, dtype=jnp.float32):
         if self.init_fn is None:
-            raise ValueError("Generic.init needs init_fn(key, dtype); none was given")
+            raise UsageError("Generic.init needs init_fn(key, dtype); none was given")
         return self.init_fn(key, dtype)
 
+    def param_spec(self, dtype=jnp.float32):
+        return None if self.init_fn is None else super().param_spec(dtype)
+
     def step(self, params, h, x):
-        return self.step_fn(params, h, x)
+        return jax.vmap(self.step_fn, in_axes=(None, 0, 0))(params, h, x)
 
     def transposed_jacobian(self, params, s_prev, xs, s):
-        if self.jacobian_fn is not None:
-            return jax.vmap(self.jacobian_fn, in_axes=(None, 0, 0))(params, s_prev, xs)
-
-        def one(h, x):  # one sample: (S,), (I,) -> (S, S)
-            return jax.jacrev(lambda hh: self.step_fn(params, hh[None], x[None])[0])(h)
-
-        return jax.vmap(jax.vmap(one))(s_prev, xs)
+        one = self.jacobian_fn or (lambda p, h, x: jax.jacrev(self.step_fn, argnums=1)(p, h, x))
+        over_b = jax.vmap(one, in_axes=(None, 0, 0))
+        return jax.vmap(over_b, in_axes=(None, 0, 0))(params, s_prev, xs)
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        steps = jax.vmap(self.step_fn, in_axes=(None, 0, 0))
+        steps = jax.vmap(self.step, in_axes=(None, 0, 0))  # over T, each over B
         _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
         return vjp(gs)
 
@@ -393,4 +410,4 @@ def _check_sizes(cell):
     for name in ("input_size", "hidden_size"):
         value = getattr(cell, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")
+            raise UsageError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")

@@ -15,7 +15,7 @@ SCANS = ("blelloch", "associative", "sequential")
 
 
 def _generic_cell(I, H):
-    def step(p, h, x):
+    def step(p, h, x):  # one example: h (H,), x (I,) -> (H,)
         return jnp.tanh(x @ p["A"] + jnp.sin(h) @ p["W"] + p["b"])
 
     def init(key, dtype=jnp.float32):
@@ -31,9 +31,9 @@ def _generic_cell_with_jacobian(I, H):
     def step(p, h, x):
         return jnp.tanh(x @ p["A"] + h @ p["W"])
 
-    def jac(p, h, x):  # M[b, i, j] = ∂h'_i/∂h_j
+    def jac(p, h, x):  # one example: M[i, j] = ∂h'_i/∂h_j
         hn = step(p, h, x)
-        return (1 - hn ** 2)[:, :, None] * p["W"].T[None]
+        return (1 - hn ** 2)[:, None] * p["W"].T
 
     def init(key, dtype=jnp.float32):
         k = jax.random.split(key)
@@ -317,3 +317,69 @@ def test_cell_contract_and_properties():
         out = bppsa.rnn(c, c.init(jax.random.key(0)), xs, h0)
         assert c.hidden(out).shape == (4, 2, 3)
         assert isinstance(out, tuple) == c.pair_state
+
+
+# ---------------------------------------------------------------------------------------------
+# cells.Generic takes a per-example step (h (S,), x (I,) -> (S,)) that bppsa vmaps over B and T:
+# a step cannot couple batch rows, so its gradients are those of autodiff for any step it can write.
+# ---------------------------------------------------------------------------------------------
+
+def _mean_step(p, h, x):
+    """Nonlinear, and uses h.mean(0): over a batch that coupled rows; on one example, a mean of h."""
+    return jnp.tanh(x @ p["A"] + jnp.sin(h) @ p["W"] + p["b"]) * (1.0 + 0.5 * jnp.tanh(h.mean(0)))
+
+
+def _mean_params(I, H, seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    return {"A": jax.random.normal(k[0], (I, H), jnp.float64), "W": jax.random.normal(k[1], (H, H), jnp.float64) / H,
+            "b": jax.random.normal(k[2], (H,), jnp.float64)}
+
+
+@pytest.mark.parametrize("T,B", [(1, 1), (7, 3)] + [pytest.param(T, B, marks=slow) for T, B in [(1, 2), (5, 1)]])
+def test_generic_per_example_step_matches_plain_scan(T, B):
+    """Against autodiff through a plain lax.scan that loops over the batch rows itself."""
+    I, H = 2, 3
+    cell = cells.Generic(_mean_step, hidden_size=H, input_size=I)
+    params = _mean_params(I, H, seed=T)
+    k = jax.random.split(jax.random.key(T + 10), 2)
+    xs = jax.random.normal(k[0], (T, B, I), jnp.float64)
+    h0 = 0.5 * jax.random.normal(k[1], (B, H), jnp.float64)
+
+    def plain(p, x, h):
+        body = lambda h, xt: ((n := jnp.stack([_mean_step(p, h[b], xt[b]) for b in range(B)])), n)
+        return lax.scan(body, h, x)[1]
+
+    @jax.jit
+    def run(p, x, h):
+        grad = lambda fn, every: jax.grad(lambda *a: _loss(fn(*a), every), argnums=(0, 1, 2))(p, x, h)
+        return [(grad(plain, every), [grad(lambda p, x, h: bppsa.rnn(cell, p, x, h, scan=s), every)
+                                      for s in SCANS]) for every in (False, True)]
+
+    for want, gots in run(params, xs, h0):
+        for got in gots:
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12), got, want)
+
+
+def test_generic_functions_see_one_example():
+    """step_fn and jacobian_fn are traced on (S,) and (I,) arrays only, forward and backward:
+    the batch axis is never theirs to mix, and rows stay independent."""
+    I, H, T, B = 2, 3, 4, 5
+    seen = []
+
+    def step(p, h, x):
+        seen.append(("step", h.shape, x.shape))
+        return _mean_step(p, h, x)
+
+    def jac(p, h, x):
+        seen.append(("jac", h.shape, x.shape))
+        return jax.jacrev(_mean_step, argnums=1)(p, h, x)
+
+    params = _mean_params(I, H)
+    xs = jax.random.normal(jax.random.key(1), (T, B, I), jnp.float64)
+    h0 = jnp.zeros((B, H))
+    for cell in (cells.Generic(step), cells.Generic(step, jacobian_fn=jac)):
+        # row 0's loss does not depend on row 1's inputs: exactly zero, as autodiff says
+        dxs = jax.jit(jax.grad(lambda x: bppsa.rnn(cell, params, x, h0)[:, 0].sum()))(xs)
+        assert np.all(dxs[:, 1:] == 0) and np.any(dxs[:, 0] != 0)
+        assert cell.step(params, h0, xs[0]).shape == (B, H)
+    assert {s for s in seen} == {("step", (H,), (I,)), ("jac", (H,), (I,))}

@@ -48,6 +48,7 @@ from jax.sharding import PartitionSpec as PS
 
 from .. import backprop, cost
 from .. import scan as scan_lib
+from ..errors import UsageError
 from .mesh import check_axes, make_mesh, shard_map
 
 __all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "choose_combine", "communication_volume",
@@ -85,7 +86,7 @@ def communication_volume(P: int, B: int, S: int, itemsize: int, combine: str) ->
     elif combine == "chain":
         levels = [(f"ppermute hop {k} u (vector)", vec) for k in range(P - 1)]
     else:
-        raise ValueError(f"combine must be one of {COMBINES[:-1]}; got {combine!r}")
+        raise UsageError(f"combine must be one of {COMBINES[:-1]}; got {combine!r}")
     return {"levels": levels, "combine_bytes": sum(b for _, b in levels),
             "boundary_bytes": vec if P > 1 else 0}
 
@@ -268,7 +269,7 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, *, seq_axis="seq", batc
     """
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
     if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
+        raise UsageError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
     if combine == "auto":
         combine = choose_combine(P)
     T, B, _ = xs.shape
@@ -292,14 +293,11 @@ def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, bac
     xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
     exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
     """
-    if backward not in backprop.BACKWARDS:
-        raise ValueError(f"backward must be one of {list(backprop.BACKWARDS)}; got {backward!r}")
-    if scan not in scan_lib.SCANS:
-        raise ValueError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
-    if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
+    chunk_size = backprop.validate_options(backward, scan, chunk_size)
+    if not (isinstance(combine, str) and combine in COMBINES):
+        raise UsageError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
     if chunk_size not in (None, "auto"):
-        raise ValueError(f"chunk_size={chunk_size!r} cannot be combined with mesh (the sharded scan "
+        raise UsageError(f"chunk_size={chunk_size!r} cannot be combined with mesh (the sharded scan "
                          "already splits the sequence); pass one of them")
     if mesh is None:
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
@@ -321,12 +319,12 @@ def pmap_rnn(cell, params, xs, h0, *, devices=None, backward="bppsa", scan="blel
     """
     xs = jnp.asarray(xs)
     if xs.ndim != 4:
-        raise ValueError(f"xs must have shape (P, C, B, I) (rank 4: devices, chunk, batch, input); "
+        raise UsageError(f"xs must have shape (P, C, B, I) (rank 4: devices, chunk, batch, input); "
                          f"got shape {xs.shape}")
     P, C = xs.shape[:2]
     devices = list(jax.local_devices()[:P] if devices is None else devices)
     if len(devices) != P:
-        raise ValueError(f"xs has a leading (device) axis of {P}; got {len(devices)} devices "
+        raise UsageError(f"xs has a leading (device) axis of {P}; got {len(devices)} devices "
                          f"(jax.local_device_count() = {jax.local_device_count()})")
     mesh = make_mesh(P, devices=devices, batch_axis=None)
     hs = rnn(cell, params, xs.reshape((P * C,) + xs.shape[2:]), h0, mesh=mesh, backward=backward,

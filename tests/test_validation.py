@@ -1,0 +1,136 @@
+"""Bad input to bppsa.rnn / bppsa.parallel.rnn: params checked against the cell's param_spec,
+method arguments, h0 — each a one-line UsageError (a ValueError) naming what was wrong and what
+was expected, raised the same way under BPTT, BPPSA and the sequence-parallel entry point."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bppsa
+from bppsa import backprop, cells, parallel
+from bppsa.errors import UsageError
+
+T, B, I, H = 5, 2, 3, 4
+
+
+def _gru():
+    cell = cells.GRU(I, H)
+    return cell, cell.init(jax.random.key(0), jnp.float64), jnp.ones((T, B, I)), jnp.zeros((B, H))
+
+
+def _raises(pattern, fn):
+    with pytest.raises(UsageError, match=pattern) as info:
+        fn()
+    assert "\n" not in str(info.value)  # one line
+
+
+def _entry_points(cell, xs, h0, **kw):
+    """bppsa.rnn under both backwards (its gradient too) and parallel.rnn, on params p."""
+    return [
+        lambda p: bppsa.rnn(cell, p, xs, h0, backward="bptt", **kw),
+        lambda p: jax.grad(lambda q: bppsa.rnn(cell, q, xs, h0, **kw)[-1].sum())(p),
+        lambda p: jax.jit(lambda q: bppsa.rnn(cell, q, xs, h0, **kw))(p),  # raised at trace time
+        lambda p: parallel.rnn(cell, p, xs, h0, **kw),
+    ]
+
+
+def test_param_spec_is_init_traced():
+    for cell in (cells.RNN(I, H), cells.GRU(I, H), cells.LSTM(I, H)):
+        spec = cell.param_spec(jnp.float64)
+        params = cell.init(jax.random.key(0), jnp.float64)
+        assert jax.tree.structure(spec) == jax.tree.structure(params)
+        for s, p in zip(jax.tree.leaves(spec), jax.tree.leaves(params)):
+            assert isinstance(s, jax.ShapeDtypeStruct) and (s.shape, s.dtype) == (p.shape, p.dtype)
+    assert cells.Generic(lambda p, h, x: h).param_spec() is None  # no init_fn: not checked
+
+
+def test_params_checked_against_the_cells_structure():
+    cell, p, xs, h0 = _gru()
+    cases = [
+        ({k: v for k, v in p.items() if k != "W_h"}, r"params\['W_h'\] is missing: GRU expects a leaf of shape \(4, 12\)"),
+        ({**p, "W_hh": p["W_h"]}, r"params\['W_hh'\] \(shape \(4, 12\)\) is not a parameter of GRU; expected exactly "
+                                  r"params\['W_h'\], params\['W_x'\]"),
+        ({**p, "W_x": p["W_h"], "W_h": p["W_x"]}, r"params\['W_h'\] has shape \(3, 12\); GRU expects \(4, 12\)"),
+        ({**p, "W_h": p["W_h"].T}, r"params\['W_h'\] has shape \(12, 4\); GRU expects \(4, 12\)"),
+        ({**p, "b_x": p["b_x"][None]}, r"params\['b_x'\] has shape \(1, 12\); GRU expects \(12,\)"),
+        ({**p, "b_h": p["b_h"][0]}, r"params\['b_h'\] has shape \(\); GRU expects \(12,\)"),
+        (None, r"params must be GRU's parameter pytree \(cell.init\(key\)\); got None"),
+        (list(p.values()), r"params must be like GRU.init's output, a dict with params\['W_h'\], .*; got a list "
+                           r"with params\[0\], params\[1\]"),
+    ]
+    for params, pattern in cases:
+        for run in _entry_points(cell, xs, h0):
+            _raises(pattern, lambda: run(params))
+
+
+def test_a_cell_subclass_with_init_is_checked_for_free():
+    @dataclasses.dataclass(frozen=True)
+    class Leaky(cells.RNN):  # a user cell: its own init, no param_spec of its own
+        def init(self, key, dtype=jnp.float32):
+            return {**super().init(key, dtype), "leak": jnp.full((self.hidden_size,), 0.5, dtype)}
+
+    cell = Leaky(I, H)
+    p = cell.init(jax.random.key(0), jnp.float64)
+    _raises(r"params\['leak'\] has shape \(1,\); Leaky expects \(4,\)",
+            lambda: bppsa.rnn(cell, {**p, "leak": p["leak"][:1]}, jnp.ones((T, B, I)), jnp.zeros((B, H))))
+
+
+def test_generic_params_checked_only_with_init_fn():
+    step = lambda p, h, x: jnp.tanh(x @ p["A"] + h @ p["W"])
+    init = lambda key, dtype: {"A": jnp.zeros((I, H), dtype), "W": jnp.zeros((H, H), dtype)}
+    p = {"A": jnp.ones((I, H)) / 3, "W": jnp.eye(H) / 2, "unused": jnp.ones(7)}
+    xs, h0 = jnp.ones((T, B, I)), jnp.zeros((B, H))
+    _raises(r"params\['unused'\] \(shape \(7,\)\) is not a parameter of Generic",
+            lambda: bppsa.rnn(cells.Generic(step, init_fn=init), p, xs, h0))
+    out = bppsa.rnn(cells.Generic(step), p, xs, h0, backward="bptt")  # no spec: the user's business
+    assert out.shape == (T, B, H)
+    _raises(r"Generic.step must return the state's shape \[\(2, 4\)\]; it returns \[\(2, 5\)\]",
+            lambda: bppsa.rnn(cells.Generic(lambda p, h, x: jnp.concatenate([h, x[:1]])), p, xs, h0))
+
+
+def test_chunk_size_accepts_integer_scalars():
+    cell, p, xs, h0 = _gru()
+    for chunk in (np.int64(2), np.int32(2), jnp.int32(2), jnp.array(2, jnp.int64)):
+        got = backprop.validate_options("bppsa", "blelloch", chunk)
+        assert got == 2 and type(got) is int
+    grads = [jax.grad(lambda q: bppsa.rnn(cell, q, xs, h0, chunk_size=c)[-1].sum())(p) for c in (2, jnp.int32(2))]
+    jax.tree.map(np.testing.assert_array_equal, *grads)
+    for chunk in (True, np.bool_(True), 2.0, np.float64(2.0), jnp.array(2.0), jnp.array([2]), 0, np.int64(-1), "2"):
+        _raises(r"chunk_size must be a positive int, None or 'auto'; got",
+                lambda: bppsa.rnn(cell, p, xs, h0, chunk_size=chunk))
+    _raises(r"chunk_size must be a concrete positive int \(static under jit\); got a traced int",
+            lambda: jax.jit(lambda c: bppsa.rnn(cell, p, xs, h0, chunk_size=c))(2))
+    _raises(r"chunk_size=2 cannot be combined with mesh", lambda: parallel.rnn(cell, p, xs, h0, chunk_size=np.int64(2)))
+
+
+def test_method_arguments_and_h0_named():
+    cell, p, xs, h0 = _gru()
+    for entry in (bppsa.rnn, parallel.rnn):
+        _raises(r"scan must be one of \['associative', 'blelloch', 'sequential'\]; got \[\]",
+                lambda: entry(cell, p, xs, h0, scan=[]))
+        _raises(r"backward must be one of \['bppsa', 'bptt', 'auto'\]; got \{\}",
+                lambda: entry(cell, p, xs, h0, backward={}))
+        _raises(r"h0 must be the initial state, a \(B, H\) = \(2, 4\) array \(e.g. jnp.zeros\); got None",
+                lambda: entry(cell, p, xs, None))
+    _raises(r"combine must be one of .*; got \[\]", lambda: parallel.rnn(cell, p, xs, h0, combine=[]))
+    lstm = cells.LSTM(I, H)
+    _raises(r"c0 must be the initial state, a \(B, H\) = \(2, 4\) array",
+            lambda: bppsa.rnn(lstm, lstm.init(jax.random.key(0)), xs, (h0, None)))
+
+
+def test_h0_dtype_must_survive_a_step():
+    cell, p, xs, h0 = _gru()
+    p32 = jax.tree.map(lambda a: a.astype(jnp.float32), p)
+    for run in _entry_points(cell, xs, h0.astype(jnp.float32)):
+        _raises(r"h0 has dtype float32 but GRU.step turns it into float64 \(from params' dtype float64\); "
+                r"pass h0 as float64, or params and xs as float32", lambda: run(p))
+    _raises(r"h0 has dtype float32 but GRU.step turns it into float64 \(from xs' dtype float64\)",
+            lambda: bppsa.rnn(cell, p32, xs, h0.astype(jnp.float32)))
+    # a state the step keeps in its dtype is fine: float32 everywhere, or a float64 state with float32 params
+    assert bppsa.rnn(cell, p32, xs.astype(jnp.float32), h0.astype(jnp.float32)).dtype == jnp.float32
+    assert bppsa.rnn(cell, p32, xs, h0).dtype == jnp.float64
+    weak = jnp.broadcast_to(jnp.asarray(0.0), (B, H))  # weakly typed float64: lax.scan promotes it
+    assert bppsa.rnn(cell, p32, xs.astype(jnp.float32), weak).dtype == jnp.float32
