@@ -285,7 +285,7 @@ def _remove_written(workdir: Path, marker: dict) -> list[str]:
         else:
             continue
         removed.append(name)
-    (workdir / MARKER).unlink()
+    (workdir / MARKER).unlink(missing_ok=True)
     return removed
 
 
@@ -313,16 +313,19 @@ def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | Non
         except ValueError:
             raise ConfigError(f"{str(config_file)!r} is not valid JSON; pass --restart (or another --workdir)") from None
         changes = _diff(old, resolved) if isinstance(old, dict) else ["<not a config>"]
+        if changes and marker is None and _entries(workdir) == {"config.json"}:
+            marker = {"written": ["config.json"], "status": "refused"}  # a run that died before writing anything
         if changes and _never_started(marker):
             print(f"bppsa run: the run in {str(workdir)!r} never started; replacing its config "
                   f"({'; '.join(changes)})", file=sys.stderr)
             _remove_written(workdir, marker)
             return {"written": []}
         if changes:
+            restart_hint = ("--restart to delete what bppsa wrote there and start over" if marker is not None else
+                            f"move it away to start over (it has no {MARKER}, so --restart will not delete it)")
             raise ConfigError(
                 f"work directory {str(workdir)!r} holds a run of a different config ({'; '.join(changes)}); "
-                f"re-run the same command to resume it, pass --workdir for a new run, or --restart to "
-                f"delete what bppsa wrote there and start over")
+                f"re-run the same command to resume it, pass --workdir for a new run, or {restart_hint}")
         if marker is None:
             return None  # a run from before the marker existed: resumed, not tracked
     return marker or {"written": []}

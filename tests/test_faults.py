@@ -272,3 +272,19 @@ def test_no_intact_checkpoint_is_a_one_line_error_that_moves_nothing(tmp_path):
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6"]
     assert not (tmp_path / "checkpoints-corrupt").exists()
+
+
+def test_a_config_json_alone_from_an_older_bppsa_takes_a_corrected_config(tmp_path, capsys):
+    """An older bppsa wrote config.json, then the task crashed: nothing else there, so nothing to resume."""
+    cfg = _config(tmp_path, "echo_task", n=1)
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "config.json").write_text(json.dumps({"task": "tests.helpers:echo_task", "n": -1}))
+    assert runner.run(cfg, workdir=w) == {"n": 1}
+    assert runner.read_marker(w)["status"] == "done"
+    w2 = tmp_path / "w2"
+    w2.mkdir()
+    (w2 / "config.json").write_text(json.dumps({"task": "tests.helpers:echo_task", "n": -1}))
+    (w2 / "outputs").mkdir()  # something else is there: refused, and --restart is not offered
+    with pytest.raises(UsageError, match="move it away"):
+        runner.run(cfg, workdir=w2)
