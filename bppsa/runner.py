@@ -290,9 +290,8 @@ def _remove_written(workdir: Path, marker: dict) -> list[str]:
 
 
 def _never_started(marker: dict | None) -> bool:
-    """The run stopped before making progress: its task refused the input, or wrote nothing."""
-    return marker is not None and marker.get("status") != "running" and (
-        marker.get("status") == "refused" or set(marker["written"]) <= {"config.json"})
+    """No run here made progress: each one's task refused its input (UsageError) or wrote nothing."""
+    return marker is not None and marker.get("status") != "running" and not marker.get("progress", True)
 
 
 def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | None:
@@ -314,7 +313,7 @@ def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | Non
             raise ConfigError(f"{str(config_file)!r} is not valid JSON; pass --restart (or another --workdir)") from None
         changes = _diff(old, resolved) if isinstance(old, dict) else ["<not a config>"]
         if changes and marker is None and _entries(workdir) == {"config.json"}:
-            marker = {"written": ["config.json"], "status": "refused"}  # a run that died before writing anything
+            marker = {"written": ["config.json"], "status": "failed", "progress": False}  # died before writing
         if changes and _never_started(marker):
             print(f"bppsa run: the run in {str(workdir)!r} never started; replacing its config "
                   f"({'; '.join(changes)})", file=sys.stderr)
@@ -348,7 +347,8 @@ def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, rest
     before = _entries(workdir)
     if marker is not None:
         marker.update(bppsa="work directory", status="running", before=sorted(before),
-                      written=sorted(set(marker["written"]) | {"config.json"}))
+                      written=sorted(set(marker["written"]) | {"config.json"}),
+                      progress=marker.get("progress", bool(set(marker["written"]) - {"config.json"})))
         _write_marker(workdir, marker)
     (workdir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
 
@@ -373,7 +373,9 @@ def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, rest
         raise
     finally:
         if marker is not None:
-            marker.update(status=status, written=sorted(set(marker["written"]) | (_entries(workdir) - before)))
+            new = _entries(workdir) - before
+            marker.update(status=status, written=sorted(set(marker["written"]) | new),
+                          progress=marker["progress"] or (status != "refused" and bool(new - {"config.json"})))
             _write_marker(workdir, marker)
     if publish:
         name = config.get("name", path.stem)

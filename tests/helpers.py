@@ -28,10 +28,10 @@ def write_task(config, workdir) -> dict:
 
 
 def refusing_task(config, workdir) -> dict:
-    """Refuses ``config.n == 0`` with a UsageError, as a task does on a bad data folder (after
-    creating an empty ``partial/``); otherwise returns ``{"n": config.n}``."""
+    """Refuses ``config.n == 0`` (or a work directory holding ``REFUSE``) with a UsageError, as a task
+    does on a bad data folder, after creating an empty ``partial/``; otherwise returns ``{"n": config.n}``."""
     from bppsa.errors import UsageError
     (workdir / "partial").mkdir(exist_ok=True)
-    if config.n == 0:
+    if config.n == 0 or (workdir / "REFUSE").exists():
         raise UsageError("config.n: the task found nothing to do with n = 0; expected n >= 1")
     return {"n": config.n}

@@ -127,6 +127,12 @@ def test_a_run_that_never_started_takes_a_corrected_config(tmp_path, capsys):
     assert "never started" in capsys.readouterr().err
     with pytest.raises(UsageError, match="n: 3 -> 4"):  # this one did run: only the same config resumes
         runner.run(cfg, None, {"n": "4"}, workdir=w)
+    (w / "REFUSE").write_text("")  # now the same config is refused by the task (e.g. no intact checkpoint)...
+    with pytest.raises(UsageError, match="n = 0"):
+        runner.run(cfg, None, {"n": "3"}, workdir=w)
+    with pytest.raises(UsageError, match="n: 3 -> 4"):  # ...which does not make the run "never started"
+        runner.run(cfg, None, {"n": "4"}, workdir=w)
+    assert (w / "summary.json").exists() and (w / "partial").is_dir()
 
 
 # --------------------------------------------------------------------------------------------
