@@ -18,9 +18,9 @@ out of range (an unknown method, ``steps = -5``). Nothing is written for a confi
 The work directory: the runner writes a marker, ``.bppsa-run.json``, that lists what bppsa wrote
 there (config.json, summary.json and every entry the task created; entries that were there before
 the first run are not bppsa's). ``--restart`` deletes exactly those entries and refuses, naming
-the directory, when there is no marker. A run that never started (the task refused its input
-with a UsageError, or wrote nothing but config.json) may be re-run with a corrected config; a run
-that made progress is only resumed with the same config.
+the directory, when there is no marker. A run that never started (its task refused the input
+with a UsageError before any run there made progress, or wrote nothing but config.json) may be
+re-run with a corrected config; a run that made progress is only resumed with the same config.
 """
 
 from __future__ import annotations
@@ -310,7 +310,8 @@ def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | Non
         try:
             old = json.loads(config_file.read_text())
         except ValueError:
-            raise ConfigError(f"{str(config_file)!r} is not valid JSON; pass --restart (or another --workdir)") from None
+            raise ConfigError(f"{str(config_file)!r} is not valid JSON; pass another --workdir"
+                              + (", or --restart" if marker is not None else ", or move the folder away")) from None
         changes = _diff(old, resolved) if isinstance(old, dict) else ["<not a config>"]
         if changes and marker is None and _entries(workdir) == {"config.json"}:
             marker = {"written": ["config.json"], "status": "failed", "progress": False}  # died before writing
