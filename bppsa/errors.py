@@ -7,12 +7,13 @@ traceback. Raise it with a message that names what was wrong and what was expect
 A task (``function(config, workdir)``, see :mod:`bppsa.runner`) declares the checks of its config
 with ``@checked_by(check)``: ``check(config)`` raises :class:`UsageError` on a value of the right
 type but out of range, and the runner calls it before it writes anything. :func:`require_int`,
-:func:`require_number` and :func:`require_choices` are the usual checks, each naming the key.
+:func:`require_ints`, :func:`require_number` and :func:`require_choices` are the usual checks,
+each naming the key.
 """
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "checked_by", "require_int", "require_number", "require_choices"]
+__all__ = ["UsageError", "checked_by", "require_int", "require_ints", "require_number", "require_choices"]
 
 
 class UsageError(ValueError):
@@ -42,6 +43,17 @@ def require_int(config, key: str, minimum: int = 1, maximum: int | None = None) 
         expected = f"an int >= {minimum}" if maximum is None else f"an int in {minimum}..{maximum}"
         raise UsageError(f"config.{key} must be {expected}; got {value!r}")
     return value
+
+
+def require_ints(config, key: str, minimum: int = 1, *, allow_empty: bool = True) -> tuple:
+    """``config.<key>`` must be a sequence of ints >= minimum (non-empty unless ``allow_empty``); returns it."""
+    value = _get(config, key)
+    values = tuple(value) if isinstance(value, (list, tuple)) else None
+    if values is None or (not values and not allow_empty) or \
+            any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in values):
+        what = "a list of ints" if allow_empty else "a non-empty list of ints"
+        raise UsageError(f"config.{key} must be {what} >= {minimum}; got {value!r}")
+    return values
 
 
 def require_number(config, key: str, minimum: float = 0.0, *, strict: bool = True) -> float:

@@ -157,7 +157,26 @@ USER_ERRORS = {
     "settings-flag": (["reproduce", "irmas", "--settings", "x"], "unexpected argument '--settings'"),
     "methods": (["reproduce", "rnn-train", "--config.methods=foo"], "config.methods"),
     "unknown-name": (["reproduce", "no-such"], "unknown NAME 'no-such'"),
+    "zipline-method": (["reproduce", "zipline", "--smoke", "--config.methods=zipline,fastest"], "config.methods"),
+    "sweep-length": (["reproduce", "rnn-sweep", "--smoke", "--config.T_values=10,0"], "config.T_values"),
+    "timing-setting": (["reproduce", "irmas-timing", "--config.settings=s,xl"], "config.settings"),
+    "accuracy-batch": (["reproduce", "core-accuracy", "--config.batch_size=-1"], "config.batch_size"),
 }
+
+
+def test_every_preset_of_every_config_passes_its_tasks_checks():
+    checked = set()
+    for path in sorted(CONFIGS.glob("*.py")):
+        for arg in (None, "quick", "smoke"):
+            try:
+                config = runner.load_config(path, arg)
+            except UsageError:
+                continue  # a config without this preset
+            task = runner.resolve_task(config.task)
+            if hasattr(task, "check"):
+                task.check(config)
+                checked.add(path.stem)
+    assert {"rnn_train", "irmas", "irmas_timing", "rnn_sweep", "core_accuracy", "sync_ray", "zipline"} <= checked
 
 
 @pytest.mark.parametrize("case", USER_ERRORS)

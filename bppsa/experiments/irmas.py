@@ -32,7 +32,7 @@ from .. import cells
 from ..bench import TABLE_HEADER, bench_point, save_record, time_components
 from ..data import irmas
 from ..data.synth_irmas import ensure_synthetic_irmas
-from ..errors import UsageError, checked_by, require_choices, require_int
+from ..errors import checked_by, require_choices, require_int, require_ints
 from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
 from ..train import compare_backward_training, evaluate
@@ -305,8 +305,7 @@ def check_run(config) -> None:
     parts = require_choices(config, "parts", ("grid", "train"), many=True)
     if "grid" in parts:
         require_choices(config, "settings", tuple(irmas.SETTINGS), many=True)
-        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in config.batches):
-            raise UsageError(f"config.batches must be ints >= 1; got {tuple(config.batches)!r}")
+        require_ints(config, "batches", allow_empty=False)
         require_int(config, "repeats")
     if "train" in parts:
         require_choices(config, "setting", tuple(irmas.SETTINGS))
@@ -365,12 +364,19 @@ def run(config, workdir: Path) -> dict:
 SHAPES = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # setting -> (features, T), DESIGN.md
 
 
+def check_shapes_task(config) -> None:
+    """The ranges of :func:`shapes_task`'s config (UsageError naming the key)."""
+    require_choices(config, "settings", tuple(SHAPES), many=True)
+    require_ints(config, "batches", allow_empty=False)
+    require_int(config, "repeats")
+    require_int(config, "hidden_size")
+
+
+@checked_by(check_shapes_task)
 def shapes_task(config, workdir: Path) -> dict:
     """Task of ``experiments/configs/irmas_timing.py``: the grid's timing on random inputs of each
     setting's shape (GRU(F, H), 11 classes, no data needed); ``<name>``.{json,md} in ``workdir``."""
-    unknown = [s for s in config.settings if s not in SHAPES]
-    if unknown:
-        raise ValueError(f"config.settings entries must be in {sorted(SHAPES)}; got {unknown}")
+    check_shapes_task(config)
     start = time.perf_counter()
     pts, skipped = [], []
     print(TABLE_HEADER)

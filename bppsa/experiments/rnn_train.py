@@ -18,7 +18,7 @@ from .. import cells
 from ..backprop import BACKWARDS
 from ..bench import backward_times
 from ..data.bitstream import NUM_CLASSES, make_bitstream
-from ..errors import UsageError, checked_by, require_choices, require_int, require_number
+from ..errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
 from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
 from ..scan import SCANS
@@ -40,9 +40,8 @@ def check_rnn_train(config) -> None:
     for key in ("eval_every", "checkpoint_every", "seed"):
         require_int(config, key, 0)
     require_number(config, "learning_rate")
-    for key in ("lengths", "batches"):
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in config.timing[key]):
-            raise UsageError(f"config.timing.{key} must be ints >= 1; got {tuple(config.timing[key])!r}")
+    require_ints(config, "timing.lengths")
+    require_ints(config, "timing.batches")
 
 
 @checked_by(check_rnn_train)
