@@ -2,18 +2,25 @@
 
 Each subcommand lives in the module that owns the feature; this file only dispatches. An entry
 is "module:function", the function takes the remaining argv and returns an exit code.
-``bppsa reproduce NAME [--quick] [args...]`` is exactly ``bppsa run
-experiments/configs/NAME.py[:quick] [args...]`` (dashes in NAME read as underscores); the names
-are the config files present. The command opts in to :func:`bppsa.host.tune_allocator` once at start.
+``bppsa reproduce NAME [--quick|--smoke] [args...]`` is exactly ``bppsa run
+experiments/configs/NAME.py[:quick|:smoke] [args...]`` (dashes in NAME read as underscores); the
+names are the config files present. The command opts in to :func:`bppsa.host.tune_allocator` once at start.
+
+Errors: a :class:`bppsa.errors.UsageError` (bad input: a config, a flag, a data folder) from any
+subcommand is printed as one line, ``bppsa COMMAND: error: ...``, with exit code 2; the global
+flag ``--debug`` (``bppsa --debug COMMAND ...``, or anywhere before a ``--``) prints the
+traceback instead (exit code 2 as well).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from pathlib import Path
 
 from . import host
+from .errors import UsageError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -25,11 +32,12 @@ COMMANDS = {
     "bench": "bppsa.bench:main",
 }
 
-USAGE = """usage: bppsa COMMAND [args...]
+USAGE = """usage: bppsa [--debug] COMMAND [args...]
 
 commands:
-  reproduce NAME [--quick] ...   = run experiments/configs/NAME.py[:quick] ...; NAME is one of: {names}
+  reproduce NAME [--quick|--smoke] ...   = run experiments/configs/NAME.py[:quick|:smoke] ...; NAME is one of: {names}
 {commands}
+--debug: show the traceback of an error (without it, bad input is one line and exit code 2).
 Run `bppsa COMMAND --help` for a command's options."""
 
 
@@ -39,17 +47,19 @@ def reproduce_names(configs=CONFIGS) -> list[str]:
 
 
 def reproduce_argv(argv, configs=CONFIGS) -> list[str]:
-    """``[NAME, --quick?, args...]`` -> the argv of ``bppsa run`` it stands for.
+    """``[NAME, --quick|--smoke?, args...]`` -> the argv of ``bppsa run`` it stands for.
 
-    Raises ValueError naming the unknown NAME and the known ones.
+    Raises UsageError naming the unknown NAME and the known ones.
     """
     name, rest = argv[0], list(argv[1:])
     path = Path(configs) / f"{name.replace('-', '_')}.py"
     if not path.is_file():
-        raise ValueError(f"unknown NAME {name!r}; expected one of: {', '.join(reproduce_names(configs))}")
-    quick = "--quick" in rest
-    rest = [a for a in rest if a != "--quick"]
-    return [str(path) + (":quick" if quick else "")] + rest
+        raise UsageError(f"unknown NAME {name!r}; expected one of: {', '.join(reproduce_names(configs))}")
+    presets = [a[2:] for a in rest if a in ("--quick", "--smoke")]
+    if len(set(presets)) > 1:
+        raise UsageError(f"pass one of --quick and --smoke, not both; got {' '.join(f'--{p}' for p in presets)}")
+    rest = [a for a in rest if a not in ("--quick", "--smoke")]
+    return [str(path) + (f":{presets[0]}" if presets else "")] + rest
 
 
 def _load(target: str):
@@ -62,28 +72,43 @@ def _usage() -> str:
     return USAGE.format(names=", ".join(reproduce_names()), commands=cmds)
 
 
+def split_debug(argv) -> tuple[bool, list[str]]:
+    """Take the global ``--debug`` out of ``argv``: before the command, or after it but before a ``--``
+    (what follows ``--`` belongs to another program, e.g. the one ``bppsa launch`` starts)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:end]
+    return debug, [a for i, a in enumerate(argv) if i >= end or a != "--debug"]
+
+
+def _dispatch(cmd: str, rest: list[str]) -> int:
+    if cmd == "reproduce":
+        if not rest or rest[0] in ("-h", "--help"):
+            print(f"usage: bppsa reproduce NAME [--quick|--smoke] [--config.key=value ...] [--workdir DIR]; "
+                  f"NAME is one of: {', '.join(reproduce_names())}")
+            return 0 if rest else 2
+        return int(_load(COMMANDS["run"])(reproduce_argv(rest)) or 0)
+    return int(_load(COMMANDS[cmd])(rest) or 0)
+
+
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
-    host.tune_allocator()  # the entry point opts in (see bppsa.host); `import bppsa` does not
     cmd, rest = argv[0], argv[1:]
-    if cmd == "reproduce":
-        if not rest or rest[0] in ("-h", "--help"):
-            print(f"usage: bppsa reproduce NAME [--quick] [--config.key=value ...] [--workdir DIR]; "
-                  f"NAME is one of: {', '.join(reproduce_names())}")
-            return 0 if rest else 2
-        try:
-            run_argv = reproduce_argv(rest)
-        except ValueError as e:
-            print(f"bppsa reproduce: {e}", file=sys.stderr)
-            return 2
-        return int(_load(COMMANDS["run"])(run_argv) or 0)
-    if cmd in COMMANDS:
-        return int(_load(COMMANDS[cmd])(rest) or 0)
-    print(f"bppsa: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
-    return 2
+    if cmd != "reproduce" and cmd not in COMMANDS:
+        print(f"bppsa: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    host.tune_allocator()  # the entry point opts in (see bppsa.host); `import bppsa` does not
+    try:
+        return _dispatch(cmd, rest)
+    except UsageError as e:
+        if debug:
+            traceback.print_exc()
+        else:
+            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            print(f"bppsa {cmd}: error: {message} (--debug shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from .errors import UsageError
+
 __all__ = ["INDEX", "PLOT_PACKAGE", "collect", "render_index", "write_index", "plot_function",
            "regenerate_plots", "main"]
 
@@ -126,16 +128,16 @@ def write_index(root) -> bool:
 def plot_function(spec: str, source="the result"):
     """The function a result's ``"plot": "bppsa.experiments.<module>:<function>"`` names.
 
-    Anything outside ``bppsa.experiments`` is refused before it is imported: a result file names
-    a plotter, it does not run code of its choosing. ``source`` names the file in the error.
+    Anything outside ``bppsa.experiments`` is refused (UsageError) before it is imported: a result
+    file names a plotter, it does not run code of its choosing. ``source`` names the file in the error.
     """
     module, sep, func = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not sep or not func or not module.startswith(PLOT_PACKAGE + "."):
-        raise ValueError(f"{source}: \"plot\" must be \"{PLOT_PACKAGE}.<module>:<function>\" "
+        raise UsageError(f"{source}: \"plot\" must be \"{PLOT_PACKAGE}.<module>:<function>\" "
                          f"(only bppsa's own plot functions are called); got {spec!r}")
     fn = getattr(importlib.import_module(module), func, None)
     if not callable(fn):
-        raise ValueError(f"{source}: \"plot\" = {spec!r}: {module} has no function {func!r}")
+        raise UsageError(f"{source}: \"plot\" = {spec!r}: {module} has no function {func!r}")
     return fn
 
 
@@ -159,7 +161,7 @@ def regenerate_plots(root) -> list[Path]:
                         continue
                     jobs.append((fn, record, files["json"].with_suffix(".png")))
     if refused:
-        raise ValueError("no plot redrawn:\n" + "\n".join(refused))
+        raise UsageError("no plot redrawn: " + "; ".join(refused))
     for fn, record, png in jobs:
         fn(record, png)
     return [png for _, _, png in jobs]

@@ -9,6 +9,18 @@ signature ``function(config, workdir: pathlib.Path) -> dict`` and writes its out
 plus provenance). Re-running the same command on the same work directory resumes: training
 tasks use :func:`bppsa.train.fit`, which restores the latest checkpoint. ``--publish`` copies the
 task's ``<name>.{json,md,png}`` into ``experiments/results/<device>/``.
+
+Checks before anything is written: a task declares the checks of its config with
+``@bppsa.errors.checked_by(check)`` next to its definition; after the overrides the runner calls
+``check(config)``, which raises :class:`bppsa.errors.UsageError` on a value of the right type but
+out of range (an unknown method, ``steps = -5``). Nothing is written for a config that fails.
+
+The work directory: the runner writes a marker, ``.bppsa-run.json``, that lists what bppsa wrote
+there (config.json, summary.json and every entry the task created; entries that were there before
+the first run are not bppsa's). ``--restart`` deletes exactly those entries and refuses, naming
+the directory, when there is no marker. A run that never started (its task refused the input
+with a UsageError before any run there made progress, or wrote nothing but config.json) may be
+re-run with a corrected config; a run that made progress is only resumed with the same config.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import difflib
 import importlib
 import importlib.util
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -30,7 +43,8 @@ import ml_collections
 from .errors import UsageError
 from .provenance import current_command, device_label, provenance, running_command, save_json
 
-__all__ = ["ConfigError", "load_config", "apply_overrides", "resolve_task", "run", "current_command", "main"]
+__all__ = ["ConfigError", "MARKER", "load_config", "apply_overrides", "resolve_task", "read_marker", "run",
+           "current_command", "main"]
 
 class ConfigError(UsageError):
     """A config file, config argument or override that cannot be used."""
@@ -55,7 +69,14 @@ def load_config(path, arg: str | None = None) -> ml_collections.ConfigDict:
                           f"got {str(path)!r}")
     spec = importlib.util.spec_from_file_location(f"bppsa_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ConfigError(f"config file {str(path)!r} line {e.lineno}: syntax error: {e.msg}; "
+                          f"expected a Python file defining get_config(arg=None)") from e
+    except Exception as e:  # NameError, ImportError, ...: the file's own code failed
+        raise ConfigError(f"config file {str(path)!r} failed to load{_line_in(e, path)}: "
+                          f"{type(e).__name__}: {e}") from e
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
         raise ConfigError(f"config file {str(path)!r} must define get_config(arg=None); it does not")
@@ -63,6 +84,9 @@ def load_config(path, arg: str | None = None) -> ml_collections.ConfigDict:
         config = get_config(arg) if arg is not None else get_config()
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"get_config({arg!r}) in {str(path)!r} failed: {e}") from e
+    except Exception as e:
+        raise ConfigError(f"get_config({arg!r}) in {str(path)!r} failed{_line_in(e, path)}: "
+                          f"{type(e).__name__}: {e}") from e
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config({arg!r}) in {str(path)!r} must return an ml_collections.ConfigDict; "
                           f"got {type(config).__name__}")
@@ -71,6 +95,16 @@ def load_config(path, arg: str | None = None) -> ml_collections.ConfigDict:
                           f"got task = {config.get('task')!r}")
     config.lock()
     return config
+
+
+def _line_in(error: BaseException, path: Path) -> str:
+    """" at line N" of the last traceback frame inside ``path`` ("" when none is)."""
+    line, tb = None, error.__traceback__
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == path.resolve():
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f" at line {line}" if line is not None else ""
 
 
 def _flat_keys(config, prefix="") -> list[str]:
@@ -201,44 +235,149 @@ def default_workdir(path: Path, arg: str | None) -> Path:
     return Path("runs") / (path.stem + (f"-{arg}" if arg else ""))
 
 
+MARKER = ".bppsa-run.json"  # in a work directory: what bppsa wrote there (see the module docstring)
+
+
+def _entries(workdir: Path) -> set[str]:
+    return {p.name for p in workdir.iterdir()} - {MARKER} if workdir.is_dir() else set()
+
+
+def _write_marker(workdir: Path, marker: dict) -> None:
+    tmp = workdir / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(marker, indent=1) + "\n")
+    os.replace(tmp, workdir / MARKER)
+
+
+def read_marker(workdir) -> dict | None:
+    """The marker of a bppsa work directory ({"status", "written", "before"}), or None without one.
+
+    When the last run was killed (status "running"), the entries that appeared since it started
+    are counted as bppsa's (that run could not record them).
+    """
+    workdir = Path(workdir)
+    path = workdir / MARKER
+    if not path.is_file():
+        return None
+    try:
+        marker = json.loads(path.read_text())
+        written, before = set(marker["written"]), set(marker["before"])
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"{str(path)!r} is not a bppsa work-directory marker (unreadable); "
+                          f"move it away or pass another --workdir") from None
+    if marker.get("status") == "running":
+        written |= _entries(workdir) - before
+    marker["written"] = sorted(written)
+    return marker
+
+
+def _remove_written(workdir: Path, marker: dict) -> list[str]:
+    """Delete the entries the marker lists as bppsa's, then the marker; everything else stays."""
+    removed = []
+    for name in marker["written"]:
+        if name in ("", ".", "..") or Path(name).name != name:  # a name, never a path out of workdir
+            raise ConfigError(f"{str(workdir / MARKER)!r} lists {name!r}, not an entry name; not deleting anything")
+    for name in marker["written"]:
+        target = workdir / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        else:
+            continue
+        removed.append(name)
+    (workdir / MARKER).unlink(missing_ok=True)
+    return removed
+
+
+def _never_started(marker: dict | None) -> bool:
+    """No run here made progress: each one's task refused its input (UsageError) or wrote nothing."""
+    return marker is not None and marker.get("status") != "running" and not marker.get("progress", True)
+
+
+def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | None:
+    """Apply --restart / the resume rules; return the marker to continue (None: an untracked legacy run)."""
+    marker = read_marker(workdir)
+    config_file = workdir / "config.json"
+    if restart:
+        if marker is None:
+            if workdir.exists() and any(workdir.iterdir()):
+                raise ConfigError(f"--restart: {str(workdir)!r} is not a bppsa work directory (no {MARKER}); "
+                                  f"not deleting anything in it: delete it yourself or pass another --workdir")
+        else:
+            _remove_written(workdir, marker)
+        return {"written": []}
+    if config_file.exists():
+        try:
+            old = json.loads(config_file.read_text())
+        except ValueError:
+            raise ConfigError(f"{str(config_file)!r} is not valid JSON; pass another --workdir"
+                              + (", or --restart" if marker is not None else ", or move the folder away")) from None
+        changes = _diff(old, resolved) if isinstance(old, dict) else ["<not a config>"]
+        if changes and marker is None and _entries(workdir) == {"config.json"}:
+            marker = {"written": ["config.json"], "status": "failed", "progress": False}  # died before writing
+        if changes and _never_started(marker):
+            print(f"bppsa run: the run in {str(workdir)!r} never started; replacing its config "
+                  f"({'; '.join(changes)})", file=sys.stderr)
+            _remove_written(workdir, marker)
+            return {"written": []}
+        if changes:
+            restart_hint = ("--restart to delete what bppsa wrote there and start over" if marker is not None else
+                            f"move it away to start over (it has no {MARKER}, so --restart will not delete it)")
+            raise ConfigError(
+                f"work directory {str(workdir)!r} holds a run of a different config ({'; '.join(changes)}); "
+                f"re-run the same command to resume it, pass --workdir for a new run, or {restart_hint}")
+        if marker is None:
+            return None  # a run from before the marker existed: resumed, not tracked
+    return marker or {"written": []}
+
+
 def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, restart: bool = False,
         publish: bool = False, results_root="experiments/results", command: str | None = None) -> dict:
-    """Load, override, lock and run one config; return the task's summary (see the module docstring)."""
+    """Load, override, check and run one config; return the task's summary (see the module docstring)."""
     path = Path(config_path)
     config = load_config(path, arg)
     apply_overrides(config, overrides)
     task = resolve_task(config.task)
+    check = getattr(task, "check", None)
+    if check is not None:
+        check(config)  # UsageError before anything is written
     workdir = Path(workdir) if workdir is not None else default_workdir(path, arg)
     resolved = _to_plain(config)
-    config_file = workdir / "config.json"
-    if config_file.exists():
-        if restart:
-            shutil.rmtree(workdir)
-        else:
-            old = json.loads(config_file.read_text())
-            changes = _diff(old, resolved)
-            if changes:
-                raise ConfigError(
-                    f"work directory {str(workdir)!r} holds a run of a different config ({'; '.join(changes)}); "
-                    f"re-run the same command to resume it, pass --workdir for a new run, or --restart to "
-                    f"delete it and start over")
-    elif restart and workdir.exists() and any(workdir.iterdir()):
-        raise ConfigError(f"--restart: {str(workdir)!r} is not a run directory (no config.json); not deleting it")
+    marker = _prepare_workdir(workdir, resolved, restart)
     workdir.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(json.dumps(resolved, indent=2) + "\n")
+    before = _entries(workdir)
+    if marker is not None:
+        marker.update(bppsa="work directory", status="running", before=sorted(before),
+                      written=sorted(set(marker["written"]) | {"config.json"}),
+                      progress=marker.get("progress", bool(set(marker["written"]) - {"config.json"})))
+        _write_marker(workdir, marker)
+    (workdir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
 
     command = command or "bppsa run " + shlex.join([str(path) + (f":{arg}" if arg else "")] +
                                                    [f"--config.{k}={v}" for k, v in (
                                                        overrides.items() if isinstance(overrides, dict)
                                                        else overrides)])
-    t0 = time.perf_counter()
-    with running_command(command):
-        summary = task(config, workdir)
-    run_time = time.perf_counter() - t0
-    if not isinstance(summary, dict):
-        raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); got {type(summary).__name__}")
-    save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "run_time_s": run_time,
-                                         "provenance": provenance(command)})
+    status = "failed"
+    try:
+        t0 = time.perf_counter()
+        with running_command(command):
+            summary = task(config, workdir)
+        run_time = time.perf_counter() - t0
+        if not isinstance(summary, dict):
+            raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); "
+                            f"got {type(summary).__name__}")
+        save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "run_time_s": run_time,
+                                             "provenance": provenance(command)})
+        status = "done"
+    except UsageError:
+        status = "refused"
+        raise
+    finally:
+        if marker is not None:
+            new = _entries(workdir) - before
+            marker.update(status=status, written=sorted(set(marker["written"]) | new),
+                          progress=marker["progress"] or (status != "refused" and bool(new - {"config.json"})))
+            _write_marker(workdir, marker)
     if publish:
         name = config.get("name", path.stem)
         dest = Path(results_root) / device_label()
@@ -281,19 +420,15 @@ def main(argv=None) -> int:
         usage="bppsa run CONFIG[:arg] [--config.key=value ...] [--workdir DIR] [--restart] [--publish]")
     p.add_argument("config", help="path to a config file, optionally with :arg (e.g. :smoke)")
     p.add_argument("--workdir", default=None, help="work directory (default: runs/<config>[-<arg>])")
-    p.add_argument("--restart", action="store_true", help="delete the work directory's run and start over")
+    p.add_argument("--restart", action="store_true", help="delete what bppsa wrote in the work directory and start over")
     p.add_argument("--publish", action="store_true",
                    help="copy <name>.{json,md,png} from the work directory to experiments/results/<device>/")
     args, rest = p.parse_known_args(argv)
-    try:
-        path, arg = split_spec(args.config)
-        overrides = _split_overrides(rest)
-        command = "bppsa run " + shlex.join(argv)
-        summary = run(path, arg, overrides, args.workdir, restart=args.restart, publish=args.publish,
-                      command=command)
-    except ConfigError as e:
-        print(f"bppsa run: error: {e}", file=sys.stderr)
-        return 2
+    path, arg = split_spec(args.config)  # a UsageError goes to bppsa.cli: one line, exit code 2
+    overrides = _split_overrides(rest)
+    command = "bppsa run " + shlex.join(argv)
+    summary = run(path, arg, overrides, args.workdir, restart=args.restart, publish=args.publish,
+                  command=command)
     workdir = Path(args.workdir) if args.workdir else default_workdir(path, arg)
     scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
     print(json.dumps(scalars, indent=2, default=str))

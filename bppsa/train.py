@@ -4,7 +4,11 @@ for sequence classifiers, and what is built on it: :func:`evaluate`, :func:`comp
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import time
+import warnings
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -12,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+
+from .errors import UsageError
 
 __all__ = ["cross_entropy", "make_train_step", "evaluate", "compare_backward_training", "batch_indices", "fit", "after_step"]
 
@@ -135,6 +141,94 @@ def _restore_state(model, opt, saved: dict) -> None:
     nnx.update(opt, restored["opt"])
 
 
+def _digest(tree: dict) -> str:
+    """SHA-256 over the arrays {"0": a0, "1": a1, ...} (shapes, dtypes and bytes): a checkpoint's fingerprint."""
+    h = hashlib.sha256()
+    for i in range(len(tree)):
+        a = np.ascontiguousarray(tree[str(i)])
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _open_manager(directory: Path, keep: int):
+    import orbax.checkpoint as ocp
+    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+        max_to_keep=keep, enable_async_checkpointing=False))
+
+
+def _read_back(step_dir: Path) -> None:
+    """Read every array of a checkpoint synchronously with tensorstore; raises when one does not read.
+
+    Done before orbax's restore: a read that fails inside orbax's own event loop leaves tensorstore
+    callbacks behind that fire on the closed loop later ("Event loop is closed" from another thread).
+    A layout this function does not know (another orbax version) is left to orbax's restore.
+    """
+    import json
+
+    import tensorstore as ts
+    state = step_dir / "state"
+    try:
+        meta = json.loads((state / "_METADATA").read_text())
+        keys = ["/".join(k["key"] for k in e["key_metadata"]) for e in meta["tree_metadata"].values()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # orbax reads (and judges) its own metadata
+    if not meta.get("use_ocdbt", True):
+        return
+    kvstore = {"driver": "ocdbt", "base": f"file://{state}/"}
+    listed = {k.decode() for k in ts.KvStore.open(kvstore).result().list().result()}
+    driver, suffix = ("zarr3", "zarr.json") if meta.get("use_zarr3") else ("zarr", ".zarray")
+    for key in keys:
+        if f"{key}/{suffix}" not in listed:
+            return  # not the layout this reader knows
+        ts.open({"driver": driver, "kvstore": {**kvstore, "path": f"{key}/"}}, open=True).result().read().result()
+
+
+def _restore_intact(directory: Path, keep: int, template: dict):
+    """(manager of ``directory``, the newest checkpoint that reads back and matches its SHA-256 or None).
+
+    Bad ones newer than it are moved to ``<directory>-corrupt/<step>`` with a warning, before the
+    manager is reopened. With checkpoints but none intact, raises UsageError and moves nothing.
+    """
+    import orbax.checkpoint as ocp
+    manager = _open_manager(directory, keep)
+    bad, restored = [], None
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            _read_back(directory / str(step))
+            r = manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
+            digest = r.meta.get("sha256")
+            arrays = {k: np.asarray(v) for k, v in r.state.items()}
+            if digest is not None and digest != _digest(arrays):
+                raise ValueError("its arrays do not match the SHA-256 saved with them")
+            int(r.meta["step"]), float(r.meta["time"])
+        except Exception as e:  # orbax/tensorstore raise many types for unreadable files
+            reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+            bad.append((step, reason))
+            continue
+        restored = r
+        break
+    if bad and restored is None:
+        manager.close()
+        raise UsageError(f"no intact checkpoint in {str(directory)!r} ({'; '.join(f'step {s}: {w}' for s, w in bad)}); "
+                         f"move that folder away (or bppsa run --restart) to start over")
+    if bad:
+        manager.close()
+        aside = directory.with_name(directory.name + "-corrupt")
+        aside.mkdir(exist_ok=True)
+        for step, reason in bad:
+            dest = aside / str(step)
+            n = 1
+            while dest.exists():
+                dest, n = aside / f"{step}.{n}", n + 1
+            os.replace(directory / str(step), dest)
+            warnings.warn(f"checkpoint {str(directory / str(step))!r} is corrupt ({reason}); moved it to "
+                          f"{str(dest)!r}; resuming from step {int(restored.meta['step'])}", stacklevel=3)
+        manager = _open_manager(directory, keep)
+    return manager, restored
+
+
 def _read_metrics(path, upto: int) -> list[dict]:
     """Records with step <= ``upto`` from a JSONL file (later ones came after the last checkpoint)."""
     import json
@@ -171,9 +265,14 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
     step incl. the host sync), ``time`` (cumulative training seconds, kept across resumes, without
     the first step of each (re)start, which compiles and is marked ``warmup``) and,
     every ``eval_every`` steps, ``eval_loss``/``eval_accuracy``. Returns the full history.
+
+    Each checkpoint stores a SHA-256 of its arrays and is verified on restore. A checkpoint that
+    does not read back or does not match is moved aside to ``workdir/checkpoints-corrupt/`` (never
+    deleted) with a warning naming it, and the newest intact one is used. When none is intact,
+    nothing is moved and :class:`bppsa.errors.UsageError` names the folder (move it away, or
+    ``bppsa run --restart``, to start over).
     """
     import json
-    from pathlib import Path
 
     from tqdm.auto import tqdm
 
@@ -191,18 +290,11 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
 
     start, elapsed, history, manager, metrics_file = 0, 0.0, [], None, None
     if workdir is not None:
-        import orbax.checkpoint as ocp
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        manager = ocp.CheckpointManager(
-            workdir / "checkpoints",
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints,
-                                                 enable_async_checkpointing=False))
-        latest = manager.latest_step()
-        if latest is not None:
-            template = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
-            restored = manager.restore(latest, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
+        template = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
+        manager, restored = _restore_intact(workdir / "checkpoints", keep_checkpoints, template)
+        if restored is not None:
             _restore_state(model, opt, restored.state)
             start, elapsed = int(restored.meta["step"]), float(restored.meta["time"])
             if start > steps:
@@ -217,8 +309,8 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
     def save(step):
         import orbax.checkpoint as ocp
         tree = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
-        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree),
-                                                   meta=ocp.args.JsonSave({"step": step, "time": elapsed})),
+        meta = {"step": step, "time": elapsed, "sha256": _digest(tree)}
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),
                      force=True)
         manager.wait_until_finished()
 

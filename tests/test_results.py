@@ -103,3 +103,20 @@ def test_plots_refuse_functions_outside_bppsa_experiments(tmp_path, monkeypatch,
         results.regenerate_plots(tmp_path)
     assert results.main(["--root", str(tmp_path), "--plots"]) == 2
     assert not (tmp_path / "cpu" / "evil.png").exists() and not (tmp_path / "cpu" / "good.png").exists()
+
+
+def test_plots_never_import_a_module_a_result_names(tmp_path, monkeypatch, capsys):
+    """A result naming "os:system" or a module of its own is refused before anything is imported or called."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "planted_plot.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n"
+                                          "def draw(record, path):\n    open(path, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(code))
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "a.json").write_text(json.dumps({"plot": "planted_plot:draw"}))
+    (tmp_path / "cpu" / "b.json").write_text(json.dumps({"plot": "os:system"}))
+    assert results.main(["--root", str(tmp_path), "--plots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "planted_plot:draw" in err and "os:system" in err
+    assert "planted_plot" not in sys.modules and not (tmp_path / "imported").exists()
+    assert not (tmp_path / "cpu" / "a.png").exists() and not (tmp_path / "cpu" / "b.png").exists()

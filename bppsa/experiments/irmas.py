@@ -32,6 +32,7 @@ from .. import cells
 from ..bench import TABLE_HEADER, bench_point, save_record, time_components
 from ..data import irmas
 from ..data.synth_irmas import ensure_synthetic_irmas
+from ..errors import checked_by, require_choices, require_int, require_ints
 from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
 from ..train import compare_backward_training, evaluate
@@ -301,6 +302,22 @@ def save_training(rec, workdir: Path, name="irmas_train") -> None:
     plot_training(rec, Path(workdir) / f"{name}.png")
 
 
+def check_run(config) -> None:
+    """The ranges of :func:`run`'s config (UsageError naming the key), checked before anything is written."""
+    parts = require_choices(config, "parts", ("grid", "train"), many=True)
+    if "grid" in parts:
+        require_choices(config, "settings", tuple(irmas.SETTINGS), many=True)
+        require_ints(config, "batches", allow_empty=False)
+        require_int(config, "repeats")
+    if "train" in parts:
+        require_choices(config, "setting", tuple(irmas.SETTINGS))
+        require_int(config, "steps")
+        require_int(config, "batch_size")
+    require_int(config, "hidden_size")
+    require_int(config, "clips_per_class")
+
+
+@checked_by(check_run)
 def run(config, workdir: Path) -> dict:
     """Task of ``experiments/configs/irmas{,_grid,_train}.py``: the parts in ``config.parts``.
 
@@ -308,11 +325,8 @@ def run(config, workdir: Path) -> dict:
     -> irmas_train.{json,md,png}, both in ``workdir``. ``config.synth_dir`` / ``config.cache_dir``
     "" mean a folder inside the work directory.
     """
+    check_run(config)
     parts = tuple(config.parts)
-    if not parts or set(parts) - {"grid", "train"}:
-        raise ValueError(f"config.parts must name 'grid' and/or 'train'; got {parts}")
-    for s in (tuple(config.settings) if "grid" in parts else ()) + ((config.setting,) if "train" in parts else ()):
-        irmas.num_frames(s)  # ValueError on an unknown setting
     workdir = Path(workdir)
     synth = config.synth_dir or workdir / "synth-irmas"
     cache = config.cache_dir or workdir / "cache"
@@ -352,12 +366,19 @@ def run(config, workdir: Path) -> dict:
 SHAPES = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # setting -> (features, T), DESIGN.md
 
 
+def check_shapes_task(config) -> None:
+    """The ranges of :func:`shapes_task`'s config (UsageError naming the key)."""
+    require_choices(config, "settings", tuple(SHAPES), many=True)
+    require_ints(config, "batches", allow_empty=False)
+    require_int(config, "repeats")
+    require_int(config, "hidden_size")
+
+
+@checked_by(check_shapes_task)
 def shapes_task(config, workdir: Path) -> dict:
     """Task of ``experiments/configs/irmas_timing.py``: the grid's timing on random inputs of each
     setting's shape (GRU(F, H), 11 classes, no data needed); ``<name>``.{json,md} in ``workdir``."""
-    unknown = [s for s in config.settings if s not in SHAPES]
-    if unknown:
-        raise ValueError(f"config.settings entries must be in {sorted(SHAPES)}; got {unknown}")
+    check_shapes_task(config)
     start = time.perf_counter()
     pts, skipped = [], []
     print(TABLE_HEADER)

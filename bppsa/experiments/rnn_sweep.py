@@ -20,11 +20,12 @@ from .. import backprop, cells
 from .. import scan as scan_lib
 from ..bench import TABLE_HEADER, bench_point, make_cell, save_record
 from ..calibrate import load_cost_model
+from ..errors import UsageError, checked_by, require_int, require_ints
 from ..provenance import provenance, save_json
 from ..timing import time_interleaved
 
-__all__ = ["run_sweep", "plot_sweep", "save_sweep", "sweep_task", "gemm_rates", "product_rate",
-           "gradient_errors", "accuracy_task", "T_SWEEP", "B_SWEEP", "T_SWEEP_QUICK", "B_SWEEP_QUICK"]
+__all__ = ["run_sweep", "plot_sweep", "save_sweep", "sweep_task", "check_sweep_task", "gemm_rates", "product_rate",
+           "gradient_errors", "accuracy_task", "check_accuracy_task", "T_SWEEP", "B_SWEEP", "T_SWEEP_QUICK", "B_SWEEP_QUICK"]
 
 T_SWEEP = (10, 30, 100, 300, 1000, 3000, 10000, 30000)        # at B = 16 (the paper's Fig. 5a)
 B_SWEEP = (2, 4, 8, 16, 32, 64, 128, 256)                     # at T = 1000 (Fig. 5b)
@@ -104,6 +105,18 @@ def save_sweep(record, outdir, name: str) -> list:
     return paths
 
 
+def check_sweep_task(config) -> None:
+    """The ranges of :func:`sweep_task`'s config (UsageError naming the key)."""
+    require_ints(config, "T_values")
+    require_ints(config, "B_values")
+    for key in ("T_fixed", "B_fixed", "hidden_size", "repeats"):
+        require_int(config, key)
+    budget = config.time_budget_s
+    if budget is not None and not budget > 0:
+        raise UsageError(f"config.time_budget_s must be a number of seconds > 0, or unset; got {budget!r}")
+
+
+@checked_by(check_sweep_task)
 def sweep_task(config, workdir) -> dict:
     """Task of ``experiments/configs/rnn_{sweep,tsweep,bsweep}.py``: the sweeps, saved to ``workdir``."""
     rec = run_sweep(T_values=tuple(config.T_values), B_values=tuple(config.B_values),
@@ -218,6 +231,15 @@ def gradient_errors(T: int, B: int, hidden_size: int = 20, seed: int = 0) -> dic
             "bppsa_f32_vs_f64": _rel_err(g_bppsa, ref), "bptt_f32_vs_f64": _rel_err(g_bptt, ref)}
 
 
+def check_accuracy_task(config) -> None:
+    """The ranges of :func:`accuracy_task`'s config (UsageError naming the key)."""
+    require_ints(config, "lengths", allow_empty=False)
+    require_int(config, "batch_size")
+    require_int(config, "hidden_size")
+    require_int(config, "seed", 0)
+
+
+@checked_by(check_accuracy_task)
 def accuracy_task(config, workdir) -> dict:
     """Task of ``experiments/configs/core_accuracy.py``: :func:`gradient_errors` per T, saved as
     ``<name>.{json,md}`` in ``workdir``."""

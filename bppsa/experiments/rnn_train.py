@@ -15,15 +15,36 @@ import numpy as np
 from flax import nnx
 
 from .. import cells
+from ..backprop import BACKWARDS
 from ..bench import backward_times
 from ..data.bitstream import NUM_CLASSES, make_bitstream
+from ..errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
 from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
+from ..scan import SCANS
 from ..train import evaluate, fit
 
-__all__ = ["rnn_train", "plot_rnn_train", "rnn_train_table"]
+__all__ = ["rnn_train", "check_rnn_train", "plot_rnn_train", "rnn_train_table"]
 
 
+def check_rnn_train(config) -> None:
+    """The ranges of :func:`rnn_train`'s config (UsageError naming the key): called before anything runs."""
+    require_choices(config, "methods", BACKWARDS, many=True)
+    if len(set(config.methods)) != len(config.methods):
+        raise UsageError(f"config.methods must not repeat a method; got {tuple(config.methods)!r}")
+    require_choices(config, "scan", tuple(SCANS))
+    require_choices(config, "dtype", ("float32", "float64"))
+    for key in ("steps", "length", "num_samples", "eval_samples", "hidden_size", "timing.repeats"):
+        require_int(config, key)
+    require_int(config, "batch_size", 1, config.num_samples)
+    for key in ("eval_every", "checkpoint_every", "seed"):
+        require_int(config, key, 0)
+    require_number(config, "learning_rate")
+    require_ints(config, "timing.lengths")
+    require_ints(config, "timing.batches")
+
+
+@checked_by(check_rnn_train)
 def rnn_train(config, workdir: Path) -> dict:
     """The paper's vanilla RNN training curve on the bitstream task, BPTT vs BPPSA.
 

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UsageError, checked_by, require_int, require_number
 from ..provenance import provenance, save_json
 from ..sync.models import make_task
+from ..sync.policies import make_policy
 from ..sync.simulator import ComputeModel, policy_label, simulate
 
-__all__ = ["sync_models", "plot_sync_models", "sync_ray", "parse_policies"]
+__all__ = ["sync_models", "plot_sync_models", "sync_ray", "check_sync_ray", "parse_policies", "parse_kill"]
 
 
 def _fmt(v, digits=0):
@@ -161,27 +163,73 @@ def plot_sync_models(record, path) -> None:
     plt.close(fig)
 
 
-def parse_policies(text: str) -> list[tuple[str, dict]]:
+def parse_policies(text: str, num_workers: int | None = None) -> list[tuple[str, dict]]:
     """``"bsp,ssp:s=3,dssp:s_L=3;r_max=12"`` -> ``[("bsp", {}), ("ssp", {"s": 3}), ("dssp", {...})]``.
 
-    Comma-separated ``policy[:key=value[;key=value]]``; option values are ints.
+    Comma-separated ``policy[:key=value[;key=value]]``; option values are ints. With ``num_workers``
+    each policy is also built once, so unknown names and options are refused here. Raises UsageError.
     """
     specs = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         name, _, opts = item.partition(":")
         kw = {}
         for kv in filter(None, opts.split(";")):
-            k, _, v = kv.partition("=")
+            k, eq, v = kv.partition("=")
             try:
+                if not eq or not k.strip():
+                    raise ValueError
                 kw[k.strip()] = int(v)
             except ValueError:
-                raise ValueError(f"policies: option {kv!r} of {item!r} must be key=<int>; got {text!r}") from None
+                raise UsageError(f"config.policies: option {kv!r} of {item!r} must be key=<int> "
+                                 f"(e.g. 'ssp:s=3'); got {text!r}") from None
+        if num_workers is not None:
+            try:
+                make_policy(name, num_workers, **kw)
+            except ValueError as e:
+                raise UsageError(f"config.policies: {item!r}: {e}") from None
         specs.append((name, kw))
     if not specs:
-        raise ValueError(f"policies must name at least one policy (e.g. 'bsp,dssp'); got {text!r}")
+        raise UsageError(f"config.policies must name at least one policy (e.g. 'bsp,dssp'); got {text!r}")
     return specs
 
 
+def parse_kill(text: str, num_workers: int) -> tuple[int, float] | None:
+    """``"WORKER:SECONDS"`` -> (worker, seconds) with 0 <= worker < num_workers; ``""`` -> None."""
+    if not text:
+        return None
+    worker, sep, at = text.partition(":")
+    try:
+        kill = (int(worker), float(at))
+    except ValueError:
+        kill = None
+    if not sep or kill is None or not 0 <= kill[0] < num_workers or not kill[1] >= 0:
+        raise UsageError(f"config.kill must be 'WORKER:SECONDS' with WORKER in 0..{num_workers - 1} and "
+                         f"SECONDS >= 0 (e.g. '{num_workers - 1}:10'), or '' for none; got {text!r}")
+    return kill
+
+
+def check_sync_ray(config) -> None:
+    """The config of :func:`sync_ray`: every value in range (UsageError naming the key), before Ray starts."""
+    workers = require_int(config, "workers")
+    require_int(config, "num_cpus")
+    require_number(config, "duration")
+    require_number(config, "dead_timeout")
+    parse_policies(config.policies, workers)
+    parse_kill(config.kill, workers)
+    delays = tuple(config.delays)
+    if len(delays) != workers or any(not isinstance(d, (int, float)) or d < 0 for d in delays):
+        raise UsageError(f"config.delays must be {workers} numbers >= 0 (one per worker, config.workers = "
+                         f"{workers}); got {delays!r}")
+    try:
+        model = json.loads(config.model)
+    except ValueError as e:
+        raise UsageError(f"config.model must be a JSON task spec (e.g. '{{\"name\": \"digits_cnn\"}}'); "
+                         f"got {config.model!r} ({e})") from None
+    if not isinstance(model, dict) or "name" not in model:
+        raise UsageError(f"config.model must be a JSON object with a \"name\"; got {config.model!r}")
+
+
+@checked_by(check_sync_ray)
 def sync_ray(config, workdir) -> dict:
     """Run each of ``config.policies`` on the real Ray runtime for ``config.duration`` wall-clock seconds.
 
@@ -196,16 +244,9 @@ def sync_ray(config, workdir) -> dict:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     name = config.get("name", "sync_ray")
+    check_sync_ray(config)
     delays = [float(d) for d in config.delays]
-    if len(delays) != config.workers:
-        raise ValueError(f"delays must have one entry per worker ({config.workers}); got {delays}")
-    kill = None
-    if config.kill:
-        worker, _, at = config.kill.partition(":")
-        try:
-            kill = (int(worker), float(at))
-        except ValueError:
-            raise ValueError(f"kill must be 'WORKER:SECONDS' (e.g. '3:10') or ''; got {config.kill!r}") from None
+    kill = parse_kill(config.kill, config.workers)
     specs = parse_policies(config.policies)
     task = json.loads(config.model)
     started = not ray.is_initialized()  # a Ray the caller started is used as it is, and left running

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import checked_by, require_choices, require_int, require_ints
 from ..provenance import provenance, save_json
 from ..sync.zipline import ZIPLINE_METHODS, selection_range
 
-__all__ = ["zipline_runtimes", "plot_zipline_runtimes"]
+__all__ = ["zipline_runtimes", "check_zipline_runtimes", "plot_zipline_runtimes"]
 
 
 def _zipline_input(n, R, seed):
@@ -28,12 +29,20 @@ def _zipline_input(n, R, seed):
     return start + interval * np.arange(1, R + 1)
 
 
+def check_zipline_runtimes(config) -> None:
+    """The ranges of :func:`zipline_runtimes`'s config (UsageError naming the key)."""
+    require_choices(config, "methods", tuple(sorted(ZIPLINE_METHODS)), many=True)
+    require_ints(config, "workers", allow_empty=False)
+    require_ints(config, "horizons", allow_empty=False)
+    require_int(config, "repeats")
+    require_int(config, "seed", 0)
+
+
+@checked_by(check_zipline_runtimes)
 def zipline_runtimes(config, workdir) -> dict:
     """Median wall time of each ZipLine method on n × R prediction matrices; heuristics' gap to the optimum."""
+    check_zipline_runtimes(config)
     methods = list(config.methods)
-    for m in methods:  # checked before anything is written
-        if m not in ZIPLINE_METHODS:
-            raise ValueError(f"config.methods: unknown method {m!r}; expected some of {sorted(ZIPLINE_METHODS)}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     name = config.get("name", "zipline_runtimes")

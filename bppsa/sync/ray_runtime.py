@@ -310,6 +310,8 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
         raise ValueError(f"delays must have num_workers = {num_workers} entries; got {len(delays)}")
     if duration_s <= 0 or dead_timeout <= 0:
         raise ValueError(f"duration_s and dead_timeout must be > 0; got {duration_s}, {dead_timeout}")
+    if kill is not None and (len(kill) != 2 or not 0 <= int(kill[0]) < num_workers or not kill[1] >= 0):
+        raise ValueError(f"kill must be (worker in 0..{num_workers - 1}, seconds >= 0) or None; got {kill!r}")
     started = False
     if not ray.is_initialized():
         init_ray(address, num_cpus=num_cpus or 2)

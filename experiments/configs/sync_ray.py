@@ -3,8 +3,11 @@
     bppsa run experiments/configs/sync_ray.py --publish   # ~3 min on 2 loaded CPU cores (5 × 20 s + start-up)
     bppsa run experiments/configs/sync_ray.py:quick       # ~1 min: BSP and DSSP, 3 workers, 5 s each, no kill
     bppsa run experiments/configs/sync_ray.py:smoke       # ~35 s: BSP only, 2 workers, 3 s
-    bppsa reproduce sync-ray [--quick]                    # = bppsa run experiments/configs/sync_ray.py[:quick]
+    bppsa reproduce sync-ray [--quick|--smoke]            # = bppsa run experiments/configs/sync_ray.py[:quick|:smoke]
     bppsa run experiments/configs/sync_ray.py --config.policies=bsp,ssp:s=3 --config.kill=  # overrides
+
+Overrides are applied after the preset (:quick, :smoke), so explicit ``--config.`` values win;
+every value is checked before Ray starts (``bppsa.experiments.sync.check_sync_ray``).
 
 One parameter-server actor and four worker actors on a local Ray (2 CPUs): workers compute real
 JAX gradients of a small CNN on scikit-learn's digits, sleep an injected 0.02/0.02/0.05/0.05 s
