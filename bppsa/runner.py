@@ -399,7 +399,8 @@ def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
     while i < len(rest):
         tok = rest[i]
         if not tok.startswith("--config."):
-            raise ConfigError(f"unexpected argument {tok!r}; overrides look like --config.key=value")
+            hint = f" (did you mean --config.{tok[2:].replace('-', '_')}=...?)" if tok.startswith("--") else ""
+            raise ConfigError(f"unexpected argument {tok!r}; overrides look like --config.key=value{hint}")
         body = tok[len("--config."):]
         if "=" in body:
             key, value = body.split("=", 1)

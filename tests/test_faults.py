@@ -147,7 +147,7 @@ def _bad_files(tmp_path):
 USER_ERRORS = {
     "syntax-error": (["run", "{tmp}/syntax.py"], "line 2: syntax error"),
     "name-error": (["run", "{tmp}/name.py"], "line 3: NameError"),
-    "kill-flag": (["reproduce", "sync-ray", "--kill", "3"], "unexpected argument '--kill'"),
+    "kill-flag": (["reproduce", "sync-ray", "--kill", "3"], "did you mean --config.kill=...?"),
     "kill-index": (["reproduce", "sync-ray", "--smoke", "--config.kill=3:1"], "config.kill"),
     "kill-no-time": (["reproduce", "sync-ray", "--config.kill=3"], "config.kill"),
     "policy": (["reproduce", "sync-ray", "--smoke", "--config.policies=ssp:s=x"], "'ssp:s=x'"),
