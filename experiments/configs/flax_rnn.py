@@ -3,7 +3,7 @@ the paper's RNN shape (nnx.SimpleCell, input 1, hidden 20, T = 1000, B = 16, 10 
 IRMAS GRU shape (nnx.GRUCell, input 24, hidden 20, T = 517, B = 32, 11 classes).
 
     bppsa run experiments/configs/flax_rnn.py             # both shapes, 7 rounds (~2-5 min on 2 cores)
-    bppsa run experiments/configs/flax_rnn.py:smoke       # tiny shapes, seconds
+    bppsa run experiments/configs/flax_rnn.py:smoke       # one tiny GRU, seconds
 
 Writes flax_rnn.{json,md} into the work directory (--publish: into experiments/results/<device>/).
 """
@@ -22,7 +22,7 @@ def get_config(arg=None):
     c.check_steps = 3
     c.seed = 0
     if arg == "smoke":
-        c.shapes = (("simple", 1, 4, 8, 2, 3), ("gru", 3, 4, 5, 2, 3))
+        c.shapes = (("gru", 3, 4, 5, 2, 3),)
         c.repeats = 1
-        c.check_steps = 2
+        c.check_steps = 1
     return c
