@@ -125,11 +125,12 @@ def test_padded_reverse_keep_order_with_carry_equals_flax(kind):
     compare(single(kind), x, call, mask=mask, outputs_mask=mask)
 
 
-@pytest.mark.parametrize("kind", ["gru", pytest.param("custom", marks=pytest.mark.slow)])
-def test_flax_padding_equals_flax_at_every_step(kind):
+@pytest.mark.parametrize("kind, reverse", [("gru", False)] + [
+    pytest.param(k, r, marks=pytest.mark.slow) for k, r in (("gru", True), ("custom", False), ("custom", True))])
+def test_flax_padding_equals_flax_at_every_step(kind, reverse):
     """padding="flax": padded steps run the cell, so every output (and an unmasked loss) agrees."""
     x = inputs()
-    call = lambda m, x: m(x, seq_lengths=LENGTHS, return_carry=True)
+    call = lambda m, x: m(x, seq_lengths=LENGTHS, return_carry=True, reverse=reverse, keep_order=reverse)
     ref = value_and_grads(nnx.RNN(make_cell(kind)), x, call, None)
     got = value_and_grads(bppsa.nn.RNN(make_cell(kind), padding="flax"), x, call, None)
     assert_same(ref, got)
