@@ -87,9 +87,11 @@ def _check_choice(name, value, choices):
 
 
 def _seq_lengths(seq_lengths, T, B):
-    """Validated seq_lengths (B,) integers in [1, T] (values checked where they are concrete)."""
+    """Validated seq_lengths (B,) integers in [1, T] (values checked where they are concrete), the
+    number of steps the scan must run (the longest length where concrete, else T) and whether any
+    row may be padded (False where concrete and every length is T)."""
     if seq_lengths is None:
-        return None
+        return None, T, False
     lengths = jnp.asarray(seq_lengths)
     if lengths.shape != (B,):
         raise UsageError(f"seq_lengths must have shape (B,) = ({B},) to match the inputs' batch size; "
@@ -99,12 +101,12 @@ def _seq_lengths(seq_lengths, T, B):
     try:
         values = np.asarray(lengths)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return lengths  # traced: the values cannot be checked here
+        return lengths, T, True  # traced: the values cannot be checked here
     bad = values[(values < 1) | (values > T)]
     if bad.size:
         raise UsageError(f"seq_lengths must lie in [1, T] = [1, {T}] (T: the inputs' time steps); "
                          f"got {sorted(set(bad.tolist()))}")
-    return lengths
+    return lengths, int(values.max()), bool(values.min() < T)
 
 
 class RNN(nnx.Module):
@@ -188,7 +190,7 @@ class RNN(nnx.Module):
             raise UsageError(f"inputs must have shape {layout} (rank 3); got shape {x.shape}")
         xs = x if time_major else jnp.swapaxes(x, 0, 1)  # (T, B, I)
         T, B, I = xs.shape
-        lengths = _seq_lengths(seq_lengths, T, B)
+        lengths, steps, padded = _seq_lengths(seq_lengths, T, B)
         if reverse:
             xs = flip_sequences(xs, lengths, num_batch_dims=1, time_major=True)
         carry = self._initial_carry(B, I, xs.dtype, rngs) if initial_carry is None else initial_carry
@@ -198,10 +200,10 @@ class RNN(nnx.Module):
         autodiff = isinstance(cell, flax_cells.Autodiff)
         s0 = cell.flat(carry) if autodiff else carry
         run, xs_run = cell, xs
-        masked = lengths is not None and self.padding == "identity"
-        if masked:
-            mask = (jnp.arange(T)[:, None] < lengths[None, :]).astype(dtype)[..., None]
-            run, xs_run = flax_cells.Masked(cell), jnp.concatenate([xs, mask], axis=-1)
+        masked = padded and self.padding == "identity"  # (no padding: the cell's own structure is kept)
+        if masked:  # steps past every row's end are identity maps for all rows: not run at all
+            mask = (jnp.arange(steps)[:, None] < lengths[None, :]).astype(dtype)[..., None]
+            run, xs_run = flax_cells.Masked(cell), jnp.concatenate([xs[:steps], mask], axis=-1)
         states = rnn(run, params, xs_run, s0, backward=self.backward, scan=self.scan, chunk_size=self.chunk_size,
                      cost_model=self.cost_model)
         if lengths is None or masked:
@@ -209,13 +211,15 @@ class RNN(nnx.Module):
         else:  # each row's last valid step
             last = jax.tree.map(lambda a: a[lengths - 1, jnp.arange(B)], states)
         if autodiff:
-            outputs = cell.outputs(params, jnp.concatenate([s0[None], states[:-1]], axis=0), xs)
+            outputs = cell.outputs(params, jnp.concatenate([s0[None], states[:-1]], axis=0), xs[:len(states)])
             if masked:  # a padded step outputs what the last valid one did
                 idx = jnp.minimum(jnp.arange(T)[:, None], lengths[None, :] - 1)
                 outputs = jax.tree.map(lambda y: y[idx, jnp.arange(B)], outputs)
             last = cell.carry(last)
         else:
             outputs = cell.hidden(states)
+            if masked and steps < T:  # every row holds its last valid output
+                outputs = jnp.concatenate([outputs, jnp.broadcast_to(outputs[-1:], (T - steps,) + outputs.shape[1:])])
         if reverse and keep_order:
             outputs = jax.tree.map(lambda y: flip_sequences(y, lengths, num_batch_dims=1, time_major=True), outputs)
         if not time_major:

@@ -19,6 +19,7 @@ from bppsa.errors import UsageError
 F64 = jnp.float64
 I, H, B, T = 3, 4, 3, 5
 LENGTHS = jnp.array([5, 1, 3])  # full, one step, odd
+SHORT = jnp.array([4, 1, 3])  # no row is full: the scan runs 4 steps, not T
 
 
 class TwoPartCell(nnx.RNNCellBase):
@@ -120,8 +121,8 @@ def single(kind, **rnn_kw):
 
 @pytest.mark.parametrize("kind", [slow_unless(DEFAULT_CELLS)(k) for k in CELLS])
 def test_padded_reverse_keep_order_with_carry_equals_flax(kind):
-    x, mask = inputs(), valid_mask(LENGTHS)
-    call = lambda m, x: m(x, seq_lengths=LENGTHS, return_carry=True, reverse=True, keep_order=True)
+    x, mask = inputs(), valid_mask(SHORT)
+    call = lambda m, x: m(x, seq_lengths=SHORT, return_carry=True, reverse=True, keep_order=True)
     compare(single(kind), x, call, mask=mask, outputs_mask=mask)
 
 
@@ -149,6 +150,12 @@ def test_identity_padding_holds_the_last_valid_output_and_ignores_padding():
     np.testing.assert_array_equal(run(layer, noisy, LENGTHS)[1], ys)
     gx = nnx.jit(nnx.grad(lambda layer, x: jnp.sum(run(layer, x, LENGTHS)[1] ** 2), argnums=1))(layer, x)
     assert jnp.all(jnp.where(valid_mask(LENGTHS) > 0, 0.0, gx) == 0) and jnp.any(gx != 0)
+    # concrete lengths that all end before T: the scan runs max(lengths) steps, with the same result
+    h0 = jnp.zeros((B, H), F64)
+    jaxpr = str(jax.make_jaxpr(lambda x: layer(x, seq_lengths=SHORT, initial_carry=h0))(x))
+    assert "length=4" in jaxpr and "length=5" not in jaxpr
+    traced = nnx.jit(lambda layer, x, lengths: layer(x, seq_lengths=lengths, initial_carry=h0))  # runs T steps
+    np.testing.assert_array_equal(layer(x, seq_lengths=SHORT, initial_carry=h0), traced(layer, x, SHORT))
 
 
 @pytest.mark.parametrize("variant", [slow_unless(["time_major", "bidirectional", "stack", "T1_B1"])(v) for v in VARIANTS])
