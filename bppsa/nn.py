@@ -126,11 +126,14 @@ class RNN(nnx.Module):
         repeat the last valid one; "flax": padded steps run the cell on the padding, as
         ``nnx.RNN`` does (outputs there equal ``nnx.RNN``'s). Valid outputs, the final carry (at
         each row's last valid step) and the gradients of any loss of those agree either way.
+        With concrete (untraced) seq_lengths, "identity" runs the scan only max(seq_lengths)
+        steps: the later ones are identity maps for every row.
       autodiff: use autodiff Jacobians even for a cell with analytic ones.
 
     ``__call__(inputs, *, initial_carry=None, seq_lengths=None, return_carry=None,
     time_major=None, reverse=None, keep_order=None, rngs=None)``: inputs (B, T, I) (time_major:
-    (T, B, I)), seq_lengths (B,) integers in [1, T]; returns outputs (B, T, H) (time_major:
+    (T, B, I)), seq_lengths (B,) integers in [1, T] (0 is refused: ``nnx.RNN`` would return the
+    carry of step T there); returns outputs (B, T, H) (time_major:
     (T, B, H)), or (final carry, outputs) with ``return_carry``.
     """
 
