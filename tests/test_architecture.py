@@ -20,7 +20,7 @@ LAYERS = [
     ("bppsa.cost",),
     ("bppsa.backprop",),
     ("bppsa.parallel",),
-    ("bppsa.nn", "bppsa.train", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero", "bppsa.sync"),
+    ("bppsa.nn", "bppsa.flax_cells", "bppsa.train", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero", "bppsa.sync"),
     ("bppsa.calibrate", "bppsa.bench"),
     ("bppsa.experiments",),
     ("bppsa.results", "bppsa.runner", "bppsa.cli"),
