@@ -295,6 +295,8 @@ def test_test_set_windows_labels_and_f1(tmp_path):
     assert t.paths == ["IRMAS-TestingData-Part1/Part1/a.wav", "IRMAS-TestingData-Part1/Part1/b.wav",
                        "IRMAS-TestingData-Part1/Part1/c.wav"]
     assert t.x.shape == (5, 259, 38) and list(t.clip) == [0, 1, 1, 1, 2]
+    # frames of real audio per window: b's last window holds 1.6 s, c is 2.0 s long (1 + samples // 512)
+    assert list(t.lengths) == [259, 259, 259, 1 + int(1.6 * SAMPLE_RATE) // 512, 1 + 2 * SAMPLE_RATE // 512]
     assert [list(np.array(CLASSES)[row]) for row in t.labels] == [["pia"], ["gel", "voi"], ["cel"]]
     b = irmas.read_audio(root / "b.wav", offset=6 * SAMPLE_RATE)
     np.testing.assert_allclose(t.x[3], irmas.mfcc_features(b, "s"), atol=1e-5)
@@ -302,6 +304,7 @@ def test_test_set_windows_labels_and_f1(tmp_path):
     cached = irmas.load_test_features(tmp_path, "s", cache_dir=tmp_path / "cache", progress=False)
     np.testing.assert_array_equal(cached.x, t.x)
     np.testing.assert_array_equal(cached.labels, t.labels)
+    np.testing.assert_array_equal(cached.lengths, t.lengths)
     (root / "a.txt").write_text("piano\n")  # a changed label file invalidates the cache too
     with pytest.warns(RuntimeWarning, match="skipped 1 of 3"):
         t2 = irmas.load_test_features(tmp_path, "s", cache_dir=tmp_path / "cache", progress=False)

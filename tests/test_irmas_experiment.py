@@ -115,3 +115,20 @@ def test_reproduce_irmas_end_to_end(tmp_path, capsys):
     for name in ("irmas_grid.md", "irmas_grid.png", "irmas_train.md", "irmas_train.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert len(list((tmp_path / "synth" / irmas.TRAIN_DIR).rglob("*.wav"))) == 22
+
+
+def test_padded_test_windows_are_read_at_their_last_real_frame():
+    """predict_probs with lengths (a padded batch through bppsa.nn.RNN's seq_lengths) equals the
+    model on each window cut to its real frames; without lengths, the padding frames count."""
+    from flax import nnx
+
+    from bppsa import cells, nn
+    model = nn.SequenceClassifier(cells.GRU(input_size=6, hidden_size=5), irmas.CLASSES.__len__(),
+                                  rngs=nnx.Rngs(0), dtype=np.float64)
+    x = np.random.default_rng(0).normal(size=(4, 9, 6))
+    lengths = np.array([9, 3, 1, 7])
+    x[np.arange(9)[None, :] >= lengths[:, None]] = 0.0  # zero padding after the real frames
+    padded = ie.predict_probs(model, x, batch_size=3, lengths=lengths)
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(padded[i], ie.predict_probs(model, x[i:i + 1, :n])[0], rtol=1e-12)
+    assert not np.allclose(ie.predict_probs(model, x)[1], padded[1])

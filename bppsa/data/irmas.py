@@ -264,7 +264,7 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
     rel = [str(p.relative_to(troot)) for p, _ in files]
     key = _cache_key("train", troot, files, setting)
     cache = Path(cache_dir) / f"irmas-train-{setting}-{key[:16]}.npz" if cache_dir is not None else None
-    if cache is not None and (z := _load_cache(cache, key)) is not None:
+    if cache is not None and (z := _load_cache(cache, key)) is not None and "lengths" in z:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
         _check_decoded(len(z["y"]), skipped, troot, LAYOUT)
         _warn_skipped(skipped, len(files))
@@ -300,7 +300,9 @@ class IrmasTestFeatures:
     """Windows of the IRMAS test set.
 
     x: (W, T, F) float32 windows; clip: (W,) int index of each window's clip; labels: (C, 11)
-    bool multi-hot per clip; paths: the C clips; skipped: [(path, reason)].
+    bool multi-hot per clip; paths: the C clips; skipped: [(path, reason)]; lengths: (W,) int,
+    the frames of each window that hold real audio (T but for a clip's zero-padded last window:
+    the ``seq_lengths`` of a padded batch, :func:`window_frames`).
     """
 
     x: np.ndarray
@@ -310,6 +312,14 @@ class IrmasTestFeatures:
     skipped: list
     paths: list
     setting: str
+    lengths: np.ndarray | None = None
+
+
+def window_frames(valid_samples, setting: str, T: int):
+    """Frames of a window whose first ``valid_samples`` samples are audio (the rest zero padding):
+    librosa's centred framing gives 1 + valid // hop_length frames, at most T."""
+    hop = _check_setting(setting)[2]
+    return np.minimum(1 + np.asarray(valid_samples, np.int64) // hop, T).astype(np.int32)
 
 
 def _num_samples(path) -> int:
@@ -338,10 +348,11 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
         _check_decoded(len(z["paths"]), skipped, root, TEST_LAYOUT)
         _warn_skipped(skipped, len(pairs))
-        return IrmasTestFeatures(z["x"], z["clip"], z["labels"], CLASSES, skipped, z["paths"].tolist(), setting)
+        return IrmasTestFeatures(z["x"], z["clip"], z["labels"], CLASSES, skipped, z["paths"].tolist(), setting,
+                                 z["lengths"])
 
     hop = int(round(hop_seconds * SAMPLE_RATE))
-    jobs, owner, labels, paths, skipped = [], [], [], [], []
+    jobs, owner, valid, labels, paths, skipped = [], [], [], [], [], []
     for audio, txt in pairs:
         r = str(audio.relative_to(root))
         try:
@@ -352,6 +363,7 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
             continue
         starts = [s for s in range(0, max(n, 1), hop) if s == 0 or n - s >= CLIP_SAMPLES // 2]
         owner.extend([len(paths)] * len(starts))
+        valid.extend(max(1, min(CLIP_SAMPLES, n - s)) for s in starts)
         jobs.extend((audio, s) for s in starts)
         labels.append(lab)
         paths.append(r)
@@ -364,14 +376,16 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
     xs = [f for (f, _), c in zip(results, owner) if c in renum]
     clip = np.array([renum[c] for c in owner if c in renum], np.int32)
     x = np.stack(xs).astype(np.float32)
+    lengths = window_frames([v for v, c in zip(valid, owner) if c in renum], setting, x.shape[1])
     lab = np.array([labels[c] for c in keep], bool).reshape(len(keep), len(CLASSES))
     paths = [paths[c] for c in keep]
     if cache is not None:
-        _save_cache(cache, key=np.array(key), x=x, clip=clip, labels=lab, paths=np.array(paths, dtype=str),
+        _save_cache(cache, key=np.array(key), x=x, clip=clip, labels=lab, lengths=lengths,
+                    paths=np.array(paths, dtype=str),
                     skipped_paths=np.array([s[0] for s in skipped], dtype=str),
                     skipped_reasons=np.array([s[1] for s in skipped], dtype=str))
     _warn_skipped(skipped, len(pairs))
-    return IrmasTestFeatures(x, clip, lab, CLASSES, skipped, paths, setting)
+    return IrmasTestFeatures(x, clip, lab, CLASSES, skipped, paths, setting, lengths)
 
 
 def clip_predictions(window_probs, clip, num_clips: int, threshold: float = 0.5) -> np.ndarray:

@@ -166,9 +166,19 @@ def _probs(model, x):
     return jax.nn.softmax(model(x), axis=-1)
 
 
-def predict_probs(model, x, batch_size=256) -> np.ndarray:
-    """Softmax outputs (N, classes) of ``model`` on x (N, T, F)."""
-    return np.concatenate([np.asarray(_probs(model, jnp.asarray(x[i:i + batch_size])))
+@nnx.jit
+def _probs_padded(model, x, lengths):
+    return jax.nn.softmax(model(x, seq_lengths=lengths), axis=-1)
+
+
+def predict_probs(model, x, batch_size=256, lengths=None) -> np.ndarray:
+    """Softmax outputs (N, classes) of ``model`` on x (N, T, F); with ``lengths`` (N,) a padded
+    batch: each row is read at its last real frame (``seq_lengths`` of :class:`bppsa.nn.RNN`)."""
+    if lengths is None:
+        return np.concatenate([np.asarray(_probs(model, jnp.asarray(x[i:i + batch_size])))
+                               for i in range(0, len(x), batch_size)])
+    return np.concatenate([np.asarray(_probs_padded(model, jnp.asarray(x[i:i + batch_size]),
+                                                    jnp.asarray(lengths[i:i + batch_size])))
                            for i in range(0, len(x), batch_size)])
 
 
@@ -214,7 +224,8 @@ def training_comparison(root, *, setting="m", steps=200, batch_size=16, learning
         test = irmas.load_test_features(test_root, setting, cache_dir)
         record["test"] = {"clips": len(test.paths), "windows": int(len(test.x)), "skipped": test.skipped}
         for m, model in models.items():
-            pred = irmas.clip_predictions(predict_probs(model, test.x), test.clip, len(test.paths))
+            pred = irmas.clip_predictions(predict_probs(model, test.x, lengths=test.lengths), test.clip,
+                                          len(test.paths))
             record["test"][m] = irmas.multilabel_f1(test.labels, pred)
     return record
 
