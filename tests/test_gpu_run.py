@@ -96,3 +96,26 @@ def test_gpu_script_dry_run_with_blocked_imports(tmp_path):
     assert all(0 <= e < 1e-4 for e in prec["grad_rel_err"].values())  # float32 against float64
     assert s["points"][2]["cell"] == "GRU" and s["points"][2]["setting"] == "s"
     assert "times relative to bppsa" in r.stdout
+
+
+def test_budget_skips_a_point_that_would_not_fit_and_summary_keeps_every_record(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(gpu_run.time, "monotonic", lambda: clock[0])
+    b = gpu_run.Budget(60, deadline=1e9)
+    assert b.allows(1e9)  # nothing measured yet: the first point always runs
+    b.record(10, 20.0)  # 10 units of work took 20 s
+    clock[0] += 20
+    assert b.allows(15) and not b.allows(25)  # 30 s fits in the 40 s left, 50 s does not
+    assert gpu_run.Budget(60, deadline=110).end == 110  # the whole run's deadline caps the part's
+    clock[0] = 161
+    assert not b.allows(1)
+
+    s = gpu_run.Summary(tmp_path / "out")
+    s.set_provenance("gpu", {"backend": "gpu"})
+    s.add({"part": "gpu", "T": 1})
+    s.add(skipped={"part": "gpu", "T": 2, "reason": "time budget"})
+    s.set_provenance("cpu16", {"backend": "cpu"})
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert got == {"provenance": {"backend": "gpu", "parts": {"gpu": {"backend": "gpu"}, "cpu16": {"backend": "cpu"}}},
+                   "points": [{"part": "gpu", "T": 1}], "skipped": [{"part": "gpu", "T": 2, "reason": "time budget"}]}
+    assert not (tmp_path / "out" / "summary.json.tmp").exists()

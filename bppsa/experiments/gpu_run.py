@@ -204,8 +204,15 @@ def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=Fa
     params, xs, h0, readout = _data(cell, T, B)
     fns = method_functions(cell, params, xs, h0, readout, unrolls)
     kind = type(cell).__name__
-    if cudnn and (fn := cudnn_function(kind, T, B, cell.input_size)) is not None:
-        fns["cudnn"] = fn
+    cudnn_error = None
+    if cudnn:
+        try:  # a torch failure costs the cuDNN column, not the point
+            fn = cudnn_function(kind, T, B, cell.input_size)
+            if fn is not None:
+                fn()
+                fns["cudnn"] = fn
+        except Exception as e:  # noqa: BLE001
+            cudnn_error = f"{type(e).__name__}: {str(e)[:200]}"
     st = timing.time_interleaved(fns, repeats=repeats, warmup=1, block=2)
     ms = {k: v["median"] * 1e3 for k, v in st.items()}
     spread = {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in st.items()}
@@ -216,7 +223,8 @@ def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=Fa
         out_ms["cudnn"] = ms["cudnn"]
     return {"part": part, "cell": kind, "T": T, "B": B, "H": H, "I": cell.input_size, "ms": out_ms,
             "best_unroll": best, "ms_by_unroll": {u: ms[f"unroll_{u}"] for u in unrolls},
-            "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {}, **(extra or {})}
+            "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {},
+            **({"cudnn_error": cudnn_error} if cudnn_error else {}), **(extra or {})}
 
 
 def _flat(tree):
