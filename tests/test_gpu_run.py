@@ -105,7 +105,7 @@ def test_budget_skips_a_point_that_would_not_fit_and_summary_keeps_every_record(
     assert b.allows(1e9)  # nothing measured yet: the first point always runs
     b.record(10, 20.0)  # 10 units of work took 20 s
     clock[0] += 20
-    assert b.allows(15) and not b.allows(25)  # 30 s fits in the 40 s left, 50 s does not
+    assert b.allows(35) and not b.allows(50)  # 20·√3.5 = 37 s fits in the 40 s left, 20·√5 = 45 s does not
     assert gpu_run.Budget(60, deadline=110).end == 110  # the whole run's deadline caps the part's
     clock[0] = 161
     assert not b.allows(1)
