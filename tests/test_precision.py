@@ -84,35 +84,39 @@ def test_sharded_backward_carries_the_precision():
             assert dots and set(dots) == {(want, want)}, (name, set(dots))
 
 
-def _float64_gradients_unchanged(cell_name, every_path):
+def _float64_gradients_unchanged(cell_name, every_path, T):
     cell = CELLS[cell_name]()
-    params, xs, h0 = _setup(cell, T=24)
+    params, xs, h0 = _setup(cell, T=T)
 
-    def grads(run):
-        loss = lambda p, x, h: jnp.sum(jnp.sin(cell.hidden(run(p, x, h))))
-        return jax.grad(loss, argnums=(0, 1, 2))(params, xs, h0)
-
-    ref = grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bptt"))
     mesh = parallel.make_mesh(2, batch_axis=None)
+    runs = [lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bptt")]  # the reference
     for name in PRECISIONS:
-        runs = [lambda p, x, h: bppsa.rnn(cell, p, x, h, precision=name)]
+        runs.append(lambda p, x, h, name=name: bppsa.rnn(cell, p, x, h, precision=name))
         if every_path:
-            runs += [lambda p, x, h: bppsa.rnn(cell, p, x, h, scan="sequential", chunk_size=7, precision=name),
-                     lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, precision=name)]
-        for run in runs:
-            got = grads(run)
-            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
-                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+            runs += [lambda p, x, h, name=name: bppsa.rnn(cell, p, x, h, scan="sequential", chunk_size=7,
+                                                          precision=name),
+                     lambda p, x, h, name=name: bppsa.rnn(cell, p, x, h, mesh=mesh, precision=name)]
+
+    @jax.jit  # one program for all of them: one compile
+    def all_grads(p, x, h):
+        return [jax.grad(lambda *a, run=run: jnp.sum(jnp.sin(cell.hidden(run(*a)))), argnums=(0, 1, 2))(p, x, h)
+                for run in runs]
+
+    ref, *others = all_grads(params, xs, h0)
+    assert len(others) == len(PRECISIONS) * (3 if every_path else 1)
+    for got in others:
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
 
 
 def test_float64_gradients_unchanged_for_every_precision():
-    _float64_gradients_unchanged("rnn", every_path=False)
+    _float64_gradients_unchanged("rnn", every_path=False, T=24)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cell_name", sorted(CELLS))
 def test_float64_gradients_unchanged_for_every_precision_every_cell_and_path(cell_name):
-    _float64_gradients_unchanged(cell_name, every_path=True)
+    _float64_gradients_unchanged(cell_name, every_path=True, T=40)
 
 
 @pytest.mark.parametrize("bad", ["tf32", None, 3])
