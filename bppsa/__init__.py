@@ -25,15 +25,15 @@ __all__ = [
 
 def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
         chunk_size: int | str | None = "auto", cost_model=None, mesh=None, seq_axis: str = "seq",
-        batch_axis: str | None = None):
+        batch_axis: str | None = None, precision="highest"):
     """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> the state
     sequence hs (T, B, H) [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
 
     Without ``mesh``: :func:`bppsa.backprop.rnn` (one device; see it for ``backward``, ``scan``,
-    ``chunk_size`` and ``cost_model``). With a ``jax.sharding.Mesh``: :func:`bppsa.parallel.rnn`,
+    ``chunk_size``, ``cost_model`` and ``precision``). With a ``jax.sharding.Mesh``: :func:`bppsa.parallel.rnn`,
     the time axis split over ``mesh[seq_axis]`` and the batch over ``mesh[batch_axis]``.
     """
-    kw = dict(backward=backward, scan=scan, chunk_size=chunk_size, cost_model=cost_model)
+    kw = dict(backward=backward, scan=scan, chunk_size=chunk_size, cost_model=cost_model, precision=precision)
     if mesh is None:
         return backprop.rnn(cell, params, xs, h0, **kw)
     return parallel.rnn(cell, params, xs, h0, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis, **kw)

@@ -21,11 +21,12 @@ from . import cost as cost_lib
 from . import scan as scan_lib
 from .errors import UsageError
 
-__all__ = ["rnn", "BACKWARDS", "bppsa_states", "forward_states", "validate_inputs", "validate_options",
+__all__ = ["rnn", "BACKWARDS", "PRECISIONS", "validate_precision", "bppsa_states", "forward_states", "validate_inputs", "validate_options",
            "validate_params", "scan_order", "root_and_offsets",
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
 BACKWARDS = ("bppsa", "bptt", "auto")
+PRECISIONS = ("highest", "high", "default")  # jax.lax.Precision's members, by name
 
 
 def forward_states(cell, params, xs, s0):
@@ -142,21 +143,28 @@ def _cast_grads(dparams, dxr, g0, params, xs, s0):
     return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def bppsa_states(cell, scan_method, chunk_size, params, xs, s0):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 6))
+def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highest"):
     """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
     VJP is the BPPSA backward with ``scan_method`` over chunks of ``chunk_size`` steps (an int,
-    None: one chunk, or "auto": :func:`bppsa.cost.auto_chunk_size`). ``cell``, ``scan_method``
-    and ``chunk_size`` are static (hashable); inputs are not validated (see :func:`rnn`)."""
+    None: one chunk, or "auto": :func:`bppsa.cost.auto_chunk_size`), every matrix product of it
+    at ``precision`` (a name from :data:`PRECISIONS`). ``cell``, ``scan_method``, ``chunk_size``
+    and ``precision`` are static (hashable); inputs are not validated (see :func:`rnn`)."""
     return forward_states(cell, params, xs, s0)
 
 
-def _bppsa_fwd(cell, scan_method, chunk_size, params, xs, s0):
+def _bppsa_fwd(cell, scan_method, chunk_size, params, xs, s0, precision="highest"):
     ss = forward_states(cell, params, xs, s0)
     return ss, (params, xs, s0, ss)
 
 
-def _bppsa_bwd(cell, scan_method, chunk_size, res, ct):
+def _bppsa_bwd(cell, scan_method, chunk_size, precision, res, ct):
+    # Every dot traced in here (Jacobians, scan, parameter gradients) carries this precision.
+    with jax.default_matmul_precision(precision):
+        return _bppsa_backward(cell, scan_method, chunk_size, res, ct)
+
+
+def _bppsa_backward(cell, scan_method, chunk_size, res, ct):
     params, xs, s0, ss = res
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
     T, B, S = ss.shape
@@ -176,7 +184,7 @@ bppsa_states.defvjp(_bppsa_fwd, _bppsa_bwd)
 
 
 def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
-        chunk_size: int | str | None = "auto", cost_model=None):
+        chunk_size: int | str | None = "auto", cost_model=None, precision="highest"):
     """Run ``cell`` over a sequence on one device; differentiable w.r.t. ``params``, ``xs``, ``h0``.
 
     ``bppsa.rnn`` is this function, or with ``mesh=`` :func:`bppsa.parallel.rnn` (the time axis
@@ -199,6 +207,10 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
         on accelerators, one chunk.
       cost_model: ``backward="auto"`` only: the :class:`bppsa.cost.CostModel` that decides
         (None: the calibration cached for this device if there is one, else BPTT).
+      precision: BPPSA only: the precision of every matrix product of the backward (Jacobians,
+        scan, parameter gradients): "highest" (default: full float32), "high" or "default" (the
+        backend's choice: TF32 on recent NVIDIA GPUs), or a ``jax.lax.Precision``. The long
+        Jacobian chains of the scan are where reduced precision would show; no effect on CPU.
 
     Returns:
       The cell's state sequence: hs (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
@@ -211,6 +223,7 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
       whose dtype one step would change (h0 float32 with float64 params). See :func:`validate_inputs`.
     """
     chunk_size = validate_options(backward, scan, chunk_size)
+    precision = validate_precision(precision)
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)
     if backward == "auto":
@@ -218,7 +231,7 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
     if backward == "bptt":
         ss = forward_states(cell, params, xs, s0)
     else:
-        ss = bppsa_states(cell, scan, chunk_size, params, xs, s0)
+        ss = bppsa_states(cell, scan, chunk_size, params, xs, s0, precision)
     return cell.unflatten_state(ss)
 
 
@@ -242,6 +255,16 @@ def validate_options(backward, scan, chunk_size):
         if n >= 1:
             return n
     raise UsageError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
+
+
+def validate_precision(precision) -> str:
+    """Check :func:`rnn`'s ``precision``: a name from :data:`PRECISIONS` (any case) or a
+    ``jax.lax.Precision``; return its lower-case name (static, hashable)."""
+    if isinstance(precision, lax.Precision):
+        return precision.name.lower()
+    if isinstance(precision, str) and precision.lower() in PRECISIONS:
+        return precision.lower()
+    raise UsageError(f"precision must be one of {list(PRECISIONS)} or a jax.lax.Precision; got {precision!r}")
 
 
 def validate_params(cell, params):

@@ -224,8 +224,9 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
 
 
 @functools.lru_cache(maxsize=None)
-def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T):
-    """(forward, backward, custom-VJP run) on padded arrays, for one configuration (cached)."""
+def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, precision="highest"):
+    """(forward, backward, custom-VJP run) on padded arrays, for one configuration (cached); the
+    backward's matrix products at ``precision`` (:data:`bppsa.backprop.PRECISIONS`)."""
     P, _ = check_axes(mesh, seq_axis, batch_axis)
     x_spec = PS(seq_axis, batch_axis, None)
     s_spec = PS(batch_axis, None)
@@ -245,7 +246,8 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T):
 
     def bwd(res, ct):
         params, xs, s0, ss = res
-        dparams, dxs, ds0 = bwd_sm(params, xs, s0, ss, ct)
+        with jax.default_matmul_precision(precision):
+            dparams, dxs, ds0 = bwd_sm(params, xs, s0, ss, ct)
         dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
         return dparams, dxs.astype(xs.dtype), ds0.astype(s0.dtype)
 
@@ -262,7 +264,7 @@ def _pad(x, axis, n):
 
 
 def sequence_parallel_states(cell, params, xs, s0, mesh, *, seq_axis="seq", batch_axis=None,
-                             backward="bppsa", scan="blelloch", combine="auto"):
+                             backward="bppsa", scan="blelloch", combine="auto", precision="highest"):
     """Flat-state core: xs (T, B, I), s0 (B, S) -> ss (T, B, S), time sharded over ``seq_axis``.
 
     Inputs are already validated (see :func:`bppsa.backprop.rnn`).
@@ -277,23 +279,24 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, *, seq_axis="seq", batc
     Bp = -(-B // Pb) * Pb
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
-    fwd_sm, _, run = sharded_functions(cell, scan, combine, mesh, seq_axis, batch_axis, T)
+    fwd_sm, _, run = sharded_functions(cell, scan, combine, mesh, seq_axis, batch_axis, T, precision)
     ss = fwd_sm(params, xs_p, s0_p) if backward == "bptt" else run(params, xs_p, s0_p)
     return ss[:T, :B]
 
 
 def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, backward="bppsa",
-        scan="blelloch", combine="auto", chunk_size="auto", cost_model=None):
+        scan="blelloch", combine="auto", chunk_size="auto", cost_model=None, precision="highest"):
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
     ``mesh[batch_axis]``); ``combine`` picks the cross-device step ("logstep", "allgather",
     "chain" or "auto"). ``mesh=None`` uses a 1-D mesh over all devices. Each device scans its
     stretch in one piece, so ``chunk_size`` must be None or "auto"; ``cost_model`` as in
-    :func:`bppsa.backprop.rnn`.
+    :func:`bppsa.backprop.rnn`, as is ``precision`` (the backward's matrix products).
 
     xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
     exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
     """
     chunk_size = backprop.validate_options(backward, scan, chunk_size)
+    precision = backprop.validate_precision(precision)
     if not (isinstance(combine, str) and combine in COMBINES):
         raise UsageError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
     if chunk_size not in (None, "auto"):
@@ -306,7 +309,7 @@ def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, bac
     if backward == "auto":
         backward = cost.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype, cost_model=cost_model)
     ss = sequence_parallel_states(cell, params, xs, s0, mesh, seq_axis=seq_axis, batch_axis=batch_axis,
-                                  backward=backward, scan=scan, combine=combine)
+                                  backward=backward, scan=scan, combine=combine, precision=precision)
     return cell.unflatten_state(ss)
 
 

@@ -1,0 +1,419 @@
+"""The device-machine run: BPPSA against every baseline on one GPU and on 16 CPU cores.
+
+    python -m bppsa.experiments.gpu_run OUT [--dry-run]      (experiments/gpu/run.sh OUT)
+
+Made for the machine this project is sometimes lent (one H200, 16 CPU cores, Python with jax,
+flax, optax, numpy and torch; no ml_collections, librosa, soundfile or ray, and nothing is
+installed): it imports none of those four. Under 8 minutes in all; every part has its own time
+budget and every point is written the moment it is measured, so a run cut short still leaves
+what it did:
+
+    OUT/points.jsonl    one JSON record per point (or skipped point), appended
+    OUT/summary.json    {"provenance": {...}, "points": [...], "skipped": [...]}, rewritten
+                        atomically after every point
+
+Parts: ``gpu`` -- the paper's RNN T sweep at B = 16 (to T = 30 000) and B sweep at T = 1000,
+the IRMAS GRU shapes (3 settings x 3 batch sizes, synthetic inputs of those shapes) and the
+precision check (gradient error against float64 per ``precision=`` setting); ``cpu16`` -- in a
+subprocess on XLA CPU: RNN points at a few sizes and sequence-parallel BPPSA over 1-16 host
+devices. Every time is one training step's gradient (forward + backward, ``jax.grad`` of a loss
+on every step's state) by :func:`bppsa.timing.time_interleaved`:
+
+    bptt              autodiff through a plain ``lax.scan``
+    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in UNROLLS ("best_unroll")
+    bppsa             bppsa.rnn, Blelloch scan, full float32 products
+    bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
+    cudnn             torch nn.RNN / nn.GRU forward + backward on CUDA (when torch and CUDA are there)
+
+``--dry-run`` (or BPPSA_ALLOW_CPU=1) runs tiny sizes on the CPU in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from bppsa import backprop, cells, host, parallel, timing
+from bppsa.provenance import provenance
+
+__all__ = ["UNROLLS", "BLOCKED", "IRMAS_SHAPES", "plan", "Summary", "Budget", "method_functions",
+           "measure_point", "grad_rel_err", "run_gpu", "run_cpu16", "main"]
+
+UNROLLS = (1, 2, 4, 8, 16, 32)
+BLOCKED = ("ml_collections", "librosa", "soundfile", "ray")  # absent on the device machine
+IRMAS_SHAPES = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # setting -> (features, T), DESIGN.md
+H = 20  # hidden size of every paper model
+
+
+def plan(dry: bool) -> dict:
+    """Sizes and time budgets (seconds) of a full run, or of the tiny dry run."""
+    if dry:
+        return dict(T_sweep=(12,), B_sweep=(3,), B_sweep_T=12, irmas=(("s", 16),), irmas_T=8, precision_T=(16,),
+                    unrolls=(1, 4), repeats=1, cpu16_points=((12, 2),), cpu16_devices=(1, 2),
+                    cpu16_device_count=2, scaling=(16, 2),
+                    budgets={"gpu/T": 10, "gpu/B": 7, "gpu/irmas": 7, "gpu/precision": 10, "cpu16": 20},
+                    total=57)
+    return dict(T_sweep=(30000, 1000, 10000, 100, 3000, 10), B_sweep=(2, 256, 16, 64, 4, 128, 8, 32), B_sweep_T=1000,
+                irmas=tuple((s, b) for s in IRMAS_SHAPES for b in (16, 32, 64)), irmas_T=None,
+                precision_T=(1000, 10000, 30000), unrolls=UNROLLS, repeats=3,
+                cpu16_points=((1000, 16), (10000, 16), (1000, 64)), cpu16_devices=(1, 2, 4, 8, 16),
+                cpu16_device_count=16, scaling=(10000, 16),
+                budgets={"gpu/T": 120, "gpu/B": 55, "gpu/irmas": 55, "gpu/precision": 55, "cpu16": 120},
+                total=450)
+
+
+class Summary:
+    """Appends each record to OUT/points.jsonl and rewrites OUT/summary.json atomically."""
+
+    def __init__(self, out):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.lines = self.out / "points.jsonl"
+
+    def set_provenance(self, part: str, record: dict):
+        (self.out / f"provenance-{part}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        self.write()
+
+    def add(self, point: dict | None = None, *, skipped: dict | None = None):
+        with open(self.lines, "a") as f:
+            f.write(json.dumps({"point": point} if point is not None else {"skipped": skipped}, default=float) + "\n")
+            f.flush()
+        self.write()
+
+    def write(self) -> dict:
+        records = [json.loads(line) for line in self.lines.read_text().splitlines() if line.strip()] \
+            if self.lines.exists() else []
+        prov = {}
+        for part in ("gpu", "cpu16"):
+            p = self.out / f"provenance-{part}.json"
+            if p.exists():
+                prov[part] = json.loads(p.read_text())
+        top = dict(prov.get("gpu") or prov.get("cpu16") or {})
+        top["parts"] = prov
+        summary = {"provenance": top, "points": [r["point"] for r in records if "point" in r],
+                   "skipped": [r["skipped"] for r in records if "skipped" in r]}
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        os.replace(tmp, self.out / "summary.json")
+        return summary
+
+
+class Budget:
+    """A part's time budget: a point is started only when the previous point's time, scaled by
+    the square root of the work ratio (compiling, which does not grow with T·B, is much of a
+    point's time), still fits before the part's (or the whole run's) end."""
+
+    def __init__(self, seconds: float, deadline: float):
+        self.end = min(time.monotonic() + seconds, deadline)
+        self.last = None  # (work, seconds)
+
+    def allows(self, work: float) -> bool:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            return False
+        if self.last is None:
+            return True
+        w, s = self.last
+        return s * max((work / w) ** 0.5, 0.3) <= left
+
+    def record(self, work: float, seconds: float):
+        self.last = (work, seconds)
+
+
+def _peak_mb():
+    stats = jax.devices()[0].memory_stats()
+    return None if not stats or "peak_bytes_in_use" not in stats else stats["peak_bytes_in_use"] / 2 ** 20
+
+
+def _data(cell, T, B, dtype=jnp.float32, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    params = cell.init(k1, dtype)
+    xs = jax.random.bernoulli(k2, 0.5, (T, B, cell.input_size)).astype(dtype) if cell.input_size == 1 \
+        else jax.random.normal(k2, (T, B, cell.input_size), dtype)
+    readout = jax.random.normal(k3, (cell.hidden_size,), dtype) / cell.hidden_size
+    return params, xs, jnp.zeros((B, cell.hidden_size), dtype), readout
+
+
+def _loss(hs, readout):
+    """A loss on every step's state: the whole backward chain carries gradient."""
+    return jnp.mean(hs @ readout)
+
+
+def _scan_states(cell, params, xs, h0, unroll=1):
+    def step(h, x):
+        h = cell.step(params, h, x)
+        return h, h
+    return lax.scan(step, h0, xs, unroll=unroll)[1]
+
+
+def method_functions(cell, params, xs, h0, readout, unrolls=UNROLLS) -> dict:
+    """Zero-argument jitted gradient steps: ``unroll_u`` (autodiff through lax.scan), ``bppsa``,
+    ``bppsa_sequential`` (bppsa.rnn with the Blelloch or the sequential scan)."""
+    fns = {}
+    for u in unrolls:
+        g = jax.jit(jax.grad(lambda p, x, h, u=u: _loss(_scan_states(cell, p, x, h, u), readout)))
+        fns[f"unroll_{u}"] = functools.partial(g, params, xs, h0)
+    for name, scan in (("bppsa", "blelloch"), ("bppsa_sequential", "sequential")):
+        g = jax.jit(jax.grad(lambda p, x, h, scan=scan: _loss(backprop.rnn(cell, p, x, h, scan=scan),
+                                                              readout)))
+        fns[name] = functools.partial(g, params, xs, h0)
+    return fns
+
+
+@functools.lru_cache(maxsize=1)
+def _torch():
+    """torch when it imports and sees CUDA, else None (torch is optional, never a dependency)."""
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 -- any failure to import means "no cuDNN baseline"
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def cudnn_function(kind: str, T: int, B: int, I: int):
+    """torch's cuDNN nn.RNN / nn.GRU (hidden H) forward + backward on CUDA, or None."""
+    torch = _torch()
+    if torch is None:
+        return None
+    mod = {"RNN": lambda: torch.nn.RNN(I, H, nonlinearity="tanh"), "GRU": lambda: torch.nn.GRU(I, H)}[kind]()
+    mod = mod.cuda()
+    x = torch.randn(T, B, I, device="cuda")
+    r = torch.randn(H, device="cuda") / H
+
+    def run():
+        mod.zero_grad(set_to_none=True)
+        out, _ = mod(x)
+        (out @ r).mean().backward()
+        torch.cuda.synchronize()
+        return ()
+    return run
+
+
+def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=False, extra=None) -> dict:
+    """One point: every method interleaved; ms are medians of one gradient step."""
+    params, xs, h0, readout = _data(cell, T, B)
+    fns = method_functions(cell, params, xs, h0, readout, unrolls)
+    kind = type(cell).__name__
+    cudnn_error = None
+    if cudnn:
+        try:  # a torch failure costs the cuDNN column, not the point
+            fn = cudnn_function(kind, T, B, cell.input_size)
+            if fn is not None:
+                fn()
+                fns["cudnn"] = fn
+        except Exception as e:  # noqa: BLE001
+            cudnn_error = f"{type(e).__name__}: {str(e)[:200]}"
+    st = timing.time_interleaved(fns, repeats=repeats, warmup=1, block=2)
+    ms = {k: v["median"] * 1e3 for k, v in st.items()}
+    spread = {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in st.items()}
+    best = min(unrolls, key=lambda u: ms[f"unroll_{u}"])
+    out_ms = {"bptt": ms["unroll_1"], "bptt_unrolled": ms[f"unroll_{best}"], "bppsa": ms["bppsa"],
+              "bppsa_sequential": ms["bppsa_sequential"]}
+    if "cudnn" in ms:
+        out_ms["cudnn"] = ms["cudnn"]
+    return {"part": part, "cell": kind, "T": T, "B": B, "H": H, "I": cell.input_size, "ms": out_ms,
+            "best_unroll": best, "ms_by_unroll": {u: ms[f"unroll_{u}"] for u in unrolls},
+            "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {},
+            **({"cudnn_error": cudnn_error} if cudnn_error else {}), **(extra or {})}
+
+
+def _flat(tree):
+    return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(tree)])
+
+
+def grad_rel_err(cell, T: int, B: int) -> dict:
+    """Relative error ||g - g64|| / ||g64|| of float32 parameter gradients against float64 BPTT:
+    BPPSA at each ``precision=`` setting, and autodiff through lax.scan at "default" and
+    "highest" (the products' precision under ``jax.default_matmul_precision``). Needs x64."""
+    p64, xs64, h064, r64 = _data(cell, T, B, jnp.float64)
+    ref = _flat(jax.jit(jax.grad(lambda p: _loss(_scan_states(cell, p, xs64, h064), r64)))(p64))
+    p32, xs32, h032, r32 = (jax.tree.map(lambda a: a.astype(jnp.float32), t) for t in (p64, xs64, h064, r64))
+    err = lambda g: float(np.linalg.norm(_flat(g) - ref) / np.linalg.norm(ref))
+    out = {}
+    for prec in backprop.PRECISIONS:
+        g = jax.jit(jax.grad(lambda p, prec=prec: _loss(backprop.rnn(cell, p, xs32, h032, precision=prec), r32)))
+        out[f"bppsa:{prec}"] = err(g(p32))
+    for prec in ("default", "highest"):
+        with jax.default_matmul_precision(prec):
+            g = jax.jit(jax.grad(lambda p: _loss(_scan_states(cell, p, xs32, h032), r32)))
+            out[f"bptt:{prec}"] = err(g(p32))
+    return out
+
+
+def _sweep(summary, budget, points, measure):
+    """Measure ``points`` [(label, work, kwargs)] in order while the budget allows."""
+    for label, work, kw in points:
+        if not budget.allows(work):
+            summary.add(skipped={**label, "reason": "time budget"})
+            print(f"  skipped {label}: time budget", flush=True)
+            continue
+        t0 = time.monotonic()
+        try:
+            point = measure(**kw)
+        except Exception as e:  # noqa: BLE001 -- one failed point must not lose the run
+            summary.add(skipped={**label, "reason": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(f"  failed {label}: {type(e).__name__}: {e}", flush=True)
+            continue
+        budget.record(work, time.monotonic() - t0)
+        summary.add(point)
+        print(f"  {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in point.get("ms", {}).items())
+              + (f" grad_rel_err {point['grad_rel_err']}" if point.get("grad_rel_err") else ""), flush=True)
+
+
+def run_gpu(summary: Summary, pl: dict, deadline: float):
+    """Part ``gpu``: the T and B sweeps (RNN 1 -> 20), the IRMAS GRU shapes, the precision check."""
+    rnn = cells.RNN(input_size=1, hidden_size=H)
+    common = dict(unrolls=pl["unrolls"], repeats=pl["repeats"], cudnn=True)
+
+    def rnn_point(sweep, T, B):
+        return measure_point("gpu", rnn, T, B, extra={"sweep": sweep}, **common)
+
+    parts = [
+        ("gpu/T", [({"part": "gpu", "sweep": "T", "T": T, "B": 16}, T * 16, dict(sweep="T", T=T, B=16))
+                   for T in pl["T_sweep"]], rnn_point),
+        ("gpu/B", [({"part": "gpu", "sweep": "B", "T": pl["B_sweep_T"], "B": B}, pl["B_sweep_T"] * B,
+                    dict(sweep="B", T=pl["B_sweep_T"], B=B)) for B in pl["B_sweep"]], rnn_point),
+    ]
+
+    def irmas_point(setting, B):
+        I, T = IRMAS_SHAPES[setting]
+        T = pl["irmas_T"] or T
+        return measure_point("gpu", cells.GRU(input_size=I, hidden_size=H), T, B,
+                             extra={"sweep": "irmas", "setting": setting}, **common)
+
+    parts.append(("gpu/irmas", [({"part": "gpu", "sweep": "irmas", "setting": s, "B": B},
+                                 IRMAS_SHAPES[s][1] * B * 3, dict(setting=s, B=B)) for s, B in pl["irmas"]],
+                  irmas_point))
+
+    def precision_point(T):
+        jax.config.update("jax_enable_x64", True)  # the float64 reference; last part of this process
+        params, xs, h0, readout = _data(rnn, T, 16)
+        fns = {prec: functools.partial(jax.jit(jax.grad(lambda p, x, h, prec=prec: _loss(
+            backprop.rnn(rnn, p, x, h, precision=prec), readout))), params, xs, h0) for prec in backprop.PRECISIONS}
+        st = timing.time_interleaved(fns, repeats=pl["repeats"], warmup=1, block=2)
+        return {"part": "gpu", "sweep": "precision", "cell": "RNN", "T": T, "B": 16, "H": H, "I": 1,
+                "ms": {}, "bppsa_ms_by_precision": {k: v["median"] * 1e3 for k, v in st.items()},
+                "best_unroll": None, "peak_mb": _peak_mb(), "grad_rel_err": grad_rel_err(rnn, T, 16)}
+
+    parts.append(("gpu/precision", [({"part": "gpu", "sweep": "precision", "T": T, "B": 16}, T * 16 * 4,
+                                     dict(T=T)) for T in pl["precision_T"]], precision_point))
+    for name, points, measure in parts:
+        print(f"{name}: {len(points)} points, budget {pl['budgets'][name]} s", flush=True)
+        _sweep(summary, Budget(pl["budgets"][name], deadline), points, measure)
+
+
+def run_cpu16(summary: Summary, pl: dict, deadline: float):
+    """Part ``cpu16`` (run in its own process on XLA CPU with the host devices): RNN points, then
+    sequence-parallel BPPSA (bppsa.parallel) over 1, 2, 4, ... host devices."""
+    rnn = cells.RNN(input_size=1, hidden_size=H)
+    budget = Budget(0.55 * pl["budgets"]["cpu16"], deadline)  # the rest is the scaling's
+    _sweep(summary, budget, [({"part": "cpu16", "T": T, "B": B}, T * B, dict(T=T, B=B)) for T, B in pl["cpu16_points"]],
+           lambda T, B: measure_point("cpu16", rnn, T, B, unrolls=pl["unrolls"], repeats=pl["repeats"],
+                                      extra={"sweep": "sizes", "threads": os.cpu_count()}))
+    T, B = pl["scaling"]
+
+    def scaling_point(P):
+        params, xs, h0, readout = _data(rnn, T, B)
+        mesh = parallel.make_mesh(P, batch_axis=None, devices=jax.devices()[:P])
+        g = jax.jit(jax.grad(lambda p, x, h: _loss(parallel.rnn(rnn, p, x, h, mesh=mesh), readout)))
+        st = timing.time_fn(functools.partial(g, params, xs, h0), repeats=pl["repeats"], warmup=1, block=2)
+        return {"part": "cpu16", "sweep": "sequence-parallel", "cell": "RNN", "T": T, "B": B, "H": H, "I": 1,
+                "devices": P, "ms": {"bppsa_sharded": st["median"] * 1e3},
+                "spread_ms": {"bppsa_sharded": [st["min"] * 1e3, st["max"] * 1e3]}, "best_unroll": None,
+                "peak_mb": _peak_mb(), "grad_rel_err": {}}
+
+    _sweep(summary, Budget(pl["budgets"]["cpu16"], deadline),
+           [({"part": "cpu16", "sweep": "sequence-parallel", "devices": P}, T * B, dict(P=P))
+            for P in pl["cpu16_devices"]], scaling_point)
+
+
+def _spawn_cpu16(out: Path, dry: bool, pl: dict, deadline: float):
+    """Run part cpu16 in a subprocess: JAX_PLATFORMS=cpu and the host devices set before JAX starts."""
+    seconds = max(0.0, min(pl["budgets"]["cpu16"], deadline - time.monotonic()))
+    if seconds < 5:
+        Summary(out).add(skipped={"part": "cpu16", "reason": "time budget"})
+        return
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={pl['cpu16_device_count']}"}
+    cmd = [sys.executable, "-m", "bppsa.experiments.gpu_run", str(out), "--part", "cpu16",
+           "--budget", f"{seconds:.1f}"] + (["--dry-run"] if dry else [])
+    try:
+        subprocess.run(cmd, env=env, timeout=seconds + 30, check=False)
+    except subprocess.TimeoutExpired:
+        Summary(out).add(skipped={"part": "cpu16", "reason": "subprocess timed out; its points so far are kept"})
+
+
+def _table(summary: dict) -> str:
+    rows = ["part  sweep              cell    T      B    bptt/bppsa  unrolled/bppsa  cudnn/bppsa"]
+    for p in summary["points"]:
+        ms = p.get("ms") or {}
+        if "bppsa" not in ms:
+            continue
+        r = lambda k: f"{ms[k] / ms['bppsa']:.2f}" if k in ms else "-"
+        rows.append(f"{p['part']:<5} {str(p.get('sweep', '')):<18} {p['cell']:<5} {p['T']:>6} {p['B']:>4}"
+                    f"    {r('bptt'):>8}    {r('bptt_unrolled'):>10}     {r('cudnn'):>8}")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bppsa.experiments.gpu_run", description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="output folder (summary.json, points.jsonl)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on any backend (also: BPPSA_ALLOW_CPU=1)")
+    ap.add_argument("--part", choices=("all", "gpu", "cpu16"), default="all")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole run (default: the plan's); every part's budget scales with it")
+    args = ap.parse_args(argv)
+    dry = args.dry_run or os.environ.get("BPPSA_ALLOW_CPU", "0") == "1"
+    pl = plan(dry)
+    if args.budget is not None:
+        if not args.budget > 0:
+            ap.error(f"--budget must be a positive number of seconds; got {args.budget}")
+        scale, pl["total"] = args.budget / pl["total"], args.budget
+        pl["budgets"] = {k: v * scale for k, v in pl["budgets"].items()}
+    deadline = time.monotonic() + pl["total"]
+    out = Path(args.out)
+    summary = Summary(out)
+    host.tune_allocator()
+    if args.part == "cpu16":  # the subprocess: all of its budget is part cpu16's
+        pl["budgets"]["cpu16"] = pl["total"]
+        summary.set_provenance("cpu16", provenance())
+        run_cpu16(summary, pl, deadline)
+        return 0
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cuda") and not dry:
+        print(f"error: no GPU visible to JAX (backend: {backend}). Check nvidia-smi and the jax[cuda] "
+              "install, or pass --dry-run (BPPSA_ALLOW_CPU=1) for a tiny run on the CPU.", file=sys.stderr)
+        return 1
+    torch = _torch()
+    prov = provenance()
+    prov.update(dry_run=dry, plan={k: v for k, v in pl.items()}, torch=getattr(torch, "__version__", None),
+                cudnn_allow_tf32=None if torch is None else bool(torch.backends.cudnn.allow_tf32))
+    summary.set_provenance("gpu", prov)
+    print(f"{'dry run' if dry else 'run'} on {backend}: {jax.devices()}", flush=True)
+    if args.part in ("all", "gpu"):
+        run_gpu(summary, pl, deadline - (pl["budgets"]["cpu16"] if args.part == "all" else 0))
+    if args.part in ("all", "cpu16"):
+        print(f"cpu16: subprocess, budget {pl['budgets']['cpu16']} s", flush=True)
+        _spawn_cpu16(out, dry, pl, deadline)
+    final = summary.write()
+    present = [m for m in BLOCKED if m in sys.modules]
+    print(f"\n{len(final['points'])} points, {len(final['skipped'])} skipped -> {out / 'summary.json'}")
+    print("times relative to bppsa (> 1: BPPSA faster):\n" + _table(final))
+    if present:
+        print(f"warning: imported {present}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The device-machine run (experiments/gpu/run.sh -> bppsa.experiments.gpu_run): it refuses to run
+without a GPU unless asked for a dry run, and its dry run works with ml_collections, librosa,
+soundfile and ray unimportable (as on the device machine), writing summary.json's schema."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bppsa.experiments import gpu_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "gpu" / "run.sh"
+METHODS = {"bptt", "bptt_unrolled", "bppsa", "bppsa_sequential"}
+
+
+def _blocked_env(tmp_path, **extra):
+    """The environment of the device machine: the four packages raise ImportError on import
+    (stub packages first on PYTHONPATH), JAX on the CPU, no forced host devices."""
+    stubs = tmp_path / "blocked"
+    for name in gpu_run.BLOCKED:
+        (stubs / name).mkdir(parents=True)
+        (stubs / name / "__init__.py").write_text(
+            f"raise ImportError('{name} is not installed on the device machine')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "BPPSA_ALLOW_CPU")}
+    return {**env, "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": os.pathsep.join([str(stubs), str(ROOT)]), **extra}
+
+
+def test_the_blocking_really_blocks(tmp_path):
+    env = _blocked_env(tmp_path)
+    for name in gpu_run.BLOCKED:
+        r = subprocess.run([sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode != 0 and "not installed on the device machine" in r.stderr, (name, r.stderr)
+
+
+def test_gpu_script_fails_loudly_without_a_gpu(tmp_path):
+    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=_blocked_env(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "no GPU visible" in r.stderr and "--dry-run" in r.stderr
+
+
+def _check_point(p):
+    assert p["part"] in ("gpu", "cpu16")
+    for key in ("cell", "T", "B", "H", "ms", "best_unroll", "peak_mb", "grad_rel_err"):
+        assert key in p, (key, p)
+    assert p["H"] == 20 and p["peak_mb"] is None  # CPU: no device memory stats
+    assert all(v > 0 for v in p["ms"].values())
+    if p.get("sweep") in ("T", "B", "irmas", "sizes"):
+        assert set(p["ms"]) == METHODS  # no cuDNN without CUDA
+        assert p["best_unroll"] in gpu_run.UNROLLS
+        assert p["ms"]["bptt_unrolled"] == min(p["ms_by_unroll"].values())
+        assert p["ms"]["bptt"] == p["ms_by_unroll"]["1"]
+
+
+def test_cpu16_part_dry_run_with_blocked_imports(tmp_path):
+    out = tmp_path / "out"
+    env = _blocked_env(tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    r = subprocess.run([sys.executable, "-m", "bppsa.experiments.gpu_run", str(out), "--part", "cpu16",
+                        "--dry-run", "--budget", "120"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["provenance"]["parts"]["cpu16"]["backend"] == "cpu" and s["skipped"] == []
+    kinds = [(p["part"], p["sweep"], p.get("devices")) for p in s["points"]]
+    assert kinds == [("cpu16", "sizes", None), ("cpu16", "sequence-parallel", 1), ("cpu16", "sequence-parallel", 2)]
+    for p in s["points"]:
+        _check_point(p)
+    lines = (out / "points.jsonl").read_text().splitlines()
+    assert [json.loads(line)["point"] for line in lines] == s["points"]  # written point by point
+
+
+@pytest.mark.slow
+def test_gpu_script_dry_run_with_blocked_imports(tmp_path):
+    out = tmp_path / "out"
+    env = _blocked_env(tmp_path, BPPSA_ALLOW_CPU="1")
+    r = subprocess.run(["bash", str(SCRIPT), str(out), "--budget", "400"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["skipped"] == [], s["skipped"]
+    assert s["provenance"]["dry_run"] is True and s["provenance"]["backend"] == "cpu"
+    assert set(s["provenance"]["parts"]) == {"gpu", "cpu16"}
+    sweeps = [(p["part"], p["sweep"]) for p in s["points"]]
+    assert sweeps == [("gpu", "T"), ("gpu", "B"), ("gpu", "irmas"), ("gpu", "precision"), ("cpu16", "sizes"),
+                      ("cpu16", "sequence-parallel"), ("cpu16", "sequence-parallel")]
+    for p in s["points"]:
+        _check_point(p)
+    prec = s["points"][3]
+    assert set(prec["grad_rel_err"]) == {"bppsa:highest", "bppsa:high", "bppsa:default", "bptt:default",
+                                         "bptt:highest"}
+    assert all(0 <= e < 1e-4 for e in prec["grad_rel_err"].values())  # float32 against float64
+    assert s["points"][2]["cell"] == "GRU" and s["points"][2]["setting"] == "s"
+    assert "times relative to bppsa" in r.stdout
+
+
+def test_budget_skips_a_point_that_would_not_fit_and_summary_keeps_every_record(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(gpu_run.time, "monotonic", lambda: clock[0])
+    b = gpu_run.Budget(60, deadline=1e9)
+    assert b.allows(1e9)  # nothing measured yet: the first point always runs
+    b.record(10, 20.0)  # 10 units of work took 20 s
+    clock[0] += 20
+    assert b.allows(35) and not b.allows(50)  # 20·√3.5 = 37 s fits in the 40 s left, 20·√5 = 45 s does not
+    assert gpu_run.Budget(60, deadline=110).end == 110  # the whole run's deadline caps the part's
+    clock[0] = 161
+    assert not b.allows(1)
+
+    s = gpu_run.Summary(tmp_path / "out")
+    s.set_provenance("gpu", {"backend": "gpu"})
+    s.add({"part": "gpu", "T": 1})
+    s.add(skipped={"part": "gpu", "T": 2, "reason": "time budget"})
+    s.set_provenance("cpu16", {"backend": "cpu"})
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert got == {"provenance": {"backend": "gpu", "parts": {"gpu": {"backend": "gpu"}, "cpu16": {"backend": "cpu"}}},
+                   "points": [{"part": "gpu", "T": 1}], "skipped": [{"part": "gpu", "T": 2, "reason": "time budget"}]}
+    assert not (tmp_path / "out" / "summary.json.tmp").exists()
