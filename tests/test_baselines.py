@@ -133,3 +133,23 @@ def test_backward_baselines_record_and_table():
     assert r["tuned_unroll"] == cost.bptt_unroll(cell, 6, 2)
     table = baselines.baseline_table([{"T": 6, "B": 2, "baselines": r}])
     assert table.splitlines()[0] == baselines.BASELINE_HEADER and "| 6 | 2 | " in table
+
+
+def test_bench_calibrate_refines_the_model_for_this_machine(tmp_path, monkeypatch):
+    from bppsa import bench
+    monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
+    fitted = cost.CostModel(FAVOUR_SEQUENTIAL, {"device": cost.device_key()})
+    monkeypatch.setattr(calibrate, "calibrate", lambda **kw: fitted)
+    seen = []
+    monkeypatch.setattr(bench, "bench_point", lambda cell, T, B, **kw: seen.append(kw["model"]) or {})
+    monkeypatch.setattr(bench, "save_record", lambda *a, **kw: [])
+    try:
+        assert bench.main(["--T", "8", "--B", "1", "--calibrate", "--out", str(tmp_path)]) == 0
+        assert seen[0].coef == fitted.coef and cost.load().coef == fitted.coef  # probed and cached
+        cost.default_cost_model.cache_clear()
+        assert cost.default_cost_model().coef == fitted.coef  # auto now uses this machine's model
+        seen.clear()
+        assert bench.main(["--T", "8", "--B", "1", "--out", str(tmp_path)]) == 0  # no probe: the cached one
+        assert seen[0].coef == fitted.coef
+    finally:
+        cost.default_cost_model.cache_clear()
