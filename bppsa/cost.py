@@ -80,16 +80,17 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
 UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines try
 
 # BPTT's unroll on CPU by the per-step work w = B·G·H² (multiply-adds of the recurrent product).
-# Measured on the 2-core CPU (jitted jax.grad through lax.scan,
-# float32, H = 20, unroll in UNROLLS interleaved, experiments/results/cpu/bptt-unroll.md): the
-# cheap steps (RNN B = 1: best 16, 1.7-2.3x faster than unroll 1) gain most from unrolling, where
-# XLA's per-iteration loop overhead dominates; GRU / LSTM at B = 1 (w = 1200 / 1600): best 4
-# (unroll 2: 1.2-1.7x slower); from B = 4 on, unroll 2 is best or within the noise of the best
-# (RNN B = 4 ... 256, GRU / LSTM B = 16), and larger unrolls lose (bigger loop bodies, spills).
-# Rows (largest w, largest B, unroll), first match; otherwise 2. Problems of at most
-# _TINY_WORK multiply-adds in all (T·w) run in tens of microseconds: unroll 1, since an unrolled
-# body costs more compile time than thousands of calls would save.
-_CPU_UNROLL = ((500, None, 16), (1000, None, 8), (4000, 2, 4))
+# Measured on the 2-core CPU (jitted jax.grad through lax.scan, float32, H = 20, every unroll in
+# UNROLLS interleaved; experiments/results/cpu/bptt-unroll.md): cheap steps gain most, where XLA's
+# per-iteration loop overhead dominates (RNN B = 1: best 16, 1.7-2.2x faster than unroll 1; GRU /
+# LSTM B = 1, w = 1200 / 1600: 4, unroll 1 1.5x slower); from B = 2 on, unroll 2 is best or within
+# 6 % of the best (RNN B = 4 ... 256, T = 100 ... 3000 at B = 16, GRU B = 16 ... 64), and larger
+# unrolls lose (bigger loop bodies; up to 4x at GRU B = 64). RNN B = 2 is unstable between runs
+# (best 2, 8 or 32 in three runs; unroll 2 within 1.07x in two of them). Rows (largest w, largest
+# B, unroll), first match; otherwise 2. Problems of at most _TINY_WORK multiply-adds in all (T·w)
+# run in tens of microseconds: unroll 1, since an unrolled body costs more compile time than
+# thousands of calls would save.
+_CPU_UNROLL = ((500, None, 16), (4000, 1, 4))
 _TINY_WORK = 20_000
 # Off CPU no measurement exists: 8, a prior, not measured (on a GPU each loop iteration pays its
 # kernels' launches and the loop's predicate check; unrolling amortises the check and lets XLA
@@ -100,15 +101,20 @@ GPU_UNROLL = 8
 def bptt_unroll(cell, T: int, B: int, dtype=None, backend: str | None = None) -> int:
     """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method) for
     this cell and shape: on CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for
-    tiny problems, T·w <= 2·10⁴), elsewhere :data:`GPU_UNROLL`; never more than T. Decided at trace time from ``jax.default_backend()``.
+    tiny problems, T·w <= 2·10⁴; T, no loop, for T <= 16), elsewhere :data:`GPU_UNROLL`; never
+    more than T. Decided at trace time from ``jax.default_backend()``.
     ``dtype`` is accepted for the rule's signature; float32 and float64 use the same table."""
     if (backend or jax.default_backend()) != "cpu":
         u = GPU_UNROLL
     else:
         H = cell.hidden_size or cell.state_size
         w = B * cell.gates * H * H
-        u = 1 if T * w <= _TINY_WORK else next(
-            (u for limit, b, u in _CPU_UNROLL if w <= limit and (b is None or B <= b)), 2)
+        if T * w <= _TINY_WORK:
+            u = 1
+        elif T <= 16:  # short sequences: no loop at all (RNN T = 10, B = 16: unroll 2 was 1.39x slower)
+            u = T
+        else:
+            u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and (b is None or B <= b)), 2)
     return max(1, min(u, int(T)))
 
 

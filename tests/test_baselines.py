@@ -44,11 +44,12 @@ def _close(a, b):
 def test_bptt_unroll_rule():
     rnn20, gru20 = cells.RNN(1, 20), cells.GRU(1, 20)
     assert cost.bptt_unroll(rnn20, 1000, 1, backend="cpu") == 16   # cheap steps: loop overhead dominates
-    assert cost.bptt_unroll(rnn20, 1000, 2, backend="cpu") == 8
+    assert cost.bptt_unroll(rnn20, 1000, 2, backend="cpu") == 2
     assert cost.bptt_unroll(gru20, 1000, 1, backend="cpu") == 4
     assert cost.bptt_unroll(gru20, 1000, 16, backend="cpu") == 2
     assert cost.bptt_unroll(rnn20, 5, 1, backend="cpu") == 1       # tiny problem: not worth the compile
     assert cost.bptt_unroll(rnn20, 1, 64, backend="cpu") == 1      # never more than T
+    assert cost.bptt_unroll(rnn20, 10, 16, backend="cpu") == 10    # short: fully unrolled, no loop
     assert cost.bptt_unroll(rnn20, 4, 16, backend="gpu") == 4
     assert cost.bptt_unroll(rnn20, 1000, 16, backend="gpu") == cost.GPU_UNROLL
     assert all(cost.bptt_unroll(c, 1000, B, backend="cpu") in cost.UNROLLS
@@ -56,14 +57,14 @@ def test_bptt_unroll_rule():
 
 
 def test_tuned_bptt_is_exact_and_unrolled():
-    cell, params, xs, h0 = _problem(T=37, H=24)  # 37 steps: not a multiple of the unroll
-    assert cost.bptt_unroll(cell, 37, 1, xs.dtype, backend="cpu") == 8
+    cell, params, xs, h0 = _problem(T=61, H=20)  # 61 steps: not a multiple of the unroll
+    assert cost.bptt_unroll(cell, 61, 1, xs.dtype, backend="cpu") == 16
     assert cost.bptt_unroll(cells.RNN(2, 3), 37, 1, backend="cpu") == 1  # tiny: not worth the compile
     _close(jax.jit(_grad_fn(cell, xs, h0, backward="bptt"))(params, xs, h0), _reference(cell, params, xs, h0))
-    s0 = jnp.zeros((1, 24))
+    s0 = jnp.zeros((1, 20))
     tuned = str(jax.make_jaxpr(lambda p: backprop.forward_states(cell, p, xs, s0))(params))
     assert tuned == str(jax.make_jaxpr(lambda p: backprop.forward_states(
-        cell, p, xs, s0, unroll=cost.bptt_unroll(cell, 37, 1)))(params))
+        cell, p, xs, s0, unroll=cost.bptt_unroll(cell, 61, 1)))(params))
     assert tuned != str(jax.make_jaxpr(lambda p: backprop.forward_states(cell, p, xs, s0, unroll=1))(params))
 
 
