@@ -283,12 +283,13 @@ def make_cell(kind: str, input_size: int, hidden_size: int):
 def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 5, warmup: int = 1,
                 dtype=jnp.float32, seed: int = 0, scan_variants=("blelloch", "associative", "sequential"),
                 max_scan_elements: int = 200_000, memory: bool = True, chunk_size: int | None = None,
-                model: CostModel | None = None, num_classes: int = 10, baselines: bool = True,
+                model: CostModel | None = None, num_classes: int = 10, baselines: bool | dict = True,
                 log=print) -> dict:
     """One sweep point: components, speedups, scan variants, peak memory, and with ``baselines``
     every baseline (:func:`bppsa.baselines.backward_baselines`: plain and unrolled lax.scan, tuned
     BPTT, BPPSA with each scan, cuDNN when torch has CUDA) with the `auto` choice (``model``, or
-    :func:`bppsa.cost.default_cost_model` when None) and its time over the fastest method's.
+    :func:`bppsa.cost.default_cost_model` when None) and its time over the fastest method's; a
+    dict for ``baselines`` is passed on to it as keywords (e.g. fewer ``unrolls``).
 
     Scan variants are timed only when T·B <= ``max_scan_elements`` (the associative scan is
     slow and memory hungry on a CPU); skipped variants are recorded as skipped.
@@ -321,8 +322,9 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
                                     num_classes=num_classes)
         rec["memory"]["jacobian_bytes"] = T * B * cell.state_size ** 2 * jnp.dtype(dtype).itemsize
     if baselines:  # every method timed together; auto = the method choose_backward runs, vs the fastest
-        b = rec["baselines"] = baselines_lib.backward_baselines(
-            cell, params, xs, h0, repeats=repeats, model=model, max_scan_elements=max_scan_elements, seed=seed)
+        kw = {"max_scan_elements": max_scan_elements, **(baselines if isinstance(baselines, dict) else {})}
+        b = rec["baselines"] = baselines_lib.backward_baselines(cell, params, xs, h0, repeats=repeats, model=model,
+                                                                seed=seed, **kw)
         rec["auto"] = {"choice": b["auto"]["method"], "faster_measured": b["fastest"],
                        "slowdown_vs_best": b["auto"]["ratio_to_fastest"],
                        "predicted_s": m.predict(cell, T, B, dtype) if (m := model or default_cost_model()) else None}

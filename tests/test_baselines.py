@@ -60,7 +60,7 @@ def test_tuned_bptt_is_exact_and_unrolled():
     cell, params, xs, h0 = _problem(T=61, H=20)  # 61 steps: not a multiple of the unroll
     assert cost.bptt_unroll(cell, 61, 1, xs.dtype, backend="cpu") == 16
     assert cost.bptt_unroll(cells.RNN(2, 3), 37, 1, backend="cpu") == 1  # tiny: not worth the compile
-    _close(jax.jit(_grad_fn(cell, xs, h0, backward="bptt"))(params, xs, h0), _reference(cell, params, xs, h0))
+    _close(_grad_fn(cell, xs, h0, backward="bptt")(params, xs, h0), _reference(cell, params, xs, h0))
     s0 = jnp.zeros((1, 20))
     tuned = str(jax.make_jaxpr(lambda p: backprop.forward_states(cell, p, xs, s0))(params))
     assert tuned == str(jax.make_jaxpr(lambda p: backprop.forward_states(
