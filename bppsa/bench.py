@@ -382,7 +382,8 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     md = [f"`{record['provenance']['command']}` — {record['provenance']['date']}, "
           f"{record['provenance']['backend']} / {record['provenance']['device_kind']} / "
           f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
-          "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). BPPSA bwd = the whole "
+          "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster); BPTT = `lax.scan` autodiff "
+          "with the tuned unroll (`bppsa.cost.bptt_unroll`). BPPSA bwd = the whole "
           "BPPSA backward as `bppsa.rnn` runs it by default (FO + scan + contraction, one jit; on "
           "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`; the RNN's Jacobians "
           "are never formed: FO generates only their diagonal factors, and its chunks bound its "
