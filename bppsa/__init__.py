@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
+def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str | None = None,
         chunk_size: int | str | None = "auto", cost_model=None, mesh=None, seq_axis: str = "seq",
         batch_axis: str | None = None, precision="highest"):
     """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> the state

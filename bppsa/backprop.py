@@ -29,14 +29,18 @@ BACKWARDS = ("bppsa", "bptt", "auto")
 PRECISIONS = ("highest", "high", "default")  # jax.lax.Precision's members, by name
 
 
-def forward_states(cell, params, xs, s0):
-    """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S)."""
+def forward_states(cell, params, xs, s0, unroll: int | None = None):
+    """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S), one ``lax.scan``; BPTT is its
+    autodiff. ``unroll``: the scan's unroll factor; None (default) picks it for this shape and
+    backend (:func:`bppsa.cost.bptt_unroll`, decided at trace time); 1 is the plain ``lax.scan``."""
 
     def body(s, x):
         s_new = cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
         return s_new, s_new
 
-    _, ss = lax.scan(body, s0, xs)
+    if unroll is None:
+        unroll = cost_lib.bptt_unroll(cell, xs.shape[0], xs.shape[1], xs.dtype)
+    _, ss = lax.scan(body, s0, xs, unroll=unroll)
     return ss
 
 
@@ -183,7 +187,7 @@ def _bppsa_backward(cell, scan_method, chunk_size, res, ct):
 bppsa_states.defvjp(_bppsa_fwd, _bppsa_bwd)
 
 
-def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch",
+def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str | None = None,
         chunk_size: int | str | None = "auto", cost_model=None, precision="highest"):
     """Run ``cell`` over a sequence on one device; differentiable w.r.t. ``params``, ``xs``, ``h0``.
 
@@ -195,9 +199,13 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
       params: the cell's parameter pytree (``cell.init(key)``).
       xs: (T, B, I) inputs, time-major.
       h0: (B, H) initial state; for an LSTM the pair (h0, c0), each (B, H).
-      backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``) or
-        "auto" (:func:`bppsa.cost.choose_backward` picks one for this cell, T and B).
+      backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``, its
+        unroll tuned per shape and backend: :func:`bppsa.cost.bptt_unroll`) or "auto"
+        (:func:`bppsa.cost.choose_backward` picks tuned BPTT, BPPSA-blelloch or BPPSA-sequential
+        for this cell, T, B, state size, dtype and backend).
       scan: the BPPSA scan: "blelloch", "associative" or "sequential" (see :mod:`bppsa.scan`).
+        None (default): "blelloch", or with ``backward="auto"`` the scan the model chose. An
+        explicit scan is kept: ``auto`` then decides BPTT or BPPSA, and BPPSA runs that scan.
       chunk_size: BPPSA only (ignored by BPTT): run the backward over chunks of this many steps
         (an int; numpy and JAX integer scalars are taken as ints),
         carrying the boundary gradient, so Jacobian memory is chunk_size·B·S² instead of T·B·S²
@@ -206,7 +214,8 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
         :data:`bppsa.cost.CHUNK_BYTES` (cache blocking, see :func:`bppsa.cost.auto_chunk_size`);
         on accelerators, one chunk.
       cost_model: ``backward="auto"`` only: the :class:`bppsa.cost.CostModel` that decides
-        (None: the calibration cached for this device if there is one, else BPTT).
+        (None: the calibration cached for this device if there is one, else the model shipped
+        with bppsa for this backend, :func:`bppsa.cost.default_cost_model`).
       precision: BPPSA only: the precision of every matrix product of the backward (Jacobians,
         scan, parameter gradients): "highest" (default: full float32), "high" or "default" (the
         backend's choice: TF32 on recent NVIDIA GPUs), or a ``jax.lax.Precision``. The long
@@ -226,8 +235,11 @@ def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str = "blelloch"
     precision = validate_precision(precision)
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)
-    if backward == "auto":
-        backward = cost_lib.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype, cost_model=cost_model)
+    if backward == "auto":  # the model's scan only where the caller left scan at its default (None)
+        backward, auto_scan = cost_lib.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype,
+                                                       cost_model=cost_model)
+        scan = scan or auto_scan
+    scan = scan or "blelloch"
     if backward == "bptt":
         ss = forward_states(cell, params, xs, s0)
     else:
@@ -240,8 +252,8 @@ def validate_options(backward, scan, chunk_size):
     (a numpy or JAX integer scalar becomes an int; bools, floats and traced values are refused)."""
     if not (isinstance(backward, str) and backward in BACKWARDS):
         raise UsageError(f"backward must be one of {list(BACKWARDS)}; got {backward!r}")
-    if not (isinstance(scan, str) and scan in scan_lib.SCANS):
-        raise UsageError(f"scan must be one of {sorted(scan_lib.SCANS)}; got {scan!r}")
+    if scan is not None and not (isinstance(scan, str) and scan in scan_lib.SCANS):
+        raise UsageError(f"scan must be one of {sorted(scan_lib.SCANS)} or None; got {scan!r}")
     if chunk_size is None or (isinstance(chunk_size, str) and chunk_size == "auto"):
         return chunk_size
     dtype = getattr(chunk_size, "dtype", None)

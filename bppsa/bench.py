@@ -30,9 +30,10 @@ import jax.numpy as jnp
 import optax
 
 from . import backprop, cells
+from . import baselines as baselines_lib
 from . import scan as scan_lib
 from .calibrate import load_cost_model
-from .cost import CostModel
+from .cost import CostModel, default_cost_model
 from .timing import time_interleaved
 
 __all__ = ["time_components", "component_functions", "backward_times", "make_train_step", "compiled_memory",
@@ -171,7 +172,7 @@ def time_components(cell, params, xs, h0, *, scan: str = "blelloch", repeats: in
     return out
 
 
-def backward_times(cell, params, T: int, B: int, *, methods=("bptt", "bppsa"), scan: str = "blelloch",
+def backward_times(cell, params, T: int, B: int, *, methods=("bptt", "bppsa"), scan: str | None = None,
                    repeats: int = 5, seed: int = 0, dtype=jnp.float32) -> dict[str, dict]:
     """Time ``jax.grad`` of a last-step loss w.r.t. params for each backward method (interleaved).
 
@@ -282,8 +283,13 @@ def make_cell(kind: str, input_size: int, hidden_size: int):
 def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 5, warmup: int = 1,
                 dtype=jnp.float32, seed: int = 0, scan_variants=("blelloch", "associative", "sequential"),
                 max_scan_elements: int = 200_000, memory: bool = True, chunk_size: int | None = None,
-                model: CostModel | None = None, num_classes: int = 10, log=print) -> dict:
-    """One sweep point: components, speedups, scan variants, peak memory and the `auto` choice.
+                model: CostModel | None = None, num_classes: int = 10, baselines: bool | dict = True,
+                log=print) -> dict:
+    """One sweep point: components, speedups, scan variants, peak memory, and with ``baselines``
+    every baseline (:func:`bppsa.baselines.backward_baselines`: plain and unrolled lax.scan, tuned
+    BPTT, BPPSA with each scan, cuDNN when torch has CUDA) with the `auto` choice (``model``, or
+    :func:`bppsa.cost.default_cost_model` when None) and its time over the fastest method's; a
+    dict for ``baselines`` is passed on to it as keywords (e.g. fewer ``unrolls``).
 
     Scan variants are timed only when T·B <= ``max_scan_elements`` (the associative scan is
     slow and memory hungry on a CPU); skipped variants are recorded as skipped.
@@ -315,14 +321,13 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
         rec["memory"] = step_memory(cell, params, xs, h0, scan=scan, chunk_size=chunk_size,
                                     num_classes=num_classes)
         rec["memory"]["jacobian_bytes"] = T * B * cell.state_size ** 2 * jnp.dtype(dtype).itemsize
-    if model is not None:
-        pred = model.predict(cell, T, B, dtype)
-        faster = "bppsa" if t["bppsa_backward_full"]["median"] < t["bptt_backward"]["median"] else "bptt"
-        choice = model.choose(cell, T, B, dtype)
-        best = min(t["bppsa_backward_full"]["median"], t["bptt_backward"]["median"])
-        chosen = t["bppsa_backward_full" if choice == "bppsa" else "bptt_backward"]["median"]
-        rec["auto"] = {"choice": choice, "faster_measured": faster, "predicted_s": pred,
-                       "slowdown_vs_best": chosen / best}
+    if baselines:  # every method timed together; auto = the method choose_backward runs, vs the fastest
+        kw = {"max_scan_elements": max_scan_elements, **(baselines if isinstance(baselines, dict) else {})}
+        b = rec["baselines"] = baselines_lib.backward_baselines(cell, params, xs, h0, repeats=repeats, model=model,
+                                                                seed=seed, **kw)
+        rec["auto"] = {"choice": b["auto"]["method"], "faster_measured": b["fastest"],
+                       "slowdown_vs_best": b["auto"]["ratio_to_fastest"],
+                       "predicted_s": m.predict(cell, T, B, dtype) if (m := model or default_cost_model()) else None}
     log(table_row(rec))
     return rec
 
@@ -377,7 +382,8 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     md = [f"`{record['provenance']['command']}` — {record['provenance']['date']}, "
           f"{record['provenance']['backend']} / {record['provenance']['device_kind']} / "
           f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
-          "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). BPPSA bwd = the whole "
+          "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster); BPTT = `lax.scan` autodiff "
+          "with the tuned unroll (`bppsa.cost.bptt_unroll`). BPPSA bwd = the whole "
           "BPPSA backward as `bppsa.rnn` runs it by default (FO + scan + contraction, one jit; on "
           "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`; the RNN's Jacobians "
           "are never formed: FO generates only their diagonal factors, and its chunks bound its "
@@ -389,6 +395,10 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     for sweep, pts in record["sweeps"].items():
         if pts:
             md.append(markdown_table(pts, sweep))
+        if any(p.get("baselines") for p in pts):
+            md += [f"Baselines, {sweep} (`jax.grad` of a loss on every step, forward included, median ms of "
+                   "all methods interleaved; × = baseline time / BPPSA time, BPPSA = its fastest scan):",
+                   "", baselines_lib.baseline_table(pts)]
     if record.get("skipped"):
         md.append("Skipped: " + ", ".join(f"T={s['T']} B={s['B']} ({s['why']})" for s in record["skipped"]) + "\n")
     (out / f"{name}.md").write_text("\n".join(md))
@@ -418,17 +428,19 @@ def main(argv=None) -> int:
     p.add_argument("--B", default="16", help="comma-separated batch sizes (default: %(default)s)")
     p.add_argument("--scan", default="blelloch", choices=sorted(scan_lib.SCANS))
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--no-auto", action="store_true", help="skip the cost model (no calibration probe)")
+    p.add_argument("--no-auto", action="store_true", help="skip the baselines and the auto choice")
+    p.add_argument("--calibrate", action="store_true", help="probe this machine first and cache its cost model "
+                   "(refines the model shipped with bppsa; about a minute)")
     p.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
     p.add_argument("--name", default="bench")
     a = p.parse_args(argv)
     cell = make_cell(a.cell, a.input, a.hidden)
-    model = None if a.no_auto else load_cost_model()
+    model = load_cost_model(recalibrate=True) if a.calibrate else None if a.no_auto else default_cost_model()
     pts = []
     print(TABLE_HEADER)
     for T in _int_list(a.T):
         for B in _int_list(a.B):
-            pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model))
+            pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model, baselines=not a.no_auto))
     record = {"config": vars(a), "cost_model": model.to_json() if model else None,
               "sweeps": {f"{a.cell} H={a.hidden}": pts}}
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))

@@ -28,12 +28,14 @@ def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_si
     """Fit :class:`bppsa.cost.CostModel` on this device from a short probe (vanilla RNN, a few
     (T, B); the ``dense_points`` again with ``cells.RNN(..., diagonal=False)``).
 
-    Each probe point times the two backward functions (``jax.vjp`` backward of BPTT and of
-    BPPSA), interleaved. Seconds on a CPU; the result is cached by :func:`load_cost_model`.
+    Each probe point times the three backward functions ``backward="auto"`` chooses among (the
+    ``jax.vjp`` backward of tuned BPTT, of BPPSA with ``scan`` and with the sequential scan),
+    interleaved. Seconds on a CPU; the result is cached by :func:`load_cost_model`.
     """
     cell = cells.RNN(1, hidden_size)
     params = cell.init(jax.random.key(0), dtype)
-    features, seconds = {"bptt": [], "bppsa": []}, {"bptt": [], "bppsa": []}
+    features = {k: [] for k in cost_lib.METHODS}
+    seconds = {k: [] for k in cost_lib.METHODS}
     apply_vjp = jax.jit(lambda f, c: f(c))
     dense = cells.RNN(1, hidden_size, diagonal=False)
     probes = [(cell, T, B) for T, B in points] + [(dense, T, B) for T, B in dense_points]
@@ -43,13 +45,14 @@ def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_si
         ct = jnp.ones((T, B, hidden_size), dtype)
         _, vb = jax.vjp(lambda p, x, s: backprop.forward_states(c, p, x, s), params, xs, s0)
         _, vp = jax.vjp(lambda p, x, s: backprop.bppsa_states(c, scan, "auto", p, x, s), params, xs, s0)
-        t = time_interleaved({"bptt": lambda: apply_vjp(vb, ct), "bppsa": lambda: apply_vjp(vp, ct)},
-                             repeats=repeats)
+        _, vq = jax.vjp(lambda p, x, s: backprop.bppsa_states(c, "sequential", "auto", p, x, s), params, xs, s0)
+        t = time_interleaved({"bptt": lambda: apply_vjp(vb, ct), "bppsa": lambda: apply_vjp(vp, ct),
+                              "bppsa_sequential": lambda: apply_vjp(vq, ct)}, repeats=repeats)
         f = cost_lib.cost_features(c, T, B, jnp.dtype(dtype).itemsize)
         for k in features:
             features[k].append(f[k])
             seconds[k].append(t[k]["min"])
-    meta = {"device": cost_lib.device_key(), "points": [list(p) for p in points],
+    meta = {"device": cost_lib.device_key(), "model_version": cost_lib.COST_MODEL_VERSION, "points": [list(p) for p in points],
             "dense_points": [list(p) for p in dense_points], "hidden_size": hidden_size,
             "scan": scan, "dtype": str(jnp.dtype(dtype)), "measured": seconds}
     return CostModel.fit(features, seconds, meta)

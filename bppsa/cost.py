@@ -5,9 +5,13 @@ problem features (:func:`cost_features`), with non-negative coefficients fitted 
 (:meth:`CostModel.fit`; the probe that times the real backward is :func:`bppsa.calibrate.calibrate`).
 A calibrated model is cached per device (:func:`cache_path`, :func:`load`, :func:`save`).
 
-:func:`choose_backward` is the whole policy: the model passed in, else the cached calibration
-for this device (:func:`default_cost_model`), else BPTT. Nothing is installed globally;
-``bppsa.rnn(..., backward="auto", cost_model=model)`` passes a model explicitly.
+:func:`choose_backward` is the whole policy: the model passed in, else the calibration cached
+for this device, else the model shipped with bppsa for this backend (:func:`shipped_cost_model`,
+package data ``bppsa/data/cost_models/{cpu,gpu}.json``), else tuned BPTT. It chooses among tuned
+BPTT, BPPSA with the Blelloch scan and BPPSA with the sequential scan. Nothing is installed
+globally; ``bppsa.rnn(..., backward="auto", cost_model=model)`` passes a model explicitly.
+
+BPTT's own tuning, the ``lax.scan`` unroll per shape and backend, is :func:`bptt_unroll`.
 
 The chunk sizing of the BPPSA backward (:func:`auto_chunk_size`) lives here too: the number of
 dependent levels, a cost feature, depends on it.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.resources
 import json
 import os
 from pathlib import Path
@@ -30,7 +35,11 @@ from .provenance import cpu_model
 
 __all__ = ["CHUNK_BYTES", "auto_chunk_size", "backward_levels", "cost_features", "CostModel",
            "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save", "default_cost_model",
-           "choose_backward"]
+           "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll"]
+
+# The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
+METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequential": ("bppsa", "sequential")}
+_NFEAT = {"bptt": 3, "bppsa": 4, "bppsa_sequential": 3}
 
 # chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
 # chunk's scan works in cache. Measured (RNN H = 20, 2-core CPU, BPPSA backward, min of 7):
@@ -68,6 +77,47 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
     return None if c >= T else int(c)
 
 
+UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines try
+
+# BPTT's unroll on CPU by the per-step work w = B·G·H² (multiply-adds of the recurrent product).
+# Measured on the 2-core CPU (jitted jax.grad through lax.scan, float32, H = 20, every unroll in
+# UNROLLS interleaved; experiments/results/cpu/bptt-unroll.md): cheap steps gain most, where XLA's
+# per-iteration loop overhead dominates (RNN B = 1: best 16, 1.7-2.2x faster than unroll 1; GRU /
+# LSTM B = 1, w = 1200 / 1600: 4, unroll 1 1.5x slower); from B = 2 on, unroll 2 is best or within
+# 6 % of the best (RNN B = 4 ... 256, T = 100 ... 3000 at B = 16, GRU B = 16 ... 64), and larger
+# unrolls lose (bigger loop bodies; up to 4x at GRU B = 64). RNN B = 2 is unstable between runs
+# (best 2, 8 or 32 in three runs; unroll 2 within 1.07x in two of them). Rows (largest w, largest
+# B, unroll), first match; otherwise 2. Problems of at most _TINY_WORK multiply-adds in all (T·w)
+# run in tens of microseconds: unroll 1, since an unrolled body costs more compile time than
+# thousands of calls would save.
+_CPU_UNROLL = ((500, None, 16), (4000, 1, 4))
+_TINY_WORK = 20_000
+# Off CPU no measurement exists: 8, a prior, not measured (on a GPU each loop iteration pays its
+# kernels' launches and the loop's predicate check; unrolling amortises the check and lets XLA
+# fuse across steps).
+GPU_UNROLL = 8
+
+
+def bptt_unroll(cell, T: int, B: int, dtype=None, backend: str | None = None) -> int:
+    """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method) for
+    this cell and shape: on CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for
+    tiny problems, T·w <= 2·10⁴; T, no loop, for T <= 16), elsewhere :data:`GPU_UNROLL`; never
+    more than T. Decided at trace time from ``jax.default_backend()``.
+    ``dtype`` is accepted for the rule's signature; float32 and float64 use the same table."""
+    if (backend or jax.default_backend()) != "cpu":
+        u = GPU_UNROLL
+    else:
+        H = cell.hidden_size or cell.state_size
+        w = B * cell.gates * H * H
+        if T * w <= _TINY_WORK:
+            u = 1
+        elif T <= 16:  # short sequences: no loop at all (RNN T = 10, B = 16: unroll 2 was 1.39x slower)
+            u = T
+        else:
+            u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and (b is None or B <= b)), 2)
+    return max(1, min(u, int(T)))
+
+
 def backward_levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:
     """Dependent levels of the BPPSA backward: 2⌈log₂(C + 1)⌉ per chunk of C steps (up-sweep +
     down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend."""
@@ -87,13 +137,16 @@ def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
     GEMM from vectors; T·B·G·S² the Jacobian generation, vector products and contraction (memory
     bound). a_batch: XLA's per-step cost jumps from B = 1 to B = 2 (measured 0.7 -> 2.0 ms at
     T = 1000 on the 2-core CPU), more than the flops explain.
+    BPPSA, sequential scan: t = c_step · T + c_jac · T·B·S² + c_mem · T·B·G·S²  (T dependent
+    vector–matrix products over the (T, B, S, S) Jacobians, which are always formed).
     """
     S, G = cell.state_size, cell.gates
     diag = cell.has_diagonal_jacobian
     work = float(T) * B * S ** 3
     return {"bptt": [float(T), float(T) * (B > 1), float(T) * B * G * S * S],
             "bppsa": [float(backward_levels(T, B, S, itemsize, diag)), 0.0 if diag else work,
-                      work if diag else 0.0, float(T) * B * G * S * S]}
+                      work if diag else 0.0, float(T) * B * G * S * S],
+            "bppsa_sequential": [float(T), float(T) * B * S * S, float(T) * B * G * S * S]}
 
 
 def _nnls(A, y):
@@ -111,18 +164,20 @@ def _nnls(A, y):
 
 
 class CostModel:
-    """Predicted backward-pass seconds of BPTT and BPPSA from :func:`cost_features`.
+    """Predicted backward-pass seconds of each method of :data:`METHODS` from :func:`cost_features`.
 
-    ``coef = {"bptt": [a_step, a_batch, a_flop], "bppsa": [b_level, b_dense, b_diag, b_mem]}``
-    (seconds per unit), fitted by :meth:`fit`. ``choose`` picks the method with the smaller
-    prediction; ``bppsa.rnn(..., backward="auto", cost_model=model)`` uses it.
+    ``coef = {"bptt": [a_step, a_batch, a_flop], "bppsa": [b_level, b_dense, b_diag, b_mem],
+    "bppsa_sequential": [c_step, c_jac, c_mem]}`` (seconds per unit; "bppsa_sequential" is
+    optional: a model without it never picks the sequential scan), fitted by :meth:`fit`.
+    ``choose`` picks the method (a :data:`METHODS` key) with the smallest prediction;
+    ``bppsa.rnn(..., backward="auto", cost_model=model)`` uses it.
     """
 
     def __init__(self, coef: dict, meta: dict | None = None):
-        for k, n in (("bptt", 3), ("bppsa", 4)):
-            if k not in coef or len(coef[k]) != n:
+        for k, n in _NFEAT.items():
+            if (k in coef or k != "bppsa_sequential") and len(coef.get(k) or ()) != n:
                 raise ValueError(f"coef[{k!r}] must be a list of {n} numbers; got {coef.get(k)!r}")
-        self.coef = {k: [float(c) for c in v] for k, v in coef.items()}
+        self.coef = {k: [float(c) for c in v] for k, v in coef.items() if k in _NFEAT}
         self.meta = dict(meta or {})
 
     @classmethod
@@ -130,21 +185,24 @@ class CostModel:
         """Fit non-negative coefficients, minimising the relative error.
 
         ``features[k]`` is a list of :func:`cost_features` rows (``cost_features(...)[k]``) and
-        ``seconds[k]`` the measured backward seconds of method k ("bptt", "bppsa") at each.
+        ``seconds[k]`` the measured backward seconds of method k ("bptt", "bppsa", optionally
+        "bppsa_sequential") at each.
         """
-        for k in ("bptt", "bppsa"):
+        keys = [k for k in _NFEAT if k != "bppsa_sequential" or k in features]
+        for k in keys:
             if len(features.get(k, ())) != len(seconds.get(k, ())) or not features.get(k):
                 raise ValueError(f"features[{k!r}] and seconds[{k!r}] must be non-empty lists of the same "
                                  f"length; got {len(features.get(k, ()))} and {len(seconds.get(k, ()))}")
-        return cls({k: _nnls(features[k], seconds[k]).tolist() for k in ("bptt", "bppsa")}, meta)
+        return cls({k: _nnls(features[k], seconds[k]).tolist() for k in keys}, meta)
 
     def predict(self, cell, T: int, B: int, dtype=None) -> dict:
         f = cost_features(cell, T, B, 4 if dtype is None else jnp.dtype(dtype).itemsize)
-        return {k: float(np.dot(self.coef[k], f[k])) for k in ("bptt", "bppsa")}
+        return {k: float(np.dot(c, f[k])) for k, c in self.coef.items()}
 
     def choose(self, cell, T: int, B: int, dtype=None) -> str:
+        """The :data:`METHODS` key predicted fastest (ties: the earlier key)."""
         p = self.predict(cell, T, B, dtype)
-        return "bppsa" if p["bppsa"] < p["bptt"] else "bptt"
+        return min(p, key=lambda k: (p[k], list(METHODS).index(k)))
 
     __call__ = choose
 
@@ -156,8 +214,9 @@ class CostModel:
         return cls(rec["coef"], rec.get("meta"))
 
 
-COST_MODEL_VERSION = 4  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term;
-# 4: the RNN's diagonal-structure scan, dense and diagonal S^3 terms
+COST_MODEL_VERSION = 5  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term;
+# 4: the RNN's diagonal-structure scan, dense and diagonal S^3 terms; 5: tuned BPTT unroll, the
+# sequential scan as a third method
 
 
 def device_key() -> str:
@@ -195,18 +254,40 @@ def save(model: CostModel, path=None) -> Path:
     return path
 
 
+def shipped_cost_model(backend: str | None = None) -> CostModel | None:
+    """The model shipped with bppsa for ``backend`` (default: ``jax.default_backend()``): package
+    data ``bppsa/data/cost_models/cpu.json`` (fitted from a calibration on a 2-core x86 CPU) or
+    ``gpu.json`` (a prior from published H200 figures, not measured: its ``meta["measured"]`` is
+    false); None for other backends or a file written for another :data:`COST_MODEL_VERSION`."""
+    backend = backend or jax.default_backend()
+    name = "cpu" if backend == "cpu" else "gpu" if backend in ("gpu", "cuda", "rocm") else None
+    if name is None:
+        return None
+    try:
+        rec = json.loads(importlib.resources.files("bppsa").joinpath("data", "cost_models", f"{name}.json")
+                         .read_text())
+        if rec.get("meta", {}).get("model_version") == COST_MODEL_VERSION:
+            return CostModel.from_json(rec)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def default_cost_model() -> CostModel | None:
-    """:func:`load`, once per process (``default_cost_model.cache_clear()`` looks again)."""
-    return load()
+    """The calibration cached for this device (:func:`load`), else :func:`shipped_cost_model`;
+    looked up once per process (``default_cost_model.cache_clear()`` looks again)."""
+    return load() or shipped_cost_model()
 
 
-def choose_backward(cell, T: int, B: int, dtype=None, *, cost_model: CostModel | None = None) -> str:
-    """The method ``backward="auto"`` uses for this problem: "bppsa" or "bptt".
+def choose_backward(cell, T: int, B: int, dtype=None, *, cost_model: CostModel | None = None) -> tuple:
+    """What ``backward="auto"`` runs for this problem: ``(backward, scan)``, one of
+    ``("bptt", None)`` (tuned BPTT, :func:`bptt_unroll`), ``("bppsa", "blelloch")`` and
+    ``("bppsa", "sequential")`` (:data:`METHODS`).
 
-    ``cost_model`` decides when given; else the calibrated model cached for this device
-    (:func:`default_cost_model`; ``bppsa bench`` or :func:`bppsa.calibrate.load_cost_model` probes
-    and caches one); with neither, BPTT. Never probes.
+    ``cost_model`` decides when given; else :func:`default_cost_model` (the calibration cached for
+    this device by ``bppsa bench --calibrate`` or :func:`bppsa.calibrate.load_cost_model`, else the
+    model shipped for this backend); with neither (an unknown backend), BPTT. Never probes.
     """
     model = default_cost_model() if cost_model is None else cost_model
-    return "bptt" if model is None else model.choose(cell, T, B, dtype)
+    return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]

@@ -28,7 +28,8 @@ class Recurrent(nnx.Module):
 
     Args:
       cell: a cell from :mod:`bppsa.cells` (static: it holds no arrays).
-      backward: "bppsa" | "bptt" | "auto"; scan: "blelloch" | "associative" | "sequential".
+      backward: "bppsa" | "bptt" | "auto"; scan: "blelloch" | "associative" | "sequential" | None
+        (as for :func:`bppsa.rnn`: "blelloch", or with ``backward="auto"`` the model's choice).
       cost_model: a :class:`bppsa.cost.CostModel` for ``backward="auto"`` (None: the calibration
         cached for this device, else BPTT; see :func:`bppsa.cost.choose_backward`).
       rngs: ``nnx.Rngs``; the parameters come from ``cell.init(rngs.params(), dtype)``.
@@ -37,7 +38,7 @@ class Recurrent(nnx.Module):
     returns hs (T, B, H) [LSTM: (hs, cs)].
     """
 
-    def __init__(self, cell, *, backward="bppsa", scan="blelloch", cost_model=None, rngs: nnx.Rngs,
+    def __init__(self, cell, *, backward="bppsa", scan=None, cost_model=None, rngs: nnx.Rngs,
                  dtype=jnp.float32):
         self.cell = cell
         self.backward = backward
@@ -68,7 +69,7 @@ class SequenceClassifier(nnx.Module):
     logits (B, num_classes).
     """
 
-    def __init__(self, cell, num_classes, *, backward="bppsa", scan="blelloch", cost_model=None,
+    def __init__(self, cell, num_classes, *, backward="bppsa", scan=None, cost_model=None,
                  rngs: nnx.Rngs, dtype=jnp.float32):
         self.rnn = RNN(cell, backward=backward, scan=scan, cost_model=cost_model, rngs=rngs, param_dtype=dtype)
         hidden = cell.hidden_size if isinstance(cell, Cell) else cell.hidden_features
@@ -119,7 +120,7 @@ class RNN(nnx.Module):
         :mod:`bppsa.flax_cells`; the gradients go to the cell's own ``nnx.Param``s), or a cell
         from :mod:`bppsa.cells` (its parameters are made here from ``rngs``, which must then be
         an ``nnx.Rngs``, in ``param_dtype``; the carry is h, for an LSTM (h, c)).
-      backward, scan, chunk_size, cost_model: as for :func:`bppsa.rnn`.
+      backward, scan, chunk_size, cost_model, precision: as for :func:`bppsa.rnn`.
       time_major, return_carry, reverse, keep_order, rngs: as for ``nnx.RNN``.
       padding: with ``seq_lengths``, "identity" (default): a padded step is the identity map in
         the scan (state carried unchanged, Jacobian I, no gradient), so outputs at padded steps
@@ -137,16 +138,17 @@ class RNN(nnx.Module):
     (T, B, H)), or (final carry, outputs) with ``return_carry``.
     """
 
-    def __init__(self, cell, *, backward="bppsa", scan="blelloch", chunk_size="auto", cost_model=None,
+    def __init__(self, cell, *, backward="bppsa", scan=None, chunk_size="auto", cost_model=None,
                  time_major=False, return_carry=False, reverse=False, keep_order=False, padding="identity",
-                 autodiff=False, rngs: nnx.Rngs | bool = True, param_dtype=jnp.float32):
+                 autodiff=False, precision="highest", rngs: nnx.Rngs | bool = True, param_dtype=jnp.float32):
         _check_choice("backward", backward, BACKWARDS)
-        _check_choice("scan", scan, SCANS)
+        if scan is not None:
+            _check_choice("scan", scan, SCANS)
         _check_choice("padding", padding, PADDINGS)
         self.cell = cell
         self.backward, self.scan, self.chunk_size, self.cost_model = backward, scan, chunk_size, cost_model
         self.time_major, self.return_carry, self.reverse, self.keep_order = time_major, return_carry, reverse, keep_order
-        self.padding, self.autodiff = padding, autodiff
+        self.padding, self.autodiff, self.precision = padding, autodiff, precision
         self.rngs = nnx.data(None)
         if isinstance(cell, Cell):
             if not isinstance(rngs, nnx.Rngs):
@@ -208,7 +210,7 @@ class RNN(nnx.Module):
             mask = (jnp.arange(steps)[:, None] < lengths[None, :]).astype(dtype)[..., None]
             run, xs_run = flax_cells.Masked(cell), jnp.concatenate([xs[:steps], mask], axis=-1)
         states = rnn(run, params, xs_run, s0, backward=self.backward, scan=self.scan, chunk_size=self.chunk_size,
-                     cost_model=self.cost_model)
+                     cost_model=self.cost_model, precision=self.precision)
         if lengths is None or masked:
             last = jax.tree.map(lambda a: a[-1], states)
         else:  # each row's last valid step

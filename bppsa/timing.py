@@ -8,9 +8,13 @@ Every wall-clock number in bppsa's benchmarks and experiments comes from :func:`
    each ended by ``jax.block_until_ready``; the first call of every block is dropped (it pays
    for whatever ran before it: caches evicted and allocator state left by the previous
    function), the others are the samples;
-3. the order of the blocks rotates every round, so that no function always runs right after the
-   same other one (on a shared 2-core CPU a call right after BPTT's long single-threaded loop
-   measured up to 1.5x slower by median than the same program a call later);
+3. the order of the blocks rotates every round, so that no function always opens the round. In a
+   rotation a function mostly follows the same other one: what protects the samples from the
+   order effect is step 2's dropped first call, the only call that follows another program (on a
+   shared 2-core CPU a call right after BPTT's long single-threaded loop measured up to 1.5x
+   slower than the same program a call later; by the second call of the block it is gone, and the
+   same executable timed under two names agrees within 4 %: experiments/results/cpu/
+   scan-optimisation.md, round 4);
 4. each function's samples are summarised by :func:`stats`: median, min and max.
 
 Interleaving makes ratios fair on a noisy machine: every function sees the same load.

@@ -21,7 +21,7 @@ LAYERS = [
     ("bppsa.backprop",),
     ("bppsa.parallel",),
     ("bppsa.nn", "bppsa.flax_cells", "bppsa.train", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero", "bppsa.sync"),
-    ("bppsa.calibrate", "bppsa.bench"),
+    ("bppsa.calibrate", "bppsa.baselines", "bppsa.bench"),
     ("bppsa.experiments",),
     ("bppsa.results", "bppsa.runner", "bppsa.cli"),
 ]

@@ -218,12 +218,19 @@ def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
     assert _load_config("rnn_tsweep").T_values == (10, 30, 100, 300, 1000, 3000, 10000, 30000)
 
 
-def test_bench_point_records_auto_choice():
+def test_bench_point_records_auto_choice_and_baselines(tmp_path):
     cell = cells.RNN(1, 3)
     model = bench.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]})
-    r = bench.bench_point(cell, 5, 2, repeats=1, model=model, scan_variants=(), memory=False, log=lambda s: None)
-    assert r["auto"]["choice"] == "bppsa"
-    assert r["auto"]["faster_measured"] in ("bppsa", "bptt") and r["auto"]["slowdown_vs_best"] >= 1.0
+    r = bench.bench_point(cell, 5, 2, repeats=1, model=model, scan_variants=(), memory=False, log=lambda s: None,
+                          baselines={"unrolls": (1, 4), "scans": ("blelloch", "sequential")})
+    assert r["auto"]["choice"] == "bppsa_blelloch"
+    assert r["auto"]["faster_measured"] in r["baselines"]["ms"] and r["auto"]["slowdown_vs_best"] >= 1.0
+    b = r["baselines"]
+    assert set(b["ms"]) == {"bptt_unroll1", "bptt_unroll4", "bptt", "bppsa_blelloch", "bppsa_sequential"}
+    assert b["bptt_plain"] == b["ms"]["bptt_unroll1"] and b["bptt_unrolled"] == min(
+        v for k, v in b["ms"].items() if k.startswith("bptt_unroll"))
+    md = bench.save_record({"sweeps": {"rnn": [r]}}, tmp_path, "pt")[1].read_text()
+    assert "Baselines, rnn" in md and "| 5 | 2 | " in md.split("Baselines, rnn")[1]
 
 
 def test_cli_registers_bench_and_rnn_sweep():

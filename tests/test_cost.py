@@ -125,24 +125,31 @@ def test_auto_uses_the_given_model_and_stays_exact():
     g_ref = _grads(cell, params, xs, h0)
     for coef, choice in ((FAVOUR_BPPSA, "bppsa"), (FAVOUR_BPTT, "bptt")):
         model = cost.CostModel(coef)
-        assert cost.choose_backward(cell, 9, 2, jnp.float64, cost_model=model) == choice
+        assert cost.choose_backward(cell, 9, 2, jnp.float64, cost_model=model) == cost.METHODS[choice]
         _close(_grads(cell, params, xs, h0, backward="auto", cost_model=model), g_ref)
 
 
 def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch):
-    """No cached model: auto is BPTT without probing; a cached model for this device decides."""
+    """No cached model: auto uses the shipped model without probing; a cached model for this
+    device decides once it exists."""
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
     cost.default_cost_model.cache_clear()
     try:
         cell = cells.RNN(1, 4)
-        assert cost.choose_backward(cell, 1000, 2) == "bptt"
-        cost.cache_path().write_text(json.dumps(cost.CostModel(FAVOUR_BPPSA, {"device": cost.device_key()}).to_json()))
-        assert cost.choose_backward(cell, 1000, 2) == "bptt"  # looked up once per process
+        shipped = cost.shipped_cost_model()
+        assert cost.default_cost_model().coef == shipped.coef
+        assert cost.choose_backward(cell, 1000, 2) == cost.METHODS[shipped.choose(cell, 1000, 2)]
+        favour_bptt = {"bptt": [0.0] * 3, "bppsa": [1.0] * 4, "bppsa_sequential": [1.0] * 3}
+        cost.cache_path().write_text(json.dumps(cost.CostModel(favour_bptt, {"device": cost.device_key()}).to_json()))
         cost.default_cost_model.cache_clear()
-        assert cost.choose_backward(cell, 1000, 2) == "bppsa"
+        assert cost.choose_backward(cell, 1000, 2) == ("bptt", None)
+        cost.cache_path().write_text(json.dumps(cost.CostModel(FAVOUR_BPPSA, {"device": cost.device_key()}).to_json()))
+        assert cost.choose_backward(cell, 1000, 2) == ("bptt", None)  # looked up once per process
+        cost.default_cost_model.cache_clear()
+        assert cost.choose_backward(cell, 1000, 2) == ("bppsa", "blelloch")
         # an explicit model wins over the cached one
-        assert cost.choose_backward(cell, 1000, 2, cost_model=cost.CostModel(FAVOUR_BPTT)) == "bptt"
+        assert cost.choose_backward(cell, 1000, 2, cost_model=cost.CostModel(FAVOUR_BPTT)) == ("bptt", None)
     finally:
         cost.default_cost_model.cache_clear()
 
@@ -171,6 +178,7 @@ def test_calibration_probe_is_cached(tmp_path, monkeypatch):
     m2 = calibrate.load_cost_model(points=((1, 1),))  # from the cache: the probe is not rerun
     assert m2.coef == m1.coef and m2.meta["points"] == [[16, 1], [64, 1]]
     assert m1.meta["dense_points"] == [[64, 1]] and len(m1.meta["measured"]["bppsa"]) == 3
+    assert len(m1.meta["measured"]["bppsa_sequential"]) == 3 and len(m1.coef["bppsa_sequential"]) == 3
     path.write_text("{not json")
     m3 = calibrate.load_cost_model(points=((16, 1),), dense_points=(), hidden_size=4, repeats=1)  # corrupt: re-probed
     assert m3.meta["points"] == [[16, 1]]

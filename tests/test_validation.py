@@ -109,7 +109,7 @@ def test_chunk_size_accepts_integer_scalars():
 def test_method_arguments_and_h0_named():
     cell, p, xs, h0 = _gru()
     for entry in (bppsa.rnn, parallel.rnn):
-        _raises(r"scan must be one of \['associative', 'blelloch', 'sequential'\]; got \[\]",
+        _raises(r"scan must be one of \['associative', 'blelloch', 'sequential'\] or None; got \[\]",
                 lambda: entry(cell, p, xs, h0, scan=[]))
         _raises(r"backward must be one of \['bppsa', 'bptt', 'auto'\]; got \{\}",
                 lambda: entry(cell, p, xs, h0, backward={}))

@@ -19,8 +19,8 @@ import numpy as np
 from .. import backprop, cells
 from .. import scan as scan_lib
 from ..bench import TABLE_HEADER, bench_point, make_cell, save_record
-from ..calibrate import load_cost_model
 from ..errors import UsageError, checked_by, require_int, require_ints
+from ..cost import default_cost_model
 from ..provenance import provenance, save_json
 from ..timing import time_interleaved
 
@@ -41,10 +41,13 @@ def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixe
     """The paper's two sweeps: T at B = ``B_fixed`` and B at T = ``T_fixed``. Returns the record.
 
     ``time_budget_s``: stop starting new points once this much wall time has passed (the
-    skipped points are listed in ``record["skipped"]``).
+    skipped points are listed in ``record["skipped"]``). ``auto``: time every baseline at each
+    point (:mod:`bppsa.baselines`) and record ``auto``'s choice by the cost model in use
+    (:func:`bppsa.cost.default_cost_model`: this machine's calibration, else the shipped model;
+    no probe).
     """
     c = make_cell(cell, input_size, hidden_size)
-    model = load_cost_model() if auto else None
+    model = default_cost_model() if auto else None
     record = {"config": {"cell": cell, "input_size": input_size, "hidden_size": hidden_size,
                          "T_values": list(T_values), "B_values": list(B_values), "T_fixed": T_fixed,
                          "B_fixed": B_fixed, "repeats": repeats, "scan": scan, "dtype": "float32"},
@@ -59,7 +62,7 @@ def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixe
                 record["skipped"].append({"sweep": name, "T": T, "B": B, "why": "time budget"})
                 log(f"skipped T = {T}, B = {B}: time budget of {time_budget_s:.0f} s spent")
                 continue
-            out.append(bench_point(c, T, B, scan=scan, repeats=repeats, model=model, memory=memory,
+            out.append(bench_point(c, T, B, scan=scan, repeats=repeats, model=model, memory=memory, baselines=auto,
                                    max_scan_elements=max_scan_elements, log=log))
         record["sweeps"][name] = out
     record["wall_s"] = time.perf_counter() - start

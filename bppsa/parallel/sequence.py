@@ -285,7 +285,7 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, *, seq_axis="seq", batc
 
 
 def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, backward="bppsa",
-        scan="blelloch", combine="auto", chunk_size="auto", cost_model=None, precision="highest"):
+        scan=None, combine="auto", chunk_size="auto", cost_model=None, precision="highest"):
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
     ``mesh[batch_axis]``); ``combine`` picks the cross-device step ("logstep", "allgather",
     "chain" or "auto"). ``mesh=None`` uses a 1-D mesh over all devices. Each device scans its
@@ -307,7 +307,9 @@ def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, bac
     xs = jnp.asarray(xs)
     s0 = backprop.validate_inputs(cell, params, xs, h0)
     if backward == "auto":
-        backward = cost.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype, cost_model=cost_model)
+        backward, auto_scan = cost.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype, cost_model=cost_model)
+        scan = scan or auto_scan
+    scan = scan or "blelloch"
     ss = sequence_parallel_states(cell, params, xs, s0, mesh, seq_axis=seq_axis, batch_axis=batch_axis,
                                   backward=backward, scan=scan, combine=combine, precision=precision)
     return cell.unflatten_state(ss)
