@@ -39,7 +39,7 @@ def forward_states(cell, params, xs, s0, unroll: int | None = None):
         return s_new, s_new
 
     if unroll is None:
-        unroll = cost_lib.bptt_unroll(cell, xs.shape[0], xs.shape[1], xs.dtype)
+        unroll = cost_lib.bptt_unroll(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
     _, ss = lax.scan(body, s0, xs, unroll=unroll)
     return ss
 

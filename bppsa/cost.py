@@ -98,16 +98,17 @@ _TINY_WORK = 20_000
 GPU_UNROLL = 8
 
 
-def bptt_unroll(cell, T: int, B: int, dtype=None, backend: str | None = None) -> int:
+def bptt_unroll(cell, T: int, B: int, dtype=None, backend: str | None = None, state_size: int | None = None) -> int:
     """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method) for
     this cell and shape: on CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for
     tiny problems, T·w <= 2·10⁴; T, no loop, for T <= 16), elsewhere :data:`GPU_UNROLL`; never
     more than T. Decided at trace time from ``jax.default_backend()``.
-    ``dtype`` is accepted for the rule's signature; float32 and float64 use the same table."""
+    ``dtype`` is accepted for the rule's signature; float32 and float64 use the same table.
+    ``state_size``: the flat state width, for cells that do not declare their size (``Generic``)."""
     if (backend or jax.default_backend()) != "cpu":
         u = GPU_UNROLL
     else:
-        H = cell.hidden_size or cell.state_size
+        H = cell.hidden_size or state_size or 1
         w = B * cell.gates * H * H
         if T * w <= _TINY_WORK:
             u = 1
