@@ -264,7 +264,7 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
     rel = [str(p.relative_to(troot)) for p, _ in files]
     key = _cache_key("train", troot, files, setting)
     cache = Path(cache_dir) / f"irmas-train-{setting}-{key[:16]}.npz" if cache_dir is not None else None
-    if cache is not None and (z := _load_cache(cache, key)) is not None and "lengths" in z:
+    if cache is not None and (z := _load_cache(cache, key)) is not None:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
         _check_decoded(len(z["y"]), skipped, troot, LAYOUT)
         _warn_skipped(skipped, len(files))
@@ -344,7 +344,7 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
     key = _cache_key("test", root, [(p, 0) for p, _ in pairs] + [(t, 1) for _, t in pairs], setting,
                      extra=(hop_seconds,))  # audio and label files
     cache = Path(cache_dir) / f"irmas-test-{setting}-{key[:16]}.npz" if cache_dir is not None else None
-    if cache is not None and (z := _load_cache(cache, key)) is not None:
+    if cache is not None and (z := _load_cache(cache, key)) is not None and "lengths" in z:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
         _check_decoded(len(z["paths"]), skipped, root, TEST_LAYOUT)
         _warn_skipped(skipped, len(pairs))
