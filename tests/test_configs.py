@@ -39,7 +39,13 @@ def test_configs_found():
     assert RNN_TRAIN in CONFIGS
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+# rnn_tsweep and rnn_bsweep run rnn_sweep's task (its smoke run is in the default run; their
+# presets are checked by test_every_preset_of_every_config_passes_its_tasks_checks): slow run only.
+SAME_TASK_AS_RNN_SWEEP = ("rnn_tsweep", "rnn_bsweep")
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SAME_TASK_AS_RNN_SWEEP
+                                  else p for p in CONFIGS], ids=[p.stem for p in CONFIGS])
 def test_config_smoke_variant_runs(path, tmp_path):
     """Every config documents its command and run time, and its smoke variant runs through the runner."""
     import importlib.util

@@ -400,7 +400,8 @@ def shapes_task(config, workdir: Path) -> dict:
                 skipped.append({"sweep": "irmas", "T": T, "B": B, "why": "time budget"})
                 continue
             r = bench_point(cells.GRU(F, config.hidden_size), T, B, repeats=config.repeats,
-                            num_classes=NUM_CLASSES, scan_variants=(), memory=False)
+                            num_classes=NUM_CLASSES, scan_variants=(), memory=False,
+                            baselines={"unrolls": tuple(config.unrolls)} if config.get("unrolls") else True)
             r["setting"] = s
             pts.append(r)
     record = {"config": config.to_dict(), "sweeps": {"IRMAS GRU grid (synthetic inputs)": pts}, "skipped": skipped}

@@ -35,7 +35,7 @@ B_SWEEP_QUICK = (2, 16, 64)
 
 def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixed: int = 16,
               hidden_size: int = 20, cell: str = "rnn", input_size: int = 1, repeats: int = 5,
-              scan: str = "blelloch", auto: bool = True, memory: bool = True,
+              scan: str = "blelloch", auto: bool = True, memory: bool = True, unrolls=None,
               max_scan_elements: int = 200_000, time_budget_s: float | None = None,
               log=print) -> dict:
     """The paper's two sweeps: T at B = ``B_fixed`` and B at T = ``T_fixed``. Returns the record.
@@ -44,7 +44,8 @@ def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixe
     skipped points are listed in ``record["skipped"]``). ``auto``: time every baseline at each
     point (:mod:`bppsa.baselines`) and record ``auto``'s choice by the cost model in use
     (:func:`bppsa.cost.default_cost_model`: this machine's calibration, else the shipped model;
-    no probe).
+    no probe). ``unrolls``: the ``lax.scan`` unrolls timed as baselines (None: all of
+    :data:`bppsa.cost.UNROLLS`).
     """
     c = make_cell(cell, input_size, hidden_size)
     model = default_cost_model() if auto else None
@@ -62,7 +63,8 @@ def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixe
                 record["skipped"].append({"sweep": name, "T": T, "B": B, "why": "time budget"})
                 log(f"skipped T = {T}, B = {B}: time budget of {time_budget_s:.0f} s spent")
                 continue
-            out.append(bench_point(c, T, B, scan=scan, repeats=repeats, model=model, memory=memory, baselines=auto,
+            out.append(bench_point(c, T, B, scan=scan, repeats=repeats, model=model, memory=memory,
+                                   baselines={"unrolls": tuple(unrolls)} if auto and unrolls else auto,
                                    max_scan_elements=max_scan_elements, log=log))
         record["sweeps"][name] = out
     record["wall_s"] = time.perf_counter() - start
@@ -124,7 +126,8 @@ def sweep_task(config, workdir) -> dict:
     """Task of ``experiments/configs/rnn_{sweep,tsweep,bsweep}.py``: the sweeps, saved to ``workdir``."""
     rec = run_sweep(T_values=tuple(config.T_values), B_values=tuple(config.B_values),
                     T_fixed=config.T_fixed, B_fixed=config.B_fixed, hidden_size=config.hidden_size,
-                    repeats=config.repeats, auto=config.auto, time_budget_s=config.time_budget_s)
+                    repeats=config.repeats, auto=config.auto, time_budget_s=config.time_budget_s,
+                    unrolls=config.get("unrolls"))
     rec["sweeps"] = {k: v for k, v in rec["sweeps"].items() if v}
     if config.gemm:
         rec["gemm_gflops"] = gemm_rates(S=config.hidden_size)
