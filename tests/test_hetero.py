@@ -17,7 +17,7 @@ from bppsa.hetero import (data_mesh, make_spmd_grad, partition, plain_mean, repl
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(1e-3, 1e3), min_size=1, max_size=9), st.integers(0, 500))
 def test_partition_sums_exactly_and_is_proportional(speeds, B):
-    b = partition(speeds, B)
+    b = partition(speeds, B, min_per_replica=0)
     s = np.asarray(speeds)
     assert b.dtype.kind == "i" and b.shape == (len(speeds),)
     assert b.sum() == B and (b >= 0).all()
@@ -32,7 +32,7 @@ FINITE_POSITIVE = st.floats(min_value=5e-324, max_value=1.7976931348623157e308, 
 @given(st.lists(FINITE_POSITIVE, min_size=1, max_size=8), st.integers(0, 10_000))
 def test_partition_any_magnitude_sums_exactly_and_is_proportional(speeds, B):
     """Exact shares (rational arithmetic) for speeds from 5e-324 to 1.8e308, mixed in one list."""
-    b = partition(speeds, B)
+    b = partition(speeds, B, min_per_replica=0)
     assert b.sum() == B and (b >= 0).all()
     total = sum(Fraction(x) for x in speeds)
     for bi, x in zip(b.tolist(), speeds):
@@ -43,29 +43,68 @@ def test_partition_huge_and_tiny_speeds():
     np.testing.assert_array_equal(partition([1e308, 1e308], 64), [32, 32])  # their sum is inf
     np.testing.assert_array_equal(partition([1.7e308, 1.7e308, 1.7e308, 1.7e308], 10), [3, 3, 2, 2])
     np.testing.assert_array_equal(partition([1e-320, 3e-320], 8), [2, 6])  # subnormal
-    np.testing.assert_array_equal(partition([5e-324, 1e308], 7), [0, 7])
+    np.testing.assert_array_equal(partition([5e-324, 1e308], 7, min_per_replica=0), [0, 7])
+    np.testing.assert_array_equal(partition([5e-324, 1e308], 7), [1, 6])  # the default minimum of 1
 
 
 def test_partition_examples():
     np.testing.assert_array_equal(partition([1, 1, 2, 4], 64), [8, 8, 16, 32])
     np.testing.assert_array_equal(partition([1, 1, 2, 4], 10), [1, 1, 3, 5])  # 1.25 1.25 2.5 5
     np.testing.assert_array_equal(partition([3.0], 17), [17])                 # one replica
-    np.testing.assert_array_equal(partition([1, 2], 0), [0, 0])
+    np.testing.assert_array_equal(partition([1, 2], 0, min_per_replica=0), [0, 0])
 
 
 def test_partition_ties_go_to_the_lowest_index():
     # quotas 2.5, 2.5, 2.5, 2.5 -> two extra units, to replicas 0 and 1
     np.testing.assert_array_equal(partition([1, 1, 1, 1], 10), [3, 3, 2, 2])
-    np.testing.assert_array_equal(partition([1, 1, 1], 2), [1, 1, 0])
+    np.testing.assert_array_equal(partition([1, 1, 1], 2, min_per_replica=0), [1, 1, 0])
     # quotas 0.5, 1, 1, 1.5: one unit left, tied remainders 0.5 of replicas 0 and 3 -> replica 0
     np.testing.assert_array_equal(partition([1, 2, 2, 3], 4), [1, 1, 1, 1])
     # quotas 1.125, 1.875: the larger remainder wins, not the lower index
     np.testing.assert_array_equal(partition([3, 5], 3), [1, 2])
 
 
-def test_partition_zero_sample_replicas():
-    b = partition([1, 100, 100], 5)
+def test_partition_zero_sample_replicas_only_without_a_minimum():
+    b = partition([1, 100, 100], 5, min_per_replica=0)
     assert b[0] == 0 and b.sum() == 5
+    np.testing.assert_array_equal(partition([1, 100, 100], 5), [1, 2, 2])  # default: nobody starves
+
+
+def test_partition_minimum_pins_slow_replicas_and_splits_the_rest_proportionally():
+    # quotas 0.6, 0.6, 58.8 at speeds 1:1:98 -> the two slow ones pinned at 2, the fast one takes the rest
+    np.testing.assert_array_equal(partition([1, 1, 98], 60, min_per_replica=2), [2, 2, 56])
+    # pinning one can push another under the minimum: quotas 0.5, 2.5, 97 -> 3 pinned, then 1 more
+    np.testing.assert_array_equal(partition([1, 5, 194], 100, min_per_replica=3), [3, 3, 94])
+    # every replica exactly at the minimum
+    np.testing.assert_array_equal(partition([1, 2, 3], 6, min_per_replica=2), [2, 2, 2])
+    # speeds a rounding error apart with B = m·P: no one dips below m
+    np.testing.assert_array_equal(partition([1 / 3, 1 / 3, 1 / 3], 3), [1, 1, 1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1e-6, 1e6), min_size=1, max_size=9), st.integers(0, 5), st.integers(0, 400))
+def test_partition_with_a_minimum_sums_exactly_and_is_monotone(speeds, m, extra):
+    B = m * len(speeds) + extra
+    b = partition(speeds, B, min_per_replica=m)
+    s = np.asarray(speeds)
+    assert b.sum() == B and (b >= m).all()
+    order = np.argsort(s, kind="stable")
+    assert (np.diff(b[order]) >= 0).all() or len(set(s.tolist())) < len(s), (b, s)  # faster never gets fewer
+    # the replicas above the minimum share the rest proportionally (each within one unit)
+    free = b > m
+    if free.any():
+        rest = B - m * (~free).sum()
+        q = rest * s[free] / s[free].sum()
+        assert np.all(np.abs(b[free] - q) < 1 + 1e-9), (b, q)
+    if m == 0:
+        np.testing.assert_array_equal(b, partition(speeds, B, min_per_replica=0))
+
+
+def test_partition_rejects_a_batch_too_small_for_the_minimum():
+    with pytest.raises(ValueError, match=r"batch_size 2 cannot give each of the 3 replicas min_per_replica = 1"):
+        partition([1, 2, 3], 2)
+    with pytest.raises(ValueError, match="min_per_replica"):
+        partition([1, 2], 8, min_per_replica=-1)
 
 
 @pytest.mark.parametrize("speeds", [[], [1, 0], [0, 0], [1, -2], [1, np.nan], [np.inf, 1], [[1, 2]],

@@ -7,8 +7,8 @@ from flax import nnx
 
 from bppsa.hetero import partition
 from bppsa.experiments.hetero_dp import summarize
-from bppsa.hetero.profile import (Rebalancer, TimeModel, balanced_speeds, fit_time_model, profile_replica,
-                                  slowdowns_from_mix)
+from bppsa.hetero.profile import (Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model,
+                                  nominal_speeds, profile_replica, robust_median, slowdowns_from_mix)
 from bppsa.hetero.tasks import nnx_task
 from bppsa.hetero.train import STRATEGIES, ShardSampler, SimulatedReplicas, train
 
@@ -52,7 +52,7 @@ def test_rebalancer_logs_the_switch():
     r = Rebalancer(np.array([1.0, 1.0]), every=2)
     counts = partition(r.speeds, 12)
     r.observe(counts, [6 * 1.0, 6 * 3.0])  # replica 1 became 3x slower
-    assert r.maybe_repartition(1, 12, counts) is None  # not a multiple of `every`
+    assert r.maybe_repartition(1, 12, counts) is None  # fewer than `every` steps observed
     r.observe(counts, [6 * 1.0, 6 * 3.0])
     new = r.maybe_repartition(2, 12, counts)
     np.testing.assert_array_equal(new, [9, 3])
@@ -64,6 +64,51 @@ def test_rebalancer_logs_the_switch():
     r = Rebalancer(np.array([1.0, 1.0]), every=1)
     r.observe([50, 50], [50.0, 51.0])
     assert r.maybe_repartition(1, 100, np.array([50, 50])) is None and not r.log
+
+
+def test_rebalancer_ignores_one_slow_step_and_sees_a_drift_within_its_window():
+    r = Rebalancer(np.array([1.0, 1.0]), every=5)
+    counts = np.array([6, 6])
+    times = [[6.0, 6.0]] * 4 + [[6.0, 60.0]] + [[6.0, 6.0]] * 5  # one hiccup: replica 1 10x slow once
+    for step, t in enumerate(times, 1):
+        r.observe(counts, t)
+        assert r.maybe_repartition(step, 12, counts) is None
+    for step in range(11, 16):  # replica 1 now 3x slower for good: seen once 3 of the 5 steps show it
+        r.observe(counts, [6.0, 18.0])
+        new = r.maybe_repartition(step, 12, counts)
+        if new is not None:
+            break
+    assert step == 13 and new.tolist() == [9, 3] and r.log[0]["step"] == 13
+    # a fresh window after the switch: no decision until `every` new steps
+    r.observe(new, [9.0, 9.0])
+    assert r.maybe_repartition(14, 12, new) is None
+    # every replica keeps at least min_per_replica samples, however slow it looks
+    r = Rebalancer(np.array([1.0, 1.0, 1.0]), every=1, min_per_replica=2)
+    r.observe([4, 4, 4], [4.0, 4.0, 400.0])
+    assert r.maybe_repartition(1, 12, np.array([4, 4, 4])).tolist() == [5, 5, 2]
+
+
+def test_robust_median_drops_outliers_and_reports_the_spread():
+    st = robust_median([1.0, 1.1, 0.9, 1.0, 9.0])
+    assert st["median"] == 1.0 and st["rejected"] == 1 and st["kept"] == 4
+    assert 0 < st["spread"] < 0.2
+    assert robust_median([2.0, 2.0, 2.0])["spread"] == 0 and robust_median([3.0])["median"] == 3.0
+    with pytest.raises(ValueError, match="samples"):
+        robust_median([])
+    with pytest.raises(ValueError, match="samples"):
+        robust_median([1.0, np.nan])
+
+
+def test_nominal_speeds_and_the_sanity_bound():
+    models = [TimeModel(1e-3, 4e-3), TimeModel(1e-3, 1e-3)]  # at B/P = 8: 33 ms and 9 ms
+    np.testing.assert_allclose(nominal_speeds(models, 16), [8 / 33e-3, 8 / 9e-3])
+    s, clipped = bound_speeds([1.0, 1.2, 0.9, 100.0], max_ratio=8)
+    assert clipped == [3] and s[3] == pytest.approx(8 * 1.1) and s[:3].tolist() == [1.0, 1.2, 0.9]
+    assert bound_speeds([1.0, 2.0, 4.0])[1] == []
+    with pytest.raises(ValueError, match="speeds"):
+        bound_speeds([1.0, 0.0])
+    with pytest.raises(ValueError, match="max_ratio"):
+        bound_speeds([1.0], max_ratio=0.5)
 
 
 @pytest.mark.parametrize("placement", ["iid", "label"])
@@ -145,13 +190,19 @@ def test_training_rebalances_when_speeds_drift(toy):
     r = train(task, replicas, strategy="proportional-weighted", batch_size=32, epochs=2, speeds=[1, 1, 2, 4],
               rebalance_every=4, log=logs.append)
     assert r["initial_partition"] == [4, 4, 8, 16]
-    # steps 0-3 run at the old speeds; the window of steps 4-7 sees the drift and re-partitions at step 8
+    # steps 0-3 run at the old speeds; after steps 4 and 5 the drift covers half of the 4-step window
+    # (steps 2-5), its upper median flips, and the re-partition comes at step 6: within K = 4 steps
     expected = partition([1, 1, 2, 1], 32).tolist()
     assert expected == [7, 6, 13, 6]
-    assert r["repartitions"] == [{"step": 8, "from": [4, 4, 8, 16], "to": expected,
+    assert r["repartitions"] == [{"step": 6, "from": [4, 4, 8, 16], "to": expected,
                                   "speeds": [2500.0, 2500.0, 5000.0, 2500.0]}]
     assert r["final_partition"] == expected
     assert any("re-partition" in line for line in logs)
+    assert len(r["step_times"]) == 2 * 8 and np.isclose(sum(r["step_times"]), r["history"][-1]["time"])
+    # the modelled clock recovers: before the drift replica 3 set the pace at 16 units, after the switch 28
+    # units (7 samples at f = 4) instead of the 64 (16 at f = 4) it would take without re-balancing
+    np.testing.assert_allclose(r["step_times"][-1], 28e-4)
+    np.testing.assert_allclose(r["step_times"][:4], 16e-4)
     with pytest.raises(ValueError, match="strategy"):
         train(task, replicas, strategy="fastest", batch_size=32, epochs=1)
     with pytest.raises(ValueError, match="speeds"):

@@ -1,10 +1,13 @@
 """The heterogeneous data-parallel experiment: strategies × speed mixes × tasks × seeds.
 
-``run(config, workdir)`` (the task of experiments/configs/hetero_dp.py) trains every
-combination with :class:`~bppsa.hetero.train.SimulatedReplicas` (one process, 4 devices, a time
-model fitted to real timings on this machine), optionally validates the clock with real replica
-processes (:mod:`bppsa.hetero.worker` started by :func:`bppsa.parallel.launch.launch`: real
-sleeps, jax.distributed over loopback), and writes hetero_dp.json / .md / .png into ``workdir``.
+``run(config, workdir)`` (the task of experiments/configs/hetero_dp.py) runs, when enabled,
+real replica processes first (:mod:`bppsa.hetero.worker` started by
+:func:`bppsa.parallel.launch.launch`: jax.distributed over loopback, slow replicas really
+sleep; every strategy and seed, plus a drift scenario with re-balancing on and off), then the
+simulated sweep: every combination with :class:`~bppsa.hetero.train.SimulatedReplicas` (one
+process, 4 devices, a clock from a time model fitted to real timings on this machine). Writes
+<name>.json / .md / .png (and <name>_drift.png) into ``workdir``; every table says which times
+were measured on real processes and which come from a time model.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..hetero.train import SimulatedReplicas, measure_time_model, train
 from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
 
-__all__ = ["run", "summarize", "markdown"]
+__all__ = ["run", "summarize", "drift_summary", "markdown"]
 
 
 def _mix_name(mix):
@@ -41,10 +44,15 @@ def summarize(runs: list[dict]) -> list[dict]:
     for (task, scenario, strategy), rs in groups.items():
         acc = np.array([r["final_accuracy"] for r in rs])
         tpe = np.array([r["time_per_epoch"] for r in rs])
-        rows.append({"task": task, "scenario": scenario, "strategy": strategy, "seeds": len(rs),
-                     "accuracy_mean": float(acc.mean()), "accuracy_std": float(acc.std()),
-                     "time_per_epoch_mean": float(tpe.mean()), "time_per_epoch_std": float(tpe.std()),
-                     "partition": rs[0]["initial_partition"]})
+        row = {"task": task, "scenario": scenario, "strategy": strategy, "seeds": len(rs),
+               "accuracy_mean": float(acc.mean()), "accuracy_std": float(acc.std()),
+               "time_per_epoch_mean": float(tpe.mean()), "time_per_epoch_std": float(tpe.std()),
+               "partition": rs[0]["initial_partition"],
+               "min_samples": int(min(min(r["initial_partition"]) for r in rs))}
+        if all("time_per_epoch_model" in r for r in rs):  # real processes: the time model's prediction beside
+            model = float(np.mean([r["time_per_epoch_model"] for r in rs]))
+            row.update(time_per_epoch_model_mean=model, model_error=model / row["time_per_epoch_mean"] - 1)
+        rows.append(row)
     for row in rows:  # speed-up over uniform in the same scenario
         ref = [r for r in rows if r["task"] == row["task"] and r["scenario"] == row["scenario"]
                and r["strategy"] == "uniform"]
@@ -52,22 +60,89 @@ def summarize(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], process_rows: list[dict] | None = None, title: str = "") -> str:
-    lines = [f"### {title}" if title else "",
-             "| task | speeds, placement | strategy | batches b_i | test accuracy | time / epoch (s) | speed-up vs uniform |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['task']} | {r['scenario']} | {r['strategy']} | {r['partition']} | "
-                     f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} | {r['time_per_epoch_mean']:.4f} | "
-                     f"{r['speedup_vs_uniform']:.2f}× |")
+def _times(v):
+    return "-" if v is None else f"{v:.2f}×"
+
+
+def drift_summary(drift_runs: list[dict]) -> list[dict]:
+    """Per drift run: mean step time before the drift, right after it and in the last epoch, switches."""
+    rows = []
+    for r in drift_runs:
+        t, at = np.asarray(r["step_times"]), r["drift"]["at_step"]
+        steps = len(t) // r["epochs"]
+        rows.append({"rebalance_every": r["rebalance_every"], "drift": r["drift"],
+                     "partition": r["initial_partition"], "final_partition": r["final_partition"],
+                     "repartitions": r["repartitions"], "step_s_before": float(np.median(t[:at])),
+                     "step_s_last_epoch": float(np.median(t[-steps:])),
+                     "epoch_times": np.diff([h["time"] for h in r["history"]]).tolist(),
+                     "accuracy": r["final_accuracy"]})
+    return rows
+
+
+def markdown(rows: list[dict], process_rows: list[dict] | None = None, title: str = "",
+             drift_rows: list[dict] | None = None, process_info: dict | None = None) -> str:
+    lines = [f"### {title}" if title else ""]
     if process_rows:
-        lines += ["", "Real replica processes (jax.distributed on 127.0.0.1, gloo; slow replicas really sleep):", "",
-                  "| task | speeds | strategy | batches b_i | test accuracy | measured time / epoch (s) | speed-up vs uniform |",
-                  "|---|---|---|---|---|---|---|"]
+        info = process_info or {}
+        lines += ["", "Real replica processes (jax.distributed on 127.0.0.1, gloo), measured: each replica computes "
+                  "its own batch, then sleeps τ·f_i·b_i (τ = "
+                  f"{1e3 * info.get('tau_s', float('nan')):.3f} ms per sample, f_i = the configured slowdown); speeds "
+                  "profiled one replica at a time. The model column is the time model from that profile "
+                  "(steps × (slowest t_i(b_i) + all-reduce)).", "",
+                  "| task | speeds, placement | strategy | batches b_i (initial) | test accuracy (mean of seeds) "
+                  "| time / epoch (s), measured | time / epoch (s), time model | model error | speed-up vs uniform, "
+                  "measured |", "|---|---|---|---|---|---|---|---|---|"]
         for r in process_rows:
+            model = (f"{r['time_per_epoch_model_mean']:.3f} | {100 * r['model_error']:+.1f} %"
+                     if "model_error" in r else "- | -")
             lines.append(f"| {r['task']} | {r['scenario']} | {r['strategy']} | {r['partition']} | "
-                         f"{r['accuracy_mean']:.4f} | {r['time_per_epoch_mean']:.3f} | {r['speedup_vs_uniform']:.2f}× |")
+                         f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} (n = {r['seeds']}) | "
+                         f"{r['time_per_epoch_mean']:.3f} | {model} | {_times(r['speedup_vs_uniform'])} |")
+    if drift_rows:
+        d = drift_rows[0]["drift"]
+        lines += ["", f"Drift on real processes, measured: replica {d['replica']} becomes {d['factor']:g}× slower at "
+                  f"step {d['at_step']}.", "",
+                  "| re-balancing | step time before drift (ms) | step time, last epoch (ms) | time per epoch (s) "
+                  "| re-partitions (step: from → to) | test accuracy |", "|---|---|---|---|---|---|"]
+        for r in drift_rows:
+            sw = "; ".join(f"{x['step']}: {x['from']} → {x['to']}" for x in r["repartitions"]) or "none"
+            lines.append(f"| {'every ' + str(r['rebalance_every']) + ' steps' if r['rebalance_every'] else 'off'} | "
+                         f"{1e3 * r['step_s_before']:.1f} | {1e3 * r['step_s_last_epoch']:.1f} | "
+                         f"{', '.join(f'{v:.2f}' for v in r['epoch_times'])} | {sw} | {r['accuracy']:.4f} |")
+    if rows:
+        lines += ["", "Simulated replicas (one process, 4 devices), time model: replica i's step takes f_i·τ·b_i "
+                  "(τ measured on this machine); times are the model's, accuracies are real training.", "",
+                  "| task | speeds, placement | strategy | batches b_i | test accuracy | time / epoch (s), time model "
+                  "| speed-up vs uniform, time model |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['task']} | {r['scenario']} | {r['strategy']} | {r['partition']} | "
+                         f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} | {r['time_per_epoch_mean']:.4f} | "
+                         f"{_times(r['speedup_vs_uniform'])} |")
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _plot_drift(drift_runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for r, c in zip(drift_runs, ("tab:blue", "tab:red")):
+        t = 1e3 * np.asarray(r["step_times"])
+        label = f"re-balancing every {r['rebalance_every']} steps" if r["rebalance_every"] else "re-balancing off"
+        ax.plot(np.arange(len(t)), t, "-", lw=1, color=c, label=label)
+        for x in r["repartitions"]:
+            ax.axvline(x["step"], color=c, ls=":", lw=1)
+    d = drift_runs[0]["drift"]
+    ax.axvline(d["at_step"], color="k", ls="--", lw=1, label=f"replica {d['replica']} {d['factor']:g}× slower")
+    ax.set_xlabel("step")
+    ax.set_ylabel("step time (ms), measured")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Drift on real replica processes (dotted: re-partitions)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _plot(runs, path):
@@ -77,7 +152,7 @@ def _plot(runs, path):
     panels = sorted({(r["task"], r["scenario"]) for r in runs})
     cols = min(3, len(panels))
     rows_n = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.4 * rows_n), squeeze=False)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(max(4.6 * cols, 7.5), 3.4 * rows_n), squeeze=False)
     colors = {"uniform": "tab:gray", "proportional-mean": "tab:red", "proportional-weighted": "tab:blue"}
     for ax, (task, scen) in zip(axes.flat, panels):
         for strategy, c in colors.items():
@@ -89,7 +164,7 @@ def _plot(runs, path):
             ax.plot(t, a.mean(0), "-o", ms=3, color=c, label=strategy)
             ax.fill_between(t, a.min(0), a.max(0), color=c, alpha=0.15)
         ax.set_title(f"{task}  [{scen}]", fontsize=9)
-        ax.set_xlabel("(modelled) wall-clock time (s)")
+        ax.set_xlabel("wall-clock time (s), " + ("measured" if "real processes" in scen else "time model"))
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
@@ -102,14 +177,20 @@ def _plot(runs, path):
     plt.close(fig)
 
 
-def _run_processes(config, log) -> list[dict]:
-    """Real replica processes: one launch of P workers runs every strategy; returns their records."""
+def _run_processes(config, log) -> dict:
+    """Real replica processes: one launch of P workers runs every strategy (and the drift scenario)."""
     pc = config.processes
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"task": pc.task, "task_config": dict(config.tasks[pc.task]), "mix": list(pc.mix),
                 "strategies": list(config.strategies), "seeds": list(pc.seeds), "epochs": int(pc.epochs),
-                "placement": pc.placement, "probe_batches": list(config.probe_batches),
-                "profile_repeats": int(config.profile_repeats)}
+                "placement": pc.placement, "probe_batches": list(pc.get("probe_batches", config.probe_batches)),
+                "profile_repeats": int(config.profile_repeats), "emulation": pc.get("emulation", "sleep"),
+                "sleep_scale": float(pc.get("sleep_scale", 8.0)), "tau": pc.get("tau"),
+                "min_per_replica": int(pc.get("min_per_replica", 1)),
+                "max_speed_ratio": float(pc.get("max_speed_ratio", 16.0)),
+                "drift": dict(pc.drift) if pc.get("drift") and pc.drift.get("enabled", True) else None}
+        if spec["drift"]:
+            spec["drift"].pop("enabled", None)
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         log(f"real processes: {len(pc.mix)} replicas at speeds {_mix_name(pc.mix)} on {pc.task} ...")
         t0 = time.perf_counter()
@@ -120,7 +201,9 @@ def _run_processes(config, log) -> list[dict]:
             raise RuntimeError(f"replica processes failed ({rc}):\n{err.getvalue()[-4000:]}")
         log("\n".join(line[4:] for line in out.getvalue().splitlines() if line.startswith("[0] ")))
         log(f"real processes done in {time.perf_counter() - t0:.1f} s")
-        return json.loads((Path(tmp) / "runs.json").read_text())
+        result = json.loads((Path(tmp) / "runs.json").read_text())
+        result["seconds"] = time.perf_counter() - t0
+        return result
 
 
 def _ensure_cpu_devices(n: int):
@@ -146,6 +229,19 @@ def run(config, workdir) -> dict:
     log = print
     runs, time_models = [], {}
     t_start = time.perf_counter()
+    process, process_runs, process_rows, drift_rows = {}, [], [], []
+    if config.processes.enabled:
+        try:
+            process = _run_processes(config, log)
+        except (RuntimeError, OSError) as e:  # keep the simulated sweep; record why this part is missing
+            log(f"real-process block failed: {e}")
+            process = {"error": str(e)[-2000:]}
+        process_runs = process.get("runs", [])
+        for r in process_runs + process.get("drift_runs", []):
+            r.update(task=config.processes.task,
+                     scenario=f"{_mix_name(config.processes.mix)}, {config.processes.placement}, real processes")
+        process_rows = summarize(process_runs)
+        drift_rows = drift_summary(process.get("drift_runs", []))
     for task_name in config.task_names:
         tcfg = config.tasks[task_name]
         task = task_from_config(task_name, tcfg)
@@ -184,26 +280,21 @@ def run(config, workdir) -> dict:
                         f"acc {r['final_accuracy']:.4f}  time/epoch {r['time_per_epoch']:.4f} s"
                         + (f"  ({len(r['repartitions'])} re-partitions)" if r["repartitions"] else ""))
     rows = summarize(runs)
-    process_runs, process_rows = [], []
-    if config.processes.enabled:
-        try:
-            process_runs = _run_processes(config, log)
-        except (RuntimeError, OSError) as e:  # keep the simulated sweep; record why this part is missing
-            log(f"real-process block failed: {e}")
-            process_runs = [{"error": str(e)[-2000:]}]
-        for r in process_runs:
-            r.update(task=config.processes.task, scenario=_mix_name(config.processes.mix) + ", " +
-                     config.processes.placement)
-        process_rows = summarize(process_runs) if "error" not in process_runs[0] else []
-    md = markdown(rows, process_rows, title=f"Heterogeneous data parallelism ({device_label()}, "
-                  f"time model: {config.time_model}, fitted to real timings × slowdown factors)")
-    record = {"config": json.loads(config.to_json_best_effort()), "time_models": time_models, "summary": rows, "runs": runs,
-              "process_summary": process_rows, "process_runs": process_runs,
-              "seconds": time.perf_counter() - t_start,
-              "provenance": provenance(config.get("command") or None)}
-    save_json(workdir / "hetero_dp.json", record)
-    (workdir / "hetero_dp.md").write_text(md)
-    _plot(runs, workdir / "hetero_dp.png")
+    name = config.get("name") or "hetero_dp"
+    md = markdown(rows, process_rows, title=f"Heterogeneous data parallelism ({device_label()})",
+                  drift_rows=drift_rows, process_info=process.get("calibration"))
+    record = {"config": json.loads(config.to_json_best_effort()), "time_models": time_models, "summary": rows,
+              "runs": runs, "process_summary": process_rows, "process_runs": process_runs,
+              "process_calibration": process.get("calibration"), "process_profile": process.get("profile"),
+              "process_speeds": process.get("speeds"), "drift_summary": drift_rows,
+              "drift_runs": process.get("drift_runs", []), "process_error": process.get("error"),
+              "seconds": time.perf_counter() - t_start, "provenance": provenance(config.get("command") or None)}
+    save_json(workdir / f"{name}.json", record)
+    (workdir / f"{name}.md").write_text(md)
+    if runs or process_runs:
+        _plot(process_runs + runs, workdir / f"{name}.png")
+    if process.get("drift_runs"):
+        _plot_drift(process["drift_runs"], workdir / f"{name}_drift.png")
     log("\n" + md)
-    log(f"wrote {workdir / 'hetero_dp.json'}, .md, .png")
+    log(f"wrote {workdir / name}.json, .md, .png")
     return {"summary": rows, "process_summary": process_rows, "workdir": str(workdir)}

@@ -1,8 +1,9 @@
 """Batch partitioning by speed and weighted gradient averaging (ALGORITHMS.md §2).
 
-Replica i at speed s_i gets b_i ≈ B·s_i/Σs samples (integers summing to B, largest-remainder
-rounding; speeds are divided by their maximum first, so any finite magnitude works); the global gradient is g = Σ_i (b_i/B)·g_i, with g_i the mean gradient over replica
-i's b_i samples — exactly the full-batch mean gradient. Plain averaging (1/P)·Σ_i g_i
+Replica i at speed s_i gets b_i ≈ B·s_i/Σs samples (integers summing to B, at least
+``min_per_replica`` each, largest-remainder rounding; speeds are divided by their maximum first,
+so any finite magnitude works); the global gradient is g = Σ_i (b_i/B)·g_i, with g_i the mean
+gradient over replica i's b_i samples — exactly the full-batch mean gradient. Plain averaging (1/P)·Σ_i g_i
 over-weights each sample on replica i by B/(P·b_i).
 """
 
@@ -31,32 +32,52 @@ def _check_speeds(speeds) -> np.ndarray:
     return s
 
 
-def partition(speeds: Sequence[float], batch_size: int) -> np.ndarray:
+def partition(speeds: Sequence[float], batch_size: int, min_per_replica: int = 1) -> np.ndarray:
     """Split ``batch_size`` samples over replicas in proportion to their ``speeds``.
 
-    Largest-remainder rounding: b_i = floor(B·s_i/Σs), then the remaining units go one each to
-    the replicas with the largest fractional parts (ties broken by the lower replica index, so
-    the result is deterministic and identical on every process). Only the ratios of the speeds
-    matter: they are divided by their maximum before summing, so huge (1e308) or tiny (1e-308)
-    speeds neither overflow nor underflow the sum. Returns b: (P,) int64 with Σ b = B and
-    |b_i − B·s_i/Σs| < 1; a replica may get 0 samples when B is small. Raises ValueError for
-    speeds that are empty, NaN, infinite, zero or negative.
+    Every replica gets at least ``min_per_replica`` samples (default 1: no replica starves, so
+    every one keeps contributing gradients and timings). Replicas whose proportional quota falls
+    below that minimum are pinned at it, and the others share the rest in proportion to their
+    speeds (repeated until no quota is below the minimum). The shares are then rounded by largest
+    remainder: floors first, the remaining units one each to the largest fractional parts (ties
+    to the lower replica index, so every process computes the same split).
+
+    Only the ratios of the speeds matter: they are divided by their maximum before summing, so
+    huge (1e308) or tiny (1e-308) speeds neither overflow nor underflow the sum. Returns
+    b: (P,) int64 with Σ b = B, b_i ≥ min_per_replica, faster replicas never getting fewer
+    samples, and |b_i − q_i| < 1 for the unpinned replicas' quotas q_i (all of them when
+    ``min_per_replica = 0``, the plain proportional rule, where a slow replica may get 0).
+    Raises ValueError for speeds that are empty, NaN, infinite, zero or negative, and when
+    B < P·min_per_replica.
     """
     s = _check_speeds(speeds)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
         raise ValueError(f"batch_size must be an int >= 0; got {batch_size!r} of type {type(batch_size).__name__}")
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0; got {batch_size}")
-    B = int(batch_size)
-    s = s / s.max()  # in (0, 1]: the sum below is at most P, never inf
-    quota = B * (s / s.sum())
-    b = np.floor(quota).astype(np.int64)
+    if isinstance(min_per_replica, bool) or not isinstance(min_per_replica, (int, np.integer)) or min_per_replica < 0:
+        raise ValueError(f"min_per_replica must be an int >= 0; got {min_per_replica!r}")
+    B, m, P = int(batch_size), int(min_per_replica), s.size
+    if m * P > B:
+        raise ValueError(f"batch_size {B} cannot give each of the {P} replicas min_per_replica = {m} samples "
+                         f"(needs batch_size >= {m * P}); use a larger batch or min_per_replica=0")
+    s = s / s.max()  # in (0, 1]: the sums below are at most P, never inf
+    pinned = np.zeros(P, bool)
+    while True:  # at most P rounds: each one pins at least one more replica or stops
+        free = ~pinned
+        quota = np.where(free, (B - m * pinned.sum()) * s / s[free].sum(), float(m))
+        low = free & (quota < m * (1 - 1e-12))  # (a quota a rounding error below m stays free)
+        if not low.any():
+            break
+        pinned |= low
+    b = np.where(free, np.maximum(np.floor(quota), m), m).astype(np.int64)
     # Rounding can push a floor one unit over (quota = 2.9999999 -> floor 2 is fine; a sum over B is not).
     while b.sum() > B:
-        b[int(np.argmax(b - quota))] -= 1
-    remainder = quota - b
+        over = np.where(free & (b > m), b - quota, -np.inf)
+        b[int(np.argmax(over))] -= 1
+    remainder = np.where(free, quota - b, -np.inf)
     short = B - int(b.sum())
-    order = np.lexsort((np.arange(s.size), -remainder))  # largest remainder first, then lowest index
+    order = np.lexsort((np.arange(P), -remainder))  # largest remainder first, then lowest index
     b[order[:short]] += 1
     return b
 

@@ -1,11 +1,13 @@
 """Speed profiling: a fitted time model per replica, speeds from it, dynamic re-balancing.
 
 Each replica's step time is modelled as t(b) = α + β·b (a fixed cost plus a per-sample cost),
-fitted by least squares to timings at a few probe batch sizes; its speed at batch b is the
-throughput b / t(b) — a functional performance model in the sense of Lastovetsky & Reddy:
-speed depends on the problem size. :func:`balanced_speeds` iterates partition ↔ speed-at-the-
-assigned-size to a fixed point, so replicas with a large fixed cost get fewer samples than
-their asymptotic speed suggests.
+fitted by least squares to robust timings (:func:`robust_median`: outliers beyond 3 scaled MADs
+dropped) at a few probe batch sizes; its speed at batch b is the throughput b / t(b) — a
+functional performance model in the sense of Lastovetsky & Reddy: speed depends on the problem
+size. Speeds for the split are the throughput at the nominal batch B/P (:func:`nominal_speeds`,
+as Moreno-Álvarez et al. do), checked against the replicas' median (:func:`bound_speeds`);
+:func:`balanced_speeds` instead iterates partition ↔ speed-at-the-assigned-size to a fixed point.
+:class:`Rebalancer` re-estimates speeds from the step times observed during training.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import numpy as np
 
 from .partition import partition
 
-__all__ = ["TimeModel", "fit_time_model", "profile_replica", "balanced_speeds", "Rebalancer", "slowdowns_from_mix"]
+__all__ = ["TimeModel", "fit_time_model", "robust_median", "profile_replica", "nominal_speeds", "bound_speeds",
+           "balanced_speeds", "Rebalancer", "slowdowns_from_mix"]
 
 
 def slowdowns_from_mix(mix) -> list[float]:
@@ -66,17 +69,61 @@ def fit_time_model(batch_sizes: Sequence[float], times: Sequence[float]) -> Time
     return TimeModel(float(alpha), float(beta))
 
 
+def robust_median(samples, k: float = 3.0) -> dict:
+    """Median of ``samples`` after dropping outliers, with its spread.
+
+    An outlier lies more than ``k`` scaled MADs (1.4826·median |x − median|, the normal-consistent
+    spread) from the median; with a MAD of 0 nothing is dropped. Returns {"median", "spread"
+    (the scaled MAD of the kept samples, relative to their median), "kept", "rejected"
+    (counts)}: a step that hit a busy host is dropped instead of moving the estimate.
+    """
+    x = np.asarray(samples, np.float64).ravel()
+    if x.size == 0 or not np.all(np.isfinite(x)):
+        raise ValueError(f"samples must be a non-empty list of finite numbers; got {x.tolist()}")
+    med = np.median(x)
+    mad = 1.4826 * np.median(np.abs(x - med))
+    keep = x if mad == 0 else x[np.abs(x - med) <= k * mad]
+    m = float(np.median(keep))
+    spread = 1.4826 * float(np.median(np.abs(keep - m))) / abs(m) if m else 0.0
+    return {"median": m, "spread": spread, "kept": int(keep.size), "rejected": int(x.size - keep.size)}
+
+
 def profile_replica(step_time: Callable[[int], float], probe_batches: Sequence[int], repeats: int = 3) -> TimeModel:
     """Time ``step_time(b)`` (seconds for one warmed-up step at batch b) and fit a :class:`TimeModel`.
 
-    Takes the median of ``repeats`` timings per probe size.
+    Takes the outlier-rejecting median (:func:`robust_median`) of ``repeats`` timings per probe size.
     """
     if not probe_batches or min(probe_batches) < 1:
         raise ValueError(f"probe_batches must be a non-empty list of sizes >= 1; got {list(probe_batches)}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1; got {repeats}")
-    times = [float(np.median([step_time(int(b)) for _ in range(repeats)])) for b in probe_batches]
+    times = [robust_median([step_time(int(b)) for _ in range(repeats)])["median"] for b in probe_batches]
     return fit_time_model(list(probe_batches), times)
+
+
+def nominal_speeds(models: Sequence[TimeModel], batch_size: int) -> np.ndarray:
+    """Each replica's throughput (samples/s) at the nominal batch B/P — the paper's speed estimate."""
+    if not models:
+        raise ValueError("models must be a non-empty list of TimeModel")
+    b = max(batch_size / len(models), 1.0)
+    return np.array([m.speed(b) for m in models])
+
+
+def bound_speeds(speeds, max_ratio: float = 16.0) -> tuple[np.ndarray, list[int]]:
+    """Clip speeds to [median/max_ratio, median·max_ratio]; returns (speeds, indices clipped).
+
+    A sanity bound: an estimate that far from the other replicas' is more likely a measurement
+    gone wrong (a replica profiled while the host was busy) than a real device, and left alone it
+    would push the split to an extreme.
+    """
+    s = np.asarray(speeds, np.float64)
+    if s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)) or (s <= 0).any():
+        raise ValueError(f"speeds must be a non-empty 1-D sequence of finite numbers > 0; got {s.tolist()}")
+    if not max_ratio >= 1:
+        raise ValueError(f"max_ratio must be >= 1; got {max_ratio!r}")
+    med = float(np.median(s))
+    out = np.clip(s, med / max_ratio, med * max_ratio)
+    return out, [int(i) for i in np.flatnonzero(out != s)]
 
 
 def balanced_speeds(models: Sequence[TimeModel], batch_size: int, iters: int = 20) -> np.ndarray:
@@ -105,38 +152,44 @@ def balanced_speeds(models: Sequence[TimeModel], batch_size: int, iters: int = 2
 
 @dataclass
 class Rebalancer:
-    """Dynamic load balancing: every ``every`` steps, re-estimate speeds from observed step times.
+    """Dynamic load balancing from the step times observed during training.
 
-    ``observe(counts, times)`` records one step (per-replica batch sizes and busy times);
-    ``maybe_repartition(step, batch_size, counts)`` returns new counts when the new partition's
-    predicted step time, max_i b_i/s_i, beats the current one's by more than ``tolerance``
-    (hysteresis against timing noise), else None, and logs the switch in ``log``. Replicas
-    without samples keep their previous speed estimate. ``every = 0`` disables it.
+    ``observe(counts, times)`` records one step (per-replica batch sizes and busy times, seconds).
+    With ``every = K > 0``, each call of ``maybe_repartition(step, batch_size, counts)`` after at
+    least K steps since the last switch re-estimates every replica's speed as b / (its per-sample
+    time's median over the last K steps — the upper median, so a drift is seen once it covers
+    half the window, and one slow step is never enough), and returns new counts when the new
+    partition's predicted step time, max_i b_i/s_i, beats the current one's by more than
+    ``tolerance`` (hysteresis against timing noise), else None. A switch is logged in ``log``
+    and starts a fresh window. So a replica that slows down is noticed within K steps.
+    Replicas that held no samples keep their previous estimate. ``every = 0`` disables it.
     """
     speeds: np.ndarray
     every: int = 0
     tolerance: float = 0.05
+    min_per_replica: int = 1
     log: list = field(default_factory=list)
-    _b: np.ndarray | None = None
-    _t: np.ndarray | None = None
+    _window: list = field(default_factory=list)
 
     def observe(self, counts, times):
         counts, times = np.asarray(counts, np.float64), np.asarray(times, np.float64)
-        self._b = counts if self._b is None else self._b + counts
-        self._t = times if self._t is None else self._t + times
+        per_sample = np.where((counts > 0) & (times > 0), times / np.maximum(counts, 1), np.nan)
+        self._window = (self._window + [per_sample])[-max(self.every, 1):]
 
     def maybe_repartition(self, step: int, batch_size: int, counts) -> np.ndarray | None:
-        if not self.every or step % self.every or self._b is None:
+        if not self.every or len(self._window) < self.every:
             return None
-        seen = (self._b > 0) & (self._t > 0)
+        w = np.array(self._window)
         new = np.array(self.speeds, np.float64)
-        new[seen] = self._b[seen] / self._t[seen]
-        self._b = self._t = None
-        self.speeds = new
-        b = partition(new, batch_size)
+        for i in range(w.shape[1]):
+            col = w[:, i][np.isfinite(w[:, i])]
+            if col.size:
+                new[i] = 1.0 / float(np.quantile(col, 0.5, method="higher"))
+        b = partition(new, batch_size, self.min_per_replica)
         predicted = lambda c: float(np.max(np.asarray(c) / new))  # noqa: E731
         if np.array_equal(b, counts) or predicted(b) > (1 - self.tolerance) * predicted(counts):
             return None
+        self.speeds, self._window = new, []
         self.log.append({"step": step, "from": [int(v) for v in counts], "to": [int(v) for v in b],
                          "speeds": [float(v) for v in new]})
         return b

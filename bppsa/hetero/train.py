@@ -9,15 +9,15 @@ Two ways to run P replicas of different speed:
   :class:`SimulatedReplicas`  one process, P devices of a mesh, a time model for the clock
                               (fast sweeps): replica i's step takes f_i·t(b_i), t fitted to real
                               timings of the local gradient on this machine;
-  :class:`ProcessReplicas`    P processes under ``jax.distributed``; replica i computes its
-                              local gradient, then really sleeps (f_i − 1)× that time before the
-                              collective, so fast replicas really wait there.
+  :class:`~bppsa.hetero.processes.ProcessReplicas`
+                              P processes under ``jax.distributed``; replica i computes its local
+                              gradient, then really sleeps τ·f_i·b_i before the collective, so
+                              fast replicas really wait there.
 Both feed one loop, :func:`train`.
 """
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Callable, Sequence
 
@@ -27,17 +27,18 @@ import numpy as np
 import optax
 
 from .partition import partition
-from .profile import Rebalancer, TimeModel, balanced_speeds, fit_time_model
-from .spmd import data_mesh, local_grad_sum, make_allreduce, make_spmd_grad, pad_local_batch, replica_batches
+from .profile import Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model, nominal_speeds
+from .spmd import data_mesh, local_grad_sum, make_spmd_grad, pad_local_batch, replica_batches
 from ..data.task import Task
 from ..timing import time_fn
 
-__all__ = ["STRATEGIES", "PLACEMENTS", "ShardSampler", "SimulatedReplicas", "ProcessReplicas",
+__all__ = ["STRATEGIES", "PLACEMENTS", "SPEED_RULES", "ShardSampler", "SimulatedReplicas", "as_schedule", "slowdowns_at",
            "measure_time_model", "train"]
 
 STRATEGIES = {"uniform": (False, "mean"), "proportional-mean": (True, "mean"),
               "proportional-weighted": (True, "weighted")}  # name -> (proportional split?, average)
 PLACEMENTS = ("iid", "label")
+SPEED_RULES = ("nominal", "balanced")  # throughput at B/P (the paper's), or balanced_speeds' fixed point
 
 
 class ShardSampler:
@@ -61,7 +62,7 @@ class ShardSampler:
         perm = self.rng.permutation(len(self.y))
         if self.placement == "label":
             perm = perm[np.argsort(self.y[perm], kind="stable")]
-        sizes = partition(np.maximum(self.counts, 1e-9), len(self.y))
+        sizes = partition(np.maximum(self.counts, 1e-9), len(self.y), min_per_replica=0)
         edges = np.concatenate([[0], np.cumsum(sizes)])
         self.shards = [perm[a:b] for a, b in zip(edges[:-1], edges[1:])]
         self.order = [self.rng.permutation(s) for s in self.shards]
@@ -105,7 +106,20 @@ def _cached(key, build):
     return _JIT[key]
 
 
-def _slowdowns_at(schedule, step):
+def as_schedule(slowdowns) -> list:
+    """(P,) slowdown factors, or already a schedule [(start_step, (P,) factors), ...] -> a schedule."""
+    drift = isinstance(slowdowns[0], (tuple, list)) and len(slowdowns[0]) == 2 and np.ndim(slowdowns[0][1]) == 1
+    schedule = [(int(a), list(f)) for a, f in slowdowns] if drift else [(0, list(slowdowns))]
+    for _, f in schedule:
+        f = np.asarray(f, np.float64)
+        if f.ndim != 1 or f.size != len(schedule[0][1]) or not np.all(np.isfinite(f)) or (f <= 0).any():
+            raise ValueError(f"slowdowns must be positive factors, one per replica (or a schedule of them); "
+                             f"got {slowdowns!r}")
+    return schedule
+
+
+def slowdowns_at(schedule, step):
+    """The slowdown factors in force at ``step`` of a schedule [(start_step, (P,) factors), ...]."""
     current = schedule[0][1]
     for start, f in schedule:
         if step >= start:
@@ -125,12 +139,8 @@ class SimulatedReplicas:
 
     def __init__(self, loss_fn: Callable, slowdowns, base: TimeModel, *, comm_s: float = 0.0,
                  jitter: float = 0.05, seed: int = 0):
-        self.schedule = slowdowns if isinstance(slowdowns[0], (tuple, list)) and len(slowdowns[0]) == 2 \
-            and np.ndim(slowdowns[0][1]) == 1 else [(0, slowdowns)]
-        f0 = _slowdowns_at(self.schedule, 0)
-        if f0.ndim != 1 or (f0 <= 0).any():
-            raise ValueError(f"slowdowns must be positive factors, one per replica; got {slowdowns!r}")
-        self.num_replicas = len(f0)
+        self.schedule = as_schedule(slowdowns)
+        self.num_replicas = len(self.schedule[0][1])
         self.base, self.comm_s, self.jitter = base, comm_s, jitter
         self.reset(seed)
         mesh = data_mesh(self.num_replicas)
@@ -143,12 +153,12 @@ class SimulatedReplicas:
         self.rng = np.random.default_rng(seed + 7919)
 
     def _times(self, counts, step):
-        f = _slowdowns_at(self.schedule, step)
+        f = slowdowns_at(self.schedule, step)
         eps = self.rng.lognormal(0.0, self.jitter, size=len(f)) if self.jitter else 1.0
         return f * self.base.time(counts) * eps
 
-    def profile(self, probe_batches, repeats: int = 3) -> list[TimeModel]:
-        """Each replica's time model, fitted to (emulated) timings at the probe sizes."""
+    def profile(self, probe_batches, repeats: int = 3, **data) -> list[TimeModel]:
+        """Each replica's time model, fitted to (emulated) timings at the probe sizes (``data`` unused)."""
         pb = np.asarray(probe_batches)
         samples = np.array([[np.median([self._times(np.full(self.num_replicas, b), 0)[i] for _ in range(repeats)])
                              for b in pb] for i in range(self.num_replicas)])
@@ -164,107 +174,27 @@ class SimulatedReplicas:
         return g, loss, times, float(times.max()) + self.comm_s
 
 
-class ProcessReplicas:
-    """This process's replica under ``jax.distributed`` (one CPU device per process).
-
-    Each step: compute the local (gradient sum, loss sum, count) on the padded local batch, sleep
-    (f − 1)× the compute time (median of the last few at this shape) to emulate a replica f
-    times slower, then one all-reduce of (gradient sum, count) — plus each replica's busy time in
-    a one-hot slot, so every process sees the same timings and makes the same re-balancing
-    decisions. Replicas are the processes, in process-index order.
-    """
-
-    def __init__(self, loss_fn: Callable, slowdowns):
-        self.pid, self.num_replicas = jax.process_index(), jax.process_count()
-        self.schedule = slowdowns if isinstance(slowdowns[0], (tuple, list)) and len(slowdowns[0]) == 2 \
-            and np.ndim(slowdowns[0][1]) == 1 else [(0, slowdowns)]
-        if len(_slowdowns_at(self.schedule, 0)) != self.num_replicas:
-            raise ValueError(f"slowdowns must have one factor per process ({self.num_replicas}); got {slowdowns!r}")
-        self.allreduce = make_allreduce(data_mesh())
-        self.local = jax.jit(partial(local_grad_sum, loss_fn))
-        self._warm: set = set()
-        self._tc: dict = {}
-
-    def reset(self, seed: int):
-        pass
-
-    def _busy(self, params, xp, yp, mask, step):
-        f = float(_slowdowns_at(self.schedule, step)[self.pid])
-        if mask.any() and xp.shape not in self._warm:  # compile outside the timed (and stretched) part
-            jax.block_until_ready(self.local(params, xp, yp, mask))
-            self._warm.add(xp.shape)
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(self.local(params, xp, yp, mask)) if mask.any() else None
-        tc = time.perf_counter() - t0
-        if f > 1 and out is not None:
-            # stretch by the median of this shape's recent compute times, so that one hiccup of a
-            # busy host is not multiplied by f
-            recent = self._tc.setdefault(xp.shape, [])
-            recent[:] = (recent + [tc])[-9:]
-            time.sleep((f - 1) * float(np.median(recent)))
-        return out, time.perf_counter() - t0
-
-    def _onehot(self, v):
-        a = np.zeros(self.num_replicas)
-        a[self.pid] = v
-        return a
-
-    def profile(self, probe_batches, repeats: int = 3, *, params=None, x=None, y=None) -> list[TimeModel]:
-        times = []
-        for b in probe_batches:
-            xp, yp, mask = pad_local_batch(x[:b], y[:b], int(b))
-            times.append(np.median([self._busy(params, xp, yp, mask, 0)[1] for _ in range(repeats)]))
-        mine = fit_time_model(list(probe_batches), times)
-        ab = self.allreduce({"alpha": self._onehot(mine.alpha), "beta": self._onehot(mine.beta)})
-        return [TimeModel(float(a), float(b)) for a, b in zip(ab["alpha"], ab["beta"])]
-
-    def _tree(self, out, params, busy, average):
-        if out is None:
-            g = jax.tree.map(lambda p: np.zeros(np.shape(p), np.asarray(p).dtype), params)
-            loss_sum, n = 0.0, 0.0
-        else:
-            g, loss_sum, n = jax.tree.map(np.asarray, out)
-        n = float(n)
-        if average == "weighted":
-            return {"g": g, "loss": loss_sum, "n": n, "t": self._onehot(busy)}
-        return {"g": jax.tree.map(lambda a: a / max(n, 1.0), g), "k": float(n > 0), "loss": loss_sum, "n": n,
-                "t": self._onehot(busy)}
-
-    def step(self, params, x, y, index_lists, counts, average, step):
-        b_max = max(int(np.max(counts)), 1)  # the same on every process, so every process sees the same shapes
-        mine = index_lists[self.pid]
-        xp, yp, mask = pad_local_batch(x[mine], y[mine], b_max)
-        sig = (average, xp.shape)
-        if sig not in self._warm:
-            # new shapes: every process compiles its local step and the all-reduce here, before the
-            # clock starts (the all-reduce doubles as a barrier), so no one's compile is counted as
-            # another's waiting time
-            out = jax.block_until_ready(self.local(params, xp, yp, mask))
-            self._warm.add(xp.shape)
-            self.allreduce(jax.tree.map(np.zeros_like, self._tree(out, params, 0.0, average)))
-            self._warm.add(sig)
-        t0 = time.perf_counter()
-        out, busy = self._busy(params, xp, yp, mask, step)
-        s = self.allreduce(self._tree(out, params, busy, average))
-        denom = s["n"] if average == "weighted" else s["k"]
-        g = jax.tree.map(lambda a: a / max(float(denom), 1.0), s["g"])
-        return g, float(s["loss"]) / max(float(s["n"]), 1.0), s["t"], time.perf_counter() - t0
-
-
 def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, learning_rate: float = 1e-3,
           seed: int = 0, placement: str = "iid", probe_batches: Sequence[int] = (8, 32, 64),
-          profile_repeats: int = 3, speeds: Sequence[float] | None = None, rebalance_every: int = 0,
-          log: Callable[[str], None] | None = None) -> dict:
+          profile_repeats: int = 3, speeds: Sequence[float] | None = None, speed_rule: str = "nominal",
+          min_per_replica: int = 1, max_speed_ratio: float = 16.0, rebalance_every: int = 0,
+          rebalance_tolerance: float = 0.05, log: Callable[[str], None] | None = None) -> dict:
     """Train ``task`` for ``epochs`` epochs of N // B steps on ``replicas`` with ``strategy``.
 
     Speeds come from ``speeds`` when given, else from profiling each replica at
-    ``probe_batches`` (ignored by ``uniform``). ``rebalance_every`` K > 0 re-estimates speeds
-    from the observed step times every K steps and re-partitions (logged). Returns a JSON-able
-    record: per-epoch history (clock time, test accuracy, train loss), final accuracy, time per
-    epoch, partitions and switches.
+    ``probe_batches`` (ignored by ``uniform``): ``speed_rule="nominal"`` takes each replica's
+    throughput at the nominal batch B/P, ``"balanced"`` :func:`~bppsa.hetero.profile.balanced_speeds`'
+    fixed point; profiled speeds more than ``max_speed_ratio``× from the replicas' median are
+    clipped (and logged). Every replica gets at least ``min_per_replica`` samples.
+    ``rebalance_every`` K > 0 re-estimates speeds from the step times of the last K steps and
+    re-partitions when that pays by more than ``rebalance_tolerance`` (logged). Returns a
+    JSON-able record: per-epoch history (clock time, test accuracy, train loss), per-step times,
+    final accuracy, time per epoch, partitions, switches and the profile.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {list(STRATEGIES)}; got {strategy!r}")
+    if speed_rule not in SPEED_RULES:
+        raise ValueError(f"speed_rule must be one of {SPEED_RULES}; got {speed_rule!r}")
     n = len(task.x_train)
     if not 1 <= batch_size <= n:
         raise ValueError(f"batch_size must be in 1..{n} (the training set size); got {batch_size}")
@@ -277,7 +207,7 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
     predict = task.logits
     replicas.reset(seed)
 
-    models = None
+    models, clipped = None, []
     if not proportional:
         s = np.ones(P)
     elif speeds is not None:
@@ -285,12 +215,17 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
         if s.shape != (P,):
             raise ValueError(f"speeds must have one entry per replica ({P}); got {list(speeds)}")
     else:
-        kw = {"params": params, "x": task.x_train, "y": task.y_train} if isinstance(replicas, ProcessReplicas) else {}
-        models = replicas.profile([b for b in probe_batches if b <= n], profile_repeats, **kw)
-        s = balanced_speeds(models, batch_size)
-    counts = partition(s, batch_size)
+        models = replicas.profile([b for b in probe_batches if b <= n], profile_repeats,
+                                  params=params, x=task.x_train, y=task.y_train)
+        s = nominal_speeds(models, batch_size) if speed_rule == "nominal" else balanced_speeds(models, batch_size)
+        s, clipped = bound_speeds(s, max_speed_ratio)
+        if clipped:
+            log(f"speeds of replicas {clipped} were more than {max_speed_ratio:g}x from the median: clipped")
+    counts = partition(s, batch_size, min_per_replica)
+    initial = counts.copy()
     log(f"{strategy}: speeds {np.round(s / s.max(), 3).tolist()} -> batches {counts.tolist()}")
-    rebalancer = Rebalancer(np.array(s, np.float64), every=rebalance_every if proportional else 0)
+    rebalancer = Rebalancer(np.array(s, np.float64), every=rebalance_every if proportional else 0,
+                            tolerance=rebalance_tolerance, min_per_replica=min_per_replica)
     sampler = ShardSampler(task.y_train, counts, placement, seed)
 
     tx = optax.adam(learning_rate)
@@ -302,7 +237,7 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
     x_test, y_test = jnp.asarray(task.x_test), jnp.asarray(task.y_test)
 
     steps_per_epoch = n // batch_size
-    clock, step = 0.0, 0
+    clock, step, step_times = 0.0, 0, []
     history = [{"epoch": 0, "step": 0, "time": 0.0, "accuracy": float(accuracy(params, x_test, y_test)),
                 "loss": None}]
     for epoch in range(1, epochs + 1):
@@ -312,6 +247,7 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
                                                  average, step)
             params, opt_state = apply(params, opt_state, g)
             clock += wall
+            step_times.append(float(wall))
             step += 1
             losses.append(float(loss))
             rebalancer.observe(counts, times)
@@ -327,7 +263,9 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
     return {"strategy": strategy, "average": average, "placement": placement, "seed": seed,
             "batch_size": batch_size, "epochs": epochs, "speeds": [float(v) for v in s],
             "time_models": None if models is None else [{"alpha": m.alpha, "beta": m.beta} for m in models],
-            "initial_partition": [int(v) for v in partition(s, batch_size)],
+            "profile": getattr(replicas, "profile_log", None) if models is not None else None,
+            "speeds_clipped": clipped, "min_per_replica": min_per_replica,
+            "initial_partition": [int(v) for v in initial],
             "final_partition": [int(v) for v in counts], "repartitions": rebalancer.log,
-            "history": history, "final_accuracy": history[-1]["accuracy"],
+            "history": history, "step_times": step_times, "final_accuracy": history[-1]["accuracy"],
             "time_per_epoch": clock / epochs, "total_time": clock}

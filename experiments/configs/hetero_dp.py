@@ -2,6 +2,7 @@
 
     bppsa run experiments/configs/hetero_dp.py --publish   # ~15 min on 2 busy CPU cores
     bppsa reproduce hetero-dp                              # the same run
+    bppsa run experiments/configs/hetero_dp.py:real        # real processes only: ~3-5 min (hetero_dp_real.*)
     bppsa run experiments/configs/hetero_dp.py:smoke       # under a minute (digits only, 1 epoch, 1 seed)
     bppsa reproduce hetero-dp --quick                      # = :quick, the same as :smoke
 
@@ -9,8 +10,10 @@ Four replicas at speed ratios 1:1:2:4 (and 1:2:4:8) train a small CNN on scikit-
 digits and the GRU sequence classifier (BPPSA backward) on the synthetic bitstream task, each
 strategy × 3 seeds. Replicas are 4 devices of one process; the clock is a time model: replica
 i's step on b_i samples takes f_i·τ·b_i, with τ the per-sample time of the local gradient at
-B/P measured on this machine and f_i = max(s)/s_i (or f_i·(α + β·b_i) with time_model="affine"). A final block runs 4 real replica processes
-(jax.distributed on 127.0.0.1) in which slow replicas really sleep, to check the modelled clock.
+B/P measured on this machine and f_i = max(s)/s_i (or f_i·(α + β·b_i) with time_model="affine"). The real-process block runs first: 4 replica
+processes (jax.distributed on 127.0.0.1) at 1:1:2:4, each computing its own batch and then
+sleeping τ·f_i·b_i (τ calibrated once per run), profiled one at a time; every strategy × 3 seeds,
+and a drift scenario (replica 3 becomes 2× slower halfway) with re-balancing on and off.
 Placement "iid": random data shards; "label": shards cut from label-sorted data (data
 locality), where plain averaging's over-weighting of slow replicas biases the model.
 """
@@ -42,12 +45,24 @@ def get_config(arg=None):
     c.time_model = "proportional"
     c.jitter = 0.05                 # log-normal noise on each modelled replica step time
     c.comm_s = 0.0                  # modelled all-reduce time per step (same for every strategy)
+    c.name = "hetero_dp"
     c.processes = ml_collections.ConfigDict({
-        "enabled": True, "task": "gru", "mix": [1, 1, 2, 4], "placement": "label", "epochs": 2,
-        "seeds": [0], "timeout_s": 900,
+        "enabled": True, "task": "gru", "mix": [1, 1, 2, 4], "placement": "label", "epochs": 4,
+        "seeds": [0, 1, 2], "timeout_s": 900,
+        "probe_batches": [8, 16, 32],   # around the nominal batch B/P = 16
+        "emulation": "sleep",           # step = compute + τ·f_i·b_i; "stretch": compute × f_i
+        "sleep_scale": 16.0,            # τ = sleep_scale × compute time per sample at B/P
+        "tau": ml_collections.config_dict.placeholder(float),  # seconds per sample; None: calibrated
+        "min_per_replica": 1,
+        "max_speed_ratio": 16.0,        # profiled speeds beyond median × / ÷ this are clipped
+        "drift": {"enabled": True, "replica": 3, "factor": 2.0, "at": 0.5, "rebalance_every": 5,
+                  "tolerance": 0.1, "strategy": "proportional-weighted", "seed": 0},
     })
     c.command = ""
-    if arg in ("smoke", "quick"):
+    if arg == "real":
+        c.name = "hetero_dp_real"
+        c.task_names = []
+    elif arg in ("smoke", "quick"):
         c.task_names = ["digits-cnn"]
         c.tasks["digits-cnn"].epochs = 1
         c.tasks.gru.update(num_samples=256, length=8, epochs=1)
@@ -57,5 +72,5 @@ def get_config(arg=None):
         c.profile_repeats = 2
         c.processes.update(enabled=False)
     elif arg not in (None, ""):
-        raise ValueError(f"get_config: unknown argument {arg!r}; expected None, 'quick' or 'smoke'")
+        raise ValueError(f"get_config: unknown argument {arg!r}; expected None, 'real', 'quick' or 'smoke'")
     return c
