@@ -207,3 +207,34 @@ def test_training_rebalances_when_speeds_drift(toy):
         train(task, replicas, strategy="fastest", batch_size=32, epochs=1)
     with pytest.raises(ValueError, match="speeds"):
         train(task, replicas, strategy="proportional-mean", batch_size=32, epochs=1, speeds=[1, 2])
+
+
+def test_tables_say_which_times_are_measured_and_which_are_modelled():
+    from bppsa.experiments.hetero_dp import drift_summary, markdown
+
+    def run(strategy, tpe, model=None, **kw):
+        r = {"task": "gru", "scenario": "1:3, label, real processes", "strategy": strategy, "final_accuracy": 0.5,
+             "time_per_epoch": tpe, "initial_partition": [8, 8] if strategy == "uniform" else [4, 12]}
+        if model is not None:
+            r["time_per_epoch_model"] = model
+        return {**r, **kw}
+
+    real = summarize([run("uniform", 2.0, 1.9), run("proportional-weighted", 1.0, 1.1),
+                      run("proportional-weighted", 1.2, 1.1)])
+    w = {r["strategy"]: r for r in real}["proportional-weighted"]
+    assert w["seeds"] == 2 and np.isclose(w["time_per_epoch_mean"], 1.1) and np.isclose(w["model_error"], 0.0)
+    assert np.isclose(w["speedup_vs_uniform"], 2.0 / 1.1) and w["min_samples"] == 4
+    sim = summarize([dict(run("proportional-mean", 0.5), scenario="1:3, label")])  # no uniform: no speed-up
+    assert sim[0]["speedup_vs_uniform"] is None and "model_error" not in sim[0]
+    drift = {"strategy": "proportional-weighted", "epochs": 2, "initial_partition": [4, 12], "final_partition": [8, 8],
+             "final_accuracy": 0.5, "drift": {"replica": 1, "factor": 3.0, "at_step": 4}, "rebalance_every": 2,
+             "step_times": [1.0] * 4 + [3.0, 3.0, 2.0, 2.0], "repartitions": [{"step": 6, "from": [4, 12], "to": [8, 8]}],
+             "history": [{"time": 0.0}, {"time": 4.0}, {"time": 14.0}]}
+    d = drift_summary([drift])[0]
+    assert d["step_s_before"] == 1.0 and d["step_s_last_epoch"] == 2.5 and d["epoch_times"] == [4.0, 10.0]
+    md = markdown(sim, real, title="t", drift_rows=[d], process_info={"tau_s": 4e-3})
+    assert md.index("Real replica processes") < md.index("Drift on real processes") < md.index("Simulated replicas")
+    assert "time / epoch (s), measured | time / epoch (s), time model | model error" in md
+    assert "| 1.100 | 1.100 | +0.0 % | 1.82× |" in md and "τ = 4.000 ms" in md
+    assert "| every 2 steps | 1000.0 | 2500.0 | 4.00, 10.00 | 6: [4, 12] → [8, 8] | 0.5000 |" in md
+    assert "speed-up vs uniform, time model |" in md and "| - |" in md  # the simulated row without uniform
