@@ -39,21 +39,32 @@ def test_configs_found():
     assert RNN_TRAIN in CONFIGS
 
 
-# rnn_tsweep and rnn_bsweep run rnn_sweep's task (its smoke run is in the default run; their
-# presets are checked by test_every_preset_of_every_config_passes_its_tasks_checks): slow run only.
-SAME_TASK_AS_RNN_SWEEP = ("rnn_tsweep", "rnn_bsweep")
+# Configs whose task another test already runs at smoke size in the default run: rnn_sweep's
+# sweep_task (tests/test_bench.py::test_sweep_task_smoke_writes_json_markdown_and_plot) and
+# irmas:run (the irmas config's smoke run: grid and training). Their smoke runs are in the slow run;
+# their presets are checked by test_every_preset_of_every_config_passes_its_tasks_checks.
+SAME_TASK_AS_ANOTHER = ("rnn_tsweep", "rnn_bsweep", "rnn_sweep", "irmas_grid", "irmas_train")
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SAME_TASK_AS_RNN_SWEEP
-                                  else p for p in CONFIGS], ids=[p.stem for p in CONFIGS])
-def test_config_smoke_variant_runs(path, tmp_path):
-    """Every config documents its command and run time, and its smoke variant runs through the runner."""
+def _load_module(path):
     import importlib.util
     spec = importlib.util.spec_from_file_location(f"_cfg_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_documents_its_command(path):
+    mod = _load_module(path)
     assert mod.__doc__ and "bppsa run experiments/configs/" + path.name in mod.__doc__, \
         f"{path.name}: the docstring must give the exact command"
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SAME_TASK_AS_ANOTHER
+                                  else p for p in CONFIGS], ids=[p.stem for p in CONFIGS])
+def test_config_smoke_variant_runs(path, tmp_path):
+    """Every config's smoke variant runs through the runner."""
     summary = runner.run(path, "smoke", workdir=tmp_path / "w")
     assert isinstance(summary, dict)
     saved = json.loads((tmp_path / "w" / "summary.json").read_text())

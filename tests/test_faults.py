@@ -161,13 +161,17 @@ USER_ERRORS = {
     "sweep-length": (["reproduce", "rnn-sweep", "--smoke", "--config.T_values=10,0"], "config.T_values"),
     "timing-setting": (["reproduce", "irmas-timing", "--config.settings=s,xl"], "config.settings"),
     "accuracy-batch": (["reproduce", "core-accuracy", "--config.batch_size=-1"], "config.batch_size"),
+    "hetero-emulation": (["run", "experiments/configs/hetero_dp.py:real", "--config.processes.emulation=nap"],
+                         "config.processes.emulation"),
+    "hetero-drift": (["run", "experiments/configs/hetero_dp.py:real", "--config.processes.drift.replica=4"],
+                     "config.processes.drift.replica must be an int in 0..3"),
 }
 
 
 def test_every_preset_of_every_config_passes_its_tasks_checks():
     checked = set()
     for path in sorted(CONFIGS.glob("*.py")):
-        for arg in (None, "quick", "smoke"):
+        for arg in (None, "quick", "smoke", "real"):
             try:
                 config = runner.load_config(path, arg)
             except UsageError:
@@ -176,7 +180,7 @@ def test_every_preset_of_every_config_passes_its_tasks_checks():
             if hasattr(task, "check"):
                 task.check(config)
                 checked.add(path.stem)
-    assert {"rnn_train", "irmas", "irmas_timing", "rnn_sweep", "core_accuracy", "sync_ray", "zipline"} <= checked
+    assert {"rnn_train", "irmas", "irmas_timing", "rnn_sweep", "core_accuracy", "sync_ray", "zipline", "hetero_dp"} <= checked
 
 
 @pytest.mark.parametrize("case", USER_ERRORS)

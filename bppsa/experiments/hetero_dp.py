@@ -25,6 +25,7 @@ import numpy as np
 from ..hetero.profile import TimeModel, slowdowns_from_mix
 from ..hetero.tasks import task_from_config
 from ..hetero.train import SimulatedReplicas, measure_time_model, train
+from ..errors import UsageError, checked_by, require_choices, require_int, require_number
 from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
 
@@ -215,6 +216,37 @@ def _ensure_cpu_devices(n: int):
             jax.config.update("jax_num_cpu_devices", max(n, 8))
 
 
+def check(config):
+    """The config's values, checked before anything runs (UsageError naming the key)."""
+    from ..hetero.processes import EMULATIONS
+    from ..hetero.train import STRATEGIES
+    require_choices(config, "strategies", tuple(STRATEGIES), many=True)
+    require_int(config, "profile_repeats")
+    pc = config.processes
+    if not pc.enabled:
+        return
+    mix = list(pc.mix)
+    if len(mix) < 2 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in mix):
+        raise UsageError(f"config.processes.mix must be >= 2 positive speed ratios; got {mix!r}")
+    require_int(config, "processes.epochs")
+    require_choices(config, "processes.emulation", EMULATIONS)
+    require_number(config, "processes.sleep_scale")
+    if pc.tau is not None:
+        require_number(config, "processes.tau", strict=False)
+    m = require_int(config, "processes.min_per_replica", minimum=0)
+    batch = config.tasks[pc.task].batch_size
+    if batch < m * len(mix):
+        raise UsageError(f"config.tasks.{pc.task}.batch_size = {batch} cannot give each of the {len(mix)} replicas "
+                         f"processes.min_per_replica = {m} samples")
+    if pc.drift.enabled:
+        require_int(config, "processes.drift.replica", minimum=0, maximum=len(mix) - 1)
+        require_number(config, "processes.drift.factor")
+        require_int(config, "processes.drift.rebalance_every")
+        if not 0 < pc.drift.at < 1:
+            raise UsageError(f"config.processes.drift.at must be a fraction of the run in (0, 1); got {pc.drift.at!r}")
+
+
+@checked_by(check)
 def run(config, workdir) -> dict:
     """Run the experiment described by ``config`` (see experiments/configs/hetero_dp.py)."""
     import jax

@@ -47,7 +47,7 @@ def get_config(arg=None):
     c.comm_s = 0.0                  # modelled all-reduce time per step (same for every strategy)
     c.name = "hetero_dp"
     c.processes = ml_collections.ConfigDict({
-        "enabled": True, "task": "gru", "mix": [1, 1, 2, 4], "placement": "label", "epochs": 4,
+        "enabled": True, "task": "gru", "mix": [1, 1, 2, 4], "placement": "label", "epochs": 8,
         "seeds": [0, 1, 2], "timeout_s": 900,
         "probe_batches": [8, 16, 32],   # around the nominal batch B/P = 16
         "emulation": "sleep",           # step = compute + τ·f_i·b_i; "stretch": compute × f_i
