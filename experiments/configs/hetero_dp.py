@@ -1,8 +1,8 @@
 """Heterogeneity-aware data parallelism: uniform vs proportional-mean vs proportional-weighted.
 
-    bppsa run experiments/configs/hetero_dp.py --publish   # ~15 min on 2 busy CPU cores
+    bppsa run experiments/configs/hetero_dp.py --publish   # ~7-15 min on 2 busy CPU cores (411 s measured)
     bppsa reproduce hetero-dp                              # the same run
-    bppsa run experiments/configs/hetero_dp.py:real        # real processes only: ~3-5 min (hetero_dp_real.*)
+    bppsa run experiments/configs/hetero_dp.py:real        # real processes only: 3-5 min (253 s measured; hetero_dp_real.*)
     bppsa run experiments/configs/hetero_dp.py:smoke       # under a minute (digits only, 1 epoch, 1 seed)
     bppsa reproduce hetero-dp --quick                      # = :quick, the same as :smoke
 
