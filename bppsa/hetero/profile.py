@@ -133,10 +133,7 @@ def balanced_speeds(models: Sequence[TimeModel], batch_size: int, iters: int = 2
     assigned size until the partition stops changing; returns the speeds of the iterate with
     the smallest slowest-replica time.
     """
-    if not models:
-        raise ValueError("models must be a non-empty list of TimeModel")
-    P = len(models)
-    speeds = np.array([m.speed(max(batch_size / P, 1)) for m in models])
+    speeds = nominal_speeds(models, batch_size)
     best, best_time, seen = speeds, np.inf, set()
     for _ in range(iters):
         b = partition(speeds, batch_size)
