@@ -29,6 +29,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.optimize
 
 from . import scan as scan_lib
 from .provenance import cpu_model
@@ -151,17 +152,11 @@ def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
 
 
 def _nnls(A, y):
-    """Non-negative least squares on relative error (tiny: a few unknowns), by active-set pruning."""
+    """Non-negative least squares on relative error: min ‖A x / y − 1‖ over x >= 0
+    (``scipy.optimize.nnls``, Lawson–Hanson). Features the probe cannot tell apart (collinear
+    columns) get one optimal vertex, not a split between them."""
     A = np.asarray(A, float) / np.asarray(y, float)[:, None]
-    b = np.ones(len(y))
-    active = list(range(A.shape[1]))
-    while True:
-        x = np.zeros(A.shape[1])
-        x[active] = np.linalg.lstsq(A[:, active], b, rcond=None)[0]
-        neg = [i for i in active if x[i] < 0]
-        if not neg:
-            return x
-        active.remove(min(neg, key=lambda i: x[i]))
+    return scipy.optimize.nnls(A, np.ones(len(y)))[0]
 
 
 class CostModel:

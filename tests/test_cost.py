@@ -113,6 +113,24 @@ def test_fit_recovers_nonnegative_coefficients():
         cost.CostModel.fit({"bptt": f["bptt"], "bppsa": f["bppsa"][:2]}, y)
 
 
+def test_fit_reaches_the_optimal_residual_where_greedy_pruning_does_not():
+    """The fit is a true non-negative least squares on relative error: on this problem, dropping
+    the most negative unconstrained coefficient and never re-adding one ends at x = 0 (residual 2);
+    the optimum is x = (0, 3/7, 0) (residual 1.65), as scipy.optimize.nnls finds and the KKT
+    conditions confirm."""
+    import scipy.optimize
+    A = np.array([[-3.0, 1.0, -1.0], [2.0, 2.0, -3.0], [-1.0, 1.0, -2.0], [-1.0, -1.0, 1.0]])
+    secs = np.array([1e-3, 2e-3, 5e-4, 4e-3])  # rows scaled by the seconds: relative error A x - 1
+    rows = A * secs[:, None]
+    f = {"bptt": rows.tolist(), "bppsa": np.c_[rows, np.zeros(4)].tolist()}
+    x = np.array(cost.CostModel.fit(f, {"bptt": secs.tolist(), "bppsa": secs.tolist()}).coef["bptt"])
+    np.testing.assert_allclose(x, [0.0, 3 / 7, 0.0], atol=1e-12)
+    np.testing.assert_allclose(x, scipy.optimize.nnls(A, np.ones(4))[0], atol=1e-12)
+    assert np.linalg.norm(A @ x - 1) == pytest.approx(1.6475089, rel=1e-6)  # the greedy pruning's: 2
+    grad = A.T @ (A @ x - 1)  # KKT: zero where x > 0, non-negative where x = 0
+    assert np.all(x >= 0) and np.all(np.abs(grad[x > 0]) < 1e-12) and np.all(grad[x == 0] >= -1e-12)
+
+
 # ---------------------------------------------------------------------------------------------
 # backward="auto": an explicit model, else the cached calibration, else BPTT.
 # ---------------------------------------------------------------------------------------------
