@@ -1,18 +1,17 @@
-"""Meshes, a version-proof ``shard_map``, and multi-process start-up (``jax.distributed``).
+"""Meshes, ``shard_map`` with bppsa's setting, and multi-process start-up (``jax.distributed``).
 
 A sequence-parallel mesh has a ``seq`` axis (the time axis is split over it) and optionally a
 ``data`` axis (the batch is split over it): ``make_mesh(seq=4, data=2)`` is a (data, seq) = (2, 4)
-grid of devices. On many hosts the mesh spans every process's devices (``jax.devices()``).
+grid of devices, built by ``jax.make_mesh``. On many hosts the mesh spans every process's devices
+(``jax.devices()``).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import jax
-import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh
 
 __all__ = ["shard_map", "make_mesh", "axis_size", "check_axes", "initialize", "ENV"]
 
@@ -26,25 +25,26 @@ ENV = {
 
 
 def shard_map(f, mesh, in_specs, out_specs):
-    """``jax.shard_map`` when it exists, else ``jax.experimental.shard_map.shard_map``.
-
-    Replication checking is off: the bodies here mix device-varying control flow (a ``cond`` on
-    the axis index) with replicated values, and every replicated output is made so by a ``psum``.
-    """
-    if hasattr(jax, "shard_map"):
-        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
-    from jax.experimental.shard_map import shard_map as _sm  # older JAX
-    return _sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+    """``jax.shard_map`` over ``mesh`` with replication (varying-manual-axes) checking off: the
+    bodies here mix device-varying control flow (a ``cond`` on the axis index) with replicated
+    values, and every replicated output is made so by a ``psum``."""
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
 def make_mesh(seq: int | None = None, data: int = 1, *, devices=None, seq_axis: str = "seq",
               batch_axis: str | None = "data") -> Mesh:
-    """A (data, seq) mesh over ``devices`` (default: all of ``jax.devices()``, every process's).
+    """``jax.make_mesh`` for sequence parallelism: a (data, seq) mesh over ``devices`` (default:
+    all of ``jax.devices()``, every process's), with bppsa's axis names and argument checks.
 
     Args:
       seq: devices along the time axis (default: all devices // data).
       data: devices along the batch axis; with ``data == 1`` and ``batch_axis=None`` the mesh is
         1-D with the single axis ``seq_axis``.
+      devices: the first data × seq of them are used, in ``jax.make_mesh``'s order (as given on
+        CPU; by device id on GPU; topology-aware on TPU).
+
+    The axes are ``AxisType.Auto`` (as ``jax.sharding.Mesh`` makes them), not ``jax.make_mesh``'s
+    default ``Explicit``: the sharded backward places its arrays itself, inside ``shard_map``.
     """
     devices = list(jax.devices() if devices is None else devices)
     if not isinstance(data, int) or data < 1:
@@ -56,14 +56,15 @@ def make_mesh(seq: int | None = None, data: int = 1, *, devices=None, seq_axis: 
     if seq * data > len(devices):
         raise ValueError(f"a mesh of data × seq = {data} × {seq} = {seq * data} devices needs that many; "
                          f"only {len(devices)} are available")
-    grid = np.array(devices[:seq * data], dtype=object)
     if batch_axis is None:
         if data != 1:
             raise ValueError(f"data = {data} > 1 needs a batch_axis name; got batch_axis=None")
-        return Mesh(grid.reshape(seq), (seq_axis,))
-    if batch_axis == seq_axis:
+        shape, names = (seq,), (seq_axis,)
+    elif batch_axis == seq_axis:
         raise ValueError(f"batch_axis and seq_axis must differ; both are {seq_axis!r}")
-    return Mesh(grid.reshape(data, seq), (batch_axis, seq_axis))
+    else:
+        shape, names = (data, seq), (batch_axis, seq_axis)
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=devices[:seq * data])
 
 
 def axis_size(mesh: Mesh, name: str) -> int:
@@ -96,27 +97,19 @@ def initialize(*, timeout: int | None = None, heartbeat_timeout: int | None = No
     """
     timeout = int(timeout if timeout is not None else os.environ.get(ENV["timeout"], 300))
     heartbeat = int(heartbeat_timeout if heartbeat_timeout is not None else min(100, max(10, timeout)))
-    try:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    except (AttributeError, KeyError, ValueError):  # older/newer JAX without the option: its default
-        pass
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     n = os.environ.get(ENV["num_processes"])
     if n is not None:
         address = os.environ.get(ENV["coordinator"])
         if not address:
             raise ValueError(f"{ENV['num_processes']} is set but {ENV['coordinator']} (host:port) is not")
         pid = int(os.environ[ENV["process_id"]])
-        _initialize(coordinator_address=address, num_processes=int(n), process_id=pid,
-                    initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat,
-                    coordinator_bind_address=address)  # bind to loopback, not all interfaces
+        jax.distributed.initialize(coordinator_address=address, num_processes=int(n), process_id=pid,
+                                   initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat,
+                                   coordinator_bind_address=address)  # bind to loopback, not all interfaces
         return True
     if any(k in os.environ for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", ENV["coordinator"])):
-        _initialize(initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat)
+        jax.distributed.initialize(initialization_timeout=timeout, heartbeat_timeout_seconds=heartbeat)
         return True
     return False
 
-
-def _initialize(**kwargs):
-    """``jax.distributed.initialize`` with the keywords this JAX version knows."""
-    known = inspect.signature(jax.distributed.initialize).parameters
-    jax.distributed.initialize(**{k: v for k, v in kwargs.items() if k in known})
