@@ -54,7 +54,19 @@ def _provenance_line(prov: dict | None) -> str:
     commit = (prov.get("git_commit") or "?")[:10]
     parts = [prov.get("date", "?"), device, f"jax {prov.get('jax', '?')}", f"commit {commit}"]
     cmd = prov.get("command")
-    return "*" + ", ".join(str(p) for p in parts) + "*" + (f" — `{cmd}`" if cmd else "")
+    return "*" + ", ".join(str(p) for p in parts) + "*" + (f" — `{cmd}`{_script_note(cmd)}" if cmd else "")
+
+
+def _script_note(cmd: str) -> str:
+    """A note for a command that ran a Python script this repository does not hold (a one-off
+    measurement script, kept only in the git history if at all), so that the index does not read
+    as a pointer to a file of the clone."""
+    words = str(cmd).split()
+    if len(words) >= 2 and words[0].startswith("python") and words[1].rstrip(":").endswith(".py"):
+        script = words[1].rstrip(":")
+        if not (ROOT / script).is_file():
+            return f" (`{script}` was a one-off script, not kept in the repository)"
+    return ""
 
 
 def _read_record(path: Path) -> dict:

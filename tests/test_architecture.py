@@ -1,4 +1,4 @@
-"""The package's layering (DESIGN.md, "Layout"): imports go one way, no cycles, no private names.
+"""The package's layering (docs/architecture.md, "Layers"): imports go one way, no cycles, no private names.
 
 Read from the source with ``ast`` (lazy imports inside functions count like top-level ones), so a
 violation fails here even on a code path no other test runs.
@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "bppsa"
 
-# Each layer may import only itself and the layers before it (DESIGN.md). Matched by longest prefix.
+# Each layer may import only itself and the layers before it (docs/architecture.md). Matched by longest prefix.
 LAYERS = [
     ("bppsa.errors", "bppsa.host", "bppsa.provenance", "bppsa.tables", "bppsa.timing", "bppsa.data", "bppsa.scan", "bppsa.cells"),
     ("bppsa.cost",),
@@ -44,7 +44,7 @@ def _layer(module: str) -> int:
                 best, rank = len(prefix), i
     if rank is None:
         raise AssertionError(f"module {module} is in no layer of tests/test_architecture.py's LAYERS; "
-                             "place it in DESIGN.md's layout and here")
+                             "place it in docs/architecture.md's layers and here")
     return rank
 
 
