@@ -20,8 +20,9 @@ LAYERS = [
     ("bppsa.cost",),
     ("bppsa.backprop",),
     ("bppsa.parallel",),
-    ("bppsa.nn", "bppsa.flax_cells", "bppsa.train", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero", "bppsa.sync"),
-    ("bppsa.calibrate", "bppsa.baselines", "bppsa.bench"),
+    ("bppsa.nn", "bppsa.flax_cells", "bppsa.train", "bppsa.tasks", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero",
+     "bppsa.sync"),
+    ("bppsa.gradient", "bppsa.calibrate", "bppsa.baselines", "bppsa.bench"),
     ("bppsa.experiments",),
     ("bppsa.results", "bppsa.runner", "bppsa.cli"),
 ]

@@ -94,7 +94,7 @@ def test_real_processes_show_the_configured_speeds_and_rebalance_under_drift(tmp
 @pytest.mark.timeout(900)
 def test_training_with_real_replica_processes(tmp_path):
     """2 replica processes at speeds 1:4 (the slow one really sleeps), every strategy, one epoch."""
-    spec = {"task": "digits-cnn", "task_config": {"batch_size": 64, "learning_rate": 3e-3}, "mix": [1, 4],
+    spec = {"task": "digits_cnn", "task_config": {"batch_size": 64, "learning_rate": 3e-3}, "mix": [1, 4],
             "strategies": ["uniform", "proportional-mean", "proportional-weighted"], "seeds": [0], "epochs": 1,
             "placement": "label", "probe_batches": [4, 16, 64], "profile_repeats": 2, "emulation": "stretch"}
     out = _train_real(tmp_path, spec, 2, timeout=800)

@@ -9,8 +9,8 @@ from bppsa.hetero import partition
 from bppsa.experiments.hetero_dp import summarize
 from bppsa.hetero.profile import (Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model,
                                   nominal_speeds, profile_replica, robust_median, slowdowns_from_mix)
-from bppsa.hetero.tasks import nnx_task
 from bppsa.hetero.train import STRATEGIES, ShardSampler, SimulatedReplicas, train
+from bppsa.tasks import nnx_task
 
 
 def test_fit_time_model_recovers_an_affine_model():

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from bppsa import sync
+from bppsa.tasks import make_task, task_from_spec
 
 SPEC = {"name": "digits_cnn", "channels": (4, 8)}
 
 
 @pytest.fixture(scope="module")
 def task():
-    return sync.make_task(SPEC)
+    return task_from_spec(SPEC)
 
 
 def _run(task, policy, opts=None, **kw):
@@ -91,15 +92,5 @@ def test_bad_configuration(task):
         _run(task, "ssp", {"s": -1})
     with pytest.raises(ValueError, match="R .*>= 1"):
         _run(task, "elasticbsp", {"R": 0})
-    with pytest.raises(ValueError, match="task name"):
-        sync.make_task({"name": "imagenet"})
-
-
-def test_sequence_task_data():
-    x, y = sync.make_sequence_task(50, 16, num_features=6, num_classes=5, seed=1)
-    assert x.shape == (50, 16, 6) and x.dtype == np.float32 and y.shape == (50,)
-    assert set(y.tolist()) == set(range(5))
-    x2, _ = sync.make_sequence_task(50, 16, num_features=6, num_classes=5, seed=1)
-    assert np.array_equal(x, x2)
-    with pytest.raises(ValueError, match="length"):
-        sync.make_sequence_task(10, 0)
+    with pytest.raises(ValueError, match="task name must be one of"):
+        _run({"name": "imagenet"}, "bsp")

@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..hetero.profile import TimeModel, slowdowns_from_mix
-from ..hetero.tasks import task_from_config
-from ..hetero.train import SimulatedReplicas, measure_time_model, train
+from ..hetero.train import SimulatedReplicas, measure_time_model, task_from_config, train
 from ..errors import UsageError, checked_by, require_choices, require_int, require_number
 from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
@@ -223,6 +222,13 @@ def check(config):
     require_choices(config, "strategies", tuple(STRATEGIES), many=True)
     require_int(config, "profile_repeats")
     pc = config.processes
+    for name in list(config.task_names) + ([pc.task] if pc.enabled else []):
+        if name not in config.tasks:
+            raise UsageError(f"config.tasks has no entry {name!r} (it has {sorted(config.tasks)})")
+        try:
+            task_from_config(name, config.tasks[name])  # an unknown task name or option is refused here
+        except ValueError as e:
+            raise UsageError(f"config.tasks.{name}: {e}") from None
     if not pc.enabled:
         return
     mix = list(pc.mix)

@@ -21,9 +21,10 @@ import numpy as np
 
 from ..errors import UsageError, checked_by, require_int, require_number
 from ..provenance import provenance, save_json
-from ..sync.models import make_task
+from ..tables import markdown_table
 from ..sync.policies import make_policy
 from ..sync.simulator import ComputeModel, policy_label, simulate
+from ..tasks import task_from_spec
 
 __all__ = ["sync_models", "plot_sync_models", "sync_ray", "check_sync_ray", "parse_policies", "parse_kill"]
 
@@ -48,7 +49,7 @@ def sync_models(config, workdir) -> dict:
     runs, rows = [], []
     t_start = time.time()
     for m in plain["models"]:
-        task = make_task(m["task"])
+        task = task_from_spec(m["task"])
         for pol, opts in policies:
             per_seed = []
             for seed in range(int(config.seeds)):
@@ -108,20 +109,18 @@ def _sync_table(record) -> str:
              f"— = not reached within the run) on {len(cl['means'])} simulated workers with mean iteration "
              f"times {tuple(cl['means'])} (log-normal σ = {cl['sigma']}); each update applied on arrival with "
              "SGD; gradients are real (JAX) on the parameters each worker pulled.", ""]
-    head = "| model (target) | " + " | ".join(pols) + " |"
-    lines += [head, "|" + "---|" * (len(pols) + 1)]
+    body = []
     for m in models:
         rm = {r["policy"]: r for r in rows if r["model"] == m}
         tgt = next(iter(rm.values()))["target"]
-        lines.append(f"| {m} ({tgt:.2f}) | " + " | ".join(_fmt(rm[p]["median_time_to_target"]) for p in pols) + " |")
-        lines.append("| speed-up vs BSP | " + " | ".join(
-            "—" if rm[p]["speedup_vs_bsp"] is None else f"{rm[p]['speedup_vs_bsp']:.2f}×" for p in pols) + " |")
-        lines.append("| final accuracy | " + " | ".join(f"{rm[p]['final_accuracy']:.3f}" for p in pols) + " |")
-        lines.append("| waiting (s, all workers) | " + " | ".join(
-            f"{sum(rm[p]['wait_per_worker']):.0f}" for p in pols) + " |")
-        lines.append("| barriers | " + " | ".join(f"{rm[p]['barriers']:.0f}" for p in pols) + " |")
-        lines.append("| mean / max staleness | " + " | ".join(
-            f"{rm[p]['mean_staleness']:.1f} / {rm[p]['max_staleness']}" for p in pols) + " |")
+        body += [[f"{m} ({tgt:.2f})"] + [_fmt(rm[p]["median_time_to_target"]) for p in pols],
+                 ["speed-up vs BSP"] + ["—" if rm[p]["speedup_vs_bsp"] is None else f"{rm[p]['speedup_vs_bsp']:.2f}×"
+                                        for p in pols],
+                 ["final accuracy"] + [f"{rm[p]['final_accuracy']:.3f}" for p in pols],
+                 ["waiting (s, all workers)"] + [f"{sum(rm[p]['wait_per_worker']):.0f}" for p in pols],
+                 ["barriers"] + [f"{rm[p]['barriers']:.0f}" for p in pols],
+                 ["mean / max staleness"] + [f"{rm[p]['mean_staleness']:.1f} / {rm[p]['max_staleness']}" for p in pols]]
+    lines.append(markdown_table(["model (target)"] + pols, body))
     return "\n".join(lines) + "\n"
 
 
@@ -225,8 +224,10 @@ def check_sync_ray(config) -> None:
     except ValueError as e:
         raise UsageError(f"config.model must be a JSON task spec (e.g. '{{\"name\": \"digits_cnn\"}}'); "
                          f"got {config.model!r} ({e})") from None
-    if not isinstance(model, dict) or "name" not in model:
-        raise UsageError(f"config.model must be a JSON object with a \"name\"; got {config.model!r}")
+    try:
+        task_from_spec(model)  # an unknown task name or option is refused here, before Ray starts
+    except ValueError as e:
+        raise UsageError(f"config.model: {e}") from None
 
 
 @checked_by(check_sync_ray)
@@ -273,15 +274,16 @@ def sync_ray(config, workdir) -> dict:
     lines = [f"Real Ray runtime: {config.workers} worker actors + 1 parameter-server actor on a local Ray "
              f"({config.num_cpus} CPUs), {config.duration:g} s wall clock per policy, injected per-iteration "
              f"delays {delays} s" + (f", worker {kill[0]} killed at {kill[1]:g} s" if kill else "")
-             + "; CNN on digits, SGD.", "",
-             "| policy | updates | final acc. | barriers | pushes per worker | waiting per worker (s) | dead (detected by, after) |",
-             "|---|---|---|---|---|---|---|"]
+             + f"; task {json.dumps(task)}, SGD.", ""]
+    body = []
     for r in rows:
         dead = ", ".join(f"w{d['worker']} ({d['detected_by']})" for d in r["dead"]) or "—"
         if r["detect_delay_s"] is not None:
             dead += f", {r['detect_delay_s']:.2f} s"
-        lines.append(f"| {r['policy']} | {r['updates']} | {r['final_accuracy']:.3f} | {r['barriers']} | "
-                     f"{r['pushes']} | {r['wait_s']} | {dead} |")
+        body.append([r["policy"], r["updates"], f"{r['final_accuracy']:.3f}", r["barriers"], r["pushes"], r["wait_s"],
+                     dead])
+    lines.append(markdown_table(["policy", "updates", "final acc.", "barriers", "pushes per worker",
+                                 "waiting per worker (s)", "dead (detected by, after)"], body))
     md = "\n".join(lines) + "\n"
     record = {"title": "Elastic synchronization on a real Ray runtime", "name": name, "rows": rows, "runs": runs,
               "config": json.loads(config.to_json_best_effort()),

@@ -30,15 +30,23 @@ from .partition import partition
 from .profile import Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model, nominal_speeds
 from .spmd import data_mesh, local_grad_sum, make_spmd_grad, pad_local_batch, replica_batches
 from ..data.task import Task
+from ..tasks import make_task
 from ..timing import time_fn
 
-__all__ = ["STRATEGIES", "PLACEMENTS", "SPEED_RULES", "ShardSampler", "SimulatedReplicas", "as_schedule", "slowdowns_at",
-           "measure_time_model", "train"]
+__all__ = ["STRATEGIES", "PLACEMENTS", "SPEED_RULES", "TRAINING_KEYS", "ShardSampler", "SimulatedReplicas",
+           "as_schedule", "slowdowns_at", "measure_time_model", "task_from_config", "train"]
 
 STRATEGIES = {"uniform": (False, "mean"), "proportional-mean": (True, "mean"),
               "proportional-weighted": (True, "weighted")}  # name -> (proportional split?, average)
 PLACEMENTS = ("iid", "label")
 SPEED_RULES = ("nominal", "balanced")  # throughput at B/P (the paper's), or balanced_speeds' fixed point
+TRAINING_KEYS = ("batch_size", "epochs", "learning_rate")
+
+
+def task_from_config(name: str, config) -> Task:
+    """:func:`bppsa.tasks.make_task` from one entry of an experiment's ``tasks`` config (a mapping): its
+    keys other than :data:`TRAINING_KEYS` (which are the trainer's) are the task's options."""
+    return make_task(name, **{k: v for k, v in dict(config).items() if k not in TRAINING_KEYS})
 
 
 class ShardSampler:

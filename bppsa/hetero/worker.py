@@ -6,9 +6,9 @@ profiles every replica one at a time; then it trains the spec's task with every 
 seed from those speeds, and, when the spec has a ``drift`` block, runs the drift scenario with
 re-balancing on and off. Process 0 writes ``runs.json`` next to the spec.
 
-SPEC keys: ``task`` (a name for :func:`~bppsa.hetero.tasks.task_from_config`), ``task_config``
-(its config, with batch_size and learning_rate), ``mix``, ``strategies``, ``seeds``, ``epochs``,
-``placement``, ``probe_batches``, ``profile_repeats``; optional ``emulation`` ("sleep"),
+SPEC keys: ``task`` (a task name of :mod:`bppsa.tasks`), ``task_config`` (its options, with
+batch_size and learning_rate: :func:`~bppsa.hetero.train.task_from_config`), ``mix``,
+``strategies``, ``seeds``, ``epochs``, ``placement``, ``probe_batches``, ``profile_repeats``; optional ``emulation`` ("sleep"),
 ``sleep_scale`` (8), ``tau`` (None: calibrated), ``min_per_replica`` (1), ``max_speed_ratio``
 (16) and ``drift`` = {"replica", "factor", "at" (fraction of the run's steps), "rebalance_every",
 "tolerance", "strategy", "seed"}.
@@ -38,8 +38,7 @@ def main(argv=None) -> int:
 
     from .processes import ProcessReplicas
     from .profile import bound_speeds, nominal_speeds, slowdowns_from_mix
-    from .tasks import task_from_config
-    from .train import STRATEGIES, train
+    from .train import STRATEGIES, task_from_config, train
 
     pid = jax.process_index()
     log = print if pid == 0 else (lambda s: None)

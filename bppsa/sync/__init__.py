@@ -7,6 +7,8 @@
     log = sync.simulate({"name": "digits_cnn"}, "elasticbsp", sync.heterogeneous(4, 2.5),
                         policy_options={"R": 30}, max_time=100)
 
+Tasks (a model and its data) are built by :mod:`bppsa.tasks` from a spec such as
+``{"name": "digits_cnn"}``; the simulator and the Ray runtime take that spec (or a built task).
 The Ray runtime is in :mod:`bppsa.sync.ray_runtime` (imported on demand: it needs ``ray``).
 """
 
@@ -14,13 +16,10 @@ from .policies import ASP, BSP, DSSP, POLICIES, SSP, Decision, ElasticBSP, Polic
 from .simulator import ComputeModel, heterogeneous, policy_label, simulate, time_to_accuracy
 from .zipline import (ZIPLINE_METHODS, brute_force, full_grid_scan, grid_scan, selection_range, zipline,
                       zipline_bsearch, zipline_opt, zipline_paper, zipline_window)
-from ..data.task import Task
-from .models import make_sequence_task, make_task
 
 __all__ = [
     "Decision", "Policy", "BSP", "ASP", "SSP", "DSSP", "ElasticBSP", "POLICIES", "make_policy", "dssp_controller",
     "ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label",
     "zipline", "zipline_paper", "zipline_opt", "zipline_bsearch", "zipline_window", "brute_force",
     "grid_scan", "full_grid_scan", "selection_range", "ZIPLINE_METHODS",
-    "Task", "make_task", "make_sequence_task",
 ]

@@ -48,10 +48,10 @@ class ParameterServer:
                  dead_timeout, eval_every):
         import jax
 
-        from .models import make_task
+        from ..tasks import task_from_spec
         from .policies import make_policy
 
-        self.task = make_task(task_spec)
+        self.task = task_from_spec(task_spec)
         self.policy = make_policy(policy, num_workers, **(policy_options or {}))
         from .simulator import sgd
         self.opt = sgd(learning_rate)
@@ -228,9 +228,9 @@ class Worker:
     def __init__(self, worker, task_spec, server, batch_size, seed, delay, slowdowns):
         import jax
 
-        from .models import make_task
+        from ..tasks import task_from_spec
         self.worker = worker
-        self.task = make_task(task_spec)
+        self.task = task_from_spec(task_spec)
         self.grad = self.task.grad_fn()
         self.server = server
         self.batch_size = batch_size

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from ..data.task import Task
-from .models import make_task
+from ..tasks import task_from_spec
 from .policies import BARRIER, PROCEED, Policy, make_policy
 
 __all__ = ["ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label", "sgd"]
@@ -117,7 +117,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     """Simulate PS training of ``task`` under ``policy``; return a JSON-able log.
 
     Args:
-      task: a :class:`~bppsa.data.task.Task` or its spec dict for :func:`~bppsa.sync.make_task`.
+      task: a :class:`~bppsa.data.task.Task` or its spec ``{"name": ..., **options}`` for :func:`bppsa.tasks.task_from_spec`.
       policy: "bsp" | "asp" | "ssp" | "dssp" | "elasticbsp"; ``policy_options`` its arguments.
       compute: the workers' :class:`ComputeModel`.
       optimizer: the server's optax optimizer (default: SGD with ``learning_rate``).
@@ -130,7 +130,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     ``time_to_target``, ``final_accuracy``, ``dssp_controller`` / ``elastic_barriers`` records.
     """
     if not isinstance(task, Task):
-        task = make_task(task)
+        task = task_from_spec(task)
     if max_time <= 0 or eval_every <= 0:
         raise ValueError(f"max_time and eval_every must be > 0; got {max_time}, {eval_every}")
     if batch_size < 1:

@@ -24,9 +24,9 @@ import ml_collections
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
     c.task = "bppsa.experiments.hetero_dp:run"
-    c.task_names = ["digits-cnn", "gru"]
+    c.task_names = ["digits_cnn", "gru"]
     c.tasks = ml_collections.ConfigDict({
-        "digits-cnn": {"batch_size": 64, "epochs": 10, "learning_rate": 3e-3},
+        "digits_cnn": {"batch_size": 64, "epochs": 10, "learning_rate": 3e-3},
         "gru": {"data": "bitstream", "num_samples": 2000, "length": 32, "hidden_size": 20, "num_classes": 10,
                 "batch_size": 64, "epochs": 8, "learning_rate": 1e-2},
     })
@@ -63,8 +63,8 @@ def get_config(arg=None):
         c.name = "hetero_dp_real"
         c.task_names = []
     elif arg in ("smoke", "quick"):
-        c.task_names = ["digits-cnn"]
-        c.tasks["digits-cnn"].epochs = 1
+        c.task_names = ["digits_cnn"]
+        c.tasks["digits_cnn"].epochs = 1
         c.tasks.gru.update(num_samples=256, length=8, epochs=1)
         c.probe_batches = [4, 16]
         c.scenarios = c.scenarios[1:2]

@@ -32,8 +32,9 @@ def get_config(arg=None):
     c.models = (
         {"label": "CNN digits", "task": {"name": "digits_cnn", "channels": (8, 16)},
          "learning_rate": 0.05, "batch_size": 32, "max_time": 300.0, "eval_every": 1.0, "target": 0.95},
-        {"label": "GRU seq", "task": {"name": "seq_gru", "num_samples": 2000, "length": 32, "num_features": 12,
-                                      "num_classes": 8, "noise": 1.0, "hidden_size": 20, "backward": "bppsa"},
+        {"label": "GRU seq", "task": {"name": "gru", "data": "sequences", "num_samples": 2000, "length": 32,
+                                      "num_features": 12, "num_classes": 8, "noise": 1.0, "hidden_size": 20,
+                                      "backward": "bppsa"},
          "learning_rate": 0.1, "batch_size": 32, "max_time": 300.0, "eval_every": 2.0, "target": 0.95},
     )
     if arg in ("quick", "smoke"):

@@ -34,7 +34,7 @@ def get_config(arg=None):
     c.dead_timeout = 30.0
     c.address = ""                       # "" starts a local Ray with num_cpus CPUs
     c.num_cpus = 2
-    c.model = '{"name": "digits_cnn"}'   # the task spec (bppsa.sync.make_task), as JSON
+    c.model = '{"name": "digits_cnn"}'   # the task spec (bppsa.tasks.task_from_spec), as JSON
     if arg == "quick":
         c.name = "sync_ray_smoke"
         c.policies, c.workers, c.delays, c.duration, c.kill = "bsp,dssp", 3, (0.01, 0.01, 0.03), 5.0, ""
