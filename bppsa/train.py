@@ -27,16 +27,30 @@ def cross_entropy(logits, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def make_train_step():
-    """A jitted ``step(model, optimizer, x, y) -> (loss, accuracy)`` that updates in place."""
+def make_train_step(loss_fn: Callable = cross_entropy):
+    """The one training step: a jitted ``step(model, optimizer, x, y) -> (loss, accuracy)``.
+
+    Contract:
+      model: an ``nnx.Module`` mapping x (B, ...) to logits (B, C) (e.g. :class:`bppsa.nn.SequenceClassifier`:
+        x (B, T, I)); its ``nnx.Param`` state is what is trained.
+      optimizer: ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` for an optax transformation ``tx``.
+      x: the batch's inputs (B, ...); y: its integer labels (B,).
+      loss_fn: ``loss_fn(logits (B, C), y (B,)) -> scalar``, by default the mean softmax
+        cross-entropy (:func:`cross_entropy`).
+    It computes the loss and its gradient w.r.t. the model's parameters (by whatever backward
+    the model's layers use), applies one optimizer update to ``model`` and ``optimizer`` **in
+    place**, and returns the loss and the batch accuracy (fraction of argmax(logits) == y) as
+    scalar device arrays (before the update's parameters). It compiles once per model graph,
+    optimizer and input shapes; :func:`fit` runs its loop on one shared instance.
+    """
 
     @nnx.jit
     def step(model, optimizer, x, y):
-        def loss_fn(m):
+        def loss_of(m):
             logits = m(x)
-            return cross_entropy(logits, y), logits
+            return loss_fn(logits, y), logits
 
-        (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        (loss, logits), grads = nnx.value_and_grad(loss_of, has_aux=True)(model)
         optimizer.update(model, grads)
         return loss, (logits.argmax(-1) == y).mean()
 

@@ -65,3 +65,29 @@ def test_training_curves_of_bptt_and_bppsa_coincide_float32():
     assert len(la) == len(lb) == 20
     np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-5)
     assert la[-5:].mean() < la[:5].mean()  # it learns something
+
+
+def test_train_step_contract_updates_in_place_with_the_loss_gradient():
+    """make_train_step: (loss, accuracy) of the batch before the update; model and optimizer updated in place."""
+    import optax
+
+    from bppsa.train import cross_entropy, make_train_step
+
+    x, y = (jnp.asarray(a) for a in make_bitstream(16, 6, seed=0))
+    model = SequenceClassifier(cells.GRU(1, 4), 10, rngs=nnx.Rngs(0))
+    twin = SequenceClassifier(cells.GRU(1, 4), 10, rngs=nnx.Rngs(0))
+    before = jax.tree.map(np.array, nnx.state(model, nnx.Param))
+    logits = model(x)
+    grads = nnx.grad(lambda m: cross_entropy(m(x), y))(twin)
+    opt = nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)
+    loss, acc = make_train_step()(model, opt, x, y)
+    np.testing.assert_allclose(loss, cross_entropy(logits, y), rtol=1e-6)
+    assert float(acc) == float((logits.argmax(-1) == y).mean())
+    jax.tree.map(lambda a, b, g: np.testing.assert_allclose(b, a - 0.5 * g, rtol=1e-5, atol=1e-7),
+                 before, nnx.state(model, nnx.Param), nnx.state(grads, nnx.Param))
+    assert int(opt.step[...]) == 1
+    # another loss: a constant one has no gradient, so nothing moves
+    state = jax.tree.map(np.array, nnx.state(model, nnx.Param))
+    loss, _ = make_train_step(lambda lg, yy: 0.0 * lg.sum())(model, opt, x, y)
+    assert float(loss) == 0.0
+    jax.tree.map(np.testing.assert_array_equal, state, nnx.state(model, nnx.Param))

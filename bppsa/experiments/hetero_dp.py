@@ -27,6 +27,7 @@ from ..hetero.train import SimulatedReplicas, measure_time_model, task_from_conf
 from ..errors import UsageError, checked_by, require_choices, require_int, require_number
 from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
+from ..tables import markdown_table
 
 __all__ = ["run", "summarize", "drift_summary", "markdown"]
 
@@ -88,36 +89,36 @@ def markdown(rows: list[dict], process_rows: list[dict] | None = None, title: st
                   "its own batch, then sleeps τ·f_i·b_i (τ = "
                   f"{1e3 * info.get('tau_s', float('nan')):.3f} ms per sample, f_i = the configured slowdown); speeds "
                   "profiled one replica at a time. The model column is the time model from that profile "
-                  "(steps × (slowest t_i(b_i) + all-reduce)).", "",
-                  "| task | speeds, placement | strategy | batches b_i (initial) | test accuracy (mean of seeds) "
-                  "| time / epoch (s), measured | time / epoch (s), time model | model error | speed-up vs uniform, "
-                  "measured |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in process_rows:
-            model = (f"{r['time_per_epoch_model_mean']:.3f} | {100 * r['model_error']:+.1f} %"
-                     if "model_error" in r else "- | -")
-            lines.append(f"| {r['task']} | {r['scenario']} | {r['strategy']} | {r['partition']} | "
-                         f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} (n = {r['seeds']}) | "
-                         f"{r['time_per_epoch_mean']:.3f} | {model} | {_times(r['speedup_vs_uniform'])} |")
+                  "(steps × (slowest t_i(b_i) + all-reduce)).", ""]
+        lines.append(markdown_table(
+            ["task", "speeds, placement", "strategy", "batches b_i (initial)", "test accuracy (mean of seeds)",
+             "time / epoch (s), measured", "time / epoch (s), time model", "model error",
+             "speed-up vs uniform, measured"],
+            [[r["task"], r["scenario"], r["strategy"], r["partition"],
+              f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} (n = {r['seeds']})", f"{r['time_per_epoch_mean']:.3f}"]
+             + ([f"{r['time_per_epoch_model_mean']:.3f}", f"{100 * r['model_error']:+.1f} %"] if "model_error" in r
+                else ["-", "-"])
+             + [_times(r["speedup_vs_uniform"])] for r in process_rows]))
     if drift_rows:
         d = drift_rows[0]["drift"]
         lines += ["", f"Drift on real processes, measured: replica {d['replica']} becomes {d['factor']:g}× slower at "
-                  f"step {d['at_step']}.", "",
-                  "| re-balancing | step time before drift (ms) | step time, last epoch (ms) | time per epoch (s) "
-                  "| re-partitions (step: from → to) | test accuracy |", "|---|---|---|---|---|---|"]
-        for r in drift_rows:
-            sw = "; ".join(f"{x['step']}: {x['from']} → {x['to']}" for x in r["repartitions"]) or "none"
-            lines.append(f"| {'every ' + str(r['rebalance_every']) + ' steps' if r['rebalance_every'] else 'off'} | "
-                         f"{1e3 * r['step_s_before']:.1f} | {1e3 * r['step_s_last_epoch']:.1f} | "
-                         f"{', '.join(f'{v:.2f}' for v in r['epoch_times'])} | {sw} | {r['accuracy']:.4f} |")
+                  f"step {d['at_step']}.", ""]
+        lines.append(markdown_table(
+            ["re-balancing", "step time before drift (ms)", "step time, last epoch (ms)", "time per epoch (s)",
+             "re-partitions (step: from → to)", "test accuracy"],
+            [[f"every {r['rebalance_every']} steps" if r["rebalance_every"] else "off", f"{1e3 * r['step_s_before']:.1f}",
+              f"{1e3 * r['step_s_last_epoch']:.1f}", ", ".join(f"{v:.2f}" for v in r["epoch_times"]),
+              "; ".join(f"{x['step']}: {x['from']} → {x['to']}" for x in r["repartitions"]) or "none",
+              f"{r['accuracy']:.4f}"] for r in drift_rows]))
     if rows:
         lines += ["", "Simulated replicas (one process, 4 devices), time model: replica i's step takes f_i·τ·b_i "
-                  "(τ measured on this machine); times are the model's, accuracies are real training.", "",
-                  "| task | speeds, placement | strategy | batches b_i | test accuracy | time / epoch (s), time model "
-                  "| speed-up vs uniform, time model |", "|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['task']} | {r['scenario']} | {r['strategy']} | {r['partition']} | "
-                         f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} | {r['time_per_epoch_mean']:.4f} | "
-                         f"{_times(r['speedup_vs_uniform'])} |")
+                  "(τ measured on this machine); times are the model's, accuracies are real training.", ""]
+        lines.append(markdown_table(
+            ["task", "speeds, placement", "strategy", "batches b_i", "test accuracy", "time / epoch (s), time model",
+             "speed-up vs uniform, time model"],
+            [[r["task"], r["scenario"], r["strategy"], r["partition"],
+              f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f}", f"{r['time_per_epoch_mean']:.4f}",
+              _times(r["speedup_vs_uniform"])] for r in rows]))
     return "\n".join(lines).lstrip("\n") + "\n"
 
 

@@ -31,6 +31,7 @@ from jax import lax
 from .. import sparse, vgg
 from ..data.digits import load_digits
 from ..provenance import provenance, save_json
+from ..tables import markdown_table
 from ..timing import time_fn
 
 __all__ = ["vgg11_layer_shapes", "generation_benchmark", "flop_experiment", "digits_retraining",
@@ -111,14 +112,11 @@ def generation_benchmark(*, in_hw=32, repeats=3, max_dense_entries=2 ** 26, kind
 
 
 def _generation_md(rows):
-    lines = ["| layer | input (C, H, W) | nnz of Jᵀ | density | analytic (ms) | jax.jacrev (ms) | speedup |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        jr = f"{1e3 * r['jacrev_s']:.1f}" if r["jacrev_s"] is not None else "not measured"
-        sp = f"{r['speedup']:.0f}×" if r["speedup"] is not None else "—"
-        lines.append(f"| {r['layer']} | {tuple(r['input'])} | {r['nse']:,} | {r['density']:.2e} | "
-                     f"{1e3 * r['analytic_s']:.3f} | {jr} | {sp} |")
-    return "\n".join(lines) + "\n"
+    body = [[r["layer"], tuple(r["input"]), f"{r['nse']:,}", f"{r['density']:.2e}", f"{1e3 * r['analytic_s']:.3f}",
+             f"{1e3 * r['jacrev_s']:.1f}" if r["jacrev_s"] is not None else "not measured",
+             f"{r['speedup']:.0f}×" if r["speedup"] is not None else "—"] for r in rows]
+    return markdown_table(["layer", "input (C, H, W)", "nnz of Jᵀ", "density", "analytic (ms)", "jax.jacrev (ms)",
+                           "speedup"], body, align="llrrrrr") + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,19 +195,17 @@ def flop_experiment(*, sparsities=(0.9, 0.95), width=1.0, widths=(0.25, 0.5), wi
 
 
 def _flops_md(res):
-    head = ("| width | sparsity | L_m | BP FLOPs (= its critical path) | BPPSA FLOPs | BPPSA / BP work | "
-            "BPPSA critical path | BP / BPPSA critical path |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
-
-    def rows(rs):
-        return [f"| {r['width']:g} | {r['sparsity']:.2f} | {r['L_m']} | {r['bp_flops']:.3e} | {r['bppsa_flops']:.3e} | "
-                f"{r['work_ratio']:.2f}× | {r['bppsa_critical']:.3e} | {r['critical_path_ratio']:.3f}× |" for r in rs]
-
+    header = ["width", "sparsity", "L_m", "BP FLOPs (= its critical path)", "BPPSA FLOPs", "BPPSA / BP work",
+              "BPPSA critical path", "BP / BPPSA critical path"]
     out = []
     for title, rs in (("Full BPPSA scan against the pruning level", res["by_sparsity"]),
                       ("Full BPPSA scan against the problem size (channel width of VGG-11)", res["by_width"]),
                       ("Hybrid knob L_m (0 = plain BP)", res["by_levels"])):
         if rs:
-            out += [f"{title}:", "", head] + rows(rs) + [""]
+            body = [[f"{r['width']:g}", f"{r['sparsity']:.2f}", r["L_m"], f"{r['bp_flops']:.3e}", f"{r['bppsa_flops']:.3e}",
+                     f"{r['work_ratio']:.2f}×", f"{r['bppsa_critical']:.3e}", f"{r['critical_path_ratio']:.3f}×"]
+                    for r in rs]
+            out += [f"{title}:", "", markdown_table(header, body, align="r" * len(header)), ""]
     return "\n".join(out)
 
 
@@ -322,18 +318,18 @@ def digits_retraining(*, cfg=(8, "M", 16, "M"), hidden=(32,), sparsity=0.8, dens
 
 def _retrain_md(r):
     c = r["config"]
-    return (f"| quantity | value |\n|---|---:|\n"
-            f"| network | conv/ReLU/pool {' '.join(c['cfg'])}, hidden {c['hidden']}, 16×16 digits |\n"
-            f"| weights kept after magnitude pruning | {r['weights_kept']:,} / {r['weights_total']:,} "
-            f"(sparsity {c['sparsity']}) |\n"
-            f"| test accuracy, unpruned (autodiff, {c['dense_steps']} steps) | {r['accuracy_dense']:.4f} |\n"
-            f"| test accuracy, pruned, before retraining | {r['accuracy_pruned']:.4f} |\n"
-            f"| test accuracy, pruned, retrained with BPPSA ({c['retrain_steps']} steps, L_m = {c['levels']}) | "
-            f"{r['accuracy_retrained']:.4f} |\n"
-            f"| within {c['margin']:.2f} of unpruned | {r['within_margin']} |\n"
-            f"| max relative BPPSA − autodiff gradient difference over {len(r['gradient_checks'])} checks | "
-            f"{r['max_relative_grad_diff']:.2e} |\n"
-            f"| BPPSA backward per step (eager sparse, CPU) | {1e3 * r['bppsa_backward_s_per_step']:.0f} ms |\n")
+    body = [["network", f"conv/ReLU/pool {' '.join(c['cfg'])}, hidden {c['hidden']}, 16×16 digits"],
+            ["weights kept after magnitude pruning",
+             f"{r['weights_kept']:,} / {r['weights_total']:,} (sparsity {c['sparsity']})"],
+            [f"test accuracy, unpruned (autodiff, {c['dense_steps']} steps)", f"{r['accuracy_dense']:.4f}"],
+            ["test accuracy, pruned, before retraining", f"{r['accuracy_pruned']:.4f}"],
+            [f"test accuracy, pruned, retrained with BPPSA ({c['retrain_steps']} steps, L_m = {c['levels']})",
+             f"{r['accuracy_retrained']:.4f}"],
+            [f"within {c['margin']:.2f} of unpruned", r["within_margin"]],
+            [f"max relative BPPSA − autodiff gradient difference over {len(r['gradient_checks'])} checks",
+             f"{r['max_relative_grad_diff']:.2e}"],
+            ["BPPSA backward per step (eager sparse, CPU)", f"{1e3 * r['bppsa_backward_s_per_step']:.0f} ms"]]
+    return markdown_table(["quantity", "value"], body, align="lr") + "\n"
 
 
 # --------------------------------------------------------------------------------------------

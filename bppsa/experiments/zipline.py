@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import checked_by, require_choices, require_int, require_ints
 from ..provenance import provenance, save_json
 from ..sync.zipline import ZIPLINE_METHODS, selection_range
+from ..tables import markdown_table
 
 __all__ = ["zipline_runtimes", "check_zipline_runtimes", "plot_zipline_runtimes"]
 
@@ -102,9 +103,9 @@ def _zipline_table(record) -> str:
              "prediction matrices (row p = start_p + i·interval_p, intervals uniform in [0.5, 2.5]); "
              "pure Python + numpy on one core. The paper reports 2.38 s for 1000 workers × R = 150. "
              "Heuristic columns give time / range found (optimal range in the last column); — = skipped (too slow).",
-             "", "| workers | R | " + " | ".join(_ZL_LABELS.get(m, m) for m in methods) + " | optimal range |",
-             "|" + "---|" * (len(methods) + 3)]
+             ""]
     exact = {"window", "zipline", "zipline_opt", "bsearch", "brute_force"}
+    body = []
     for r in record["rows"]:
         cells = []
         for m in methods:
@@ -115,7 +116,8 @@ def _zipline_table(record) -> str:
                 cells.append(f"{1e3 * t:.2f} ms")
             else:
                 cells.append(f"{1e3 * t:.2f} ms / {r[f'{m}_range']:.3f}")
-        lines.append(f"| {r['workers']} | {r['R']} | " + " | ".join(cells) + f" | {r['optimal_range']:.4f} |")
+        body.append([r["workers"], r["R"], *cells, f"{r['optimal_range']:.4f}"])
+    lines.append(markdown_table(["workers", "R", *(_ZL_LABELS.get(m, m) for m in methods), "optimal range"], body))
     return "\n".join(lines) + "\n"
 
 
