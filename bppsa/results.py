@@ -167,7 +167,7 @@ def regenerate_plots(root) -> list[Path]:
                 record = _read_record(files["json"])
                 if record.get("plot"):
                     try:
-                        fn = plot_function(record["plot"], files["json"])
+                        fn = plot_function(record["plot"], str(files["json"]))
                     except ValueError as e:
                         refused.append(str(e))
                         continue

@@ -37,6 +37,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 
@@ -68,6 +69,8 @@ def load_config(path, arg: str | None = None) -> ml_collections.ConfigDict:
         raise ConfigError(f"CONFIG must be an existing .py file (e.g. experiments/configs/rnn_train.py); "
                           f"got {str(path)!r}")
     spec = importlib.util.spec_from_file_location(f"bppsa_config_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"config file {str(path)!r} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -167,7 +170,8 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
     items = overrides.items() if isinstance(overrides, dict) else overrides
     for key, text in items:
         what = f"--config.{key}={text}"
-        node, parts = config, key.split(".")
+        node: Any = config  # a ConfigDict at every step: checked at the top of the loop
+        parts = key.split(".")
         for i, part in enumerate(parts):
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
                 known = _flat_keys(config)
@@ -194,7 +198,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
         try:
             node[leaf] = value
         except TypeError as e:
-            raise ConfigError(f"{what}: expected {typ.__name__}; {e}") from None
+            raise ConfigError(f"{what}: expected {getattr(typ, '__name__', typ)}; {e}") from None
     return config
 
 
@@ -212,7 +216,7 @@ def resolve_task(target: str):
     return fn
 
 
-def _to_plain(obj):
+def _to_plain(obj) -> Any:
     if isinstance(obj, ml_collections.ConfigDict):
         return {k: _to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -315,7 +319,7 @@ def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | Non
         changes = _diff(old, resolved) if isinstance(old, dict) else ["<not a config>"]
         if changes and marker is None and _entries(workdir) == {"config.json"}:
             marker = {"written": ["config.json"], "status": "failed", "progress": False}  # died before writing
-        if changes and _never_started(marker):
+        if changes and marker is not None and _never_started(marker):
             print(f"bppsa run: the run in {str(workdir)!r} never started; replacing its config "
                   f"({'; '.join(changes)})", file=sys.stderr)
             _remove_written(workdir, marker)
@@ -421,7 +425,8 @@ def main(argv=None) -> int:
         usage="bppsa run CONFIG[:arg] [--config.key=value ...] [--workdir DIR] [--restart] [--publish]")
     p.add_argument("config", help="path to a config file, optionally with :arg (e.g. :smoke)")
     p.add_argument("--workdir", default=None, help="work directory (default: runs/<config>[-<arg>])")
-    p.add_argument("--restart", action="store_true", help="delete what bppsa wrote in the work directory and start over")
+    p.add_argument("--restart", action="store_true",
+                   help="delete what bppsa wrote in the work directory and start over")
     p.add_argument("--publish", action="store_true",
                    help="copy <name>.{json,md,png} from the work directory to experiments/results/<device>/")
     args, rest = p.parse_known_args(argv)

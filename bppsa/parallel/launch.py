@@ -3,7 +3,8 @@
 For development on one machine: it picks a free loopback port, starts N copies of COMMAND as
 subprocesses with the coordinator address and their process id in the environment (see
 :data:`bppsa.parallel.mesh.ENV`; the worker calls :func:`bppsa.parallel.initialize`), puts this
-bppsa first on their PYTHONPATH, gives each K simulated CPU devices, prefixes their output with ``[i]`` and watches them:
+bppsa first on their PYTHONPATH, gives each K simulated CPU devices, prefixes their output with
+``[i]`` and watches them:
 
 - all exit 0 → exit 0;
 - one exits non-zero (or is killed, e.g. JAX aborting on a lost peer) → the others get
@@ -202,7 +203,9 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, k
                 tail = collections.deque(maxlen=200)
                 t = threading.Thread(target=_pump, args=(p.stdout, f"[{i}] ", tail, _Locked()), daemon=True)
                 t.start()
-                procs.append(p), tails.append(tail), pumps.append(t)
+                procs.append(p)
+                tails.append(tail)
+                pumps.append(t)
             rc, failure, codes = _watch(procs, start, timeout, grace, received)
             now = time.monotonic()
             # every stop ends by timeout + TIMEOUT_KILL_S, however long --kill-after is

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def loss_of_states(cell, states):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bppsa.parallel.selfcheck", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bppsa.parallel.selfcheck", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", required=True, help="where process 0 writes the gradients (.npz)")
     ap.add_argument("--cell", default="gru", choices=CELLS)
     ap.add_argument("--T", type=int, default=7)
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
 
     value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(params, xs, h0)
     flat = jax.tree_util.tree_flatten_with_path(grads)[0]
-    arrays = {jax.tree_util.keystr(k): np.asarray(multihost_utils.process_allgather(v, tiled=True))
+    arrays: dict[str, Any] = {jax.tree_util.keystr(k): np.asarray(multihost_utils.process_allgather(v, tiled=True))
               for k, v in flat}
     value = float(np.asarray(multihost_utils.process_allgather(value, tiled=True)).reshape(-1)[0])
     print(f"process {jax.process_index()}/{jax.process_count()} (joined: {joined}): "
