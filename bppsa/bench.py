@@ -13,147 +13,104 @@ Components (the paper's breakdown, Wang et al. 2020 §5):
     param_grads      the batched parameter-gradient contraction
     bppsa_backward_full  the whole BPPSA backward (jacobian + scan + contraction, one jit), i.e.
                      the backward function of ``jax.vjp`` of ``bppsa.rnn(..., backward="bppsa")``
-    bptt_backward    the backward function of ``jax.vjp`` of the plain ``lax.scan`` forward
-    step_bppsa, step_bptt  one training step: forward + backward + Adam update of the cell and a
-                     linear classifier head on the last hidden state (the paper's model)
+    bptt_backward    the backward function of ``jax.vjp`` of ``bppsa.rnn(..., backward="bptt")``
+                     (``lax.scan`` with the tuned unroll)
+    step_bppsa, step_bptt  the timed training-step gradient (forward + backward w.r.t. the
+                     parameters) of BPPSA and of tuned BPTT
+
+Every backward, step and baseline here is of the one timed loss, :func:`bppsa.gradient.loss` (a
+fixed random readout of every step's hidden state): the backward functions are its
+:func:`bppsa.gradient.backward_functions`, the steps its :func:`bppsa.gradient.gradient_functions`,
+and the pieces (jacobian, scan, contraction) run on its cotangent.
 
 Derived: ``speedup_backward = bptt_backward / bppsa_backward_full`` (what a user gains on the
 backward pass), ``speedup_scan = bptt_backward / bppsa_backward`` (the paper's scan-only view)
-and ``speedup_step = step_bptt / step_bppsa`` (overall training step).
+and ``speedup_step = step_bptt / step_bppsa`` (the training-step gradient).
 """
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
-import optax
 
-from . import backprop, cells
+from . import backprop, cells, gradient
 from . import baselines as baselines_lib
-from . import scan as scan_lib
+from ._backward import forward_states, root_and_offsets, scan_order, storage_inputs, stored_jacobians, stored_scan
+from ._scan import blelloch_scan_stored, to_storage
 from .calibrate import load_cost_model
 from .cost import CostModel, default_cost_model
+from .scan import SCANS, scan as run_scan
+from .tables import markdown_table
 from .timing import time_interleaved
 
-__all__ = ["time_components", "component_functions", "backward_times", "make_train_step", "compiled_memory",
-           "step_memory", "time_scans", "scan_inputs", "make_cell", "bench_point", "markdown_table",
-           "save_record", "main", "COMPONENTS", "TABLE_HEADER"]
+__all__ = ["time_components", "component_functions", "backward_times", "compiled_memory", "gradient_memory",
+           "time_scans", "scan_inputs", "make_cell", "bench_point", "sweep_table", "table_cells", "save_record",
+           "main", "COMPONENTS", "TABLE_COLUMNS", "TABLE_HEADER"]
 
 COMPONENTS = ("forward", "jacobian", "bppsa_backward", "param_grads", "bppsa_backward_full",
               "bptt_backward", "step_bppsa", "step_bptt")
 
 
-def _head_init(key, H, num_classes, dtype):
-    bound = 1.0 / float(H) ** 0.5
-    k1, k2 = jax.random.split(key)
-    return {"W": jax.random.uniform(k1, (H, num_classes), dtype, -bound, bound),
-            "b": jax.random.uniform(k2, (num_classes,), dtype, -bound, bound)}
-
-
-def make_train_step(cell, backward: str, scan: str = "blelloch", learning_rate: float = 1e-3,
-                    chunk_size: int | str | None = "auto"):
-    """A jitted ``step(state, xs, h0, labels) -> (state, loss)``; state = (params, head, opt_state).
-
-    The model is the paper's: ``cell`` over xs (T, B, I), a linear head on the last hidden state,
-    softmax cross-entropy against labels (B,), one Adam update.
-    """
-    tx = optax.adam(learning_rate)
-    kw = {"chunk_size": chunk_size}
-
-    def loss_fn(weights, xs, h0, labels):
-        params, head = weights
-        out = backprop.rnn(cell, params, xs, h0, backward=backward, scan=scan, **kw)
-        hs = cell.hidden(out)
-        logits = hs[-1] @ head["W"] + head["b"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-    @jax.jit
-    def step(state, xs, h0, labels):
-        params, head, opt_state = state
-        loss, grads = jax.value_and_grad(loss_fn)((params, head), xs, h0, labels)
-        updates, opt_state = tx.update(grads, opt_state, (params, head))
-        params, head = optax.apply_updates((params, head), updates)
-        return (params, head, opt_state), loss
-
-    def init(params, head):
-        return params, head, tx.init((params, head))
-
-    return step, init
-
-
 def _bppsa_inputs(ss, s0, xs, ct):
-    """Scan-order arrays, as :mod:`bppsa.backprop` builds them: (spr, xr, sr, v, ds)."""
-    xr, sr, spr, ctr = backprop.scan_order(xs, ss, s0, ct)
-    return (spr, xr, sr, *backprop.root_and_offsets(ctr))
+    """Scan-order arrays, as :mod:`bppsa._backward` builds them: (spr, xr, sr, v, ds)."""
+    xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
+    return (spr, xr, sr, *root_and_offsets(ctr))
 
 
-def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", num_classes: int = 10,
-                        seed: int = 0) -> dict:
+def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", seed: int = 0) -> dict:
     """The zero-argument, compiled-on-first-call functions :func:`time_components` times.
 
-    {name: fn} for every name in :data:`COMPONENTS`; the backward functions use a random
-    cotangent on every step (seeded), the step functions a random head and labels.
+    {name: fn} for every name in :data:`COMPONENTS`, all of the one timed loss with the readout R
+    (T, B, H) of :func:`bppsa.gradient.readout` (``seed``).
     """
     xs = jnp.asarray(xs)
     s0 = backprop.validate_inputs(cell, params, xs, h0)
-    T, B, I = xs.shape
-    S = cell.state_size
-    dtype = xs.dtype
-    key = jax.random.key(seed)
-    k_ct, k_head, k_lab = jax.random.split(key, 3)
-    ct = jax.random.normal(k_ct, (T, B, S), dtype)
+    T, B, _ = xs.shape
+    R = gradient.readout(cell, T, B, xs.dtype, seed)
+    ct = cell.flatten_state(gradient.out_cotangent(cell, R))  # (T, B, S): dL/d(flat states)
 
-    fwd = jax.jit(lambda p, x, s: backprop.forward_states(cell, p, x, s))
+    fwd = jax.jit(lambda p, x, s: forward_states(cell, p, x, s))
     ss = jax.block_until_ready(fwd(params, xs, s0))
 
     spr, xr, sr, v, ds = jax.jit(_bppsa_inputs)(ss, s0, xs, ct)
-    if scan == "blelloch":  # as bppsa.backprop does it: Jacobians generated in storage order
+    if scan == "blelloch":  # as bppsa._backward does it: Jacobians generated in storage order
         # (for a cell with diagonal structure, its (A, Wt) factors: the matrices are never formed)
-        spr_j, xr_j, sr_j, ds_j = jax.jit(backprop.storage_inputs)(spr, xr, sr, ds)
-        scan_fn = jax.jit(lambda v, Ms, ds: backprop.stored_scan(v, Ms, ds, T))
-        jac = jax.jit(lambda p, a, b, c: backprop.stored_jacobians(cell, p, a, b, c))
+        spr_j, xr_j, sr_j, ds_j = jax.jit(storage_inputs)(spr, xr, sr, ds)
+        scan_fn = jax.jit(lambda v, Ms, ds: stored_scan(v, Ms, ds, T))
+        jac = jax.jit(lambda p, a, b, c: stored_jacobians(cell, p, a, b, c))
     else:
         spr_j, xr_j, sr_j, ds_j = spr, xr, sr, ds
-        scan_fn = jax.jit(lambda v, Ms, ds: scan_lib.scan(v, Ms, ds, scan))
+        scan_fn = jax.jit(lambda v, Ms, ds: run_scan(v, Ms, ds, scan))
         jac = jax.jit(cell.transposed_jacobian)
     Ms = jax.block_until_ready(jac(params, spr_j, xr_j, sr_j))
     gs, _ = jax.block_until_ready(scan_fn(v, Ms, ds_j))
     pg = jax.jit(cell.param_grads)
 
-    _, vjp_bptt = jax.vjp(lambda p, x, s: backprop.forward_states(cell, p, x, s), params, xs, s0)
-    _, vjp_bppsa = jax.vjp(lambda p, x, s: backprop.bppsa_states(cell, scan, "auto", p, x, s), params, xs, s0)
-    apply_vjp = jax.jit(lambda f, c: f(c))
-
-    head = _head_init(k_head, cell.hidden_size, num_classes, dtype)
-    labels = jax.random.randint(k_lab, (B,), 0, num_classes)
-    steps = {}
-    for m in ("bppsa", "bptt"):
-        step, init = make_train_step(cell, m, scan)
-        steps[m] = (step, init(params, head))
-
+    methods = {"bppsa": f"bppsa_{scan}", "bptt": "bptt"}
+    bwd = gradient.backward_functions(cell, params, xs, h0, R, methods.values())
+    step = gradient.gradient_functions(cell, params, xs, h0, R, methods.values())
     return {
         "forward": lambda: fwd(params, xs, s0),
         "jacobian": lambda: jac(params, spr_j, xr_j, sr_j),
         "bppsa_backward": lambda: scan_fn(v, Ms, ds_j),
         "param_grads": lambda: pg(params, spr, xr, sr, gs),
-        "bppsa_backward_full": lambda: apply_vjp(vjp_bppsa, ct),
-        "bptt_backward": lambda: apply_vjp(vjp_bptt, ct),
-        "step_bppsa": lambda: steps["bppsa"][0](steps["bppsa"][1], xs, h0, labels),
-        "step_bptt": lambda: steps["bptt"][0](steps["bptt"][1], xs, h0, labels),
+        "bppsa_backward_full": bwd[methods["bppsa"]],
+        "bptt_backward": bwd["bptt"],
+        "step_bppsa": step[methods["bppsa"]],
+        "step_bptt": step["bptt"],
     }
 
 
 def time_components(cell, params, xs, h0, *, scan: str = "blelloch", repeats: int = 5,
-                    warmup: int = 1, num_classes: int = 10, seed: int = 0) -> dict:
-    """Time the pieces of one BPPSA and one BPTT training step, interleaved in one process.
+                    warmup: int = 1, seed: int = 0) -> dict:
+    """Time the pieces of one BPPSA and one BPTT training-step gradient, interleaved in one process.
 
     Args:
       cell, params: a cell from :mod:`bppsa.cells` and its parameters.
       xs: (T, B, I) inputs; h0: (B, H) initial state (LSTM: (h0, c0)).
       scan: the BPPSA scan ("blelloch", "associative", "sequential").
       repeats, warmup: timed rounds and untimed warm-up calls (compilation is always excluded).
-      num_classes: width of the linear head used by the training-step timings.
+      seed: the readout of the one timed loss (:func:`bppsa.gradient.readout`).
 
     Returns a dict with one entry per name in :data:`COMPONENTS`, each
     ``{"median", "min", "max", "repeats"}`` in seconds, plus ``speedup_backward``,
@@ -161,7 +118,7 @@ def time_components(cell, params, xs, h0, *, scan: str = "blelloch", repeats: in
     and ``shape`` = {"T", "B", "I", "S", "dtype"}.
     """
     xs = jnp.asarray(xs)
-    fns = component_functions(cell, params, xs, h0, scan=scan, num_classes=num_classes, seed=seed)
+    fns = component_functions(cell, params, xs, h0, scan=scan, seed=seed)
     out = time_interleaved(fns, repeats=repeats, warmup=warmup)
     med = {k: v["median"] for k, v in out.items()}
     out["speedup_backward"] = med["bptt_backward"] / med["bppsa_backward_full"]
@@ -174,22 +131,22 @@ def time_components(cell, params, xs, h0, *, scan: str = "blelloch", repeats: in
 
 def backward_times(cell, params, T: int, B: int, *, methods=("bptt", "bppsa"), scan: str | None = None,
                    repeats: int = 5, seed: int = 0, dtype=jnp.float32) -> dict[str, dict]:
-    """Time ``jax.grad`` of a last-step loss w.r.t. params for each backward method (interleaved).
+    """Time the one timed gradient (:func:`bppsa.gradient.gradient_fn`, forward included) of
+    ``params`` for each backward ("bptt", "bppsa" with ``scan``, "auto"), interleaved.
 
-    xs (T, B, I) are standard normal (seeded), h0 (B, S) zeros. Includes the forward pass (both
-    methods run the same ``lax.scan`` forward). Returns {method: {median, min, max, repeats}}.
+    xs (T, B, I), h0 and the readout R (T, B, H) from :func:`bppsa.gradient.problem` (``seed``).
+    Returns {method: {median, min, max, repeats}}.
     """
-    k1, _ = jax.random.split(jax.random.key(seed))
-    xs = jax.random.normal(k1, (T, B, cell.input_size), dtype)
-    h0 = cell.unflatten_state(jnp.zeros((B, cell.state_size), dtype))
+    _, xs, h0, R = gradient.problem(cell, T, B, dtype=dtype, seed=seed)
     fns = {}
     for m in methods:
-        def loss(p, m=m):
-            out = backprop.rnn(cell, p, xs, h0, backward=m, scan=scan)
-            hs = cell.hidden(out)
-            return jnp.sum(hs[-1] ** 2)
-        grad = jax.jit(jax.grad(loss))
-        fns[m] = lambda grad=grad: grad(params)
+        if m == "bppsa":
+            fns[m] = gradient.gradient_functions(cell, params, xs, h0, R, [f"bppsa_{scan or 'blelloch'}"])
+        elif m in ("bptt", "auto"):
+            fns[m] = gradient.gradient_functions(cell, params, xs, h0, R, [m], **({"scan": scan} if m == "auto" else {}))
+        else:
+            raise ValueError(f"methods must name 'bptt', 'bppsa' or 'auto'; got {m!r}")
+        fns[m] = next(iter(fns[m].values()))
     return time_interleaved(fns, repeats=repeats)
 
 
@@ -214,24 +171,22 @@ def compiled_memory(fn, *args) -> dict | None:
     return rec
 
 
-def step_memory(cell, params, xs, h0, *, num_classes: int = 10, scan: str = "blelloch",
-                chunk_size: int | None = None) -> dict:
-    """Compiled peak memory (bytes) of one training step: {"bppsa": {...}, "bppsa_one_chunk": {...},
-    "bptt": {...}}; "bppsa" is the default (``chunk_size="auto"``), "bppsa_one_chunk" holds all T
-    Jacobians. With ``chunk_size`` an extra entry ``"bppsa_chunked"`` for that chunk length.
+def gradient_memory(cell, params, xs, h0, *, scan: str = "blelloch", chunk_size: int | None = None,
+                    seed: int = 0) -> dict:
+    """Compiled peak memory (bytes) of the one timed gradient (:func:`bppsa.gradient.gradient_fn`):
+    {"bppsa": {...}, "bppsa_one_chunk": {...}, "bptt": {...}}; "bppsa" is the default
+    (``chunk_size="auto"``), "bppsa_one_chunk" holds all T Jacobians. With ``chunk_size`` an
+    extra entry ``"bppsa_chunked"`` for that chunk length. xs (T, B, I), h0 (B, H).
     """
     xs = jnp.asarray(xs)
-    B = xs.shape[1]
-    head = _head_init(jax.random.key(0), cell.hidden_size, num_classes, xs.dtype)
-    labels = jnp.zeros((B,), jnp.int32)
-    out = {}
-    variants = [("bppsa", "bppsa", "auto"), ("bppsa_one_chunk", "bppsa", None), ("bptt", "bptt", None)]
+    T, B, _ = xs.shape
+    R = gradient.readout(cell, T, B, xs.dtype, seed)
+    variants = [("bppsa", f"bppsa_{scan}", "auto"), ("bppsa_one_chunk", f"bppsa_{scan}", None), ("bptt", "bptt", None)]
     if chunk_size is not None:
-        variants.append(("bppsa_chunked", "bppsa", chunk_size))
-    for name, method, cs in variants:
-        step, init = make_train_step(cell, method, scan, chunk_size=cs)
-        out[name] = compiled_memory(step, init(params, head), xs, h0, labels)
-    return out
+        variants.append(("bppsa_chunked", f"bppsa_{scan}", chunk_size))
+    return {name: compiled_memory(gradient.gradient_fn(cell, method, **({} if method == "bptt" else {"chunk_size": cs})),
+                                  params, xs, h0, R)
+            for name, method, cs in variants}
 
 
 def time_scans(v, Ms, ds=None, *, methods=("blelloch", "associative", "sequential"), repeats: int = 5,
@@ -241,25 +196,25 @@ def time_scans(v, Ms, ds=None, *, methods=("blelloch", "associative", "sequentia
     for m in methods:
         if m == "blelloch":  # as the backward runs it: elements already in storage order
             n = Ms.shape[0]
-            st = jax.jit(lambda a: scan_lib.to_storage(a, n))
+            st = jax.jit(lambda a: to_storage(a, n))
             args = (v, st(Ms), None if ds is None else st(ds))
-            f = jax.jit(lambda v, M, d: scan_lib.blelloch_scan_stored(v, M, d, n))
+            f = jax.jit(lambda v, M, d: blelloch_scan_stored(v, M, d, n))
         else:
             args = (v, Ms, ds)
-            f = jax.jit(lambda v, M, d, m=m: scan_lib.scan(v, M, d, m))
+            f = jax.jit(lambda v, M, d, m=m: run_scan(v, M, d, m))
         fns[m] = lambda f=f, args=args: f(*args)
     return time_interleaved(fns, repeats=repeats, warmup=warmup)
 
 
 def scan_inputs(cell, params, xs, h0, *, seed: int = 0):
-    """(v, Ms, ds) exactly as the BPPSA backward builds them, for a random cotangent on every step."""
+    """(v, Ms, ds) exactly as the BPPSA backward builds them for the one timed loss (readout ``seed``)."""
     xs = jnp.asarray(xs)
     s0 = backprop.validate_inputs(cell, params, xs, h0)
-    ct = jax.random.normal(jax.random.key(seed), xs.shape[:2] + (cell.state_size,), xs.dtype)
+    ct = cell.flatten_state(gradient.out_cotangent(cell, gradient.readout(cell, *xs.shape[:2], xs.dtype, seed)))
 
     @jax.jit
     def build(params, xs, s0, ct):
-        ss = backprop.forward_states(cell, params, xs, s0)
+        ss = forward_states(cell, params, xs, s0)
         spr, xr, sr, v, ds = _bppsa_inputs(ss, s0, xs, ct)
         return v, cell.transposed_jacobian(params, spr, xr, sr), ds
 
@@ -283,8 +238,7 @@ def make_cell(kind: str, input_size: int, hidden_size: int):
 def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 5, warmup: int = 1,
                 dtype=jnp.float32, seed: int = 0, scan_variants=("blelloch", "associative", "sequential"),
                 max_scan_elements: int = 200_000, memory: bool = True, chunk_size: int | None = None,
-                model: CostModel | None = None, num_classes: int = 10, baselines: bool | dict = True,
-                log=print) -> dict:
+                model: CostModel | None = None, baselines: bool | dict = True, log=print) -> dict:
     """One sweep point: components, speedups, scan variants, peak memory, and with ``baselines``
     every baseline (:func:`bppsa.baselines.backward_baselines`: plain and unrolled lax.scan, tuned
     BPTT, BPPSA with each scan, cuDNN when torch has CUDA) with the `auto` choice (``model``, or
@@ -292,19 +246,13 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
     dict for ``baselines`` is passed on to it as keywords (e.g. fewer ``unrolls``).
 
     Scan variants are timed only when T·B <= ``max_scan_elements`` (the associative scan is
-    slow and memory hungry on a CPU); skipped variants are recorded as skipped.
+    slow and memory hungry on a CPU); skipped variants are recorded as skipped. Parameters,
+    inputs and the loss's readout: :func:`bppsa.gradient.problem` (``seed``).
     """
-    params = cell.init(jax.random.key(seed), dtype)
-    k1, _ = jax.random.split(jax.random.key(seed + 1))
-    if cell.input_size == 1:  # the paper's bitstreams
-        xs = (jax.random.uniform(k1, (T, B, 1)) < 0.5).astype(dtype)
-    else:
-        xs = jax.random.normal(k1, (T, B, cell.input_size), dtype)
-    h0 = cell.unflatten_state(jnp.zeros((B, cell.state_size), dtype))
+    params, xs, h0, _ = gradient.problem(cell, T, B, dtype=dtype, seed=seed)
     rec = {"T": T, "B": B, "H": cell.hidden_size, "cell": type(cell).__name__, "scan": scan,
            "dtype": str(jnp.dtype(dtype))}
-    t = time_components(cell, params, xs, h0, scan=scan, repeats=repeats, warmup=warmup,
-                        num_classes=num_classes, seed=seed)
+    t = time_components(cell, params, xs, h0, scan=scan, repeats=repeats, warmup=warmup, seed=seed)
     rec["components"] = {k: t[k] for k in COMPONENTS}
     for k in ("speedup_backward", "speedup_scan", "speedup_step"):
         rec[k] = t[k]
@@ -318,8 +266,7 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
         else:
             rec["scans"] = {"skipped": f"T*B = {T * B} > max_scan_elements = {max_scan_elements}"}
     if memory:
-        rec["memory"] = step_memory(cell, params, xs, h0, scan=scan, chunk_size=chunk_size,
-                                    num_classes=num_classes)
+        rec["memory"] = gradient_memory(cell, params, xs, h0, scan=scan, chunk_size=chunk_size, seed=seed)
         rec["memory"]["jacobian_bytes"] = T * B * cell.state_size ** 2 * jnp.dtype(dtype).itemsize
     if baselines:  # every method timed together; auto = the method choose_backward runs, vs the fastest
         kw = {"max_scan_elements": max_scan_elements, **(baselines if isinstance(baselines, dict) else {})}
@@ -328,7 +275,7 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
         rec["auto"] = {"choice": b["auto"]["method"], "faster_measured": b["fastest"],
                        "slowdown_vs_best": b["auto"]["ratio_to_fastest"],
                        "predicted_s": m.predict(cell, T, B, dtype) if (m := model or default_cost_model()) else None}
-    log(table_row(rec))
+    log(markdown_table(TABLE_COLUMNS, [table_cells(rec)]).splitlines()[-1])
     return rec
 
 
@@ -336,37 +283,34 @@ def _ms(x):
     return f"{1e3 * x:.2f}"
 
 
-TABLE_HEADER = ("| T | B | fwd ms | FO (jac) ms | scan ms | contract ms | BPPSA bwd ms | BPTT bwd ms | "
-           "bwd × | step BPPSA ms | step BPTT ms | step × | auto | peak MB BPPSA / BPTT |")
+TABLE_COLUMNS = ("T", "B", "fwd ms", "FO (jac) ms", "scan ms", "contract ms", "BPPSA bwd ms", "BPTT bwd ms",
+                 "bwd ×", "step BPPSA ms", "step BPTT ms", "step ×", "auto", "peak MB BPPSA / BPTT")
+TABLE_HEADER = markdown_table(TABLE_COLUMNS, [])  # the header and separator lines, for logs
 
 
-def table_row(r) -> str:
-    """One :func:`bench_point` record as a row of the :data:`TABLE_HEADER` table."""
-    c = r["components"]
+def table_cells(r) -> list:
+    """One :func:`bench_point` record as the cells of a :data:`TABLE_COLUMNS` row."""
+    c = {k: _ms(v["median"]) for k, v in r["components"].items()}
     auto = r.get("auto")
-    auto_s = f"{auto['choice']} ({auto['slowdown_vs_best']:.2f})" if auto else "-"
     mem = r.get("memory") or {}
     mb = lambda m: f"{m['peak'] / 2 ** 20:.1f}" if m else "?"
-    mem_s = f"{mb(mem.get('bppsa'))} / {mb(mem.get('bptt'))}" if mem else "-"
-    return (f"| {r['T']} | {r['B']} | {_ms(c['forward']['median'])} | {_ms(c['jacobian']['median'])} | "
-            f"{_ms(c['bppsa_backward']['median'])} | {_ms(c['param_grads']['median'])} | "
-            f"{_ms(c['bppsa_backward_full']['median'])} | {_ms(c['bptt_backward']['median'])} | "
-            f"{r['speedup_backward']:.2f} | {_ms(c['step_bppsa']['median'])} | {_ms(c['step_bptt']['median'])} | "
-            f"{r['speedup_step']:.2f} | {auto_s} | {mem_s} |")
+    return [r["T"], r["B"], c["forward"], c["jacobian"], c["bppsa_backward"], c["param_grads"],
+            c["bppsa_backward_full"], c["bptt_backward"], f"{r['speedup_backward']:.2f}", c["step_bppsa"],
+            c["step_bptt"], f"{r['speedup_step']:.2f}",
+            f"{auto['choice']} ({auto['slowdown_vs_best']:.2f})" if auto else "-",
+            f"{mb(mem.get('bppsa'))} / {mb(mem.get('bptt'))}" if mem else "-"]
 
 
-def markdown_table(points, title: str = "") -> str:
-    """The sweep as a markdown table (medians; × = BPTT time / BPPSA time, > 1: BPPSA faster)."""
+def sweep_table(points, title: str = "") -> str:
+    """The sweep as markdown tables (medians; × = BPTT time / BPPSA time, > 1: BPPSA faster)."""
     lines = [f"#### {title}", ""] if title else []
-    lines += [TABLE_HEADER, "|" + "---|" * (TABLE_HEADER.count("|") - 1)]
-    lines += [table_row(r) for r in points]
+    lines.append(markdown_table(TABLE_COLUMNS, [table_cells(r) for r in points]))
     scans = [r for r in points if isinstance(r.get("scans"), dict) and "skipped" not in r["scans"]]
     if scans:
         methods = list(scans[0]["scans"])
         lines += ["", "Scan variants (the scan alone on the same Jacobians, formed as (T, B, S, S) matrices, one chunk, median ms):", "",
-                  "| T | B | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
-        lines += [f"| {r['T']} | {r['B']} | " + " | ".join(_ms(r["scans"][m]["median"]) for m in methods) + " |"
-                  for r in scans]
+                  markdown_table(["T", "B", *methods],
+                                 [[r["T"], r["B"], *(_ms(r["scans"][m]["median"]) for m in methods)] for r in scans])]
     return "\n".join(lines) + "\n"
 
 
@@ -382,21 +326,22 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     md = [f"`{record['provenance']['command']}` — {record['provenance']['date']}, "
           f"{record['provenance']['backend']} / {record['provenance']['device_kind']} / "
           f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
-          "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster); BPTT = `lax.scan` autodiff "
-          "with the tuned unroll (`bppsa.cost.bptt_unroll`). BPPSA bwd = the whole "
+          "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). Every time is of the one "
+          "timed loss, `bppsa.gradient.loss` (a fixed random readout of every step's hidden state). "
+          "BPTT = `lax.scan` autodiff with the tuned unroll (`bppsa.cost.bptt_unroll`). BPPSA bwd = the whole "
           "BPPSA backward as `bppsa.rnn` runs it by default (FO + scan + contraction, one jit; on "
           "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`; the RNN's Jacobians "
           "are never formed: FO generates only their diagonal factors, and its chunks bound its "
           "first-level products instead); FO, scan and "
           "contract = those pieces on all T steps at once, so on CPU they can add up to more than "
-          "the whole. step = forward + backward + Adam. auto = the cost model's choice (its time / "
-          "the faster method's time). Peak MB from XLA's compiled memory analysis of the training "
-          "step (default chunking).", ""]
+          "the whole. step = the training-step gradient (forward + backward w.r.t. the parameters). "
+          "auto = the cost model's choice (its time / the faster method's time). Peak MB from XLA's compiled memory analysis of the training-step "
+          "gradient (default chunking).", ""]
     for sweep, pts in record["sweeps"].items():
         if pts:
-            md.append(markdown_table(pts, sweep))
+            md.append(sweep_table(pts, sweep))
         if any(p.get("baselines") for p in pts):
-            md += [f"Baselines, {sweep} (`jax.grad` of a loss on every step, forward included, median ms of "
+            md += [f"Baselines, {sweep} (the same training-step gradient, forward included, median ms of "
                    "all methods interleaved; × = baseline time / BPPSA time, BPPSA = its fastest scan):",
                    "", baselines_lib.baseline_table(pts)]
     if record.get("skipped"):
@@ -426,7 +371,7 @@ def main(argv=None) -> int:
     p.add_argument("--input", type=int, default=1)
     p.add_argument("--T", default="1000", help="comma-separated sequence lengths (default: %(default)s)")
     p.add_argument("--B", default="16", help="comma-separated batch sizes (default: %(default)s)")
-    p.add_argument("--scan", default="blelloch", choices=sorted(scan_lib.SCANS))
+    p.add_argument("--scan", default="blelloch", choices=sorted(SCANS))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-auto", action="store_true", help="skip the baselines and the auto choice")
     p.add_argument("--calibrate", action="store_true", help="probe this machine first and cache its cost model "

@@ -5,11 +5,11 @@ and cached per device (``bppsa bench --calibrate``, or :func:`load_cost_model` f
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from . import backprop, cells
+from . import cells
 from . import cost as cost_lib
+from . import gradient
 from .cost import CostModel
 from .timing import time_interleaved
 
@@ -28,26 +28,20 @@ def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_si
     """Fit :class:`bppsa.cost.CostModel` on this device from a short probe (vanilla RNN, a few
     (T, B); the ``dense_points`` again with ``cells.RNN(..., diagonal=False)``).
 
-    Each probe point times the three backward functions ``backward="auto"`` chooses among (the
-    ``jax.vjp`` backward of tuned BPTT, of BPPSA with ``scan`` and with the sequential scan),
-    interleaved. Seconds on a CPU; the result is cached by :func:`load_cost_model`.
+    Each probe point times the backward alone (:func:`bppsa.gradient.backward_functions`, the one
+    timed loss) of the three methods ``backward="auto"`` chooses among (tuned BPTT, BPPSA with
+    ``scan`` and with the sequential scan), interleaved. Seconds on a CPU; the result is cached by
+    :func:`load_cost_model`.
     """
-    cell = cells.RNN(1, hidden_size)
-    params = cell.init(jax.random.key(0), dtype)
     features = {k: [] for k in cost_lib.METHODS}
     seconds = {k: [] for k in cost_lib.METHODS}
-    apply_vjp = jax.jit(lambda f, c: f(c))
+    names = {"bptt": "bptt", "bppsa": f"bppsa_{scan}", "bppsa_sequential": "bppsa_sequential"}
     dense = cells.RNN(1, hidden_size, diagonal=False)
-    probes = [(cell, T, B) for T, B in points] + [(dense, T, B) for T, B in dense_points]
+    probes = [(cells.RNN(1, hidden_size), T, B) for T, B in points] + [(dense, T, B) for T, B in dense_points]
     for c, T, B in probes:
-        xs = jax.random.normal(jax.random.key(T + B), (T, B, 1), dtype)
-        s0 = jnp.zeros((B, hidden_size), dtype)
-        ct = jnp.ones((T, B, hidden_size), dtype)
-        _, vb = jax.vjp(lambda p, x, s: backprop.forward_states(c, p, x, s), params, xs, s0)
-        _, vp = jax.vjp(lambda p, x, s: backprop.bppsa_states(c, scan, "auto", p, x, s), params, xs, s0)
-        _, vq = jax.vjp(lambda p, x, s: backprop.bppsa_states(c, "sequential", "auto", p, x, s), params, xs, s0)
-        t = time_interleaved({"bptt": lambda: apply_vjp(vb, ct), "bppsa": lambda: apply_vjp(vp, ct),
-                              "bppsa_sequential": lambda: apply_vjp(vq, ct)}, repeats=repeats)
+        params, xs, h0, R = gradient.problem(c, T, B, dtype=dtype, seed=T + B)
+        fns = gradient.backward_functions(c, params, xs, h0, R, names.values())
+        t = time_interleaved({k: fns[m] for k, m in names.items()}, repeats=repeats)
         f = cost_lib.cost_features(c, T, B, jnp.dtype(dtype).itemsize)
         for k in features:
             features[k].append(f[k])

@@ -1,5 +1,5 @@
-"""The measurements behind ``bppsa.cost.bptt_unroll``: BPTT (jitted ``jax.grad`` through
-``lax.scan``, a loss on every step) for each unroll in ``bppsa.cost.UNROLLS``, interleaved
+"""The measurements behind ``bppsa.cost.bptt_unroll``: BPTT (the one timed gradient of
+``bppsa.gradient``, through ``lax.scan``) for each unroll in ``bppsa.cost.UNROLLS``, interleaved
 (``bppsa.timing.time_interleaved``), over a grid of cells and shapes; the unroll the rule picks
 and its time over the best unroll's.
 
@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 
-from bppsa import backprop, cells, cost
+from bppsa import cells, cost, gradient
 from bppsa.provenance import provenance, save_json
+from bppsa.tables import markdown_table
 from bppsa.timing import time_interleaved
 
 GRID = [("rnn", 1, 20, 1000, B) for B in (1, 2, 4, 8, 16, 32, 64, 128, 256)] + \
@@ -39,16 +39,11 @@ def rule_columns(r):
 
 def point(kind, I, H, T, B, repeats):
     cell = CELLS[kind](I, H)
-    p = cell.init(jax.random.key(0), jnp.float32)
-    xs = jax.random.normal(jax.random.key(1), (T, B, I), jnp.float32)
-    s0 = jnp.zeros((B, cell.state_size), jnp.float32)
-    ct = jax.random.normal(jax.random.key(2), (T, B, cell.state_size), jnp.float32)
-    fns = {}
-    for u in cost.UNROLLS:
-        g = jax.jit(jax.grad(lambda q, u=u: jnp.vdot(backprop.forward_states(cell, q, xs, s0, unroll=u), ct)))
-        fns[u] = lambda g=g: g(p)
+    p, xs, h0, R = gradient.problem(cell, T, B)
+    fns = gradient.gradient_functions(cell, p, xs, h0, R, gradient.method_names(unrolls=cost.UNROLLS, tuned=False,
+                                                                                 scans=()))
     t = time_interleaved(fns, repeats=repeats, block=3)
-    ms = {u: 1e3 * t[u]["median"] for u in cost.UNROLLS}
+    ms = {u: 1e3 * t[f"bptt_unroll{u}"]["median"] for u in cost.UNROLLS}
     best = min(ms, key=ms.get)
     r = {"cell": kind, "I": I, "H": H, "T": T, "B": B, "ms": ms, "best": best, "plain_over_best": ms[1] / ms[best]}
     return {**r, **rule_columns(r)}
@@ -57,16 +52,19 @@ def point(kind, I, H, T, B, repeats):
 def render(rec, out):
     p = rec["provenance"]
     md = [f"`{p['command']}` — {p['date']}, {p['backend']} / {p['cpu']}, jax {p['jax']}", "",
-          "BPTT (`jax.grad` of a loss on every step through `lax.scan(..., unroll=u)`, forward included), "
+          "BPTT (the timed training-step gradient of `bppsa.gradient` through `lax.scan(..., unroll=u)`, "
+          "forward included), "
           f"median ms of {rec.get('repeats', 7)} blocks of 2 timed calls, all unrolls interleaved; rule = "
           "`bppsa.cost.bptt_unroll` as committed (re-evaluated on the rows); × = time / best unroll's time.", "",
-          "| cell | I | T | B | " + " | ".join(f"u={u}" for u in cost.UNROLLS) + " | best | rule | rule × | plain × |",
-          "|---|---:|---:|---:|" + "---:|" * (len(cost.UNROLLS) + 4)]
+          ""]
+    rows = []
     for r in rec["rows"]:
         r.update(rule_columns(r))
         ms = {int(u): v for u, v in r["ms"].items()}
-        md.append(f"| {r['cell']} | {r['I']} | {r['T']} | {r['B']} | " + " | ".join(f"{ms[u]:.2f}" for u in cost.UNROLLS)
-                  + f" | {r['best']} | {r['rule']} | {r['rule_over_best']:.2f} | {r['plain_over_best']:.2f} |")
+        rows.append([r["cell"], r["I"], r["T"], r["B"], *(f"{ms[u]:.2f}" for u in cost.UNROLLS), r["best"], r["rule"],
+                     f"{r['rule_over_best']:.2f}", f"{r['plain_over_best']:.2f}"])
+    md.append(markdown_table(["cell", "I", "T", "B", *(f"u={u}" for u in cost.UNROLLS), "best", "rule", "rule ×",
+                              "plain ×"], rows, align="lrrr" + "r" * (len(cost.UNROLLS) + 4)))
     save_json(out / "bptt-unroll.json", rec)
     (out / "bptt-unroll.md").write_text("\n".join(md) + "\n")
 

@@ -4,24 +4,15 @@ program), and an A/A control (one executable timed under two names, interleaved 
 
     python experiments/order_effect.py      # about a minute on 2 CPU cores; prints the tables
 """
-import json, time
+import time
 import numpy as np
-import jax, jax.numpy as jnp
-from bppsa import cells, backprop
+import jax
+from bppsa import cells, gradient
 from bppsa.timing import time_interleaved
 cell = cells.RNN(1, 20); T, B = 10000, 1
-p = cell.init(jax.random.key(0), jnp.float32)
-xs = jax.random.normal(jax.random.key(1), (T, B, 1), jnp.float32); h0 = jnp.zeros((B, 20))
-ct = jax.random.normal(jax.random.key(2), (T, B, 20))
-def g(**kw):
-    def loss(q):
-        return jnp.vdot(backprop.rnn(cell, q, xs, h0, **kw), ct)
-    f = jax.jit(jax.grad(loss)); return lambda: f(p)
-def gplain():
-    def loss(q):
-        return jnp.vdot(backprop.forward_states(cell, q, xs, h0, unroll=1), ct)
-    f = jax.jit(jax.grad(loss)); return lambda: f(p)
-fns = {"bptt_plain": gplain(), "bptt_tuned": g(backward="bptt"), "bppsa": g(backward="bppsa")}
+p, xs, h0, R = gradient.problem(cell, T, B)  # the one timed gradient (bppsa.gradient)
+g = gradient.gradient_functions(cell, p, xs, h0, R, ["bptt_unroll1", "bptt", "bppsa_blelloch"])
+fns = {"bptt_plain": g["bptt_unroll1"], "bptt_tuned": g["bptt"], "bppsa": g["bppsa_blelloch"]}
 for f in fns.values(): jax.block_until_ready(f())
 # 1. position in block: blocks of 4 calls, order rotated, 12 rounds
 pos = {k: [[] for _ in range(4)] for k in fns}

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa import backprop, baselines, calibrate, cells, cost
+from bppsa import backprop, baselines, calibrate, cells, cost, gradient
+from bppsa.tables import markdown_table
+from reference import scan_grads, scan_states
 
 FAVOUR_SEQUENTIAL = {"bptt": [1.0, 0.0, 0.0], "bppsa": [1.0, 0.0, 0.0, 0.0], "bppsa_sequential": [0.0] * 3}
 
@@ -30,11 +32,10 @@ def _grad_fn(cell, xs, h0, **kw):
 
 
 def _reference(cell, params, xs, h0):
-    def loss(p, x, h):
-        s0 = cell.flatten_state(h)
-        hs = cell.hidden(cell.unflatten_state(backprop.forward_states(cell, p, x, s0, unroll=1)))
+    def loss(out):
+        hs = cell.hidden(out)
         return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)
-    return jax.grad(loss, argnums=(0, 1, 2))(params, xs, h0)
+    return scan_grads(cell, params, xs, h0, loss)
 
 
 def _close(a, b):
@@ -120,7 +121,68 @@ def test_auto_picks_the_scan_only_when_scan_is_left_default():
 
 def test_cudnn_baseline_needs_torch_with_cuda(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # torch made unimportable
-    assert baselines.cudnn_function(cells.GRU(2, 3), 10, 2) is None
+    cell = cells.GRU(2, 3)
+    _, xs, _, R = gradient.problem(cell, 10, 2)
+    assert gradient.cudnn_function(cell, xs, R) is None
+    assert gradient.cudnn_function(cells.Generic(lambda p, h, x: h, hidden_size=3, input_size=2), xs, R) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The one timed gradient (bppsa.gradient): every method is the gradient of one loss.
+# ---------------------------------------------------------------------------------------------
+
+GRADIENT_CELLS = [cells.RNN(1, 3), cells.GRU(2, 3), pytest.param(cells.LSTM(2, 2), marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("cell", GRADIENT_CELLS, ids=lambda c: type(c).__name__)
+def test_every_timed_method_is_the_gradient_of_the_one_loss(cell):
+    T, B = 9, 2
+    params, xs, h0, R = gradient.problem(cell, T, B, dtype=jnp.float64, seed=3)
+    assert R.shape == (T, B, cell.hidden_size) and xs.shape == (T, B, cell.input_size)
+    ref = scan_grads(cell, params, xs, h0, lambda out: jnp.vdot(cell.hidden(out), R))
+    out = scan_states(cell, params, xs, h0)
+    np.testing.assert_allclose(gradient.loss(cell, out, R), np.sum(np.asarray(cell.hidden(out)) * np.asarray(R)),
+                               rtol=1e-13)
+    methods = gradient.method_names(unrolls=(1, 4), scans=bppsa.SCANS) + ("auto",)
+    fns = gradient.gradient_functions(cell, params, xs, h0, R, methods)
+    assert list(fns) == ["bptt_unroll1", "bptt_unroll4", "bptt", "bppsa_blelloch", "bppsa_associative",
+                         "bppsa_sequential", "auto"]
+    for m, f in fns.items():
+        _close(f(), ref[0])
+    # the backward alone: the VJP at dL/dout, w.r.t. (params, xs, h0)
+    for m, f in gradient.backward_functions(cell, params, xs, h0, R, ["bptt", "bppsa_blelloch"]).items():
+        _close(f(), ref)
+
+
+def test_the_loss_cotangent_is_the_readout_in_the_hidden_slot():
+    lstm = cells.LSTM(1, 2)
+    R = jnp.arange(12.0).reshape(3, 2, 2)
+    hs_ct, cs_ct = gradient.out_cotangent(lstm, R)
+    np.testing.assert_array_equal(hs_ct, R)
+    np.testing.assert_array_equal(cs_ct, np.zeros((3, 2, 2)))
+    np.testing.assert_array_equal(gradient.readout(lstm, 3, 2, seed=5), gradient.readout(lstm, 3, 2, seed=5))
+    assert not np.array_equal(gradient.readout(lstm, 3, 2, seed=5), gradient.readout(lstm, 3, 2, seed=6))
+
+
+@pytest.mark.parametrize("bad", ["bptt_unroll0", "bptt_unrollx", "bppsa_fast", "cudnn", "lax"])
+def test_unknown_timed_methods_are_named(bad):
+    with pytest.raises(ValueError, match=f"method.*{bad}"):
+        gradient.forward_fn(cells.RNN(1, 2), bad)
+
+
+def test_gradient_errors_measure_float32_against_float64():
+    cell = cells.RNN(1, 4)
+    e = gradient.gradient_errors(cell, 40, 2, {"bptt": ("bptt", {}), "bppsa": ("bppsa_blelloch", {}),
+                                               "plain:highest": ("bptt_unroll1", {"matmul_precision": "highest"})},
+                                 pairs=[("bppsa", "bptt")])
+    assert set(e) == {"bptt", "bppsa", "plain:highest", "bppsa vs bptt"}
+    assert all(1e-9 < v < 1e-5 for v in e.values()), e  # float32 rounding: above float64's, far below 1
+    jax.config.update("jax_enable_x64", False)
+    try:
+        with pytest.raises(ValueError, match="jax_enable_x64"):
+            gradient.gradient_errors(cell, 4, 1, {"bptt": ("bptt", {})})
+    finally:
+        jax.config.update("jax_enable_x64", True)
 
 
 def test_backward_baselines_record_and_table():
@@ -133,7 +195,11 @@ def test_backward_baselines_record_and_table():
     assert r["auto"]["method"] == "bptt" and r["auto"]["ratio_to_fastest"] >= 1.0
     assert r["tuned_unroll"] == cost.bptt_unroll(cell, 6, 2)
     table = baselines.baseline_table([{"T": 6, "B": 2, "baselines": r}])
-    assert table.splitlines()[0] == baselines.BASELINE_HEADER and "| 6 | 2 | " in table
+    assert table.splitlines()[:2] == markdown_table(baselines.BASELINE_COLUMNS, [], align="r" * 12).splitlines()
+    row = table.splitlines()[2].split(" | ")
+    assert row[:3] == ["| 6", "2", f"{r['bptt_plain']:.2f}"] and row[3] == f"{r['bptt_unrolled']:.2f} ({r['best_unroll']})"
+    bppsa_ms = min(r["ms"]["bppsa_blelloch"], r["ms"]["bppsa_sequential"])
+    assert row[10] == f"{r['bptt_plain'] / bppsa_ms:.2f}"
 
 
 def test_bench_calibrate_refines_the_model_for_this_machine(tmp_path, monkeypatch):

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bppsa import bench, cells, timing
+from bppsa import bench, cells, gradient, timing
 from bppsa.experiments import rnn_sweep
+from reference import scan_grads
 
 
 def _close(a, b, rtol=1e-9, atol=1e-11):
@@ -16,19 +17,22 @@ def _close(a, b, rtol=1e-9, atol=1e-11):
 
 @pytest.mark.parametrize("cell", [cells.RNN(1, 4), pytest.param(cells.GRU(2, 3), marks=pytest.mark.slow)],
                          ids=["rnn", "gru"])
-def test_component_functions_compute_the_same_gradients(cell):
+def test_component_functions_compute_the_one_timed_gradient(cell):
     T, B = 7, 2
     params = cell.init(jax.random.key(0), jnp.float64)
     xs = jax.random.normal(jax.random.key(1), (T, B, cell.input_size), jnp.float64)
     h0 = cell.unflatten_state(0.1 * jnp.ones((B, cell.state_size)))
-    fns = bench.component_functions(cell, params, xs, h0, num_classes=3)
+    fns = bench.component_functions(cell, params, xs, h0, seed=4)
     assert set(fns) == set(bench.COMPONENTS)
-    g_bppsa = fns["bppsa_backward_full"]()
-    g_bptt = fns["bptt_backward"]()
-    _close(g_bppsa, g_bptt)
+    R = gradient.readout(cell, T, B, jnp.float64, seed=4)
+    ref = scan_grads(cell, params, xs, h0, lambda out: gradient.loss(cell, out, R))
+    _close(fns["bppsa_backward_full"](), ref)
+    _close(fns["bptt_backward"](), ref)
+    _close(fns["step_bppsa"](), ref[0])
+    _close(fns["step_bptt"](), ref[0])
     # the scan + contraction pieces reproduce the parameter gradient of the full backward
     dparams, _ = fns["param_grads"]()
-    _close(dparams, g_bptt[0])
+    _close(dparams, ref[0])
     gs, _ = fns["bppsa_backward"]()
     assert gs.shape == (T, B, cell.state_size)
     jac = fns["jacobian"]()
@@ -38,10 +42,6 @@ def test_component_functions_compute_the_same_gradients(cell):
     else:
         assert jac.shape == (T, B, S, S)
     assert fns["forward"]().shape == (T, B, cell.state_size)
-    (p1, h1, _), l1 = fns["step_bppsa"]()
-    (p2, h2, _), l2 = fns["step_bptt"]()
-    np.testing.assert_allclose(l1, l2, rtol=1e-12)
-    _close((p1, h1), (p2, h2))
 
 
 def test_time_components_schema():
@@ -55,9 +55,27 @@ def test_time_components_schema():
         assert set(rec) == {"median", "min", "max", "repeats"}
         assert rec["repeats"] == 2
         assert 0 < rec["min"] <= rec["median"] <= rec["max"]
-    for k in ("speedup_backward", "speedup_scan", "speedup_step"):
-        assert out[k] > 0
+    med = {k: out[k]["median"] for k in bench.COMPONENTS}
+    assert out["speedup_backward"] == med["bptt_backward"] / med["bppsa_backward_full"]
+    assert out["speedup_scan"] == med["bptt_backward"] / med["bppsa_backward"]
+    assert out["speedup_step"] == med["step_bptt"] / med["step_bppsa"]
     assert out["shape"] == {"T": 5, "B": 2, "I": 1, "S": 3, "dtype": "float32"}
+
+
+def test_backward_times_times_the_one_gradient_per_method(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(bench, "time_interleaved", lambda fns, repeats: seen.update(fns) or {k: {} for k in fns})
+    cell = cells.RNN(1, 3)
+    params = cell.init(jax.random.key(0), jnp.float64)
+    out = bench.backward_times(cell, params, 6, 2, methods=("bptt", "bppsa", "auto"), scan="sequential",
+                               dtype=jnp.float64)
+    assert set(out) == set(seen) == {"bptt", "bppsa", "auto"}
+    _, xs, h0, R = gradient.problem(cell, 6, 2, dtype=jnp.float64)
+    ref = scan_grads(cell, params, xs, h0, lambda o: gradient.loss(cell, o, R))[0]
+    for f in seen.values():
+        _close(f(), ref)
+    with pytest.raises(ValueError, match="methods.*'lax'"):
+        bench.backward_times(cell, params, 6, 2, methods=("lax",))
 
 
 def test_time_interleaved_rejects_bad_arguments():
@@ -105,20 +123,15 @@ def test_blelloch_equals_sequential(n, with_d):
 # Chunked (memory-bounded) BPPSA is exact.
 # ---------------------------------------------------------------------------------------------
 
+def _loss(cell, out):
+    hs = cell.hidden(out)
+    return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)  # a loss on every step
+
+
 def _grads(cell, params, xs, h0, **kw):
-    def loss(p, x, h):
-        out = backprop.rnn(cell, p, x, h, **kw) if kw else _lax_scan(cell, p, x, h)
-        hs = cell.hidden(out)
-        return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)  # a loss on every step
-    return jax.grad(loss, argnums=(0, 1, 2))(params, xs, h0)
-
-
-def _lax_scan(cell, p, xs, h0):
-    def body(h, x):
-        h = cell.step(p, h, x)
-        return h, h
-    _, hs = jax.lax.scan(body, h0, xs)
-    return hs
+    if not kw:
+        return scan_grads(cell, params, xs, h0, lambda out: _loss(cell, out))
+    return jax.grad(lambda p, x, h: _loss(cell, backprop.rnn(cell, p, x, h, **kw)), argnums=(0, 1, 2))(params, xs, h0)
 
 
 _slow = pytest.mark.slow
@@ -167,7 +180,7 @@ def test_chunked_mode_bounds_compiled_memory():
     T, B = 512, 4
     xs = jnp.ones((T, B, 1), jnp.float32)
     h0 = jnp.zeros((B, 16), jnp.float32)
-    mem = bench.step_memory(cell, params, xs, h0, chunk_size=32)
+    mem = bench.gradient_memory(cell, params, xs, h0, chunk_size=32)
     if mem["bppsa"] is None:
         pytest.skip("this backend has no compiled memory analysis")
     jac_bytes = T * B * 16 * 16 * 4
@@ -206,13 +219,17 @@ def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
     assert [(p["T"], p["B"]) for p in pts] == [(30, 2)]
     for p in pts:
         assert set(p["components"]) == set(bench.COMPONENTS)
-        assert p["speedup_backward"] > 0 and p["speedup_step"] > 0
+        c = {k: v["median"] for k, v in p["components"].items()}
+        assert p["speedup_backward"] == c["bptt_backward"] / c["bppsa_backward_full"]
+        assert p["speedup_step"] == c["step_bptt"] / c["step_bppsa"]
         assert set(p["scans"]) == {"blelloch", "associative", "sequential"}
-        for m in ("bppsa", "bptt"):
-            assert p["memory"][m]["peak"] > 0
+        for m in ("bppsa", "bppsa_one_chunk", "bptt"):
+            mem = p["memory"][m]
+            assert mem["peak"] == mem["argument"] + mem["output"] + mem["temp"] - mem["alias"]
+            assert mem["argument"] >= 30 * 2 * 20 * 4  # the readout R (T, B, H) float32 is an argument
         assert p["memory"]["jacobian_bytes"] == 30 * p["B"] * 20 * 20 * 4
     md = (tmp_path / "rnn-bsweep.md").read_text()
-    assert "| 30 | 2 |" in md
+    assert bench.TABLE_HEADER in md and f"| 30 | 2 | {1e3 * pts[0]['components']['forward']['median']:.2f} |" in md
     assert (tmp_path / "rnn-bsweep.png").stat().st_size > 1000
     assert list(summary) == list(rec["sweeps"])
     assert _load_config("rnn_tsweep").T_values == (10, 30, 100, 300, 1000, 3000, 10000, 30000)
@@ -239,6 +256,28 @@ def test_cli_registers_bench_and_rnn_sweep():
     assert "rnn-sweep" in cli.reproduce_names()
     with pytest.raises(ValueError, match="comma-separated"):
         bench.main(["--T", "10,x", "--no-auto"])
+
+
+def test_gemm_option_records_rates_for_the_sweep(tmp_path, monkeypatch):
+    """``--config.gemm=true`` (documented in experiments/configs/rnn_sweep.py) at toy size."""
+    small = rnn_sweep.gemm_rates
+    monkeypatch.setattr(rnn_sweep, "gemm_rates", lambda S: small(n=16, S=S, large=16, repeats=1))
+    calls = []
+    rate = rnn_sweep.product_rate
+    monkeypatch.setattr(rnn_sweep, "product_rate", lambda *a, **kw: calls.append((a, kw)) or rate(*a, **kw, repeats=1))
+    config = _load_config("rnn_sweep", "smoke")
+    config.gemm = True
+    config.hidden_size = 3
+    config.T_values = (100,)
+    config.B_values = ()
+    config.B_fixed = 2
+    rnn_sweep.sweep_task(config, tmp_path)
+    rec = json.loads((tmp_path / "rnn-sweep-smoke.json").read_text())
+    assert len(rec["gemm_gflops"]) == 7 and all(v > 0 for v in rec["gemm_gflops"].values())
+    (p,) = rec["sweeps"]["T sweep"]
+    assert calls == [((100, 2, 3), {"structured": True})]  # the RNN's diagonal structure, from the cell
+    assert p["product_rate"]["levels"] == 1 and p["product_rate"]["flops"] == 2 * 50 * 2 * 27  # 50 products per row
+    assert p["scan_gflops"] == 2 * 100 * 2 * 27 / p["components"]["bppsa_backward"]["min"] / 1e9
 
 
 def test_product_rate_counts_the_bottom_level_products():

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bppsa import cli
+from bppsa import cells, cli
 from bppsa.experiments import irmas as ie
 from bppsa.data import irmas
 from bppsa.data.synth_irmas import make_synthetic_irmas
@@ -79,11 +79,26 @@ def test_batches_are_time_major_and_cycle_when_there_are_too_few_clips():
     np.testing.assert_array_equal(xs[:, 1], x[1])
 
 
-def test_make_reproduce_runs_the_quick_irmas_config():
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    assert "bppsa reproduce irmas --quick" in (root / "Makefile").read_text()
-    assert cli.reproduce_argv(["irmas", "--quick"]) == [str(root / "experiments" / "configs" / "irmas.py") + ":quick"]
+def test_irmas_timing_times_each_setting_at_its_feature_shape(tmp_path, monkeypatch):
+    from bppsa import bench, runner
+    assert irmas.SHAPES == {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}
+    assert all(irmas.SHAPES[s] == (irmas.num_features(s), irmas.num_frames(s)) for s in irmas.SETTINGS)
+    seen = []
+
+    def point(cell, T, B, **kw):  # the real bench_point, on a tiny GRU: only the shapes are checked here
+        seen.append((type(cell).__name__, cell.input_size, cell.hidden_size, T, B, kw["memory"], kw["baselines"]))
+        return bench.bench_point(cells.GRU(2, 3), 4, B, repeats=1, scan_variants=(), memory=False, baselines=False,
+                                 log=lambda s: None)
+
+    monkeypatch.setattr(ie, "bench_point", point)
+    config = runner.load_config(cli.CONFIGS / "irmas_timing.py", "smoke")
+    config.settings, config.batches = ("m", "l"), (3,)
+    summary = ie.shapes_task(config, tmp_path)
+    assert [s[:5] for s in seen] == [("GRU", 24, 20, 517, 3), ("GRU", 12, 20, 1034, 3)]
+    assert seen[0][5:] == (False, {"unrolls": tuple(config.unrolls)})
+    assert set(summary) == {"m/B=3", "l/B=3"}
+    md = (tmp_path / "irmas-timing.md").read_text()
+    assert bench.TABLE_HEADER in md and "bppsa.gradient.loss" in md
 
 
 def test_bad_settings_and_missing_data_are_clear_errors(tmp_path):

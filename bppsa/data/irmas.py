@@ -40,7 +40,7 @@ from .irmas_files import (AUDIO_EXTENSIONS, CLASSES, LAYOUT, TEST_LAYOUT, TRAIN_
                           list_test_files, list_training_files, non_class_folders, read_test_labels)
 
 __all__ = [
-    "CLASSES", "SETTINGS", "SAMPLE_RATE", "CLIP_SAMPLES", "TRAIN_DIR", "AUDIO_EXTENSIONS",
+    "CLASSES", "SETTINGS", "SHAPES", "SAMPLE_RATE", "CLIP_SAMPLES", "TRAIN_DIR", "AUDIO_EXTENSIONS",
     "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features", "extract_features",
     "find_training_root", "list_training_files", "non_class_folders", "load_features", "list_test_files",
     "read_test_labels", "load_test_features", "clip_predictions", "multilabel_f1",
@@ -72,6 +72,10 @@ def num_frames(setting: str) -> int:
 def num_features(setting: str) -> int:
     """F for a setting: two channels × (n_mfcc − 1) (38 / 24 / 12)."""
     return 2 * (_check_setting(setting)[0] - 1)
+
+
+#: setting -> (F, T) of its feature arrays x (N, T, F): {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}.
+SHAPES = {name: (num_features(name), num_frames(name)) for name in SETTINGS}
 
 
 # --------------------------------------------------------------------------------------------

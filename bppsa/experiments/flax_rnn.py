@@ -20,7 +20,9 @@ from flax import nnx
 
 from ..nn import RNN
 from ..provenance import provenance, save_json
+from ..tables import markdown_table
 from ..timing import time_interleaved
+from ..train import make_train_step
 
 __all__ = ["LAYERS", "CELLS", "make_step", "step_times"]
 
@@ -44,23 +46,14 @@ class _Classifier(nnx.Module):
 
 
 def make_step(layer, kind, input_size, hidden_size, num_classes, seed=0, learning_rate=1e-3):
-    """A training step ``step(x, y) -> loss`` (x (B, T, I) float32, y (B,) ints) of a fresh
-    classifier with ``layer``: ``nnx.jit`` of value_and_grad + Adam, the model and optimizer bound
-    by ``nnx.cached_partial`` (no graph traversal per call)."""
+    """A training step ``step(x, y) -> (loss, accuracy)`` (x (B, T, I) float32, y (B,) ints) of a
+    fresh classifier with ``layer``: the one training step of :func:`bppsa.train.make_train_step`
+    (``nnx.jit`` of value_and_grad of the cross-entropy + Adam), the model and optimizer bound by
+    ``nnx.cached_partial`` (no graph traversal per call)."""
     rngs = nnx.Rngs(seed)
     model = _Classifier(layer, CELLS[kind](input_size, hidden_size, rngs=rngs), hidden_size, num_classes, rngs=rngs)
     optimizer = nnx.Optimizer(model, optax.adam(learning_rate), wrt=nnx.Param)
-
-    def loss_fn(model, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-
-    @nnx.jit
-    def step(model, optimizer, x, y):
-        loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
-        optimizer.update(model, grads)
-        return loss
-
-    return nnx.cached_partial(step, model, optimizer)
+    return nnx.cached_partial(make_train_step(), model, optimizer)
 
 
 def step_times(config, workdir) -> dict:
@@ -77,14 +70,14 @@ def step_times(config, workdir) -> dict:
         runs, losses = {}, {}
         for name, layer in LAYERS.items():
             step = make_step(layer, kind, I, H, classes, config.seed)
-            losses[name] = [float(step(x, y)) for _ in range(config.check_steps)]
+            losses[name] = [float(step(x, y)[0]) for _ in range(config.check_steps)]
             runs[name] = functools.partial(step, x, y)
         times = time_interleaved(runs, repeats=config.repeats)
         ref = np.asarray(losses["nnx.RNN"])
         gap = max(float(np.max(np.abs(np.asarray(c) - ref))) for c in losses.values())
         row = {"cell": kind, "I": I, "H": H, "T": T, "B": B, "classes": classes, "times": times, "max_loss_diff": gap}
         rows.append(row)
-        print(_row_md(row), flush=True)
+        print(_table([row]).splitlines()[-1], flush=True)
     record = {"title": "nnx.RNN vs bppsa.nn.RNN: training-step times in a flax classifier",
               "config": config.to_dict(), "rows": rows, "provenance": provenance()}
     workdir = Path(workdir)
@@ -93,15 +86,17 @@ def step_times(config, workdir) -> dict:
     return {f"{r['cell']} T={r['T']} B={r['B']}": {n: t["median"] for n, t in r["times"].items()} for r in rows}
 
 
-_HEADER = ("| cell | I | H | T | B | " + " | ".join(f"{n} ms" for n in LAYERS)
-           + " | nnx.RNN / bppsa | max loss diff |\n|---|---:|---:|---:|---:|" + "---:|" * (len(LAYERS) + 2))
+_COLUMNS = ["cell", "I", "H", "T", "B", *(f"{n} ms" for n in LAYERS), "nnx.RNN / bppsa", "max loss diff"]
 
 
-def _row_md(r) -> str:
+def _row_cells(r) -> list:
     ms = [f"{1e3 * r['times'][n]['median']:.1f} [{1e3 * r['times'][n]['min']:.1f}]" for n in LAYERS]
     ratio = r["times"]["nnx.RNN"]["median"] / r["times"]["bppsa.nn.RNN bppsa"]["median"]
-    return (f"| {r['cell']} | {r['I']} | {r['H']} | {r['T']} | {r['B']} | " + " | ".join(ms)
-            + f" | {ratio:.2f}x | {r['max_loss_diff']:.1e} |")
+    return [r["cell"], r["I"], r["H"], r["T"], r["B"], *ms, f"{ratio:.2f}x", f"{r['max_loss_diff']:.1e}"]
+
+
+def _table(rows) -> str:
+    return markdown_table(_COLUMNS, [_row_cells(r) for r in rows], align="l" + "r" * (len(_COLUMNS) - 1))
 
 
 def markdown(record) -> str:
@@ -114,4 +109,4 @@ def markdown(record) -> str:
         "layer over the flax cell, a linear head on the final carry, float32. Median [min] ms over "
         "interleaved, rotated blocks (`bppsa.timing`); nnx.RNN / bppsa > 1: BPPSA faster. Max loss diff: "
         "the largest difference of the training losses over the first steps from the same start.", "",
-        _HEADER, *(_row_md(r) for r in record["rows"]), ""])
+        _table(record["rows"]), ""])

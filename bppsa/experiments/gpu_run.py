@@ -14,13 +14,16 @@ what it did:
 
 Parts: ``gpu`` -- the paper's RNN T sweep at B = 16 (to T = 30 000) and B sweep at T = 1000,
 the IRMAS GRU shapes (3 settings x 3 batch sizes, synthetic inputs of those shapes) and the
-precision check (gradient error against float64 per ``precision=`` setting); ``cpu16`` -- in a
-subprocess on XLA CPU: RNN points at a few sizes and sequence-parallel BPPSA over 1-16 host
-devices. Every time is one training step's gradient (forward + backward, ``jax.grad`` of a loss
-on every step's state) by :func:`bppsa.timing.time_interleaved`:
+precision check (:func:`bppsa.gradient.gradient_errors` against float64 per ``precision=``
+setting); ``cpu16`` -- in a subprocess on XLA CPU: RNN points at a few sizes and
+sequence-parallel BPPSA over 1-16 host devices (:func:`bppsa.experiments.scaling.measure`).
+Every time is the one timed training-step gradient of :mod:`bppsa.gradient` (forward + backward
+of a fixed random readout of every step), the methods built by
+:func:`bppsa.baselines.baseline_functions` and timed by :func:`bppsa.timing.time_interleaved`:
 
     bptt              autodiff through a plain ``lax.scan``
-    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in UNROLLS ("best_unroll")
+    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.cost.UNROLLS` ("best_unroll")
+    bptt_tuned        ``bppsa.rnn(..., backward="bptt")`` (the unroll bppsa picks)
     bppsa             bppsa.rnn, Blelloch scan, full float32 products
     bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
     cudnn             torch nn.RNN / nn.GRU forward + backward on CUDA (when torch and CUDA are there)
@@ -31,7 +34,6 @@ on every step's state) by :func:`bppsa.timing.time_interleaved`:
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import subprocess
@@ -40,19 +42,17 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
 
-from bppsa import backprop, cells, host, parallel, timing
+from bppsa import baselines, cells, gradient, host, timing
+from bppsa.cost import UNROLLS
+from bppsa.data.irmas import SHAPES as IRMAS_SHAPES
+from bppsa.options import PRECISIONS
+from bppsa.experiments import scaling
 from bppsa.provenance import provenance
 
-__all__ = ["UNROLLS", "BLOCKED", "IRMAS_SHAPES", "plan", "Summary", "Budget", "method_functions",
-           "measure_point", "grad_rel_err", "run_gpu", "run_cpu16", "main"]
+__all__ = ["BLOCKED", "plan", "Summary", "Budget", "measure_point", "run_gpu", "run_cpu16", "main"]
 
-UNROLLS = (1, 2, 4, 8, 16, 32)
 BLOCKED = ("ml_collections", "librosa", "soundfile", "ray")  # absent on the device machine
-IRMAS_SHAPES = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # setting -> (features, T), DESIGN.md
 H = 20  # hidden size of every paper model
 
 
@@ -136,79 +136,16 @@ def _peak_mb():
     return None if not stats or "peak_bytes_in_use" not in stats else stats["peak_bytes_in_use"] / 2 ** 20
 
 
-def _data(cell, T, B, dtype=jnp.float32, seed=0):
-    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
-    params = cell.init(k1, dtype)
-    xs = jax.random.bernoulli(k2, 0.5, (T, B, cell.input_size)).astype(dtype) if cell.input_size == 1 \
-        else jax.random.normal(k2, (T, B, cell.input_size), dtype)
-    readout = jax.random.normal(k3, (cell.hidden_size,), dtype) / cell.hidden_size
-    return params, xs, jnp.zeros((B, cell.hidden_size), dtype), readout
-
-
-def _loss(hs, readout):
-    """A loss on every step's state: the whole backward chain carries gradient."""
-    return jnp.mean(hs @ readout)
-
-
-def _scan_states(cell, params, xs, h0, unroll=1):
-    def step(h, x):
-        h = cell.step(params, h, x)
-        return h, h
-    return lax.scan(step, h0, xs, unroll=unroll)[1]
-
-
-def method_functions(cell, params, xs, h0, readout, unrolls=UNROLLS) -> dict:
-    """Zero-argument jitted gradient steps: ``unroll_u`` (autodiff through lax.scan), ``bppsa``,
-    ``bppsa_sequential`` (bppsa.rnn with the Blelloch or the sequential scan)."""
-    fns = {}
-    for u in unrolls:
-        g = jax.jit(jax.grad(lambda p, x, h, u=u: _loss(_scan_states(cell, p, x, h, u), readout)))
-        fns[f"unroll_{u}"] = functools.partial(g, params, xs, h0)
-    for name, scan in (("bppsa", "blelloch"), ("bppsa_sequential", "sequential")):
-        g = jax.jit(jax.grad(lambda p, x, h, scan=scan: _loss(backprop.rnn(cell, p, x, h, scan=scan),
-                                                              readout)))
-        fns[name] = functools.partial(g, params, xs, h0)
-    return fns
-
-
-@functools.lru_cache(maxsize=1)
-def _torch():
-    """torch when it imports and sees CUDA, else None (torch is optional, never a dependency)."""
-    try:
-        import torch
-    except Exception:  # noqa: BLE001 -- any failure to import means "no cuDNN baseline"
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
-def cudnn_function(kind: str, T: int, B: int, I: int):
-    """torch's cuDNN nn.RNN / nn.GRU (hidden H) forward + backward on CUDA, or None."""
-    torch = _torch()
-    if torch is None:
-        return None
-    mod = {"RNN": lambda: torch.nn.RNN(I, H, nonlinearity="tanh"), "GRU": lambda: torch.nn.GRU(I, H)}[kind]()
-    mod = mod.cuda()
-    x = torch.randn(T, B, I, device="cuda")
-    r = torch.randn(H, device="cuda") / H
-
-    def run():
-        mod.zero_grad(set_to_none=True)
-        out, _ = mod(x)
-        (out @ r).mean().backward()
-        torch.cuda.synchronize()
-        return ()
-    return run
-
-
 def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=False, extra=None) -> dict:
-    """One point: every method interleaved; ms are medians of one gradient step."""
-    params, xs, h0, readout = _data(cell, T, B)
-    fns = method_functions(cell, params, xs, h0, readout, unrolls)
+    """One point: every method interleaved; ms are medians of one training-step gradient."""
+    params, xs, h0, R = gradient.problem(cell, T, B)
+    fns = baselines.baseline_functions(cell, params, xs, h0, scans=("blelloch", "sequential"), unrolls=unrolls,
+                                       cudnn=False)
     kind = type(cell).__name__
     cudnn_error = None
     if cudnn:
         try:  # a torch failure costs the cuDNN column, not the point
-            fn = cudnn_function(kind, T, B, cell.input_size)
+            fn = gradient.cudnn_function(cell, xs, R)
             if fn is not None:
                 fn()
                 fns["cudnn"] = fn
@@ -217,38 +154,15 @@ def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=Fa
     st = timing.time_interleaved(fns, repeats=repeats, warmup=1, block=2)
     ms = {k: v["median"] * 1e3 for k, v in st.items()}
     spread = {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in st.items()}
-    best = min(unrolls, key=lambda u: ms[f"unroll_{u}"])
-    out_ms = {"bptt": ms["unroll_1"], "bptt_unrolled": ms[f"unroll_{best}"], "bppsa": ms["bppsa"],
-              "bppsa_sequential": ms["bppsa_sequential"]}
+    best = min(unrolls, key=lambda u: ms[f"bptt_unroll{u}"])
+    out_ms = {"bptt": ms["bptt_unroll1"], "bptt_unrolled": ms[f"bptt_unroll{best}"], "bptt_tuned": ms["bptt"],
+              "bppsa": ms["bppsa_blelloch"], "bppsa_sequential": ms["bppsa_sequential"]}
     if "cudnn" in ms:
         out_ms["cudnn"] = ms["cudnn"]
     return {"part": part, "cell": kind, "T": T, "B": B, "H": H, "I": cell.input_size, "ms": out_ms,
-            "best_unroll": best, "ms_by_unroll": {u: ms[f"unroll_{u}"] for u in unrolls},
+            "best_unroll": best, "ms_by_unroll": {u: ms[f"bptt_unroll{u}"] for u in unrolls},
             "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {},
             **({"cudnn_error": cudnn_error} if cudnn_error else {}), **(extra or {})}
-
-
-def _flat(tree):
-    return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(tree)])
-
-
-def grad_rel_err(cell, T: int, B: int) -> dict:
-    """Relative error ||g - g64|| / ||g64|| of float32 parameter gradients against float64 BPTT:
-    BPPSA at each ``precision=`` setting, and autodiff through lax.scan at "default" and
-    "highest" (the products' precision under ``jax.default_matmul_precision``). Needs x64."""
-    p64, xs64, h064, r64 = _data(cell, T, B, jnp.float64)
-    ref = _flat(jax.jit(jax.grad(lambda p: _loss(_scan_states(cell, p, xs64, h064), r64)))(p64))
-    p32, xs32, h032, r32 = (jax.tree.map(lambda a: a.astype(jnp.float32), t) for t in (p64, xs64, h064, r64))
-    err = lambda g: float(np.linalg.norm(_flat(g) - ref) / np.linalg.norm(ref))
-    out = {}
-    for prec in backprop.PRECISIONS:
-        g = jax.jit(jax.grad(lambda p, prec=prec: _loss(backprop.rnn(cell, p, xs32, h032, precision=prec), r32)))
-        out[f"bppsa:{prec}"] = err(g(p32))
-    for prec in ("default", "highest"):
-        with jax.default_matmul_precision(prec):
-            g = jax.jit(jax.grad(lambda p: _loss(_scan_states(cell, p, xs32, h032), r32)))
-            out[f"bptt:{prec}"] = err(g(p32))
-    return out
 
 
 def _sweep(summary, budget, points, measure):
@@ -297,14 +211,17 @@ def run_gpu(summary: Summary, pl: dict, deadline: float):
                   irmas_point))
 
     def precision_point(T):
-        jax.config.update("jax_enable_x64", True)  # the float64 reference; last part of this process
-        params, xs, h0, readout = _data(rnn, T, 16)
-        fns = {prec: functools.partial(jax.jit(jax.grad(lambda p, x, h, prec=prec: _loss(
-            backprop.rnn(rnn, p, x, h, precision=prec), readout))), params, xs, h0) for prec in backprop.PRECISIONS}
+        params, xs, h0, R = gradient.problem(rnn, T, 16)
+        fns = {prec: gradient.gradient_functions(rnn, params, xs, h0, R, ["bppsa_blelloch"], precision=prec)
+               ["bppsa_blelloch"] for prec in PRECISIONS}
         st = timing.time_interleaved(fns, repeats=pl["repeats"], warmup=1, block=2)
+        jax.config.update("jax_enable_x64", True)  # the float64 reference; last part of this process
+        variants = {f"bppsa:{p}": ("bppsa_blelloch", {"precision": p}) for p in PRECISIONS}
+        variants.update({f"bptt:{p}": ("bptt_unroll1", {"matmul_precision": p}) for p in ("default", "highest")})
         return {"part": "gpu", "sweep": "precision", "cell": "RNN", "T": T, "B": 16, "H": H, "I": 1,
                 "ms": {}, "bppsa_ms_by_precision": {k: v["median"] * 1e3 for k, v in st.items()},
-                "best_unroll": None, "peak_mb": _peak_mb(), "grad_rel_err": grad_rel_err(rnn, T, 16)}
+                "best_unroll": None, "peak_mb": _peak_mb(),
+                "grad_rel_err": gradient.gradient_errors(rnn, T, 16, variants)}
 
     parts.append(("gpu/precision", [({"part": "gpu", "sweep": "precision", "T": T, "B": 16}, T * 16 * 4,
                                      dict(T=T)) for T in pl["precision_T"]], precision_point))
@@ -323,15 +240,13 @@ def run_cpu16(summary: Summary, pl: dict, deadline: float):
                                       extra={"sweep": "sizes", "threads": os.cpu_count()}))
     T, B = pl["scaling"]
 
-    def scaling_point(P):
-        params, xs, h0, readout = _data(rnn, T, B)
-        mesh = parallel.make_mesh(P, batch_axis=None, devices=jax.devices()[:P])
-        g = jax.jit(jax.grad(lambda p, x, h: _loss(parallel.rnn(rnn, p, x, h, mesh=mesh), readout)))
-        st = timing.time_fn(functools.partial(g, params, xs, h0), repeats=pl["repeats"], warmup=1, block=2)
+    def scaling_point(P):  # bppsa.experiments.scaling's measurement, one device count
+        (row,) = scaling.measure(devices=(P,), T=T, B=B, H=H, repeats=pl["repeats"], combines=("logstep",),
+                                 diagnostic=False, log=lambda s: None)["rows"]
         return {"part": "cpu16", "sweep": "sequence-parallel", "cell": "RNN", "T": T, "B": B, "H": H, "I": 1,
-                "devices": P, "ms": {"bppsa_sharded": st["median"] * 1e3},
-                "spread_ms": {"bppsa_sharded": [st["min"] * 1e3, st["max"] * 1e3]}, "best_unroll": None,
-                "peak_mb": _peak_mb(), "grad_rel_err": {}}
+                "devices": P, "ms": {"bppsa_sharded_backward": row["backward_logstep_s"] * 1e3,
+                                     "forward_sharded": row["forward_s"] * 1e3},
+                "best_unroll": None, "peak_mb": _peak_mb(), "grad_rel_err": {}}
 
     _sweep(summary, Budget(pl["budgets"]["cpu16"], deadline),
            [({"part": "cpu16", "sweep": "sequence-parallel", "devices": P}, T * B, dict(P=P))
@@ -395,10 +310,14 @@ def main(argv=None) -> int:
         print(f"error: no GPU visible to JAX (backend: {backend}). Check nvidia-smi and the jax[cuda] "
               "install, or pass --dry-run (BPPSA_ALLOW_CPU=1) for a tiny run on the CPU.", file=sys.stderr)
         return 1
-    torch = _torch()
+    try:  # optional: the cuDNN baseline's library
+        import torch
+        torch_version = torch.__version__
+        tf32 = bool(torch.backends.cudnn.allow_tf32) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 -- any failure to import means "no cuDNN baseline"
+        torch_version = tf32 = None
     prov = provenance()
-    prov.update(dry_run=dry, plan={k: v for k, v in pl.items()}, torch=getattr(torch, "__version__", None),
-                cudnn_allow_tf32=None if torch is None else bool(torch.backends.cudnn.allow_tf32))
+    prov.update(dry_run=dry, plan={k: v for k, v in pl.items()}, torch=torch_version, cudnn_allow_tf32=tf32)
     summary.set_provenance("gpu", prov)
     print(f"{'dry run' if dry else 'run'} on {backend}: {jax.devices()}", flush=True)
     if args.part in ("all", "gpu"):

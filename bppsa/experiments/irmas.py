@@ -2,8 +2,9 @@
 
 1. Timing grid, B ∈ {16, 32, 64} × settings s/m/l, on the dataset's own feature arrays
    (xs (T, B, F) of the first B clips): forward, transposed-Jacobian generation, the BPPSA scan,
-   the parameter-gradient contraction, the whole BPPSA backward, the BPTT backward and one
-   training step each way, with speedups — a markdown table in the paper's layout, JSON and a
+   the parameter-gradient contraction, the whole BPPSA backward, the BPTT backward and the
+   training-step gradient each way (:func:`bppsa.bench.time_components`, of the one timed loss
+   :func:`bppsa.gradient.loss`), with speedups — a markdown table in the paper's layout, JSON and a
    PNG bar chart.
 2. Training: GRU(F, 20) -> linear head (11 classes) trained with BPTT and with BPPSA from the
    same initial parameters on the same batches; both loss/accuracy curves (they coincide up to
@@ -14,7 +15,7 @@
 picks the grid, the training or both). Without ``config.data_dir`` it runs on the synthetic
 stand-in (:mod:`bppsa.data.synth_irmas`), generated on first use under ``config.synth_dir``; with
 it, on the real IRMAS. :func:`shapes_task` (``experiments/configs/irmas_timing.py``) times the
-grid on random inputs of the settings' shapes, without data (the GPU script).
+grid on random inputs of the settings' shapes (:data:`bppsa.data.irmas.SHAPES`), without data.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ from ..data.synth_irmas import ensure_synthetic_irmas
 from ..errors import checked_by, require_choices, require_int, require_ints
 from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
+from ..tables import markdown_table
 from ..train import compare_backward_training, evaluate
 
 __all__ = ["timing_grid", "training_comparison", "grid_markdown", "training_markdown", "plot_grid",
            "plot_training", "stratified_split", "batch_clips", "predict_probs", "prepare_data", "save_grid",
-           "save_training", "run", "shapes_task", "SHAPES"]
+           "save_training", "run", "shapes_task"]
 
 NUM_CLASSES = len(irmas.CLASSES)
 
@@ -69,7 +71,7 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
         for B in batches:
             xs = jnp.asarray(batch_clips(feats.x, B))
             h0 = jnp.zeros((B, hidden_size), xs.dtype)
-            t = time_components(cell, params, xs, h0, scan=scan, repeats=repeats, warmup=1, num_classes=NUM_CLASSES)
+            t = time_components(cell, params, xs, h0, scan=scan, repeats=repeats, warmup=1, seed=seed)
             row = {"setting": setting, "T": int(T), "F": int(F), "B": int(B), "H": hidden_size,
                    "clips": int(min(B, len(feats.x)))}
             for k, v in t.items():
@@ -94,21 +96,20 @@ def grid_markdown(record: dict) -> str:
     caption = (f"GRU(F, {record['hidden_size']}), float32 on {record['backend']}, times in ms (median of "
                f"{record.get('repeats', '?')} interleaved repeats after compilation, {record.get('timer', '?')}); "
                f"speedup = BPTT / BPPSA (> 1: BPPSA faster); BPPSA backward = the whole BPPSA backward in one jit "
-               f"(Jacobian generation + scan + parameter gradients); data: {record.get('data', {}).get('kind', '?')}.")
-    lines = [caption, "",
-        "| setting | T | F | B | forward | Jacobian gen. | BPPSA scan | param. grads | BPPSA backward | "
-        "BPTT backward | backward speedup | step BPPSA | step BPTT | step speedup |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+               f"(Jacobian generation + scan + parameter gradients); step grad. = the training-step gradient "
+               f"(forward + backward of the one timed loss, `bppsa.gradient.loss`); "
+               f"data: {record.get('data', {}).get('kind', '?')}.")
+    keys = ("forward", "jacobian", "bppsa_backward", "param_grads", "bppsa_backward_full", "bptt_backward",
+            "step_bppsa", "step_bptt")
+    rows = []
     for r in record["rows"]:
-        ms = {k: 1e3 * r[k]["median"] for k in ("forward", "jacobian", "bppsa_backward", "param_grads",
-                                                 "bppsa_backward_full", "bptt_backward", "step_bppsa", "step_bptt")}
-        lines.append(
-            f"| {r['setting']} | {r['T']} | {r['F']} | {r['B']} | {ms['forward']:.2f} | {ms['jacobian']:.2f} | "
-            f"{ms['bppsa_backward']:.2f} | {ms['param_grads']:.2f} | {ms['bppsa_backward_full']:.2f} | "
-            f"{ms['bptt_backward']:.2f} | **{r['speedup_backward']:.2f}×** | {ms['step_bppsa']:.2f} | "
-            f"{ms['step_bptt']:.2f} | **{r['speedup_step']:.2f}×** |")
-    return "\n".join(lines) + "\n"
+        ms = {k: f"{1e3 * r[k]['median']:.2f}" for k in keys}
+        rows.append([r["setting"], r["T"], r["F"], r["B"], *(ms[k] for k in keys[:6]),
+                     f"**{r['speedup_backward']:.2f}×**", ms["step_bppsa"], ms["step_bptt"],
+                     f"**{r['speedup_step']:.2f}×**"])
+    header = ["setting", "T", "F", "B", "forward", "Jacobian gen.", "BPPSA scan", "param. grads", "BPPSA backward",
+              "BPTT backward", "backward speedup", "step grad. BPPSA", "step grad. BPTT", "step speedup"]
+    return caption + "\n\n" + markdown_table(header, rows, align="l" + "r" * 13) + "\n"
 
 
 def plot_grid(record: dict, path) -> None:
@@ -238,16 +239,17 @@ def training_markdown(record: dict) -> str:
              + (f" (first above 1e-3 at step {record['first_step_loss_diff_above_1e-3']}: float32 rounding "
                 "differences of the two backward passes, amplified by training)"
                 if record.get("first_step_loss_diff_above_1e-3") else ""), "",
-             "| method | final train loss | held-out loss | held-out accuracy | training time (s) |"
-             + (" test micro F1 | test macro F1 |" if "test" in record else ""),
-             "|---|---:|---:|---:|---:|" + ("---:|---:|" if "test" in record else "")]
+             ""]
+    test = "test" in record
+    rows = []
     for m in ("bptt", "bppsa"):
         h, ev = record["curves"][m][-1], record["heldout"][m]
-        line = (f"| {m.upper()} | {h['loss']:.4f} | {ev['loss']:.4f} | {ev['accuracy']:.3f} | "
-                f"{record['train_seconds'][m]:.1f} |")
-        if "test" in record:
-            line += f" {record['test'][m]['micro_f1']:.3f} | {record['test'][m]['macro_f1']:.3f} |"
-        lines.append(line)
+        rows.append([m.upper(), f"{h['loss']:.4f}", f"{ev['loss']:.4f}", f"{ev['accuracy']:.3f}",
+                     f"{record['train_seconds'][m]:.1f}",
+                     *([f"{record['test'][m]['micro_f1']:.3f}", f"{record['test'][m]['macro_f1']:.3f}"] if test else [])])
+    header = ["method", "final train loss", "held-out loss", "held-out accuracy", "training time (s)",
+              *(["test micro F1", "test macro F1"] if test else [])]
+    lines.append(markdown_table(header, rows, align="l" + "r" * (len(header) - 1)))
     lines.append(f"\nchance accuracy: {record['chance_accuracy']:.3f}")
     return "\n".join(lines) + "\n"
 
@@ -374,12 +376,9 @@ def run(config, workdir: Path) -> dict:
     return summary
 
 
-SHAPES = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}  # setting -> (features, T), DESIGN.md
-
-
 def check_shapes_task(config) -> None:
     """The ranges of :func:`shapes_task`'s config (UsageError naming the key)."""
-    require_choices(config, "settings", tuple(SHAPES), many=True)
+    require_choices(config, "settings", tuple(irmas.SHAPES), many=True)
     require_ints(config, "batches", allow_empty=False)
     require_int(config, "repeats")
     require_int(config, "hidden_size")
@@ -394,13 +393,12 @@ def shapes_task(config, workdir: Path) -> dict:
     pts, skipped = [], []
     print(TABLE_HEADER)
     for s in config.settings:
-        F, T = SHAPES[s]
+        F, T = irmas.SHAPES[s]
         for B in config.batches:
             if config.time_budget_s is not None and time.perf_counter() - start > config.time_budget_s:
                 skipped.append({"sweep": "irmas", "T": T, "B": B, "why": "time budget"})
                 continue
-            r = bench_point(cells.GRU(F, config.hidden_size), T, B, repeats=config.repeats,
-                            num_classes=NUM_CLASSES, scan_variants=(), memory=False,
+            r = bench_point(cells.GRU(F, config.hidden_size), T, B, repeats=config.repeats, scan_variants=(), memory=False,
                             baselines={"unrolls": tuple(config.unrolls)} if config.get("unrolls") else True)
             r["setting"] = s
             pts.append(r)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from .. import backprop, cells
-from .. import scan as scan_lib
+from .. import cells, gradient
+from .._scan import batched_matmul, bottom_layout, diagonal_products
 from ..bench import TABLE_HEADER, bench_point, make_cell, save_record
-from ..errors import UsageError, checked_by, require_int, require_ints
 from ..cost import default_cost_model
+from ..errors import UsageError, checked_by, require_int, require_ints
 from ..provenance import provenance, save_json
+from ..tables import markdown_table
 from ..timing import time_interleaved
 
 __all__ = ["run_sweep", "plot_sweep", "save_sweep", "sweep_task", "check_sweep_task", "gemm_rates", "product_rate",
@@ -139,7 +139,7 @@ def sweep_task(config, workdir) -> dict:
             r["scan_gflops"] = 2 * r["T"] * r["B"] * H ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
             # the products alone (the up-sweep's bottom levels, as the scan runs them)
             r["product_rate"] = product_rate(r["T"], r["B"], H,
-                                             structured=backprop.has_diagonal_jacobian(cells.RNN(1, H)))
+                                             structured=cells.RNN(1, H).has_diagonal_jacobian)
             print(f"T={r['T']} B={r['B']}: scan {r['scan_gflops']:.1f} GFLOP/s effective, "
                   f"up-sweep products {r['product_rate']['gflops']:.1f} GFLOP/s")
     print("wrote " + ", ".join(map(str, save_sweep(rec, workdir, config.name))))
@@ -160,10 +160,10 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
         "batched matmul (n/16, 16, S, S)": (jax.jit(lambda a, b: jnp.matmul(a.reshape(-1, 16, S, S), b.reshape(-1, 16, S, S))), (A, Bm)),
         "fused multiply-add over k (n, S, S)": (jax.jit(lambda a, b: sum(a[:, :, k, None] * b[:, None, k, :] for k in range(S))), (A, Bm)),
         "scan's form: fused multiply-add on halves of (2n, S, S)": (
-            jax.jit(lambda x: scan_lib.batched_matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
+            jax.jit(lambda x: batched_matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
         "einsum batch-last (S, S, n)": (jax.jit(lambda a, b: jnp.einsum("ikn,kjn->ijn", a, b)), (At, Bt)),
         "RNN structure: diag(a) Wt diag(b) Wt as diag(a)·(b @ K), one (n, S) @ (S, S^2) GEMM": (
-            jax.jit(lambda a, b, w: scan_lib.diagonal_products(a, b, w)), (A[:, 0], Bm[:, 0], A[0])),
+            jax.jit(lambda a, b, w: diagonal_products(a, b, w)), (A[:, 0], Bm[:, 0], A[0])),
         f"large GEMM {large}^3": (jax.jit(jnp.matmul), (X, X)),
     }
     t = time_interleaved({k: (lambda f=f, a=a: f(*a)) for k, (f, a) in forms.items()}, repeats=repeats)
@@ -174,12 +174,12 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
 def product_rate(T: int, B: int, S: int = 20, *, structured: bool = False, repeats: int = 7,
                  dtype=jnp.float32) -> dict:
     """GFLOP/s of the Blelloch scan's up-sweep matrix products alone, as the scan runs them: the
-    bottom levels of :func:`bppsa.scan.blelloch_scan_stored` (fused multiply-adds on contiguous
+    bottom levels of :func:`bppsa._scan.blelloch_scan_stored` (fused multiply-adds on contiguous
     halves) on random elements in storage order, without offsets, vector products or the top.
-    ``structured``: as :func:`bppsa.scan.blelloch_scan_stored_diag` runs them for elements
+    ``structured``: as :func:`bppsa._scan.blelloch_scan_stored_diag` runs them for elements
     diag(a) Wᵀ (the RNN), level 0 from the vectors (one GEMM and a row scaling), the rest as above;
     the flops counted are the same 2·S³ per product. Returns {"gflops", "flops", "min_s", "levels"}."""
-    k, m, N = scan_lib.bottom_layout(T)
+    k, m, N = bottom_layout(T)
     k1, k2 = jax.random.split(jax.random.key(0))
     if structured:
         X = jax.random.uniform(k1, (N, B, S), dtype)
@@ -193,9 +193,9 @@ def product_rate(T: int, B: int, S: int = 20, *, structured: bool = False, repea
         for level in range(k):
             h = X.shape[0] // 2
             if level == 0 and structured:
-                X = scan_lib.diagonal_products(X[:h], X[h:], Wt)
+                X = diagonal_products(X[:h], X[h:], Wt)
             else:
-                X = scan_lib.batched_matmul(X[:h], X[h:])
+                X = batched_matmul(X[:h], X[h:])
         return X
 
     t = time_interleaved({"products": lambda: products(X, Wt)}, repeats=repeats)["products"]["min"]
@@ -207,34 +207,15 @@ def product_rate(T: int, B: int, S: int = 20, *, structured: bool = False, repea
 # Float32 gradient error of BPPSA vs BPTT and of both vs a float64 reference.
 # --------------------------------------------------------------------------------------------
 
-def _grads(cell, params, xs, h0, backward):
-    def loss(p):
-        hs = backprop.rnn(cell, p, xs, h0, backward=backward)
-        return jnp.sum(hs[-1]) + jnp.mean(hs)  # last-step and every-step terms
-    return jax.jit(jax.grad(loss))(params)
-
-
-def _rel_err(a, b) -> float:
-    a = np.concatenate([np.ravel(x) for x in jax.tree.leaves(a)])
-    b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(b)])
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
 def gradient_errors(T: int, B: int, hidden_size: int = 20, seed: int = 0) -> dict:
-    """Max relative parameter-gradient errors of the RNN(1, H) on bitstreams xs (T, B, 1): BPPSA vs
-    BPTT in float32, and each in float32 vs BPTT in float64 (needs ``jax_enable_x64``)."""
-    if not jax.config.jax_enable_x64:
-        raise ValueError("gradient_errors needs float64: set jax_enable_x64 (the task does)")
-    cell = cells.RNN(1, hidden_size)
-    p64 = cell.init(jax.random.key(seed), jnp.float64)
-    xs64 = jax.random.bernoulli(jax.random.key(T), 0.35, (T, B, 1)).astype(jnp.float64)
-    h64 = jnp.zeros((B, hidden_size), jnp.float64)
-    p32, xs32, h32 = jax.tree.map(lambda x: x.astype(jnp.float32), (p64, xs64, h64))
-    ref = _grads(cell, p64, xs64, h64, "bptt")
-    g_bptt = _grads(cell, p32, xs32, h32, "bptt")
-    g_bppsa = _grads(cell, p32, xs32, h32, "bppsa")
-    return {"T": T, "B": B, "H": hidden_size, "bppsa_vs_bptt_f32": _rel_err(g_bppsa, g_bptt),
-            "bppsa_f32_vs_f64": _rel_err(g_bppsa, ref), "bptt_f32_vs_f64": _rel_err(g_bptt, ref)}
+    """Max relative parameter-gradient errors of the RNN(1, H) on bitstreams xs (T, B, 1), of the
+    one timed loss (:func:`bppsa.gradient.gradient_errors`): BPPSA vs tuned BPTT in float32, and
+    each in float32 vs float64 autodiff through ``lax.scan`` (needs ``jax_enable_x64``)."""
+    e = gradient.gradient_errors(cells.RNN(1, hidden_size), T, B,
+                                 {"bppsa": ("bppsa_blelloch", {}), "bptt": ("bptt", {})},
+                                 pairs=[("bppsa", "bptt")], seed=seed)
+    return {"T": T, "B": B, "H": hidden_size, "bppsa_vs_bptt_f32": e["bppsa vs bptt"],
+            "bppsa_f32_vs_f64": e["bppsa"], "bptt_f32_vs_f64": e["bptt"]}
 
 
 def check_accuracy_task(config) -> None:
@@ -258,12 +239,13 @@ def accuracy_task(config, workdir) -> dict:
             print(rows[-1], flush=True)
     finally:
         jax.config.update("jax_enable_x64", previous)
-    md = ["| T | B | H | max rel. error BPPSA vs BPTT (f32) | BPPSA f32 vs f64 | BPTT f32 vs f64 |",
-          "|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['T']} | {r['B']} | {r['H']} | {r['bppsa_vs_bptt_f32']:.2e} | {r['bppsa_f32_vs_f64']:.2e} | "
-           f"{r['bptt_f32_vs_f64']:.2e} |" for r in rows]
+    md = markdown_table(["T", "B", "H", "max rel. error BPPSA vs BPTT (f32)", "BPPSA f32 vs f64", "BPTT f32 vs f64"],
+                        [[r["T"], r["B"], r["H"], f"{r['bppsa_vs_bptt_f32']:.2e}", f"{r['bppsa_f32_vs_f64']:.2e}",
+                          f"{r['bptt_f32_vs_f64']:.2e}"] for r in rows], align="rrrrrr")
     workdir = Path(workdir)
     save_json(workdir / f"{config.name}.json", {"rows": rows, "provenance": provenance()})
     (workdir / f"{config.name}.md").write_text("Float32 gradient error (max abs difference / max abs gradient), "
-                                               "vanilla RNN, hidden 20, bitstream inputs.\n\n" + "\n".join(md) + "\n")
+                                               "vanilla RNN, hidden 20, bitstream inputs; the one timed loss "
+                                               "(`bppsa.gradient.loss`, a fixed random readout of every step), "
+                                               "reference: float64 autodiff through `lax.scan`.\n\n" + md + "\n")
     return {"rows": rows}

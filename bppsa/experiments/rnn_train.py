@@ -21,6 +21,7 @@ from ..data.bitstream import NUM_CLASSES, make_bitstream
 from ..errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
 from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
+from ..tables import markdown_table
 from ..scan import SCANS
 from ..train import evaluate, fit
 
@@ -128,21 +129,20 @@ def rnn_train_table(record: dict) -> str:
                  f"; the curves first differ by more than 1e-3 at step {record['diverge_step']}: {c['dtype']} "
                  f"rounding differences (the two backward passes sum in different orders) are amplified by "
                  f"training." if record.get("diverge_step") else "; they agree to 1e-3 throughout."), "",
-             "| method | final train loss | eval loss | eval accuracy | median step (ms) | training time (s) |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for m, f in record["final"].items():
-        lines.append(f"| {m.upper()} | {f['train_loss']:.4f} | {f['loss']:.4f} | {f['accuracy']:.3f} | "
-                     f"{1e3 * f['median_step_s']:.2f} | {f['train_time_s']:.1f} |")
+             markdown_table(["method", "final train loss", "eval loss", "eval accuracy", "median step (ms)",
+                             "training time (s)"],
+                            [[m.upper(), f"{f['train_loss']:.4f}", f"{f['loss']:.4f}", f"{f['accuracy']:.3f}",
+                              f"{1e3 * f['median_step_s']:.2f}", f"{f['train_time_s']:.1f}"]
+                             for m, f in record["final"].items()], align="lrrrrr")]
     methods = list(record["final"])
     if record["backward_times"]:
-        lines += ["", "Backward pass (jax.grad incl. forward), median time (ms):", "",
-                  "| T | B | " + " | ".join(m.upper() for m in methods) +
-                  (" | BPTT / BPPSA |" if "speedup" in record["backward_times"][0] else " |"),
-                  "|---:|---:|" + "---:|" * len(methods) + ("---:|" if "speedup" in record["backward_times"][0] else "")]
-        for r in record["backward_times"]:
-            cells_ = [f"{1e3 * r[f'{m}_s']:.2f}" for m in methods]
-            sp = f" | {r['speedup']:.2f}x" if "speedup" in r else ""
-            lines.append(f"| {r['T']} | {r['B']} | " + " | ".join(cells_) + sp + " |")
+        speedup = "speedup" in record["backward_times"][0]
+        lines += ["", "The training-step gradient (`bppsa.bench.backward_times`: the one timed loss of "
+                  "`bppsa.gradient`, forward included), median time (ms):", "",
+                  markdown_table(["T", "B", *(m.upper() for m in methods), *(["BPTT / BPPSA"] if speedup else [])],
+                                 [[r["T"], r["B"], *(f"{1e3 * r[f'{m}_s']:.2f}" for m in methods),
+                                   *([f"{r['speedup']:.2f}x"] if speedup else [])] for r in record["backward_times"]],
+                                 align="r" * (2 + len(methods) + speedup))]
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.irmas import SHAPES as IRMAS_SHAPES
+from ..tables import markdown_table
+
 __all__ = ["H200", "Device", "KERNELS", "predict", "sweep_points", "table", "compare", "compare_table", "main"]
 
 
@@ -117,31 +120,28 @@ def predict(cell: str, T: int, B: int, I: int, H: int = 20, *, device: Device = 
             "bptt_backward": bptt_bwd, "bound": bound}
 
 
-IRMAS = {"s": (38, 259), "m": (24, 517), "l": (12, 1034)}
-
-
 def sweep_points() -> list[dict]:
     """The GPU run's sweep points (experiments/gpu/run.sh): T at B = 16, B at T = 1000, IRMAS GRU."""
     pts = [dict(sweep="T", cell="RNN", T=T, B=16, I=1) for T in (10, 100, 1000, 3000, 10000, 30000)]
     pts += [dict(sweep="B", cell="RNN", T=1000, B=B, I=1) for B in (2, 4, 8, 16, 32, 64, 128, 256)]
-    pts += [dict(sweep="irmas", cell="GRU", T=T, B=B, I=I, setting=s) for s, (I, T) in IRMAS.items()
+    pts += [dict(sweep="irmas", cell="GRU", T=T, B=B, I=I, setting=s) for s, (I, T) in IRMAS_SHAPES.items()
             for B in (16, 32, 64)]
     return pts
 
 
 def table(device: Device = H200) -> str:
     """The markdown table of predictions at every sweep point (ms) and the predicted ratios."""
-    rows = ["| sweep | cell | T | B | BPTT ms | unrolled ms | BPPSA ms | BPPSA bwd ms | BPTT bwd ms | "
-            "bwd ratio | step ratio vs unrolled | BPPSA bwd bound |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = []
     for p in sweep_points():
         r = predict(p["cell"], p["T"], p["B"], p["I"], device=device)
         label = p["sweep"] + (f" {p['setting']}" if "setting" in p else "")
-        rows.append(f"| {label} | {p['cell']} | {p['T']} | {p['B']} | {r['bptt'] * 1e3:.3g} | "
-                    f"{r['bptt_unrolled'] * 1e3:.3g} | {r['bppsa'] * 1e3:.3g} | {r['bppsa_backward'] * 1e3:.3g} | "
-                    f"{r['bptt_backward'] * 1e3:.3g} | {r['bptt_backward'] / r['bppsa_backward']:.1f}x | "
-                    f"{r['bptt_unrolled'] / r['bppsa']:.2f}x | {r['bound']} |")
-    return "\n".join(rows)
+        rows.append([label, p["cell"], p["T"], p["B"], f"{r['bptt'] * 1e3:.3g}", f"{r['bptt_unrolled'] * 1e3:.3g}",
+                     f"{r['bppsa'] * 1e3:.3g}", f"{r['bppsa_backward'] * 1e3:.3g}", f"{r['bptt_backward'] * 1e3:.3g}",
+                     f"{r['bptt_backward'] / r['bppsa_backward']:.1f}x", f"{r['bptt_unrolled'] / r['bppsa']:.2f}x",
+                     r["bound"]])
+    return markdown_table(["sweep", "cell", "T", "B", "BPTT ms", "unrolled ms", "BPPSA ms", "BPPSA bwd ms",
+                           "BPTT bwd ms", "bwd ratio", "step ratio vs unrolled", "BPPSA bwd bound"],
+                          rows, align="llrrrrrrrrrl")
 
 
 def compare(summary) -> list[dict]:
@@ -168,10 +168,10 @@ def compare_table(rows) -> str:
     """Markdown of :func:`compare`'s rows, with the median measured/predicted ratio per method."""
     if not rows:
         return "No GPU points with times in this summary."
-    out = ["| sweep | cell | T | B | method | predicted ms | measured ms | measured / predicted |",
-           "|---|---|---:|---:|---|---:|---:|---:|"]
-    out += [f"| {r['sweep']} | {r['cell']} | {r['T']} | {r['B']} | {r['method']} | {r['predicted_ms']:.3g} | "
-            f"{r['measured_ms']:.3g} | {r['measured_over_predicted']:.2f} |" for r in rows]
+    out = [markdown_table(["sweep", "cell", "T", "B", "method", "predicted ms", "measured ms", "measured / predicted"],
+                          [[r["sweep"], r["cell"], r["T"], r["B"], r["method"], f"{r['predicted_ms']:.3g}",
+                            f"{r['measured_ms']:.3g}", f"{r['measured_over_predicted']:.2f}"] for r in rows],
+                          align="llrrlrrr")]
     out.append("")
     for method in ("bptt", "bptt_unrolled", "bppsa"):
         ratios = [r["measured_over_predicted"] for r in rows if r["method"] == method]

@@ -4,8 +4,10 @@
     bppsa reproduce core-accuracy --quick    # T = 1000 only: seconds
     bppsa run experiments/configs/core_accuracy.py:smoke    # T = 50, B = 2
 
-Max |difference| / max |gradient| over all parameter gradients of a loss with last-step and
-every-step terms, on Bernoulli(0.35) bitstreams. Writes core_accuracy.{json,md} into the work directory.
+Max |difference| / max |gradient| over all parameter gradients of the one timed loss
+(bppsa.gradient.loss: a fixed random readout of every step's hidden state), on Bernoulli(0.5)
+bitstreams (bppsa.gradient.problem); the reference is float64 autodiff through lax.scan
+(bppsa.gradient.gradient_errors). Writes core_accuracy.{json,md} into the work directory.
 """
 
 import ml_collections

@@ -5,7 +5,7 @@
     bppsa run experiments/configs/irmas_grid.py --config.data_dir=/path/to/IRMAS   # the real data
 
 Times forward, transposed-Jacobian generation, the BPPSA scan, the parameter-gradient
-contraction, the whole BPPSA backward, the BPTT backward and one Adam step each way, on the
+contraction, the whole BPPSA backward, the BPTT backward and the training-step gradient each way, on the
 first B clips' MFCC features (the synthetic stand-in under data/synth-irmas unless data_dir is
 set). Writes irmas_grid.{json,md,png} into the work directory.
 """

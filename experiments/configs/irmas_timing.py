@@ -1,11 +1,11 @@
-"""The IRMAS grid's timing on random inputs of each setting's shape (no data): GRU(F, 20), 11 classes.
+"""The IRMAS grid's timing on random inputs of each setting's shape (bppsa.data.irmas.SHAPES, no data): GRU(F, 20).
 
     bppsa reproduce irmas-timing            # = bppsa run experiments/configs/irmas_timing.py; settings s/m/l x B 16/32/64
     bppsa reproduce irmas-timing --quick    # = ...irmas_timing.py:quick; setting s, B = 16, 2 repeats
     bppsa run experiments/configs/irmas_timing.py:smoke     # the same as :quick
 
-Each point is one bppsa.bench.bench_point (no scan variants, no memory); the GPU script
-(experiments/gpu/run.sh) runs it with a time budget. Writes irmas-timing.{json,md} into the work directory.
+Each point is one bppsa.bench.bench_point (no scan variants, no memory; every time is of the one
+timed training-step gradient, bppsa.gradient), with an optional time budget. Writes irmas-timing.{json,md} into the work directory.
 """
 
 import ml_collections

@@ -3,7 +3,7 @@
     bppsa run experiments/configs/rnn_bsweep.py          # B = 2 ... 256; about 10-20 min on 2 CPU cores
     bppsa run experiments/configs/rnn_bsweep.py:smoke    # T = 30, B = 2; a few seconds (no probe)
 
-Times forward, Jacobian generation, scan, contraction, the whole backward and the training step
+Times forward, Jacobian generation, scan, contraction, the whole backward and the training-step gradient
 of BPPSA and BPTT at every point (see bppsa.bench); writes rnn-bsweep.json/.md/.png to the workdir.
 :quick is the same as :smoke.
 """

@@ -5,7 +5,7 @@
     bppsa run experiments/configs/rnn_sweep.py:smoke    # T = 10, B = 2; seconds (no cost-model probe)
 
 RNN(input 1, hidden 20) on bitstreams. At every point: forward, Jacobian generation, scan,
-contraction, the whole backward and the training step of BPPSA and BPTT, the scan variants, the
+contraction, the whole backward and the training-step gradient of BPPSA and BPTT, the scan variants, the
 peak memory and the cost model's `auto` choice (see bppsa.bench). ``--config.gemm=true`` also
 records bare batched-GEMM rates. Writes <name>.{json,md,png} into the work directory.
 """

@@ -3,7 +3,7 @@
     bppsa run experiments/configs/rnn_tsweep.py          # T = 10 ... 30000; about 30-60 min on 2 CPU cores
     bppsa run experiments/configs/rnn_tsweep.py:smoke    # T = 10 only; a few seconds (no cost-model probe)
 
-Times forward, Jacobian generation, scan, contraction, the whole backward and the training step
+Times forward, Jacobian generation, scan, contraction, the whole backward and the training-step gradient
 of BPPSA and BPTT at every point (see bppsa.bench); writes rnn-tsweep.json/.md/.png to the workdir.
 :quick is the same as :smoke.
 """
