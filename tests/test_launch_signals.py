@@ -103,25 +103,28 @@ def test_a_second_signal_kills_at_once(tmp_path):
 
 
 def test_timeout_holds_when_workers_ignore_sigterm(tmp_path):
-    proc, pids, t0 = _start(tmp_path, ["ignore", "child"], "--timeout", "2", "--kill-after", "60")
-    out, err = _finish(proc, pids, limit=30)
-    elapsed = time.monotonic() - t0
+    proc, pids, _ = _start(tmp_path, ["ignore", "child"], "--timeout", "2", "--kill-after", "60")
+    t_up = time.monotonic()  # the workers are up: the launcher's clock started before this
+    out, err = _finish(proc, pids, limit=45)
+    elapsed = time.monotonic() - t_up
     assert proc.returncode == 124, err
     assert "timed out after 2 s; processes [0, 1] were still running" in err
     assert "process 0 did not exit within 1.0 s of SIGTERM and was killed (SIGKILL)" in err
     assert [p for p in pids if _alive(p)] == []
-    assert elapsed < 2 + launch.TIMEOUT_KILL_S + 4, elapsed  # + interpreter start-up and reporting
+    # the --timeout and TIMEOUT_KILL_S, not the 60 s of --kill-after (slack for a loaded machine)
+    assert elapsed < 2 + launch.TIMEOUT_KILL_S + 20, elapsed
 
 
 def test_timeout_holds_while_a_signal_is_handled(tmp_path):
-    proc, pids, t0 = _start(tmp_path, ["ignore"], "--timeout", "3", "--kill-after", "60")
+    proc, pids, _ = _start(tmp_path, ["ignore"], "--timeout", "3", "--kill-after", "60")
+    t_up = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    out, err = _finish(proc, pids, limit=30)
-    elapsed = time.monotonic() - t0
+    out, err = _finish(proc, pids, limit=45)
+    elapsed = time.monotonic() - t_up
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "process 0 did not exit within" in err and "and was killed (SIGKILL)" in err
     assert [p for p in pids if _alive(p)] == []
-    assert elapsed < 3 + launch.TIMEOUT_KILL_S + 4, elapsed  # not the 60 s of --kill-after
+    assert elapsed < 3 + launch.TIMEOUT_KILL_S + 20, elapsed  # not the 60 s of --kill-after
 
 
 def test_a_program_that_cannot_start_is_a_usage_error_and_handlers_are_restored(tmp_path):
