@@ -125,7 +125,7 @@ def test_every_mentioned_file_exists():
 
 
 @pytest.mark.parametrize("text, found", [
-    ("see `bppsa/hetero/partition.py` and ALGORITHMS.md §2", {"bppsa/hetero/partition.py", "ALGORITHMS.md"}),
+    ("see `bppsa/hetero/partition.py` and NOTES.md §2", {"bppsa/hetero/partition.py", "NOTES.md"}),
     ("package data bppsa/data/cost_models/{cpu,gpu}.json, https://x.org/a/b.md, /tmp/x.py", set()),
     ("written to experiments/results/<device>/ and ~/.cache/bppsa; bppsa.cost.py", set()),
     ("the T/P steps, B/P examples and/or a 1/2 split", set()),
@@ -138,6 +138,6 @@ def test_candidates(text, found):
 
 
 def test_a_missing_file_is_caught():
-    assert not exists("DESIGN.md", ROOT) and not exists("bppsa/gpu_run.py", ROOT)
+    assert not exists("NOTES.md", ROOT) and not exists("bppsa/gpu_run.py", ROOT)
     assert exists("hetero/partition.py", ROOT) and exists("irmas.py", ROOT)
     assert exists("results/cpu/bptt-unroll.md", ROOT / "experiments")
