@@ -27,15 +27,17 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from .data.digits import load_digits, train_test_split
 from .data.task import Task
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 __all__ = ["TASKS", "make_task", "task_from_spec", "nnx_task", "cnn_init", "cnn_logits", "digits_task", "gru_task"]
 
@@ -48,6 +50,8 @@ def nnx_task(name: str, x_train, y_train, x_test, y_test, make_model: Callable[[
     ``init(key)`` builds the module with ``nnx.Rngs(key)`` and returns its state (the parameter
     pytree, an ``nnx.State``); ``logits`` merges that state back into the module's graph and calls it.
     """
+    from flax import nnx  # here, not at the top: processes that train only the digits CNN never import flax
+
     graphdef, _ = nnx.split(make_model(nnx.Rngs(0)))
 
     def init(key):

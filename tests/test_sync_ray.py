@@ -1,8 +1,8 @@
 """The Ray runtime: the server's logic in-process (exactly-once pushes, timeouts), and a real run on a local Ray.
 
 The Ray run starts a local Ray (2 CPUs, no dashboard) and stops it; actor start-up dominates its
-time on a loaded 2-core machine, so the default run has one scenario (BSP, 3 workers, one killed)
-and the others are marked slow.
+time on a loaded 2-core machine, so the default run has one scenario (BSP, 2 workers, one killed)
+and the others (3 workers) are marked slow.
 """
 
 import asyncio
@@ -101,7 +101,7 @@ def _check_run(r, killed, kill_time_budget):
     applied = r["applied"]
     # exactly once: (worker, seq) unique and 1..k without gaps per worker; version counts them
     assert len({(w, q) for w, q, _ in applied}) == len(applied) == r["version"]
-    for w in range(3):
+    for w in range(len(r["workers"])):
         seqs = [q for ww, q, _ in applied if ww == w]
         assert seqs == list(range(1, len(seqs) + 1))
     # nothing lost: every push a surviving worker saw acknowledged was applied
@@ -120,9 +120,10 @@ def _check_run(r, killed, kill_time_budget):
 
 
 @pytest.mark.timeout(900)
-def test_ray_bsp_three_workers_trains_and_survives_a_killed_worker(local_ray):
+def test_ray_bsp_trains_and_survives_a_killed_worker(local_ray):
+    """Two workers (actor start-up dominates: each actor imports JAX and compiles), one killed at 2 s."""
     from bppsa.sync.ray_runtime import run_ray
-    r = run_ray(SPEC, "bsp", num_workers=3, duration_s=6.0, delays=[0.01, 0.01, 0.03], kill=(1, 2.0),
+    r = run_ray(SPEC, "bsp", num_workers=2, duration_s=4.0, delays=[0.01, 0.03], kill=(1, 2.0),
                 dead_timeout=30.0, learning_rate=0.1, eval_every=0.5, shutdown=False)
     _check_run(r, killed=1, kill_time_budget=30.0)
     assert r["barriers"] > 5

@@ -144,12 +144,12 @@ class ProcessReplicas:
         if x is None or params is None:
             raise ValueError("ProcessReplicas.profile needs params=, x= and y= (the training data)")
         probes = [int(b) for b in probe_batches]
+        for b in probes:  # every process compiles every probe shape at once, before anyone is timed
+            self._compute(params, x[:b], y[:b])
         stats = []
         for r in range(self.num_replicas):
             self.barrier()  # replica r alone; the others wait at the next barrier
             if r == self.pid:
-                for b in probes:
-                    self._busy(params, x[:b], y[:b], 0)  # warm-up (compiles)
                 stats = [robust_median([self._busy(params, x[:b], y[:b], 0)[1] for _ in range(repeats)])
                          for b in probes]
         self.barrier()
