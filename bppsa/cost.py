@@ -25,14 +25,18 @@ import importlib.resources
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from . import scan as scan_lib
+from . import _scan as scan_lib
 from .provenance import cpu_model
+
+if TYPE_CHECKING:
+    from .cells import Cell
 
 __all__ = ["CHUNK_BYTES", "auto_chunk_size", "backward_levels", "cost_features", "CostModel",
            "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save", "default_cost_model",
@@ -99,7 +103,8 @@ _TINY_WORK = 20_000
 GPU_UNROLL = 8
 
 
-def bptt_unroll(cell, T: int, B: int, dtype=None, backend: str | None = None, state_size: int | None = None) -> int:
+def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None,
+                state_size: int | None = None) -> int:
     """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method) for
     this cell and shape: on CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for
     tiny problems, T·w <= 2·10⁴; T, no loop, for T <= 16), elsewhere :data:`GPU_UNROLL`; never
@@ -127,7 +132,7 @@ def backward_levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structure
     return -(-T // C) * 2 * max(1, int(C).bit_length())
 
 
-def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
+def cost_features(cell: Cell, T: int, B: int, itemsize: int = 4) -> dict:
     """The model's features for one problem (S = ``cell.state_size``, G = ``cell.gates``).
 
     BPTT:  t = a_step · T + a_batch · T·[B > 1] + a_flop · T·B·G·S²   (T dependent steps)
@@ -151,7 +156,7 @@ def cost_features(cell, T: int, B: int, itemsize: int = 4) -> dict:
             "bppsa_sequential": [float(T), float(T) * B * S * S, float(T) * B * G * S * S]}
 
 
-def _nnls(A, y):
+def _nnls(A: Any, y: Any) -> np.ndarray:
     """Non-negative least squares on relative error: min ‖A x / y − 1‖ over x >= 0
     (``scipy.optimize.nnls``, Lawson–Hanson). Features the probe cannot tell apart (collinear
     columns) get one optimal vertex, not a split between them."""
@@ -191,11 +196,11 @@ class CostModel:
                                  f"length; got {len(features.get(k, ()))} and {len(seconds.get(k, ()))}")
         return cls({k: _nnls(features[k], seconds[k]).tolist() for k in keys}, meta)
 
-    def predict(self, cell, T: int, B: int, dtype=None) -> dict:
+    def predict(self, cell: Cell, T: int, B: int, dtype: Any = None) -> dict:
         f = cost_features(cell, T, B, 4 if dtype is None else jnp.dtype(dtype).itemsize)
         return {k: float(np.dot(c, f[k])) for k, c in self.coef.items()}
 
-    def choose(self, cell, T: int, B: int, dtype=None) -> str:
+    def choose(self, cell: Cell, T: int, B: int, dtype: Any = None) -> str:
         """The :data:`METHODS` key predicted fastest (ties: the earlier key)."""
         p = self.predict(cell, T, B, dtype)
         return min(p, key=lambda k: (p[k], list(METHODS).index(k)))
@@ -229,7 +234,7 @@ def cache_path() -> Path:
     return root / f"cost_model-{digest}.json"
 
 
-def load(path=None) -> CostModel | None:
+def load(path: str | os.PathLike | None = None) -> CostModel | None:
     """The cached :class:`CostModel` for this device (default: :func:`cache_path`), or None when
     there is none, it is unreadable or it was calibrated under another :func:`device_key`."""
     try:
@@ -241,7 +246,7 @@ def load(path=None) -> CostModel | None:
     return None
 
 
-def save(model: CostModel, path=None) -> Path:
+def save(model: CostModel, path: str | os.PathLike | None = None) -> Path:
     """Write ``model`` to ``path`` (default: :func:`cache_path`); returns the path."""
     path = Path(path or cache_path())
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +281,7 @@ def default_cost_model() -> CostModel | None:
     return load() or shipped_cost_model()
 
 
-def choose_backward(cell, T: int, B: int, dtype=None, *, cost_model: CostModel | None = None) -> tuple:
+def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model: CostModel | None = None) -> tuple:
     """What ``backward="auto"`` runs for this problem: ``(backward, scan)``, one of
     ``("bptt", None)`` (tuned BPTT, :func:`bptt_unroll`), ``("bppsa", "blelloch")`` and
     ``("bppsa", "sequential")`` (:data:`METHODS`).

@@ -9,6 +9,8 @@ grid of devices, built by ``jax.make_mesh``. On many hosts the mesh spans every 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 from jax.sharding import AxisType, Mesh
@@ -24,15 +26,15 @@ ENV = {
 }
 
 
-def shard_map(f, mesh, in_specs, out_specs):
+def shard_map(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
     """``jax.shard_map`` over ``mesh`` with replication (varying-manual-axes) checking off: the
     bodies here mix device-varying control flow (a ``cond`` on the axis index) with replicated
     values, and every replicated output is made so by a ``psum``."""
     return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
-def make_mesh(seq: int | None = None, data: int = 1, *, devices=None, seq_axis: str = "seq",
-              batch_axis: str | None = "data") -> Mesh:
+def make_mesh(seq: int | None = None, data: int = 1, *, devices: Sequence[Any] | None = None,
+              seq_axis: str = "seq", batch_axis: str | None = "data") -> Mesh:
     """``jax.make_mesh`` for sequence parallelism: a (data, seq) mesh over ``devices`` (default:
     all of ``jax.devices()``, every process's), with bppsa's axis names and argument checks.
 
@@ -71,7 +73,7 @@ def axis_size(mesh: Mesh, name: str) -> int:
     return int(dict(zip(mesh.axis_names, mesh.devices.shape))[name])
 
 
-def check_axes(mesh, seq_axis, batch_axis):
+def check_axes(mesh: Mesh, seq_axis: str, batch_axis: str | None) -> tuple[int, int]:
     """Validate a mesh and its axis names; return (P_seq, P_batch)."""
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}")
