@@ -15,8 +15,10 @@ traceback instead (exit code 2 as well).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import host
@@ -41,12 +43,12 @@ commands:
 Run `bppsa COMMAND --help` for a command's options."""
 
 
-def reproduce_names(configs=CONFIGS) -> list[str]:
+def reproduce_names(configs: str | os.PathLike = CONFIGS) -> list[str]:
     """The names ``bppsa reproduce`` accepts: one per config file, underscores written as dashes."""
     return sorted(p.stem.replace("_", "-") for p in Path(configs).glob("*.py") if not p.name.startswith("_"))
 
 
-def reproduce_argv(argv, configs=CONFIGS) -> list[str]:
+def reproduce_argv(argv: Sequence[str], configs: str | os.PathLike = CONFIGS) -> list[str]:
     """``[NAME, --quick|--smoke?, args...]`` -> the argv of ``bppsa run`` it stands for.
 
     Raises UsageError naming the unknown NAME and the known ones.
@@ -72,7 +74,7 @@ def _usage() -> str:
     return USAGE.format(names=", ".join(reproduce_names()), commands=cmds)
 
 
-def split_debug(argv) -> tuple[bool, list[str]]:
+def split_debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
     """Take the global ``--debug`` out of ``argv``: before the command, or after it but before a ``--``
     (what follows ``--`` belongs to another program, e.g. the one ``bppsa launch`` starts)."""
     end = argv.index("--") if "--" in argv else len(argv)
@@ -90,7 +92,7 @@ def _dispatch(cmd: str, rest: list[str]) -> int:
     return int(_load(COMMANDS[cmd])(rest) or 0)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())

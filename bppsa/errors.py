@@ -13,29 +13,34 @@ each naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
+
 __all__ = ["UsageError", "checked_by", "require_int", "require_ints", "require_number", "require_choices"]
+
+T = TypeVar("T")
 
 
 class UsageError(ValueError):
     """Bad input from the user: one clear line (what was wrong, what was expected), exit code 2."""
 
 
-def checked_by(check):
+def checked_by(check: Callable[[Any], None]) -> Callable[[T], T]:
     """Decorator for a task: ``check(config)`` validates its config (the runner calls ``task.check``)."""
-    def attach(task):
-        task.check = check
+    def attach(task: T) -> T:
+        setattr(task, "check", check)  # a function attribute: the runner reads task.check
         return task
     return attach
 
 
-def _get(config, key: str):
+def _get(config: Any, key: str) -> Any:
     node = config
     for part in key.split("."):
         node = node[part]
     return node
 
 
-def require_int(config, key: str, minimum: int = 1, maximum: int | None = None) -> int:
+def require_int(config: Any, key: str, minimum: int = 1, maximum: int | None = None) -> int:
     """``config.<key>`` (dotted) must be an int in [minimum, maximum]; returns it."""
     value = _get(config, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
@@ -45,7 +50,7 @@ def require_int(config, key: str, minimum: int = 1, maximum: int | None = None) 
     return value
 
 
-def require_ints(config, key: str, minimum: int = 1, *, allow_empty: bool = True) -> tuple:
+def require_ints(config: Any, key: str, minimum: int = 1, *, allow_empty: bool = True) -> tuple:
     """``config.<key>`` must be a sequence of ints >= minimum (non-empty unless ``allow_empty``); returns it."""
     value = _get(config, key)
     values = tuple(value) if isinstance(value, (list, tuple)) else None
@@ -56,7 +61,7 @@ def require_ints(config, key: str, minimum: int = 1, *, allow_empty: bool = True
     return values
 
 
-def require_number(config, key: str, minimum: float = 0.0, *, strict: bool = True) -> float:
+def require_number(config: Any, key: str, minimum: float = 0.0, *, strict: bool = True) -> float:
     """``config.<key>`` must be a number > minimum (>= minimum when not ``strict``); returns it."""
     value = _get(config, key)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
@@ -66,7 +71,7 @@ def require_number(config, key: str, minimum: float = 0.0, *, strict: bool = Tru
     return value
 
 
-def require_choices(config, key: str, allowed, *, many: bool = False):
+def require_choices(config: Any, key: str, allowed: Collection[Any], *, many: bool = False) -> Any:
     """``config.<key>`` must be one of ``allowed`` (``many``: a non-empty sequence of them); returns it."""
     value = _get(config, key)
     values = tuple(value) if many and isinstance(value, (list, tuple)) else (value,)

@@ -43,6 +43,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from typing import TextIO
 
 from ..errors import UsageError
 from .mesh import ENV
@@ -163,11 +165,12 @@ class _Handlers:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, kill_after=5.0, port=None,
-           out=None, err=None) -> int:
+def launch(command: Sequence[str], n: int, *, devices_per_process: int | None = None, timeout: float = 600.0,
+           grace: float = 30.0, kill_after: float = 5.0, port: int | None = None, out: TextIO | None = None,
+           err: TextIO | None = None) -> int:
     """Run ``command`` (a list) as ``n`` processes of one JAX job; return the exit code (see module)."""
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
+    stdout: TextIO = sys.stdout if out is None else out
+    stderr: TextIO = sys.stderr if err is None else err
     if not command:
         raise ValueError("command must be a non-empty list (the program after `--`)")
     if not isinstance(n, int) or n < 1:
@@ -183,10 +186,10 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, k
     class _Locked:
         def write(self, s):
             with lock:
-                out.write(s)
+                stdout.write(s)
 
         def flush(self):
-            out.flush()
+            stdout.flush()
 
     procs, tails, pumps = [], [], []
     start = time.monotonic()
@@ -248,8 +251,8 @@ def launch(command, n, *, devices_per_process=None, timeout=600.0, grace=30.0, k
             if c not in (0,) and useful:  # its last words, without native stack frames
                 lines.extend(f"    | {line}" for line in useful[-8:])
         lines.append(f"  (coordinator 127.0.0.1:{port}, {elapsed:.1f} s in all)")
-        err.write("\n".join(lines) + "\n")
-        err.flush()
+        stderr.write("\n".join(lines) + "\n")
+        stderr.flush()
     return rc
 
 
@@ -278,7 +281,7 @@ def _watch(procs, start, timeout, grace, received):
         time.sleep(0.05)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" in argv:
         cut = argv.index("--")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ __all__ = ["problem", "loss_of_states", "main"]
 CELLS = ("rnn", "gru", "lstm")
 
 
-def problem(cell_name="gru", T=7, B=2, I=3, H=4, seed=0):
+def problem(cell_name: str = "gru", T: int = 7, B: int = 2, I: int = 3, H: int = 4, seed: int = 0) -> tuple:
     """(cell, params, xs (T, B, I), h0) as float64 NumPy arrays, the same in every process."""
     from .. import cells
     if cell_name not in CELLS:
@@ -38,14 +39,14 @@ def problem(cell_name="gru", T=7, B=2, I=3, H=4, seed=0):
     return cell, params, xs, h0
 
 
-def loss_of_states(cell, states):
+def loss_of_states(cell: Any, states: Any) -> Any:
     """A loss at every step of the hidden states h = ``cell.hidden(states)``: Σ_t Σ_b Σ_i w_i sin(h_t[b, i])."""
     import jax.numpy as jnp
     h = cell.hidden(states)
     return jnp.sum(jnp.sin(h) * jnp.arange(1, h.shape[-1] + 1, dtype=h.dtype))
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bppsa.parallel.selfcheck", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", required=True, help="where process 0 writes the gradients (.npz)")
     ap.add_argument("--cell", default="gru", choices=CELLS)
