@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -53,7 +54,7 @@ _RUNNING: list[str] = []
 
 
 @contextlib.contextmanager
-def running_command(command: str):
+def running_command(command: str) -> Iterator[None]:
     """Within the block, :func:`provenance` records ``command`` (the runner's ``bppsa run ...``)."""
     _RUNNING.append(command)
     try:
@@ -98,7 +99,7 @@ def _malloc_tuned() -> bool:
     return allocator_tuned()
 
 
-def save_json(path, record: dict) -> Path:
+def save_json(path: str | os.PathLike, record: dict) -> Path:
     """Write ``record`` as indented JSON (creating parent folders); return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

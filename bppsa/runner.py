@@ -36,6 +36,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def split_spec(spec: str) -> tuple[Path, str | None]:
     return Path(spec), None
 
 
-def load_config(path, arg: str | None = None) -> ml_collections.ConfigDict:
+def load_config(path: str | os.PathLike, arg: str | None = None) -> ml_collections.ConfigDict:
     """Import the config file at ``path`` (by path, not by module name) and call ``get_config(arg)``.
 
     Returns the config locked: existing keys may change (with their types checked), new keys may not.
@@ -161,13 +162,14 @@ def _parse_sequence(text: str, current, typ: type, what: str):
     return typ(_parse_scalar(i, elem, f"{what} (elements of type {elem.__name__})") for i in items)
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
+def apply_overrides(config: ml_collections.ConfigDict,
+                    overrides: dict[str, str] | Sequence[tuple[str, str]]) -> ml_collections.ConfigDict:
     """Apply ``{"a.b": "text", ...}`` (or pairs) to a locked config, parsing each text by the field's type.
 
     Unknown keys and values that do not parse as the field's type raise :class:`ConfigError`
     naming the key, the value and the expected type.
     """
-    items = overrides.items() if isinstance(overrides, dict) else overrides
+    items: Iterable[tuple[str, str]] = overrides.items() if isinstance(overrides, dict) else overrides
     for key, text in items:
         what = f"--config.{key}={text}"
         node: Any = config  # a ConfigDict at every step: checked at the top of the loop
@@ -202,7 +204,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
     return config
 
 
-def resolve_task(target: str):
+def resolve_task(target: str) -> Callable:
     """"package.module:function" -> the function."""
     module, sep, func = target.partition(":")
     if not sep or not module or not func:
@@ -252,7 +254,7 @@ def _write_marker(workdir: Path, marker: dict) -> None:
     os.replace(tmp, workdir / MARKER)
 
 
-def read_marker(workdir) -> dict | None:
+def read_marker(workdir: str | os.PathLike) -> dict | None:
     """The marker of a bppsa work directory ({"status", "written", "before"}), or None without one.
 
     When the last run was killed (status "running"), the entries that appeared since it started
@@ -335,8 +337,10 @@ def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | Non
     return marker or {"written": []}
 
 
-def run(config_path, arg: str | None = None, overrides=(), workdir=None, *, restart: bool = False,
-        publish: bool = False, results_root="experiments/results", command: str | None = None) -> dict:
+def run(config_path: str | os.PathLike, arg: str | None = None,
+        overrides: dict[str, str] | Sequence[tuple[str, str]] = (), workdir: str | os.PathLike | None = None, *,
+        restart: bool = False, publish: bool = False, results_root: str | os.PathLike = "experiments/results",
+        command: str | None = None) -> dict:
     """Load, override, check and run one config; return the task's summary (see the module docstring)."""
     path = Path(config_path)
     config = load_config(path, arg)
@@ -418,7 +422,7 @@ def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(
         prog="bppsa run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
