@@ -326,6 +326,7 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     md = [f"`{record['provenance']['command']}` — {record['provenance']['date']}, "
           f"{record['provenance']['backend']} / {record['provenance']['device_kind']} / "
           f"{record['provenance']['cpu']}, jax {record['provenance']['jax']}", "",
+          *([f"Note: {record['note']}", ""] if record.get("note") else []),
           "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). Every time is of the one "
           "timed loss, `bppsa.gradient.loss` (a fixed random readout of every step's hidden state). "
           "BPTT = `lax.scan` autodiff with the tuned unroll (`bppsa.cost.bptt_unroll`). BPPSA bwd = the whole "
@@ -378,6 +379,7 @@ def main(argv=None) -> int:
                    "(refines the model shipped with bppsa; about a minute)")
     p.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
     p.add_argument("--name", default="bench")
+    p.add_argument("--note", default="", help="a line written into the result file (e.g. how loaded the machine was)")
     a = p.parse_args(argv)
     cell = make_cell(a.cell, a.input, a.hidden)
     model = load_cost_model(recalibrate=True) if a.calibrate else None if a.no_auto else default_cost_model()
@@ -387,7 +389,7 @@ def main(argv=None) -> int:
         for B in _int_list(a.B):
             pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model, baselines=not a.no_auto))
     record = {"config": vars(a), "cost_model": model.to_json() if model else None,
-              "sweeps": {f"{a.cell} H={a.hidden}": pts}}
+              "sweeps": {f"{a.cell} H={a.hidden}": pts}, **({"note": a.note} if a.note else {})}
     paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))
     print("wrote " + ", ".join(map(str, paths)))
     return 0

@@ -127,8 +127,10 @@ def test_reproduce_irmas_end_to_end(tmp_path, capsys):
     assert grid["provenance"]["jax"] == jax.__version__ and grid["data"]["kind"] == "synthetic"
     train = json.loads((tmp_path / "out" / "irmas_train.json").read_text())
     assert train["test"]["clips"] == 2 and 0 <= train["test"]["bppsa"]["micro_f1"] <= 1
-    for name in ("irmas_grid.md", "irmas_grid.png", "irmas_train.md", "irmas_train.png"):
-        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert "| s | 259 | 38 | 4 |" in (tmp_path / "out" / "irmas_grid.md").read_text()
+    assert "| BPPSA |" in (tmp_path / "out" / "irmas_train.md").read_text()
+    for name in ("irmas_grid.png", "irmas_train.png"):
+        assert (tmp_path / "out" / name).read_bytes()[:4] == b"\x89PNG"
     assert len(list((tmp_path / "synth" / irmas.TRAIN_DIR).rglob("*.wav"))) == 22
 
 

@@ -402,7 +402,8 @@ def shapes_task(config, workdir: Path) -> dict:
                             baselines={"unrolls": tuple(config.unrolls)} if config.get("unrolls") else True)
             r["setting"] = s
             pts.append(r)
-    record = {"config": config.to_dict(), "sweeps": {"IRMAS GRU grid (synthetic inputs)": pts}, "skipped": skipped}
+    record = {"config": config.to_dict(), "sweeps": {"IRMAS GRU grid (synthetic inputs)": pts}, "skipped": skipped,
+              **({"note": config.note} if config.get("note") else {})}
     save_record(record, workdir, config.name)
     return {f"{p['setting']}/B={p['B']}": {"speedup_backward": p["speedup_backward"],
                                            "speedup_step": p["speedup_step"]} for p in pts}

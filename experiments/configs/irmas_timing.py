@@ -22,6 +22,7 @@ def get_config(arg=None):
     c.hidden_size = 20
     c.repeats = 5
     c.time_budget_s = ml_collections.config_dict.placeholder(float)  # seconds; later points are skipped
+    c.note = ""  # a line written into the result file (e.g. how loaded the machine was)
     c.unrolls = (1, 2, 4, 8, 16, 32)  # the lax.scan unrolls timed as baselines (the best is reported)
     if arg in ("quick", "smoke"):
         c.settings = ("s",)
