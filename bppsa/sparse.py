@@ -36,7 +36,7 @@ full Blelloch scan.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -89,7 +89,8 @@ def _float_array(name, x):
 # The generators.
 # --------------------------------------------------------------------------------------------
 
-def conv2d_output_shape(w_shape, in_shape, stride=1, padding=1):
+def conv2d_output_shape(w_shape: Sequence[int], in_shape: Sequence[int], stride: int = 1,
+                        padding: int = 1) -> tuple[int, int, int, int]:
     """(B, C_out, H_out, W_out) of a convolution; raises ValueError on unsupported shapes."""
     if len(w_shape) != 4:
         raise ValueError(f"w must have shape (C_out, C_in, kh, kw); got shape {tuple(w_shape)}")
@@ -107,7 +108,8 @@ def conv2d_output_shape(w_shape, in_shape, stride=1, padding=1):
     return B, C_out, (H + 2 * padding - kh) // stride + 1, (W + 2 * padding - kw) // stride + 1
 
 
-def conv2d_transposed_jacobian(w, in_shape, stride=1, padding=1):
+def conv2d_transposed_jacobian(w: jax.Array, in_shape: Sequence[int], stride: int = 1,
+                               padding: int = 1) -> jsparse.BCOO:
     """Jᵀ of y = conv2d(x, w) (cross-correlation, zero padding, no bias; NCHW / OIHW).
 
     w: (C_out, C_in, kh, kw); in_shape: (C_in, H, W) or (B, C_in, H, W).
@@ -140,7 +142,7 @@ def conv2d_transposed_jacobian(w, in_shape, stride=1, padding=1):
                  (B * C_in * H * W, B * C_out * H_out * W_out))
 
 
-def relu_transposed_jacobian(x):
+def relu_transposed_jacobian(x: jax.Array) -> jsparse.BCOO:
     """Jᵀ of y = relu(x), x of any shape (flattened row-major): diag(x > 0), shape (x.size, x.size).
 
     The derivative at 0 is 0, as for ``jax.nn.relu``. All x.size diagonal entries are stored
@@ -154,7 +156,7 @@ def relu_transposed_jacobian(x):
     return _bcoo((x.reshape(-1) > 0).astype(x.dtype), i, i, (n, n), sorted_=True)
 
 
-def maxpool2d_transposed_jacobian(x, window=2):
+def maxpool2d_transposed_jacobian(x: jax.Array, window: int = 2) -> jsparse.BCOO:
     """Jᵀ of non-overlapping max-pooling (window × window, stride = window) of x.
 
     x: (C, H, W) or (B, C, H, W) with H and W multiples of ``window``. Returns BCOO
@@ -178,7 +180,7 @@ def maxpool2d_transposed_jacobian(x, window=2):
                         unique_indices=True)
 
 
-def linear_transposed_jacobian(W, in_shape=None):
+def linear_transposed_jacobian(W: jax.Array, in_shape: Sequence[int] | None = None) -> jsparse.BCOO:
     """Jᵀ of y = W x (+ b): Wᵀ, shape (in, out). W: (out, in).
 
     in_shape: None or (in,) for one sample, (B, in) for the block-diagonal batch Jacobian.
@@ -197,7 +199,7 @@ def linear_transposed_jacobian(W, in_shape=None):
     return _bcoo(data, (b * I + i).reshape(-1), (b * O + o).reshape(-1), (B * I, B * O), sorted_=True)
 
 
-def flatten_transposed_jacobian(in_shape, dtype=jnp.float32):
+def flatten_transposed_jacobian(in_shape: Sequence[int], dtype: Any = jnp.float32) -> jsparse.BCOO:
     """Jᵀ of flattening (C, H, W) -> C·H·W (row-major, so the identity), shape (size, size)."""
     in_shape = tuple(int(s) for s in in_shape)
     if len(in_shape) < 1 or min(in_shape) < 1:
@@ -207,7 +209,7 @@ def flatten_transposed_jacobian(in_shape, dtype=jnp.float32):
     return _bcoo(jnp.ones(n, dtype), i, i, (n, n), sorted_=True)
 
 
-def block_diag(J, B):
+def block_diag(J: jsparse.BCOO, B: int) -> jsparse.BCOO:
     """The (B·m, B·n) block-diagonal matrix with B copies of the (m, n) BCOO ``J``."""
     B = _positive_int("B", B)
     m, n = J.shape
@@ -218,7 +220,7 @@ def block_diag(J, B):
     return _bcoo(jnp.tile(J.data, B), rows, cols, (B * m, B * n))
 
 
-def prune_zeros(J):
+def prune_zeros(J: jsparse.BCOO) -> jsparse.BCOO:
     """Drop stored zeros of a 2-D BCOO (eager: the result's size depends on the values)."""
     data = np.asarray(J.data)
     keep = data != 0
@@ -240,7 +242,7 @@ def _coo(J):
     return idx[:, 0], idx[:, 1]
 
 
-def spgemm(A, B):
+def spgemm(A: jsparse.BCOO, B: jsparse.BCOO) -> jsparse.BCOO:
     """C = A @ B for 2-D BCOO A (m, k) and B (k, n), Gustavson style, summing duplicates.
 
     Every stored a_il meets the stored entries of row l of B (np.repeat over B's row
@@ -267,7 +269,7 @@ def spgemm(A, B):
     return _bcoo(jnp.asarray(vals), keys // n, keys % n, (m, n), sorted_=True)
 
 
-def spmv(A, x):
+def spmv(A: jsparse.BCOO, x: jax.Array) -> jax.Array:
     """A @ x for a 2-D BCOO A (m, n) and a dense vector x (n,); eager, like :func:`spgemm`."""
     if x.shape != (A.shape[1],):
         raise ValueError(f"spmv: x must have shape ({A.shape[1]},) for A of shape {A.shape}; got {x.shape}")
@@ -277,7 +279,7 @@ def spmv(A, x):
     return jnp.asarray(y.astype(dtype))
 
 
-def spgemm_flops(A, B):
+def spgemm_flops(A: jsparse.BCOO, B: jsparse.BCOO) -> int:
     """Floating-point operations of A @ B with sparse products: 2 per pair a_il·b_lj."""
     _, la = _coo(A)
     lb, _ = _coo(B)
@@ -294,12 +296,12 @@ def spgemm_flops(A, B):
 # block 0 holds a vector. ``matmat(later, earlier)`` and ``matvec(M, x)`` are the two products,
 # sparse by default; the FLOP analysis passes pattern-only versions of the same two.
 
-def scan_depth(n):
+def scan_depth(n: int) -> int:
     """Levels of the full up-sweep for n matrices: ⌈log₂(n + 1)⌉."""
     return math.ceil(math.log2(n + 1)) if n > 0 else 0
 
 
-def products(matmat=spgemm, matvec=spmv) -> scan_lib.Products:
+def products(matmat: Callable = spgemm, matvec: Callable = spmv) -> scan_lib.Products:
     """The sweep's products over Python lists of matrices (:class:`bppsa.scan.Products`), from
     ``matmat(later, earlier)`` and ``matvec(M, x)`` (column convention: A_k acts on the left)."""
     return scan_lib.Products(
@@ -311,7 +313,7 @@ def products(matmat=spgemm, matvec=spmv) -> scan_lib.Products:
         one=lambda v: [v])
 
 
-def sequential_middle(vec, Ms, *, matvec=spmv):
+def sequential_middle(vec: Any, Ms: Sequence[Any], *, matvec: Callable = spmv) -> tuple[list, Any]:
     """Sequential exclusive scan of the blocks left at the top: prefix of block j ≥ 1, and the total.
 
     Block 1's prefix is ``vec`` (block 0's value); block j + 1's is M_j applied to block j's.
@@ -324,7 +326,8 @@ def sequential_middle(vec, Ms, *, matvec=spmv):
     return incoming, x
 
 
-def chain_scan(v, As: Sequence, levels=None, *, matmat: Callable = spgemm, matvec: Callable = spmv):
+def chain_scan(v: Any, As: Sequence, levels: int | None = None, *, matmat: Callable = spgemm,
+               matvec: Callable = spmv) -> tuple[list, Any]:
     """BPPSA over a chain: all exclusive prefixes of [v, A_1, …, A_n] and the total.
 
     v: (S_n,) the root vector ∂L/∂h_n; As: n matrices in scan order, A_k of shape
@@ -353,7 +356,8 @@ def chain_scan(v, As: Sequence, levels=None, *, matmat: Callable = spgemm, matve
 # Parameter gradients from the per-layer output gradients.
 # --------------------------------------------------------------------------------------------
 
-def conv2d_weight_grad(x, g, w_shape, stride=1, padding=1):
+def conv2d_weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], stride: int = 1,
+                       padding: int = 1) -> tuple[jax.Array, jax.Array]:
     """∂L/∂w and ∂L/∂b of y = conv2d(x, w) + b from g = ∂L/∂y.
 
     x: (B, C_in, H, W), g: (B, C_out, H_out, W_out), w_shape: (C_out, C_in, kh, kw).
@@ -367,6 +371,6 @@ def conv2d_weight_grad(x, g, w_shape, stride=1, padding=1):
     return dw, g.sum(axis=(0, 2, 3))
 
 
-def linear_weight_grad(x, g):
+def linear_weight_grad(x: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
     """∂L/∂W (out, in) and ∂L/∂b (out,) of y = x Wᵀ + b from x (B, in) and g = ∂L/∂y (B, out)."""
     return jnp.einsum("bo,bi->oi", g, x, precision="highest"), g.sum(axis=0)

@@ -14,7 +14,7 @@ analysis with sparse products (the paper's Fig. 10: total work and the critical 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +44,9 @@ class Layer:
             raise ValueError(f"Layer kind must be conv, relu, maxpool, flatten or linear; got {self.kind!r}")
 
 
-def make_vgg(key, cfg=VGG11, in_shape=(3, 32, 32), hidden: Sequence[int] = (), num_classes=10,
-             kernel=3, dtype=jnp.float32):
+def make_vgg(key: jax.Array, cfg: Sequence[Any] = VGG11, in_shape: Sequence[int] = (3, 32, 32),
+             hidden: Sequence[int] = (), num_classes: int = 10, kernel: int = 3,
+             dtype: Any = jnp.float32) -> tuple[tuple[Layer, ...], list[dict]]:
     """Layers and He-initialised parameters of a VGG-style network.
 
     cfg: channel counts and "M" (max-pool) as in :data:`VGG11`; every conv is kernel×kernel,
@@ -98,7 +99,7 @@ def _apply(layer, p, x):
     return jnp.dot(x, p["w"].T, precision="highest") + p["b"]
 
 
-def forward(layers, params, x):
+def forward(layers: Sequence[Layer], params: Sequence[dict], x: jax.Array) -> list[jax.Array]:
     """All activations [h_0 = x, h_1, ..., h_n]; x: (B, C, H, W), h_n: (B, num_classes)."""
     hs = [x]
     for layer, p in zip(layers, params):
@@ -106,7 +107,7 @@ def forward(layers, params, x):
     return hs
 
 
-def loss(layers, params, x, y):
+def loss(layers: Sequence[Layer], params: Sequence[dict], x: jax.Array, y: jax.Array) -> jax.Array:
     """Mean softmax cross-entropy of the logits h_n against integer labels y: (B,)."""
     logits = forward(layers, params, x)[-1]
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
@@ -118,7 +119,8 @@ _maxpool_tj = jax.jit(sparse.maxpool2d_transposed_jacobian, static_argnums=(1,))
 _linear_tj = jax.jit(sparse.linear_transposed_jacobian, static_argnums=(1,))
 
 
-def transposed_jacobians(layers, params, hs, drop_zeros=True):
+def transposed_jacobians(layers: Sequence[Layer], params: Sequence[dict], hs: Sequence[jax.Array],
+                         drop_zeros: bool = True) -> list:
     """[J_1ᵀ, …, J_nᵀ] of the whole batch (block-diagonal over samples), analytic and sparse.
 
     J_iᵀ has shape (|h_{i-1}|, |h_i|) with activations flattened row-major over (B, C, H, W).
@@ -140,7 +142,8 @@ def transposed_jacobians(layers, params, hs, drop_zeros=True):
     return Js
 
 
-def bppsa_value_and_grad(layers, params, x, y, levels=None):
+def bppsa_value_and_grad(layers: Sequence[Layer], params: Sequence[dict], x: jax.Array, y: jax.Array,
+                         levels: int | None = None) -> tuple[jax.Array, list[dict], jax.Array]:
     """Loss and parameter gradients with the BPPSA backward pass (sparse chain scan).
 
     x: (B, C, H, W), y: (B,) int; ``levels``: the hybrid knob L_m (None: full Blelloch scan,
@@ -170,7 +173,7 @@ def bppsa_value_and_grad(layers, params, x, y, levels=None):
     return value, grads, total.reshape(x.shape)
 
 
-def magnitude_prune(params, sparsity):
+def magnitude_prune(params: Sequence[dict], sparsity: float) -> tuple[list[dict], list[dict]]:
     """Zero the fraction ``sparsity`` of smallest-magnitude weights in each conv/linear layer.
 
     Biases are kept. Returns ``(pruned_params, masks)``; masks mirror params (1 = kept).
@@ -193,7 +196,7 @@ def magnitude_prune(params, sparsity):
     return pruned, masks
 
 
-def apply_masks(tree, masks):
+def apply_masks(tree: Any, masks: Any) -> Any:
     """Multiply every leaf of ``tree`` (params or grads) by its mask."""
     return jax.tree.map(lambda a, m: a * m, tree, masks)
 
@@ -209,7 +212,7 @@ def _pattern(J):
     return sp.csr_matrix((np.ones(idx.shape[0]), (idx[:, 0], idx[:, 1])), shape=J.shape)
 
 
-def flop_analysis(Js, levels=None):
+def flop_analysis(Js: Sequence[Any], levels: int | None = None) -> dict:
     """FLOPs of the backward pass over [J_1ᵀ, …, J_nᵀ] (layer order, BCOO) for BP and BPPSA.
 
     BP: n dependent SpMVs, 2·nnz(J_iᵀ) FLOPs each (total = critical path). BPPSA with L_m =
