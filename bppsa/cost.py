@@ -158,10 +158,29 @@ def cost_features(cell: Cell, T: int, B: int, itemsize: int = 4) -> dict:
 
 def _nnls(A: Any, y: Any) -> np.ndarray:
     """Non-negative least squares on relative error: min ‖A x / y − 1‖ over x >= 0
-    (``scipy.optimize.nnls``, Lawson–Hanson). Features the probe cannot tell apart (collinear
-    columns) get one optimal vertex, not a split between them."""
+    (``scipy.optimize.nnls``, Lawson–Hanson).
+
+    Where the probe cannot tell features apart (a feature's column lies in the span of the
+    chosen ones: with only G = 1 cells probed, the G·S² terms are collinear with the S² and S³
+    ones), nnls hands all the weight to one of them. The minimum-norm least-squares solution over
+    the chosen and such collinear features is taken instead when it is non-negative and fits as
+    well (the same residual), so that a refit does not move the choices for cells the probe did
+    not cover (GRU, LSTM: G = 3, 4) on a numerical tie-break.
+    """
     A = np.asarray(A, float) / np.asarray(y, float)[:, None]
-    return scipy.optimize.nnls(A, np.ones(len(y)))[0]
+    b = np.ones(len(y))
+    x, rnorm = scipy.optimize.nnls(A, b)
+    chosen = x > 0
+    if chosen.any():
+        basis = A[:, chosen]
+        proj = basis @ np.linalg.lstsq(basis, A, rcond=None)[0]  # every column projected on the chosen ones
+        tied = chosen | (np.linalg.norm(proj - A, axis=0) <= 1e-9 * np.linalg.norm(A, axis=0))
+        if tied.sum() > chosen.sum():
+            x_tied = np.zeros_like(x)
+            x_tied[tied] = np.linalg.lstsq(A[:, tied], b, rcond=None)[0]
+            if x_tied.min() >= 0 and np.linalg.norm(A @ x_tied - b) <= rnorm * (1 + 1e-9) + 1e-12:
+                return x_tied
+    return x
 
 
 class CostModel:

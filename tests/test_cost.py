@@ -131,6 +131,32 @@ def test_fit_reaches_the_optimal_residual_where_greedy_pruning_does_not():
     assert np.all(x >= 0) and np.all(np.abs(grad[x > 0]) < 1e-12) and np.all(grad[x == 0] >= -1e-12)
 
 
+def test_fit_shares_the_weight_of_features_the_probe_cannot_tell_apart():
+    """Two identical columns (with only G = 1 probed, T·B·S² and T·B·G·S² are the same feature):
+    the optimal fits are a line; the fit takes its minimum-norm point (an equal split), not the
+    vertex where one feature takes everything."""
+    rng = np.random.default_rng(0)
+    rows = rng.uniform(1.0, 2.0, size=(6, 2))
+    A = np.c_[rows, rows[:, 1]]
+    secs = A @ np.array([1e-3, 2e-3, 0.0]) * rng.uniform(0.95, 1.05, size=6)
+    f = {"bptt": A.tolist(), "bppsa": np.c_[A, np.zeros(6)].tolist()}
+    coef = cost.CostModel.fit(f, {"bptt": secs.tolist(), "bppsa": secs.tolist()}).coef["bptt"]
+    assert coef[1] == pytest.approx(coef[2], rel=1e-9) and coef[1] > 0
+
+
+def test_refitting_the_shipped_cpu_model_from_its_measurements_reproduces_it():
+    """bppsa/data/cost_models/cpu.json keeps its probe's measurements: the fit of today's code
+    gives its coefficients back, so its choices are what the fit makes of those measurements."""
+    shipped = cost.shipped_cost_model("cpu")
+    m = shipped.meta
+    rnn, dense = cells.RNN(1, m["hidden_size"]), cells.RNN(1, m["hidden_size"], diagonal=False)
+    probes = [(rnn, T, B) for T, B in m["points"]] + [(dense, T, B) for T, B in m["dense_points"]]
+    feats = {k: [cost.cost_features(c, T, B, 4)[k] for c, T, B in probes] for k in m["measured"]}
+    refit = cost.CostModel.fit(feats, m["measured"])
+    for k, coef in shipped.coef.items():
+        np.testing.assert_allclose(refit.coef[k], coef, rtol=1e-6, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # backward="auto": an explicit model, else the cached calibration, else BPTT.
 # ---------------------------------------------------------------------------------------------
