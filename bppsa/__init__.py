@@ -6,34 +6,38 @@
     params = cell.init(jax.random.key(0))
     hs = bppsa.rnn(cell, params, xs, h0, backward="bppsa", scan="blelloch")
 
-Importing the package changes nothing in the process: entry points (the CLI, the benchmark
-scripts) call :func:`bppsa.host.tune_allocator`; library users may opt in the same way.
+Importing the package changes nothing in the process. On CPU the first :func:`rnn` call applies
+:func:`bppsa.host.tune_allocator` (``BPPSA_MALLOC_TUNING=0`` switches it off).
 """
 
-from . import backprop, cells, cost, host, parallel, scan
-from .backprop import BACKWARDS
+from __future__ import annotations
+
+from typing import Unpack
+
+from . import backprop, cells, cost, host, options, parallel, scan
 from .cost import CostModel, choose_backward
+from .options import BACKWARDS, OptionFields, Options
 from .scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "cells", "scan", "cost", "host", "parallel", "rnn", "BACKWARDS", "SCANS", "CostModel", "choose_backward",
-    "blelloch_scan", "associative_scan", "sequential_scan",
+    "rnn", "Options", "cells", "scan", "cost", "host", "options", "parallel", "BACKWARDS", "SCANS", "CostModel",
+    "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
 
 
-def rnn(cell, params, xs, h0, *, backward: str = "bppsa", scan: str | None = None,
-        chunk_size: int | str | None = "auto", cost_model=None, mesh=None, seq_axis: str = "seq",
-        batch_axis: str | None = None, precision="highest"):
+def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis: str = "seq",
+        batch_axis: str | None = None, **fields: Unpack[OptionFields]):
     """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> the state
     sequence hs (T, B, H) [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
 
-    Without ``mesh``: :func:`bppsa.backprop.rnn` (one device; see it for ``backward``, ``scan``,
-    ``chunk_size``, ``cost_model`` and ``precision``). With a ``jax.sharding.Mesh``: :func:`bppsa.parallel.rnn`,
-    the time axis split over ``mesh[seq_axis]`` and the batch over ``mesh[batch_axis]``.
+    ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords (``backward``, ``scan``,
+    ``chunk_size``, ``precision``, ``cost_model``, ``combine``) choose the backward pass.
+    Without ``mesh``: :func:`bppsa.backprop.rnn` (one device). With a ``jax.sharding.Mesh``:
+    :func:`bppsa.parallel.rnn`, the time axis split over ``mesh[seq_axis]`` and the batch over
+    ``mesh[batch_axis]``.
     """
-    kw = dict(backward=backward, scan=scan, chunk_size=chunk_size, cost_model=cost_model, precision=precision)
     if mesh is None:
-        return backprop.rnn(cell, params, xs, h0, **kw)
-    return parallel.rnn(cell, params, xs, h0, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis, **kw)
+        return backprop.rnn(cell, params, xs, h0, options, **fields)
+    return parallel.rnn(cell, params, xs, h0, options, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis, **fields)

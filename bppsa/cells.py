@@ -19,10 +19,10 @@ s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
         gs: (T, B, S) the total gradient ∂L/∂s_t; the contraction of the per-step gradients of
         the pre-activations with x_t and s_{t-1}, one einsum over (t, b).
 
-:class:`Cell` writes the contract down (abstract methods) and answers the questions callers
-used to ask with type checks: ``gates`` (G, the per-step width), ``pair_state`` (the LSTM's
-(h, c)), ``has_diagonal_jacobian``, and ``hidden(states)``, the (T, B, H) hidden states of what
-:func:`bppsa.rnn` returns.
+Each cell's maths is written once, here. The conventions in which published cells differ are
+fields: the activation functions (by name, :data:`ACTIVATIONS`), whether the input and the
+hidden layer carry a bias (PyTorch: both; flax's GRU: input only; flax's LSTM: hidden only) and
+the SimpleCell's residual. :mod:`bppsa.flax_cells` maps flax's parameter layout onto these cells.
 
 Row convention throughout: a step computes ``x @ W_x + h @ W_h``, W_x: (I, G), W_h: (H, G). GRU
 and LSTM use PyTorch's gate order (r, z, n) and (i, f, g, o). The arrays passed to the batched
@@ -40,7 +40,14 @@ import jax.numpy as jnp
 
 from .errors import UsageError
 
-__all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic"]
+__all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS", "autodiff_jacobian", "autodiff_param_grads"]
+
+#: Activation functions by name: (function, its derivative written in terms of its output y).
+ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
+    "tanh": (jnp.tanh, lambda y: 1.0 - y * y),
+    "sigmoid": (jax.nn.sigmoid, lambda y: y * (1.0 - y)),
+    "relu": (jax.nn.relu, lambda y: (y > 0).astype(y.dtype)),
+}
 
 
 def _uniform(key, shape, bound, dtype):
@@ -51,10 +58,10 @@ class Cell(abc.ABC):
     """The contract every cell meets. Shapes: B batch, I input, H hidden, S = flat state size
     (S = H; LSTM: S = 2H with s = [h, c]), T steps (in any order, as long as the arrays agree).
 
-    Subclasses are frozen dataclasses (hashable: :func:`bppsa.backprop.rnn` passes them as a
-    static argument of its custom VJP). :meth:`param_spec` is the structure ``params`` must have
-    (:func:`bppsa.backprop.validate_inputs` names any leaf that is missing, extra or of another
-    shape); its default traces :meth:`init`, so a cell that implements ``init`` is checked.
+    Subclasses are frozen dataclasses (hashable: :func:`bppsa.rnn` passes them as a static
+    argument of its custom VJP). :meth:`param_spec` is the structure ``params`` must have
+    (:func:`bppsa.rnn` names any leaf that is missing, extra or of another shape); its default
+    traces :meth:`init`, so a cell that implements ``init`` is checked.
     """
 
     input_size: int | None
@@ -98,7 +105,7 @@ class Cell(abc.ABC):
 
     #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
     gates: ClassVar[int] = 1
-    #: Whether the state is a pair (h, c) of (B, H) arrays (LSTM) rather than one array.
+    #: Whether the state is a pair of (B, H) arrays (LSTM) rather than one array.
     pair_state: ClassVar[bool] = False
 
     @property
@@ -120,117 +127,162 @@ class Cell(abc.ABC):
         return states[0] if self.pair_state else states
 
 
-def _rnn_params(key, input_size, hidden_size, gates, dtype):
+# --------------------------------------------------------------------------------------------
+# Shared pieces: parameters, activations, gradient contraction, autodiff Jacobians
+# --------------------------------------------------------------------------------------------
+
+def _check_cell(cell, *names):
+    for name in ("input_size", "hidden_size"):
+        value = getattr(cell, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")
+    for name in names:
+        value = getattr(cell, name)
+        if not (isinstance(value, str) and value in ACTIVATIONS):
+            raise UsageError(f"{type(cell).__name__}: {name} must be one of {list(ACTIVATIONS)}; got {value!r}")
+    for name in ("input_bias", "hidden_bias"):
+        if not isinstance(getattr(cell, name), bool):
+            raise UsageError(f"{type(cell).__name__}: {name} must be True or False; got {getattr(cell, name)!r}")
+
+
+def _params(cell, key, gates, dtype):
+    """PyTorch's initialisation, U(±1/√H), of W_x (I, G), W_h (H, G) and the biases the cell has."""
     k = jax.random.split(key, 4)
-    bound = 1.0 / float(hidden_size) ** 0.5  # PyTorch's default initialisation
-    G = gates * hidden_size
-    return {
-        "W_x": _uniform(k[0], (input_size, G), bound, dtype),
-        "W_h": _uniform(k[1], (hidden_size, G), bound, dtype),
-        "b_x": _uniform(k[2], (G,), bound, dtype),
-        "b_h": _uniform(k[3], (G,), bound, dtype),
-    }
+    bound = 1.0 / float(cell.hidden_size) ** 0.5
+    G = gates * cell.hidden_size
+    params = {"W_x": _uniform(k[0], (cell.input_size, G), bound, dtype),
+              "W_h": _uniform(k[1], (cell.hidden_size, G), bound, dtype)}
+    if cell.input_bias:
+        params["b_x"] = _uniform(k[2], (G,), bound, dtype)
+    if cell.hidden_bias:
+        params["b_h"] = _uniform(k[3], (G,), bound, dtype)
+    return params
 
 
-def _contract(xs, s_prev, da):
-    """Parameter gradients of ``a = x @ W_x + b_x + h @ W_h + b_h`` from ∂L/∂a (T, B, G)."""
-    return {
-        "W_x": jnp.einsum("tbi,tbg->ig", xs, da),
-        "W_h": jnp.einsum("tbh,tbg->hg", s_prev, da),
-        "b_x": da.sum((0, 1)),
-        "b_h": da.sum((0, 1)),
-    }
+def _affine(cell, params, h, x):
+    """(x W_x + b_x, h W_h + b_h), each bias where the cell has it."""
+    gx, gh = x @ params["W_x"], h @ params["W_h"]
+    return (gx + params["b_x"] if cell.input_bias else gx), (gh + params["b_h"] if cell.hidden_bias else gh)
 
 
-# --------------------------------------------------------------------------------------------
-# Vanilla RNN
-# --------------------------------------------------------------------------------------------
+def _contract(cell, xs, h_prev, dgx, dgh):
+    """Parameter gradients of ``(x W_x + b_x, h W_h + b_h)`` from their cotangents (T, B, G)."""
+    grads = {"W_x": jnp.einsum("tbi,tbg->ig", xs, dgx), "W_h": jnp.einsum("tbh,tbg->hg", h_prev, dgh)}
+    if cell.input_bias:
+        grads["b_x"] = dgx.sum((0, 1))
+    if cell.hidden_bias:
+        grads["b_h"] = dgh.sum((0, 1))
+    return grads
+
+
+def autodiff_jacobian(step_one, params, s_prev, xs):
+    """Transposed Jacobians by autodiff: ``step_one(params, s (S,), x (I,)) -> (S,)`` is one
+    example's step; ``jax.jacrev`` of it, vmapped over T and B -> (T, B, S, S). Batch rows cannot
+    mix: the step never sees the batch axis."""
+    one = jax.jacrev(step_one, argnums=1)
+    return jax.vmap(jax.vmap(one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))(params, s_prev, xs)
+
+
+def autodiff_param_grads(step_one, params, s_prev, xs, gs):
+    """(dparams, dxs (T, B, I)) by one ``jax.vjp`` of ``step_one`` vmapped over T and B."""
+    steps = jax.vmap(jax.vmap(step_one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+    _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
+    return vjp(gs)
+
 
 @dataclasses.dataclass(frozen=True)
 class RNN(Cell):
-    """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h), σ = tanh or relu.
+    """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h [+ h if residual]), σ = ``nonlinearity``
+    ("tanh", "relu" or "sigmoid").
 
-    Transposed Jacobian (row convention): M_t = diag(σ'(a_t)) W_hᵀ, so
+    Transposed Jacobian (row convention): M_t = diag(σ'(a_t)) (W_hᵀ [+ I]), so
     g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t². The Blelloch backward uses
     that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
     same gradients: the cost-model calibration measures the dense products with it).
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's SimpleCell: input only).
     """
 
     input_size: int
     hidden_size: int
     nonlinearity: str = "tanh"
     diagonal: bool = True  # False: ignore the structure and form the matrices (as for GRU/LSTM)
+    input_bias: bool = True
+    hidden_bias: bool = True
+    residual: bool = False
 
     def __post_init__(self):
-        if self.nonlinearity not in ("tanh", "relu"):
-            raise UsageError(f"nonlinearity must be 'tanh' or 'relu'; got {self.nonlinearity!r}")
         if not isinstance(self.diagonal, bool):
-            raise UsageError(f"diagonal must be True or False; got {self.diagonal!r}")
-        _check_sizes(self)
+            raise UsageError(f"RNN: diagonal must be True or False; got {self.diagonal!r}")
+        if not isinstance(self.residual, bool):
+            raise UsageError(f"RNN: residual must be True or False; got {self.residual!r}")
+        _check_cell(self, "nonlinearity")
 
     def init(self, key, dtype=jnp.float32):
-        return _rnn_params(key, self.input_size, self.hidden_size, 1, dtype)
-
-    def _act(self, a):
-        return jnp.tanh(a) if self.nonlinearity == "tanh" else jax.nn.relu(a)
-
-    def _dact(self, h):
-        """σ'(a) from σ(a) = h."""
-        return 1.0 - h * h if self.nonlinearity == "tanh" else (h > 0).astype(h.dtype)
+        return _params(self, key, 1, dtype)
 
     def step(self, params, h, x):
-        return self._act(x @ params["W_x"] + params["b_x"] + h @ params["W_h"] + params["b_h"])
+        gx, gh = _affine(self, params, h, x)
+        a = gx + gh + h if self.residual else gx + gh
+        return ACTIVATIONS[self.nonlinearity][0](a)
+
+    def _dact(self, s):
+        return ACTIVATIONS[self.nonlinearity][1](s)
+
+    def _wt(self, params):
+        W = params["W_h"].T
+        return W + jnp.eye(self.hidden_size, dtype=W.dtype) if self.residual else W
 
     def transposed_jacobian(self, params, s_prev, xs, s):
-        return self._dact(s)[..., :, None] * params["W_h"].T
+        return self._dact(s)[..., :, None] * self._wt(params)
 
     @property
     def has_diagonal_jacobian(self) -> bool:
         return self.diagonal
 
     def diagonal_jacobian(self, params, s_prev, xs, s):
-        return (self._dact(s), params["W_h"].T) if self.diagonal else None
+        return (self._dact(s), self._wt(params)) if self.diagonal else None
 
     def param_grads(self, params, s_prev, xs, s, gs):
         da = gs * self._dact(s)
-        return _contract(xs, s_prev, da), da @ params["W_x"].T
+        return _contract(self, xs, s_prev, da, da), da @ params["W_x"].T
 
-
-# --------------------------------------------------------------------------------------------
-# GRU
-# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class GRU(Cell):
-    """GRU with PyTorch's gate convention (r, z, n):
+    """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
 
         r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
-        m = h W_hn + b_hn,  n = tanh(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
+        m = h W_hn + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
 
     Transposed Jacobian (the paper's fused formula, row convention):
-        M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n) W_hnᵀ + diag(z),
-        u_n = (1 − z)(1 − n²) r,  u_r = (1 − z)(1 − n²) m r(1 − r),  u_z = (h − n) z(1 − z).
+        M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n r) W_hnᵀ + diag(z),
+        u_n = (1 − z) φ'(n),  u_r = u_n m σ'(r),  u_z = (h − n) σ'(z).
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's GRUCell: input only).
     """
 
     input_size: int
     hidden_size: int
-
-    def __post_init__(self):
-        _check_sizes(self)
+    gate: str = "sigmoid"
+    activation: str = "tanh"
+    input_bias: bool = True
+    hidden_bias: bool = True
 
     gates: ClassVar[int] = 3
 
+    def __post_init__(self):
+        _check_cell(self, "gate", "activation")
+
     def init(self, key, dtype=jnp.float32):
-        return _rnn_params(key, self.input_size, self.hidden_size, 3, dtype)
+        return _params(self, key, 3, dtype)
 
     def _gates(self, params, h, x):
         H = self.hidden_size
-        gx = x @ params["W_x"] + params["b_x"]
-        gh = h @ params["W_h"] + params["b_h"]
-        r = jax.nn.sigmoid(gx[..., :H] + gh[..., :H])
-        z = jax.nn.sigmoid(gx[..., H:2 * H] + gh[..., H:2 * H])
+        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
+        gx, gh = _affine(self, params, h, x)
+        r = sigma(gx[..., :H] + gh[..., :H])
+        z = sigma(gx[..., H:2 * H] + gh[..., H:2 * H])
         m = gh[..., 2 * H:]
-        n = jnp.tanh(gx[..., 2 * H:] + r * m)
+        n = phi(gx[..., 2 * H:] + r * m)
         return r, z, m, n
 
     def step(self, params, h, x):
@@ -239,56 +291,50 @@ class GRU(Cell):
 
     def _u(self, params, s_prev, xs):
         r, z, m, n = self._gates(params, s_prev, xs)
-        dn = (1.0 - z) * (1.0 - n * n)  # ∂h'/∂(pre-activation of n)
-        return r, z, m, n, dn
+        dsigma = ACTIVATIONS[self.gate][1]
+        u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
+        return r, z, u_n * m * dsigma(r), (s_prev - n) * dsigma(z), u_n
 
     def transposed_jacobian(self, params, s_prev, xs, s):
         H = self.hidden_size
-        r, z, m, n, dn = self._u(params, s_prev, xs)
-        U = jnp.stack([dn * m * r * (1.0 - r), (s_prev - n) * z * (1.0 - z), dn * r], axis=-2)
+        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
         W = params["W_h"].reshape(H, 3, H)  # (in j, gate, out i)
-        M = jnp.einsum("...gi,jgi->...ij", U, W)
+        M = jnp.einsum("...gi,jgi->...ij", jnp.stack([u_r, u_z, u_n * r], axis=-2), W)
         return M + z[..., :, None] * jnp.eye(H, dtype=M.dtype)
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        r, z, m, n, dn = self._u(params, s_prev, xs)
-        da_n = gs * dn
-        da_r = da_n * m * r * (1.0 - r)
-        da_z = gs * (s_prev - n) * z * (1.0 - z)
+        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
         dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
         dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
-        grads = {
-            "W_x": jnp.einsum("tbi,tbg->ig", xs, dgx),
-            "W_h": jnp.einsum("tbh,tbg->hg", s_prev, dgh),
-            "b_x": dgx.sum((0, 1)),
-            "b_h": dgh.sum((0, 1)),
-        }
-        return grads, dgx @ params["W_x"].T
+        return _contract(self, xs, s_prev, dgx, dgh), dgx @ params["W_x"].T
 
-
-# --------------------------------------------------------------------------------------------
-# LSTM
-# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class LSTM(Cell):
-    """LSTM with PyTorch's gate order (i, f, g, o); the state is (h, c), flat s = [h, c] (2H).
+    """LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
+    tanh); the state is (h, c), flat s = [h, c] (2H).
 
-        i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = tanh(a_g),  a = x W_x + b_x + h W_h + b_h,
-        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ tanh(c').
+        i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),  a = x W_x + b_x + h W_h + b_h,
+        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
 
-    With k = o(1 − tanh²c'), P = Σ_{q∈i,f,g} diag(p_q) W_hqᵀ (p_i = g·i(1−i), p_f = c·f(1−f),
-    p_g = i(1−g²)) and Q = diag(tanh(c')·o(1−o)) W_hoᵀ, the 2H × 2H transposed Jacobian is
+    With k = o φ'(c'), P = Σ_{q∈i,f,g} diag(p_q) W_hqᵀ (p_i = g σ'(i), p_f = c σ'(f),
+    p_g = i φ'(g)) and Q = diag(φ(c') σ'(o)) W_hoᵀ, the 2H × 2H transposed Jacobian is
 
         M = [[diag(k) P + Q, diag(k f)],     rows: ∂L/∂h', ∂L/∂c'
              [P,             diag(f)  ]]     columns: ∂L/∂h, ∂L/∂c
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's LSTM cells: hidden only).
     """
 
     input_size: int
     hidden_size: int
+    gate: str = "sigmoid"
+    activation: str = "tanh"
+    input_bias: bool = True
+    hidden_bias: bool = True
 
     def __post_init__(self):
-        _check_sizes(self)
+        _check_cell(self, "gate", "activation")
 
     gates: ClassVar[int] = 4
     pair_state: ClassVar[bool] = True
@@ -305,47 +351,42 @@ class LSTM(Cell):
         return s[..., :H], s[..., H:]
 
     def init(self, key, dtype=jnp.float32):
-        return _rnn_params(key, self.input_size, self.hidden_size, 4, dtype)
+        return _params(self, key, 4, dtype)
 
     def _gates(self, params, h, x):
         H = self.hidden_size
-        a = x @ params["W_x"] + params["b_x"] + h @ params["W_h"] + params["b_h"]
-        i = jax.nn.sigmoid(a[..., :H])
-        f = jax.nn.sigmoid(a[..., H:2 * H])
-        g = jnp.tanh(a[..., 2 * H:3 * H])
-        o = jax.nn.sigmoid(a[..., 3 * H:])
-        return i, f, g, o
+        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
+        gx, gh = _affine(self, params, h, x)
+        a = gx + gh
+        i, f, o = (sigma(a[..., k * H:(k + 1) * H]) for k in (0, 1, 3))
+        return i, f, phi(a[..., 2 * H:3 * H]), o
 
     def step(self, params, state, x):
         h, c = state
         i, f, g, o = self._gates(params, h, x)
         c_new = f * c + i * g
-        return o * jnp.tanh(c_new), c_new
+        return o * ACTIVATIONS[self.activation][0](c_new), c_new
 
     def _terms(self, params, s_prev, xs, s):
         H = self.hidden_size
         h, c = s_prev[..., :H], s_prev[..., H:]
         i, f, g, o = self._gates(params, h, xs)
-        tc = jnp.tanh(s[..., H:])
-        k = o * (1.0 - tc * tc)
-        p = (g * i * (1.0 - i), c * f * (1.0 - f), i * (1.0 - g * g))
-        q = tc * o * (1.0 - o)
-        return f, k, p, q
+        phi, dphi = ACTIVATIONS[self.activation]
+        dsigma = ACTIVATIONS[self.gate][1]
+        tc = phi(s[..., H:])
+        k = o * dphi(tc)  # ∂h'/∂c'
+        p = (g * dsigma(i), c * dsigma(f), i * dphi(g))  # ∂c'/∂a_i, ∂c'/∂a_f, ∂c'/∂a_g
+        return f, k, p, tc * dsigma(o)  # the last: ∂h'/∂a_o
 
     def transposed_jacobian(self, params, s_prev, xs, s):
         H = self.hidden_size
         f, k, p, q = self._terms(params, s_prev, xs, s)
-        zero = jnp.zeros_like(q)
         W = params["W_h"].reshape(H, 4, H)  # (in j, gate, out m)
-        Uc = jnp.stack(p + (zero,), axis=-2)               # dc'_tot -> dh
+        Uc = jnp.stack(p + (jnp.zeros_like(q),), axis=-2)  # dc'_tot -> dh
         Uh = jnp.stack(tuple(k * pq for pq in p) + (q,), axis=-2)  # g_h' -> dh
         eye = jnp.eye(H, dtype=q.dtype)
-        M_hh = jnp.einsum("...gm,jgm->...mj", Uh, W)
-        M_ch = jnp.einsum("...gm,jgm->...mj", Uc, W)
-        M_hc = (k * f)[..., :, None] * eye
-        M_cc = f[..., :, None] * eye
-        top = jnp.concatenate([M_hh, M_hc], axis=-1)
-        bottom = jnp.concatenate([M_ch, M_cc], axis=-1)
+        top = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uh, W), (k * f)[..., :, None] * eye], axis=-1)
+        bottom = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uc, W), f[..., :, None] * eye], axis=-1)
         return jnp.concatenate([top, bottom], axis=-2)
 
     def param_grads(self, params, s_prev, xs, s, gs):
@@ -354,12 +395,8 @@ class LSTM(Cell):
         g_h, g_c = gs[..., :H], gs[..., H:]
         dc = g_c + g_h * k
         da = jnp.concatenate([dc * p[0], dc * p[1], dc * p[2], g_h * q], axis=-1)
-        return _contract(xs, s_prev[..., :H], da), da @ params["W_x"].T
+        return _contract(self, xs, s_prev[..., :H], da, da), da @ params["W_x"].T
 
-
-# --------------------------------------------------------------------------------------------
-# Any cell
-# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Generic(Cell):
@@ -370,17 +407,18 @@ class Generic(Cell):
     something like ``h.mean(0)`` inside it is a mean over the state's S entries. Optional:
 
     - ``jacobian_fn(params, h, x) -> (S, S)``: M[i, j] = ∂h'[i]/∂h[j] for one example and step;
-      without it, ``jax.jacrev`` of ``step_fn``.
+      without it, ``jax.jacrev`` of ``step_fn`` (:func:`autodiff_jacobian`).
     - ``hidden_size``/``input_size``: checked against h0 and xs when given.
     - ``init_fn(key, dtype) -> params``: supplies ``init``, and ``param_spec`` (so
       :func:`bppsa.rnn` checks ``params`` against its structure); without it params are not checked.
 
-    Parameter gradients come from one ``jax.vjp`` of ``step_fn`` vmapped over T and B.
+    Parameter gradients come from one ``jax.vjp`` of ``step_fn`` vmapped over T and B
+    (:func:`autodiff_param_grads`).
     """
 
     step_fn: Callable[[Any, jax.Array, jax.Array], jax.Array]
     jacobian_fn: Callable[[Any, jax.Array, jax.Array], jax.Array] | None = None
-    hidden_size: int | None = None
+    hidden_size: int | None = None  # type: ignore[assignment]
     input_size: int | None = None
     init_fn: Callable | None = None
 
@@ -396,18 +434,10 @@ class Generic(Cell):
         return jax.vmap(self.step_fn, in_axes=(None, 0, 0))(params, h, x)
 
     def transposed_jacobian(self, params, s_prev, xs, s):
-        one = self.jacobian_fn or (lambda p, h, x: jax.jacrev(self.step_fn, argnums=1)(p, h, x))
-        over_b = jax.vmap(one, in_axes=(None, 0, 0))
+        if self.jacobian_fn is None:
+            return autodiff_jacobian(self.step_fn, params, s_prev, xs)
+        over_b = jax.vmap(self.jacobian_fn, in_axes=(None, 0, 0))
         return jax.vmap(over_b, in_axes=(None, 0, 0))(params, s_prev, xs)
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        steps = jax.vmap(self.step, in_axes=(None, 0, 0))  # over T, each over B
-        _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
-        return vjp(gs)
-
-
-def _check_sizes(cell):
-    for name in ("input_size", "hidden_size"):
-        value = getattr(cell, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UsageError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")
+        return autodiff_param_grads(self.step_fn, params, s_prev, xs, gs)

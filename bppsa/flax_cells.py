@@ -4,19 +4,19 @@
 pytree is the flax cell's own ``nnx.Param`` arrays (``nnx.state(cell, nnx.Param)`` as a plain
 dict, :func:`cell_params`), so gradients flow back to those same parameters:
 
-- ``nnx.SimpleCell``, ``nnx.GRUCell``, ``nnx.LSTMCell``, ``nnx.OptimizedLSTMCell`` with their
-  activation functions in :data:`DERIVATIVES` (sigmoid, tanh, relu): analytic transposed
-  Jacobians and parameter gradients (:class:`Simple`, :class:`GRU`, :class:`LSTM`);
+- ``nnx.SimpleCell``, ``nnx.GRUCell``, ``nnx.LSTMCell``, ``nnx.OptimizedLSTMCell`` with
+  activation functions bppsa knows (sigmoid, tanh, relu): :class:`Flax`, whose maths is one of
+  :mod:`bppsa.cells` (written once there) with flax's conventions as fields; this module only
+  maps parameters between flax's layout and the cell's;
 - any other ``nnx.RNNCellBase`` (or one of those four with another activation): autodiff
   Jacobians of one example's step, vmapped over the batch and time (:class:`Autodiff`).
 
-flax's math, row convention (``x @ kernel``), as in ``flax.nnx.nn.recurrent``:
+flax's conventions, row convention (``x @ kernel``), as in ``flax.nnx.nn.recurrent``:
 
-- SimpleCell: h' = act(x W_i + b_i + h W_h [+ h if residual]); carry h.
-- GRUCell: r = gate(x W_ir + b_ir + h W_hr), z = gate(x W_iz + b_iz + h W_hz),
-  n = act(x W_in + b_in + r ⊙ (h W_hn)) (no hidden bias), h' = (1 − z) ⊙ n + z ⊙ h; carry h.
-- LSTMCell / OptimizedLSTMCell: gates (i, f, g, o) from x W_i + h W_h + b_h (the bias is on the
-  hidden layer), c' = f ⊙ c + i ⊙ g, h' = o ⊙ act(c'); carry (c, h), flat state s = [h, c].
+- SimpleCell = ``cells.RNN(hidden_bias=False, residual=...)``: h' = act(x W_i + b_i + h W_h [+ h]).
+- GRUCell = ``cells.GRU(hidden_bias=False)``: the hidden layer has no bias.
+- LSTMCell / OptimizedLSTMCell = ``cells.LSTM(input_bias=False)``: the bias is on the hidden
+  layer; the carry is (c, h) where bppsa's is (h, c); the flat state is s = [h, c] for both.
 
 :class:`Masked` wraps any cell for padded batches: the mask rides in the last input channel and a
 masked step is the identity map (state unchanged, Jacobian I, no parameter gradient).
@@ -26,23 +26,35 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, ClassVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from . import cells
 from .cells import Cell
 from .errors import UsageError
 
-__all__ = ["adapt", "cell_params", "Simple", "GRU", "LSTM", "Autodiff", "Masked", "DERIVATIVES"]
+__all__ = ["adapt", "cell_params", "params_of", "Flax", "Autodiff", "Masked", "ACTIVATION_NAMES"]
 
-#: Activation functions with analytic derivatives, written in terms of the activation's output y.
-DERIVATIVES: dict[Callable, Callable] = {
-    jax.nn.sigmoid: lambda y: y * (1.0 - y),
-    jnp.tanh: lambda y: 1.0 - y * y,
-    jax.nn.relu: lambda y: (y > 0).astype(y.dtype),
+#: flax's activation functions that have a name in :data:`bppsa.cells.ACTIVATIONS`.
+ACTIVATION_NAMES: dict[Any, str] = {jnp.tanh: "tanh", jax.nn.sigmoid: "sigmoid", jax.nn.relu: "relu"}
+
+_LSTM_IN, _LSTM_H = ("ii", "if_", "ig", "io"), ("hi", "hf", "hg", "ho")
+_FUSED = {"W_x": (("dense_i", "kernel"),), "b_x": (("dense_i", "bias"),), "W_h": (("dense_h", "kernel"),)}
+#: Where each of the bppsa cell's parameters lives in the flax cell: a list of (layer, leaf),
+#: concatenated along the last axis (LSTMCell keeps one Linear per gate).
+LAYOUTS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
+    "simple": _FUSED,
+    "gru": _FUSED,
+    "optimized_lstm": {"W_x": (("dense_i", "kernel"),), "W_h": (("dense_h", "kernel"),),
+                       "b_h": (("dense_h", "bias"),)},
+    "lstm": {"W_x": tuple((n, "kernel") for n in _LSTM_IN), "W_h": tuple((n, "kernel") for n in _LSTM_H),
+             "b_h": tuple((n, "bias") for n in _LSTM_H)},
 }
+_FLAX_TYPES = {"simple": nnx.SimpleCell, "gru": nnx.GRUCell, "lstm": nnx.LSTMCell,
+               "optimized_lstm": nnx.OptimizedLSTMCell}
 
 
 def cell_params(cell: nnx.Module) -> dict:
@@ -50,209 +62,87 @@ def cell_params(cell: nnx.Module) -> dict:
     return nnx.to_pure_dict(nnx.state(cell, nnx.Param))
 
 
-def _init_like(flax_type, adapter, key, dtype, **kw):
-    return cell_params(flax_type(adapter.input_size, adapter.hidden_size, param_dtype=dtype, rngs=nnx.Rngs(key), **kw))
-
-
-def _sum_tb(x, d):
-    """Σ_{t,b} x[t, b, :]ᵀ d[t, b, :]: a kernel's gradient."""
-    return jnp.einsum("tbi,tbg->ig", x, d)
-
-
-# --------------------------------------------------------------------------------------------
-# SimpleCell
-# --------------------------------------------------------------------------------------------
-
 @dataclasses.dataclass(frozen=True)
-class Simple(Cell):
-    """``nnx.SimpleCell``: M_t = diag(act'(a_t)) (W_hᵀ [+ I]) — the diagonal structure of
-    :class:`bppsa.cells.RNN` (the Blelloch scan never forms the matrices)."""
+class Flax(Cell):
+    """One of flax's four cells: the maths of ``core`` (a :mod:`bppsa.cells` cell with flax's
+    conventions as its fields), the parameters in flax's layout ``layout`` (a key of
+    :data:`LAYOUTS`). Gradients are the core's, mapped back to flax's leaves."""
 
-    input_size: int
-    hidden_size: int
-    activation: Callable = jnp.tanh
-    residual: bool = False
+    core: Cell
+    layout: str
 
-    def init(self, key, dtype=jnp.float32):
-        return _init_like(nnx.SimpleCell, self, key, dtype, residual=self.residual)
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"layout must be one of {list(LAYOUTS)}; got {self.layout!r}")
 
-    def step(self, params, h, x):
-        a = x @ params["dense_i"]["kernel"] + params["dense_i"]["bias"] + h @ params["dense_h"]["kernel"]
-        return self.activation(a + h if self.residual else a)
+    @property
+    def input_size(self):  # type: ignore[override]
+        return self.core.input_size
 
-    def _wt(self, params):
-        W = params["dense_h"]["kernel"].T
-        return W + jnp.eye(self.hidden_size, dtype=W.dtype) if self.residual else W
+    @property
+    def hidden_size(self):  # type: ignore[override]
+        return self.core.hidden_size
+
+    @property
+    def gates(self):  # type: ignore[override]
+        return self.core.gates
+
+    @property
+    def pair_state(self):  # type: ignore[override]
+        return self.core.pair_state
+
+    @property
+    def state_size(self):
+        return self.core.state_size
 
     @property
     def has_diagonal_jacobian(self) -> bool:
-        return True
+        return self.core.has_diagonal_jacobian
 
-    def diagonal_jacobian(self, params, s_prev, xs, s):
-        return DERIVATIVES[self.activation](s), self._wt(params)
+    def core_params(self, params) -> dict:
+        """flax's parameter dict -> the core cell's."""
+        return {k: jnp.concatenate([params[a][b] for a, b in where], axis=-1) if len(where) > 1
+                else params[where[0][0]][where[0][1]] for k, where in LAYOUTS[self.layout].items()}
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
-        return DERIVATIVES[self.activation](s)[..., :, None] * self._wt(params)
-
-    def param_grads(self, params, s_prev, xs, s, gs):
-        da = gs * DERIVATIVES[self.activation](s)
-        grads = {"dense_i": {"kernel": _sum_tb(xs, da), "bias": da.sum((0, 1))},
-                 "dense_h": {"kernel": _sum_tb(s_prev, da)}}
-        return grads, da @ params["dense_i"]["kernel"].T
-
-
-# --------------------------------------------------------------------------------------------
-# GRUCell
-# --------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class GRU(Cell):
-    """``nnx.GRUCell`` (gates r, z, n; bias on the input layer only). With u_n = (1 − z) act'(n),
-    u_r = u_n m gate'(r) (m = h W_hn), u_z = (h − n) gate'(z), the transposed Jacobian is
-    M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n r) W_hnᵀ + diag(z)."""
-
-    input_size: int
-    hidden_size: int
-    gate: Callable = jax.nn.sigmoid
-    activation: Callable = jnp.tanh
-
-    gates: ClassVar[int] = 3
+    def flax_grads(self, grads) -> dict:
+        """The core cell's parameter gradients -> flax's layout."""
+        out: dict = {}
+        for k, where in LAYOUTS[self.layout].items():
+            for (a, b), part in zip(where, jnp.split(grads[k], len(where), axis=-1)):
+                out.setdefault(a, {})[b] = part
+        return out
 
     def init(self, key, dtype=jnp.float32):
-        return _init_like(nnx.GRUCell, self, key, dtype)
-
-    def _terms(self, params, h, x):
-        H = self.hidden_size
-        gx = x @ params["dense_i"]["kernel"] + params["dense_i"]["bias"]
-        gh = h @ params["dense_h"]["kernel"]
-        r = self.gate(gx[..., :H] + gh[..., :H])
-        z = self.gate(gx[..., H:2 * H] + gh[..., H:2 * H])
-        m = gh[..., 2 * H:]
-        n = self.activation(gx[..., 2 * H:] + r * m)
-        return r, z, m, n
-
-    def step(self, params, h, x):
-        r, z, m, n = self._terms(params, h, x)
-        return (1.0 - z) * n + z * h
-
-    def _u(self, params, h, x):
-        r, z, m, n = self._terms(params, h, x)
-        dg = DERIVATIVES[self.gate]
-        u_n = (1.0 - z) * DERIVATIVES[self.activation](n)
-        return r, z, u_n * m * dg(r), (h - n) * dg(z), u_n
-
-    def transposed_jacobian(self, params, s_prev, xs, s):
-        H = self.hidden_size
-        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
-        W = params["dense_h"]["kernel"].reshape(H, 3, H)  # (in j, gate, out i)
-        M = jnp.einsum("...gi,jgi->...ij", jnp.stack([u_r, u_z, u_n * r], axis=-2), W)
-        return M + z[..., :, None] * jnp.eye(H, dtype=M.dtype)
-
-    def param_grads(self, params, s_prev, xs, s, gs):
-        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
-        da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
-        dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
-        dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
-        grads = {"dense_i": {"kernel": _sum_tb(xs, dgx), "bias": dgx.sum((0, 1))},
-                 "dense_h": {"kernel": _sum_tb(s_prev, dgh)}}
-        return grads, dgx @ params["dense_i"]["kernel"].T
-
-
-# --------------------------------------------------------------------------------------------
-# LSTMCell and OptimizedLSTMCell
-# --------------------------------------------------------------------------------------------
-
-_LSTM_IN, _LSTM_H = ("ii", "if_", "ig", "io"), ("hi", "hf", "hg", "ho")
-
-
-@dataclasses.dataclass(frozen=True)
-class LSTM(Cell):
-    """``nnx.LSTMCell`` (``optimized=False``: eight Linear layers) or ``nnx.OptimizedLSTMCell``
-    (two fused ones); the same math, gates (i, f, g, o). flax's carry is (c, h); the flat state
-    is s = [h, c] (2H) with the transposed Jacobian of :class:`bppsa.cells.LSTM`."""
-
-    input_size: int
-    hidden_size: int
-    gate: Callable = jax.nn.sigmoid
-    activation: Callable = jnp.tanh
-    optimized: bool = True
-
-    gates: ClassVar[int] = 4
-    pair_state: ClassVar[bool] = True
-
-    @property
-    def state_size(self) -> int:
-        return 2 * self.hidden_size
+        kw = {"residual": self.core.residual} if self.layout == "simple" else {}
+        return cell_params(_FLAX_TYPES[self.layout](self.input_size, self.hidden_size, param_dtype=dtype,
+                                                    rngs=nnx.Rngs(key), **kw))
 
     def flatten_state(self, carry):
-        c, h = carry
-        return jnp.concatenate([h, c], axis=-1)
+        return jnp.concatenate([carry[1], carry[0]], axis=-1) if self.pair_state else carry
 
     def unflatten_state(self, s):
-        H = self.hidden_size
-        return s[..., H:], s[..., :H]
+        if not self.pair_state:
+            return s
+        h, c = self.core.unflatten_state(s)
+        return c, h
 
     def hidden(self, states):
-        return states[1]
-
-    def init(self, key, dtype=jnp.float32):
-        return _init_like(nnx.OptimizedLSTMCell if self.optimized else nnx.LSTMCell, self, key, dtype)
-
-    def _fused(self, params):
-        """(W_x (I, 4H), W_h (H, 4H), b (4H,)) in gate order (i, f, g, o)."""
-        if self.optimized:
-            return params["dense_i"]["kernel"], params["dense_h"]["kernel"], params["dense_h"]["bias"]
-        cat = lambda names, leaf: jnp.concatenate([params[n][leaf] for n in names], axis=-1)
-        return cat(_LSTM_IN, "kernel"), cat(_LSTM_H, "kernel"), cat(_LSTM_H, "bias")
-
-    def _gates(self, params, h, x):
-        H = self.hidden_size
-        Wx, Wh, b = self._fused(params)
-        a = x @ Wx + h @ Wh + b
-        i, f, o = (self.gate(a[..., k * H:(k + 1) * H]) for k in (0, 1, 3))
-        return i, f, self.activation(a[..., 2 * H:3 * H]), o
+        return states[1] if self.pair_state else states
 
     def step(self, params, carry, x):
-        c, h = carry
-        i, f, g, o = self._gates(params, h, x)
-        c_new = f * c + i * g
-        return c_new, o * self.activation(c_new)
-
-    def _terms(self, params, s_prev, xs, s):
-        H = self.hidden_size
-        h, c = s_prev[..., :H], s_prev[..., H:]
-        i, f, g, o = self._gates(params, h, xs)
-        dg, da = DERIVATIVES[self.gate], DERIVATIVES[self.activation]
-        tc = self.activation(s[..., H:])
-        k = o * da(tc)  # ∂h'/∂c'
-        p = (g * dg(i), c * dg(f), i * da(g))  # ∂c'/∂a_i, ∂c'/∂a_f, ∂c'/∂a_g
-        return f, k, p, tc * dg(o)  # the last: ∂h'/∂a_o
+        state = (carry[1], carry[0]) if self.pair_state else carry
+        new = self.core.step(self.core_params(params), state, x)
+        return (new[1], new[0]) if self.pair_state else new
 
     def transposed_jacobian(self, params, s_prev, xs, s):
-        H = self.hidden_size
-        f, k, p, q = self._terms(params, s_prev, xs, s)
-        W = self._fused(params)[1].reshape(H, 4, H)  # (in j, gate, out m)
-        Uc = jnp.stack(p + (jnp.zeros_like(q),), axis=-2)
-        Uh = jnp.stack(tuple(k * pq for pq in p) + (q,), axis=-2)
-        eye = jnp.eye(H, dtype=q.dtype)
-        top = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uh, W), (k * f)[..., :, None] * eye], axis=-1)
-        bottom = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uc, W), f[..., :, None] * eye], axis=-1)
-        return jnp.concatenate([top, bottom], axis=-2)
+        return self.core.transposed_jacobian(self.core_params(params), s_prev, xs, s)
+
+    def diagonal_jacobian(self, params, s_prev, xs, s):
+        return self.core.diagonal_jacobian(self.core_params(params), s_prev, xs, s)
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        H = self.hidden_size
-        f, k, p, q = self._terms(params, s_prev, xs, s)
-        g_h, g_c = gs[..., :H], gs[..., H:]
-        dc = g_c + g_h * k
-        da = jnp.concatenate([dc * p[0], dc * p[1], dc * p[2], g_h * q], axis=-1)
-        dWx, dWh, db = _sum_tb(xs, da), _sum_tb(s_prev[..., :H], da), da.sum((0, 1))
-        dx = da @ self._fused(params)[0].T
-        if self.optimized:
-            return {"dense_i": {"kernel": dWx}, "dense_h": {"kernel": dWh, "bias": db}}, dx
-        grads = {n: {"kernel": dWx[:, j * H:(j + 1) * H]} for j, n in enumerate(_LSTM_IN)}
-        grads |= {n: {"kernel": dWh[:, j * H:(j + 1) * H], "bias": db[j * H:(j + 1) * H]}
-                  for j, n in enumerate(_LSTM_H)}
-        return grads, dx
+        dp, dx = self.core.param_grads(self.core_params(params), s_prev, xs, s, gs)
+        return self.flax_grads(dp), dx
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,19 +195,15 @@ class Autodiff(Cell):
         """The cell's outputs y_t (T, B, ...) from the states before each step (one parallel pass)."""
         return jax.vmap(lambda s, x: self.call(params, s, x)[1])(s_prev, xs)
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
-        def one(h, x):  # one example: (S,), (I,) -> (S, S)
-            return jax.jacrev(lambda hh: self.step(params, hh[None], x[None])[0])(h)
+    def _step_one(self, params, h, x):
+        """One example: (S,), (I,) -> (S,) (the cell called on a batch of one)."""
+        return self.step(params, h[None], x[None])[0]
 
-        return jax.vmap(jax.vmap(one))(s_prev, xs)
+    def transposed_jacobian(self, params, s_prev, xs, s):
+        return cells.autodiff_jacobian(self._step_one, params, s_prev, xs)
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        def one(p, h, x):  # one example, so rows cannot mix
-            return self.step(p, h[None], x[None])[0]
-
-        steps = jax.vmap(jax.vmap(one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
-        _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
-        return vjp(gs)
+        return cells.autodiff_param_grads(self._step_one, params, s_prev, xs, gs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,17 +270,22 @@ class Masked(Cell):
 # --------------------------------------------------------------------------------------------
 
 def _analytic(flax_cell):
-    """The analytic adapter for a flax cell, or None (another type, or an activation whose
-    derivative is not in :data:`DERIVATIVES`)."""
-    t, c = type(flax_cell), flax_cell
-    if t is nnx.SimpleCell and c.activation_fn in DERIVATIVES:
-        return Simple(c.in_features, c.hidden_features, c.activation_fn, bool(c.residual))
-    if {getattr(c, "gate_fn", None), getattr(c, "activation_fn", None)} <= DERIVATIVES.keys():
-        if t is nnx.GRUCell:
-            return GRU(c.in_features, c.hidden_features, c.gate_fn, c.activation_fn)
-        if t in (nnx.LSTMCell, nnx.OptimizedLSTMCell):
-            return LSTM(c.in_features, c.hidden_features, c.gate_fn, c.activation_fn, t is nnx.OptimizedLSTMCell)
-    return None
+    """The :class:`Flax` adapter for one of flax's four cells, or None (another type, or an
+    activation without a name in :data:`ACTIVATION_NAMES`)."""
+    layout = next((k for k, t in _FLAX_TYPES.items() if type(flax_cell) is t), None)
+    if layout is None:
+        return None
+    fns = [flax_cell.activation_fn] + ([] if layout == "simple" else [flax_cell.gate_fn])
+    if not all(f in ACTIVATION_NAMES for f in fns):
+        return None
+    I, H, act = flax_cell.in_features, flax_cell.hidden_features, ACTIVATION_NAMES[fns[0]]
+    if layout == "simple":
+        core: Cell = cells.RNN(I, H, act, hidden_bias=False, residual=bool(flax_cell.residual))
+    elif layout == "gru":
+        core = cells.GRU(I, H, ACTIVATION_NAMES[fns[1]], act, hidden_bias=False)
+    else:
+        core = cells.LSTM(I, H, ACTIVATION_NAMES[fns[1]], act, input_bias=False)
+    return Flax(core, layout)
 
 
 def adapt(flax_cell, carry, input_size: int, *, autodiff: bool = False) -> Cell:

@@ -1,5 +1,5 @@
-"""flax.nnx modules on top of :func:`bppsa.rnn`: a drop-in for ``nnx.RNN``, a recurrent layer and
-a sequence classifier."""
+"""flax.nnx modules on top of :func:`bppsa.rnn`: a drop-in for ``nnx.RNN`` (time-major with
+``time_major=True``, over flax's cells or bppsa's) and the paper's sequence classifier."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn.recurrent import flip_sequences
 
+from typing import Unpack
+
 from . import flax_cells
-from .backprop import BACKWARDS, rnn
+from . import options as options_lib
+from .backprop import rnn
 from .cells import Cell
 from .errors import UsageError
-from .scan import SCANS
+from .options import OptionFields, Options
 
-__all__ = ["RNN", "Recurrent", "SequenceClassifier"]
+__all__ = ["RNN", "SequenceClassifier"]
 PADDINGS = ("identity", "flax")
 
 
@@ -23,55 +26,18 @@ def _is_var(x):
     return isinstance(x, nnx.Variable)
 
 
-class Recurrent(nnx.Module):
-    """A recurrent layer around any cell, with a choice of backward pass.
-
-    Args:
-      cell: a cell from :mod:`bppsa.cells` (static: it holds no arrays).
-      backward: "bppsa" | "bptt" | "auto"; scan: "blelloch" | "associative" | "sequential" | None
-        (as for :func:`bppsa.rnn`: "blelloch", or with ``backward="auto"`` the model's choice).
-      cost_model: a :class:`bppsa.cost.CostModel` for ``backward="auto"`` (None: the calibration
-        cached for this device, else BPTT; see :func:`bppsa.cost.choose_backward`).
-      rngs: ``nnx.Rngs``; the parameters come from ``cell.init(rngs.params(), dtype)``.
-
-    ``__call__(xs, h0=None)``: xs (T, B, I) time-major, h0 (B, H) [LSTM: (h0, c0)] or zeros;
-    returns hs (T, B, H) [LSTM: (hs, cs)].
-    """
-
-    def __init__(self, cell, *, backward="bppsa", scan=None, cost_model=None, rngs: nnx.Rngs,
-                 dtype=jnp.float32):
-        self.cell = cell
-        self.backward = backward
-        self.scan = scan
-        self.cost_model = cost_model
-        self.params = nnx.data(jax.tree.map(nnx.Param, cell.init(rngs.params(), dtype)))
-
-    def cell_params(self):
-        """The cell's parameter pytree as plain arrays."""
-        return jax.tree.map(lambda v: v[...], self.params, is_leaf=_is_var)
-
-    def initial_state(self, batch_size, dtype):
-        return self.cell.unflatten_state(jnp.zeros((batch_size, self.cell.state_size), dtype))
-
-    def __call__(self, xs, h0=None):
-        if h0 is None:
-            h0 = self.initial_state(xs.shape[1], xs.dtype)
-        return rnn(self.cell, self.cell_params(), xs, h0, backward=self.backward, scan=self.scan,
-                   cost_model=self.cost_model)
-
-
 class SequenceClassifier(nnx.Module):
     """The paper's classifier: :class:`RNN` -> linear head on the last (valid) hidden state.
 
     ``cell``: a cell from :mod:`bppsa.cells` (its parameters come from ``rngs``) or a flax
-    ``nnx.RNNCellBase`` (its own parameters). ``__call__(x, seq_lengths=None)``: x (B, T, I)
+    ``nnx.RNNCellBase`` (its own parameters); ``options`` and option keywords as for :class:`RNN`. ``__call__(x, seq_lengths=None)``: x (B, T, I)
     batch-major (as datasets store it), seq_lengths (B,) the valid steps of a padded batch ->
     logits (B, num_classes).
     """
 
-    def __init__(self, cell, num_classes, *, backward="bppsa", scan=None, cost_model=None,
-                 rngs: nnx.Rngs, dtype=jnp.float32):
-        self.rnn = RNN(cell, backward=backward, scan=scan, cost_model=cost_model, rngs=rngs, param_dtype=dtype)
+    def __init__(self, cell, num_classes, *, options: Options | None = None, rngs: nnx.Rngs, dtype=jnp.float32,
+                 **fields: Unpack[OptionFields]):
+        self.rnn = RNN(cell, options=options, rngs=rngs, param_dtype=dtype, **fields)
         hidden = cell.hidden_size if isinstance(cell, Cell) else cell.hidden_features
         self.head = nnx.Linear(hidden, num_classes, rngs=rngs, param_dtype=dtype)
 
@@ -120,7 +86,8 @@ class RNN(nnx.Module):
         :mod:`bppsa.flax_cells`; the gradients go to the cell's own ``nnx.Param``s), or a cell
         from :mod:`bppsa.cells` (its parameters are made here from ``rngs``, which must then be
         an ``nnx.Rngs``, in ``param_dtype``; the carry is h, for an LSTM (h, c)).
-      backward, scan, chunk_size, cost_model, precision: as for :func:`bppsa.rnn`.
+      options: a :class:`bppsa.Options`, and/or its fields as keywords (``backward``, ``scan``,
+        ``chunk_size``, ``precision``, ``cost_model``), as for :func:`bppsa.rnn`.
       time_major, return_carry, reverse, keep_order, rngs: as for ``nnx.RNN``.
       padding: with ``seq_lengths``, "identity" (default): a padded step is the identity map in
         the scan (state carried unchanged, Jacobian I, no gradient), so outputs at padded steps
@@ -138,17 +105,14 @@ class RNN(nnx.Module):
     (T, B, H)), or (final carry, outputs) with ``return_carry``.
     """
 
-    def __init__(self, cell, *, backward="bppsa", scan=None, chunk_size="auto", cost_model=None,
-                 time_major=False, return_carry=False, reverse=False, keep_order=False, padding="identity",
-                 autodiff=False, precision="highest", rngs: nnx.Rngs | bool = True, param_dtype=jnp.float32):
-        _check_choice("backward", backward, BACKWARDS)
-        if scan is not None:
-            _check_choice("scan", scan, SCANS)
+    def __init__(self, cell, *, options: Options | None = None, time_major=False, return_carry=False, reverse=False,
+                 keep_order=False, padding="identity", autodiff=False, rngs: nnx.Rngs | bool = True,
+                 param_dtype=jnp.float32, **fields: Unpack[OptionFields]):
+        self.options = options_lib.make(options, **fields)
         _check_choice("padding", padding, PADDINGS)
         self.cell = cell
-        self.backward, self.scan, self.chunk_size, self.cost_model = backward, scan, chunk_size, cost_model
         self.time_major, self.return_carry, self.reverse, self.keep_order = time_major, return_carry, reverse, keep_order
-        self.padding, self.autodiff, self.precision = padding, autodiff, precision
+        self.padding, self.autodiff = padding, autodiff
         self.rngs = nnx.data(None)
         if isinstance(cell, Cell):
             if not isinstance(rngs, nnx.Rngs):
@@ -209,8 +173,7 @@ class RNN(nnx.Module):
         if masked:  # steps past every row's end are identity maps for all rows: not run at all
             mask = (jnp.arange(steps)[:, None] < lengths[None, :]).astype(dtype)[..., None]
             run, xs_run = flax_cells.Masked(cell), jnp.concatenate([xs[:steps], mask], axis=-1)
-        states = rnn(run, params, xs_run, s0, backward=self.backward, scan=self.scan, chunk_size=self.chunk_size,
-                     cost_model=self.cost_model, precision=self.precision)
+        states = rnn(run, params, xs_run, s0, self.options)
         if lengths is None or masked:
             last = jax.tree.map(lambda a: a[-1], states)
         else:  # each row's last valid step

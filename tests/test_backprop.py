@@ -256,7 +256,7 @@ def test_bad_cell_configuration():
 # path, taken from T >= 64 (the scan's first bottom level), exact.
 # ---------------------------------------------------------------------------------------------
 
-from bppsa import scan as scan_lib  # noqa: E402
+from bppsa import _scan as scan_lib  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])

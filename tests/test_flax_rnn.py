@@ -220,11 +220,50 @@ def test_every_cell_every_length_equals_flax(kind, lengths):
 # --- adapters, scans, bppsa cells, errors ---------------------------------------------------------
 
 def test_analytic_adapters_are_chosen_and_fall_back_to_autodiff():
-    kinds = {k: type(flax_cells.adapt(make_cell(k), None, I)) for k in ("simple", "gru", "lstm", "optimized_lstm")}
-    assert kinds == {"simple": flax_cells.Simple, "gru": flax_cells.GRU, "lstm": flax_cells.LSTM,
-                     "optimized_lstm": flax_cells.LSTM}
+    adapted = {k: flax_cells.adapt(make_cell(k), None, I) for k in ("simple", "gru", "lstm", "optimized_lstm")}
+    assert {k: (type(c), type(c.core), c.layout) for k, c in adapted.items()} == {
+        "simple": (flax_cells.Flax, cells.RNN, "simple"), "gru": (flax_cells.Flax, cells.GRU, "gru"),
+        "lstm": (flax_cells.Flax, cells.LSTM, "lstm"), "optimized_lstm": (flax_cells.Flax, cells.LSTM, "optimized_lstm")}
+    # flax's conventions are the bppsa cells' fields: no hidden bias (Simple, GRU), no input bias (LSTM)
+    assert not adapted["gru"].core.hidden_bias and adapted["gru"].core.input_bias
+    assert adapted["lstm"].core.hidden_bias and not adapted["lstm"].core.input_bias
     carry = make_cell("gru_gelu").initialize_carry((B, I), nnx.Rngs(0))
     assert isinstance(flax_cells.adapt(make_cell("gru_gelu"), carry, I), flax_cells.Autodiff)
+
+
+@pytest.mark.parametrize("kind", ["simple", "simple_relu_residual", "gru", "lstm", "optimized_lstm"])
+def test_flax_cells_are_bppsa_cells_with_flax_conventions(kind):
+    """One copy of the maths: the flax cell's step, transposed Jacobian and gradients are the bppsa
+    cell's (its conventions as fields) with the parameters mapped, and equal flax's own (float64)."""
+    flax_cell = make_cell(kind)
+    cell = flax_cells.adapt(flax_cell, None, I)
+    params = flax_cells.cell_params(flax_cell)
+    core_params = cell.core_params(params)
+    assert sorted(core_params) == sorted(cell.core.init(jax.random.key(0), F64))  # the core's own layout
+    k = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(k[0], (B, I), F64)
+    carry = jax.tree.map(lambda a: jax.random.normal(k[1], a.shape, F64),
+                         flax_cell.initialize_carry((B, I), nnx.Rngs(0)))
+    want, _ = flax_cell(carry, x)  # flax's own step
+    got = cell.step(params, carry, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+    s_prev = cell.flatten_state(carry)[None]
+    s = cell.flatten_state(got)[None]
+    jac = jax.vmap(jax.jacrev(lambda h, xx: cell.flatten_state(flax_cell(cell.unflatten_state(h[None]),
+                                                                         xx[None])[0])[0]))(s_prev[0], x)
+    np.testing.assert_allclose(cell.transposed_jacobian(params, s_prev, x[None], s)[0], jac, rtol=1e-12, atol=1e-13)
+    gs = jax.random.normal(k[2], s.shape, F64)
+    dp, dx = cell.param_grads(params, s_prev, x[None], s, gs)
+    graphdef, state = nnx.split(flax_cell)
+    flax_step = lambda st, xx: cell.flatten_state(nnx.merge(graphdef, st)(cell.unflatten_state(s_prev[0]), xx)[0])
+    _, vjp = jax.vjp(flax_step, state, x)
+    want_dp, want_dx = vjp(gs[0])
+    np.testing.assert_allclose(dx[0], want_dx, rtol=1e-12, atol=1e-13)
+    want_dp = nnx.to_pure_dict(want_dp)
+    assert jax.tree.structure(dp) == jax.tree.structure(want_dp)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(dp), jax.tree.leaves(want_dp)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.mark.parametrize("kind", ["simple", "gru", "lstm", "optimized_lstm"])

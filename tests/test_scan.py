@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from tests.props import property_pair
 
-from bppsa import scan as S
+from bppsa import _scan as S  # the implementation: its storage-order internals are tested here too
 
 
 _scan = jax.jit(S.scan, static_argnames="method")  # one compile per shape instead of per eager op
@@ -310,3 +310,12 @@ def test_diagonal_scan_rejects_bad_input():
         S.blelloch_scan_stored_diag(v[:1], A, Wt, ds, n)
     with pytest.raises(ValueError, match="ds must have shape"):
         S.blelloch_scan_stored_diag(v, A, Wt, ds[:, :1], n)
+
+
+def test_the_public_scan_module_is_the_implementations_curated_face():
+    import bppsa.scan as public
+    assert sorted(public.__all__) == sorted(["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan",
+                                             "up_sweep", "down_sweep", "vecmat", "Products", "DENSE"])
+    for name in public.__all__:
+        assert getattr(public, name) is getattr(S, name)
+    assert not hasattr(public, "to_storage")  # storage-order machinery stays private

@@ -46,15 +46,17 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as PS
 
-from .. import backprop, cost
-from .. import scan as scan_lib
+from typing import Unpack
+
+from .. import _backward, backprop, host
+from .. import _scan as scan_lib
+from .. import options as options_lib
 from ..errors import UsageError
+from ..options import COMBINES, OptionFields, Options
 from .mesh import check_axes, make_mesh, shard_map
 
 __all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "choose_combine", "communication_volume",
            "sharded_functions", "sequence_parallel_states"]
-
-COMBINES = ("logstep", "allgather", "chain", "auto")
 
 
 def choose_combine(P: int) -> str:
@@ -209,10 +211,10 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
     if P > 1:  # s_{pC}: the previous chunk's last state
         prev_last = lax.ppermute(ss[-1], seq_axis, perm=[(i, i + 1) for i in range(P - 1)])
         boundary = jnp.where(idx == 0, boundary, prev_last)
-    xr, sr, spr, ctr = backprop.scan_order(xs, ss, boundary, ct)
+    xr, sr, spr, ctr = _backward.scan_order(xs, ss, boundary, ct)
     Ms = cell.transposed_jacobian(params, spr, xr, sr)                   # (C, B, S, S)
     Ms = jnp.where(valid[::-1, None, None, None], Ms, jnp.zeros((), Ms.dtype))  # padded steps: zero maps
-    c_last, ds = backprop.root_and_offsets(ctr)
+    c_last, ds = _backward.root_and_offsets(ctr)
     Pi, delta, state = chunk_aggregate(method, c_last, Ms, ds)
     u = COMBINE_FNS[combine](Pi, delta, seq_axis, P) if P > 1 else jnp.zeros_like(delta)
     gs, total = chunk_finish(method, state, u + c_last, Ms, ds)          # gs[k] = g at step (p+1)C - k
@@ -226,7 +228,7 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
 @functools.lru_cache(maxsize=None)
 def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, precision="highest"):
     """(forward, backward, custom-VJP run) on padded arrays, for one configuration (cached); the
-    backward's matrix products at ``precision`` (:data:`bppsa.backprop.PRECISIONS`)."""
+    backward's matrix products at ``precision`` (:data:`bppsa.options.PRECISIONS`)."""
     P, _ = check_axes(mesh, seq_axis, batch_axis)
     x_spec = PS(seq_axis, batch_axis, None)
     s_spec = PS(batch_axis, None)
@@ -263,65 +265,58 @@ def _pad(x, axis, n):
     return jnp.pad(x, widths)
 
 
-def sequence_parallel_states(cell, params, xs, s0, mesh, *, seq_axis="seq", batch_axis=None,
-                             backward="bppsa", scan="blelloch", combine="auto", precision="highest"):
+def sequence_parallel_states(cell, params, xs, s0, mesh, opts: Options, *, seq_axis="seq", batch_axis=None):
     """Flat-state core: xs (T, B, I), s0 (B, S) -> ss (T, B, S), time sharded over ``seq_axis``.
 
-    Inputs are already validated (see :func:`bppsa.backprop.rnn`).
+    Inputs are already validated and ``opts`` resolved (:meth:`bppsa.Options.resolve`).
     """
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
-    if combine not in COMBINES:
-        raise UsageError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
-    if combine == "auto":
-        combine = choose_combine(P)
+    combine = choose_combine(P) if opts.combine == "auto" else opts.combine
     T, B, _ = xs.shape
     C = -(-T // P)
     Bp = -(-B // Pb) * Pb
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
-    fwd_sm, _, run = sharded_functions(cell, scan, combine, mesh, seq_axis, batch_axis, T, precision)
-    ss = fwd_sm(params, xs_p, s0_p) if backward == "bptt" else run(params, xs_p, s0_p)
+    fwd_sm, _, run = sharded_functions(cell, opts.scan, combine, mesh, seq_axis, batch_axis, T, opts.precision)
+    ss = fwd_sm(params, xs_p, s0_p) if opts.backward == "bptt" else run(params, xs_p, s0_p)
     return ss[:T, :B]
 
 
-def rnn(cell, params, xs, h0, *, mesh=None, seq_axis="seq", batch_axis=None, backward="bppsa",
-        scan=None, combine="auto", chunk_size="auto", cost_model=None, precision="highest"):
+def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis="seq", batch_axis=None,
+        **fields: Unpack[OptionFields]):
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
-    ``mesh[batch_axis]``); ``combine`` picks the cross-device step ("logstep", "allgather",
-    "chain" or "auto"). ``mesh=None`` uses a 1-D mesh over all devices. Each device scans its
-    stretch in one piece, so ``chunk_size`` must be None or "auto"; ``cost_model`` as in
-    :func:`bppsa.backprop.rnn`, as is ``precision`` (the backward's matrix products).
+    ``mesh[batch_axis]``). ``mesh=None`` uses a 1-D mesh over all devices. The backward is chosen
+    by ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords, as for
+    :func:`bppsa.rnn`; ``combine`` picks the cross-device step ("logstep", "allgather", "chain" or
+    "auto"). Each device scans its stretch in one piece, so ``chunk_size`` must be None or "auto".
 
     xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
     exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
     """
-    chunk_size = backprop.validate_options(backward, scan, chunk_size)
-    precision = backprop.validate_precision(precision)
-    if not (isinstance(combine, str) and combine in COMBINES):
-        raise UsageError(f"combine must be one of {list(COMBINES)}; got {combine!r}")
-    if chunk_size not in (None, "auto"):
-        raise UsageError(f"chunk_size={chunk_size!r} cannot be combined with mesh (the sharded scan "
+    opts = options_lib.make(options, **fields)
+    if opts.chunk_size not in (None, "auto"):
+        raise UsageError(f"chunk_size={opts.chunk_size!r} cannot be combined with mesh (the sharded scan "
                          "already splits the sequence); pass one of them")
     if mesh is None:
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
     xs = jnp.asarray(xs)
     s0 = backprop.validate_inputs(cell, params, xs, h0)
-    if backward == "auto":
-        backward, auto_scan = cost.choose_backward(cell, xs.shape[0], xs.shape[1], xs.dtype, cost_model=cost_model)
-        scan = scan or auto_scan
-    scan = scan or "blelloch"
-    ss = sequence_parallel_states(cell, params, xs, s0, mesh, seq_axis=seq_axis, batch_axis=batch_axis,
-                                  backward=backward, scan=scan, combine=combine, precision=precision)
+    opts = opts.resolve(cell, xs.shape[0], xs.shape[1], xs.dtype)
+    if jax.default_backend() == "cpu":
+        host.tune_allocator()
+    ss = sequence_parallel_states(cell, params, xs, s0, mesh, opts, seq_axis=seq_axis, batch_axis=batch_axis)
     return cell.unflatten_state(ss)
 
 
-def pmap_rnn(cell, params, xs, h0, *, devices=None, backward="bppsa", scan="blelloch", combine="auto"):
+def pmap_rnn(cell, params, xs, h0, options: Options | None = None, *, devices=None, **fields: Unpack[OptionFields]):
     """pmap-style entry point: the leading axis of ``xs`` is mapped over devices, as with ``jax.pmap``.
 
     xs: (P, C, B, I) — chunk p (steps pC+1 … (p+1)C) on ``devices[p]`` (default: the first P
     local devices); h0: (B, H) [LSTM: (h0, c0)], broadcast. Returns hs: (P, C, B, H) [LSTM: a pair].
-    The same code as :func:`rnn` (a 1-D ``shard_map`` mesh over those devices); differentiable.
+    The same code as :func:`rnn` (a 1-D ``shard_map`` mesh over those devices), with the same
+    ``options`` and option keywords; differentiable.
     """
+    opts = options_lib.make(options, **fields)
     xs = jnp.asarray(xs)
     if xs.ndim != 4:
         raise UsageError(f"xs must have shape (P, C, B, I) (rank 4: devices, chunk, batch, input); "
@@ -332,6 +327,5 @@ def pmap_rnn(cell, params, xs, h0, *, devices=None, backward="bppsa", scan="blel
         raise UsageError(f"xs has a leading (device) axis of {P}; got {len(devices)} devices "
                          f"(jax.local_device_count() = {jax.local_device_count()})")
     mesh = make_mesh(P, devices=devices, batch_axis=None)
-    hs = rnn(cell, params, xs.reshape((P * C,) + xs.shape[2:]), h0, mesh=mesh, backward=backward,
-             scan=scan, combine=combine)
+    hs = rnn(cell, params, xs.reshape((P * C,) + xs.shape[2:]), h0, opts, mesh=mesh)
     return jax.tree.map(lambda h: h.reshape((P, C) + h.shape[1:]), hs)
