@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa import backprop, calibrate, cells, cost
-from bppsa import scan as scan_lib
+from bppsa import _backward, calibrate, cells, cost
+from bppsa import _scan as scan_lib
 
 
 def _close(a, b, rtol=1e-9, atol=1e-11):
@@ -61,8 +61,8 @@ def test_default_auto_chunking_is_exact(monkeypatch):
     monkeypatch.setattr(cost, "CHUNK_BYTES", 64 * B * 3 * 3 * 8)  # chunks of 64, 64, 22
     assert cost.auto_chunk_size(T, B, 3, 8, backend="cpu") == 64
     calls = []
-    chunked = backprop.chunked_backward
-    monkeypatch.setattr(backprop, "chunked_backward", lambda *a: calls.append(a[2]) or chunked(*a))
+    chunked = _backward.chunked_backward
+    monkeypatch.setattr(_backward, "chunked_backward", lambda *a: calls.append(a[2]) or chunked(*a))
     g_ref = _grads(cell, params, xs, h0)
     _close(_grads(cell, params, xs, h0, backward="bppsa"), g_ref)
     assert calls == [64]  # the default took the chunked path, with chunks of 64
