@@ -5,9 +5,9 @@ A training step's gradient, here of one fixed loss: a random readout of every st
     L(θ) = Σ_t Σ_b ⟨h_t[b], R_t[b]⟩ = jnp.vdot(cell.hidden(out), R),     R (T, B, H) ~ N(0, 1),
 
 drawn once from a seed (:func:`readout`): a loss on every step, the general case of the paper's
-recurrence g_{t-1} = J_tᵀ g_t + ∂ℓ_{t-1}/∂h_{t-1}. :func:`loss` is the
-one definition; :func:`gradient_fn` is its gradient w.r.t. the parameters, forward included (what
-a training loop runs); :func:`backward_fn` is the backward alone (the VJP of the forward at the
+recurrence g_{t-1} = J_tᵀ g_t + ∂ℓ_{t-1}/∂h_{t-1}. :func:`loss` is the one definition;
+:func:`gradient_fn` is its gradient w.r.t. the parameters, forward included (what a training
+loop runs); :func:`backward_functions` time the backward alone (the VJP of the forward at the
 cotangent ∂L/∂out, what the cost model predicts). Methods, named the same in every table:
 
     bptt_unroll{u}  autodiff through ``lax.scan(..., unroll=u)`` over ``cell.step`` (u = 1: the
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,24 +35,25 @@ import numpy as np
 from jax import lax
 
 from . import backprop
+from .cells import Cell
 from .scan import SCANS
 
 __all__ = ["loss", "readout", "problem", "out_cotangent", "forward_fn", "gradient_fn", "gradient_functions",
            "backward_functions", "cudnn_function", "gradient_errors", "method_names"]
 
 
-def loss(cell, out, R):
+def loss(cell: Cell, out: Any, R: jax.Array) -> jax.Array:
     """The one timed loss: out = what :func:`bppsa.rnn` returns (hs (T, B, H) [LSTM: (hs, cs)]),
     R (T, B, H) -> Σ ⟨cell.hidden(out), R⟩, a scalar."""
     return jnp.vdot(cell.hidden(out), R)
 
 
-def readout(cell, T: int, B: int, dtype=jnp.float32, seed: int = 0):
+def readout(cell: Cell, T: int, B: int, dtype: Any = jnp.float32, seed: int = 0) -> jax.Array:
     """The fixed readout R (T, B, H) of :func:`loss`: standard normal from ``seed``."""
     return jax.random.normal(jax.random.fold_in(jax.random.key(seed), 1), (T, B, cell.hidden_size), dtype)
 
 
-def problem(cell, T: int, B: int, *, dtype=jnp.float32, seed: int = 0):
+def problem(cell: Cell, T: int, B: int, *, dtype: Any = jnp.float32, seed: int = 0) -> tuple:
     """(params, xs (T, B, I), h0, R (T, B, H)) of one timed point: the cell's initialisation,
     bitstreams (p = 0.5) for input size 1 (the paper's RNN task) else standard normal inputs, a
     zero initial state and :func:`readout`'s R, all from ``seed``."""
@@ -63,14 +66,14 @@ def problem(cell, T: int, B: int, *, dtype=jnp.float32, seed: int = 0):
     return params, xs, h0, readout(cell, T, B, dtype, seed)
 
 
-def out_cotangent(cell, R):
+def out_cotangent(cell: Cell, R: jax.Array) -> Any:
     """∂L/∂out of :func:`loss` (L is linear in out): R in the hidden slot, zeros elsewhere, in the
     structure of :func:`bppsa.rnn`'s output."""
     zeros = cell.unflatten_state(jnp.zeros(R.shape[:2] + (cell.state_size,), R.dtype))
     return jax.grad(lambda o: loss(cell, o, R))(zeros)
 
 
-def method_names(*, unrolls=(), tuned: bool = True, scans=("blelloch",)) -> tuple:
+def method_names(*, unrolls: Iterable[int] = (), tuned: bool = True, scans: Iterable[str] = ("blelloch",)) -> tuple:
     """The method names of the module docstring for these unrolls, tuned BPTT and BPPSA scans."""
     return tuple(f"bptt_unroll{u}" for u in unrolls) + (("bptt",) if tuned else ()) + \
         tuple(f"bppsa_{s}" for s in scans)
@@ -83,7 +86,7 @@ def _plain_scan(cell, params, xs, h0, unroll):
     return lax.scan(body, h0, xs, unroll=unroll)[1]
 
 
-def forward_fn(cell, method: str, **opts):
+def forward_fn(cell: Cell, method: str, **opts: Any) -> Callable:
     """``f(params, xs, h0) -> out`` of ``method`` (a name of the module docstring but cudnn);
     ``opts`` go to :func:`bppsa.rnn` (chunk_size, precision, cost_model) for bptt, bppsa_*, auto."""
     if method.startswith("bptt_unroll"):
@@ -101,13 +104,14 @@ def forward_fn(cell, method: str, **opts):
     return lambda p, x, h: backprop.rnn(cell, p, x, h, **kw, **opts)
 
 
-def gradient_fn(cell, method: str, **opts):
+def gradient_fn(cell: Cell, method: str, **opts: Any) -> Callable:
     """The timed gradient: jitted ``g(params, xs, h0, R) -> ∂L/∂params`` of :func:`loss`, forward included."""
     fwd = forward_fn(cell, method, **opts)
     return jax.jit(jax.grad(lambda p, x, h, R: loss(cell, fwd(p, x, h), R)))
 
 
-def gradient_functions(cell, params, xs, h0, R, methods, **opts) -> dict:
+def gradient_functions(cell: Cell, params: Any, xs: jax.Array, h0: Any, R: jax.Array, methods: Iterable[str],
+                       **opts: Any) -> dict[str, Callable]:
     """``{method: zero-argument function}`` running :func:`gradient_fn` on these arrays."""
     return {m: functools.partial(gradient_fn(cell, m, **opts), params, xs, h0, R) for m in methods}
 
@@ -115,7 +119,8 @@ def gradient_functions(cell, params, xs, h0, R, methods, **opts) -> dict:
 _apply = jax.jit(lambda f, c: f(c))
 
 
-def backward_functions(cell, params, xs, h0, R, methods, **opts) -> dict:
+def backward_functions(cell: Cell, params: Any, xs: jax.Array, h0: Any, R: jax.Array, methods: Iterable[str],
+                       **opts: Any) -> dict[str, Callable]:
     """``{method: zero-argument function}``: the backward alone, i.e. the VJP of the method's
     forward at ∂L/∂out (:func:`out_cotangent`), w.r.t. (params, xs, h0); the forward runs once here."""
     ct = out_cotangent(cell, R)
@@ -126,7 +131,7 @@ def backward_functions(cell, params, xs, h0, R, methods, **opts) -> dict:
     return fns
 
 
-def cudnn_function(cell, xs, R):
+def cudnn_function(cell: Cell, xs: jax.Array, R: jax.Array) -> Callable | None:
     """A zero-argument function running PyTorch's cuDNN forward and backward of :func:`loss` on
     the same xs (T, B, I) and R (T, B, H) (``nn.RNN`` / ``nn.GRU`` / ``nn.LSTM`` of the cell's
     sizes, its own weights), or None when torch does not import, has no CUDA device, or the cell
@@ -163,7 +168,8 @@ def _max_rel(a, ref) -> float:
     return float(np.max(np.abs(a - ref)) / np.max(np.abs(ref)))
 
 
-def gradient_errors(cell, T: int, B: int, variants: dict, *, pairs=(), seed: int = 0) -> dict:
+def gradient_errors(cell: Cell, T: int, B: int, variants: dict, *, pairs: Iterable[tuple[str, str]] = (),
+                    seed: int = 0) -> dict[str, float]:
     """Float32 parameter-gradient errors of :func:`loss` against float64 autodiff through the
     plain ``lax.scan`` (``bptt_unroll1``), on :func:`problem`'s float64 data cast to float32.
 
