@@ -66,8 +66,8 @@ class Options:
 
     def __post_init__(self):
         _choice("backward", self.backward, BACKWARDS)
-        if self.scan is not None:
-            _choice("scan", self.scan, sorted(SCANS))
+        if self.scan is not None and not (isinstance(self.scan, str) and self.scan in SCANS):
+            raise UsageError(f"scan must be one of {sorted(SCANS)} or None; got {self.scan!r}")
         _choice("combine", self.combine, COMBINES)
         object.__setattr__(self, "chunk_size", _chunk_size(self.chunk_size))
         object.__setattr__(self, "precision", _precision(self.precision))

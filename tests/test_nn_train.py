@@ -8,7 +8,7 @@ from flax import nnx
 
 from bppsa import cells
 from bppsa.data.bitstream import class_rates, make_bitstream
-from bppsa.nn import Recurrent, SequenceClassifier
+from bppsa.nn import RNN, SequenceClassifier
 from bppsa.train import compare_backward_training
 
 
@@ -42,11 +42,11 @@ def test_classifier_shapes_and_backward_choice_agree(cell):
         SequenceClassifier(cell, 10, rngs=nnx.Rngs(0))(x[0])
 
 
-def test_recurrent_layer_gradients_equal_between_methods():
-    x = jax.random.normal(jax.random.key(0), (6, 3, 2), jnp.float64)
+def test_time_major_layer_gradients_equal_between_methods():
+    x = jax.random.normal(jax.random.key(0), (6, 3, 2), jnp.float64)  # (T, B, I)
 
     def grads(backward):
-        layer = Recurrent(cells.GRU(2, 4), backward=backward, rngs=nnx.Rngs(1), dtype=jnp.float64)
+        layer = RNN(cells.GRU(2, 4), backward=backward, time_major=True, rngs=nnx.Rngs(1), param_dtype=jnp.float64)
         return nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
 
     a, b = grads("bptt"), grads("bppsa")

@@ -30,7 +30,7 @@ def _loss(hs):
 
 @pytest.mark.parametrize("field,value,words", [
     ("backward", "fast", "backward must be one of ['bppsa', 'bptt', 'auto']; got 'fast'"),
-    ("scan", "tree", "scan must be one of ['associative', 'blelloch', 'sequential']; got 'tree'"),
+    ("scan", "tree", "scan must be one of ['associative', 'blelloch', 'sequential'] or None; got 'tree'"),
     ("chunk_size", 0, "chunk_size must be a positive int, None or 'auto'; got 0"),
     ("chunk_size", 2.0, "chunk_size must be a positive int, None or 'auto'; got 2.0"),
     ("chunk_size", True, "got True"),

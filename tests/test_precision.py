@@ -3,7 +3,8 @@
 On CPU precision changes no number, so the plumbing is checked in the traced program: every
 dot_general of the backward (the VJP alone, without the forward) carries the requested precision,
 for every cell, scan, chunking and the sharded path; in float64 the gradients are those of
-autodiff through ``lax.scan`` for every setting; bad values are UsageErrors naming the argument.
+autodiff through ``lax.scan`` (tests/reference.py) for every setting; bad values are UsageErrors
+naming the argument.
 """
 
 import jax
@@ -13,8 +14,10 @@ import pytest
 from jax import lax
 
 import bppsa
-from bppsa import backprop, cells, parallel
+from bppsa import cells, parallel
 from bppsa.errors import UsageError
+from tests.helpers import normal, random_params
+from tests.reference import scan_states
 
 PRECISIONS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.Precision.DEFAULT}
 
@@ -34,17 +37,24 @@ def _dot_precisions(jaxpr, out):
 
 
 def _setup(cell, T=40, B=2, dtype=jnp.float64):
-    params = jax.tree.map(lambda a: a.astype(dtype), cell.init(jax.random.key(0)))
-    xs = jax.random.normal(jax.random.key(1), (T, B, cell.input_size), dtype)
+    params = random_params(cell, 0, dtype)
+    xs = normal(1, (T, B, cell.input_size), dtype=dtype)
     h0 = jnp.zeros((B, cell.hidden_size), dtype)
     return params, xs, ((h0, h0) if cell.pair_state else h0)
 
 
 def _backward_dots(run, params, xs, h0):
-    """Precisions of the dots of the VJP only: the forward is done before tracing it."""
-    out, vjp = jax.vjp(run, params, xs, h0)
-    jaxpr = jax.make_jaxpr(vjp)(jax.tree.map(jnp.ones_like, out))
-    return _dot_precisions(jaxpr.jaxpr, [])
+    """Precisions of the dots of the VJP only. The forward is traced abstractly (jax.eval_shape:
+    nothing is compiled or run) and the VJP is traced inside it, on the forward's residuals."""
+    traced = []
+
+    def forward_then_trace_vjp(*args):
+        out, vjp = jax.vjp(run, *args)
+        traced.append(jax.make_jaxpr(vjp)(jax.tree.map(jnp.ones_like, out)))
+        return out
+
+    jax.eval_shape(forward_then_trace_vjp, params, xs, h0)
+    return _dot_precisions(traced[0].jaxpr, [])
 
 
 CELLS = {"rnn": lambda: cells.RNN(input_size=3, hidden_size=4), "gru": lambda: cells.GRU(input_size=3, hidden_size=4),
@@ -89,12 +99,11 @@ def _float64_gradients_unchanged(cell_name, every_path, T):
     params, xs, h0 = _setup(cell, T=T)
 
     mesh = parallel.make_mesh(2, batch_axis=None)
-    runs = [lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bptt")]  # the reference
+    runs = [lambda p, x, h: scan_states(cell, p, x, h)]  # the reference: autodiff through lax.scan
     for name in PRECISIONS:
         runs.append(lambda p, x, h, name=name: bppsa.rnn(cell, p, x, h, precision=name))
-        if every_path:
-            runs += [lambda p, x, h, name=name: bppsa.rnn(cell, p, x, h, scan="sequential", chunk_size=7,
-                                                          precision=name),
+        if every_path:  # (chunked exactness is tests/test_backprop.py's; chunking's precision is checked above)
+            runs += [lambda p, x, h, name=name: bppsa.rnn(cell, p, x, h, scan="sequential", precision=name),
                      lambda p, x, h, name=name: bppsa.rnn(cell, p, x, h, mesh=mesh, precision=name)]
 
     @jax.jit  # one program for all of them: one compile
@@ -126,4 +135,4 @@ def test_bad_precision_is_a_usage_error_naming_the_argument(bad):
     for run in (bppsa.rnn, parallel.rnn):
         with pytest.raises(UsageError, match=r"^precision must be one of \['highest', 'high', 'default'\]"):
             run(cell, params, xs, h0, precision=bad)
-    assert backprop.validate_precision(lax.Precision.HIGH) == "high"
+    assert bppsa.Options(precision=lax.Precision.HIGH).precision == "high"
