@@ -72,7 +72,7 @@ def _drift_spec(tau, num_samples, backward):
                                            "batch_size": 16, "learning_rate": 1e-2},
             "mix": [1, 3], "strategies": ["uniform", "proportional-weighted"], "seeds": [0], "epochs": 2,
             "placement": "label", "probe_batches": [4, 8, 12], "profile_repeats": 3, "tau": tau,
-            "drift": {"replica": 1, "factor": 3.0, "at": 0.5, "rebalance_every": 3, "tolerance": 0.1,
+            "drift": {"replica": 1, "factor": 3.0, "at": 0.5, "rebalance_every": 3, "tolerance": 0.25,
                       "strategy": "proportional-weighted", "seed": 0}}
 
 
@@ -83,11 +83,12 @@ def _check_mechanism(out, spec):
 
     tau, B = spec["tau"], spec["task_config"]["batch_size"]
     assert out["calibration"]["tau_s"] == tau and out["calibration"]["allreduce_s"] > 0
-    # the profile: each replica's step = its compute + a sleep of τ·f_i·b, so its fitted per-sample
-    # cost is at least τ·f_i (f = 3 for the slow replica 0, 1 for replica 1), whatever the load
-    assert [len(p["median_s"]) for p in out["profile"]] == [3, 3]
-    for p, f in zip(out["profile"], (3.0, 1.0)):
-        assert p["beta_s"] >= 0.8 * tau * f, (p, f)
+    # the profile: each replica's step is its compute plus a sleep of τ·f_i·b (f = 3 for the slow
+    # replica 0, 1 for replica 1), so every timing is at least that sleep, however busy the host
+    slowdowns = (3.0, 1.0)
+    assert [p["probe_batches"] for p in out["profile"]] == [spec["probe_batches"]] * 2
+    for p, f in zip(out["profile"], slowdowns):
+        assert all(t >= tau * f * b for t, b in zip(p["median_s"], p["probe_batches"])), (p, f)
     # the split is the partition of the profiled speeds
     runs = {r["strategy"]: r for r in out["runs"]}
     assert runs["uniform"]["initial_partition"] == [8, 8]
@@ -104,12 +105,15 @@ def _check_mechanism(out, spec):
             + out["calibration"]["allreduce_s"]
         np.testing.assert_allclose(r["time_per_epoch_model"], steps * predicted, rtol=1e-9)
         assert abs(predicted / np.median(r["step_times"]) - 1) < 0.5, (predicted, r["step_times"])
-    # drift: the re-partition comes within the window after it, and gives the slowed replica less
+        # the step times are process 0's (replica 0's) clock: each step lasted at least its own sleep
+        assert min(r["step_times"]) >= tau * slowdowns[0] * r["initial_partition"][0]
+    # drift: the re-partition comes within the window after it (3 steps), and gives the slowed replica
+    # less (the 25 % hysteresis keeps timing noise from re-partitioning; the drift gains 33 %)
     on, off = out["drift_runs"]
     at = on["drift"]["at_step"]
     assert on["rebalance_every"] == 3 and off["rebalance_every"] == 0 and not off["repartitions"]
-    switch = on["repartitions"][0]
-    assert at < switch["step"] <= at + 3 and switch["to"][1] < switch["from"][1], (at, on["repartitions"])
+    switch = next((x for x in on["repartitions"] if x["step"] > at), None)
+    assert switch and switch["step"] <= at + 3 and switch["to"][1] < switch["from"][1], (at, on["repartitions"])
     assert on["final_partition"] == on["repartitions"][-1]["to"]
     return runs, on, off
 
