@@ -13,12 +13,12 @@ defaults, 0 faults and 5.02 ms with the settings below; BPTT's backward faults 0
 ``M_MMAP_MAX = 0`` (large blocks come from the heap, not from fresh mappings),
 ``M_TRIM_THRESHOLD`` at its maximum (the heap is not shrunk on free) and ``M_TOP_PAD = 64 MiB``.
 The price is that the process keeps its peak heap size after a large computation, as JAX's own
-GPU allocator does by design. ``import bppsa`` changes nothing: the entry points (the ``bppsa``
-command line and the benchmark scripts) call it at start-up, and a library user may opt in the
-same way (``bppsa.host.tune_allocator()`` before the first large computation). Set
-``BPPSA_MALLOC_TUNING=0`` to keep glibc's defaults even there. Settings you made yourself (``MALLOC_*_``
-environment variables or ``GLIBC_TUNABLES`` with ``glibc.malloc`` entries) are respected: the
-tuning is then skipped. Other C libraries (musl, macOS) are left alone.
+GPU allocator does by design. ``import bppsa`` changes nothing; the first :func:`bppsa.rnn` call
+on a CPU backend applies the settings (the ``bppsa`` command and the benchmarks call
+:func:`tune_allocator` at start-up too), so a library user gets the fast path without an extra
+call. Set ``BPPSA_MALLOC_TUNING=0`` to keep glibc's defaults everywhere. Settings you made
+yourself (``MALLOC_*_`` environment variables or ``GLIBC_TUNABLES`` with ``glibc.malloc``
+entries) are respected: the tuning is then skipped. Other C libraries (musl, macOS) are left alone.
 """
 
 from __future__ import annotations
