@@ -24,6 +24,8 @@ from pathlib import Path
 from . import host
 from .errors import UsageError
 
+__all__ = ["main", "reproduce_names", "reproduce_argv", "split_debug"]
+
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 # bppsa COMMAND [args...]

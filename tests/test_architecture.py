@@ -208,3 +208,32 @@ def test_import_changes_nothing_in_the_process():
             "print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def _declared_all(path: Path):
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in MODULES_PRIVATE
+                                          and not m.startswith("bppsa.experiments")))
+def test_every_public_module_lists_its_api(module):
+    """``__all__`` is what a user is meant to call: present, and every name in it exists."""
+    import importlib
+    names = _declared_all(MODULES[module])
+    if MODULES[module].name == "__init__.py" and names is None:
+        return  # a package without re-exports
+    assert names is not None, f"{MODULES[module].relative_to(ROOT)} has no __all__"
+    mod = importlib.import_module(module)
+    missing = [n for n in names if not hasattr(mod, n)]
+    assert not missing, f"{module}.__all__ names what it does not define: {missing}"
+
+
+def test_the_package_root_is_the_curated_api():
+    import bppsa
+    assert {"rnn", "Options", "cells", "scan", "BACKWARDS", "SCANS", "CostModel"} <= set(bppsa.__all__)
+    assert not [n for n in bppsa.__all__ if n.startswith("_")]
+    import bppsa.backprop
+    assert bppsa.backprop.__all__ == ["rnn", "validate_inputs", "validate_params"]  # the pipeline is bppsa._backward

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["NUM_CLASSES", "class_rates", "make_bitstream"]
+
 NUM_CLASSES = 10
 
 

@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+__all__ = ["modelled_epoch", "main"]
+
 
 def modelled_epoch(models, counts, steps: int, comm_s: float) -> float:
     """The time model's seconds per epoch: steps × (slowest replica's t_i(b_i) + the all-reduce)."""
