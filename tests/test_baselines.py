@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa import backprop, baselines, calibrate, cells, cost, gradient
+from bppsa import baselines, calibrate, cells, cost, gradient
+from bppsa._backward import forward_states
 from bppsa.tables import markdown_table
 from reference import scan_grads, scan_states
 
@@ -63,10 +64,10 @@ def test_tuned_bptt_is_exact_and_unrolled():
     assert cost.bptt_unroll(cells.RNN(2, 3), 37, 1, backend="cpu") == 1  # tiny: not worth the compile
     _close(_grad_fn(cell, xs, h0, backward="bptt")(params, xs, h0), _reference(cell, params, xs, h0))
     s0 = jnp.zeros((1, 20))
-    tuned = str(jax.make_jaxpr(lambda p: backprop.forward_states(cell, p, xs, s0))(params))
-    assert tuned == str(jax.make_jaxpr(lambda p: backprop.forward_states(
+    tuned = str(jax.make_jaxpr(lambda p: forward_states(cell, p, xs, s0))(params))
+    assert tuned == str(jax.make_jaxpr(lambda p: forward_states(
         cell, p, xs, s0, unroll=cost.bptt_unroll(cell, 61, 1)))(params))
-    assert tuned != str(jax.make_jaxpr(lambda p: backprop.forward_states(cell, p, xs, s0, unroll=1))(params))
+    assert tuned != str(jax.make_jaxpr(lambda p: forward_states(cell, p, xs, s0, unroll=1))(params))
 
 
 def test_shipped_cost_models_are_package_data():

@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from .. import cells
-from ..backprop import BACKWARDS
+from ..options import BACKWARDS
 from ..bench import backward_times
 from ..data.bitstream import NUM_CLASSES, make_bitstream
 from ..errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
