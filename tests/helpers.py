@@ -1,4 +1,25 @@
-"""Task functions for the runner tests (configs name them as "tests.helpers:NAME")."""
+"""Task functions for the runner tests (configs name them as "tests.helpers:NAME"), and test data
+made with numpy (``jax.random`` compiles once per shape; a few seconds a test on a loaded 2-core
+machine, for data whose values do not matter)."""
+
+import numpy as np
+
+
+def normal(seed, shape, scale=1.0, dtype=np.float64):
+    """A (shape) array of N(0, scale²) draws from numpy's generator ``seed``, as a jax array."""
+    import jax.numpy as jnp
+    return jnp.asarray((scale * np.random.default_rng(seed).normal(size=shape)).astype(dtype))
+
+
+def random_params(cell, seed=0, dtype=np.float64):
+    """Parameters with ``cell.init``'s structure, shapes and dtype (from ``cell.param_spec``, traced
+    without computing), drawn U(-1/√H, 1/√H) as the built-in cells draw theirs."""
+    import jax
+    import jax.numpy as jnp
+    rng = np.random.default_rng(seed)
+    bound = 1 / np.sqrt(cell.hidden_size)
+    return jax.tree.map(lambda s: jnp.asarray(rng.uniform(-bound, bound, s.shape).astype(s.dtype)),
+                        cell.param_spec(dtype))
 
 
 def echo_task(config, workdir) -> dict:
