@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="experiments/results/cpu/user-script", help="path stem of the .json/.md written")
     ap.add_argument("--steps", type=int, default=10, help="training steps per timed sample")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds")
+    ap.add_argument("--note", default="", help="a line written under the table (e.g. how loaded the machine was)")
     args = ap.parse_args(argv)
     rows = [measure(T, B, steps=args.steps, repeats=args.repeats) for T, B in SHAPES]
     table = markdown_table(
@@ -90,7 +91,9 @@ def main(argv=None) -> int:
         f"{args.repeats} interleaved rounds (median ms per step). Process state as in a user's script: "
         "`import bppsa` and the public API only; glibc allocator tuned by the first `bppsa.rnn` call: "
         f"{'yes' if host.allocator_tuned() else 'no (BPPSA_MALLOC_TUNING=0)'}.\n\n" + table + "\n\n"
-        f"Provenance: {prov.get('device')}, jax {prov.get('jax')}, {prov.get('date')}, `{prov.get('command')}`\n")
+        + (args.note + "\n\n" if args.note else "")
+        + f"Provenance: {prov.get('cpu')} ({prov.get('backend')}, {prov.get('cpu_count')} cores), jax {prov.get('jax')}, "
+          f"{prov.get('date')}, `{prov.get('command')}`\n")
     return 0
 
 
