@@ -3,6 +3,7 @@ run killed mid-way and resumed ends bit-identical to an uninterrupted one."""
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,11 +40,23 @@ def test_configs_found():
     assert RNN_TRAIN in CONFIGS
 
 
-# Configs whose task another test already runs at smoke size in the default run: rnn_sweep's
-# sweep_task (tests/test_bench.py::test_sweep_task_smoke_writes_json_markdown_and_plot) and
-# irmas:run (the irmas config's smoke run: grid and training). Their smoke runs are in the slow run;
-# their presets are checked by test_every_preset_of_every_config_passes_its_tasks_checks.
-SAME_TASK_AS_ANOTHER = ("rnn_tsweep", "rnn_bsweep", "rnn_sweep", "irmas_grid", "irmas_train")
+# The default run keeps an end-to-end run of every task and of each of its parts, here or in another
+# default test; the slow run runs every config's smoke variant exactly as documented.
+#
+# Configs whose task another default test already runs at smoke size: rnn_sweep's sweep_task
+# (tests/test_bench.py::test_sweep_task_smoke_writes_json_markdown_and_plot), irmas:run (the irmas
+# config below), irmas:shapes_task (a loop over bench.bench_point:
+# tests/test_bench.py::test_bench_point_records_auto_choice_and_baselines) and the Ray run
+# (tests/test_sync_ray.py::test_ray_bsp_trains_and_survives_a_killed_worker). Their smoke runs are in
+# the slow run; their presets are checked by test_every_preset_of_every_config_passes_its_tasks_checks
+# (tests/test_faults.py) and their docstrings by test_config_documents_its_command.
+SAME_TASK_AS_ANOTHER = ("rnn_tsweep", "rnn_bsweep", "rnn_sweep", "irmas_grid", "irmas_train", "irmas_timing",
+                        "sync_ray")
+# Configs whose default run leaves out a part that another default test runs at a similar size:
+# irmas's training (tests/test_irmas_experiment.py::test_short_training_run_learns_the_stand_in_above_chance
+# runs training_comparison on the stand-in) and sparse_vgg's FLOP analysis
+# (tests/test_sparse_vgg.py::test_flop_analysis_consistent). The slow run runs their full smoke variant.
+DEFAULT_RUN_OVERRIDES = {"irmas": {"parts": "grid"}, "sparse_vgg": {"parts": "generation,retrain"}}
 
 
 def _load_module(path):
@@ -61,20 +74,58 @@ def test_config_documents_its_command(path):
         f"{path.name}: the docstring must give the exact command"
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem in SAME_TASK_AS_ANOTHER
-                                  else p for p in CONFIGS], ids=[p.stem for p in CONFIGS])
-def test_config_smoke_variant_runs(path, tmp_path):
-    """Every config's smoke variant runs through the runner."""
-    summary = runner.run(path, "smoke", workdir=tmp_path / "w")
-    assert isinstance(summary, dict)
+def test_the_suite_names_only_existing_configs():
+    stems = {p.stem for p in CONFIGS}
+    assert set(SAME_TASK_AS_ANOTHER) <= stems and set(DEFAULT_RUN_OVERRIDES) <= stems
+    assert not set(SAME_TASK_AS_ANOTHER) & set(DEFAULT_RUN_OVERRIDES)
+
+
+def _smoke_runs(path, tmp_path, overrides):
+    """Run ``path``'s smoke variant (with ``overrides``) through the runner; check what it recorded."""
+    t0 = time.perf_counter()
+    summary = runner.run(path, "smoke", overrides, workdir=tmp_path / "w")
+    elapsed = time.perf_counter() - t0
     saved = json.loads((tmp_path / "w" / "summary.json").read_text())
-    assert saved["run_time_s"] > 0 and saved["provenance"]["jax"] and saved["config"]["task"] == runner.load_config(path, "smoke").task
-    assert json.loads((tmp_path / "w" / "config.json").read_text()) == saved["config"]
+    config = runner.load_config(path, "smoke")
+    runner.apply_overrides(config, overrides)
+    assert saved["config"] == json.loads((tmp_path / "w" / "config.json").read_text())
+    assert saved["config"]["task"] == config.task
+    for key in overrides:  # the run used the overridden values
+        value = config
+        recorded = saved["config"]
+        for part in key.split("."):
+            value, recorded = value[part], recorded[part]
+        assert recorded == json.loads(json.dumps(value, default=list)), (key, recorded)
+    # the summary on disk is the one returned (NaN compares equal as text)
+    assert json.dumps(saved["summary"], sort_keys=True) == \
+        json.dumps(json.loads(json.dumps(summary, default=float)), sort_keys=True)
+    assert 0 < saved["run_time_s"] <= elapsed  # the task's own time, inside the call
+    assert saved["provenance"]["jax"]
+    assert saved["provenance"]["command"].startswith("bppsa run " + shlex.quote(f"{path}:smoke"))
+    return summary, saved
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.stem not in SAME_TASK_AS_ANOTHER],
+                         ids=[p.stem for p in CONFIGS if p.stem not in SAME_TASK_AS_ANOTHER])
+def test_config_smoke_variant_runs(path, tmp_path):
+    """Every task runs through the runner: each config's smoke variant (a smaller one for the
+    configs in DEFAULT_RUN_OVERRIDES); configs in SAME_TASK_AS_ANOTHER only in the slow run."""
+    summary, saved = _smoke_runs(path, tmp_path, DEFAULT_RUN_OVERRIDES.get(path.stem, {}))
     if path == RNN_TRAIN:
-        _check_rnn_train_outputs(tmp_path / "w", summary)
+        _check_rnn_train_outputs(tmp_path / "w", summary, saved["run_time_s"])
 
 
-def _check_rnn_train_outputs(tmp_path, summary):
+SLOW_ONLY = [p for p in CONFIGS if p.stem in SAME_TASK_AS_ANOTHER or p.stem in DEFAULT_RUN_OVERRIDES]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SLOW_ONLY, ids=[p.stem for p in SLOW_ONLY])
+def test_config_full_smoke_variant_runs(path, tmp_path):
+    """The smoke variants that the default run skips or shrinks, exactly as documented."""
+    _smoke_runs(path, tmp_path, {})
+
+
+def _check_rnn_train_outputs(tmp_path, summary, run_time_s):
     record = json.loads((tmp_path / "rnn_train.json").read_text())
     assert set(record["curves"]) == {"bptt", "bppsa"}
     assert [r["step"] for r in record["curves"]["bptt"]] == list(range(1, 11))
@@ -82,7 +133,8 @@ def _check_rnn_train_outputs(tmp_path, summary):
     assert summary["max_loss_diff"] < 1e-4
     assert record["final"]["bptt"]["param_abs_sum"] == pytest.approx(record["final"]["bppsa"]["param_abs_sum"],
                                                                       rel=1e-4)
-    assert record["backward_times"][0]["T"] == 16 and record["backward_times"][0]["bppsa_s"] > 0
+    assert record["backward_times"][0]["T"] == 16
+    assert 0 < record["backward_times"][0]["bppsa_s"] < run_time_s  # seconds, a part of the run
     assert "| BPTT |" in (tmp_path / "rnn_train.md").read_text()
     assert (tmp_path / "rnn_train.png").read_bytes()[:4] == b"\x89PNG"
     assert record["provenance"]["command"].startswith("bppsa run ")
@@ -193,11 +245,23 @@ class Killed(Exception):
     pass
 
 
-@pytest.mark.parametrize("kill_at", [5, 10 + 8], ids=["bptt-step5", "bppsa-step8"])
-def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch, kill_at):
-    """Kill (an exception after global step k, past the last checkpoint), re-run the same command."""
-    runner.run(RNN_TRAIN, "smoke", TINY, workdir=tmp_path / "straight")
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    """The uninterrupted TINY run that both kills are compared with (float64 off, as in `bppsa run`)."""
+    import jax
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        workdir = tmp_path_factory.mktemp("straight")
+        runner.run(RNN_TRAIN, "smoke", TINY, workdir=workdir)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+    return workdir
 
+
+@pytest.mark.parametrize("kill_at", [5, 10 + 8], ids=["bptt-step5", "bppsa-step8"])
+def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch, kill_at, straight_run):
+    """Kill (an exception after global step k, past the last checkpoint), re-run the same command."""
     calls = {"n": 0}
 
     def kill(step):
@@ -216,13 +280,13 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch, kill_at)
     runner.run(RNN_TRAIN, "smoke", TINY, workdir=tmp_path / "resumed")
 
     for method in ("bptt", "bppsa"):
-        s1, p1 = _final_params(tmp_path / "straight", method)
+        s1, p1 = _final_params(straight_run, method)
         s2, p2 = _final_params(tmp_path / "resumed", method)
         assert s1 == s2 == 10 and p1.keys() == p2.keys()
         for k in p1:
             np.testing.assert_array_equal(p1[k], p2[k])  # bit-identical
-        assert _losses(tmp_path / "straight", method) == _losses(tmp_path / "resumed", method)
-    a = json.loads((tmp_path / "straight" / "rnn_train.json").read_text())["final"]
+        assert _losses(straight_run, method) == _losses(tmp_path / "resumed", method)
+    a = json.loads((straight_run / "rnn_train.json").read_text())["final"]
     b = json.loads((tmp_path / "resumed" / "rnn_train.json").read_text())["final"]
     assert a["bppsa"]["param_abs_sum"] == b["bppsa"]["param_abs_sum"]
 
