@@ -9,7 +9,6 @@ import librosa
 import numpy as np
 import pytest
 import soundfile as sf
-from jax import lax
 
 import bppsa
 from bppsa import cells
@@ -17,6 +16,8 @@ from bppsa.data import irmas
 from bppsa.data.irmas import CLASSES, CLIP_SAMPLES, SAMPLE_RATE
 from bppsa.errors import UsageError
 from bppsa.data.synth_irmas import ensure_synthetic_irmas, make_synthetic_irmas, synthesize_clip
+from tests.helpers import normal, random_params
+from tests.reference import scan_grads
 
 N_VALID = 6  # decodable audio files in the small folder
 
@@ -344,30 +345,27 @@ def test_bppsa_and_bptt_gru_gradients_agree_on_real_mfcc_inputs(features, settin
     xs = jnp.asarray(np.swapaxes(x, 0, 1))  # (T, B, F)
     T, _, F = xs.shape
     cell = cells.GRU(F, 20)
-    params = cell.init(jax.random.key(1), jnp.float64)
-    head = jax.random.normal(jax.random.key(2), (20, 11), jnp.float64)
+    params = random_params(cell, seed=1)
+    head = normal(2, (20, 11))
     labels = jnp.arange(B) % 11
-    h0 = 0.1 * jax.random.normal(jax.random.key(3), (B, 20), jnp.float64)
+    h0 = normal(3, (B, 20), scale=0.1)
 
-    def loss(hs_last):
-        logits = hs_last @ head
+    def loss(hs):
+        logits = hs[-1] @ head
         return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(B), labels])
 
-    def ref(p, xs, h0):
-        hs = lax.scan(lambda h, x: (cell.step(p, h, x),) * 2, h0, xs)[1]
-        return loss(hs[-1])
-
     def ours(method):
-        return lambda p, xs, h0: loss(bppsa.rnn(cell, p, xs, h0, backward=method)[-1])
+        return jax.jit(jax.grad(lambda p, xs, h0: loss(bppsa.rnn(cell, p, xs, h0, backward=method)),
+                                argnums=(0, 1, 2)))
 
-    grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2)))  # noqa: E731
-    g_ref = grad(ref)(params, xs, h0)
+    ref = jax.jit(lambda p, xs, h0: scan_grads(cell, p, xs, h0, loss))
+    g_ref = ref(params, xs, h0)
     for method in ("bppsa", "bptt"):
-        g = grad(ours(method))(params, xs, h0)
+        g = ours(method)(params, xs, h0)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12), g, g_ref)
     # one step (T = 1) of the same real features
-    g1 = grad(ours("bppsa"))(params, xs[:1], h0)
-    g1_ref = grad(ref)(params, xs[:1], h0)
+    g1 = ours("bppsa")(params, xs[:1], h0)
+    g1_ref = ref(params, xs[:1], h0)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12), g1, g1_ref)
 
 
