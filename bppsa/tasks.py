@@ -39,7 +39,7 @@ from .data.task import Task
 if TYPE_CHECKING:
     from flax import nnx
 
-__all__ = ["TASKS", "make_task", "task_from_spec", "nnx_task", "cnn_init", "cnn_logits", "digits_task", "gru_task"]
+__all__ = ["TASKS", "check_task", "make_task", "task_from_spec", "nnx_task", "cnn_init", "cnn_logits", "digits_task", "gru_task"]
 
 
 def nnx_task(name: str, x_train, y_train, x_test, y_test, make_model: Callable[[nnx.Rngs], nnx.Module],
@@ -150,12 +150,9 @@ _RENAMED = {"digits-cnn": "'digits_cnn'", "seq_gru": "'gru' with data='sequences
 _CACHE: dict = {}
 
 
-def make_task(name: str, **options) -> Task:
-    """The task ``name`` (one of :data:`TASKS`) built with ``options`` (the keyword arguments of its builder:
-    :func:`digits_task`, :func:`gru_task`); cached per (name, options) within the process.
-
-    An unknown name or option raises ValueError listing the known ones.
-    """
+def check_task(name: str, **options) -> None:
+    """Refuse an unknown task name or option (ValueError listing the known ones) without building the
+    task: nothing here starts JAX, so a config check can run before a task sets up its devices."""
     if name not in TASKS:
         hint = f" (it is now called {_RENAMED[name]})" if name in _RENAMED else ""
         raise ValueError(f"task name must be one of {sorted(TASKS)}; got {name!r}{hint}")
@@ -163,6 +160,15 @@ def make_task(name: str, **options) -> Task:
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ValueError(f"task {name!r} takes the options {accepted}; got unknown option(s) {unknown}")
+
+
+def make_task(name: str, **options) -> Task:
+    """The task ``name`` (one of :data:`TASKS`) built with ``options`` (the keyword arguments of its builder:
+    :func:`digits_task`, :func:`gru_task`); cached per (name, options) within the process.
+
+    An unknown name or option raises ValueError listing the known ones (:func:`check_task`).
+    """
+    check_task(name, **options)
     spec = {"name": name, **options}
     key = json.dumps(spec, sort_keys=True, default=repr)
     if key not in _CACHE:

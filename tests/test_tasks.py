@@ -64,3 +64,20 @@ def test_sequences_are_deterministic_balanced_and_checked():
     for kw, match in [({"length": 0}, "length"), ({"num_classes": 1}, "num_classes"), ({"noise": -1.0}, "noise")]:
         with pytest.raises(ValueError, match=match):
             make_sequences(**{"num_samples": 10, "length": 4, **kw})
+
+
+def test_the_hetero_dp_config_check_starts_no_jax_backend():
+    """A task that sets up its own CPU devices (hetero_dp) must run before anything starts JAX: its
+    config check refuses bad task names and options without building a task."""
+    import subprocess
+    import sys
+    code = ("import importlib.util\n"
+            "from jax._src import xla_bridge as xb\n"
+            "spec = importlib.util.spec_from_file_location('c', 'experiments/configs/hetero_dp.py')\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "import bppsa.experiments.hetero_dp as h\n"
+            "h.check(m.get_config())\n"
+            "print(bool(xb._backends))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]

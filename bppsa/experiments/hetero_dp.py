@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from ..hetero.profile import TimeModel, slowdowns_from_mix
-from ..hetero.train import SimulatedReplicas, measure_time_model, task_from_config, train
+from ..hetero.train import SimulatedReplicas, measure_time_model, task_from_config, task_options, train
 from ..errors import UsageError, checked_by, require_choices, require_int, require_number
 from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
 from ..tables import markdown_table
+from ..tasks import check_task
 
 __all__ = ["run", "summarize", "drift_summary", "markdown"]
 
@@ -227,7 +228,7 @@ def check(config):
         if name not in config.tasks:
             raise UsageError(f"config.tasks has no entry {name!r} (it has {sorted(config.tasks)})")
         try:
-            task_from_config(name, config.tasks[name])  # an unknown task name or option is refused here
+            check_task(name, **task_options(config.tasks[name]))  # an unknown name or option; JAX not started
         except ValueError as e:
             raise UsageError(f"config.tasks.{name}: {e}") from None
     if not pc.enabled:

@@ -34,7 +34,7 @@ from ..tasks import make_task
 from ..timing import time_fn
 
 __all__ = ["STRATEGIES", "PLACEMENTS", "SPEED_RULES", "TRAINING_KEYS", "ShardSampler", "SimulatedReplicas",
-           "as_schedule", "slowdowns_at", "measure_time_model", "task_from_config", "train"]
+           "as_schedule", "slowdowns_at", "measure_time_model", "task_options", "task_from_config", "train"]
 
 STRATEGIES = {"uniform": (False, "mean"), "proportional-mean": (True, "mean"),
               "proportional-weighted": (True, "weighted")}  # name -> (proportional split?, average)
@@ -43,10 +43,15 @@ SPEED_RULES = ("nominal", "balanced")  # throughput at B/P (the paper's), or bal
 TRAINING_KEYS = ("batch_size", "epochs", "learning_rate")
 
 
+def task_options(config) -> dict:
+    """The task's options in one entry of an experiment's ``tasks`` config (a mapping): its keys other
+    than :data:`TRAINING_KEYS` (which are the trainer's)."""
+    return {k: v for k, v in dict(config).items() if k not in TRAINING_KEYS}
+
+
 def task_from_config(name: str, config) -> Task:
-    """:func:`bppsa.tasks.make_task` from one entry of an experiment's ``tasks`` config (a mapping): its
-    keys other than :data:`TRAINING_KEYS` (which are the trainer's) are the task's options."""
-    return make_task(name, **{k: v for k, v in dict(config).items() if k not in TRAINING_KEYS})
+    """:func:`bppsa.tasks.make_task` from one entry of an experiment's ``tasks`` config (:func:`task_options`)."""
+    return make_task(name, **task_options(config))
 
 
 class ShardSampler:
