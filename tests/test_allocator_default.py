@@ -30,11 +30,11 @@ def _run(kw="", **env):
 
 
 @pytest.mark.skipif(not GLIBC, reason="the settings are glibc's")
-@pytest.mark.parametrize("kw", ["", "backward='bptt'", "mesh=bppsa.parallel.make_mesh(1, batch_axis=None)"])
+@pytest.mark.parametrize("kw", ["", pytest.param("backward='bptt'", marks=pytest.mark.slow),
+                                pytest.param("mesh=bppsa.parallel.make_mesh(1, batch_axis=None)", marks=pytest.mark.slow)])
 def test_the_first_rnn_call_on_cpu_tunes_the_allocator(kw):
     assert _run(kw) == ["False", "True"]
 
 
-def test_the_off_switch_keeps_glibcs_defaults():
+def test_the_off_switch_keeps_glibcs_defaults():  # every other opt-out: tests/test_host.py
     assert _run(BPPSA_MALLOC_TUNING="0") == ["False", "False"]
-    assert _run(MALLOC_ARENA_MAX_="2") == ["False", "False"]  # the user's own malloc settings win
