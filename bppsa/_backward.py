@@ -60,7 +60,8 @@ def stored_scan(v, jacobians, ds, n):
     """The storage-order Blelloch scan of :func:`stored_jacobians`' output (ds zero-padded, as
     :func:`storage_inputs` makes it). Returns (prefixes in scan order, total)."""
     if isinstance(jacobians, tuple):
-        return scan_lib.blelloch_scan_stored_diag(v, *jacobians, ds, n)
+        A, Wt = jacobians
+        return scan_lib.blelloch_scan_stored_diag(v, A, Wt, ds, n)
     return scan_lib.blelloch_scan_stored(v, jacobians, ds, n, zero_padded_offsets=True)
 
 

@@ -20,7 +20,7 @@ from . import host
 from . import options as options_lib
 from ._backward import bppsa_states, forward_states
 from .errors import UsageError
-from .options import Options, OptionFields
+from .options import OptionFields, Options
 
 __all__ = ["rnn", "validate_inputs", "validate_params"]
 
@@ -126,7 +126,8 @@ def validate_inputs(cell, params, xs, h0):
     H = cell.hidden_size
     expected = (B, H) if H is not None else (B, "H")
     if cell.pair_state and not (isinstance(h0, (tuple, list)) and len(h0) == 2):
-        raise UsageError(f"h0 for {name} must be a pair (h0, c0) of (B, H) = {expected} arrays; got {type(h0).__name__}")
+        raise UsageError(f"h0 for {name} must be a pair (h0, c0) of (B, H) = {expected} arrays; "
+                         f"got {type(h0).__name__}")
     h0 = tuple(h0) if cell.pair_state else h0
     parts = h0 if cell.pair_state else (h0,)
     for label, part in zip(("h0", "c0"), parts):

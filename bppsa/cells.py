@@ -64,14 +64,14 @@ class Cell(abc.ABC):
     traces :meth:`init`, so a cell that implements ``init`` is checked.
     """
 
-    input_size: int | None
-    hidden_size: int
+    input_size: Any  # int, or None where a cell does not fix it (Generic)
+    hidden_size: Any  # int (Generic: int or None)
 
     @abc.abstractmethod
-    def init(self, key, dtype=jnp.float32):
+    def init(self, key, dtype=jnp.float32) -> Any:
         """The parameter pytree for ``key``."""
 
-    def param_spec(self, dtype=jnp.float32):
+    def param_spec(self, dtype=jnp.float32) -> Any:
         """The parameter structure :func:`bppsa.rnn` checks ``params`` against (shapes and keys,
         at trace time): a pytree of ``jax.ShapeDtypeStruct`` like :meth:`init`'s output, or None
         (not checked). The default traces :meth:`init` without computing it, so a subclass that
@@ -79,19 +79,19 @@ class Cell(abc.ABC):
         return jax.eval_shape(lambda key: self.init(key, dtype), jax.random.key(0))
 
     @abc.abstractmethod
-    def step(self, params, h, x):
+    def step(self, params, h, x, /) -> Any:
         """One step: h (B, H) [LSTM: (h, c)], x (B, I) -> the next state, same structure as h."""
 
     @abc.abstractmethod
-    def transposed_jacobian(self, params, s_prev, xs, s):
+    def transposed_jacobian(self, params, s_prev, xs, s, /) -> Any:
         """s_prev, s: (T, B, S), xs: (T, B, I) -> Ms (T, B, S, S) with g_{t-1} = g_t @ M_t,
         M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j]."""
 
     @abc.abstractmethod
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params, s_prev, xs, s, gs, /) -> Any:
         """gs (T, B, S) = ∂L/∂s_t -> (dparams, dxs (T, B, I)), summed over t and b."""
 
-    def diagonal_jacobian(self, params, s_prev, xs, s):
+    def diagonal_jacobian(self, params, s_prev, xs, s, /) -> Any:
         """Optional structure of the transposed Jacobian: ``(A, Wt)`` with A (T, B, S) and
         M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) matrix Wt, or None (the default: no
         such structure). The Blelloch scan uses it to skip forming the (T, B, S, S) matrices
@@ -113,15 +113,15 @@ class Cell(abc.ABC):
         """S, the width of the flat state the scan works on."""
         return self.hidden_size
 
-    def flatten_state(self, h):
+    def flatten_state(self, h, /) -> Any:
         """state -> (..., S)."""
         return h
 
-    def unflatten_state(self, s):
+    def unflatten_state(self, s, /) -> Any:
         """(..., S) -> state."""
         return s
 
-    def hidden(self, states):
+    def hidden(self, states, /) -> Any:
         """The hidden states of what :func:`bppsa.rnn` returns: (T, B, H) for every cell
         (for an LSTM, hs of the pair (hs, cs))."""
         return states[0] if self.pair_state else states

@@ -76,19 +76,19 @@ class Flax(Cell):
             raise UsageError(f"layout must be one of {list(LAYOUTS)}; got {self.layout!r}")
 
     @property
-    def input_size(self):  # type: ignore[override]
+    def input_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return self.core.input_size
 
     @property
-    def hidden_size(self):  # type: ignore[override]
+    def hidden_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return self.core.hidden_size
 
     @property
-    def gates(self):  # type: ignore[override]
+    def gates(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return self.core.gates
 
     @property
-    def pair_state(self):  # type: ignore[override]
+    def pair_state(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return self.core.pair_state
 
     @property
@@ -101,8 +101,11 @@ class Flax(Cell):
 
     def core_params(self, params) -> dict:
         """flax's parameter dict -> the core cell's."""
-        return {k: jnp.concatenate([params[a][b] for a, b in where], axis=-1) if len(where) > 1
-                else params[where[0][0]][where[0][1]] for k, where in LAYOUTS[self.layout].items()}
+        out = {}
+        for k, where in LAYOUTS[self.layout].items():
+            parts = [params[layer][leaf] for layer, leaf in where]
+            out[k] = jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+        return out
 
     def flax_grads(self, grads) -> dict:
         """The core cell's parameter gradients -> flax's layout."""
@@ -113,7 +116,7 @@ class Flax(Cell):
         return out
 
     def init(self, key, dtype=jnp.float32):
-        kw = {"residual": self.core.residual} if self.layout == "simple" else {}
+        kw = {"residual": getattr(self.core, "residual", False)} if self.layout == "simple" else {}
         return cell_params(_FLAX_TYPES[self.layout](self.input_size, self.hidden_size, param_dtype=dtype,
                                                     rngs=nnx.Rngs(key), **kw))
 
@@ -219,19 +222,19 @@ class Masked(Cell):
     inner: Cell
 
     @property
-    def input_size(self):
+    def input_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return None if self.inner.input_size is None else self.inner.input_size + 1
 
     @property
-    def hidden_size(self):
+    def hidden_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return self.inner.hidden_size
 
     @property
-    def gates(self):
+    def gates(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return self.inner.gates
 
     @property
-    def pair_state(self):
+    def pair_state(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return self.inner.pair_state
 
     @property

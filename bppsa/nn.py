@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx.nn.recurrent import flip_sequences
-
-from typing import Unpack
 
 from . import flax_cells
 from . import options as options_lib
@@ -30,7 +30,8 @@ class SequenceClassifier(nnx.Module):
     """The paper's classifier: :class:`RNN` -> linear head on the last (valid) hidden state.
 
     ``cell``: a cell from :mod:`bppsa.cells` (its parameters come from ``rngs``) or a flax
-    ``nnx.RNNCellBase`` (its own parameters); ``options`` and option keywords as for :class:`RNN`. ``__call__(x, seq_lengths=None)``: x (B, T, I)
+    ``nnx.RNNCellBase`` (its own parameters); ``options`` and option keywords as for :class:`RNN`.
+    ``__call__(x, seq_lengths=None)``: x (B, T, I)
     batch-major (as datasets store it), seq_lengths (B,) the valid steps of a padded batch ->
     logits (B, num_classes).
     """
@@ -111,7 +112,8 @@ class RNN(nnx.Module):
         self.options = options_lib.make(options, **fields)
         _check_choice("padding", padding, PADDINGS)
         self.cell = cell
-        self.time_major, self.return_carry, self.reverse, self.keep_order = time_major, return_carry, reverse, keep_order
+        self.time_major, self.return_carry = time_major, return_carry
+        self.reverse, self.keep_order = reverse, keep_order
         self.padding, self.autodiff = padding, autodiff
         self.rngs = nnx.data(None)
         if isinstance(cell, Cell):
@@ -169,9 +171,11 @@ class RNN(nnx.Module):
         autodiff = isinstance(cell, flax_cells.Autodiff)
         s0 = cell.flat(carry) if autodiff else carry
         run, xs_run = cell, xs
-        masked = padded and self.padding == "identity"  # (no padding: the cell's own structure is kept)
-        if masked:  # steps past every row's end are identity maps for all rows: not run at all
-            mask = (jnp.arange(steps)[:, None] < lengths[None, :]).astype(dtype)[..., None]
+        # identity padding: the lengths of the masked scan (None: the cell's own structure is kept)
+        mask_lengths = lengths if padded and self.padding == "identity" else None
+        masked = mask_lengths is not None
+        if mask_lengths is not None:  # steps past every row's end are identity maps for all rows: not run at all
+            mask = (jnp.arange(steps)[:, None] < mask_lengths[None, :]).astype(dtype)[..., None]
             run, xs_run = flax_cells.Masked(cell), jnp.concatenate([xs[:steps], mask], axis=-1)
         states = rnn(run, params, xs_run, s0, self.options)
         if lengths is None or masked:
@@ -180,8 +184,8 @@ class RNN(nnx.Module):
             last = jax.tree.map(lambda a: a[lengths - 1, jnp.arange(B)], states)
         if autodiff:
             outputs = cell.outputs(params, jnp.concatenate([s0[None], states[:-1]], axis=0), xs[:len(states)])
-            if masked:  # a padded step outputs what the last valid one did
-                idx = jnp.minimum(jnp.arange(T)[:, None], lengths[None, :] - 1)
+            if mask_lengths is not None:  # a padded step outputs what the last valid one did
+                idx = jnp.minimum(jnp.arange(T)[:, None], mask_lengths[None, :] - 1)
                 outputs = jax.tree.map(lambda y: y[idx, jnp.arange(B)], outputs)
             last = cell.carry(last)
         else:

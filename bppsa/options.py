@@ -128,7 +128,9 @@ def _chunk_size(chunk_size):
     if chunk_size is None or (isinstance(chunk_size, str) and chunk_size == "auto"):
         return chunk_size
     dtype = getattr(chunk_size, "dtype", None)
-    if (isinstance(chunk_size, int) and not isinstance(chunk_size, bool)) or (
+    if isinstance(chunk_size, bool) or isinstance(chunk_size, str):
+        raise UsageError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
+    if isinstance(chunk_size, int) or (
             dtype is not None and jnp.ndim(chunk_size) == 0 and jnp.issubdtype(dtype, jnp.integer)):
         try:
             n = operator.index(chunk_size)

@@ -15,9 +15,9 @@ Jacobians and δ_p its result for u = 0.
 2. Combine (across devices): u_p = A_{p+1}(A_{p+2}(… A_{P-1}(0))) — an exclusive suffix scan of
    the P affine maps. ``combine="logstep"``: ⌈log₂ P⌉ ``ppermute`` rounds (Hillis–Steele: each
    round but the last sends one (Π, δ) pair, B·S² + B·S numbers, and composes with one matrix
-   product; the last sends δ only), then one vector shift. ``"allgather"``: one ``all_gather`` of every (Π, δ) ((P − 1)·(B·S² + B·S)
-   numbers received), then P vector–matrix products. ``"chain"``: P − 1 sequential vector hops
-   (B·S numbers each), the latency-bound baseline.
+   product; the last sends δ only), then one vector shift. ``"allgather"``: one ``all_gather``
+   of every (Π, δ) ((P − 1)·(B·S² + B·S) numbers received), then P vector–matrix products.
+   ``"chain"``: P − 1 sequential vector hops (B·S numbers each), the latency-bound baseline.
 3. Finish (local): re-run the up-sweep's block-0 path with the true root u_p + c_last (⌈log₂ C⌉
    vector products) and the down-sweep (vector products only), giving every g_t of the chunk;
    parameter gradients are the local contraction, summed over the mesh with ``psum``.
@@ -40,13 +40,12 @@ with zero rows the same way.
 from __future__ import annotations
 
 import functools
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as PS
-
-from typing import Unpack
 
 from .. import _backward, backprop, host
 from .. import _scan as scan_lib
@@ -139,11 +138,10 @@ def combine_logstep(Pi, delta, axis, P):
     d = 1
     while d < P:
         has = idx + d < P
-        if 2 * d < P:  # the last round needs only the right neighbour's vector
-            Pr = _shift(Pi, axis, P, d)
+        Pr = _shift(Pi, axis, P, d) if 2 * d < P else None  # the last round needs only the right vector
         dr = _shift(delta, axis, P, d)
         delta = jnp.where(has, scan_lib.vecmat(dr, Pi) + delta, delta)  # A_self ∘ A_right (right applied first)
-        if 2 * d < P:
+        if Pr is not None:
             Pi = jnp.where(has, jnp.matmul(Pr, Pi), Pi)
         d *= 2
     return _shift(delta, axis, P, 1)
