@@ -396,7 +396,8 @@ def blelloch_scan_stored_diag(v, A, Wt, ds, n: int):
 
 def _blelloch_bottom(v, X, D, k):
     """k bottom levels on contiguous halves, the top m blocks by :func:`up_sweep` and
-    :func:`down_sweep` with :data:`FUSED` products, then the k down-sweep levels. Returns the exclusive prefixes in storage order (N, B, S) and the total."""
+    :func:`down_sweep` with :data:`FUSED` products, then the k down-sweep levels. Returns the exclusive
+    prefixes in storage order (N, B, S) and the total."""
     lefts = []
     for _ in range(k):  # up-sweep: block (2j, 2j + 1) = positions (q, q + half)
         h = X.shape[0] // 2

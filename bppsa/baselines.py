@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from . import backprop
+from . import backprop, gradient
 from . import cost as cost_lib
-from . import gradient
 from .tables import markdown_table
 from .timing import time_interleaved
 
@@ -65,10 +64,10 @@ def backward_baselines(cell, params, xs, h0, *, repeats: int = 5, block: int = 3
     t = time_interleaved(fns, repeats=repeats, block=block)
     ms = {k: 1e3 * v["median"] for k, v in t.items()}
     unrolled = {int(k[len("bptt_unroll"):]): v for k, v in ms.items() if k.startswith("bptt_unroll")}
-    best_u = min(unrolled, key=unrolled.get)
+    best_u = min(unrolled, key=lambda u: unrolled[u])
     backward, scan = cost_lib.choose_backward(cell, T, B, xs.dtype, cost_model=model)
     method = "bptt" if backward == "bptt" else f"bppsa_{scan}"
-    fastest = min(ms, key=ms.get)
+    fastest = min(ms, key=lambda k: ms[k])
     return {"ms": ms, "spread": {k: [1e3 * v["min"], 1e3 * v["max"]] for k, v in t.items()},
             "repeats": {k: v["repeats"] for k, v in t.items()},
             "bptt_plain": unrolled.get(1), "best_unroll": best_u, "bptt_unrolled": unrolled[best_u],

@@ -39,7 +39,8 @@ from ._backward import forward_states, root_and_offsets, scan_order, storage_inp
 from ._scan import blelloch_scan_stored, to_storage
 from .calibrate import load_cost_model
 from .cost import CostModel, default_cost_model
-from .scan import SCANS, scan as run_scan
+from .scan import SCANS
+from .scan import scan as run_scan
 from .tables import markdown_table
 from .timing import time_interleaved
 
@@ -143,7 +144,8 @@ def backward_times(cell, params, T: int, B: int, *, methods=("bptt", "bppsa"), s
         if m == "bppsa":
             fns[m] = gradient.gradient_functions(cell, params, xs, h0, R, [f"bppsa_{scan or 'blelloch'}"])
         elif m in ("bptt", "auto"):
-            fns[m] = gradient.gradient_functions(cell, params, xs, h0, R, [m], **({"scan": scan} if m == "auto" else {}))
+            fns[m] = gradient.gradient_functions(cell, params, xs, h0, R, [m],
+                                                 **({"scan": scan} if m == "auto" else {}))
         else:
             raise ValueError(f"methods must name 'bptt', 'bppsa' or 'auto'; got {m!r}")
         fns[m] = next(iter(fns[m].values()))
@@ -184,7 +186,8 @@ def gradient_memory(cell, params, xs, h0, *, scan: str = "blelloch", chunk_size:
     variants = [("bppsa", f"bppsa_{scan}", "auto"), ("bppsa_one_chunk", f"bppsa_{scan}", None), ("bptt", "bptt", None)]
     if chunk_size is not None:
         variants.append(("bppsa_chunked", f"bppsa_{scan}", chunk_size))
-    return {name: compiled_memory(gradient.gradient_fn(cell, method, **({} if method == "bptt" else {"chunk_size": cs})),
+    return {name: compiled_memory(gradient.gradient_fn(cell, method,
+                                                       **({} if method == "bptt" else {"chunk_size": cs})),
                                   params, xs, h0, R)
             for name, method, cs in variants}
 
@@ -210,7 +213,8 @@ def scan_inputs(cell, params, xs, h0, *, seed: int = 0):
     """(v, Ms, ds) exactly as the BPPSA backward builds them for the one timed loss (readout ``seed``)."""
     xs = jnp.asarray(xs)
     s0 = backprop.validate_inputs(cell, params, xs, h0)
-    ct = cell.flatten_state(gradient.out_cotangent(cell, gradient.readout(cell, *xs.shape[:2], xs.dtype, seed)))
+    R = gradient.readout(cell, xs.shape[0], xs.shape[1], xs.dtype, seed)
+    ct = cell.flatten_state(gradient.out_cotangent(cell, R))
 
     @jax.jit
     def build(params, xs, s0, ct):
@@ -308,7 +312,8 @@ def sweep_table(points, title: str = "") -> str:
     scans = [r for r in points if isinstance(r.get("scans"), dict) and "skipped" not in r["scans"]]
     if scans:
         methods = list(scans[0]["scans"])
-        lines += ["", "Scan variants (the scan alone on the same Jacobians, formed as (T, B, S, S) matrices, one chunk, median ms):", "",
+        lines += ["", "Scan variants (the scan alone on the same Jacobians, formed as (T, B, S, S) matrices, "
+                  "one chunk, median ms):", "",
                   markdown_table(["T", "B", *methods],
                                  [[r["T"], r["B"], *(_ms(r["scans"][m]["median"]) for m in methods)] for r in scans])]
     return "\n".join(lines) + "\n"
@@ -336,8 +341,8 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
           "first-level products instead); FO, scan and "
           "contract = those pieces on all T steps at once, so on CPU they can add up to more than "
           "the whole. step = the training-step gradient (forward + backward w.r.t. the parameters). "
-          "auto = the cost model's choice (its time / the faster method's time). Peak MB from XLA's compiled memory analysis of the training-step "
-          "gradient (default chunking).", ""]
+          "auto = the cost model's choice (its time / the faster method's time). Peak MB from XLA's "
+          "compiled memory analysis of the training-step gradient (default chunking).", ""]
     for sweep, pts in record["sweeps"].items():
         if pts:
             md.append(sweep_table(pts, sweep))

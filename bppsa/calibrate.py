@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from . import cells
+from . import cells, gradient
 from . import cost as cost_lib
-from . import gradient
 from .cost import CostModel
 from .timing import time_interleaved
 
@@ -46,7 +45,8 @@ def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_si
         for k in features:
             features[k].append(f[k])
             seconds[k].append(t[k]["min"])
-    meta = {"device": cost_lib.device_key(), "model_version": cost_lib.COST_MODEL_VERSION, "points": [list(p) for p in points],
+    meta = {"device": cost_lib.device_key(), "model_version": cost_lib.COST_MODEL_VERSION,
+            "points": [list(p) for p in points],
             "dense_points": [list(p) for p in dense_points], "hidden_size": hidden_size,
             "scan": scan, "dtype": str(jnp.dtype(dtype)), "measured": seconds}
     return CostModel.fit(features, seconds, meta)

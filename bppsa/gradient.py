@@ -57,6 +57,8 @@ def problem(cell: Cell, T: int, B: int, *, dtype: Any = jnp.float32, seed: int =
     """(params, xs (T, B, I), h0, R (T, B, H)) of one timed point: the cell's initialisation,
     bitstreams (p = 0.5) for input size 1 (the paper's RNN task) else standard normal inputs, a
     zero initial state and :func:`readout`'s R, all from ``seed``."""
+    if cell.input_size is None:
+        raise ValueError(f"problem needs the cell's input_size to draw xs; {type(cell).__name__} has none")
     kp, kx = jax.random.split(jax.random.key(seed))
     params = cell.init(kp, dtype)
     shape = (T, B, cell.input_size)
@@ -140,12 +142,12 @@ def cudnn_function(cell: Cell, xs: jax.Array, R: jax.Array) -> Callable | None:
     if kind is None:
         return None
     try:
-        import torch
+        import torch  # pyright: ignore[reportMissingImports] -- optional dependency, absent in the lint env
         if not torch.cuda.is_available():
             return None
     except Exception:  # noqa: BLE001 -- optional: any import failure means no cuDNN baseline
         return None
-    kw = {"nonlinearity": cell.nonlinearity} if kind == "RNN" and hasattr(cell, "nonlinearity") else {}
+    kw = {"nonlinearity": getattr(cell, "nonlinearity")} if kind == "RNN" and hasattr(cell, "nonlinearity") else {}
     x = torch.from_numpy(np.array(xs)).to("cuda")
     r = torch.from_numpy(np.array(R)).to("cuda")
     mod = getattr(torch.nn, kind)(cell.input_size, cell.hidden_size, **kw).to("cuda", x.dtype)
@@ -178,7 +180,7 @@ def gradient_errors(cell: Cell, T: int, B: int, variants: dict, *, pairs: Iterab
     whose float32 gradients are also compared with each other. Error = max |g − g_ref| / max |g_ref|
     over all parameters. Returns ``{label: error, "a vs b": error}``. Needs ``jax_enable_x64``.
     """
-    if not jax.config.jax_enable_x64:
+    if not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue] -- JAX sets options dynamically
         raise ValueError("gradient_errors needs float64: set jax_enable_x64 first")
     p64, xs64, h64, R64 = problem(cell, T, B, dtype=jnp.float64, seed=seed)
     ref = _flat(gradient_fn(cell, "bptt_unroll1")(p64, xs64, h64, R64))

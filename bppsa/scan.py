@@ -20,7 +20,18 @@ and returns ``(prefixes, total)``: prefixes (n, B, S) with prefixes[k] = v ∘ e
   as a parameter (:class:`Products`; :data:`DENSE` the reference ones), as the paper writes them.
 """
 
-from ._scan import DENSE, SCANS, Products, associative_scan, blelloch_scan, down_sweep, scan, sequential_scan, up_sweep, vecmat
+from ._scan import (
+    DENSE,
+    SCANS,
+    Products,
+    associative_scan,
+    blelloch_scan,
+    down_sweep,
+    scan,
+    sequential_scan,
+    up_sweep,
+    vecmat,
+)
 
 __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "up_sweep", "down_sweep",
            "vecmat", "Products", "DENSE"]

@@ -46,8 +46,8 @@ import jax
 from bppsa import baselines, cells, gradient, host, timing
 from bppsa.cost import UNROLLS
 from bppsa.data.irmas import SHAPES as IRMAS_SHAPES
-from bppsa.options import PRECISIONS
 from bppsa.experiments import scaling
+from bppsa.options import PRECISIONS
 from bppsa.provenance import provenance
 
 __all__ = ["BLOCKED", "plan", "Summary", "Budget", "measure_point", "run_gpu", "run_cpu16", "main"]
@@ -282,7 +282,7 @@ def _table(summary: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bppsa.experiments.gpu_run", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bppsa.experiments.gpu_run", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("out", help="output folder (summary.json, points.jsonl)")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on any backend (also: BPPSA_ALLOW_CPU=1)")
     ap.add_argument("--part", choices=("all", "gpu", "cpu16"), default="all")
@@ -311,7 +311,7 @@ def main(argv=None) -> int:
               "install, or pass --dry-run (BPPSA_ALLOW_CPU=1) for a tiny run on the CPU.", file=sys.stderr)
         return 1
     try:  # optional: the cuDNN baseline's library
-        import torch
+        import torch  # pyright: ignore[reportMissingImports] -- optional dependency, absent in the lint env
         torch_version = torch.__version__
         tf32 = bool(torch.backends.cudnn.allow_tf32) if torch.cuda.is_available() else None
     except Exception:  # noqa: BLE001 -- any failure to import means "no cuDNN baseline"

@@ -19,12 +19,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ..errors import UsageError, checked_by, require_choices, require_int, require_number
 from ..hetero.profile import TimeModel, slowdowns_from_mix
 from ..hetero.train import SimulatedReplicas, measure_time_model, task_from_config, task_options, train
-from ..errors import UsageError, checked_by, require_choices, require_int, require_number
 from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
 from ..tables import markdown_table
@@ -96,7 +97,8 @@ def markdown(rows: list[dict], process_rows: list[dict] | None = None, title: st
              "time / epoch (s), measured", "time / epoch (s), time model", "model error",
              "speed-up vs uniform, measured"],
             [[r["task"], r["scenario"], r["strategy"], r["partition"],
-              f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} (n = {r['seeds']})", f"{r['time_per_epoch_mean']:.3f}"]
+              f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} (n = {r['seeds']})",
+              f"{r['time_per_epoch_mean']:.3f}"]
              + ([f"{r['time_per_epoch_model_mean']:.3f}", f"{100 * r['model_error']:+.1f} %"] if "model_error" in r
                 else ["-", "-"])
              + [_times(r["speedup_vs_uniform"])] for r in process_rows]))
@@ -107,7 +109,8 @@ def markdown(rows: list[dict], process_rows: list[dict] | None = None, title: st
         lines.append(markdown_table(
             ["re-balancing", "step time before drift (ms)", "step time, last epoch (ms)", "time per epoch (s)",
              "re-partitions (step: from → to)", "test accuracy"],
-            [[f"every {r['rebalance_every']} steps" if r["rebalance_every"] else "off", f"{1e3 * r['step_s_before']:.1f}",
+            [[f"every {r['rebalance_every']} steps" if r["rebalance_every"] else "off",
+              f"{1e3 * r['step_s_before']:.1f}",
               f"{1e3 * r['step_s_last_epoch']:.1f}", ", ".join(f"{v:.2f}" for v in r["epoch_times"]),
               "; ".join(f"{x['step']}: {x['from']} → {x['to']}" for x in r["repartitions"]) or "none",
               f"{r['accuracy']:.4f}"] for r in drift_rows]))
@@ -269,7 +272,8 @@ def run(config, workdir) -> dict:
     log = print
     runs, time_models = [], {}
     t_start = time.perf_counter()
-    process, process_runs, process_rows, drift_rows = {}, [], [], []
+    process: dict[str, Any] = {}
+    process_runs, process_rows, drift_rows = [], [], []
     if config.processes.enabled:
         try:
             process = _run_processes(config, log)

@@ -87,7 +87,8 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
                 f"step ×{row['speedup_step']:.2f}")
     return {"title": "IRMAS timing grid: GRU(F, 20), BPTT vs BPPSA backward (paper §5.2)",
             "plot": "bppsa.experiments.irmas:plot_grid",
-            "rows": rows, "skipped": skipped, "timer": "bppsa.bench.time_components", "scan": scan, "repeats": repeats, "hidden_size": hidden_size,
+            "rows": rows, "skipped": skipped, "timer": "bppsa.bench.time_components", "scan": scan, "repeats": repeats,
+            "hidden_size": hidden_size,
             "dtype": "float32", "backend": jax.default_backend()}
 
 
@@ -246,7 +247,8 @@ def training_markdown(record: dict) -> str:
         h, ev = record["curves"][m][-1], record["heldout"][m]
         rows.append([m.upper(), f"{h['loss']:.4f}", f"{ev['loss']:.4f}", f"{ev['accuracy']:.3f}",
                      f"{record['train_seconds'][m]:.1f}",
-                     *([f"{record['test'][m]['micro_f1']:.3f}", f"{record['test'][m]['macro_f1']:.3f}"] if test else [])])
+                     *([f"{record['test'][m]['micro_f1']:.3f}", f"{record['test'][m]['macro_f1']:.3f}"]
+                       if test else [])])
     header = ["method", "final train loss", "held-out loss", "held-out accuracy", "training time (s)",
               *(["test micro F1", "test macro F1"] if test else [])]
     lines.append(markdown_table(header, rows, align="l" + "r" * (len(header) - 1)))
@@ -268,8 +270,12 @@ def plot_training(record: dict, path) -> None:
         a2.plot([r["step"] for r in ev], [r["eval_accuracy"] for r in ev], style + "o", ms=3,
                 label=f"{m.upper()} held-out accuracy")
     a2.axhline(record["chance_accuracy"], color="grey", lw=0.8, ls=":", label="chance")
-    a1.set_xlabel("step"), a1.set_ylabel("cross-entropy"), a1.legend()
-    a2.set_xlabel("step"), a2.set_ylabel("accuracy"), a2.legend()
+    a1.set_xlabel("step")
+    a1.set_ylabel("cross-entropy")
+    a1.legend()
+    a2.set_xlabel("step")
+    a2.set_ylabel("accuracy")
+    a2.legend()
     c = record["config"]
     fig.suptitle(f"GRU on IRMAS features (setting {c['setting']}): BPTT vs BPPSA from the same start "
                  f"(max loss difference {record['max_loss_diff']:.1e})", fontsize=9)
@@ -291,7 +297,7 @@ def _test_root(data_root: Path):
 
 
 def prepare_data(data_dir=None, *, clips_per_class=20, test_clips=0, test_seconds=(5.0, 8.0), seed=0,
-                 synth_dir="data/synth-irmas", log=print):
+                 synth_dir: str | Path = "data/synth-irmas", log=print):
     """(training root, test root or None, "real" | "synthetic"): the real IRMAS, or the stand-in (made if needed)."""
     if data_dir is not None:
         root = irmas.find_training_root(data_dir)
@@ -398,7 +404,8 @@ def shapes_task(config, workdir: Path) -> dict:
             if config.time_budget_s is not None and time.perf_counter() - start > config.time_budget_s:
                 skipped.append({"sweep": "irmas", "T": T, "B": B, "why": "time budget"})
                 continue
-            r = bench_point(cells.GRU(F, config.hidden_size), T, B, repeats=config.repeats, scan_variants=(), memory=False,
+            r = bench_point(cells.GRU(F, config.hidden_size), T, B, repeats=config.repeats, scan_variants=(),
+                            memory=False,
                             baselines={"unrolls": tuple(config.unrolls)} if config.get("unrolls") else True)
             r["setting"] = s
             pts.append(r)

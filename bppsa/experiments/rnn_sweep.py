@@ -25,7 +25,8 @@ from ..tables import markdown_table
 from ..timing import time_interleaved
 
 __all__ = ["run_sweep", "plot_sweep", "save_sweep", "sweep_task", "check_sweep_task", "gemm_rates", "product_rate",
-           "gradient_errors", "accuracy_task", "check_accuracy_task", "T_SWEEP", "B_SWEEP", "T_SWEEP_QUICK", "B_SWEEP_QUICK"]
+           "gradient_errors", "accuracy_task", "check_accuracy_task", "T_SWEEP", "B_SWEEP", "T_SWEEP_QUICK",
+           "B_SWEEP_QUICK"]
 
 T_SWEEP = (10, 30, 100, 300, 1000, 3000, 10000, 30000)        # at B = 16 (the paper's Fig. 5a)
 B_SWEEP = (2, 4, 8, 16, 32, 64, 128, 256)                     # at T = 1000 (Fig. 5b)
@@ -157,8 +158,10 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
     X = jax.random.normal(k1, (large, large), dtype)
     forms = {
         "batched matmul (n, S, S)": (jax.jit(jnp.matmul), (A, Bm)),
-        "batched matmul (n/16, 16, S, S)": (jax.jit(lambda a, b: jnp.matmul(a.reshape(-1, 16, S, S), b.reshape(-1, 16, S, S))), (A, Bm)),
-        "fused multiply-add over k (n, S, S)": (jax.jit(lambda a, b: sum(a[:, :, k, None] * b[:, None, k, :] for k in range(S))), (A, Bm)),
+        "batched matmul (n/16, 16, S, S)": (
+            jax.jit(lambda a, b: jnp.matmul(a.reshape(-1, 16, S, S), b.reshape(-1, 16, S, S))), (A, Bm)),
+        "fused multiply-add over k (n, S, S)": (
+            jax.jit(lambda a, b: sum(a[:, :, k, None] * b[:, None, k, :] for k in range(S))), (A, Bm)),
         "scan's form: fused multiply-add on halves of (2n, S, S)": (
             jax.jit(lambda x: batched_matmul(x[:n], x[n:])), (jnp.concatenate([A, Bm]),)),
         "einsum batch-last (S, S, n)": (jax.jit(lambda a, b: jnp.einsum("ikn,kjn->ijn", a, b)), (At, Bt)),
@@ -230,7 +233,7 @@ def check_accuracy_task(config) -> None:
 def accuracy_task(config, workdir) -> dict:
     """Task of ``experiments/configs/core_accuracy.py``: :func:`gradient_errors` per T, saved as
     ``<name>.{json,md}`` in ``workdir``."""
-    previous = jax.config.jax_enable_x64
+    previous = jax.config.jax_enable_x64  # pyright: ignore[reportAttributeAccessIssue] -- JAX sets options dynamically
     jax.config.update("jax_enable_x64", True)
     try:
         rows = []

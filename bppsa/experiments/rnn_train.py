@@ -15,14 +15,14 @@ import numpy as np
 from flax import nnx
 
 from .. import cells
-from ..options import BACKWARDS
 from ..bench import backward_times
 from ..data.bitstream import NUM_CLASSES, make_bitstream
 from ..errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
 from ..nn import SequenceClassifier
+from ..options import BACKWARDS
 from ..provenance import provenance, save_json
-from ..tables import markdown_table
 from ..scan import SCANS
+from ..tables import markdown_table
 from ..train import evaluate, fit
 
 __all__ = ["rnn_train", "check_rnn_train", "plot_rnn_train", "rnn_train_table"]

@@ -115,7 +115,7 @@ def predict(cell: str, T: int, B: int, I: int, H: int = 20, *, device: Device = 
     grad_bytes = 4 * T * B * (S + I + 2 * S) * gates
     grad_flops = 2 * T * B * gates * S * (S + I)
     bwd += level(KERNELS["fixed"], 1, jac_bytes + grad_bytes, grad_flops + 2 * T * B * S * S * gates)
-    bound = max(terms, key=terms.get)
+    bound = max(terms, key=lambda k: terms[k])
     return {"bptt": fwd + bptt_bwd, "bptt_unrolled": bptt_unrolled, "bppsa": fwd + bwd, "bppsa_backward": bwd,
             "bptt_backward": bptt_bwd, "bound": bound}
 
@@ -176,7 +176,8 @@ def compare_table(rows) -> str:
     for method in ("bptt", "bptt_unrolled", "bppsa"):
         ratios = [r["measured_over_predicted"] for r in rows if r["method"] == method]
         if ratios:
-            out.append(f"- {method}: median measured / predicted {float(np.median(ratios)):.2f} over {len(ratios)} points")
+            out.append(f"- {method}: median measured / predicted {float(np.median(ratios)):.2f} "
+                       f"over {len(ratios)} points")
     return "\n".join(out)
 
 
@@ -200,7 +201,8 @@ def document(device: Device = H200, provenance_line: str = "") -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bppsa.experiments.roofline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bppsa.experiments.roofline",
+                                 description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", default=None, help="write the markdown table here (default: print it)")
     ap.add_argument("--compare", default=None, metavar="SUMMARY", help="a GPU run's summary.json to compare with")
     args = ap.parse_args(argv)

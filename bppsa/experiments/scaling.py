@@ -37,11 +37,12 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
     """Run the measurements in this process (it needs max(devices) JAX devices); return the record."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as PS
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as PS
 
     from .. import cells, gradient
     from ..parallel.mesh import make_mesh, shard_map
-    from ..parallel.sequence import COMBINE_FNS, sharded_functions, communication_volume
+    from ..parallel.sequence import COMBINE_FNS, communication_volume, sharded_functions
 
     if len(jax.devices()) < max(devices):
         raise ValueError(f"devices={tuple(devices)} needs {max(devices)} JAX devices; "
@@ -66,11 +67,9 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
         mesh = make_mesh(P, devices=jax.devices()[:P], batch_axis=None)
         xsh = NamedSharding(mesh, PS("seq", None, None))
         xs_p, ct_p = jax.device_put(xs, xsh), jax.device_put(ct, xsh)
-        fns = {}
-        for comb in combines:
-            fwd_sm, bwd_sm, _ = sharded_functions(c, "blelloch", comb, mesh, "seq", None, T)
-            fns[comb] = jax.jit(bwd_sm)
-        fwd = jax.jit(fwd_sm)
+        sm = {comb: sharded_functions(c, "blelloch", comb, mesh, "seq", None, T) for comb in combines}
+        fns = {comb: jax.jit(sm[comb][1]) for comb in combines}
+        fwd = jax.jit(sm[combines[-1]][0])
         ss = jax.block_until_ready(fwd(params, xs_p, s0))
         # the combine alone, on random (Π, δ) of the right shapes (one per device)
         Pi = jax.device_put(0.3 * jax.random.normal(k3, (P, B, S, S), dt), NamedSharding(mesh, PS("seq")))
@@ -115,7 +114,8 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
         log(f"XLA:{jax.default_backend()} batched matmul, one up-sweep level of {T} matrices: one op "
             f"{diagnostic['one_op_s'] * 1e3:.2f} ms, in pieces of {diagnostic['piece']} "
             f"{diagnostic['in_pieces_s'] * 1e3:.2f} ms")
-    return {"diagnostic_batched_matmul": diagnostic, "setup": {"cell": cell, "T": T, "B": B, "I": I, "H": H, "S": S, "dtype": str(dt),
+    return {"diagnostic_batched_matmul": diagnostic,
+            "setup": {"cell": cell, "T": T, "B": B, "I": I, "H": H, "S": S, "dtype": str(dt),
                       "repeats": repeats, "devices": list(devices), "scan": "blelloch", "combines": list(combines),
                       "jax_devices": len(jax.devices()), "cpu_count": os.cpu_count()},
             "rows": rows}
@@ -142,7 +142,8 @@ def markdown(record) -> str:
     s = record["setup"]
     lines = [f"Sequence-parallel BPPSA backward, {s['cell'].upper()}(I={s['I']}, H={s['H']}), T = {s['T']}, "
              f"B = {s['B']}, {s['dtype']}, median of {s['repeats']}; {record['provenance']['backend']} "
-             f"({record['provenance']['cpu_count']} cores, devices simulated)" if record["provenance"]["backend"] == "cpu"
+             f"({record['provenance']['cpu_count']} cores, devices simulated)"
+             if record["provenance"]["backend"] == "cpu"
              else f"Sequence-parallel BPPSA backward, {s['cell'].upper()}, T = {s['T']}, B = {s['B']}",
              "",
              ""]

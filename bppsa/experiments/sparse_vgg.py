@@ -103,7 +103,8 @@ def generation_benchmark(*, in_hw=32, repeats=3, max_dense_entries=2 ** 26, kind
             err = float(jnp.max(jnp.abs(J.todense() - jac(x).reshape(out_size, x.size).T)))
             row["max_abs_diff"] = err
         else:
-            row["skipped"] = f"dense Jacobian has {dense_entries:.3g} entries > max_dense_entries {max_dense_entries:.3g}"
+            row["skipped"] = (f"dense Jacobian has {dense_entries:.3g} entries > "
+                              f"max_dense_entries {max_dense_entries:.3g}")
         log(f"{kind:8s} {str(tuple(shape)):>15s} nse {row['nse']:>11,d}  analytic {1e3 * t_an:9.3f} ms  "
             + (f"jacrev {1e3 * row['jacrev_s']:10.1f} ms  speedup {row['speedup']:10.1f}x"
                if row["jacrev_s"] is not None else "jacrev not measured (" + row["skipped"] + ")"))
@@ -202,8 +203,9 @@ def _flops_md(res):
                       ("Full BPPSA scan against the problem size (channel width of VGG-11)", res["by_width"]),
                       ("Hybrid knob L_m (0 = plain BP)", res["by_levels"])):
         if rs:
-            body = [[f"{r['width']:g}", f"{r['sparsity']:.2f}", r["L_m"], f"{r['bp_flops']:.3e}", f"{r['bppsa_flops']:.3e}",
-                     f"{r['work_ratio']:.2f}×", f"{r['bppsa_critical']:.3e}", f"{r['critical_path_ratio']:.3f}×"]
+            body = [[f"{r['width']:g}", f"{r['sparsity']:.2f}", r["L_m"], f"{r['bp_flops']:.3e}",
+                     f"{r['bppsa_flops']:.3e}", f"{r['work_ratio']:.2f}×", f"{r['bppsa_critical']:.3e}",
+                     f"{r['critical_path_ratio']:.3f}×"]
                     for r in rs]
             out += [f"{title}:", "", markdown_table(header, body, align="r" * len(header)), ""]
     return "\n".join(out)
@@ -347,7 +349,8 @@ def run(config, workdir) -> dict:
         rows = generation_benchmark(in_hw=g.in_hw, repeats=g.repeats, max_dense_entries=g.max_dense_entries,
                                     kinds=tuple(g.kinds))
         rec = {"title": "sparse_generation — analytic sparse transposed Jacobians vs jax.jacrev, VGG-11 layers "
-                        "at 32×32 (one sample; median of 3 rounds by bppsa.timing, 1 round when the compile call took > 10 s)",
+                        "at 32×32 (one sample; median of 3 rounds by bppsa.timing, 1 round when the compile call "
+                        "took > 10 s)",
                "rows": rows, "provenance": provenance()}
         save_json(workdir / "sparse_generation.json", rec)
         (workdir / "sparse_generation.md").write_text(_generation_md(rows))

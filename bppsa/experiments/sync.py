@@ -21,9 +21,9 @@ import numpy as np
 
 from ..errors import UsageError, checked_by, require_int, require_number
 from ..provenance import provenance, save_json
-from ..tables import markdown_table
 from ..sync.policies import make_policy
 from ..sync.simulator import ComputeModel, policy_label, simulate
+from ..tables import markdown_table
 from ..tasks import task_from_spec
 
 __all__ = ["sync_models", "plot_sync_models", "sync_ray", "check_sync_ray", "parse_policies", "parse_kill"]

@@ -65,7 +65,7 @@ def zipline_runtimes(config, workdir) -> dict:
                     ZIPLINE_METHODS[m](times)
                     results[m].append(time.perf_counter() - t0)
             opt = answers[methods[0]][1]
-            row = {"workers": int(n), "R": int(R)}
+            row: dict[str, float | None] = {"workers": int(n), "R": int(R)}
             for m in methods:
                 if m in answers:
                     row[f"{m}_s"] = float(np.median(results[m]))
