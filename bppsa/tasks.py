@@ -39,7 +39,8 @@ from .data.task import Task
 if TYPE_CHECKING:
     from flax import nnx
 
-__all__ = ["TASKS", "check_task", "make_task", "task_from_spec", "nnx_task", "cnn_init", "cnn_logits", "digits_task", "gru_task"]
+__all__ = ["TASKS", "check_task", "make_task", "task_from_spec", "nnx_task", "cnn_init", "cnn_logits", "digits_task",
+           "gru_task"]
 
 
 def nnx_task(name: str, x_train, y_train, x_test, y_test, make_model: Callable[[nnx.Rngs], nnx.Module],

@@ -19,7 +19,8 @@ from flax import nnx
 
 from .errors import UsageError
 
-__all__ = ["cross_entropy", "make_train_step", "evaluate", "compare_backward_training", "batch_indices", "fit", "after_step"]
+__all__ = ["cross_entropy", "make_train_step", "evaluate", "compare_backward_training", "batch_indices", "fit",
+           "after_step"]
 
 
 def cross_entropy(logits, labels):
@@ -212,11 +213,12 @@ def _restore_intact(directory: Path, keep: int, template: dict):
             _read_back(directory / str(step))
             r = manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()))
-            digest = r.meta.get("sha256")
-            arrays = {k: np.asarray(v) for k, v in r.state.items()}
+            digest = r["meta"].get("sha256")  # r: an orbax Composite, a Mapping of the two items
+            arrays = {k: np.asarray(v) for k, v in r["state"].items()}
             if digest is not None and digest != _digest(arrays):
                 raise ValueError("its arrays do not match the SHA-256 saved with them")
-            int(r.meta["step"]), float(r.meta["time"])
+            int(r["meta"]["step"])  # raise here, not later, if step or time is missing or malformed
+            float(r["meta"]["time"])
         except Exception as e:  # orbax/tensorstore raise many types for unreadable files
             reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
             bad.append((step, reason))
@@ -228,6 +230,7 @@ def _restore_intact(directory: Path, keep: int, template: dict):
         raise UsageError(f"no intact checkpoint in {str(directory)!r} ({'; '.join(f'step {s}: {w}' for s, w in bad)}); "
                          f"move that folder away (or bppsa run --restart) to start over")
     if bad:
+        assert restored is not None  # with none intact, raised just above
         manager.close()
         aside = directory.with_name(directory.name + "-corrupt")
         aside.mkdir(exist_ok=True)
@@ -238,7 +241,7 @@ def _restore_intact(directory: Path, keep: int, template: dict):
                 dest, n = aside / f"{step}.{n}", n + 1
             os.replace(directory / str(step), dest)
             warnings.warn(f"checkpoint {str(directory / str(step))!r} is corrupt ({reason}); moved it to "
-                          f"{str(dest)!r}; resuming from step {int(restored.meta['step'])}", stacklevel=3)
+                          f"{str(dest)!r}; resuming from step {int(restored['meta']['step'])}", stacklevel=3)
         manager = _open_manager(directory, keep)
     return manager, restored
 
@@ -309,8 +312,8 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
         template = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
         manager, restored = _restore_intact(workdir / "checkpoints", keep_checkpoints, template)
         if restored is not None:
-            _restore_state(model, opt, restored.state)
-            start, elapsed = int(restored.meta["step"]), float(restored.meta["time"])
+            _restore_state(model, opt, restored["state"])
+            start, elapsed = int(restored["meta"]["step"]), float(restored["meta"]["time"])
             if start > steps:
                 manager.close()
                 raise ValueError(f"{workdir} holds a checkpoint at step {start}, past steps = {steps}; "
@@ -322,6 +325,7 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
 
     def save(step):
         import orbax.checkpoint as ocp
+        assert manager is not None  # save is only called with a workdir, which opened the manager
         tree = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
         meta = {"step": step, "time": elapsed, "sha256": _digest(tree)}
         manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(meta)),

@@ -32,8 +32,8 @@ def load_digits_arrays():
             data = np.loadtxt(f, delimiter=",")
         return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits as sklearn_load_digits
-    d = sklearn_load_digits()
-    return d.images, d.target
+    flat, target = sklearn_load_digits(return_X_y=True)  # flat is images.reshape(N, 64)
+    return np.asarray(flat).reshape(-1, 8, 8), np.asarray(target)
 
 
 def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, *, stratify: bool = False):

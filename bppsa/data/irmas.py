@@ -36,12 +36,23 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
-from .irmas_files import (AUDIO_EXTENSIONS, CLASSES, LAYOUT, TEST_LAYOUT, TRAIN_DIR, find_training_root,
-                          list_test_files, list_training_files, non_class_folders, read_test_labels)
+from .irmas_files import (
+    AUDIO_EXTENSIONS,
+    CLASSES,
+    LAYOUT,
+    TEST_LAYOUT,
+    TRAIN_DIR,
+    find_training_root,
+    list_test_files,
+    list_training_files,
+    non_class_folders,
+    read_test_labels,
+)
 
 __all__ = [
     "CLASSES", "SETTINGS", "SHAPES", "SAMPLE_RATE", "CLIP_SAMPLES", "TRAIN_DIR", "AUDIO_EXTENSIONS",
-    "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features", "extract_features",
+    "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features",
+    "extract_features",
     "find_training_root", "list_training_files", "non_class_folders", "load_features", "list_test_files",
     "read_test_labels", "load_test_features", "clip_predictions", "multilabel_f1",
 ]
@@ -189,10 +200,10 @@ class IrmasFeatures:
 
 
 def _cache_key(kind, root, files, setting, extra=()):
-    import librosa
+    from librosa.version import version as librosa_version  # what librosa.__version__ is
 
     h = hashlib.sha256()
-    h.update(repr((_CACHE_VERSION, kind, setting, SETTINGS[setting], librosa.__version__, extra)).encode())
+    h.update(repr((_CACHE_VERSION, kind, setting, SETTINGS[setting], librosa_version, extra)).encode())
     for p, label in files:
         st = p.stat()
         h.update(repr((str(p.relative_to(root)), label, st.st_size, st.st_mtime_ns)).encode())
@@ -371,7 +382,8 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
         jobs.extend((audio, s) for s in starts)
         labels.append(lab)
         paths.append(r)
-    results = extract_features(jobs, setting, workers=workers, progress=progress, desc=f"IRMAS test windows ({setting})")
+    results = extract_features(jobs, setting, workers=workers, progress=progress,
+                               desc=f"IRMAS test windows ({setting})")
     bad = {owner[i]: err for i, (f, err) in enumerate(results) if f is None}
     keep = [c for c in range(len(paths)) if c not in bad]
     skipped.extend((paths[c], bad[c]) for c in sorted(bad))

@@ -6,8 +6,16 @@ SPMD form :func:`make_spmd_grad`: one psum of (gradient sum, count)).
 """
 
 from .partition import partition, plain_mean, sample_weights, weighted_mean
-from .spmd import (AVERAGES, data_mesh, global_batch, local_grad_sum, make_allreduce,
-                   make_spmd_grad, pad_local_batch, replica_batches)
+from .spmd import (
+    AVERAGES,
+    data_mesh,
+    global_batch,
+    local_grad_sum,
+    make_allreduce,
+    make_spmd_grad,
+    pad_local_batch,
+    replica_batches,
+)
 
 __all__ = ["partition", "weighted_mean", "plain_mean", "sample_weights", "AVERAGES", "data_mesh",
            "global_batch", "local_grad_sum", "make_allreduce", "make_spmd_grad", "pad_local_batch",

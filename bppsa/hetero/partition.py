@@ -32,7 +32,7 @@ def _check_speeds(speeds) -> np.ndarray:
     return s
 
 
-def partition(speeds: Sequence[float], batch_size: int, min_per_replica: int = 1) -> np.ndarray:
+def partition(speeds: Sequence[float] | np.ndarray, batch_size: int, min_per_replica: int = 1) -> np.ndarray:
     """Split ``batch_size`` samples over replicas in proportion to their ``speeds``.
 
     Every replica gets at least ``min_per_replica`` samples (default 1: no replica starves, so

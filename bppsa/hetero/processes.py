@@ -100,13 +100,15 @@ class ProcessReplicas:
 
     def _busy(self, params, x, y, step):
         """One replica step without the collective: compute, then the emulated slowdown."""
-        if self.emulation == "sleep" and self.tau is None:
+        tau = self.tau
+        if self.emulation == "sleep" and tau is None:
             raise RuntimeError("ProcessReplicas(emulation='sleep') needs tau: pass it or call calibrate() first")
         f = float(slowdowns_at(self.schedule, step)[self.pid])
         t0 = time.perf_counter()
         out, tc = self._compute(params, x, y)
         if out is not None and self.emulation == "sleep":
-            _sleep_until(t0 + tc + self.tau * f * len(x))
+            assert tau is not None  # checked above: "sleep" without tau raised
+            _sleep_until(t0 + tc + tau * f * len(x))
         elif out is not None and f > 1:
             # stretch by the median of this shape's recent compute times, so that one hiccup of a
             # busy host is not multiplied by f
@@ -141,7 +143,7 @@ class ProcessReplicas:
 
     def profile(self, probe_batches, repeats: int = 3, *, params=None, x=None, y=None) -> list[TimeModel]:
         """Every replica's t(b) = α + β·b, timed one replica at a time; the same list on every process."""
-        if x is None or params is None:
+        if x is None or y is None or params is None:
             raise ValueError("ProcessReplicas.profile needs params=, x= and y= (the training data)")
         probes = [int(b) for b in probe_batches]
         for b in probes:  # every process compiles every probe shape at once, before anyone is timed

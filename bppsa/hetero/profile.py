@@ -50,7 +50,7 @@ class TimeModel:
         return TimeModel(self.alpha * factor, self.beta * factor)
 
 
-def fit_time_model(batch_sizes: Sequence[float], times: Sequence[float]) -> TimeModel:
+def fit_time_model(batch_sizes: Sequence[float] | np.ndarray, times: Sequence[float] | np.ndarray) -> TimeModel:
     """Least-squares fit of t = α + β·b with α ≥ 0 and β > 0 (b: (n,), times: (n,) seconds)."""
     b = np.asarray(batch_sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)

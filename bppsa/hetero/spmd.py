@@ -17,7 +17,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # replication checks off: gradients taken inside are per-replica (no implicit psum of the cotangent
 # of a replicated input); the explicit psums make the outputs replicated

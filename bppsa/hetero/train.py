@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .partition import partition
-from .profile import Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model, nominal_speeds
-from .spmd import data_mesh, local_grad_sum, make_spmd_grad, pad_local_batch, replica_batches
 from ..data.task import Task
 from ..tasks import make_task
 from ..timing import time_fn
+from .partition import partition
+from .profile import Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model, nominal_speeds
+from .spmd import data_mesh, local_grad_sum, make_spmd_grad, pad_local_batch, replica_batches
 
 __all__ = ["STRATEGIES", "PLACEMENTS", "SPEED_RULES", "TRAINING_KEYS", "ShardSampler", "SimulatedReplicas",
            "as_schedule", "slowdowns_at", "measure_time_model", "task_options", "task_from_config", "train"]
@@ -189,7 +189,7 @@ class SimulatedReplicas:
 
 def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, learning_rate: float = 1e-3,
           seed: int = 0, placement: str = "iid", probe_batches: Sequence[int] = (8, 32, 64),
-          profile_repeats: int = 3, speeds: Sequence[float] | None = None, speed_rule: str = "nominal",
+          profile_repeats: int = 3, speeds: Sequence[float] | np.ndarray | None = None, speed_rule: str = "nominal",
           min_per_replica: int = 1, max_speed_ratio: float = 16.0, rebalance_every: int = 0,
           rebalance_tolerance: float = 0.05, log: Callable[[str], None] | None = None) -> dict:
     """Train ``task`` for ``epochs`` epochs of N // B steps on ``replicas`` with ``strategy``.
@@ -243,8 +243,12 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
 
     tx = optax.adam(learning_rate)
     opt_state = tx.init(params)
-    apply = _cached(("adam", learning_rate), lambda: jax.jit(
-        lambda p, o, g: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tx.update(g, o, p))))
+
+    def adam_step(p, o, g):
+        u, o2 = tx.update(g, o, p)
+        return optax.apply_updates(p, u), o2
+
+    apply = _cached(("adam", learning_rate), lambda: jax.jit(adam_step))
     accuracy = _cached(("accuracy", predict), lambda: jax.jit(
         lambda p, x, y: jnp.mean(jnp.argmax(predict(p, x), -1) == y)))
     x_test, y_test = jnp.asarray(task.x_test), jnp.asarray(task.y_test)

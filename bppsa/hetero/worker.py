@@ -8,10 +8,10 @@ re-balancing on and off. Process 0 writes ``runs.json`` next to the spec.
 
 SPEC keys: ``task`` (a task name of :mod:`bppsa.tasks`), ``task_config`` (its options, with
 batch_size and learning_rate: :func:`~bppsa.hetero.train.task_from_config`), ``mix``,
-``strategies``, ``seeds``, ``epochs``, ``placement``, ``probe_batches``, ``profile_repeats``; optional ``emulation`` ("sleep"),
-``sleep_scale`` (8), ``tau`` (None: calibrated), ``min_per_replica`` (1), ``max_speed_ratio``
-(16) and ``drift`` = {"replica", "factor", "at" (fraction of the run's steps), "rebalance_every",
-"tolerance", "strategy", "seed"}.
+``strategies``, ``seeds``, ``epochs``, ``placement``, ``probe_batches``, ``profile_repeats``;
+optional ``emulation`` ("sleep"), ``sleep_scale`` (8), ``tau`` (None: calibrated),
+``min_per_replica`` (1), ``max_speed_ratio`` (16) and ``drift`` = {"replica", "factor", "at"
+(fraction of the run's steps), "rebalance_every", "tolerance", "strategy", "seed"}.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     models = replicas.profile(spec["probe_batches"], spec["profile_repeats"], params=params0, x=task.x_train,
                               y=task.y_train)
     speeds, clipped = bound_speeds(nominal_speeds(models, B), spec.get("max_speed_ratio", 16.0))
+    assert replicas.profile_log is not None  # set by replicas.profile() above
     for row in replicas.profile_log:
         log(f"replica {row['replica']}: step {[round(1e3 * t, 2) for t in row['median_s']]} ms at b = "
             f"{row['probe_batches']} (spread {[round(v, 3) for v in row['spread']]}, rejected {row['rejected']})")

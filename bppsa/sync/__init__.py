@@ -14,8 +14,18 @@ The Ray runtime is in :mod:`bppsa.sync.ray_runtime` (imported on demand: it need
 
 from .policies import ASP, BSP, DSSP, POLICIES, SSP, Decision, ElasticBSP, Policy, dssp_controller, make_policy
 from .simulator import ComputeModel, heterogeneous, policy_label, simulate, time_to_accuracy
-from .zipline import (ZIPLINE_METHODS, brute_force, full_grid_scan, grid_scan, selection_range, zipline,
-                      zipline_bsearch, zipline_opt, zipline_paper, zipline_window)
+from .zipline import (
+    ZIPLINE_METHODS,
+    brute_force,
+    full_grid_scan,
+    grid_scan,
+    selection_range,
+    zipline,
+    zipline_bsearch,
+    zipline_opt,
+    zipline_paper,
+    zipline_window,
+)
 
 __all__ = [
     "Decision", "Policy", "BSP", "ASP", "SSP", "DSSP", "ElasticBSP", "POLICIES", "make_policy", "dssp_controller",

@@ -300,14 +300,15 @@ class ElasticBSP(Policy):
         workers = sorted(self.active)
         for q in workers:
             self.start[q] = time
-        if any(self.interval[q] is None for q in workers):
+        known = [iv for iv in (self.interval[q] for q in workers) if iv is not None]
+        if len(known) != len(workers):  # some worker has no interval estimate yet
             for q in workers:
                 self.quota[q] = 1
             self.barrier_at = None
             self.barriers.append({"time": time, "quota": {q: 1 for q in workers}, "at": None})
             return
         steps = np.arange(1, self.R + 1)
-        times = np.array([[time + i * max(self.interval[q], 0.0) for i in steps] for q in workers])
+        times = np.array([[time + i * max(iv, 0.0) for i in steps] for iv in known])
         idx, _ = zipline(times, self.method)
         for row, q in enumerate(workers):
             self.quota[q] = int(idx[row]) + 1

@@ -28,6 +28,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class ParameterServer:
         self.events: dict[int, asyncio.Event] = {}
         self.wait_since: dict[int, float] = {}
         self.wait_total = {p: 0.0 for p in range(num_workers)}
-        self.applied: list[tuple[int, int]] = []
+        self.applied: list[tuple[int, int, float]] = []
         self.duplicates: list[tuple[int, int]] = []
         self.refused: list[tuple[int, int]] = []
         self.confirmed_dead: set[int] = set()
@@ -215,7 +216,8 @@ class ParameterServer:
         per_worker = {p: 0 for p in range(self.num_workers)}
         for w, _, _ in self.applied:
             per_worker[w] += 1
-        return {"version": self.version, "applied": list(self.applied), "duplicates": list(self.duplicates), "refused": list(self.refused),
+        return {"version": self.version, "applied": list(self.applied), "duplicates": list(self.duplicates),
+                "refused": list(self.refused),
                 "pushes": per_worker, "wait": dict(self.wait_total), "barriers": self.barriers,
                 "staleness_hist": dict(sorted(self.staleness.items())), "dead": list(self.dead),
                 "rejoined": list(self.rejoined), "curve": list(self.curve), "time": self.now(),
@@ -302,6 +304,7 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
     pushes, or the error that ended it), ``detect_delay`` (kill → detection, seconds) and timing.
     """
     import ray
+    from ray.exceptions import RayError
 
     from .policies import make_policy
     make_policy(policy, num_workers, **(policy_options or {}))  # validate before starting anything
@@ -316,8 +319,11 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
     if not ray.is_initialized():
         init_ray(address, num_cpus=num_cpus or 2)
         started = True
-    Server = ray.remote(num_cpus=0, max_concurrency=1000)(ParameterServer)
-    Work = ray.remote(num_cpus=0, max_restarts=0)(Worker)
+    # Ray's stubs type actor classes and handles loosely (no overload of ray.remote takes actor options
+    # such as max_concurrency; handles' methods show up as plain functions without .remote): treat the
+    # actor classes, and so their handles, as Any.
+    Server: Any = ray.remote(num_cpus=0, max_concurrency=1000)(ParameterServer)  # pyright: ignore[reportCallIssue]
+    Work: Any = ray.remote(num_cpus=0, max_restarts=0)(Worker)
     server = Server.remote(dict(task_spec), policy, policy_options or {}, num_workers, learning_rate, seed,
                            dead_timeout, eval_every)
     workers = [Work.remote(p, dict(task_spec), server, batch_size, seed, delays[p], list(slowdowns))
@@ -342,7 +348,7 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
                 p = refs[ref]
                 try:
                     results[p] = ray.get(ref)
-                except ray.exceptions.RayError as e:  # the worker died
+                except RayError as e:  # the worker died
                     results[p] = {"worker": p, "error": type(e).__name__, "message": str(e)[-2000:]}
                     ray.get(server.report_dead.remote(p), timeout=60)
                     log(f"worker {p} died ({type(e).__name__}); dropped from the policy")
@@ -351,11 +357,12 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
         for ref in done:
             try:
                 results[refs[ref]] = ray.get(ref)
-            except ray.exceptions.RayError as e:
+            except RayError as e:
                 results[refs[ref]] = {"worker": refs[ref], "error": type(e).__name__}
         for ref in pending:
             results[refs[ref]] = {"worker": refs[ref], "error": "did not stop within 60 s"}
-        stats = ray.get(server.stats.remote(), timeout=60)
+        # one ObjectRef in, the server's stats() dict out (ray.get's overloads pick the list case for Any)
+        stats = cast(dict, ray.get(server.stats.remote(), timeout=60))
         stats["workers"] = [results.get(p) for p in range(num_workers)]
         stats["wall_s"] = time.time() - t0
         stats["setup_s"] = t0 - t_setup

@@ -61,10 +61,12 @@ class ComputeModel:
                 raise ValueError(f"join_times must be {m.size} non-negative times; got {self.join_times!r}")
             initial = np.nonzero(j == 0)[0]
             if initial.size == 0 or initial.max() != initial.size - 1:
-                raise ValueError(f"workers that join at time 0 must be 0..k-1 (late joiners last); got join_times {self.join_times!r}")
+                raise ValueError("workers that join at time 0 must be 0..k-1 (late joiners last); "
+                                 f"got join_times {self.join_times!r}")
         for s in self.stragglers:
             if len(s) != 4 or not 0 <= s[0] < m.size or s[3] <= 0:
-                raise ValueError(f"each straggler must be (worker, start, end, factor>0) with a valid worker; got {s!r}")
+                raise ValueError("each straggler must be (worker, start, end, factor>0) with a valid worker; "
+                                 f"got {s!r}")
 
     @property
     def num_workers(self) -> int:
@@ -117,7 +119,8 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     """Simulate PS training of ``task`` under ``policy``; return a JSON-able log.
 
     Args:
-      task: a :class:`~bppsa.data.task.Task` or its spec ``{"name": ..., **options}`` for :func:`bppsa.tasks.task_from_spec`.
+      task: a :class:`~bppsa.data.task.Task` or its spec ``{"name": ..., **options}`` for
+        :func:`bppsa.tasks.task_from_spec`.
       policy: "bsp" | "asp" | "ssp" | "dssp" | "elasticbsp"; ``policy_options`` its arguments.
       compute: the workers' :class:`ComputeModel`.
       optimizer: the server's optax optimizer (default: SGD with ``learning_rate``).
@@ -159,7 +162,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     pulled = [None] * n
     pulled_version = [0] * n
     alive = [True] * n
-    wait_since = [None] * n
+    wait_since: list[float | None] = [None] * n
     wait_kind = [None] * n
     wait_total = [0.0] * n
     pushes = [0] * n
@@ -247,9 +250,9 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
                 wait_since[p] = None
             release(d.release, t)
     end = min(t, max_time)
-    for q in range(n):  # workers still waiting at the end
-        if wait_since[q] is not None:
-            wait_total[q] += end - wait_since[q]
+    for q, since in enumerate(wait_since):  # workers still waiting at the end
+        if since is not None:
+            wait_total[q] += end - since
     if not curve or curve[-1]["time"] < end:
         loss, acc = (float(v) for v in acc_fn(params))
         curve.append({"time": end, "pushes": total, "loss": loss, "accuracy": acc})
@@ -261,10 +264,12 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
            "staleness_hist": {int(k): v for k, v in sorted(staleness.items())}, "barriers": barriers,
            "time_to_target": time_to_target, "target": target,
            "final_accuracy": curve[-1]["accuracy"], "end_time": end, "deaths_detected": deaths_detected}
-    if hasattr(pol, "controller_calls"):
-        out["dssp_controller"] = [list(c) for c in pol.controller_calls]
-    if hasattr(pol, "barriers") and isinstance(pol.barriers, list):
-        out["elastic_barriers"] = len(pol.barriers)
+    controller_calls = getattr(pol, "controller_calls", None)  # DSSP's
+    if controller_calls is not None:
+        out["dssp_controller"] = [list(c) for c in controller_calls]
+    elastic_barriers = getattr(pol, "barriers", None)  # ElasticBSP's
+    if isinstance(elastic_barriers, list):
+        out["elastic_barriers"] = len(elastic_barriers)
     return out
 
 

@@ -182,6 +182,7 @@ def grid_scan(times):
         r = selection_range(t, idx)
         if r < best:
             best, best_idx = r, idx
+    assert best_idx is not None  # _check: times finite and non-empty, so the first candidate's range < inf
     return best_idx.astype(np.int64), float(best)
 
 
@@ -197,6 +198,7 @@ def full_grid_scan(times):
         r = float(sel.max() - sel.min())
         if r < best:
             best, best_idx = r, idx
+    assert best_idx is not None  # _check: times finite and non-empty, so the first candidate's range < inf
     return best_idx.astype(np.int64), float(best)
 
 
