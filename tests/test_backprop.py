@@ -243,8 +243,12 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_bad_cell_configuration():
-    with pytest.raises(ValueError, match="nonlinearity must be"):
-        cells.RNN(3, 4, nonlinearity="sigmoid")
+    with pytest.raises(ValueError, match=r"RNN: nonlinearity must be one of \['tanh', 'sigmoid', 'relu'\]; got 'gelu'"):
+        cells.RNN(3, 4, nonlinearity="gelu")
+    with pytest.raises(ValueError, match="GRU: gate must be one of"):
+        cells.GRU(3, 4, gate=jax.nn.sigmoid)  # by name, so that the cell stays hashable and printable
+    with pytest.raises(ValueError, match="LSTM: input_bias must be True or False; got 0"):
+        cells.LSTM(3, 4, input_bias=0)
     with pytest.raises(ValueError, match="hidden_size must be a positive int"):
         cells.GRU(3, 0)
     with pytest.raises(ValueError, match="input_size must be a positive int"):

@@ -84,10 +84,10 @@ def _assert_equal_to_reference(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("opts", [bppsa.Options(scan="sequential", chunk_size=3),
-                                  bppsa.Options(backward="bptt"), bppsa.Options(precision="high")])
+@pytest.mark.parametrize("opts", [bppsa.Options(scan="sequential", chunk_size=3)] + [
+    pytest.param(o, marks=pytest.mark.slow) for o in (bppsa.Options(backward="bptt"), bppsa.Options(precision="high"))])
 def test_every_entry_point_takes_the_options_object(opts):
-    cell, params, xs, h0 = _problem(T=8)
+    cell, params, xs, h0 = _problem(T=8, B=1, H=3)
     ref = scan_grads(cell, params, xs, h0, _loss)
     one = opts.replace(chunk_size="auto")  # a mesh takes no int chunk_size
     runs = {

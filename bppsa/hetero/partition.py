@@ -1,4 +1,4 @@
-"""Batch partitioning by speed and weighted gradient averaging (ALGORITHMS.md §2).
+"""Batch partitioning by speed and weighted gradient averaging (Moreno-Álvarez et al., 2022).
 
 Replica i at speed s_i gets b_i ≈ B·s_i/Σs samples (integers summing to B, at least
 ``min_per_replica`` each, largest-remainder rounding; speeds are divided by their maximum first,
