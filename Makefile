@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
-.PHONY: test test-all reproduce notebook venv clean
+.PHONY: lint test test-all reproduce notebook venv clean
 
 venv: $(STAMP)
 
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# Lint and types over bppsa/ (config in pyproject.toml): zero findings, warnings included.
+lint: $(STAMP)
+	@$(BIN)/ruff check bppsa; rc=$$?; $(BIN)/basedpyright --warnings bppsa || rc=1; exit $$rc
 
 # The default suite (slow tests deselected). pytest's exit code 5 (nothing collected) is a failure.
 test: $(STAMP)
