@@ -4,11 +4,8 @@ Training set: ``IRMAS-TrainingData/<class>/[<class>][<genre>]NNNN__N.wav``, 11 p
 instruments, stereo 3-second excerpts at 44.1 kHz. Features (the paper's): librosa MFCC on each
 channel separately, the 0th coefficient dropped, each coefficient standardised over time, the
 two channels concatenated. Three settings (n_mfcc, n_fft, hop) on 132,300 samples, librosa's
-centred frames giving T = 1 + 132300 // hop:
-
-    s = (20, 4096, 512) -> x (N, 259, 38)
-    m = (13, 2048, 256) -> x (N, 517, 24)
-    l = (7, 1024, 128)  -> x (N, 1034, 12)
+centred frames giving T = 1 + 132300 // hop: :data:`SETTINGS` and :data:`SHAPES`, the one home
+of the (F, T) shapes: s = (20, 4096, 512) -> x (N, 259, 38), m -> (N, 517, 24), l -> (N, 1034, 12).
 
 Test set: ``IRMAS-TestingData-Part{1,2,3}/…/<name>.wav`` excerpts of 5–20 s, each with a
 ``<name>.txt`` listing one or more instruments (one per line). A model is evaluated on 3-second
@@ -52,10 +49,8 @@ from .irmas_files import (
 __all__ = [
     "CLASSES", "SETTINGS", "SHAPES", "SAMPLE_RATE", "CLIP_SAMPLES", "TRAIN_DIR", "AUDIO_EXTENSIONS",
     "IrmasFeatures", "IrmasTestFeatures", "num_frames", "num_features", "read_audio", "mfcc_features",
-    "extract_features",
-    "find_training_root", "list_training_files", "non_class_folders", "load_features", "list_test_files",
-    "read_test_labels", "load_test_features", "clip_predictions", "multilabel_f1",
-]
+    "extract_features", "find_training_root", "list_training_files", "non_class_folders", "load_features",
+    "list_test_files", "read_test_labels", "load_test_features", "clip_predictions", "multilabel_f1"]
 
 SETTINGS = {  # name -> (n_mfcc, n_fft, hop_length)
     "s": (20, 4096, 512),
@@ -89,9 +84,7 @@ def num_features(setting: str) -> int:
 SHAPES = {name: (num_features(name), num_frames(name)) for name in SETTINGS}
 
 
-# --------------------------------------------------------------------------------------------
-# Audio and features
-# --------------------------------------------------------------------------------------------
+# --- Audio and features --------------------------------------------------------------------------
 
 def read_audio(path, *, offset: int = 0, num_samples: int | None = CLIP_SAMPLES) -> np.ndarray:
     """Read a file as stereo float32 at 44.1 kHz: (2, num_samples) (or the whole file if None).
@@ -177,9 +170,7 @@ def extract_features(jobs, setting, *, workers=None, progress=False, desc=None):
     return results
 
 
-# --------------------------------------------------------------------------------------------
-# Training set
-# --------------------------------------------------------------------------------------------
+# --- Training set --------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class IrmasFeatures:
@@ -306,9 +297,7 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
     return IrmasFeatures(x, y, CLASSES, skipped, paths, setting, folders)
 
 
-# --------------------------------------------------------------------------------------------
-# Test set: variable-length excerpts, multi-label, evaluated on 3-second windows
-# --------------------------------------------------------------------------------------------
+# --- Test set: variable-length excerpts, multi-label, evaluated on 3-second windows --------------
 
 @dataclasses.dataclass
 class IrmasTestFeatures:
