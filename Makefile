@@ -4,6 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist; each test file stays in one process, so its subprocesses, Ray
+# cluster and ports are its own). 2 fits the 2-core, 24 GiB machines (about 5 GiB per process); 0: one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
 .PHONY: lint test test-all reproduce notebook venv clean
@@ -22,12 +26,12 @@ lint: $(STAMP)
 
 # The default suite (slow tests deselected). pytest's exit code 5 (nothing collected) is a failure.
 test: $(STAMP)
-	@$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 # Everything, slow tests included.
 test-all: $(STAMP)
-	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 # The main job on the built-in default data: the IRMAS grid and training on the synthetic stand-in.
