@@ -9,6 +9,7 @@ from jax import lax
 
 import bppsa
 from bppsa import cells
+from tests.reference import scan_states
 
 
 SCANS = ("blelloch", "associative", "sequential")
@@ -61,11 +62,7 @@ def _setup(name, T, B, I, H, seed=0, scale=1.0):
     return cell, params, xs, cell.unflatten_state(h0)
 
 
-def _reference(cell, params, xs, h0):
-    def body(h, x):
-        h = cell.step(params, h, x)
-        return h, h
-    return lax.scan(body, h0, xs)[1]
+_reference = scan_states  # the one plain lax.scan reference (tests/reference.py)
 
 
 def _loss(out, every_step):

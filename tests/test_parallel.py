@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax import lax
 
 import bppsa
 from bppsa import parallel
 from bppsa.parallel.selfcheck import problem
+from tests.reference import scan_states
 
 
-def _ref_states(cell, params, xs, h0):
-    return lax.scan(lambda h, x: (cell.step(params, h, x),) * 2, h0, xs)[1]
+_ref_states = scan_states  # the one plain lax.scan reference (tests/reference.py)
 
 
 def _loss(every_step):
