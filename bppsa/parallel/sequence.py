@@ -44,7 +44,9 @@ from typing import Unpack
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as PS
 
 from .. import _backward, backprop, host
@@ -324,6 +326,6 @@ def pmap_rnn(cell, params, xs, h0, options: Options | None = None, *, devices=No
     if len(devices) != P:
         raise UsageError(f"xs has a leading (device) axis of {P}; got {len(devices)} devices "
                          f"(jax.local_device_count() = {jax.local_device_count()})")
-    mesh = make_mesh(P, devices=devices, batch_axis=None)
+    mesh = Mesh(np.array(devices, dtype=object), ("seq",))  # chunk p on devices[p], in the order given
     hs = rnn(cell, params, xs.reshape((P * C,) + xs.shape[2:]), h0, opts, mesh=mesh)
     return jax.tree.map(lambda h: h.reshape((P, C) + h.shape[1:]), hs)
