@@ -62,8 +62,37 @@ def cell_params(cell: nnx.Module) -> dict:
     return nnx.to_pure_dict(nnx.state(cell, nnx.Param))
 
 
+class _Wrapper(Cell):
+    """A cell around another (:attr:`wrapped`): its sizes, gate count and state layout are the
+    wrapped cell's."""
+
+    @property
+    def wrapped(self) -> Cell:
+        raise NotImplementedError
+
+    @property
+    def input_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
+        return self.wrapped.input_size
+
+    @property
+    def hidden_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
+        return self.wrapped.hidden_size
+
+    @property
+    def gates(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
+        return self.wrapped.gates
+
+    @property
+    def pair_state(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
+        return self.wrapped.pair_state
+
+    @property
+    def state_size(self):
+        return self.wrapped.state_size
+
+
 @dataclasses.dataclass(frozen=True)
-class Flax(Cell):
+class Flax(_Wrapper):
     """One of flax's four cells: the maths of ``core`` (a :mod:`bppsa.cells` cell with flax's
     conventions as its fields), the parameters in flax's layout ``layout`` (a key of
     :data:`LAYOUTS`). Gradients are the core's, mapped back to flax's leaves."""
@@ -76,24 +105,8 @@ class Flax(Cell):
             raise UsageError(f"layout must be one of {list(LAYOUTS)}; got {self.layout!r}")
 
     @property
-    def input_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.core.input_size
-
-    @property
-    def hidden_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.core.hidden_size
-
-    @property
-    def gates(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.core.gates
-
-    @property
-    def pair_state(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.core.pair_state
-
-    @property
-    def state_size(self):
-        return self.core.state_size
+    def wrapped(self) -> Cell:
+        return self.core
 
     @property
     def has_diagonal_jacobian(self) -> bool:
@@ -214,7 +227,7 @@ class Autodiff(Cell):
 # --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class Masked(Cell):
+class Masked(_Wrapper):
     """``inner`` with a step mask m in the last input channel (xs: (T, B, I + 1), m ∈ {0, 1}):
     s_t = f(s_{t-1}, x_t) where m_t = 1, s_{t-1} where m_t = 0, so a padded step's transposed
     Jacobian is the identity and it adds nothing to the parameter or input gradients."""
@@ -222,24 +235,12 @@ class Masked(Cell):
     inner: Cell
 
     @property
+    def wrapped(self) -> Cell:
+        return self.inner
+
+    @property
     def input_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
         return None if self.inner.input_size is None else self.inner.input_size + 1
-
-    @property
-    def hidden_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.inner.hidden_size
-
-    @property
-    def gates(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.inner.gates
-
-    @property
-    def pair_state(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.inner.pair_state
-
-    @property
-    def state_size(self):
-        return self.inner.state_size
 
     def flatten_state(self, h):
         return self.inner.flatten_state(h)
