@@ -102,6 +102,25 @@ def _check_all(cell, params, xs, h0, losses, scans, rtol=1e-9, atol=1e-11):
 
 slow = pytest.mark.slow
 
+CONVENTIONS = {  # the fields in which published cells differ (flax: no hidden bias / no input bias)
+    "rnn-sigmoid-residual-nohbias": lambda: cells.RNN(3, 4, "sigmoid", input_bias=True, hidden_bias=False,
+                                                      residual=True),
+    "gru-nohbias": lambda: cells.GRU(3, 4, hidden_bias=False),
+    "gru-relu-act": lambda: cells.GRU(3, 4, activation="relu"),
+    "lstm-noibias": lambda: cells.LSTM(3, 4, input_bias=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVENTIONS))
+@pytest.mark.parametrize("T,B", [(1, 1), (7, 2)])
+def test_cell_conventions_match_autodiff(name, T, B):
+    cell = CONVENTIONS[name]()
+    k = jax.random.split(jax.random.key(5), 3)
+    params = cell.init(k[0], jnp.float64)
+    xs = jax.random.normal(k[1], (T, B, 3), jnp.float64)
+    h0 = cell.unflatten_state(0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64))
+    _check_all(cell, params, xs, h0, (True,), ("blelloch", "sequential"))
+
 
 @pytest.mark.parametrize("cell", sorted(CELLS))
 @pytest.mark.parametrize("T,B", [(1, 1), (9, 3)] + [pytest.param(T, B, marks=slow) for T, B in
