@@ -66,3 +66,40 @@ def test_committed_results_have_provenance():
     for label in ("BSP", "ASP", "SSP s=3", "SSP s=6", "SSP s=15", "DSSP(3,12)", "ElasticBSP R=15",
                   "ElasticBSP R=30", "ElasticBSP R=60", "ElasticBSP R=120", "ElasticBSP R=240"):
         assert f"| {label} |" in table
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("--config.cluster.comm=-5", "config.cluster: comm must be a finite number >= 0; got -5.0"),
+    ("--config.cluster.sigma=-1", "config.cluster: sigma must be a finite number >= 0; got -1.0"),
+    ("--config.cluster.means=1,nan", "config.cluster: means must be finite numbers > 0; got means[1] = nan"),
+    ("--config.seeds=0", "config.seeds must be an int >= 1"),
+])
+def test_sync_models_refuses_a_bad_cluster_in_one_line(tmp_path, capsys, override, needle):
+    """comm = -5 used to hang forever (iterations ending before they start); sigma = -1 was a traceback."""
+    from bppsa import cli
+    argv = ["run", str(ROOT / "experiments" / "configs" / "sync.py:smoke"), override, "--workdir", str(tmp_path / "w")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith("bppsa run: error: ") and needle in err, err
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("max_time", float("nan"), "config.models[0]: max_time must be a finite number"),
+    ("eval_every", 1e-9, "config.models[0]: max_time / eval_every must be at most"),
+    ("batch_size", 0, "config.models[0]: batch_size must be an int >= 1"),
+    ("learning_rate", float("inf"), "config.models[0].learning_rate must be a finite number > 0"),
+    ("target", 1.5, "config.models[0].target must be an accuracy in (0, 1]"),
+    ("task", {"name": "imagenet"}, "config.models[0]: task name must be one of"),
+])
+def test_sync_models_checks_every_model_before_it_runs(tmp_path, field, value, needle):
+    """max_time = nan and eval_every = 1e-9 used to hang; the task declares its checks for the runner."""
+    from bppsa.errors import UsageError
+    from bppsa.experiments.sync import check_sync_models, sync_models
+    assert sync_models.check is check_sync_models  # what the runner calls before anything is written
+    cfg = _config("sync", "smoke")
+    cfg.models = ({**cfg.models[0], field: value},)
+    with pytest.raises(UsageError) as e:
+        sync_models(cfg, tmp_path / "w")
+    assert needle in str(e.value), e.value
+    assert not (tmp_path / "w").exists()

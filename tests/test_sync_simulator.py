@@ -94,3 +94,56 @@ def test_bad_configuration(task):
         _run(task, "elasticbsp", {"R": 0})
     with pytest.raises(ValueError, match="task name must be one of"):
         _run({"name": "imagenet"}, "bsp")
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"means": (1.0, NAN)}, "means must be finite numbers > 0; got means[1] = nan"),
+    ({"means": (1.0, INF)}, "means must be finite numbers > 0; got means[1] = inf"),
+    ({"means": ()}, "means must be a non-empty sequence"),
+    ({"means": ("1",)}, "means must be a sequence of finite numbers"),
+    ({"sigma": NAN}, "sigma must be a finite number >= 0; got nan"),
+    ({"sigma": -1.0}, "sigma must be a finite number >= 0; got -1.0"),
+    ({"comm": -5.0}, "comm must be a finite number >= 0; got -5.0"),
+    ({"detect_timeout": -1.0}, "detect_timeout must be a finite number >= 0; got -1.0"),
+    ({"detect_timeout": NAN}, "detect_timeout must be a finite number >= 0; got nan"),
+    ({"stragglers": ((0, 0.0, 1.0, NAN),)}, "each straggler must be (worker in 0..1"),
+    ({"stragglers": ((0, NAN, 1.0, 2.0),)}, "each straggler must be"),
+    ({"stragglers": ((0, 2.0, 1.0, 2.0),)}, "end > start"),
+    ({"stragglers": ((-1, 0.0, 1.0, 2.0),)}, "got (-1, 0.0, 1.0, 2.0)"),
+    ({"stragglers": ((0, 0.0, 1.0),)}, "stragglers must be a sequence of (worker, start, end, factor) tuples"),
+    ({"join_times": (0.0, NAN)}, "join_times must be finite numbers >= 0; got join_times[1] = nan"),
+    ({"join_times": (0.0,)}, "join_times must be 2 finite times"),
+    ({"deaths": ((-1, 2.0),)}, "each death must be (worker in 0..1, finite time >= 0), one per worker; got (-1, 2.0)"),
+    ({"deaths": ((2, 2.0),)}, "got (2, 2.0)"),
+    ({"deaths": ((True, 2.0),)}, "each death must be"),
+    ({"deaths": ((0, NAN),)}, "each death must be"),
+    ({"deaths": ((0, 1.0), (0, 2.0))}, "one per worker"),
+    ({"deaths": (0, 2.0)}, "deaths must be a sequence of (worker, time) tuples"),
+])
+def test_compute_model_refuses_every_bad_field(fields, needle):
+    """NaN, negative and out-of-range values are refused naming the field (they used to give NaN
+    waits, a nonsense order, or kill the last worker for worker -1)."""
+    with pytest.raises(ValueError) as e:
+        sync.ComputeModel(**{"means": (1.0, 1.0), **fields})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"max_time": NAN}, "max_time must be a finite number of virtual seconds > 0; got nan"),
+    ({"max_time": INF}, "max_time must be a finite number"),
+    ({"eval_every": 1e-9}, "max_time / eval_every must be at most 100000 test evaluations"),
+    ({"eval_every": NAN}, "eval_every must be a finite number"),
+    ({"max_time": 1e9, "eval_every": 1e5}, "updates expected"),
+    ({"batch_size": 0}, "batch_size must be an int >= 1"),
+])
+def test_runs_that_cannot_end_are_refused_before_they_start(kw, needle):
+    """These used to loop forever (or for days); refused before the task is even built."""
+    compute = sync.ComputeModel(means=(1.0, 2.5))
+    with pytest.raises(ValueError) as e:
+        sync.simulate({"name": "no-such-task"}, "bsp", compute, **{"max_time": 10.0, "eval_every": 1.0, **kw})
+    assert needle in str(e.value)
+    sync.check_simulation(compute, max_time=10.0, eval_every=1.0)  # in range: no error
+    sync.check_simulation(compute, max_time=1e9, eval_every=1e5, max_pushes=100)  # bounded by max_pushes

@@ -22,11 +22,12 @@ import numpy as np
 from ..errors import UsageError, checked_by, require_int, require_number
 from ..provenance import provenance, save_json
 from ..sync.policies import make_policy
-from ..sync.simulator import ComputeModel, policy_label, simulate
+from ..sync.simulator import ComputeModel, check_simulation, policy_label, simulate
 from ..tables import markdown_table
-from ..tasks import task_from_spec
+from ..tasks import check_task, task_from_spec
 
-__all__ = ["sync_models", "plot_sync_models", "sync_ray", "check_sync_ray", "parse_policies", "parse_kill"]
+__all__ = ["sync_models", "check_sync_models", "plot_sync_models", "sync_ray", "check_sync_ray", "parse_policies",
+           "parse_kill"]
 
 
 def _fmt(v, digits=0):
@@ -34,18 +35,69 @@ def _fmt(v, digits=0):
 
 
 def _compute_model(c) -> ComputeModel:
-    return ComputeModel(means=tuple(c.means), sigma=float(c.sigma),
-                        stragglers=tuple(tuple(s) for s in c.get("stragglers", ())), comm=float(c.get("comm", 0.0)))
+    """``config.cluster`` as a :class:`ComputeModel`; UsageError naming the key on a bad value."""
+    try:
+        return ComputeModel(means=tuple(c.means), sigma=c.sigma,
+                            stragglers=tuple(tuple(s) for s in c.get("stragglers", ())), comm=c.get("comm", 0.0))
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"config.cluster: {e}") from None
 
 
+_MODEL_KEYS = ("label", "task", "learning_rate", "batch_size", "max_time", "eval_every", "target")
+
+
+def _policies(plain) -> list[tuple[str, dict]]:
+    pols = plain.get("policies")
+    if not isinstance(pols, list) or not pols or any(
+            not isinstance(p, list) or len(p) != 2 or not isinstance(p[0], str) or not isinstance(p[1], dict)
+            for p in pols):
+        raise UsageError("config.policies must be a non-empty list of (name, options) pairs, e.g. "
+                         f"(('bsp', {{}}), ('ssp', {{'s': 3}})); got {pols!r}")
+    return [(p[0], dict(p[1])) for p in pols]
+
+
+def check_sync_models(config) -> None:
+    """The config of :func:`sync_models`: every value in range (UsageError naming the key), before any run."""
+    require_int(config, "seeds")
+    compute = _compute_model(config.cluster)
+    plain = json.loads(config.to_json_best_effort())
+    for name, opts in _policies(plain):
+        try:
+            make_policy(name, compute.num_workers, **opts)
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"config.policies: ({name!r}, {opts!r}): {e}") from None
+    models = plain.get("models")
+    if not isinstance(models, list) or not models:
+        raise UsageError(f"config.models must be a non-empty list of model dicts with keys {_MODEL_KEYS}; "
+                         f"got {models!r}")
+    for i, m in enumerate(models):
+        where = f"config.models[{i}]"
+        if not isinstance(m, dict) or set(m) != set(_MODEL_KEYS):
+            raise UsageError(f"{where} must be a dict with the keys {_MODEL_KEYS}; got {m!r}")
+        for key in ("learning_rate", "target"):
+            v = m[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf") or \
+                    (key == "target" and v > 1):
+                expected = "a finite number > 0" if key == "learning_rate" else "an accuracy in (0, 1]"
+                raise UsageError(f"{where}.{key} must be {expected}; got {v!r}")
+        try:
+            spec = dict(m["task"])
+            check_task(spec.pop("name", None), **spec)
+            check_simulation(compute, max_time=m["max_time"], eval_every=m["eval_every"], batch_size=m["batch_size"])
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"{where}: {e}") from None
+
+
+@checked_by(check_sync_models)
 def sync_models(config, workdir) -> dict:
     """Simulate every (model, policy, seed); write the time-to-accuracy table and curves."""
+    check_sync_models(config)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     name = config.get("name", "sync_models")
     plain = json.loads(config.to_json_best_effort())
     compute = _compute_model(config.cluster)
-    policies = [(p[0], dict(p[1])) for p in plain["policies"]]
+    policies = _policies(plain)
     runs, rows = [], []
     t_start = time.time()
     for m in plain["models"]:

@@ -13,7 +13,7 @@ The Ray runtime is in :mod:`bppsa.sync.ray_runtime` (imported on demand: it need
 """
 
 from .policies import ASP, BSP, DSSP, POLICIES, SSP, Decision, ElasticBSP, Policy, dssp_controller, make_policy
-from .simulator import ComputeModel, heterogeneous, policy_label, simulate, time_to_accuracy
+from .simulator import ComputeModel, check_simulation, heterogeneous, policy_label, simulate, time_to_accuracy
 from .zipline import (
     ZIPLINE_METHODS,
     brute_force,
@@ -29,7 +29,7 @@ from .zipline import (
 
 __all__ = [
     "Decision", "Policy", "BSP", "ASP", "SSP", "DSSP", "ElasticBSP", "POLICIES", "make_policy", "dssp_controller",
-    "ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label",
+    "ComputeModel", "heterogeneous", "simulate", "check_simulation", "time_to_accuracy", "policy_label",
     "zipline", "zipline_paper", "zipline_opt", "zipline_bsearch", "zipline_window", "brute_force",
     "grid_scan", "full_grid_scan", "selection_range", "ZIPLINE_METHODS",
 ]

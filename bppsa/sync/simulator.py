@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 
 import jax
 import numpy as np
@@ -22,7 +23,45 @@ from ..data.task import Task
 from ..tasks import task_from_spec
 from .policies import BARRIER, PROCEED, Policy, make_policy
 
-__all__ = ["ComputeModel", "heterogeneous", "simulate", "time_to_accuracy", "policy_label", "sgd"]
+__all__ = ["ComputeModel", "heterogeneous", "simulate", "check_simulation", "time_to_accuracy", "policy_label",
+           "sgd", "MAX_EVALUATIONS", "MAX_PUSHES"]
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_worker(v, n: int) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and 0 <= v < n
+
+
+def _number(name: str, v, minimum: float = 0.0) -> float:
+    """A finite number >= minimum (ValueError naming the field otherwise)."""
+    if not _is_number(v) or not minimum <= v < math.inf:
+        raise ValueError(f"{name} must be a finite number >= {minimum:g}; got {v!r}")
+    return float(v)
+
+
+def _numbers(name: str, values, minimum: float = 0.0, strict: bool = False) -> np.ndarray:
+    """A 1-D sequence of finite numbers >= minimum (> minimum when ``strict``)."""
+    items = list(values) if isinstance(values, (list, tuple, np.ndarray)) else None
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+    if items is None or not all(_is_number(v) for v in items):
+        raise ValueError(f"{name} must be a sequence of finite numbers {bound}; got {values!r}")
+    a = np.asarray(items, dtype=float)
+    bad = ~np.isfinite(a) | ((a <= minimum) if strict else (a < minimum))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name} must be finite numbers {bound}; got {name}[{i}] = {items[i]!r} in {values!r}")
+    return a
+
+
+def _tuples(name: str, values, size: int, shape: str) -> list:
+    """A sequence of ``size``-tuples (ValueError naming the field and the expected ``shape`` otherwise)."""
+    items = list(values) if isinstance(values, (list, tuple)) else None
+    if items is None or any(not isinstance(t, (list, tuple)) or len(t) != size for t in items):
+        raise ValueError(f"{name} must be a sequence of {shape} tuples; got {values!r}")
+    return [tuple(t) for t in items]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,23 +89,32 @@ class ComputeModel:
     detect_timeout: float = 0.0
 
     def __post_init__(self):
-        m = np.asarray(self.means, dtype=float)
-        if m.ndim != 1 or m.size < 1 or np.any(m <= 0):
-            raise ValueError(f"means must be a non-empty 1-D sequence of positive times; got {self.means!r}")
-        if self.sigma < 0:
-            raise ValueError(f"sigma must be >= 0; got {self.sigma}")
+        m = _numbers("means", self.means, minimum=0.0, strict=True)
+        if m.size < 1:
+            raise ValueError(f"means must be a non-empty sequence of finite times > 0; got {self.means!r}")
+        n = m.size
+        _number("sigma", self.sigma)
+        _number("comm", self.comm)
+        _number("detect_timeout", self.detect_timeout)
         if self.join_times is not None:
-            j = np.asarray(self.join_times, dtype=float)
-            if j.shape != m.shape or np.any(j < 0):
-                raise ValueError(f"join_times must be {m.size} non-negative times; got {self.join_times!r}")
+            j = _numbers("join_times", self.join_times)
+            if j.shape != m.shape:
+                raise ValueError(f"join_times must be {n} finite times >= 0 (one per worker); got {self.join_times!r}")
             initial = np.nonzero(j == 0)[0]
             if initial.size == 0 or initial.max() != initial.size - 1:
                 raise ValueError("workers that join at time 0 must be 0..k-1 (late joiners last); "
                                  f"got join_times {self.join_times!r}")
-        for s in self.stragglers:
-            if len(s) != 4 or not 0 <= s[0] < m.size or s[3] <= 0:
-                raise ValueError("each straggler must be (worker, start, end, factor>0) with a valid worker; "
-                                 f"got {s!r}")
+        for s in _tuples("stragglers", self.stragglers, 4, "(worker, start, end, factor)"):
+            what = f"each straggler must be (worker in 0..{n - 1}, start >= 0, end > start, finite factor > 0)"
+            ok = _is_worker(s[0], n) and all(_is_number(v) for v in s[1:])
+            if not ok or not (0 <= s[1] < s[2] and 0 < s[3] < math.inf) or math.isnan(s[2]):
+                raise ValueError(f"{what}; got {s!r} in stragglers={self.stragglers!r}")
+        dead = set()
+        for d in _tuples("deaths", self.deaths, 2, "(worker, time)"):
+            if not _is_worker(d[0], n) or not _is_number(d[1]) or not 0 <= d[1] < math.inf or d[0] in dead:
+                raise ValueError(f"each death must be (worker in 0..{n - 1}, finite time >= 0), one per worker; "
+                                 f"got {d!r} in deaths={self.deaths!r}")
+            dead.add(d[0])
 
     @property
     def num_workers(self) -> int:
@@ -112,6 +160,42 @@ def sgd(learning_rate):
     return _SGD[learning_rate]
 
 
+MAX_EVALUATIONS = 100_000  # test-set evaluations per run: max_time / eval_every
+MAX_PUSHES = 1_000_000  # expected updates per run: max_time · Σ 1 / (mean_p + comm)
+MAX_EVENTS = 10 * (MAX_EVALUATIONS + MAX_PUSHES)  # the loop's hard bound, whatever the noise draws
+
+
+def check_simulation(compute: ComputeModel, *, max_time: float, eval_every: float, batch_size: int = 32,
+                     max_pushes: int | None = None) -> None:
+    """Refuse a run that cannot end or would not end in reasonable time (ValueError naming the value).
+
+    max_time and eval_every must be finite and > 0, with at most :data:`MAX_EVALUATIONS` test
+    evaluations (max_time / eval_every); unless ``max_pushes`` bounds them, the expected number of
+    updates, max_time · Σ_p 1 / (means_p + comm) (a renewal rate: the noise is mean-preserving),
+    must be at most :data:`MAX_PUSHES`.
+    """
+    if not isinstance(compute, ComputeModel):
+        raise ValueError(f"compute must be a ComputeModel; got {type(compute).__name__}")
+    for name, v in (("max_time", max_time), ("eval_every", eval_every)):
+        if not _is_number(v) or not 0 < v < math.inf:
+            raise ValueError(f"{name} must be a finite number of virtual seconds > 0; got {v!r}")
+    if max_time / eval_every > MAX_EVALUATIONS:
+        raise ValueError(f"max_time / eval_every must be at most {MAX_EVALUATIONS} test evaluations; got "
+                         f"max_time = {max_time:g}, eval_every = {eval_every:g} ({max_time / eval_every:.3g}); "
+                         "use a larger eval_every")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
+    if max_pushes is not None:
+        if isinstance(max_pushes, bool) or not isinstance(max_pushes, (int, np.integer)) or max_pushes < 1:
+            raise ValueError(f"max_pushes must be an int >= 1 or None; got {max_pushes!r}")
+        return
+    expected = max_time * sum(1.0 / (float(m) + compute.comm) for m in compute.means)
+    if expected > MAX_PUSHES:
+        raise ValueError(f"about {expected:.3g} updates expected in max_time = {max_time:g} virtual s with means "
+                         f"{tuple(compute.means)} and comm = {compute.comm:g}; at most {MAX_PUSHES} are allowed: "
+                         "shorten max_time or pass max_pushes")
+
+
 def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict | None = None,
              optimizer: optax.GradientTransformation | None = None, learning_rate: float = 0.05,
              batch_size: int = 32, max_time: float = 100.0, eval_every: float = 1.0, seed: int = 0,
@@ -127,17 +211,18 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
       max_time: virtual seconds to simulate; eval_every: virtual seconds between test evaluations.
       target: test accuracy whose first reaching time is reported (and ends the run if
         ``stop_at_target``).
+      max_pushes: end the run after this many updates (None: only max_time ends it).
+
+    Runs that cannot end, or not in reasonable time, are refused first (:func:`check_simulation`).
 
     Returns a dict with ``curve`` (time, pushes, test loss, test accuracy), ``wait`` per worker,
     ``pushes`` per worker, ``staleness_hist`` (staleness -> count), ``barriers``,
     ``time_to_target``, ``final_accuracy``, ``dssp_controller`` / ``elastic_barriers`` records.
     """
+    check_simulation(compute, max_time=max_time, eval_every=eval_every, batch_size=batch_size,
+                     max_pushes=max_pushes)
     if not isinstance(task, Task):
         task = task_from_spec(task)
-    if max_time <= 0 or eval_every <= 0:
-        raise ValueError(f"max_time and eval_every must be > 0; got {max_time}, {eval_every}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     n = compute.num_workers
     initial = [p for p in range(n) if compute.join_time(p) == 0]
     pol: Policy = make_policy(policy, len(initial), **(policy_options or {}))
@@ -210,10 +295,15 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     time_to_target = None
     t = 0.0
     total = 0
+    events = 0
     while heap:
         t, _, kind, p = heapq.heappop(heap)
         if t > max_time:
             break
+        events += 1
+        if events > MAX_EVENTS:  # a backstop: check_simulation's estimate refuses such runs up front
+            raise ValueError(f"the simulation passed {MAX_EVENTS} events before max_time = {max_time:g} "
+                             f"(at t = {t:.3g}); shorten max_time or make iterations longer (means, comm)")
         if kind == "eval":
             loss, acc = (float(v) for v in acc_fn(params))
             curve.append({"time": t, "pushes": total, "loss": loss, "accuracy": acc})
