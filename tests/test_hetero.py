@@ -47,6 +47,19 @@ def test_partition_huge_and_tiny_speeds():
     np.testing.assert_array_equal(partition([5e-324, 1e308], 7), [1, 6])  # the default minimum of 1
 
 
+@pytest.mark.parametrize("B", [2**53 + 1, 2**60 + 1, 2**63 - 1, 2**64 + 7, 10**30 + 3])
+def test_partition_sums_exactly_for_huge_batches(B):
+    """Integer arithmetic: 2**60 + 1 over three equal replicas used to sum to B - 62 (floats)."""
+    b = partition([1, 1, 1], B)
+    assert sum(int(x) for x in b) == B and int(b[0]) == -(-B // 3) and int(b[2]) == B // 3  # ties: lowest index
+    speeds = (1.0, 2.5, 1e20, 3e-300)
+    b = partition(speeds, B, min_per_replica=0)
+    total = sum(Fraction(x) for x in speeds)
+    assert sum(int(x) for x in b) == B
+    assert all(abs(int(bi) - B * Fraction(x) / total) < 1 for bi, x in zip(b, speeds))
+    assert b.dtype == (np.int64 if B < 2**63 else object)
+
+
 def test_partition_examples():
     np.testing.assert_array_equal(partition([1, 1, 2, 4], 64), [8, 8, 16, 32])
     np.testing.assert_array_equal(partition([1, 1, 2, 4], 10), [1, 1, 3, 5])  # 1.25 1.25 2.5 5

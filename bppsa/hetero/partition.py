@@ -1,14 +1,15 @@
 """Batch partitioning by speed and weighted gradient averaging (Moreno-Álvarez et al., 2022).
 
 Replica i at speed s_i gets b_i ≈ B·s_i/Σs samples (integers summing to B, at least
-``min_per_replica`` each, largest-remainder rounding; speeds are divided by their maximum first,
-so any finite magnitude works); the global gradient is g = Σ_i (b_i/B)·g_i, with g_i the mean
+``min_per_replica`` each, largest-remainder rounding in exact integer arithmetic, so any finite
+magnitude and any B work); the global gradient is g = Σ_i (b_i/B)·g_i, with g_i the mean
 gradient over replica i's b_i samples — exactly the full-batch mean gradient. Plain averaging (1/P)·Σ_i g_i
 over-weights each sample on replica i by B/(P·b_i).
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Sequence
 
 import jax
@@ -42,9 +43,10 @@ def partition(speeds: Sequence[float] | np.ndarray, batch_size: int, min_per_rep
     remainder: floors first, the remaining units one each to the largest fractional parts (ties
     to the lower replica index, so every process computes the same split).
 
-    Only the ratios of the speeds matter: they are divided by their maximum before summing, so
-    huge (1e308) or tiny (1e-308) speeds neither overflow nor underflow the sum. Returns
-    b: (P,) int64 with Σ b = B, b_i ≥ min_per_replica, faster replicas never getting fewer
+    Only the ratios of the speeds matter, and all arithmetic is on integers (each double speed is an
+    exact ratio of integers), so the split is exact for any magnitudes (1e-308 to 1e308) and any
+    integer B (2**60 + 1 included). Returns b: (P,) int64 (object, of Python ints, when B does not
+    fit in an int64) with Σ b = B, b_i ≥ min_per_replica, faster replicas never getting fewer
     samples, and |b_i − q_i| < 1 for the unpinned replicas' quotas q_i (all of them when
     ``min_per_replica = 0``, the plain proportional rule, where a slow replica may get 0).
     Raises ValueError for speeds that are empty, NaN, infinite, zero or negative, and when
@@ -61,25 +63,32 @@ def partition(speeds: Sequence[float] | np.ndarray, batch_size: int, min_per_rep
     if m * P > B:
         raise ValueError(f"batch_size {B} cannot give each of the {P} replicas min_per_replica = {m} samples "
                          f"(needs batch_size >= {m * P}); use a larger batch or min_per_replica=0")
-    s = s / s.max()  # in (0, 1]: the sums below are at most P, never inf
-    pinned = np.zeros(P, bool)
+    w = _integer_weights(s)
+    pinned = [False] * P
     while True:  # at most P rounds: each one pins at least one more replica or stops
-        free = ~pinned
-        quota = np.where(free, (B - m * pinned.sum()) * s / s[free].sum(), float(m))
-        low = free & (quota < m * (1 - 1e-12))  # (a quota a rounding error below m stays free)
-        if not low.any():
+        free = [i for i in range(P) if not pinned[i]]
+        rest = B - m * (P - len(free))
+        total = sum(w[i] for i in free)
+        low = [i for i in free if rest * w[i] < m * total]  # quota rest·w_i/total below m (exactly)
+        if not low:
             break
-        pinned |= low
-    b = np.where(free, np.maximum(np.floor(quota), m), m).astype(np.int64)
-    # Rounding can push a floor one unit over (quota = 2.9999999 -> floor 2 is fine; a sum over B is not).
-    while b.sum() > B:
-        over = np.where(free & (b > m), b - quota, -np.inf)
-        b[int(np.argmax(over))] -= 1
-    remainder = np.where(free, quota - b, -np.inf)
-    short = B - int(b.sum())
-    order = np.lexsort((np.arange(P), -remainder))  # largest remainder first, then lowest index
-    b[order[:short]] += 1
-    return b
+        for i in low:
+            pinned[i] = True
+    b = [m] * P
+    remainder = {}
+    for i in free:
+        b[i], remainder[i] = divmod(rest * w[i], total)  # floor of the quota (>= m) and its remainder·total
+    short = rest - sum(b[i] for i in free)  # < len(free): one unit each to the largest remainders
+    for i in sorted(free, key=lambda i: (-remainder[i], i))[:short]:  # ties to the lowest index
+        b[i] += 1
+    return np.array(b, dtype=np.int64 if B <= np.iinfo(np.int64).max else object)
+
+
+def _integer_weights(s: np.ndarray) -> list[int]:
+    """Positive finite doubles as Python ints in the same exact ratios (each is n_i / 2^k_i)."""
+    fractions = [Fraction(float(x)) for x in s]
+    denominator = max(f.denominator for f in fractions)  # powers of two: the largest is a common multiple
+    return [f.numerator * (denominator // f.denominator) for f in fractions]
 
 
 def _check_counts(counts, n) -> np.ndarray:
