@@ -1,6 +1,7 @@
 """`bppsa launch` under SIGTERM / SIGINT / SIGHUP and its timeout, with real processes: workers
 (and a worker's child) write their pids; after the launcher exits none of them may be alive."""
 
+import io
 import os
 import signal
 import subprocess
@@ -135,3 +136,51 @@ def test_a_program_that_cannot_start_is_a_usage_error_and_handlers_are_restored(
     assert {s: signal.getsignal(s) for s in before} == before
     with pytest.raises(SystemExit):
         launch.main(["-n", "1", "--kill-after", "-1", "--", "true"])
+
+
+# A worker that writes one byte that is not UTF-8, then more than a pipe holds (64 KiB), then exits 0.
+BAD_BYTE = r"""
+import sys
+sys.stdout.buffer.write(b"before \xff after\n")
+sys.stdout.buffer.flush()
+for i in range(3000):
+    print(f"line {i} " + "x" * 60)
+print("the end", flush=True)
+"""
+
+
+def test_output_that_is_not_utf8_is_shown_replaced_and_the_pump_keeps_going():
+    """The pump used to die on the byte: later output was lost and the worker blocked on the full
+    pipe until --timeout ("a hang")."""
+    out, err = io.StringIO(), io.StringIO()
+    assert launch.launch([sys.executable, "-c", BAD_BYTE], 1, timeout=120, out=out, err=err) == 0, err.getvalue()
+    text = out.getvalue()
+    assert "[0] before \ufffd after\n" in text and "[0] line 2999 " in text and text.endswith("[0] the end\n")
+
+
+def test_long_lines_are_cut_in_the_report():
+    out, err = io.StringIO(), io.StringIO()
+    code = "print('y' * 100_000); print('short'); raise SystemExit(3)"
+    assert launch.launch([sys.executable, "-c", code], 1, timeout=120, out=out, err=err) == 1
+    report = err.getvalue()
+    assert "process 0 of 1 exited with code 3" in report and "    | short" in report
+    assert f"… ({100_000 - launch.REPORT_LINE_CHARS} more characters)" in report
+    assert max(map(len, report.splitlines())) < launch.REPORT_LINE_CHARS + 100
+    assert "y" * 100_000 in out.getvalue()  # the output itself is passed on whole
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--port", "0"], "--port must be a TCP port in 1..65535 (leave it out for a free one); got 0"),
+    (["--port", "70000"], "--port must be a TCP port in 1..65535"),
+    (["--port", "-1"], "--port must be a TCP port in 1..65535"),
+    (["--timeout", "inf"], "--timeout must be a finite number of seconds"),
+])
+def test_bad_port_or_infinite_timeout_is_one_line(capsys, flags, needle):
+    """--port 0 used to wait out the whole timeout, --port 70000 was accepted, --timeout inf a traceback."""
+    from bppsa import cli
+    assert cli.main(["launch", "-n", "1", *flags, "--", sys.executable, "-c", "pass"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith("bppsa launch: error: ") and needle in err, err
+    for kw in ({"port": 0}, {"port": 65536}, {"port": True}, {"timeout": float("inf")}):
+        with pytest.raises(UsageError):
+            launch.launch([sys.executable, "-c", "pass"], 1, **kw)

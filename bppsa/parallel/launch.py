@@ -4,7 +4,8 @@ For development on one machine: it picks a free loopback port, starts N copies o
 subprocesses with the coordinator address and their process id in the environment (see
 :data:`bppsa.parallel.mesh.ENV`; the worker calls :func:`bppsa.parallel.initialize`), puts this
 bppsa first on their PYTHONPATH, gives each K simulated CPU devices, prefixes their output with
-``[i]`` and watches them:
+``[i]`` (read as UTF-8, other bytes shown as U+FFFD; lines quoted in a report are cut to
+:data:`REPORT_LINE_CHARS`) and watches them:
 
 - all exit 0 → exit 0;
 - one exits non-zero (or is killed, e.g. JAX aborting on a lost peer) → the others get
@@ -78,12 +79,35 @@ def _worker_env(base, i, n, port, devices, timeout):
     return env
 
 
+REPORT_LINE_CHARS = 500  # a worker's output line quoted in a report is cut to this many characters
+PORTS = range(1, 65536)
+
+
+def _cut(line: str, limit: int = REPORT_LINE_CHARS) -> str:
+    return line if len(line) <= limit else f"{line[:limit]} … ({len(line) - limit} more characters)"
+
+
 def _pump(stream, prefix, tail, out):
-    for line in iter(stream.readline, ""):
-        tail.append(line.rstrip("\n"))
-        out.write(f"{prefix}{line}")
-        out.flush()
-    stream.close()
+    """Copy a worker's output lines to ``out`` (prefixed) and keep the last ones, cut, in ``tail``.
+
+    Reads to the end whatever comes: undecodable bytes arrive as U+FFFD (the pipe is opened with
+    errors="replace"), and a line ``out`` cannot take is written escaped, or dropped, while the
+    pipe keeps being drained, so a worker never blocks on a full pipe.
+    """
+    try:
+        for line in iter(stream.readline, ""):
+            tail.append(_cut(line.rstrip("\n")))
+            text = f"{prefix}{line}"
+            try:
+                try:
+                    out.write(text)
+                except UnicodeEncodeError:  # e.g. an ASCII terminal and a U+FFFD
+                    out.write(text.encode("ascii", "backslashreplace").decode("ascii"))
+                out.flush()
+            except (OSError, ValueError):
+                pass  # our own output is gone (closed, a broken pipe): keep draining the worker's
+    finally:
+        stream.close()
 
 
 TIMEOUT_KILL_S = 1.0  # at --timeout: seconds from SIGTERM to SIGKILL
@@ -180,6 +204,10 @@ def launch(command: Sequence[str], n: int, *, devices_per_process: int | None = 
     if not (timeout > 0 and grace >= 0 and kill_after >= 0):
         raise ValueError(f"timeout must be > 0, grace and kill_after >= 0; got timeout={timeout}, grace={grace}, "
                          f"kill_after={kill_after}")
+    if timeout == float("inf"):
+        raise UsageError(f"timeout must be a finite number of seconds > 0 (it bounds the whole job); got {timeout}")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or port not in PORTS):
+        raise UsageError(f"port must be a TCP port in 1..65535 (or None: a free one); got {port!r}")
     port = free_port() if port is None else port
     lock = threading.Lock()
 
@@ -199,7 +227,8 @@ def launch(command: Sequence[str], n: int, *, devices_per_process: int | None = 
                 env = _worker_env(os.environ, i, n, port, devices_per_process, timeout)
                 try:
                     p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, encoding="utf-8", errors="replace",
+                                         start_new_session=True)
                 except OSError as e:  # not found, not executable
                     raise UsageError(f"cannot start COMMAND {command[0]!r}: {e.strerror or e}; expected a program "
                                      f"on PATH or a path to an executable") from None
@@ -249,7 +278,7 @@ def launch(command: Sequence[str], n: int, *, devices_per_process: int | None = 
             lines.append(f"  process {i}: {_describe(c)}")
             useful = [line for line in tails[i] if line.strip() and not _FRAME.match(line)]
             if c not in (0,) and useful:  # its last words, without native stack frames
-                lines.extend(f"    | {line}" for line in useful[-8:])
+                lines.extend(f"    | {line}" for line in useful[-8:])  # cut by _pump
         lines.append(f"  (coordinator 127.0.0.1:{port}, {elapsed:.1f} s in all)")
         stderr.write("\n".join(lines) + "\n")
         stderr.flush()
@@ -313,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--devices-per-process must be >= 1; got {args.devices_per_process}")
     if not args.timeout > 0:
         ap.error(f"--timeout must be > 0 seconds; got {args.timeout:g}")
+    if args.timeout == float("inf"):
+        raise UsageError(f"--timeout must be a finite number of seconds (it bounds the whole job); "
+                         f"got {args.timeout:g}")
+    if args.port is not None and args.port not in PORTS:
+        raise UsageError(f"--port must be a TCP port in 1..65535 (leave it out for a free one); got {args.port}")
     for flag, value in (("--grace", args.grace), ("--kill-after", args.kill_after)):
         if not value >= 0:
             ap.error(f"{flag} must be >= 0 seconds; got {value:g}")
