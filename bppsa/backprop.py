@@ -61,7 +61,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, **fields: Unpack[O
     if jax.default_backend() == "cpu":
         host.tune_allocator()
     if opts.backward == "bptt":
-        ss = forward_states(cell, params, xs, s0)
+        ss = forward_states(cell, params, xs, s0, unroll=opts.unroll)
     else:
         ss = bppsa_states(cell, opts.scan, opts.chunk_size, params, xs, s0, opts.precision)
     return cell.unflatten_state(ss)

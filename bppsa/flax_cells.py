@@ -1,15 +1,21 @@
 """flax's recurrent cells as :class:`bppsa.cells.Cell`s, and the masked step of padded batches.
 
-:func:`adapt` turns an ``nnx.RNNCellBase`` into a cell :func:`bppsa.rnn` can run, whose parameter
-pytree is the flax cell's own ``nnx.Param`` arrays (``nnx.state(cell, nnx.Param)`` as a plain
-dict, :func:`cell_params`), so gradients flow back to those same parameters:
+:func:`plan` decides how :class:`bppsa.nn.RNN` runs a cell that ``nnx.RNN`` can drive (an
+``nnx.RNNCellBase`` or any module with ``__call__``, ``initialize_carry`` and
+``num_feature_axes``); :func:`adapt` is its cell. Gradients flow back to the cell's own
+``nnx.Param`` arrays:
 
 - ``nnx.SimpleCell``, ``nnx.GRUCell``, ``nnx.LSTMCell``, ``nnx.OptimizedLSTMCell`` with
-  activation functions bppsa knows (sigmoid, tanh, relu): :class:`Flax`, whose maths is one of
-  :mod:`bppsa.cells` (written once there) with flax's conventions as fields; this module only
-  maps parameters between flax's layout and the cell's;
-- any other ``nnx.RNNCellBase`` (or one of those four with another activation): autodiff
-  Jacobians of one example's step, vmapped over the batch and time (:class:`Autodiff`).
+  activation functions bppsa knows (sigmoid, tanh, relu), computing in one dtype:
+  :class:`Flax`, whose maths is one of :mod:`bppsa.cells` (written once there) with flax's
+  conventions as fields; this module only maps parameters between flax's layout and the cell's
+  (:func:`cell_params`);
+- any other cell (or one of those four with another activation or in mixed precision):
+  autodiff Jacobians of one example's step, vmapped over the batch and time
+  (:class:`Autodiff`), with the non-Param state a step reads but never changes as constants;
+- a cell whose step changes its own state (draws from an RNG stream, updates batch
+  statistics), reads non-float state or has state scanned over time: no BPPSA backward
+  (:func:`plan` says why; :class:`bppsa.nn.RNN` then runs ``nnx.RNN``'s scan).
 
 flax's conventions, row convention (``x @ kernel``), as in ``flax.nnx.nn.recurrent``:
 
@@ -31,12 +37,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import filterlib
 
 from . import cells
 from .cells import Cell
 from .errors import UsageError
 
-__all__ = ["adapt", "cell_params", "params_of", "Flax", "Autodiff", "Masked", "ACTIVATION_NAMES"]
+__all__ = ["adapt", "plan", "cell_params", "Flax", "Autodiff", "Masked", "ACTIVATION_NAMES"]
 
 #: flax's activation functions that have a name in :data:`bppsa.cells.ACTIVATIONS`.
 ACTIVATION_NAMES: dict[Any, str] = {jnp.tanh: "tanh", jax.nn.sigmoid: "sigmoid", jax.nn.relu: "relu"}
@@ -167,41 +174,63 @@ class Flax(_Wrapper):
 
 @dataclasses.dataclass(frozen=True)
 class Autodiff(Cell):
-    """Any ``nnx.RNNCellBase`` by autodiff: the flat state s (B, S) is the carry's leaves
-    flattened per example (``hidden_size`` is S); the Jacobian of one example's step
-    (``jax.jacrev``, the cell called on a batch of one) is vmapped over the batch and time, so
-    rows are independent by construction. ``params`` is ``nnx.state(cell, nnx.Param)``.
+    """Any cell ``nnx.RNN`` can drive, by autodiff: the flat state s (B, S) is the carry's leaves
+    flattened per example (``hidden_size`` is S, in the carry's promoted dtype; each leaf goes back
+    to its own dtype before the cell sees it, so the cell computes in its own dtypes, mixed
+    precision included); the Jacobian of one example's step (``jax.jacrev``, the cell called on a
+    batch of one) is vmapped over the batch and time, so rows are independent by construction.
+
+    ``params`` is ``{"params": nnx.state(cell, nnx.Param), "consts": (...)}``: the Params, and the
+    non-Param state a step reads but never changes (batch statistics in eval mode, a stored
+    buffer), which is differentiable like the Params. Non-Param state a step neither reads nor
+    changes (stored ``rngs``, a deterministic Dropout's) is rebuilt as placeholders
+    (:func:`plan` decides which is which). xs (T, B, I) are the inputs' feature axes flattened
+    (``feature_shape`` restores them).
     """
 
     graphdef: Any
-    params_def: Any  # the treedef of nnx.state(cell, nnx.Param)
-    param_shapes: tuple
+    params_def: Any  # the treedef of {"params": ..., "consts": ...}
+    param_shapes: tuple  # ((shape, dtype), ...) of its leaves
     carry_def: Any  # the treedef of the carry
     carry_shapes: tuple  # each carry leaf's shape without the batch axis
+    carry_dtypes: tuple  # each carry leaf's dtype
     input_size: int
     hidden_size: int  # S
+    feature_shape: tuple = ()  # the inputs' feature axes (default: (input_size,))
+    rest_def: Any = None  # the treedef of the non-Param state
+    rest_slots: tuple = ()  # per non-Param leaf: k (consts[k]) or (shape, dtype) (a placeholder)
 
     def init(self, key, dtype=jnp.float32):
         keys = jax.random.split(key, max(len(self.param_shapes), 1))
-        leaves = [0.1 * jax.random.normal(k, s, dtype) for k, s in zip(keys, self.param_shapes)]
+        leaves = [0.1 * jax.random.normal(k, s, dtype) for k, (s, _) in zip(keys, self.param_shapes)]
         return jax.tree.unflatten(self.params_def, leaves)
 
     def carry(self, s):
-        """(..., S) -> the flax carry, each leaf (..., *shape)."""
+        """(..., S) -> the flax carry, each leaf (..., *shape) in its own dtype."""
         leaves, start = [], 0
-        for shape in self.carry_shapes:
+        for shape, dtype in zip(self.carry_shapes, self.carry_dtypes):
             size = math.prod(shape)
-            leaves.append(s[..., start:start + size].reshape(s.shape[:-1] + shape))
+            leaves.append(s[..., start:start + size].reshape(s.shape[:-1] + shape).astype(dtype))
             start += size
         return jax.tree.unflatten(self.carry_def, leaves)
 
     def flat(self, carry, batch_ndim=1):
-        return jnp.concatenate([leaf.reshape(leaf.shape[:batch_ndim] + (-1,)) for leaf in jax.tree.leaves(carry)],
+        leaves = jax.tree.leaves(carry)
+        dtype = jnp.result_type(*self.carry_dtypes)
+        return jnp.concatenate([leaf.reshape(leaf.shape[:batch_ndim] + (-1,)).astype(dtype) for leaf in leaves],
                                axis=-1)
+
+    def module(self, params):
+        """The flax cell with these parameters (and constants) merged in."""
+        consts = params["consts"]
+        rest = [consts[slot] if isinstance(slot, int) else _placeholder(*slot) for slot in self.rest_slots]
+        states = [params["params"]] + ([jax.tree.unflatten(self.rest_def, rest)] if self.rest_def is not None else [])
+        return nnx.merge(self.graphdef, *states)
 
     def call(self, params, s, x):
         """The flax cell on flat state s (B, S), x (B, I) -> (flat new state, output)."""
-        carry, y = nnx.merge(self.graphdef, params)(self.carry(s), x)
+        shape = self.feature_shape or (self.input_size,)
+        carry, y = self.module(params)(self.carry(s), x.reshape(x.shape[:-1] + shape))
         return self.flat(carry), y
 
     def step(self, params, s, x):
@@ -220,6 +249,13 @@ class Autodiff(Cell):
 
     def param_grads(self, params, s_prev, xs, s, gs):
         return cells.autodiff_param_grads(self._step_one, params, s_prev, xs, gs)
+
+
+def _placeholder(shape, dtype):
+    """A stand-in for state the step never reads (a key array for key dtypes)."""
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        return jnp.broadcast_to(jax.random.key(0), shape)
+    return jnp.zeros(shape, dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,15 +309,23 @@ class Masked(_Wrapper):
 # Choosing an adapter
 # --------------------------------------------------------------------------------------------
 
-def _analytic(flax_cell):
-    """The :class:`Flax` adapter for one of flax's four cells, or None (another type, or an
-    activation without a name in :data:`ACTIVATION_NAMES`)."""
+def _analytic(flax_cell, carry=None, x_dtype=None):
+    """The :class:`Flax` adapter for one of flax's four cells (that exact type) with activation
+    functions named in :data:`ACTIVATION_NAMES` that computes in one dtype (carry, parameters,
+    and the cell's ``dtype``; mixed precision goes to :class:`Autodiff`, which keeps flax's own
+    promotion); None otherwise."""
     layout = next((k for k, t in _FLAX_TYPES.items() if type(flax_cell) is t), None)
     if layout is None:
         return None
     fns = [flax_cell.activation_fn] + ([] if layout == "simple" else [flax_cell.gate_fn])
     if not all(f in ACTIVATION_NAMES for f in fns):
         return None
+    if carry is not None:
+        leaves = jax.tree.leaves(carry) + jax.tree.leaves(cell_params(flax_cell))
+        dtypes = {jnp.dtype(jnp.result_type(a)) for a in leaves}
+        computes = flax_cell.dtype or (jnp.result_type(x_dtype, *dtypes) if x_dtype is not None else None)
+        if len(dtypes) != 1 or (computes is not None and jnp.dtype(computes) not in dtypes):
+            return None
     I, H, act = flax_cell.in_features, flax_cell.hidden_features, ACTIVATION_NAMES[fns[0]]
     if layout == "simple":
         core: Cell = cells.RNN(I, H, act, hidden_bias=False, residual=bool(flax_cell.residual))
@@ -292,24 +336,92 @@ def _analytic(flax_cell):
     return Flax(core, layout)
 
 
-def adapt(flax_cell, carry, input_size: int, *, autodiff: bool = False) -> Cell:
-    """The :class:`bppsa.cells.Cell` that runs ``flax_cell`` (an ``nnx.RNNCellBase``) with
-    parameters :func:`cell_params` (analytic cells) or ``nnx.state(cell, nnx.Param)``
-    (:class:`Autodiff`). ``carry``: an example carry (leaves (B, ...)), for the generic cell's
-    state layout; ``autodiff=True`` forces the generic cell."""
-    cell = None if autodiff else _analytic(flax_cell)
+def _variables(state):
+    """[(path, Variable)] of an nnx State, in its leaves' order."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    return [(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path), v) for path, v in flat]
+
+
+def _axis_of(broadcast_rngs, state_axes):
+    """path, Variable -> the axis ``nnx.RNN`` scans it over: None (broadcast), nnx.Carry, or an int."""
+    rules = [(nnx.All(nnx.RngState, broadcast_rngs), None)] + list((state_axes or {}).items())
+    preds = [(filterlib.to_predicate(f), axis) for f, axis in rules]
+    return lambda path, var: next((axis for pred, axis in preds if pred(path, var)), nnx.Carry)
+
+
+def _uses(graphdef, params, rest, carry, x):
+    """For each leaf of ``rest`` (the non-Param state): whether one step changes it and whether
+    it reads it (from the step's jaxpr: an unchanged leaf is returned as the very input)."""
+    def pure(params, rest, carry, x):
+        module = nnx.merge(graphdef, params, rest)
+        carry, y = module(carry, x)
+        return nnx.split(module, nnx.Param, ...)[2], carry, y
+
+    jaxpr = jax.make_jaxpr(pure)(params, rest, carry, x).jaxpr
+    n_params, n_rest = len(jax.tree.leaves(params)), len(jax.tree.leaves(rest))
+    ins = jaxpr.invars[n_params:n_params + n_rest]
+    outs = jaxpr.outvars[:n_rest]
+    used = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars[n_rest:]}
+    return [o is not i for i, o in zip(ins, outs)], [id(i) in used for i in ins]
+
+
+def plan(flax_cell, carry, x, *, autodiff=False, broadcast_rngs=None, state_axes=None):
+    """How :class:`bppsa.nn.RNN` runs ``flax_cell`` with a BPPSA backward: ``(cell, params)``
+    (a :class:`Flax` or :class:`Autodiff` cell and its parameter pytree, read from the flax cell),
+    or a string saying why no exact BPPSA backward exists for it (then ``nnx.RNN``'s scan runs).
+
+    ``carry``: the initial carry (leaves (B, ...)); ``x``: one step's input (B, *features);
+    ``broadcast_rngs``, ``state_axes``: as for ``nnx.RNN``. Non-Param state: broadcast state
+    (``broadcast_rngs``, ``state_axes`` entries None) is the same at every step; other state a
+    step reads but never changes is a constant; state a step changes (an RNG stream it draws
+    from, batch statistics, a counter), state it scans over time (an int in ``state_axes``) and
+    non-float state it reads (an RNG key) have no BPPSA backward here.
+    """
+    cell = None if autodiff else _analytic(flax_cell, carry, jnp.result_type(x))
     if cell is not None:
-        return cell
+        return cell, cell_params(flax_cell)
+    axis_of = _axis_of(broadcast_rngs, state_axes)
     graphdef, params, rest = nnx.split(flax_cell, nnx.Param, ...)
-    if jax.tree.leaves(rest):
-        raise UsageError(f"bppsa.nn.RNN runs a {type(flax_cell).__name__} only when all its state is nnx.Param; "
-                         f"it also holds {sorted(str(p) for p, _ in rest.flat_state())}")
+    for path, var in _variables(params) + _variables(rest):
+        if isinstance(axis_of(path, var), int):
+            return f"state_axes scans {'.'.join(map(str, path))} over the time axis"
+    variables = _variables(rest)
+    changed, read = _uses(graphdef, params, rest, carry, x)
+    slots, consts = [], []
+    for (path, var), change, reads in zip(variables, changed, read):
+        where, value = f"{'.'.join(map(str, path))} ({type(var).__name__})", var.get_value()
+        if change and axis_of(path, var) is not None:
+            return f"each step updates {where}, so a step is not a function of the state alone"
+        if not reads:
+            slots.append((tuple(value.shape), value.dtype))
+        elif not jnp.issubdtype(value.dtype, jnp.floating):
+            return f"each step reads {where}, a {value.dtype} array (the same at every step)"
+        else:
+            slots.append(len(consts))
+            consts.append(value)
+    full = {"params": params, "consts": tuple(consts)}
     leaves, carry_def = jax.tree.flatten(carry)
     shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
-    return Autodiff(graphdef, jax.tree.structure(params), tuple(tuple(p.shape) for p in jax.tree.leaves(params)),
-                    carry_def, shapes, input_size, sum(math.prod(s) for s in shapes))
+    feature_shape = tuple(x.shape[1:])
+    return Autodiff(graphdef, jax.tree.structure(full),
+                    tuple((tuple(p.shape), jnp.result_type(p)) for p in jax.tree.leaves(full)),
+                    carry_def, shapes, tuple(jnp.result_type(leaf) for leaf in leaves),
+                    math.prod(feature_shape), sum(math.prod(s) for s in shapes), feature_shape,
+                    jax.tree.structure(rest) if variables else None, tuple(slots)), full
 
 
-def params_of(cell: Cell, flax_cell):
-    """The parameter pytree ``cell`` (from :func:`adapt`) takes, read from ``flax_cell``."""
-    return nnx.state(flax_cell, nnx.Param) if isinstance(cell, Autodiff) else cell_params(flax_cell)
+def adapt(flax_cell, carry, x, *, autodiff: bool = False) -> Cell:
+    """The :class:`bppsa.cells.Cell` that runs ``flax_cell`` (:func:`plan`'s; a UsageError with
+    its reason where there is none). ``carry``: an example carry (leaves (B, ...); None is
+    enough for flax's four cells), ``x``: an example step input (B, *features), or the input
+    size (then x is zeros of shape (B, I))."""
+    if carry is None and not autodiff:
+        cell = _analytic(flax_cell)
+        if cell is not None:
+            return cell
+    if isinstance(x, int):
+        x = jnp.zeros((jax.tree.leaves(carry)[0].shape[0], x), jnp.result_type(*jax.tree.leaves(carry)))
+    planned = plan(flax_cell, carry, x, autodiff=autodiff)
+    if isinstance(planned, str):
+        raise UsageError(f"no BPPSA backward for {type(flax_cell).__name__}: {planned}")
+    return planned[0]

@@ -55,6 +55,9 @@ class Options:
         calibration cached for this device, else the model shipped for this backend).
       combine: with a mesh, the cross-device step of the sharded backward: "logstep",
         "allgather", "chain" or "auto" (:func:`bppsa.parallel.sequence.choose_combine`).
+      unroll: the unroll factor of the sequential forward's ``lax.scan`` (and so of BPTT's): a
+        positive int, True (every step) or False (1), as ``lax.scan`` takes it; None (default):
+        tuned per shape and backend (:func:`bppsa.cost.bptt_unroll`).
     """
 
     backward: str = "bppsa"
@@ -63,6 +66,7 @@ class Options:
     precision: Any = "highest"
     cost_model: cost_lib.CostModel | None = None
     combine: str = "auto"
+    unroll: int | bool | None = None
 
     def __post_init__(self):
         _choice("backward", self.backward, BACKWARDS)
@@ -71,6 +75,7 @@ class Options:
         _choice("combine", self.combine, COMBINES)
         object.__setattr__(self, "chunk_size", _chunk_size(self.chunk_size))
         object.__setattr__(self, "precision", _precision(self.precision))
+        object.__setattr__(self, "unroll", _unroll(self.unroll))
         if self.cost_model is not None and not isinstance(self.cost_model, cost_lib.CostModel):
             raise UsageError(f"cost_model must be a bppsa.cost.CostModel or None; got {type(self.cost_model).__name__}")
 
@@ -98,6 +103,7 @@ class OptionFields(TypedDict, total=False):
     precision: Any
     cost_model: cost_lib.CostModel | None
     combine: str
+    unroll: int | bool | None
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
@@ -140,6 +146,19 @@ def _chunk_size(chunk_size):
         if n >= 1:
             return n
     raise UsageError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
+
+
+def _unroll(unroll):
+    """None, a bool, or a positive int (numpy and JAX integer scalars become ints)."""
+    if unroll is None or isinstance(unroll, bool):
+        return unroll
+    try:
+        n = operator.index(unroll)
+    except TypeError:
+        n = 0
+    if n >= 1:
+        return n
+    raise UsageError(f"unroll must be a positive int, True, False or None (tuned); got {unroll!r}")
 
 
 def _precision(precision) -> str:

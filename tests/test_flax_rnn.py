@@ -139,7 +139,7 @@ def test_flax_padding_equals_flax_at_every_step(kind, reverse):
 
 def test_identity_padding_holds_the_last_valid_output_and_ignores_padding():
     x = inputs()
-    layer = bppsa.nn.RNN(make_cell("gru"))
+    layer = bppsa.nn.RNN(make_cell("gru"), padding="identity")
     run = nnx.jit(lambda layer, x, lengths: layer(x, seq_lengths=lengths, return_carry=True))  # traced lengths
     carry, ys = run(layer, x, LENGTHS)
     for b, n in enumerate(LENGTHS.tolist()):
@@ -314,10 +314,9 @@ def test_bppsa_cells_run_batch_major_and_match_bppsa_rnn(cell):
 
 
 @pytest.mark.parametrize("lengths, match", [
-    ([5, 6, 2], r"seq_lengths must lie in \[1, T\] = \[1, 5\].*\[6\]"),
-    ([5, -1, 2], r"seq_lengths must lie in \[1, T\].*\[-1\]"),
-    ([5, 0, 2], r"seq_lengths must lie in \[1, T\].*\[0\]"),
-    ([5, 2], r"seq_lengths must have shape \(B,\) = \(3,\).*got shape \(2,\)"),
+    ([5, 6, 2], r"seq_lengths must lie in \[0, T\] = \[0, 5\].*\[6\]"),
+    ([5, -1, 2], r"seq_lengths must lie in \[0, T\].*\[-1\]"),
+    ([5, 2], r"seq_lengths must have the inputs' batch shape \(3,\); got shape \(2,\)"),
     ([5.0, 2.0, 1.0], r"seq_lengths must be integers; got dtype float"),
 ])
 def test_bad_seq_lengths_raise_a_clear_value_error(lengths, match):
@@ -334,5 +333,5 @@ def test_bad_arguments_raise_usage_errors():
         bppsa.nn.RNN(make_cell("gru"), padding="zeros")
     with pytest.raises(UsageError, match="needs rngs=nnx.Rngs"):
         bppsa.nn.RNN(cells.GRU(I, H))
-    with pytest.raises(UsageError, match=r"inputs must have shape \(B, T, I\)"):
-        bppsa.nn.RNN(make_cell("gru"))(inputs()[0])
+    with pytest.raises(UsageError, match=r"inputs must have shape \(\*batch, T, \*features\) with 1 feature"):
+        bppsa.nn.RNN(make_cell("gru"))(inputs()[0, 0])
