@@ -15,12 +15,13 @@ Checks before anything is written: a task declares the checks of its config with
 ``check(config)``, which raises :class:`bppsa.errors.UsageError` on a value of the right type but
 out of range (an unknown method, ``steps = -5``). Nothing is written for a config that fails.
 
-The work directory: the runner writes a marker, ``.bppsa-run.json``, that lists what bppsa wrote
-there (config.json, summary.json and every entry the task created; entries that were there before
-the first run are not bppsa's). ``--restart`` deletes exactly those entries and refuses, naming
-the directory, when there is no marker. A run that never started (its task refused the input
-with a UsageError before any run there made progress, or wrote nothing but config.json) may be
-re-run with a corrected config; a run that made progress is only resumed with the same config.
+The work directory (:mod:`bppsa.workdir`): bppsa deletes or overwrites only files that this run
+(or the run it resumes) created, inside its work directory, and never two runs at once in one
+directory. The marker ``.bppsa-run.json`` lists what bppsa created there, each entry before it is
+created; a folder without it that holds anything is refused; ``--restart`` deletes the listed
+entries only; ``.bppsa-lock`` keeps a second run out. A run that never started (its task refused
+the input with a UsageError before any run there made progress, or wrote nothing but config.json)
+may be re-run with a corrected config; a run that made progress is only resumed with the same config.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import ml_collections
 
 from .errors import UsageError
 from .provenance import current_command, device_label, provenance, running_command, save_json
+from .workdir import MARKER, WorkDir, check_name, read_marker
 
 __all__ = ["ConfigError", "MARKER", "load_config", "apply_overrides", "resolve_task", "read_marker", "run",
            "current_command", "main"]
@@ -120,6 +122,11 @@ def _flat_keys(config, prefix="") -> list[str]:
     return keys
 
 
+def _short(text: str, limit: int = 80) -> str:
+    """``text``, cut to ``limit`` characters with the full length said (an error line stays one short line)."""
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
+
+
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -128,17 +135,17 @@ def _parse_scalar(text: str, typ: type, what: str):
         try:
             return _BOOLS[text.strip().lower()]
         except KeyError:
-            raise ConfigError(f"{what}: expected a bool (true/false); got {text!r}") from None
+            raise ConfigError(f"{what}: expected a bool (true/false); got {_short(repr(text))}") from None
     if typ is int:
         try:
             return int(text)
         except ValueError:
-            raise ConfigError(f"{what}: expected an int; got {text!r}") from None
+            raise ConfigError(f"{what}: expected an int; got {_short(repr(text))}") from None
     if typ is float:
         try:
             return float(text)
         except ValueError:
-            raise ConfigError(f"{what}: expected a float; got {text!r}") from None
+            raise ConfigError(f"{what}: expected a float; got {_short(repr(text))}") from None
     if typ is str:
         return text
     raise ConfigError(f"{what}: cannot set a field of type {typ.__name__} from the command line")
@@ -171,7 +178,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
     """
     items: Iterable[tuple[str, str]] = overrides.items() if isinstance(overrides, dict) else overrides
     for key, text in items:
-        what = f"--config.{key}={text}"
+        what = _short(f"--config.{key}={text}")
         node: Any = config  # a ConfigDict at every step: checked at the top of the loop
         parts = key.split(".")
         for i, part in enumerate(parts):
@@ -179,7 +186,8 @@ def apply_overrides(config: ml_collections.ConfigDict,
                 known = _flat_keys(config)
                 close = difflib.get_close_matches(key, known, n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise ConfigError(f"{what}: unknown config key {key!r}{hint} (known keys: {', '.join(known)})")
+                raise ConfigError(f"{what}: unknown config key {_short(repr(key))}{hint} "
+                                  f"(known keys: {', '.join(known)})")
             if i < len(parts) - 1:
                 node = node[part]
         leaf = parts[-1]
@@ -200,7 +208,7 @@ def apply_overrides(config: ml_collections.ConfigDict,
         try:
             node[leaf] = value
         except TypeError as e:
-            raise ConfigError(f"{what}: expected {getattr(typ, '__name__', typ)}; {e}") from None
+            raise ConfigError(f"{what}: expected {getattr(typ, '__name__', typ)}; {_short(str(e), 200)}") from None
     return config
 
 
@@ -213,13 +221,17 @@ def resolve_task(target: str) -> Callable:
         fn = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"config.task = {target!r} cannot be loaded: {e}") from None
+    except Exception as e:  # the task's module itself failed at import
+        raise ConfigError(f"config.task = {target!r}: importing {module} failed: {type(e).__name__}: "
+                          f"{_short(str(e), 200)}") from e
     if not callable(fn):
         raise ConfigError(f"config.task = {target!r} is not a function")
     return fn
 
 
 def _to_plain(obj) -> Any:
-    if isinstance(obj, ml_collections.ConfigDict):
+    """A config as JSON reads it back: dicts (ConfigDicts and dicts inside tuples) and lists only."""
+    if isinstance(obj, (ml_collections.ConfigDict, dict)):
         return {k: _to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_to_plain(v) for v in obj]
@@ -233,7 +245,7 @@ def _diff(old: dict, new: dict, prefix="") -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
             out += _diff(a, b, prefix + k + ".")
         elif a != b:
-            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+            out.append(f"{prefix}{k}: {_short(repr(a))} -> {_short(repr(b))}")
     return out
 
 
@@ -241,100 +253,43 @@ def default_workdir(path: Path, arg: str | None) -> Path:
     return Path("runs") / (path.stem + (f"-{arg}" if arg else ""))
 
 
-MARKER = ".bppsa-run.json"  # in a work directory: what bppsa wrote there (see the module docstring)
-
-
-def _entries(workdir: Path) -> set[str]:
-    return {p.name for p in workdir.iterdir()} - {MARKER} if workdir.is_dir() else set()
-
-
-def _write_marker(workdir: Path, marker: dict) -> None:
-    tmp = workdir / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=1) + "\n")
-    os.replace(tmp, workdir / MARKER)
-
-
-def read_marker(workdir: str | os.PathLike) -> dict | None:
-    """The marker of a bppsa work directory ({"status", "written", "before"}), or None without one.
-
-    When the last run was killed (status "running"), the entries that appeared since it started
-    are counted as bppsa's (that run could not record them).
-    """
-    workdir = Path(workdir)
-    path = workdir / MARKER
-    if not path.is_file():
-        return None
-    try:
-        marker = json.loads(path.read_text())
-        written, before = set(marker["written"]), set(marker["before"])
-    except (ValueError, KeyError, TypeError):
-        raise ConfigError(f"{str(path)!r} is not a bppsa work-directory marker (unreadable); "
-                          f"move it away or pass another --workdir") from None
-    if marker.get("status") == "running":
-        written |= _entries(workdir) - before
-    marker["written"] = sorted(written)
-    return marker
-
-
-def _remove_written(workdir: Path, marker: dict) -> list[str]:
-    """Delete the entries the marker lists as bppsa's, then the marker; everything else stays."""
-    removed = []
-    for name in marker["written"]:
-        if name in ("", ".", "..") or Path(name).name != name:  # a name, never a path out of workdir
-            raise ConfigError(f"{str(workdir / MARKER)!r} lists {name!r}, not an entry name; not deleting anything")
-    for name in marker["written"]:
-        target = workdir / name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.exists() or target.is_symlink():
-            target.unlink()
-        else:
-            continue
-        removed.append(name)
-    (workdir / MARKER).unlink(missing_ok=True)
-    return removed
-
-
-def _never_started(marker: dict | None) -> bool:
-    """No run here made progress: each one's task refused its input (UsageError) or wrote nothing."""
-    return marker is not None and marker.get("status") != "running" and not marker.get("progress", True)
-
-
-def _prepare_workdir(workdir: Path, resolved: dict, restart: bool) -> dict | None:
-    """Apply --restart / the resume rules; return the marker to continue (None: an untracked legacy run)."""
-    marker = read_marker(workdir)
-    config_file = workdir / "config.json"
+def _prepare(wd: WorkDir, resolved: dict, restart: bool) -> None:
+    """Apply --restart and the resume rules to a locked work directory (see the module docstring)."""
     if restart:
-        if marker is None:
-            if workdir.exists() and any(workdir.iterdir()):
-                raise ConfigError(f"--restart: {str(workdir)!r} is not a bppsa work directory (no {MARKER}); "
-                                  f"not deleting anything in it: delete it yourself or pass another --workdir")
-        else:
-            _remove_written(workdir, marker)
-        return {"written": []}
-    if config_file.exists():
-        try:
-            old = json.loads(config_file.read_text())
-        except ValueError:
-            raise ConfigError(f"{str(config_file)!r} is not valid JSON; pass another --workdir"
-                              + (", or --restart" if marker is not None else ", or move the folder away")) from None
-        changes = _diff(old, resolved) if isinstance(old, dict) else ["<not a config>"]
-        if changes and marker is None and _entries(workdir) == {"config.json"}:
-            marker = {"written": ["config.json"], "status": "failed", "progress": False}  # died before writing
-        if changes and marker is not None and _never_started(marker):
-            print(f"bppsa run: the run in {str(workdir)!r} never started; replacing its config "
-                  f"({'; '.join(changes)})", file=sys.stderr)
-            _remove_written(workdir, marker)
-            return {"written": []}
-        if changes:
-            restart_hint = ("--restart to delete what bppsa wrote there and start over" if marker is not None else
-                            f"move it away to start over (it has no {MARKER}, so --restart will not delete it)")
-            raise ConfigError(
-                f"work directory {str(workdir)!r} holds a run of a different config ({'; '.join(changes)}); "
-                f"re-run the same command to resume it, pass --workdir for a new run, or {restart_hint}")
-        if marker is None:
-            return None  # a run from before the marker existed: resumed, not tracked
-    return marker or {"written": []}
+        wd.remove_written()
+        return
+    config_file = wd.path / "config.json"
+    if wd.marker is None or "config.json" not in wd.marker["written"] or not config_file.exists():
+        return
+    try:
+        old = json.loads(config_file.read_text())
+    except ValueError:
+        raise ConfigError(f"{str(config_file)!r} is not valid JSON; pass another --workdir, or --restart") from None
+    changes = _diff(old, resolved) if isinstance(old, dict) else ["<not a config>"]
+    if changes and wd.never_started():
+        print(f"bppsa run: the run in {str(wd.path)!r} never started; replacing its config "
+              f"({'; '.join(changes)})", file=sys.stderr)
+        wd.remove_written()
+    elif changes:
+        raise ConfigError(
+            f"work directory {str(wd.path)!r} holds a run of a different config ({'; '.join(changes)}); re-run the "
+            f"same command to resume it, pass --workdir for a new run, or --restart to delete what bppsa wrote there "
+            f"and start over")
+
+
+def _check_common(config: ml_collections.ConfigDict) -> None:
+    """Checks every task shares: ``name`` is a plain file name, every ``seed`` an int every RNG accepts."""
+    if "name" in config:
+        check_name(config.name)
+    groups: list[tuple[str, Any]] = [("", config)]
+    while groups:
+        prefix, group = groups.pop()
+        for key, value in group.items():
+            if isinstance(value, ml_collections.ConfigDict):
+                groups.append((f"{prefix}{key}.", value))
+            elif key == "seed" and isinstance(value, int) and not 0 <= value < 2 ** 32:
+                raise ConfigError(f"config.{prefix}{key} must be an int in 0..{2 ** 32 - 1} (what numpy's and JAX's "
+                                  f"random generators accept); got {_short(str(value))}")
 
 
 def run(config_path: str | os.PathLike, arg: str | None = None,
@@ -349,43 +304,35 @@ def run(config_path: str | os.PathLike, arg: str | None = None,
     check = getattr(task, "check", None)
     if check is not None:
         check(config)  # UsageError before anything is written
+    _check_common(config)
     workdir = Path(workdir) if workdir is not None else default_workdir(path, arg)
     resolved = _to_plain(config)
-    marker = _prepare_workdir(workdir, resolved, restart)
-    workdir.mkdir(parents=True, exist_ok=True)
-    before = _entries(workdir)
-    if marker is not None:
-        marker.update(bppsa="work directory", status="running", before=sorted(before),
-                      written=sorted(set(marker["written"]) | {"config.json"}),
-                      progress=marker.get("progress", bool(set(marker["written"]) - {"config.json"})))
-        _write_marker(workdir, marker)
-    (workdir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
-
     command = command or "bppsa run " + shlex.join([str(path) + (f":{arg}" if arg else "")] +
                                                    [f"--config.{k}={v}" for k, v in (
                                                        overrides.items() if isinstance(overrides, dict)
                                                        else overrides)])
-    status = "failed"
-    try:
-        t0 = time.perf_counter()
-        with running_command(command):
-            summary = task(config, workdir)
-        run_time = time.perf_counter() - t0
-        if not isinstance(summary, dict):
-            raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); "
-                            f"got {type(summary).__name__}")
-        save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "run_time_s": run_time,
-                                             "provenance": provenance(command)})
-        status = "done"
-    except UsageError:
-        status = "refused"
-        raise
-    finally:
-        if marker is not None:
-            new = _entries(workdir) - before
-            marker.update(status=status, written=sorted(set(marker["written"]) | new),
-                          progress=marker["progress"] or (status != "refused" and bool(new - {"config.json"})))
-            _write_marker(workdir, marker)
+    with WorkDir(workdir) as wd:
+        _prepare(wd, resolved, restart)
+        wd.start(progress=bool(wd.marker and wd.marker.get("progress")))
+        status = "failed"
+        try:
+            with wd.recording():
+                (workdir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+                t0 = time.perf_counter()
+                with running_command(command):
+                    summary = task(config, workdir)
+                run_time = time.perf_counter() - t0
+                if not isinstance(summary, dict):
+                    raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); "
+                                    f"got {type(summary).__name__}")
+                save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "run_time_s": run_time,
+                                                     "provenance": provenance(command)})
+            status = "done"
+        except UsageError:
+            status = "refused"
+            raise
+        finally:
+            wd.finish(status)
     if publish:
         name = config.get("name", path.stem)
         dest = Path(results_root) / device_label()
@@ -408,7 +355,7 @@ def _split_overrides(rest: list[str]) -> list[tuple[str, str]]:
         tok = rest[i]
         if not tok.startswith("--config."):
             hint = f" (did you mean --config.{tok[2:].replace('-', '_')}=...?)" if tok.startswith("--") else ""
-            raise ConfigError(f"unexpected argument {tok!r}; overrides look like --config.key=value{hint}")
+            raise ConfigError(f"unexpected argument {_short(repr(tok))}; overrides look like --config.key=value{hint}")
         body = tok[len("--config."):]
         if "=" in body:
             key, value = body.split("=", 1)

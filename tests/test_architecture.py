@@ -24,7 +24,7 @@ LAYERS = [
      "bppsa.sync"),
     ("bppsa.gradient", "bppsa.calibrate", "bppsa.baselines", "bppsa.bench"),
     ("bppsa.experiments",),
-    ("bppsa.results", "bppsa.runner", "bppsa.cli"),
+    ("bppsa.results", "bppsa.workdir", "bppsa.runner", "bppsa.cli"),
 ]
 MAX_LINES = 450
 

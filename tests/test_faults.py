@@ -55,8 +55,8 @@ def _one_error_line(capsys) -> str:
 def test_restart_keeps_the_users_files(tmp_path, capsys):
     cfg = _config(tmp_path, "write_task", n=1, die=False)
     d = tmp_path / "D"
-    _user_files(d)
     assert cli.main(["run", str(cfg), "--workdir", str(d)]) == 0
+    _user_files(d)  # added to the work directory after the run (a folder bppsa did not mark is refused)
     marker = runner.read_marker(d)
     assert marker["status"] == "done"
     assert marker["written"] == ["config.json", "out.json", "state", "summary.json"]
@@ -72,10 +72,10 @@ def test_restart_keeps_the_users_files(tmp_path, capsys):
 def test_restart_after_a_sigkilled_run_still_knows_what_bppsa_wrote(tmp_path):
     cfg = _config(tmp_path, "write_task", n=1, die=True)
     d = tmp_path / "D"
-    _user_files(d)
     cmd = [sys.executable, "-m", "bppsa.cli", "run", str(cfg), "--workdir", str(d)]
     proc = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr  # killed inside the task: the marker still says "running"
+    _user_files(d)  # the user's notes, added after the kill, are not bppsa's
     assert json.loads((d / runner.MARKER).read_text())["status"] == "running"
     assert runner.read_marker(d)["written"] == ["config.json", "out.json", "state"]
     assert runner.run(cfg, None, {"die": "false"}, workdir=d, restart=True) == {"n": 1}
@@ -303,17 +303,15 @@ def test_no_intact_checkpoint_is_a_one_line_error_that_moves_nothing(tmp_path):
     assert not (tmp_path / "checkpoints-corrupt").exists()
 
 
-def test_a_config_json_alone_from_an_older_bppsa_takes_a_corrected_config(tmp_path, capsys):
-    """An older bppsa wrote config.json, then the task crashed: nothing else there, so nothing to resume."""
+def test_a_config_json_alone_without_the_marker_is_never_replaced(tmp_path, capsys):
+    """A folder without bppsa's marker holding only a config.json (the user's, or an older bppsa's) is
+    not "a run that never started": it is refused with one line and left as it is (issue 25, item 1)."""
     cfg = _config(tmp_path, "echo_task", n=1)
     w = tmp_path / "w"
     w.mkdir()
     (w / "config.json").write_text(json.dumps({"task": "tests.helpers:echo_task", "n": -1}))
-    assert runner.run(cfg, workdir=w) == {"n": 1}
-    assert runner.read_marker(w)["status"] == "done"
-    w2 = tmp_path / "w2"
-    w2.mkdir()
-    (w2 / "config.json").write_text(json.dumps({"task": "tests.helpers:echo_task", "n": -1}))
-    (w2 / "outputs").mkdir()  # something else is there: refused, and --restart is not offered
-    with pytest.raises(UsageError, match="move it away"):
-        runner.run(cfg, workdir=w2)
+    for restart in ([], ["--restart"]):
+        assert cli.main(["run", str(cfg), "--workdir", str(w), *restart]) == 2
+        assert "not a bppsa work directory" in _one_error_line(capsys)
+    assert os.listdir(w) == ["config.json"]
+    assert json.loads((w / "config.json").read_text())["n"] == -1
