@@ -190,7 +190,7 @@ def _read_back(step_dir: Path) -> None:
         return  # orbax reads (and judges) its own metadata
     if not meta.get("use_ocdbt", True):
         return
-    kvstore = {"driver": "ocdbt", "base": f"file://{state}/"}
+    kvstore = {"driver": "ocdbt", "base": {"driver": "file", "path": f"{state}/"}}  # a spec, not a URL: no escaping
     listed = {k.decode() for k in ts.KvStore.open(kvstore).result().list().result()}
     driver, suffix = ("zarr3", "zarr.json") if meta.get("use_zarr3") else ("zarr", ".zarray")
     for key in keys:
@@ -246,21 +246,50 @@ def _restore_intact(directory: Path, keep: int, template: dict):
     return manager, restored
 
 
-def _read_metrics(path, upto: int) -> list[dict]:
-    """Records with step <= ``upto`` from a JSONL file (later ones came after the last checkpoint)."""
+def _read_metrics(path: Path, upto: int) -> tuple[list[dict], int]:
+    """(the records with step <= ``upto`` of a JSONL file, the byte offset where the lines past them begin).
+
+    A line that is not a JSON record with an int ``"step"`` is skipped with a warning naming its
+    line number; the records after it are kept. The lines from the offset on are all past the
+    checkpoint ``upto`` (or unreadable): a resumed run redoes those steps.
+    """
     import json
     if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                break
-            if rec["step"] <= upto:
+        return [], 0
+    records, keep, bad, offset = [], 0, [], 0
+    for number, line in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+        offset += len(line)
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        step = rec.get("step") if isinstance(rec, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            if step <= upto:
                 records.append(rec)
-    return records
+                keep = offset
+        elif line.strip():
+            bad.append((number, offset))
+    for number, _ in [(n, o) for n, o in bad if o <= keep]:
+        warnings.warn(f"{str(path)!r} line {number} is not a JSON metrics record; skipped (the records after it "
+                      f"are kept)", stacklevel=3)
+    return records, keep
+
+
+def _append_only(path: Path, keep: int):
+    """``path`` opened for appending after its first ``keep`` bytes; the lines after them (the steps a resumed
+    run redoes) are first appended to ``<stem>.superseded.jsonl`` beside it, so nothing on disk is lost."""
+    if path.exists() and path.stat().st_size > keep:
+        with path.open("rb") as f:
+            f.seek(keep)
+            tail = f.read()
+        with path.with_name(path.stem + ".superseded.jsonl").open("ab") as f:
+            f.write(tail if tail.endswith(b"\n") else tail + b"\n")
+        os.truncate(path, keep)
+    f = path.open("a")
+    if keep and path.read_bytes()[keep - 1:keep] != b"\n":
+        f.write("\n")  # the last kept record was written without its newline
+    return f
 
 
 def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3, seed: int = 0,
@@ -274,7 +303,8 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
     (N, batch_size, seed, s). With a ``workdir`` it appends one JSON record per logged step to
     ``workdir/metrics.jsonl`` and saves model + optimizer state to ``workdir/checkpoints`` every
     ``checkpoint_every`` steps and at the end. Calling ``fit`` again with the same arguments on the
-    same workdir restores the latest checkpoint, drops the metrics logged after it and continues:
+    same workdir restores the latest checkpoint, sets the metrics logged after it aside (to
+    ``metrics.superseded.jsonl``; a line that does not parse is skipped with a warning) and continues:
     a run killed at any point and resumed ends with the same parameters (bit-identical on CPU) as
     an uninterrupted one, because the state, the step count and the data order are all restored.
 
@@ -319,9 +349,8 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
                 raise ValueError(f"{workdir} holds a checkpoint at step {start}, past steps = {steps}; "
                                  f"use a new workdir or a larger steps")
         metrics_path = workdir / "metrics.jsonl"
-        history = _read_metrics(metrics_path, start)
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in history))
-        metrics_file = metrics_path.open("a")
+        history, keep = _read_metrics(metrics_path, start)
+        metrics_file = _append_only(metrics_path, keep)  # records on disk are never rewritten
 
     def save(step):
         import orbax.checkpoint as ocp
