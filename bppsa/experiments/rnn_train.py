@@ -7,6 +7,7 @@ and :func:`plot_rnn_train` render its record.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import jax
@@ -38,9 +39,11 @@ def check_rnn_train(config) -> None:
     for key in ("steps", "length", "num_samples", "eval_samples", "hidden_size", "timing.repeats"):
         require_int(config, key)
     require_int(config, "batch_size", 1, config.num_samples)
-    for key in ("eval_every", "checkpoint_every", "seed"):
+    for key in ("eval_every", "checkpoint_every"):
         require_int(config, key, 0)
-    require_number(config, "learning_rate")
+    require_int(config, "seed", 0, 2 ** 32 - 1)
+    if not math.isfinite(require_number(config, "learning_rate")):
+        raise UsageError(f"config.learning_rate must be a finite number > 0; got {config.learning_rate!r}")
     require_ints(config, "timing.lengths")
     require_ints(config, "timing.batches")
 
@@ -71,7 +74,8 @@ def rnn_train(config, workdir: Path) -> dict:
                              learning_rate=config.learning_rate, seed=config.seed,
                              workdir=workdir / method, checkpoint_every=config.checkpoint_every,
                              eval_data=(xe, ye), eval_every=config.eval_every,
-                             progress=config.progress, desc=f"{config.name} [{method}]")
+                             progress=config.progress, desc=f"{config.name} [{method}]",
+                             callback=_stop_if_not_finite(method, config))
         finals[method] = evaluate(model, xe, ye)
         leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
         finals[method]["param_abs_sum"] = float(sum(np.abs(np.asarray(l, np.float64)).sum() for l in leaves))
@@ -81,7 +85,7 @@ def rnn_train(config, workdir: Path) -> dict:
     if len(methods) > 1:
         a = curves[methods[0]]
         gaps = [max(abs(r["loss"] - curves[m][i]["loss"]) for m in methods[1:]) for i, r in enumerate(a)]
-        diff = max(gaps)
+        diff = float("nan") if any(math.isnan(g) for g in gaps) else max(gaps)
         # float32 rounding differs between the methods; training amplifies it over many steps
         diverge = next((r["step"] for r, g in zip(a, gaps) if g > 1e-3), None)
 
@@ -119,13 +123,26 @@ def rnn_train(config, workdir: Path) -> dict:
             **{f"{m}_train_loss": curves[m][-1]["loss"] for m in methods}}
 
 
+def _stop_if_not_finite(method: str, config):
+    """A :func:`bppsa.train.fit` callback: a non-finite loss stops the run with one line (UsageError),
+    before that step's checkpoint, so no curve or summary is made of NaN."""
+    def check(record: dict) -> None:
+        bad = [k for k in ("loss", "eval_loss") if k in record and not math.isfinite(record[k])]
+        if bad:
+            raise UsageError(f"the {bad[0].replace('_', ' ')} of {method} became {record[bad[0]]} at step "
+                             f"{record['step']} (config.learning_rate = {config.learning_rate:g}); nothing to "
+                             f"compare: re-run with a smaller --config.learning_rate")
+    return check
+
+
 def rnn_train_table(record: dict) -> str:
     """Markdown tables of an :func:`rnn_train` record: final metrics and backward-pass times."""
     c = record["config"]
     lines = [f"Vanilla RNN(1, {c['hidden_size']}) on bitstreams, T = {c['length']}, B = {c['batch_size']}, "
              f"{c['steps']} Adam steps (lr {c['learning_rate']}), {c['dtype']}, same initial parameters and "
              f"batches for every method. Max |loss difference| between the methods over the run: "
-             f"{record['max_loss_diff']:.2e}" + (
+             f"{record['max_loss_diff']:.2e}" + ("; the losses are not finite: nothing is claimed to agree."
+                                                 if not math.isfinite(record["max_loss_diff"]) else
                  f"; the curves first differ by more than 1e-3 at step {record['diverge_step']}: {c['dtype']} "
                  f"rounding differences (the two backward passes sum in different orders) are amplified by "
                  f"training." if record.get("diverge_step") else "; they agree to 1e-3 throughout."), "",
