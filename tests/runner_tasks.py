@@ -1,0 +1,63 @@
+"""Task functions for the runner's ownership tests (configs name them as "tests.runner_tasks:NAME"),
+and ``python tests/runner_tasks.py K ARGV...``: run ``bppsa ARGV...`` and SIGKILL the process after
+the K-th completed training step (of :func:`bppsa.train.fit` or of :func:`steps_task`), as kill -9 does."""
+
+import json
+import os
+import signal
+import sys
+import time
+
+
+def after_step(step: int) -> None:
+    """Called by :func:`steps_task` after each step (replaced by the kill below)."""
+
+
+def steps_task(config, workdir) -> dict:
+    """A resumable toy training run: ``config.steps`` steps of x <- (3x + step) mod 1009, each logged to
+    ``train/metrics.jsonl`` and checkpointed to ``train/state.json`` (atomic), then ``<name>.json``."""
+    train = workdir / "train"
+    train.mkdir(exist_ok=True)
+    state = train / "state.json"
+    start, x = (json.loads(state.read_text())["step"], json.loads(state.read_text())["x"]) if state.exists() else (0, 1)
+    if start > config.steps:
+        raise ValueError(f"state at step {start} past steps = {config.steps}")
+    lines = (train / "metrics.jsonl").read_text().splitlines()[:start] if start else []
+    (train / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    for step in range(start + 1, config.steps + 1):
+        x = (3 * x + step) % 1009
+        with (train / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "x": x}) + "\n")
+        (train / "state.tmp").write_text(json.dumps({"step": step, "x": x}))
+        os.replace(train / "state.tmp", state)
+        after_step(step)
+    (workdir / f"{config.name}.json").write_text(json.dumps({"x": x, "steps": config.steps}))
+    return {"x": x}
+
+
+def wait_task(config, workdir) -> dict:
+    """Writes ``started``, then waits (at most 120 s) until the file ``config.release`` exists."""
+    (workdir / "started").write_text(str(os.getpid()))
+    deadline = time.monotonic() + 120
+    while not os.path.exists(config.release) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"released": os.path.exists(config.release)}
+
+
+def _kill_after(k: int):
+    count = [0]
+
+    def hook(step):
+        count[0] += 1
+        if count[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import bppsa.train
+    import tests.runner_tasks as me
+    from bppsa import cli
+    me.after_step = bppsa.train.after_step = _kill_after(int(sys.argv[1]))
+    sys.exit(cli.main(sys.argv[2:]))
