@@ -376,3 +376,95 @@ def test_parallel_extraction_equals_serial(small_irmas, features):
         par = irmas.load_features(root, "m", workers=2, progress=False)
     np.testing.assert_array_equal(par.x, features["m"].x)
     assert par.paths == features["m"].paths and par.skipped == features["m"].skipped
+
+
+def _two_clips(root):
+    """A training folder with two short audible clips (cel, voi)."""
+    for k, c in enumerate(("cel", "voi")):
+        _write(root / c / f"[{c}][cla]0001__1.wav", synthesize_clip(c, np.random.default_rng(k), SAMPLE_RATE // 4),
+               subtype="PCM_16")
+
+
+def test_a_symlinked_folder_that_is_not_a_class_folder_is_reported(tmp_path):
+    """A real Violin/ was reported, a symbolic link to one was not (rglob does not follow links)."""
+    root = tmp_path / "IRMAS-TrainingData"
+    _two_clips(root)
+    clip = synthesize_clip("vio", np.random.default_rng(5), SAMPLE_RATE // 4)
+    for name in ("a.wav", "b.wav"):
+        _write(tmp_path / "elsewhere" / "Violin" / name, clip, subtype="PCM_16")
+    (root / "Violin").symlink_to(tmp_path / "elsewhere" / "Violin", target_is_directory=True)
+    (root / "cel" / "loop").symlink_to(root, target_is_directory=True)  # a link back up: followed once, no cycle
+    assert irmas.non_class_folders(root) == {"Violin": 2}
+    with pytest.warns(RuntimeWarning, match=r"ignored 2 audio files in folders that are not class folders of "
+                      r"'.*IRMAS-TrainingData': Violin/ \(2\)"):
+        f = irmas.load_features(root, "s", progress=False)
+    assert f.skipped_folders == {"Violin": 2} and len(f.paths) == 2
+
+
+def test_empty_and_silent_audio_are_reported(tmp_path):
+    """0-frame and silent files used to become all-zero examples without a word; they are kept, with a warning."""
+    root = tmp_path / "IRMAS-TrainingData"
+    _two_clips(root)
+    _write(root / "cla" / "empty.wav", np.zeros((2, 0), np.float32), subtype="PCM_16")
+    _write(root / "flu" / "silent.wav", np.zeros((2, SAMPLE_RATE // 4), np.float32), subtype="PCM_16")
+    for _ in range(2):  # extracted, then from the cache: reported both times
+        with pytest.warns(RuntimeWarning, match=r"2 of 4 files are empty or silent \(all-zero audio, so all-zero "
+                          r"features\): cla/empty.wav, flu/silent.wav; expected audible clips"):
+            f = irmas.load_features(root, "s", cache_dir=tmp_path / "cache", progress=False)
+        assert len(f.paths) == 4 and not f.x[1].any() and not f.x[2].any() and f.x[0].any()
+    test = tmp_path / "IRMAS-TestingData-Part1"
+    _write(test / "loud.wav", synthesize_clip("pia", np.random.default_rng(0), SAMPLE_RATE), subtype="PCM_16")
+    _write(test / "quiet.wav", np.zeros((2, 4 * SAMPLE_RATE), np.float32), subtype="PCM_16")
+    for name in ("loud", "quiet"):
+        (test / f"{name}.txt").write_text("pia\n")
+    with pytest.warns(RuntimeWarning, match=r"1 of 2 test clips are empty or silent .*: IRMAS-TestingData-Part1/quiet"):
+        irmas.load_test_features(tmp_path, "s", progress=False)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "no-key"])
+def test_a_corrupt_cache_is_set_aside_and_recomputed(tmp_path, how):
+    """A truncated cache file used to fail every later run with a 45-line traceback until deleted by hand."""
+    import warnings
+    root = tmp_path / "IRMAS-TrainingData"
+    _two_clips(root)
+    cache = tmp_path / "cache"
+    first = irmas.load_features(root, "s", cache_dir=cache, progress=False)
+    (path,) = cache.glob("*.npz")
+    data = path.read_bytes()
+    if how == "no-key":
+        np.savez(tmp_path / "other.npz", x=first.x)
+        bad = (tmp_path / "other.npz").read_bytes()
+    else:
+        bad = {"truncated": data[: len(data) // 2], "garbage": b"PK\x03\x04" + b"\x00" * 200, "empty": b""}[how]
+    path.write_bytes(bad)
+    with pytest.warns(RuntimeWarning, match=rf"cache file '.*{re.escape(path.name)}' cannot be read \(.*\); moved "
+                      rf"it to '{re.escape(path.name)}.corrupt' and recomputing"):
+        again = irmas.load_features(root, "s", cache_dir=cache, progress=False)
+    np.testing.assert_array_equal(again.x, first.x)
+    assert again.paths == first.paths
+    assert (cache / f"{path.name}.corrupt").read_bytes() == bad  # kept for a look, never deleted
+    path.write_bytes(bad)  # corrupt again: a second copy is set aside beside the first
+    with pytest.warns(RuntimeWarning, match=r"\.corrupt1' and recomputing"):
+        irmas.load_features(root, "s", cache_dir=cache, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rewritten cache is read back without a word
+        third = irmas.load_features(root, "s", cache_dir=cache, progress=False)
+    np.testing.assert_array_equal(third.x, first.x)
+
+
+def test_a_cache_dir_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
+    from bppsa import cli
+    root = tmp_path / "IRMAS-TrainingData"
+    _two_clips(root)
+    blocker = tmp_path / "cachefile"
+    blocker.write_text("mine\n")
+    _one_line_usage_error(r"cache_dir '.*cachefile' is a file; expected a folder for the feature cache",
+                          irmas.load_features, root, "s", blocker, progress=False)
+    _one_line_usage_error(r"cache_dir '.*cachefile/sub' is inside '.*cachefile', which is a file; expected",
+                          irmas.load_features, root, "s", blocker / "sub", progress=False)
+    assert blocker.read_text() == "mine\n"
+    argv = ["reproduce", "irmas", "--smoke", f"--config.cache_dir={blocker}", "--workdir", str(tmp_path / "w")]
+    assert cli.main(argv) == 2  # refused by the task's check, before anything is written
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "config.cache_dir" in err and "is a file" in err, err
+    assert not (tmp_path / "w").exists()

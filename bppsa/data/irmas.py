@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import multiprocessing
 import os
 import warnings
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from .cache import cache_key, check_cache_dir, load_cache, save_cache
 from .irmas_files import (
     AUDIO_EXTENSIONS,
     CLASSES,
@@ -61,7 +61,6 @@ SAMPLE_RATE = 44100
 CLIP_SECONDS = 3
 CLIP_SAMPLES = SAMPLE_RATE * CLIP_SECONDS  # 132,300
 _STD_EPS = 1e-8
-_CACHE_VERSION = 1
 
 
 def _check_setting(setting):
@@ -193,29 +192,7 @@ class IrmasFeatures:
 def _cache_key(kind, root, files, setting, extra=()):
     from librosa.version import version as librosa_version  # what librosa.__version__ is
 
-    h = hashlib.sha256()
-    h.update(repr((_CACHE_VERSION, kind, setting, SETTINGS[setting], librosa_version, extra)).encode())
-    for p, label in files:
-        st = p.stat()
-        h.update(repr((str(p.relative_to(root)), label, st.st_size, st.st_mtime_ns)).encode())
-    return h.hexdigest()
-
-
-def _load_cache(path: Path, key: str):
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["key"]) != key:
-                return None
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError):  # missing, corrupt or stale
-        return None
-
-
-def _save_cache(path: Path, **arrays):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    return cache_key((kind, setting, SETTINGS[setting], librosa_version, extra), root, files)
 
 
 def _check_decoded(n_decoded, skipped, root, expected):
@@ -231,6 +208,16 @@ def _warn_folders(folders, root):
         warnings.warn(f"IRMAS: ignored {sum(folders.values())} audio files in folders that are not class folders "
                       f"of {str(root)!r}: {shown}; expected <class>/ with <class> one of {', '.join(CLASSES)}",
                       RuntimeWarning, stacklevel=3)
+
+
+def _warn_silent(x, paths, what="files"):
+    """Warn about examples whose features are all zero: empty (0 frames) or silent audio."""
+    silent = [p for p, zero in zip(paths, ~np.any(x, axis=tuple(range(1, x.ndim)))) if zero]
+    if silent:
+        shown = ", ".join(silent[:3]) + (", …" if len(silent) > 3 else "")
+        warnings.warn(f"IRMAS: {len(silent)} of {len(paths)} {what} are empty or silent (all-zero audio, so "
+                      f"all-zero features): {shown}; expected audible clips", RuntimeWarning, stacklevel=3)
+    return silent
 
 
 def _warn_skipped(skipped, total):
@@ -269,11 +256,12 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
         files = [f for k in range(len(CLASSES)) for f in [f for f in files if f[1] == k][:max_per_class]]
     rel = [str(p.relative_to(troot)) for p, _ in files]
     key = _cache_key("train", troot, files, setting)
-    cache = Path(cache_dir) / f"irmas-train-{setting}-{key[:16]}.npz" if cache_dir is not None else None
-    if cache is not None and (z := _load_cache(cache, key)) is not None:
+    cache = check_cache_dir(cache_dir) / f"irmas-train-{setting}-{key[:16]}.npz" if cache_dir is not None else None
+    if cache is not None and (z := load_cache(cache, key)) is not None:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
         _check_decoded(len(z["y"]), skipped, troot, LAYOUT)
         _warn_skipped(skipped, len(files))
+        _warn_silent(z["x"], z["paths"].tolist())
         return IrmasFeatures(z["x"], z["y"], CLASSES, skipped, z["paths"].tolist(), setting, folders)
 
     results = extract_features([(p, 0) for p, _ in files], setting, workers=workers, progress=progress,
@@ -290,10 +278,11 @@ def load_features(root, setting: str = "m", cache_dir=None, *, max_per_class: in
     x = np.stack(xs).astype(np.float32)
     y = np.asarray(ys, np.int32)
     if cache is not None:
-        _save_cache(cache, key=np.array(key), x=x, y=y, paths=np.array(paths, dtype=str),
+        save_cache(cache, key=np.array(key), x=x, y=y, paths=np.array(paths, dtype=str),
                     skipped_paths=np.array([s[0] for s in skipped], dtype=str),
                     skipped_reasons=np.array([s[1] for s in skipped], dtype=str))
     _warn_skipped(skipped, len(files))
+    _warn_silent(x, paths)
     return IrmasFeatures(x, y, CLASSES, skipped, paths, setting, folders)
 
 
@@ -347,11 +336,12 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
     pairs = list_test_files(root)
     key = _cache_key("test", root, [(p, 0) for p, _ in pairs] + [(t, 1) for _, t in pairs], setting,
                      extra=(hop_seconds,))  # audio and label files
-    cache = Path(cache_dir) / f"irmas-test-{setting}-{key[:16]}.npz" if cache_dir is not None else None
-    if cache is not None and (z := _load_cache(cache, key)) is not None and "lengths" in z:
+    cache = check_cache_dir(cache_dir) / f"irmas-test-{setting}-{key[:16]}.npz" if cache_dir is not None else None
+    if cache is not None and (z := load_cache(cache, key)) is not None and "lengths" in z:
         skipped = list(zip(z["skipped_paths"].tolist(), z["skipped_reasons"].tolist()))
         _check_decoded(len(z["paths"]), skipped, root, TEST_LAYOUT)
         _warn_skipped(skipped, len(pairs))
+        _warn_silent(_clip_maxima(z["x"], z["clip"], len(z["paths"])), z["paths"].tolist(), "test clips")
         return IrmasTestFeatures(z["x"], z["clip"], z["labels"], CLASSES, skipped, z["paths"].tolist(), setting,
                                  z["lengths"])
 
@@ -385,12 +375,20 @@ def load_test_features(root, setting: str = "m", cache_dir=None, *, hop_seconds:
     lab = np.array([labels[c] for c in keep], bool).reshape(len(keep), len(CLASSES))
     paths = [paths[c] for c in keep]
     if cache is not None:
-        _save_cache(cache, key=np.array(key), x=x, clip=clip, labels=lab, lengths=lengths,
+        save_cache(cache, key=np.array(key), x=x, clip=clip, labels=lab, lengths=lengths,
                     paths=np.array(paths, dtype=str),
                     skipped_paths=np.array([s[0] for s in skipped], dtype=str),
                     skipped_reasons=np.array([s[1] for s in skipped], dtype=str))
     _warn_skipped(skipped, len(pairs))
+    _warn_silent(_clip_maxima(x, clip, len(paths)), paths, "test clips")
     return IrmasTestFeatures(x, clip, lab, CLASSES, skipped, paths, setting, lengths)
+
+
+def _clip_maxima(x, clip, num_clips):
+    """(C,) the largest |feature| over each clip's windows: 0 for a clip that is silent throughout."""
+    out = np.zeros(num_clips, np.float32)
+    np.maximum.at(out, clip, np.abs(x).max(axis=(1, 2)))
+    return out
 
 
 def clip_predictions(window_probs, clip, num_clips: int, threshold: float = 0.5) -> np.ndarray:

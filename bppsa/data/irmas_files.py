@@ -64,16 +64,33 @@ def list_training_files(root) -> list[tuple[Path, int]]:
     return files
 
 
+def _visible_audio(folder: Path, ancestors: frozenset = frozenset()):
+    """Audio files under ``folder``, symbolic links to folders followed (a link back to a folder
+    above it is not: no cycles); hidden files and folders, and unreadable folders, left out."""
+    real = folder.resolve()
+    if real in ancestors:
+        return
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        if p.name.startswith("."):
+            continue
+        if p.is_dir():
+            yield from _visible_audio(p, ancestors | {real})
+        elif is_audio(p):
+            yield p
+
+
 def non_class_folders(root) -> dict[str, int]:
     """{folder: number of audio files} for audio under the training root that is not directly in a
     class folder: ``Violin/``, ``xyz/``, ``cel/extra/``, or the root itself (``"."``); sorted.
-    Hidden files and folders are left out."""
+    A folder that is a symbolic link counts like a real one; hidden files and folders are left out."""
     root = find_training_root(root)
     counts = collections.Counter()
-    for p in root.rglob("*"):
+    for p in _visible_audio(root):
         rel = p.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts) or not is_audio(p):
-            continue
         if len(rel.parts) == 2 and rel.parts[0] in CLASSES:
             continue
         counts[rel.parent.as_posix()] += 1

@@ -32,8 +32,9 @@ from flax import nnx
 from .. import cells
 from ..bench import TABLE_HEADER, bench_point, save_record, time_components
 from ..data import irmas
+from ..data.cache import blocking_file
 from ..data.synth_irmas import ensure_synthetic_irmas
-from ..errors import checked_by, require_choices, require_int, require_ints
+from ..errors import UsageError, checked_by, require_choices, require_int, require_ints
 from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
 from ..tables import markdown_table
@@ -334,6 +335,9 @@ def check_run(config) -> None:
         require_int(config, "batch_size")
     require_int(config, "hidden_size")
     require_int(config, "clips_per_class")
+    if config.cache_dir and (blocker := blocking_file(config.cache_dir)) is not None:
+        raise UsageError(f"config.cache_dir {config.cache_dir!r} is not a folder ({str(blocker)!r} is a file); "
+                         "expected a folder for the feature cache, or '' for one inside the work directory")
 
 
 @checked_by(check_run)
