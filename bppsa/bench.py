@@ -30,6 +30,9 @@ and ``speedup_step = step_bptt / step_bppsa`` (the training-step gradient).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 
@@ -39,6 +42,7 @@ from ._backward import forward_states, root_and_offsets, scan_order, storage_inp
 from ._scan import blelloch_scan_stored, to_storage
 from .calibrate import load_cost_model
 from .cost import CostModel, default_cost_model
+from .errors import UsageError
 from .scan import SCANS
 from .scan import scan as run_scan
 from .tables import markdown_table
@@ -321,8 +325,6 @@ def sweep_table(points, title: str = "") -> str:
 
 def save_record(record, outdir, name: str, command: str | None = None) -> list:
     """Write ``name``.json (with provenance) and ``name``.md (the tables) under ``outdir``; return the paths."""
-    from pathlib import Path
-
     from .provenance import provenance, save_json
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -357,14 +359,39 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
     return paths
 
 
-def _int_list(s: str):
+def _int_list(s: str, flag: str = "--T"):
+    """``"10,100"`` -> [10, 100]; UsageError naming ``flag`` unless every item is an int >= 1."""
     try:
-        vals = [int(x) for x in s.split(",") if x]
+        vals = [int(x) for x in s.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"expected a comma-separated list of ints; got {s!r}") from None
+        vals = []
     if not vals or min(vals) < 1:
-        raise ValueError(f"expected positive ints; got {s!r}")
+        raise UsageError(f"{flag} must be a comma-separated list of ints >= 1 (e.g. 100,1000); got {s!r}")
     return vals
+
+
+def _check_args(a) -> tuple[list, list]:
+    """``bppsa bench``'s flags, all checked before anything is timed: (Ts, Bs); UsageError naming the flag."""
+    Ts, Bs = _int_list(a.T, "--T"), _int_list(a.B, "--B")
+    for flag, value in (("--repeats", a.repeats), ("--hidden", a.hidden), ("--input", a.input)):
+        if value < 1:
+            raise UsageError(f"{flag} must be an int >= 1; got {value}")
+    if not a.name or a.name in (".", "..") or any(c in a.name for c in "/\\\0"):
+        raise UsageError(f"--name must be a plain file name (it names <out>/<name>.json and .md); got {a.name!r}")
+    out = Path(a.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {a.out!r} cannot be used as the output folder ({e.strerror or e}); expected a "
+                         "folder (made if missing) for <name>.json and <name>.md") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {a.out!r} is not writable; expected a folder bppsa bench can write "
+                         "<name>.json and <name>.md into")
+    taken = [f"{a.name}.{ext}" for ext in ("json", "md") if (out / f"{a.name}.{ext}").is_dir()]
+    if taken:
+        raise UsageError(f"--out {a.out!r} holds a folder named {taken[0]!r}, where the result file goes; "
+                         "pass another --out or --name")
+    return Ts, Bs
 
 
 def main(argv=None) -> int:
@@ -386,12 +413,13 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="bench")
     p.add_argument("--note", default="", help="a line written into the result file (e.g. how loaded the machine was)")
     a = p.parse_args(argv)
+    Ts, Bs = _check_args(a)
     cell = make_cell(a.cell, a.input, a.hidden)
     model = load_cost_model(recalibrate=True) if a.calibrate else None if a.no_auto else default_cost_model()
     pts = []
     print(TABLE_HEADER)
-    for T in _int_list(a.T):
-        for B in _int_list(a.B):
+    for T in Ts:
+        for B in Bs:
             pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model, baselines=not a.no_auto))
     record = {"config": vars(a), "cost_model": model.to_json() if model else None,
               "sweeps": {f"{a.cell} H={a.hidden}": pts}, **({"note": a.note} if a.note else {})}

@@ -9,7 +9,8 @@ names are the config files present. The command opts in to :func:`bppsa.host.tun
 Errors: a :class:`bppsa.errors.UsageError` (bad input: a config, a flag, a data folder) from any
 subcommand is printed as one line, ``bppsa COMMAND: error: ...``, with exit code 2; the global
 flag ``--debug`` (``bppsa --debug COMMAND ...``, or anywhere before a ``--``) prints the
-traceback instead (exit code 2 as well).
+traceback instead (exit code 2 as well). Ctrl-C is one line too (with ``run`` and ``reproduce``:
+run the same command again to resume), exit code 130; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
             print(f"bppsa {cmd}: error: {message} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        hint = "; run the same command again to resume" if cmd in ("run", "reproduce") else ""
+        print(f"bppsa {cmd}: interrupted (Ctrl-C){hint}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

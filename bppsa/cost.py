@@ -33,6 +33,7 @@ import numpy as np
 import scipy.optimize
 
 from . import _scan as scan_lib
+from .errors import UsageError
 from .provenance import cpu_model
 
 if TYPE_CHECKING:
@@ -309,5 +310,8 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
     this device by ``bppsa bench --calibrate`` or :func:`bppsa.calibrate.load_cost_model`, else the
     model shipped for this backend); with neither (an unknown backend), BPTT. Never probes.
     """
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise UsageError(f"cost_model must be a bppsa.cost.CostModel (e.g. bppsa.cost.default_cost_model()) or "
+                         f"None; got {cost_model!r} of type {type(cost_model).__name__}")
     model = default_cost_model() if cost_model is None else cost_model
     return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]

@@ -286,3 +286,50 @@ def test_product_rate_counts_the_bottom_level_products():
     assert rnn_sweep.product_rate(10, 1, 3, repeats=1)["flops"] == 0  # short scans have no bottom level
     r2 = rnn_sweep.product_rate(100, 2, 3, structured=True, repeats=1)  # level 0 from vectors, same flops
     assert r2["levels"] == 1 and r2["flops"] == r["flops"] and r2["gflops"] > 0
+
+
+def _bench_error(capsys, *args):
+    """`bppsa bench ARGS` through the command: exit code 2 and the one stderr line."""
+    from bppsa import cli
+    assert cli.main(["bench", *args, "--no-auto"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith("bppsa bench: error: ") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--T", "0"], "--T must be a comma-separated list of ints >= 1 (e.g. 100,1000); got '0'"),
+    (["--T", "abc"], "--T must be a comma-separated list of ints >= 1"),
+    (["--T", ","], "--T must be"),
+    (["--B", "-3"], "--B must be a comma-separated list of ints >= 1 (e.g. 100,1000); got '-3'"),
+    (["--repeats", "0"], "--repeats must be an int >= 1; got 0"),
+    (["--hidden", "0"], "--hidden must be an int >= 1; got 0"),
+    (["--name", "../x"], "--name must be a plain file name"),
+])
+def test_bench_flags_are_one_line_errors(tmp_path, capsys, args, needle):
+    """These were tracebacks (or, --repeats 0, failed after compiling everything)."""
+    err = _bench_error(capsys, *args, "--out", str(tmp_path / "out"))
+    assert needle in err, err
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_bench_out_that_cannot_hold_the_results_is_refused_before_timing(tmp_path, capsys):
+    """--out used to fail only after the whole benchmark had run (a traceback from mkdir)."""
+    (tmp_path / "file").write_text("mine\n")
+    err = _bench_error(capsys, "--T", "4", "--B", "1", "--out", str(tmp_path / "file"))
+    assert "--out" in err and "cannot be used as the output folder" in err and "expected a folder" in err
+    err = _bench_error(capsys, "--T", "4", "--B", "1", "--out", str(tmp_path / "file" / "sub"))
+    assert "cannot be used as the output folder" in err
+    (tmp_path / "d" / "bench.json").mkdir(parents=True)  # a folder where the result file goes
+    err = _bench_error(capsys, "--T", "4", "--B", "1", "--out", str(tmp_path / "d"))
+    assert "holds a folder named 'bench.json'" in err
+    assert (tmp_path / "file").read_text() == "mine\n"
+
+
+def test_a_cost_model_that_is_not_one_is_a_clear_error():
+    """``cost_model="fast"`` was AttributeError: 'str' object has no attribute 'choose'."""
+    from bppsa import cost
+    from bppsa.errors import UsageError
+    with pytest.raises(UsageError, match=r"cost_model must be a bppsa.cost.CostModel .* or None; got 'fast' of "
+                       r"type str"):
+        cost.choose_backward(cells.RNN(1, 3), 10, 2, cost_model="fast")
