@@ -32,7 +32,7 @@ def _is_number(v) -> bool:
 
 
 def _is_worker(v, n: int) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and 0 <= v < n
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and 0 <= int(v) < n
 
 
 def _number(name: str, v, minimum: float = 0.0) -> float:
