@@ -1,6 +1,7 @@
 """Task functions for the runner's ownership tests (configs name them as "tests.runner_tasks:NAME"),
 and ``python tests/runner_tasks.py K ARGV...``: run ``bppsa ARGV...`` and SIGKILL the process after
-the K-th completed training step (of :func:`bppsa.train.fit` or of :func:`steps_task`), as kill -9 does."""
+the K-th training step of :func:`bppsa.train.fit` it completes, as kill -9 does. :func:`steps_task`
+kills itself so after its K-th step when the environment has ``BPPSA_TEST_KILL_AFTER=K``."""
 
 import json
 import os
@@ -9,8 +10,14 @@ import sys
 import time
 
 
+_done = [0]
+
+
 def after_step(step: int) -> None:
-    """Called by :func:`steps_task` after each step (replaced by the kill below)."""
+    """Called by :func:`steps_task` after each step: SIGKILL after the ``BPPSA_TEST_KILL_AFTER``-th one."""
+    _done[0] += 1
+    if os.environ.get("BPPSA_TEST_KILL_AFTER") == str(_done[0]):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def steps_task(config, workdir) -> dict:
@@ -57,7 +64,6 @@ def _kill_after(k: int):
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import bppsa.train
-    import tests.runner_tasks as me
     from bppsa import cli
-    me.after_step = bppsa.train.after_step = _kill_after(int(sys.argv[1]))
+    bppsa.train.after_step = _kill_after(int(sys.argv[1]))
     sys.exit(cli.main(sys.argv[2:]))

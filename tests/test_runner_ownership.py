@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
 RNN_TRAIN = CONFIGS / "rnn_train.py"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-KILL = [sys.executable, str(ROOT / "tests" / "runner_tasks.py")]  # + [K, bppsa argv...]: SIGKILL after step K
 
 
 def _config(tmp_path, task, module="tests.runner_tasks", **fields) -> Path:
@@ -95,8 +94,9 @@ def test_a_task_never_overwrites_a_file_the_user_put_in_a_marked_folder(tmp_path
 def test_restart_after_kill_keeps_the_users_later_files_and_takes_over_the_lock(tmp_path, capsys):
     cfg = _config(tmp_path, "steps_task", steps=5, name="toy")
     d = tmp_path / "d"
-    proc = subprocess.run([*KILL, "3", "run", str(cfg), "--workdir", str(d)], env=ENV, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "bppsa.cli", "run", str(cfg), "--workdir", str(d)],
+                          env=dict(ENV, BPPSA_TEST_KILL_AFTER="3"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == -9, proc.stderr
     assert workdir.read_marker(d)["written"] == ["config.json", "train"]
     holder = json.loads((d / workdir.LOCK).read_text())
@@ -303,24 +303,28 @@ def _broken_module(tmp_path, monkeypatch):
     return _config(tmp_path, "task", module="broken_task_module")
 
 
-def test_user_errors_of_the_runner_are_one_line(tmp_path, capsys, monkeypatch):
+SMOKE = ["reproduce", "rnn-train", "--smoke"]
+RUNNER_ERRORS = {
+    "workdir-is-a-file": ([*SMOKE, "--workdir", "{tmp}/afile"], "is a file, not a folder"),
+    "seed-2**64": ([*SMOKE, "--config.seed=18446744073709551616", "--workdir", "{tmp}/w"],
+                   "config.seed must be an int in 0..4294967295"),
+    "results-root-missing": (["results", "--root", "{tmp}/missing"], "is not a folder"),
+    "task-module-raises": (["run", "{tmp}/task.py", "--workdir", "{tmp}/w"],
+                           "importing broken_task_module failed: RuntimeError: this module fails at import"),
+    "100k-value": ([*SMOKE, "--config.steps=" + "9" * 100_000 + "x", "--workdir", "{tmp}/w"],
+                   "(100016 characters): expected an int"),
+    "100k-unknown-key": ([*SMOKE, "--config.stepz=" + "x" * 100_000, "--workdir", "{tmp}/w"], "unknown config key"),
+}
+
+
+@pytest.mark.parametrize("case", RUNNER_ERRORS)
+def test_user_errors_of_the_runner_are_one_line(tmp_path, capsys, monkeypatch, case):
     (tmp_path / "afile").write_text("x")
-    smoke = ["reproduce", "rnn-train", "--smoke"]
-    cases = [
-        ([*smoke, "--workdir", str(tmp_path / "afile")], "is a file, not a folder"),
-        ([*smoke, "--config.seed=18446744073709551616", "--workdir", str(tmp_path / "w")],
-         "config.seed must be an int in 0..4294967295"),
-        (["results", "--root", str(tmp_path / "missing")], "is not a folder"),
-        (["run", str(_broken_module(tmp_path, monkeypatch)), "--workdir", str(tmp_path / "w")],
-         "importing broken_task_module failed: RuntimeError: this module fails at import"),
-        ([*smoke, "--config.steps=" + "9" * 100_000 + "x", "--workdir", str(tmp_path / "w")],
-         "(100016 characters): expected an int"),
-        ([*smoke, "--config.stepz=" + "x" * 100_000, "--workdir", str(tmp_path / "w")], "unknown config key"),
-    ]
-    for argv, needle in cases:
-        assert cli.main(argv) == 2, argv[:3]
-        line = _one_error_line(capsys)
-        assert needle in line and len(line) < 1500, line[:300]
+    _broken_module(tmp_path, monkeypatch)
+    argv, needle = RUNNER_ERRORS[case]
+    assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    line = _one_error_line(capsys)
+    assert needle in line and len(line) < 1500, line[:300]
     assert not (tmp_path / "w").exists()
 
 
