@@ -206,8 +206,8 @@ class RNN(nnx.Module):
             form = ("(c, h), each" if isinstance(self.cell, (nnx.LSTMCell, nnx.OptimizedLSTMCell))
                     else "(h, c), each" if isinstance(self.cell, Cell) and self.cell.pair_state else "")
             made = f"{name}.initialize_carry({batch + features})" if not isinstance(self.cell, Cell) else "zeros"
-            raise UsageError(f"initial_carry must be {name}'s carry {form} of shape "
-                             f"{_describe(want) if not form else want_leaves[0].shape} for inputs of batch shape "
+            shape = want_leaves[0].shape if form or len(want_leaves) == 1 else _describe(want)
+            raise UsageError(f"initial_carry must be {name}'s carry {form} of shape {shape} for inputs of batch shape "
                              f"{batch} (as {made} makes it); got {_describe(carry)}".replace("  ", " "))
 
     def _cell_and_params(self, carry, x):
