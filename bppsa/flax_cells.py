@@ -37,9 +37,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from flax.nnx import filterlib
 
-from . import cells
+from . import _flax_state, cells
 from .cells import Cell
 from .errors import UsageError
 
@@ -175,35 +174,53 @@ class Flax(_Wrapper):
 @dataclasses.dataclass(frozen=True)
 class Autodiff(Cell):
     """Any cell ``nnx.RNN`` can drive, by autodiff: the flat state s (B, S) is the carry's leaves
-    flattened per example (``hidden_size`` is S, in the carry's promoted dtype; each leaf goes back
-    to its own dtype before the cell sees it, so the cell computes in its own dtypes, mixed
-    precision included); the Jacobian of one example's step (``jax.jacrev``, the cell called on a
-    batch of one) is vmapped over the batch and time, so rows are independent by construction.
+    flattened per example (in the carry's promoted dtype; each leaf goes back to its own dtype
+    before the cell sees it, so the cell computes in its own dtypes, mixed precision included);
+    Jacobians and parameter gradients by autodiff of the step on whole batches (so a cell that
+    draws random numbers draws them as in the forward; rows must be independent, as for any cell
+    ``nnx.RNN`` runs on a batch of sequences). xs (T, B, I) are
+    the inputs' feature axes flattened (``feature_shape`` restores them).
 
-    ``params`` is ``{"params": nnx.state(cell, nnx.Param), "consts": (...)}``: the Params, and the
-    non-Param state a step reads but never changes (batch statistics in eval mode, a stored
-    buffer), which is differentiable like the Params. Non-Param state a step neither reads nor
-    changes (stored ``rngs``, a deterministic Dropout's) is rebuilt as placeholders
-    (:func:`plan` decides which is which). xs (T, B, I) are the inputs' feature axes flattened
-    (``feature_shape`` restores them).
+    ``params`` (:meth:`read` makes it from the flax cell) is a dict: "params", the cell's
+    ``nnx.Param`` state; "consts", float non-Param state a step reads but never changes (eval-mode
+    batch statistics), differentiable like the Params; "fixed", non-float state it reads and
+    never changes (an RNG key), and "side", the per-step values (T, ...) of state it changes
+    independently of the carry, inputs and Params (an RNG stream's count, a counter), both as
+    float arrays of the same bits (:mod:`bppsa._flax_state`). With side state (``indexed``) the
+    flat state's last channel counts the steps (its Jacobian is the identity there), so step t
+    reads the side state's t-th value: exactly the state ``nnx.RNN``'s scan would hand it.
+    State a step neither reads nor changes (stored ``rngs``) is rebuilt as placeholders.
     """
 
     graphdef: Any
-    params_def: Any  # the treedef of {"params": ..., "consts": ...}
-    param_shapes: tuple  # ((shape, dtype), ...) of its leaves
     carry_def: Any  # the treedef of the carry
     carry_shapes: tuple  # each carry leaf's shape without the batch axis
     carry_dtypes: tuple  # each carry leaf's dtype
     input_size: int
-    hidden_size: int  # S
+    hidden_size: int  # S: the carry's size per example, plus the step channel when indexed
     feature_shape: tuple = ()  # the inputs' feature axes (default: (input_size,))
     rest_def: Any = None  # the treedef of the non-Param state
-    rest_slots: tuple = ()  # per non-Param leaf: k (consts[k]) or (shape, dtype) (a placeholder)
+    # per non-Param leaf: ("zero", shape, dtype) | ("const",) | ("fixed", how) | ("side", how) (how: None
+    # for a float, else _flax_state.to_carrier's)
+    rest_slots: tuple = ()
+    indexed: bool = False
 
     def init(self, key, dtype=jnp.float32):
-        keys = jax.random.split(key, max(len(self.param_shapes), 1))
-        leaves = [0.1 * jax.random.normal(k, s, dtype) for k, (s, _) in zip(keys, self.param_shapes)]
-        return jax.tree.unflatten(self.params_def, leaves)
+        raise UsageError("an Autodiff cell's parameters are the flax cell's own (Autodiff.read)")
+
+    def param_spec(self, dtype=jnp.float32):
+        return None
+
+    #: (params, the side state after ``steps`` steps) from the flax cell's current state: see
+    #: :func:`bppsa._flax_state.read`.
+    read = _flax_state.read
+    #: Set the flax cell's side state to its values after the scan (as ``nnx.RNN`` does).
+    write_back = _flax_state.write_back
+
+    def initial(self, carry):
+        """The flat initial state of a carry (with the step channel at 0 when indexed)."""
+        s = self.flat(carry)
+        return jnp.concatenate([s, jnp.zeros_like(s[..., :1])], axis=-1) if self.indexed else s
 
     def carry(self, s):
         """(..., S) -> the flax carry, each leaf (..., *shape) in its own dtype."""
@@ -215,23 +232,35 @@ class Autodiff(Cell):
         return jax.tree.unflatten(self.carry_def, leaves)
 
     def flat(self, carry, batch_ndim=1):
-        leaves = jax.tree.leaves(carry)
         dtype = jnp.result_type(*self.carry_dtypes)
-        return jnp.concatenate([leaf.reshape(leaf.shape[:batch_ndim] + (-1,)).astype(dtype) for leaf in leaves],
-                               axis=-1)
+        return jnp.concatenate([leaf.reshape(leaf.shape[:batch_ndim] + (-1,)).astype(dtype)
+                                for leaf in jax.tree.leaves(carry)], axis=-1)
 
-    def module(self, params):
-        """The flax cell with these parameters (and constants) merged in."""
-        consts = params["consts"]
-        rest = [consts[slot] if isinstance(slot, int) else _placeholder(*slot) for slot in self.rest_slots]
-        states = [params["params"]] + ([jax.tree.unflatten(self.rest_def, rest)] if self.rest_def is not None else [])
-        return nnx.merge(self.graphdef, *states)
+    def module(self, params, t=None):
+        """The flax cell with these parameters (and the state step ``t`` reads) merged in."""
+        if self.rest_def is None:
+            return nnx.merge(self.graphdef, params["params"])
+        it = {k: iter(params[k]) for k in ("consts", "fixed", "side")}
+        rest = []
+        for slot in self.rest_slots:
+            if slot[0] == "zero":
+                rest.append(_flax_state.placeholder(*slot[1:]))
+            elif slot[0] == "const":
+                rest.append(next(it["consts"]))
+            else:
+                value = next(it[slot[0]])
+                value = value[t] if slot[0] == "side" else value
+                rest.append(value if slot[1] is None else _flax_state.from_carrier(value, slot[1]))
+        return nnx.merge(self.graphdef, params["params"], jax.tree.unflatten(self.rest_def, rest))
 
     def call(self, params, s, x):
         """The flax cell on flat state s (B, S), x (B, I) -> (flat new state, output)."""
         shape = self.feature_shape or (self.input_size,)
-        carry, y = self.module(params)(self.carry(s), x.reshape(x.shape[:-1] + shape))
-        return self.flat(carry), y
+        # the step count: every row still running is at the same step (rows of a padded batch stop counting)
+        t = jnp.max(s[..., -1]).astype(jnp.int32) if self.indexed else None
+        carry, y = self.module(params, t)(self.carry(s), x.reshape(x.shape[:-1] + shape))
+        new = self.flat(carry)
+        return (jnp.concatenate([new, s[..., -1:] + 1], axis=-1) if self.indexed else new), y
 
     def step(self, params, s, x):
         return self.call(params, s, x)[0]
@@ -240,22 +269,23 @@ class Autodiff(Cell):
         """The cell's outputs y_t (T, B, ...) from the states before each step (one parallel pass)."""
         return jax.vmap(lambda s, x: self.call(params, s, x)[1])(s_prev, xs)
 
-    def _step_one(self, params, h, x):
-        """One example: (S,), (I,) -> (S,) (the cell called on a batch of one)."""
-        return self.step(params, h[None], x[None])[0]
-
     def transposed_jacobian(self, params, s_prev, xs, s):
-        return cells.autodiff_jacobian(self._step_one, params, s_prev, xs)
+        """Column j of every row's Jacobian at once: the step on the whole batch (the cell draws
+        its random numbers for the batch, as in the forward), pushed forward along e_j in every
+        row; rows are independent (the cell may not couple them), vmapped over j and time."""
+        eye = jnp.eye(s_prev.shape[-1], dtype=s_prev.dtype)
+
+        def at(sp, x):
+            column = lambda e: jax.jvp(lambda h: self.step(params, h, x), (sp,), (jnp.broadcast_to(e, sp.shape),))[1]
+            return jax.vmap(column, out_axes=-1)(eye)
+
+        return jax.vmap(at)(s_prev, xs)
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        return cells.autodiff_param_grads(self._step_one, params, s_prev, xs, gs)
-
-
-def _placeholder(shape, dtype):
-    """A stand-in for state the step never reads (a key array for key dtypes)."""
-    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
-        return jnp.broadcast_to(jax.random.key(0), shape)
-    return jnp.zeros(shape, dtype)
+        """One ``jax.vjp`` of the step on whole batches, vmapped over time."""
+        steps = jax.vmap(lambda p, sp, x: self.step(p, sp, x), in_axes=(None, 0, 0))
+        _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
+        return vjp(gs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,81 +366,58 @@ def _analytic(flax_cell, carry=None, x_dtype=None):
     return Flax(core, layout)
 
 
-def _variables(state):
-    """[(path, Variable)] of an nnx State, in its leaves' order."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda v: isinstance(v, nnx.Variable))
-    return [(tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path), v) for path, v in flat]
-
-
-def _axis_of(broadcast_rngs, state_axes):
-    """path, Variable -> the axis ``nnx.RNN`` scans it over: None (broadcast), nnx.Carry, or an int."""
-    rules = [(nnx.All(nnx.RngState, broadcast_rngs), None)] + list((state_axes or {}).items())
-    preds = [(filterlib.to_predicate(f), axis) for f, axis in rules]
-    return lambda path, var: next((axis for pred, axis in preds if pred(path, var)), nnx.Carry)
-
-
-def _uses(graphdef, params, rest, carry, x):
-    """For each leaf of ``rest`` (the non-Param state): whether one step changes it and whether
-    it reads it (from the step's jaxpr: an unchanged leaf is returned as the very input)."""
-    def pure(params, rest, carry, x):
-        module = nnx.merge(graphdef, params, rest)
-        carry, y = module(carry, x)
-        return nnx.split(module, nnx.Param, ...)[2], carry, y
-
-    jaxpr = jax.make_jaxpr(pure)(params, rest, carry, x).jaxpr
-    n_params, n_rest = len(jax.tree.leaves(params)), len(jax.tree.leaves(rest))
-    ins = jaxpr.invars[n_params:n_params + n_rest]
-    outs = jaxpr.outvars[:n_rest]
-    used = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars[n_rest:]}
-    return [o is not i for i, o in zip(ins, outs)], [id(i) in used for i in ins]
-
-
-def plan(flax_cell, carry, x, *, autodiff=False, broadcast_rngs=None, state_axes=None):
+def plan(flax_cell, carry, x, *, steps: int, autodiff=False, broadcast_rngs=None, state_axes=None):
     """How :class:`bppsa.nn.RNN` runs ``flax_cell`` with a BPPSA backward: ``(cell, params)``
-    (a :class:`Flax` or :class:`Autodiff` cell and its parameter pytree, read from the flax cell),
-    or a string saying why no exact BPPSA backward exists for it (then ``nnx.RNN``'s scan runs).
+    (a :class:`Flax` cell and its parameter pytree, or an :class:`Autodiff` cell and None: its
+    parameters come from :meth:`Autodiff.read`), or a string saying why no exact BPPSA backward
+    exists for it (then ``nnx.RNN``'s scan runs).
 
     ``carry``: the initial carry (leaves (B, ...)); ``x``: one step's input (B, *features);
-    ``broadcast_rngs``, ``state_axes``: as for ``nnx.RNN``. Non-Param state: broadcast state
-    (``broadcast_rngs``, ``state_axes`` entries None) is the same at every step; other state a
-    step reads but never changes is a constant; state a step changes (an RNG stream it draws
-    from, batch statistics, a counter), state it scans over time (an int in ``state_axes``) and
-    non-float state it reads (an RNG key) have no BPPSA backward here.
+    ``steps``: T; ``broadcast_rngs``, ``state_axes``: as for ``nnx.RNN``. Non-Param state:
+    broadcast state (``broadcast_rngs``, ``state_axes`` entries None) is the same at every step;
+    other state a step reads but never changes is a constant; state a step changes independently
+    of the carry, inputs and Params (an RNG stream's count, a counter) is computed ahead of the
+    scan. No BPPSA backward: state a step updates from the carry, inputs or Params (batch
+    statistics in training), state scanned over time (an int in ``state_axes``).
     """
     cell = None if autodiff else _analytic(flax_cell, carry, jnp.result_type(x))
     if cell is not None:
         return cell, cell_params(flax_cell)
-    axis_of = _axis_of(broadcast_rngs, state_axes)
+    axis_of = _flax_state.axis_of(broadcast_rngs, state_axes)
     graphdef, params, rest = nnx.split(flax_cell, nnx.Param, ...)
-    for path, var in _variables(params) + _variables(rest):
+    for path, var in _flax_state.variables(params) + _flax_state.variables(rest):
         if isinstance(axis_of(path, var), int):
             return f"state_axes scans {'.'.join(map(str, path))} over the time axis"
-    variables = _variables(rest)
-    changed, read = _uses(graphdef, params, rest, carry, x)
-    slots, consts = [], []
-    for (path, var), change, reads in zip(variables, changed, read):
+    variables = _flax_state.variables(rest)
+    slots = []
+    for (path, var), (change, reads, driven) in zip(variables, zip(*_flax_state.uses(graphdef, params, rest,
+                                                                                      carry, x))):
         where, value = f"{'.'.join(map(str, path))} ({type(var).__name__})", var.get_value()
+        floating = jnp.issubdtype(value.dtype, jnp.floating)
+        how = None if floating else _flax_state.to_carrier(value)[1]
         if change and axis_of(path, var) is not None:
-            return f"each step updates {where}, so a step is not a function of the state alone"
-        if not reads:
-            slots.append((tuple(value.shape), value.dtype))
-        elif not jnp.issubdtype(value.dtype, jnp.floating):
-            return f"each step reads {where}, a {value.dtype} array (the same at every step)"
+            if driven:
+                return f"each step updates {where} from the carry, the inputs or the Params"
+            slots.append(("side", how))
+        elif not reads:
+            slots.append(("zero", tuple(value.shape), value.dtype))
         else:
-            slots.append(len(consts))
-            consts.append(value)
-    full = {"params": params, "consts": tuple(consts)}
+            slots.append(("const",) if floating else ("fixed", how))
     leaves, carry_def = jax.tree.flatten(carry)
+    dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
+    indexed = any(slot[0] == "side" for slot in slots)
+    exact = 2 ** (jnp.finfo(jnp.result_type(*dtypes)).nmant + 1)
+    if indexed and steps > exact:
+        return (f"its side state is indexed by a step count kept in the carry's dtype {jnp.result_type(*dtypes)}, "
+                f"exact to {exact} steps; T = {steps}")
     shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
     feature_shape = tuple(x.shape[1:])
-    return Autodiff(graphdef, jax.tree.structure(full),
-                    tuple((tuple(p.shape), jnp.result_type(p)) for p in jax.tree.leaves(full)),
-                    carry_def, shapes, tuple(jnp.result_type(leaf) for leaf in leaves),
-                    math.prod(feature_shape), sum(math.prod(s) for s in shapes), feature_shape,
-                    jax.tree.structure(rest) if variables else None, tuple(slots)), full
+    return Autodiff(graphdef, carry_def, shapes, dtypes, math.prod(feature_shape),
+                    sum(math.prod(s) for s in shapes) + indexed, feature_shape,
+                    jax.tree.structure(rest) if variables else None, tuple(slots), indexed), None
 
 
-def adapt(flax_cell, carry, x, *, autodiff: bool = False) -> Cell:
+def adapt(flax_cell, carry, x, *, autodiff: bool = False, steps: int = 1) -> Cell:
     """The :class:`bppsa.cells.Cell` that runs ``flax_cell`` (:func:`plan`'s; a UsageError with
     its reason where there is none). ``carry``: an example carry (leaves (B, ...); None is
     enough for flax's four cells), ``x``: an example step input (B, *features), or the input
@@ -421,7 +428,7 @@ def adapt(flax_cell, carry, x, *, autodiff: bool = False) -> Cell:
             return cell
     if isinstance(x, int):
         x = jnp.zeros((jax.tree.leaves(carry)[0].shape[0], x), jnp.result_type(*jax.tree.leaves(carry)))
-    planned = plan(flax_cell, carry, x, autodiff=autodiff)
+    planned = plan(flax_cell, carry, x, autodiff=autodiff, steps=steps)
     if isinstance(planned, str):
         raise UsageError(f"no BPPSA backward for {type(flax_cell).__name__}: {planned}")
     return planned[0]

@@ -210,11 +210,11 @@ class RNN(nnx.Module):
             raise UsageError(f"initial_carry must be {name}'s carry {form} of shape {shape} for inputs of batch shape "
                              f"{batch} (as {made} makes it); got {_describe(carry)}".replace("  ", " "))
 
-    def _cell_and_params(self, carry, x):
+    def _cell_and_params(self, carry, x, steps):
         if isinstance(self.cell, Cell):
             return self.cell, jax.tree.map(lambda v: v[...], self.params, is_leaf=_is_var)
-        return flax_cells.plan(self.cell, carry, x, autodiff=self.autodiff, broadcast_rngs=self.broadcast_rngs,
-                               state_axes=self.state_axes)
+        return flax_cells.plan(self.cell, carry, x, steps=steps, autodiff=self.autodiff,
+                               broadcast_rngs=self.broadcast_rngs, state_axes=self.state_axes)
 
     def _nnx_rnn(self, reason, inputs, carry, **kw):
         """``nnx.RNN`` itself over the same cell (no BPPSA backward: ``reason``), warned once."""
@@ -242,7 +242,7 @@ class RNN(nnx.Module):
         B = math.prod(batch)
         xs = jnp.moveaxis(x, time_axis, 0).reshape((T, B) + features)  # (T, B, *features)
         carry_b = jax.tree.map(lambda a: jnp.reshape(a, (B,) + jnp.shape(a)[len(batch):]), carry)
-        planned = self._cell_and_params(carry_b, xs[0])
+        planned = self._cell_and_params(carry_b, xs[0], T)
         if isinstance(planned, str):
             return self._nnx_rnn(planned, inputs, carry, seq_lengths=seq_lengths, return_carry=return_carry,
                                  time_major=time_major, reverse=reverse, keep_order=keep_order)
@@ -254,18 +254,20 @@ class RNN(nnx.Module):
         outputs = jax.tree.map(lambda y: jnp.moveaxis(unbatch(y, 1), 0, time_axis), outputs)
         return (jax.tree.map(lambda a: unbatch(a, 0), last), outputs) if return_carry else outputs
 
-    def _run(self, _flax_cell, planned, xs, carry, lengths, steps, padded, reverse, keep_order):
+    def _run(self, flax_cell, planned, xs, carry, lengths, steps, padded, reverse, keep_order):
         """The scan on flattened batches: xs (T, B, *features) -> (final carry, outputs (T, B, ...))."""
         cell, params = planned
         T, B = xs.shape[:2]
-        xs = xs.reshape(T, B, -1)
+        x0, xs = xs[0], xs.reshape(T, B, -1)
         if reverse:
             xs = flip_sequences(xs, lengths, num_batch_dims=1, time_major=True)
-        autodiff = isinstance(cell, flax_cells.Autodiff)
+        autodiff, side = isinstance(cell, flax_cells.Autodiff), None
         if autodiff:  # the flax cell computes in its own dtypes (inputs as its Linear layers take them)
             if not jnp.issubdtype(xs.dtype, jnp.floating):
-                xs = xs.astype(jnp.result_type(*jax.tree.leaves(params["params"])))
-            s0 = cell.flat(carry)
+                dtype = jnp.result_type(*jax.tree.leaves(nnx.state(flax_cell, nnx.Param)))
+                xs, x0 = xs.astype(dtype), x0.astype(dtype)
+            params, side = cell.read(flax_cell, carry, x0, T)
+            s0 = cell.initial(carry)
         else:
             dtype = getattr(self.cell, "dtype", None) or jnp.result_type(xs, *jax.tree.leaves(params))
             xs, params, s0 = jax.tree.map(lambda a: jnp.asarray(a).astype(dtype), (xs, params, carry))
@@ -292,4 +294,6 @@ class RNN(nnx.Module):
                 outputs = jnp.concatenate([outputs, jnp.broadcast_to(outputs[-1:], (T - steps,) + outputs.shape[1:])])
         if reverse and keep_order:
             outputs = jax.tree.map(lambda y: flip_sequences(y, lengths, num_batch_dims=1, time_major=True), outputs)
+        if side is not None:  # the state the steps changed, as nnx.RNN leaves it
+            cell.write_back(flax_cell, side)
         return last, outputs

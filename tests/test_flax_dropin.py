@@ -159,7 +159,7 @@ def test_recurrent_dropout_draws_nnx_rnns_masks(broadcast):
     """Same rngs -> the same masks as nnx.RNN (per step, or one per sequence when broadcast)."""
     make = lambda: DropoutGRU(nnx.Rngs(0, recurrent_dropout=5))
     x = normal((B, T, I)) + 3.0  # no output is zero by chance
-    with pytest.warns(BPTTFallbackWarning, match="DropoutGRU"):
+    with no_fallback():
         ref, got = pair(make, x, broadcast_rngs=broadcast)
     same(ref, got)
     dropped = np.asarray(got[0]) == 0
@@ -223,6 +223,34 @@ def test_training_batchnorm_and_a_counter_run_nnx_rnn_and_update_state_alike():
     bppsa.nn.RNN(b)(normal((B, T, I)))
     assert int(b.steps[...]) == T
     same(key_data(nnx.state(a)), key_data(nnx.state(b)), 0, 0)
+
+
+def test_a_counter_the_step_reads_runs_bppsa_and_counts_like_nnx():
+    """State a step changes on its own (an int counter it also reads) is computed ahead of the
+    scan: each step sees nnx.RNN's value, and the cell ends with nnx.RNN's count."""
+    class Counter(nnx.Module):
+        def __init__(self, rngs):
+            self.cell = nnx.SimpleCell(I, H, dtype=F64, param_dtype=F64, rngs=rngs)
+            self.steps = nnx.Variable(jnp.array(3, jnp.int32))
+
+        def __call__(self, carry, x):
+            self.steps[...] += 2
+            h, _ = self.cell(carry, x * self.steps[...])
+            return h, h * jnp.sqrt(self.steps[...].astype(F64))
+
+        def initialize_carry(self, shape, rngs=None):
+            return jnp.zeros(shape[:-1] + (H,), F64)
+
+        num_feature_axes = 1
+
+    x = normal((B, T, I)) * 0.1
+    with no_fallback():
+        ref, got = pair(lambda: Counter(nnx.Rngs(2)), x)
+    same(ref, got)
+    a, b = Counter(nnx.Rngs(2)), Counter(nnx.Rngs(2))
+    nnx.RNN(a)(x)
+    bppsa.nn.RNN(b)(x)
+    assert int(a.steps[...]) == int(b.steps[...]) == 3 + 2 * T
 
 
 def test_gru_with_gelu_and_kept_rngs_runs_bppsa():
