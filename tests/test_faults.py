@@ -180,7 +180,8 @@ def test_every_preset_of_every_config_passes_its_tasks_checks():
             if hasattr(task, "check"):
                 task.check(config)
                 checked.add(path.stem)
-    assert {"rnn_train", "irmas", "irmas_timing", "rnn_sweep", "core_accuracy", "sync_ray", "zipline", "hetero_dp"} <= checked
+    assert {"rnn_train", "irmas", "irmas_timing", "rnn_sweep", "core_accuracy", "sync", "sync_ray", "zipline",
+            "hetero_dp"} <= checked
 
 
 @pytest.mark.parametrize("case", USER_ERRORS)
