@@ -1,17 +1,33 @@
 """The BPPSA backward pipeline behind :func:`bppsa.rnn` (private: :mod:`bppsa.backprop` is the API).
 
-From the saved forward states, generate every step's transposed Jacobian at once (parallel over
-T), solve the gradient recurrence g_{t-1} = g_t @ M_t + c_{t-1} with a scan from
+Reverse mode: from the saved forward states, generate every step's transposed Jacobian at once
+(parallel over T), solve the gradient recurrence g_{t-1} = g_t @ M_t + c_{t-1} with a scan from
 :mod:`bppsa._scan` in Θ(log T) levels, then turn all g_t into parameter and input gradients with
-one batched contraction (:meth:`bppsa.cells.Cell.param_grads`). :func:`bppsa_states` wraps it in
-``jax.custom_vjp`` (defined once, here, with the cell and the method options as static
-arguments). The sequence-parallel scan (:mod:`bppsa.parallel.sequence`) and the benchmark's
-component breakdown (:mod:`bppsa.bench`) reuse the pieces.
+one batched contraction (:meth:`bppsa.cells.Cell.param_grads`): :func:`adjoint`, chunked.
+
+Forward mode too. :func:`bppsa_states` is a ``jax.custom_jvp`` (defined once, here; the cell and
+the method options static) whose tangent rule is one linear solve, ``lax.custom_linear_solve``,
+of the block system K (ṡ, w) = (0, u), u = (dparams, dxs, ds0) the input tangents:
+
+    K = [[A, −R], [0, I]],   (A ṡ)_t = ṡ_t − J_t ṡ_{t-1},   R u = the steps' JVP w.r.t. params, x_t (and s0),
+
+so ṡ = A⁻¹ R u is the states' tangent. ``solve`` (K⁻¹) is the forward tangent scan
+(:func:`tangent_states`); ``transpose_solve`` (K⁻ᵀ: y1 = A⁻ᵀ c1, y2 = c2 + Rᵀ y1) is exactly the
+BPPSA backward, the adjoint scan *and* the cell's analytic ``param_grads``, so ``jax.grad`` (JAX
+transposing the rule) runs the same program as the former ``custom_vjp`` (gradients bit for bit,
+same XLA temporaries, step time within noise: experiments/results/cpu/forward-mode.md). Putting R
+inside K rather than in the right-hand side is what keeps the analytic gradients: with b = R u,
+JAX transposes the step's JVP itself, measured 1.3–1.5x slower at GRU IRMAS shapes (same file).
+Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a rematerialised JVP of the
+step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
+(:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`bppsa.bench`)
+reuse the pieces.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +36,8 @@ from jax import lax
 from . import _scan as scan_lib
 from . import cost as cost_lib
 
-__all__ = ["forward_states", "bppsa_states", "scan_order", "root_and_offsets", "storage_inputs",
-           "stored_jacobians", "stored_scan", "chunked_backward"]
+__all__ = ["forward_states", "bppsa_states", "adjoint", "tangent_states", "scan_order", "root_and_offsets",
+           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
 
 def forward_states(cell, params, xs, s0, unroll: int | None = None):
@@ -91,7 +107,8 @@ def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
     Peak memory is O(C·B·S²) instead of O(T·B·S²); the result is exact.
 
     xr (T, B, I), sr, spr, ctr (T, B, S) are in scan order (:func:`scan_order`). Returns
-    (dparams, dxr (T, B, I) in scan order, g0 (B, S) the gradient w.r.t. the initial state).
+    (dparams, dxr (T, B, I) in scan order, g0 (B, S) the gradient w.r.t. the initial state,
+    gsr (T, B, S) the gradients w.r.t. the states, scan order).
     """
     T = xr.shape[0]
 
@@ -99,7 +116,7 @@ def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
         v, ds = root_and_offsets(ctr_c)
         gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u)
         dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
-        return total, dp, dx
+        return total, dp, (dx, gs)
 
     n_full, rest = divmod(T, chunk_size)
     u = jnp.zeros_like(ctr[0])
@@ -107,18 +124,18 @@ def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
 
     def body(carry, c):
         u, acc = carry
-        u, dp, dx = chunk(u, *c)
-        return (u, jax.tree.map(jnp.add, acc, dp)), dx
+        u, dp, out = chunk(u, *c)
+        return (u, jax.tree.map(jnp.add, acc, dp)), out
 
     acc = jax.tree.map(jnp.zeros_like, params)
-    (u, acc), dxr = jax.lax.scan(body, (u, acc), tuple(split(a) for a in (xr, sr, spr, ctr)))
-    dxr = dxr.reshape((n_full * chunk_size,) + dxr.shape[2:])
+    (u, acc), outs = jax.lax.scan(body, (u, acc), tuple(split(a) for a in (xr, sr, spr, ctr)))
+    dxr, gsr = (a.reshape((n_full * chunk_size,) + a.shape[2:]) for a in outs)
     if rest:  # the earliest steps: one shorter chunk
         tail = slice(n_full * chunk_size, T)
-        u, dp, dx = chunk(u, xr[tail], sr[tail], spr[tail], ctr[tail])
+        u, dp, (dx, gs) = chunk(u, xr[tail], sr[tail], spr[tail], ctr[tail])
         acc = jax.tree.map(jnp.add, acc, dp)
-        dxr = jnp.concatenate([dxr, dx], axis=0)
-    return acc, dxr, u
+        dxr, gsr = jnp.concatenate([dxr, dx], axis=0), jnp.concatenate([gsr, gs], axis=0)
+    return acc, dxr, u, gsr
 
 
 def scan_order(xs, ss, s0, ct):
@@ -143,41 +160,114 @@ def _cast_grads(dparams, dxr, g0, params, xs, s0):
     return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 6))
-def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highest"):
-    """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
-    VJP is the BPPSA backward with ``scan_method`` over chunks of ``chunk_size`` steps (an int,
-    None: one chunk, or "auto": :func:`bppsa.cost.auto_chunk_size`), every matrix product of it
-    at ``precision`` (a name from :data:`PRECISIONS`). ``cell``, ``scan_method``, ``chunk_size``
-    and ``precision`` are static (hashable); inputs are not validated (see :func:`rnn`)."""
-    return forward_states(cell, params, xs, s0)
+def adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, ct):
+    """The BPPSA backward: the adjoint states g_t = ∂L/∂s_t of the cotangent ct (T, B, S) of ss,
+    by the gradient recurrence g_{t-1} = g_t @ M_t + ct_{t-1} with ``scan_method`` over chunks of
+    ``chunk_size`` steps, and the cell's analytic parameter and input gradients.
 
-
-def _bppsa_fwd(cell, scan_method, chunk_size, params, xs, s0, precision="highest"):
-    ss = forward_states(cell, params, xs, s0)
-    return ss, (params, xs, s0, ss)
-
-
-def _bppsa_bwd(cell, scan_method, chunk_size, precision, res, ct):
-    # Every dot traced in here (Jacobians, scan, parameter gradients) carries this precision.
-    with jax.default_matmul_precision(precision):
-        return _bppsa_backward(cell, scan_method, chunk_size, res, ct)
-
-
-def _bppsa_backward(cell, scan_method, chunk_size, res, ct):
-    params, xs, s0, ss = res
+    Returns (gs (T, B, S) time order, dparams, dxs (T, B, I), g0 (B, S) = ∂L/∂s0)."""
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
     T, B, S = ss.shape
     chunk = (cost_lib.auto_chunk_size(T, B, S, ss.dtype.itemsize,
                                       structured=scan_method == "blelloch" and cell.has_diagonal_jacobian)
              if chunk_size == "auto" else chunk_size)
     if chunk is not None and chunk < T:
-        dparams, dxr, g0 = chunked_backward(cell, scan_method, chunk, params, xr, sr, spr, ctr)
-        return _cast_grads(dparams, dxr, g0, params, xs, s0)
-    v, ds = root_and_offsets(ctr)
-    gs, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v)  # gs[k] = g_{T-k}
-    dparams, dxr = cell.param_grads(params, spr, xr, sr, gs)
-    return _cast_grads(dparams, dxr, g0, params, xs, s0)
+        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk, params, xr, sr, spr, ctr)
+    else:
+        v, ds = root_and_offsets(ctr)
+        gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v)  # gsr[k] = g_{T-k}
+        dparams, dxr = cell.param_grads(params, spr, xr, sr, gsr)
+    return (gsr[::-1].astype(ss.dtype), *_cast_grads(dparams, dxr, g0, params, xs, s0))
 
 
-bppsa_states.defvjp(_bppsa_fwd, _bppsa_bwd)
+def _flat_step(cell, params, s, x):
+    """One step on the flat state: s (B, S), x (B, I) -> (B, S)."""
+    return cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
+
+
+def _steps(cell, params, spr, xs):
+    """Every step at once (parallel over T): spr, xs (T, B, ·) -> (T, B, S)."""
+    return jax.vmap(functools.partial(_flat_step, cell), in_axes=(None, 0, 0))(params, spr, xs)
+
+
+def _prev_states(s0, ss):
+    """The state before each step: s0 (B, S), ss (T, B, S) -> (T, B, S)."""
+    return jnp.concatenate([s0[None], ss[:-1]], axis=0)
+
+
+def tangent_states(cell, params, xs, s0, ss, rhs, d0):
+    """The forward tangent scan: ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 = d0 (B, S), one
+    ``lax.scan`` of Jacobian-vector products of the step at the saved states; rhs (T, B, S)."""
+
+    def body(d, inp):
+        sp, x, r = inp
+        d = jax.jvp(lambda s: _flat_step(cell, params, s, x), (sp,), (d,))[1] + r
+        return d, d
+
+    return lax.scan(body, d0, (_prev_states(s0, ss), xs, rhs))[1]
+
+
+@functools.partial(jax.checkpoint, static_argnums=(0,))
+def _block_matvec(cell, params, xs, s0, ss, z1, wp, wx, w0):
+    """K (z1, w) = (A z1 − R w, w), see :func:`bppsa_states`. Rematerialised: the transpose that
+    ``custom_linear_solve`` derives from it keeps (params, xs, s0, ss), not per-step values."""
+    zprev = jnp.concatenate([w0[None], z1[:-1]], axis=0)
+    jv = jax.jvp(functools.partial(_steps, cell), (params, _prev_states(s0, ss), xs), (wp, zprev, wx))[1]
+    return z1 - jv, wp, wx, w0
+
+
+def _packer(ss, params, xs, s0):
+    """(pack, unpack) between (z1 like ss, w = (params-like, xs-like, s0-like)) and one flat vector:
+    ``custom_linear_solve`` transposes only when every leaf of its right-hand side is linear in
+    the tangents, and one vector is, whichever tangents are zeros."""
+    p_leaves, treedef = jax.tree.flatten(params)
+    like = [ss, *p_leaves, xs, s0]
+    dtype = jnp.result_type(*like)
+    sizes = [a.size for a in like]
+
+    def pack(z1, wp, wx, w0):
+        return jnp.concatenate([jnp.ravel(a).astype(dtype) for a in (z1, *jax.tree.leaves(wp), wx, w0)])
+
+    def unpack(vec):
+        parts = jnp.split(vec, list(itertools.accumulate(sizes))[:-1])
+        z1, *wp, wx, w0 = (p.reshape(a.shape).astype(a.dtype) for p, a in zip(parts, like))
+        return z1, jax.tree.unflatten(treedef, wp), wx, w0
+
+    return pack, unpack
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 6))
+def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highest"):
+    """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
+    reverse mode is the BPPSA backward (:func:`adjoint`) with ``scan_method`` over chunks of
+    ``chunk_size`` steps (an int, None: one chunk, or "auto": :func:`bppsa.cost.auto_chunk_size`),
+    every matrix product of it at ``precision`` (a name from :data:`PRECISIONS`), and whose
+    forward mode is the tangent scan (:func:`tangent_states`). ``cell``, ``scan_method``,
+    ``chunk_size`` and ``precision`` are static (hashable); inputs are not validated (see :func:`rnn`)."""
+    return forward_states(cell, params, xs, s0)
+
+
+@bppsa_states.defjvp
+def _bppsa_jvp(cell, scan_method, chunk_size, precision, primals, tangents):
+    params, xs, s0 = primals
+    ss = forward_states(cell, params, xs, s0)
+    pack, unpack = _packer(ss, params, xs, s0)
+
+    def matvec(z):
+        return pack(*_block_matvec(cell, params, xs, s0, ss, *unpack(z)))
+
+    def solve(_, b):  # K⁻¹: the tangent scan; the right-hand sides of all steps at once
+        b1, bp, bx, b0 = unpack(b)
+        rhs = jax.jvp(lambda p, x: _steps(cell, p, _prev_states(s0, ss), x), (params, xs), (bp, bx))[1]
+        return pack(tangent_states(cell, params, xs, s0, ss, rhs + b1, b0), bp, bx, b0)
+
+    def transpose_solve(_, c):  # K⁻ᵀ: the BPPSA scan and the cell's analytic gradients
+        c1, cp, cx, c0 = unpack(c)
+        gs, dp, dx, g0 = adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, c1)
+        return pack(gs, jax.tree.map(jnp.add, cp, dp), cx + dx, c0 + g0)
+
+    dp, dxs, ds0 = tangents
+    b = pack(jnp.zeros_like(ss), dp, dxs, ds0)
+    with jax.default_matmul_precision(precision):  # every dot traced in the rule carries it
+        z = lax.custom_linear_solve(matvec, b, solve, transpose_solve)
+    return ss, unpack(z)[0]

@@ -4,8 +4,10 @@ BPPSA backward (Wang, Bai, Pekhimenko, MLSys 2020): from the saved forward state
 every step's transposed Jacobian at once (parallel over T), solve the gradient recurrence
 g_{t-1} = g_t @ M_t + c_{t-1} with a scan in Θ(log T) levels, then turn all g_t into parameter
 and input gradients with one batched contraction (the pipeline: :mod:`bppsa._backward`). It is a
-``jax.custom_vjp``, so ``jax.grad``/``value_and_grad``/``jit``/``vmap`` of any loss of the
-returned states are exact. ``backward="bptt"`` is the plain ``lax.scan`` differentiated by JAX.
+``jax.custom_jvp`` whose tangent rule JAX transposes into that backward, so ``jax.grad``/
+``value_and_grad``/``jit``/``vmap`` of any loss of the returned states are exact, and so are
+forward mode (``jax.jvp``, ``jax.jacfwd``) and Hessian-vector products, for every ``backward=``.
+``backward="bptt"`` is the plain ``lax.scan`` differentiated by JAX.
 The method options are one :class:`bppsa.options.Options`.
 """
 
