@@ -332,3 +332,41 @@ def test_initial_carry_errors_speak_flax():
         bppsa.nn.RNN(nnx.GRUCell(I, H, rngs=nnx.Rngs(0)))(x, initial_carry=jnp.zeros((T, H)))
     with pytest.raises(UsageError, match=r"inputs must have shape \(T, \*batch, \*features\)"):
         layer(x[0, 0], time_major=True)
+
+
+# --- 8. forward-mode autodiff -----------------------------------------------------------------
+
+GRU64 = lambda: nnx.GRUCell(I, H, param_dtype=F64, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("backward, make", [
+    ("bppsa", GRU64), ("bppsa", lambda: Duck(nnx.Rngs(1))), ("bppsa", lambda: DropoutGRU(nnx.Rngs(0, recurrent_dropout=3))),
+    pytest.param("bptt", lambda: DropoutGRU(nnx.Rngs(0, recurrent_dropout=3)), marks=pytest.mark.slow),
+    pytest.param("auto", GRU64, marks=pytest.mark.slow)])
+def test_jvp_jacfwd_and_hvp_through_nn_rnn_equal_nnx(backward, make):
+    """jax.jvp, jax.jacfwd and forward-over-reverse HVPs of bppsa.nn.RNN equal nnx.RNN's (the
+    non-Param state is an argument too: nnx refuses a module merged from closed-over state)."""
+    x, c0 = normal((B, T, I)) + 1.0, normal((B, H), 2)
+    lengths = jnp.array([T, 3])
+
+    def functional(layer):
+        graphdef, params, rest = nnx.split(layer(make()), nnx.Param, ...)
+
+        def f(p, rest, x):  # the same rng state every call: the same dropout masks
+            return nnx.merge(graphdef, p, rest)(x, initial_carry=c0, seq_lengths=lengths)
+
+        return f, params, rest
+
+    (f_ref, p, rest), (f_got, _, _) = functional(nnx.RNN), functional(lambda c: bppsa.nn.RNN(c, backward=backward))
+    no = jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0), rest)  # ints and keys: no tangent
+    tp, tx = jax.tree.map(lambda a: normal(a.shape, 5), p), normal(x.shape, 6)
+    same(jax.jvp(f_ref, (p, rest, x), (tp, no, tx)), jax.jvp(f_got, (p, rest, x), (tp, no, tx)))
+    if not jax.tree.leaves(rest):  # (jacfwd closes over rest: nnx refuses that for RNG state)
+        # nnx.RNN's scan does not run under jacfwd's vmap: its Jacobian column by column, by jvp
+        basis = jnp.eye(x.size, dtype=F64).reshape((x.size,) + x.shape)
+        zero = jax.tree.map(jnp.zeros_like, p)
+        columns = jnp.stack([jax.jvp(f_ref, (p, rest, x), (zero, no, e))[1] for e in basis], axis=-1)
+        same(columns.reshape(columns.shape[:-1] + x.shape), jax.jacfwd(f_got, argnums=2)(p, rest, x))
+    grad = lambda f: jax.grad(lambda p, r: loss(f(p, r, x)), argnums=(0, 1), allow_int=True)
+    hvp = lambda f: jax.jvp(lambda p, r: grad(f)(p, r)[0], (p, rest), (tp, no))
+    same(hvp(f_ref), hvp(f_got), rtol=1e-10, atol=1e-11)
