@@ -238,21 +238,22 @@ def _packer(ss, params, xs, s0):
     return pack, unpack
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 6))
-def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highest"):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 6, 7))
+def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highest", unroll=None):
     """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
     reverse mode is the BPPSA backward (:func:`adjoint`) with ``scan_method`` over chunks of
     ``chunk_size`` steps (an int, None: one chunk, or "auto": :func:`bppsa.cost.auto_chunk_size`),
     every matrix product of it at ``precision`` (a name from :data:`PRECISIONS`), and whose
     forward mode is the tangent scan (:func:`tangent_states`). ``cell``, ``scan_method``,
-    ``chunk_size`` and ``precision`` are static (hashable); inputs are not validated (see :func:`rnn`)."""
-    return forward_states(cell, params, xs, s0)
+    ``chunk_size``, ``precision`` and ``unroll`` (the forward scan's, :func:`forward_states`) are
+    static (hashable); inputs are not validated (see :func:`rnn`)."""
+    return forward_states(cell, params, xs, s0, unroll)
 
 
 @bppsa_states.defjvp
-def _bppsa_jvp(cell, scan_method, chunk_size, precision, primals, tangents):
+def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, primals, tangents):
     params, xs, s0 = primals
-    ss = forward_states(cell, params, xs, s0)
+    ss = forward_states(cell, params, xs, s0, unroll)
     pack, unpack = _packer(ss, params, xs, s0)
 
     def matvec(z):

@@ -41,7 +41,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, **fields: Unpack[O
       options: a :class:`bppsa.Options` (default ``Options()``: BPPSA with the Blelloch scan,
         cache-sized chunks on CPU, full float32 products).
       **fields: the fields of :class:`bppsa.Options` as keywords (``backward``, ``scan``,
-        ``chunk_size``, ``precision``, ``cost_model``), overriding ``options``'s.
+        ``chunk_size``, ``precision``, ``cost_model``, ``combine``, ``unroll``), overriding ``options``'s.
 
     Returns:
       The cell's state sequence: hs (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
@@ -65,7 +65,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, **fields: Unpack[O
     if opts.backward == "bptt":
         ss = forward_states(cell, params, xs, s0, unroll=opts.unroll)
     else:
-        ss = bppsa_states(cell, opts.scan, opts.chunk_size, params, xs, s0, opts.precision)
+        ss = bppsa_states(cell, opts.scan, opts.chunk_size, params, xs, s0, opts.precision, opts.unroll)
     return cell.unflatten_state(ss)
 
 

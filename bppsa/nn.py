@@ -110,7 +110,7 @@ class RNN(nnx.Module):
         that ``state_axes`` scans over time runs ``nnx.RNN``'s own scan: outputs, carry and state
         updates are ``nnx.RNN``'s, gradients BPTT's, and a :class:`BPTTFallbackWarning` says so.
       options: a :class:`bppsa.Options`, and/or its fields as keywords (``backward``, ``scan``,
-        ``chunk_size``, ``precision``, ``cost_model``), as for :func:`bppsa.rnn`.
+        ``chunk_size``, ``precision``, ``cost_model``, ``unroll``), as for :func:`bppsa.rnn`.
       time_major, return_carry, reverse, keep_order, state_axes, broadcast_rngs, rngs: as for
         ``nnx.RNN``.
       unroll (an option field): as for ``nnx.RNN``, the unroll factor of the sequential forward's ``lax.scan``, and

@@ -57,7 +57,8 @@ class Options:
         "allgather", "chain" or "auto" (:func:`bppsa.parallel.sequence.choose_combine`).
       unroll: the unroll factor of the sequential forward's ``lax.scan`` (and so of BPTT's): a
         positive int, True (every step) or False (1), as ``lax.scan`` takes it; None (default):
-        tuned per shape and backend (:func:`bppsa.cost.bptt_unroll`).
+        tuned per shape and backend (:func:`bppsa.cost.bptt_unroll`). One device (with a mesh, each
+        device's stretch keeps the tuned unroll).
     """
 
     backward: str = "bppsa"

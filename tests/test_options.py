@@ -119,3 +119,17 @@ def test_nn_modules_take_the_options_object():
     assert clf.rnn.options == bppsa.Options(backward="bptt", chunk_size=2)
     with pytest.raises(UsageError, match="unknown option 'unrol'"):
         bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), unrol=4)
+
+
+@pytest.mark.parametrize("backward", ["bppsa", "bptt"])
+def test_unroll_sets_the_forward_scans_unroll_and_changes_no_result(backward):
+    cell, params, xs, h0 = _problem(T=7, B=2, I=2, H=3)
+    run = lambda unroll: bppsa.rnn(cell, params, xs, h0, backward=backward, unroll=unroll)
+    assert "unroll=3" in str(jax.make_jaxpr(lambda: run(3))())
+    np.testing.assert_allclose(run(3), run(1), rtol=1e-13)
+    _assert_equal_to_reference(_grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward=backward, unroll=True),
+                                         params, xs, h0), scan_grads(cell, params, xs, h0, _loss))
+    assert bppsa.Options(unroll=np.int64(4)).unroll == 4 and bppsa.Options(unroll=True).unroll is True
+    for bad in (0, -2, 1.5, "2"):
+        with pytest.raises(UsageError, match="unroll must be a positive int, True, False or None"):
+            bppsa.Options(unroll=bad)
