@@ -23,5 +23,16 @@ os.environ.setdefault("XLA_FLAGS", " ".join(_FLAGS))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
+def float32_as_in_bppsa_run():
+    """float64 off for one test, as `bppsa run` runs (use: ``pytestmark =
+    pytest.mark.usefixtures("float32_as_in_bppsa_run")``)."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    yield
+    jax.config.update("jax_enable_x64", previous)

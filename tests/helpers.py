@@ -56,3 +56,21 @@ def refusing_task(config, workdir) -> dict:
     if config.n == 0 or (workdir / "REFUSE").exists():
         raise UsageError("config.n: the task found nothing to do with n = 0; expected n >= 1")
     return {"n": config.n}
+
+
+def generic_cell(I, H):
+    """A cells.Generic whose step mixes tanh and sin (the autodiff-Jacobian cell of the tests)."""
+    import jax
+    import jax.numpy as jnp
+
+    from bppsa import cells
+
+    def step(p, h, x):  # one example: h (H,), x (I,) -> (H,)
+        return jnp.tanh(x @ p["A"] + jnp.sin(h) @ p["W"] + p["b"])
+
+    def init(key, dtype=jnp.float32):
+        k = jax.random.split(key, 3)
+        return {"A": jax.random.normal(k[0], (I, H), dtype), "W": jax.random.normal(k[1], (H, H), dtype) / H,
+                "b": jax.random.normal(k[2], (H,), dtype)}
+
+    return cells.Generic(step, hidden_size=H, input_size=I, init_fn=init)

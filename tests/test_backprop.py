@@ -9,22 +9,11 @@ from jax import lax
 
 import bppsa
 from bppsa import cells
+from tests.helpers import generic_cell
 from tests.reference import scan_states
 
 
 SCANS = ("blelloch", "associative", "sequential")
-
-
-def _generic_cell(I, H):
-    def step(p, h, x):  # one example: h (H,), x (I,) -> (H,)
-        return jnp.tanh(x @ p["A"] + jnp.sin(h) @ p["W"] + p["b"])
-
-    def init(key, dtype=jnp.float32):
-        k = jax.random.split(key, 3)
-        return {"A": jax.random.normal(k[0], (I, H), dtype), "W": jax.random.normal(k[1], (H, H), dtype) / H,
-                "b": jax.random.normal(k[2], (H,), dtype)}
-
-    return cells.Generic(step, hidden_size=H, input_size=I, init_fn=init)
 
 
 def _generic_cell_with_jacobian(I, H):
@@ -48,7 +37,7 @@ CELLS = {
     "rnn-relu": lambda I, H: cells.RNN(I, H, nonlinearity="relu"),
     "gru": lambda I, H: cells.GRU(I, H),
     "lstm": lambda I, H: cells.LSTM(I, H),
-    "generic": _generic_cell,
+    "generic": generic_cell,
     "generic-jac": _generic_cell_with_jacobian,
 }
 

@@ -26,14 +26,7 @@ TINY = {"timing.lengths": "()"}
 assert runner.load_config(RNN_TRAIN, "smoke").steps == 10
 
 
-@pytest.fixture(autouse=True)
-def _as_in_bppsa_run():
-    """Run configs as `bppsa run` does: float64 off (conftest turns it on for the gradient tests)."""
-    import jax
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", False)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("float32_as_in_bppsa_run")  # float64 off, as `bppsa run` runs
 
 
 def test_configs_found():

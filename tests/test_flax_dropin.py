@@ -276,7 +276,7 @@ def test_mixed_precision_promotes_like_flax(kind):
 
 # --- 5. any input rank ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape, time_major", [((T, I), False), ((1, B, T, I), False),
+@pytest.mark.parametrize("shape, time_major", [((T, I), False), pytest.param((1, B, T, I), False, marks=pytest.mark.slow),
                                                pytest.param((T, 1, B, I), True, marks=pytest.mark.slow)])
 def test_any_batch_rank_equals_nnx(shape, time_major):
     make = lambda: nnx.LSTMCell(I, H, param_dtype=F64, rngs=nnx.Rngs(5))
@@ -340,7 +340,8 @@ GRU64 = lambda: nnx.GRUCell(I, H, param_dtype=F64, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("backward, make", [
-    ("bppsa", GRU64), ("bppsa", lambda: Duck(nnx.Rngs(1))), ("bppsa", lambda: DropoutGRU(nnx.Rngs(0, recurrent_dropout=3))),
+    ("bppsa", GRU64), pytest.param("bppsa", lambda: DropoutGRU(nnx.Rngs(0, recurrent_dropout=3)), marks=pytest.mark.slow),
+    pytest.param("bppsa", lambda: Duck(nnx.Rngs(1)), marks=pytest.mark.slow),
     pytest.param("bptt", lambda: DropoutGRU(nnx.Rngs(0, recurrent_dropout=3)), marks=pytest.mark.slow),
     pytest.param("auto", GRU64, marks=pytest.mark.slow)])
 def test_jvp_jacfwd_and_hvp_through_nn_rnn_equal_nnx(backward, make):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import bppsa
 from bppsa import _backward, cells, cost, flax_cells
-from tests.helpers import normal, random_params
+from tests.helpers import generic_cell, normal, random_params
 from tests.props import property_pair
 from tests.reference import scan_states
 
@@ -34,18 +34,6 @@ BACKWARDS = {
 I, H = 3, 4
 
 
-def _generic(I, H):
-    def step(p, h, x):  # one example: h (H,), x (I,) -> (H,)
-        return jnp.tanh(x @ p["A"] + jnp.sin(h) @ p["W"] + p["b"])
-
-    def init(key, dtype=jnp.float32):
-        k = jax.random.split(key, 3)
-        return {"A": jax.random.normal(k[0], (I, H), dtype), "W": jax.random.normal(k[1], (H, H), dtype) / H,
-                "b": jax.random.normal(k[2], (H,), dtype)}
-
-    return cells.Generic(step, hidden_size=H, input_size=I, init_fn=init)
-
-
 def _flax(kind):
     make = {"gru": nnx.GRUCell, "lstm": nnx.LSTMCell}[kind]
     flax_cell = make(I, H, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
@@ -57,7 +45,7 @@ CELLS = {
     "rnn_dense": lambda: cells.RNN(I, H, diagonal=False),
     "gru": lambda: cells.GRU(I, H),
     "lstm": lambda: cells.LSTM(I, H),
-    "generic": lambda: _generic(I, H),
+    "generic": lambda: generic_cell(I, H),
     "flax_gru": lambda: _flax("gru"),
     "flax_lstm": lambda: _flax("lstm"),
     "masked_gru": lambda: flax_cells.Masked(cells.GRU(I, H)),
@@ -124,13 +112,21 @@ def _one(backward):
     return {backward: BACKWARDS[backward]}
 
 
-@pytest.mark.parametrize("backward", sorted(BACKWARDS))
+DEFAULT_BACKWARDS = ("blelloch", "sequential_chunks_of_2", "auto_picking_bppsa")  # the rest: slow
+DEFAULT_CELLS = ("lstm", "generic", "masked_gru")  # flax's cells: also in tests/test_flax_dropin.py
+
+
+def _slow_unless(default):
+    return lambda v: v if v in default else pytest.param(v, marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("backward", [_slow_unless(DEFAULT_BACKWARDS)(b) for b in sorted(BACKWARDS)])
 def test_jvp_and_hvp_equal_autodiff_through_lax_scan_for_every_backward(backward):
     """jax.jvp w.r.t. params, xs and h0 at once, and the HVP forward-over-reverse (GRU, T = 7, B = 2)."""
     _check_jvp_and_hvp("gru", T=7, B=2, backwards=_one(backward))
 
 
-@pytest.mark.parametrize("name", sorted(CELLS))
+@pytest.mark.parametrize("name", [_slow_unless(DEFAULT_CELLS)(c) for c in sorted(CELLS)])
 def test_jvp_and_hvp_equal_autodiff_through_lax_scan_for_every_cell(name):
     """Every kind of cell, on the chunked Blelloch scan over an odd T (a short last chunk)."""
     _check_jvp_and_hvp(name, T=7, B=2, backwards=_one("blelloch_chunks_of_2"))
@@ -150,7 +146,8 @@ def test_jvp_and_hvps_every_cell_and_backward(name):
 EDGES = [("gru", 1, 1), ("lstm", 1, 2), ("lstm", 6, 1), ("rnn", 5, 1)]
 
 
-@pytest.mark.parametrize("name,T,B", EDGES)
+@pytest.mark.parametrize("name,T,B", [e if e in (("gru", 1, 1), ("lstm", 6, 1)) else pytest.param(*e, marks=pytest.mark.slow)
+                                      for e in EDGES])
 def test_jvp_and_hvp_at_edge_shapes(name, T, B):
     """T = 1 (one step, no scan level), B = 1, T even with chunks of 2 (no short chunk)."""
     _check_jvp_and_hvp(name, T=T, B=B, backwards=_one("blelloch_chunks_of_2" if T > 1 else "blelloch"))
@@ -163,7 +160,8 @@ def test_jvp_and_hvps_at_edge_shapes_every_backward(name, T, B):
 
 
 @pytest.mark.parametrize("name,backwards", [
-    ("gru", ("blelloch", "bptt")), ("flax_lstm", ("sequential_chunks_of_2",)), ("masked_gru", ("associative",)),
+    ("gru", ("blelloch", "bptt")), pytest.param("flax_lstm", ("sequential_chunks_of_2",), marks=pytest.mark.slow),
+    pytest.param("masked_gru", ("associative",), marks=pytest.mark.slow),
     *(pytest.param(n, tuple(BACKWARDS), marks=pytest.mark.slow) for n in ("rnn", "gru", "lstm", "generic", "flax_lstm",
                                                                         "masked_gru"))])
 def test_jacfwd_equals_jacrev_of_the_reference(name, backwards):
@@ -182,6 +180,7 @@ def test_jacfwd_equals_jacrev_of_the_reference(name, backwards):
         _assert_trees_close(value, want, f"{name} {key}: ")
 
 
+@pytest.mark.slow
 def test_hessian_equals_the_reference():
     """jax.hessian (forward over reverse, vmapped) w.r.t. the parameters, with a BPPSA scan."""
     cell, params, xs, h0, _ = _problem("gru", T=5, B=1)

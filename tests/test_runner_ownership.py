@@ -40,14 +40,7 @@ def _tree(d: Path) -> dict[str, str]:
     return {str(p.relative_to(d)): p.read_text() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(autouse=True)
-def _as_in_bppsa_run():
-    """float64 off, as `bppsa run` runs (conftest turns it on for the gradient tests)."""
-    import jax
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", False)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("float32_as_in_bppsa_run")  # float64 off, as `bppsa run` runs
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,13 +28,7 @@ KILL = [sys.executable, str(ROOT / "tests" / "runner_tasks.py")]
 SKIP = {workdir.LOCK}
 
 
-@pytest.fixture(autouse=True)
-def _as_in_bppsa_run():
-    import jax
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", False)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("float32_as_in_bppsa_run")  # float64 off, as `bppsa run` runs
 
 
 class Toy:
