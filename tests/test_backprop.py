@@ -282,8 +282,8 @@ def test_diagonal_jacobian_is_the_transposed_jacobian(name):
     assert not dense.has_diagonal_jacobian and dense.diagonal_jacobian(params, s_prev, xs, ss) is None
 
 
-@pytest.mark.parametrize("name,T,B", [("rnn-tanh", 64, 1), ("rnn-relu", 129, 1), ("rnn-tanh", 300, 2)] + [
-    pytest.param(*p, marks=slow) for p in [("rnn-tanh", 100, 3), ("rnn-tanh", 1025, 1)]])
+@pytest.mark.parametrize("name,T,B", [("rnn-tanh", 64, 1), ("rnn-relu", 129, 1)] + [
+    pytest.param(*p, marks=slow) for p in [("rnn-tanh", 300, 2), ("rnn-tanh", 100, 3), ("rnn-tanh", 1025, 1)]])
 def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
     c, params, xs, h0 = _setup(name, T, B, 2, 4, seed=T)
     calls = []

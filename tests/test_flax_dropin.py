@@ -154,7 +154,7 @@ class DropoutGRU(nnx.GRUCell):
         return h, h
 
 
-@pytest.mark.parametrize("broadcast", [None, "recurrent_dropout"])
+@pytest.mark.parametrize("broadcast", [None, pytest.param("recurrent_dropout", marks=pytest.mark.slow)])
 def test_recurrent_dropout_draws_nnx_rnns_masks(broadcast):
     """Same rngs -> the same masks as nnx.RNN (per step, or one per sequence when broadcast)."""
     make = lambda: DropoutGRU(nnx.Rngs(0, recurrent_dropout=5))
@@ -198,6 +198,7 @@ def test_deterministic_dropout_and_eval_batchnorm_run_bppsa_with_their_state_as_
     same(ref, got, rtol=1e-5, atol=1e-6)  # flax keeps batch statistics in float32: its rsqrt rounds there
 
 
+@pytest.mark.slow
 def test_training_batchnorm_and_a_counter_run_nnx_rnn_and_update_state_alike():
     class Counting(nnx.Module):
         def __init__(self, rngs):
@@ -253,6 +254,7 @@ def test_a_counter_the_step_reads_runs_bppsa_and_counts_like_nnx():
     assert int(a.steps[...]) == int(b.steps[...]) == 3 + 2 * T
 
 
+@pytest.mark.slow
 def test_gru_with_gelu_and_kept_rngs_runs_bppsa():
     make = lambda: nnx.GRUCell(I, H, activation_fn=jax.nn.gelu, keep_rngs=True, param_dtype=F64, rngs=nnx.Rngs(3))
     with no_fallback():
@@ -301,7 +303,7 @@ def test_default_padding_is_flaxs_in_a_bidirectional_unmasked_loss():
     same(ref, got)
 
 
-@pytest.mark.parametrize("jit_lengths", [False, True])
+@pytest.mark.parametrize("jit_lengths", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_seq_lengths_with_zero_give_nnx_carry(jit_lengths):
     make = lambda: nnx.GRUCell(I, H, param_dtype=F64, rngs=nnx.Rngs(1))
     lengths = jnp.array([0, 3])

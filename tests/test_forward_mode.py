@@ -112,7 +112,7 @@ def _one(backward):
     return {backward: BACKWARDS[backward]}
 
 
-DEFAULT_BACKWARDS = ("blelloch", "sequential_chunks_of_2", "auto_picking_bppsa")  # the rest: slow
+DEFAULT_BACKWARDS = ("sequential_chunks_of_2", "auto_picking_bppsa")  # the rest: slow
 DEFAULT_CELLS = ("lstm", "generic", "masked_gru")  # flax's cells: also in tests/test_flax_dropin.py
 
 
@@ -146,7 +146,7 @@ def test_jvp_and_hvps_every_cell_and_backward(name):
 EDGES = [("gru", 1, 1), ("lstm", 1, 2), ("lstm", 6, 1), ("rnn", 5, 1)]
 
 
-@pytest.mark.parametrize("name,T,B", [e if e in (("gru", 1, 1), ("lstm", 6, 1)) else pytest.param(*e, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name,T,B", [e if e == ("gru", 1, 1) else pytest.param(*e, marks=pytest.mark.slow)
                                       for e in EDGES])
 def test_jvp_and_hvp_at_edge_shapes(name, T, B):
     """T = 1 (one step, no scan level), B = 1, T even with chunks of 2 (no short chunk)."""
@@ -202,8 +202,9 @@ def _double_adjoint(calls):
     return spy
 
 
-@pytest.mark.parametrize("opts", [dict(scan="blelloch", chunk_size=None), dict(scan="sequential", chunk_size=2),
-                                  dict(scan="associative", chunk_size="auto")])
+@pytest.mark.parametrize("opts", [dict(scan="blelloch", chunk_size=None)] + [
+    pytest.param(o, marks=pytest.mark.slow) for o in (dict(scan="sequential", chunk_size=2),
+                                                      dict(scan="associative", chunk_size="auto"))])
 def test_reverse_mode_runs_the_bppsa_adjoint_and_forward_mode_does_not(monkeypatch, opts):
     """With the adjoint (the BPPSA scan and the analytic gradients) replaced by one that doubles
     its gradients, jax.grad doubles and jax.jvp does not change: reverse mode is that adjoint."""

@@ -97,8 +97,8 @@ def _entry_points(cell, opts):
     }
 
 
-@pytest.mark.parametrize("entry", ["bppsa.rnn", "backprop.rnn", "parallel.rnn"] + [
-    pytest.param(e, marks=pytest.mark.slow) for e in ("bppsa.rnn(mesh)", "pmap_rnn")])
+@pytest.mark.parametrize("entry", ["bppsa.rnn", "backprop.rnn"] + [
+    pytest.param(e, marks=pytest.mark.slow) for e in ("parallel.rnn", "bppsa.rnn(mesh)", "pmap_rnn")])
 @pytest.mark.parametrize("opts", [bppsa.Options(scan="sequential", chunk_size=3)] + [
     pytest.param(o, marks=pytest.mark.slow) for o in (bppsa.Options(backward="bptt"), bppsa.Options(precision="high"))])
 def test_every_entry_point_takes_the_options_object(entry, opts):

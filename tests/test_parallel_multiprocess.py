@@ -76,6 +76,7 @@ WORKER_NEVER_JOINS = (
 )
 
 
+@pytest.mark.slow
 def test_peer_that_never_joins_makes_the_others_fail_within_the_init_timeout():
     out, elapsed = _launch(["-n", "2", "--timeout", "60", "--grace", "2", "--",
                             sys.executable, "-c", WORKER_NEVER_JOINS], timeout=90)
