@@ -132,7 +132,7 @@ def test_cudnn_baseline_needs_torch_with_cuda(monkeypatch):
 # The one timed gradient (bppsa.gradient): every method is the gradient of one loss.
 # ---------------------------------------------------------------------------------------------
 
-GRADIENT_CELLS = [cells.RNN(1, 3), cells.GRU(2, 3), pytest.param(cells.LSTM(2, 2), marks=pytest.mark.slow)]
+GRADIENT_CELLS = [cells.RNN(1, 3)] + [pytest.param(c, marks=pytest.mark.slow) for c in (cells.GRU(2, 3), cells.LSTM(2, 2))]
 
 
 @pytest.mark.parametrize("cell", GRADIENT_CELLS, ids=lambda c: type(c).__name__)

@@ -50,6 +50,7 @@ def test_auto_chunk_size():
     assert c == 5120  # 8 MiB / 1600 B = 5242 steps, rounded down to 40 * 2^7: no padding in a chunk
 
 
+@pytest.mark.slow  # chunked exactness: tests/test_bench.py's default cases
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason='chunk_size="auto" chunks on CPU only')
 def test_default_auto_chunking_is_exact(monkeypatch):
     """chunk_size="auto" (the default) chunks once the Jacobians pass CHUNK_BYTES; exact."""

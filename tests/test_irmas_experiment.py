@@ -18,6 +18,7 @@ def stand_in(tmp_path_factory):
     return make_synthetic_irmas(tmp_path_factory.mktemp("synth"), clips_per_class=6, seed=0)
 
 
+@pytest.mark.slow  # the smoke run in tests/test_configs.py trains the same task in the default run
 def test_short_training_run_learns_the_stand_in_above_chance(stand_in, tmp_path):
     cel = sorted((stand_in / "IRMAS-TrainingData" / "cel").iterdir())[0]
     (stand_in / "IRMAS-TrainingData" / "Violin").mkdir()  # not a class folder: reported, not used
