@@ -12,21 +12,19 @@ s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
     transposed_jacobian(params, s_prev, xs, s) -> Ms    s_prev, s: (T, B, S), xs: (T, B, I)
         Ms: (T, B, S, S), the matrix M_t with g_{t-1} = g_t @ M_t (row vectors): the paper's
         Jᵀ acting on column vectors, i.e. M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j].
-    diagonal_jacobian(params, s_prev, xs, s) -> (A, Wt) or None
-        optional structure M_t = diag(A_t) @ Wt with one shared Wt (the RNN has it), which the
-        Blelloch scan uses to avoid forming the matrices; None where there is none.
     param_grads(params, s_prev, xs, s, gs) -> (dparams, dxs)
-        gs: (T, B, S) the total gradient ∂L/∂s_t; the contraction of the per-step gradients of
-        the pre-activations with x_t and s_{t-1}, one einsum over (t, b).
+        gs: (T, B, S) the total gradient ∂L/∂s_t; one contraction over (t, b).
 
-Each cell's maths is written once, here. The conventions in which published cells differ are
-fields: the activation functions (by name, :data:`ACTIVATIONS`), whether the input and the
-hidden layer carry a bias (PyTorch: both; flax's GRU: input only; flax's LSTM: hidden only) and
-the SimpleCell's residual. :mod:`bppsa.flax_cells` maps flax's parameter layout onto these cells.
+Optional structure: ``diagonal_jacobian`` (M_t = diag(A_t) @ Wt, one shared Wt: the RNN), and
+``jacobian_block_size``/``jacobian_blocks`` (block-diagonal M_t: cells with heads,
+:mod:`bppsa.structured`), which the scans use instead of forming S×S matrices.
 
-Row convention throughout: a step computes ``x @ W_x + h @ W_h``, W_x: (I, G), W_h: (H, G). GRU
-and LSTM use PyTorch's gate order (r, z, n) and (i, f, g, o). The arrays passed to the batched
-methods may be in any time order (BPPSA passes them latest step first); they only have to agree.
+Each cell's maths is written once, here; conventions in which published cells differ are
+fields (activations by name, :data:`ACTIVATIONS`; input/hidden biases: PyTorch both, flax's GRU
+input only, its LSTM hidden only; the SimpleCell's residual; :mod:`bppsa.flax_cells` maps
+flax's layout). Row convention: a step computes ``x @ W_x + h @ W_h``, W_x: (I, G), W_h: (H, G);
+gate orders are PyTorch's, (r, z, n) and (i, f, g, o). The batched methods' arrays may be in
+any time order (BPPSA passes them latest step first); they only have to agree.
 """
 
 from __future__ import annotations
@@ -92,16 +90,26 @@ class Cell(abc.ABC):
         """gs (T, B, S) = ∂L/∂s_t -> (dparams, dxs (T, B, I)), summed over t and b."""
 
     def diagonal_jacobian(self, params, s_prev, xs, s, /) -> Any:
-        """Optional structure of the transposed Jacobian: ``(A, Wt)`` with A (T, B, S) and
-        M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) matrix Wt, or None (the default: no
-        such structure). The Blelloch scan uses it to skip forming the (T, B, S, S) matrices
-        (:func:`bppsa.scan.blelloch_scan_stored_diag`); see :attr:`has_diagonal_jacobian`."""
+        """``(A, Wt)`` with A (T, B, S) and M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) Wt,
+        or None (default). The Blelloch scan then never forms the (T, B, S, S) matrices."""
         return None
 
     @property
-    def has_diagonal_jacobian(self) -> bool:
-        """Whether :meth:`diagonal_jacobian` returns the structure (False by default)."""
+    def has_diagonal_jacobian(self) -> bool:  # whether diagonal_jacobian returns it (default no)
         return False
+
+    @property
+    def jacobian_block_size(self) -> int | None:  # k: each M_t block-diagonal, S/k contiguous (k, k)
+        return None  # blocks (1: diagonal), the scans then use jacobian_blocks; None: dense
+
+    def jacobian_blocks(self, params, s_prev, xs, s, /) -> Any:
+        """M_t's diagonal blocks (T, B, S/k, k, k); default: the dense M_t as one block."""
+        return self.transposed_jacobian(params, s_prev, xs, s)[..., None, :, :]
+
+    def jacobian_diagonal(self, params, s_prev, xs, s, /) -> Any:
+        """diag(M_t) (T, B, S), the quasi-Newton forward's Jacobian; default: from the blocks."""
+        d = jnp.diagonal(self.jacobian_blocks(params, s_prev, xs, s), axis1=-2, axis2=-1)
+        return d.reshape(d.shape[:-2] + (-1,))  # (T, B, S/k, k) -> (T, B, S)
 
     #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
     gates: ClassVar[int] = 1
@@ -211,10 +219,9 @@ class RNN(Cell):
     residual: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.diagonal, bool):
-            raise UsageError(f"RNN: diagonal must be True or False; got {self.diagonal!r}")
-        if not isinstance(self.residual, bool):
-            raise UsageError(f"RNN: residual must be True or False; got {self.residual!r}")
+        for name in ("diagonal", "residual"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"RNN: {name} must be True or False; got {getattr(self, name)!r}")
         _check_cell(self, "nonlinearity")
 
     def init(self, key, dtype=jnp.float32):
