@@ -16,7 +16,8 @@ PKG = ROOT / "bppsa"
 
 # Each layer may import only itself and the layers before it (docs/architecture.md). Matched by longest prefix.
 LAYERS = [
-    ("bppsa.errors", "bppsa.host", "bppsa.provenance", "bppsa.tables", "bppsa.timing", "bppsa.data", "bppsa._scan", "bppsa.scan", "bppsa.cells"),
+    ("bppsa.errors", "bppsa.host", "bppsa.provenance", "bppsa.tables", "bppsa.timing", "bppsa.data", "bppsa._scan", "bppsa.scan", "bppsa.cells",
+     "bppsa.structured"),
     ("bppsa.cost",),
     ("bppsa.options", "bppsa._backward", "bppsa.backprop"),
     ("bppsa.parallel",),

@@ -1,0 +1,359 @@
+"""Cells with block-diagonal recurrences (heads), whose state Jacobians are block-diagonal.
+
+As in ParaRNN (Danieli et al., 2025) and diagonal/"multi-head" recurrent cells, each of the
+N = H/k heads of k units sees only its own previous k units: the recurrent weight is
+block-diagonal, so every transposed Jacobian M_t (:class:`bppsa.cells.Cell`: g_{t-1} = g_t @ M_t,
+M_t[b, i, j] = ∂s_t[b, i]/∂s_{t-1}[b, j]) is block-diagonal with S/k' contiguous (k', k') blocks
+(k' = k; the LSTM: k' = 2k), diagonal for k = 1 (the RNN and GRU). The scans can then combine
+(k', k') blocks instead of S × S matrices (:attr:`~bppsa.cells.Cell.jacobian_block_size`,
+:meth:`~bppsa.cells.Cell.jacobian_blocks`); :meth:`~bppsa.cells.Cell.transposed_jacobian` still
+gives the dense matrices, built from the blocks.
+
+Parameters (N heads, k = ``head_size``, G gates, H = N k, unit m = n k + a of head n):
+
+- ``W_x`` (I, G·H): dense input weights, gate-major columns (q H + m), as in :mod:`bppsa.cells`;
+- ``W_h`` (N, k, G·k): per-head recurrent weights, W_h[n, j, q k + a] = the weight from unit j
+  of head n to unit a of head n in gate q (k = 1: one vector per gate, a diagonal recurrence);
+- ``b_x``, ``b_h`` (G·H): input and hidden biases, where ``input_bias``/``hidden_bias``.
+
+The recurrent product is rec(h)[q H + n k + a] = Σ_j h[n k + j] W_h[n, j, q k + a]; every cell is
+its dense counterpart in :mod:`bppsa.cells` with W_h replaced by the block-diagonal matrix this
+defines. Gate orders are PyTorch's, (r, z, n) and (i, f, g, o). Jacobians, parameter and input
+gradients are analytic (no autodiff); no S × S array is formed except by ``transposed_jacobian``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from .cells import ACTIVATIONS, Cell
+from .errors import UsageError
+
+__all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix"]
+
+
+def block_diagonal(blocks):
+    """(..., N, k, k) blocks -> the (..., N k, N k) block-diagonal matrix."""
+    N, k = blocks.shape[-3], blocks.shape[-1]
+    dense = jnp.einsum("...nab,nm->...namb", blocks, jnp.eye(N, dtype=blocks.dtype))
+    return dense.reshape(blocks.shape[:-3] + (N * k, N * k))
+
+
+def recurrent_matrix(W_h, gates: int):
+    """The per-head ``W_h`` (N, k, G·k) as the dense (H, G·H) recurrent weight of :mod:`bppsa.cells`
+    (zero outside the heads' blocks): rec(h) = h @ recurrent_matrix(W_h, G)."""
+    N, k = W_h.shape[:2]
+    W = W_h.reshape(N, k, gates, k)
+    dense = jnp.einsum("njqa,nm->njqma", W, jnp.eye(N, dtype=W.dtype))
+    return dense.reshape(N * k, gates * N * k)
+
+
+class _Block(Cell):
+    """What the three cells share: sizes and their checks, parameters, the per-head products."""
+
+    input_size: int
+    hidden_size: int
+    head_size: int
+    input_bias: bool
+    hidden_bias: bool
+    _activations: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self):
+        name = type(self).__name__
+        for field in ("input_size", "hidden_size", "head_size"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"{name}: {field} must be a positive int; got {value!r}")
+        if self.hidden_size % self.head_size:
+            raise UsageError(f"{name}: hidden_size ({self.hidden_size}) must be divisible by head_size "
+                             f"({self.head_size}): the state is hidden_size / head_size heads of head_size units")
+        for field in self._activations:
+            value = getattr(self, field)
+            if not (isinstance(value, str) and value in ACTIVATIONS):
+                raise UsageError(f"{name}: {field} must be one of {list(ACTIVATIONS)}; got {value!r}")
+        for field in ("input_bias", "hidden_bias"):
+            if not isinstance(getattr(self, field), bool):
+                raise UsageError(f"{name}: {field} must be True or False; got {getattr(self, field)!r}")
+
+    @property
+    def heads(self) -> int:
+        """N = hidden_size / head_size."""
+        return self.hidden_size // self.head_size
+
+    def init(self, key, dtype=jnp.float32):
+        """W_x and the biases U(±1/√H) (PyTorch's), W_h U(±1/√k) (each unit's recurrent fan-in is k)."""
+        keys = jax.random.split(key, 4)
+        H, k, G = self.hidden_size, self.head_size, self.gates
+        u = lambda key, shape, bound: jax.random.uniform(key, shape, dtype, -bound, bound)
+        params = {"W_x": u(keys[0], (self.input_size, G * H), H ** -0.5),
+                  "W_h": u(keys[1], (self.heads, k, G * k), k ** -0.5)}
+        if self.input_bias:
+            params["b_x"] = u(keys[2], (G * H,), H ** -0.5)
+        if self.hidden_bias:
+            params["b_h"] = u(keys[3], (G * H,), H ** -0.5)
+        return params
+
+    def _heads(self, a):
+        """(..., H) -> (..., N, k)."""
+        return a.reshape(a.shape[:-1] + (self.heads, self.head_size))
+
+    def _w(self, params):
+        """W_h as (N, k_in j, G, k_out a)."""
+        return params["W_h"].reshape(self.heads, self.head_size, self.gates, self.head_size)
+
+    def _affine(self, params, h, x):
+        """(x W_x + b_x, rec(h) + b_h), each (..., G·H) gate-major."""
+        gx = x @ params["W_x"]
+        gh = jnp.einsum("...nj,njqa->...qna", self._heads(h), self._w(params)).reshape(gx.shape)
+        return (gx + params["b_x"] if self.input_bias else gx), (gh + params["b_h"] if self.hidden_bias else gh)
+
+    def _gate(self, a, q):
+        """Gate q's slice (..., H) of a gate-major (..., G·H) array."""
+        H = self.hidden_size
+        return a[..., q * H:(q + 1) * H]
+
+    def _rec_blocks(self, params, U):
+        """Σ_q diag(U_q) W_hqᵀ on each head: U (..., G, H) -> (..., N, k, k), [n, a, j] =
+        Σ_q U_q[n k + a] W_h[n, j, q k + a]."""
+        Uh = U.reshape(U.shape[:-1] + (self.heads, self.head_size))
+        return jnp.einsum("...qna,njqa->...naj", Uh, self._w(params))
+
+    def _rec_diagonal(self, params, U):
+        """The diagonal of :meth:`_rec_blocks`: (..., G, H) -> (..., H)."""
+        Wd = jnp.diagonal(self._w(params), axis1=1, axis2=3)  # (N, G, k): W_h[n, a, q k + a]
+        Uh = U.reshape(U.shape[:-1] + (self.heads, self.head_size))
+        return jnp.einsum("...qna,nqa->...na", Uh, Wd).reshape(U.shape[:-2] + (self.hidden_size,))
+
+    def _contract(self, xs, h_prev, dgx, dgh):
+        """Parameter gradients of (x W_x + b_x, rec(h) + b_h) from their cotangents (T, B, G·H)."""
+        G, N, k = self.gates, self.heads, self.head_size
+        dW_h = jnp.einsum("tbnj,tbqna->njqa", self._heads(h_prev), dgh.reshape(dgh.shape[:2] + (G, N, k)))
+        grads = {"W_x": jnp.einsum("tbi,tbg->ig", xs, dgx), "W_h": dW_h.reshape(N, k, G * k)}
+        if self.input_bias:
+            grads["b_x"] = dgx.sum((0, 1))
+        if self.hidden_bias:
+            grads["b_h"] = dgh.sum((0, 1))
+        return grads
+
+    @property
+    def jacobian_block_size(self) -> int | None:
+        return self.head_size
+
+    def transposed_jacobian(self, params, s_prev, xs, s):
+        """The dense (T, B, S, S) M_t: :meth:`jacobian_blocks` on the diagonal, zero elsewhere."""
+        return block_diagonal(self.jacobian_blocks(params, s_prev, xs, s))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockRNN(_Block):
+    """Elman RNN with per-head recurrence: h' = σ(x W_x + b_x + rec(h) + b_h), σ = ``nonlinearity``.
+
+    Jacobian block of head n (a, j < k): M_n[a, j] = σ'(a_{nk+a}) W_h[n, j, a], i.e.
+    M = diag(σ'(a)) blockdiag(W_h[n]ᵀ); its diagonal σ'(a_m) W_h[n, a, a]. For tanh σ' = 1 − h'².
+    """
+
+    input_size: int
+    hidden_size: int
+    head_size: int = 1
+    nonlinearity: str = "tanh"
+    input_bias: bool = True
+    hidden_bias: bool = True
+
+    gates: ClassVar[int] = 1
+    _activations: ClassVar[tuple[str, ...]] = ("nonlinearity",)
+
+    def step(self, params, h, x):
+        gx, gh = self._affine(params, h, x)
+        return ACTIVATIONS[self.nonlinearity][0](gx + gh)
+
+    def _dact(self, s):
+        return ACTIVATIONS[self.nonlinearity][1](s)
+
+    def jacobian_blocks(self, params, s_prev, xs, s):
+        return self._rec_blocks(params, self._dact(s)[..., None, :])
+
+    def jacobian_diagonal(self, params, s_prev, xs, s):
+        return self._rec_diagonal(params, self._dact(s)[..., None, :])
+
+    def param_grads(self, params, s_prev, xs, s, gs):
+        da = gs * self._dact(s)
+        return self._contract(xs, s_prev, da, da), da @ params["W_x"].T
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockGRU(_Block):
+    """GRU with per-head recurrence, PyTorch's gate convention (r, z, n), gate σ, activation φ:
+
+        r = σ(x W_xr + b_xr + rec_r(h) + b_hr),  z = σ(x W_xz + b_xz + rec_z(h) + b_hz),
+        m = rec_n(h) + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
+
+    With u_n = (1 − z) φ'(n), u_r = u_n m σ'(r), u_z = (h − n) σ'(z) (per unit), the Jacobian
+    block of head n is (a, j < k)
+
+        M_n[a, j] = u_r[a] W_h[n, j, a] + u_z[a] W_h[n, j, k + a] + u_n[a] r[a] W_h[n, j, 2k + a] + z[a] δ_aj
+
+    (units a of head n), cells.GRU's M with W_h block-diagonal; diagonal at j = a.
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's GRUCell: input only).
+    """
+
+    input_size: int
+    hidden_size: int
+    head_size: int = 1
+    gate: str = "sigmoid"
+    activation: str = "tanh"
+    input_bias: bool = True
+    hidden_bias: bool = True
+
+    gates: ClassVar[int] = 3
+    _activations: ClassVar[tuple[str, ...]] = ("gate", "activation")
+
+    def _gates(self, params, h, x):
+        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
+        gx, gh = self._affine(params, h, x)
+        r = sigma(self._gate(gx, 0) + self._gate(gh, 0))
+        z = sigma(self._gate(gx, 1) + self._gate(gh, 1))
+        m = self._gate(gh, 2)
+        return r, z, m, phi(self._gate(gx, 2) + r * m)
+
+    def step(self, params, h, x):
+        r, z, m, n = self._gates(params, h, x)
+        return (1.0 - z) * n + z * h
+
+    def _u(self, params, s_prev, xs):
+        r, z, m, n = self._gates(params, s_prev, xs)
+        dsigma = ACTIVATIONS[self.gate][1]
+        u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
+        return r, z, u_n * m * dsigma(r), (s_prev - n) * dsigma(z), u_n
+
+    def jacobian_blocks(self, params, s_prev, xs, s):
+        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        blocks = self._rec_blocks(params, jnp.stack([u_r, u_z, u_n * r], axis=-2))
+        return blocks + self._heads(z)[..., :, None] * jnp.eye(self.head_size, dtype=blocks.dtype)
+
+    def jacobian_diagonal(self, params, s_prev, xs, s):
+        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        return self._rec_diagonal(params, jnp.stack([u_r, u_z, u_n * r], axis=-2)) + z
+
+    def param_grads(self, params, s_prev, xs, s, gs):
+        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
+        dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
+        dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
+        return self._contract(xs, s_prev, dgx, dgh), dgx @ params["W_x"].T
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLSTM(_Block):
+    """LSTM with per-head recurrence, PyTorch's gate order (i, f, g, o), gate σ, activation φ:
+
+        a = x W_x + b_x + rec(h) + b_h,  i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),
+        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
+
+    The state is the pair (h, c) (``flax_carry=True``: flax's (c, h)); the flat state is laid
+    out per head, s = [h_0, c_0, h_1, c_1, …] with h_n, c_n the k units of head n (k = 1:
+    h and c interleaved), so M_t is block-diagonal with contiguous (2k, 2k) blocks. With
+    κ = o φ'(c'), p_i = g σ'(i), p_f = c σ'(f), p_g = i φ'(g), p_o = φ(c') σ'(o) (per unit),
+    P_n[a, j] = Σ_{q∈i,f,g} p_q[a] W_h[n, j, q k + a], Q_n[a, j] = p_o[a] W_h[n, j, 3k + a], the
+    block of head n is (rows ∂h'_n, ∂c'_n; columns ∂h_n, ∂c_n)
+
+        M_n = [[diag(κ) P_n + Q_n, diag(κ f)],
+               [P_n,               diag(f)  ]].
+
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's LSTM cells: hidden only).
+    """
+
+    input_size: int
+    hidden_size: int
+    head_size: int = 1
+    gate: str = "sigmoid"
+    activation: str = "tanh"
+    input_bias: bool = True
+    hidden_bias: bool = True
+    flax_carry: bool = False  # True: the state is the pair (c, h), as flax's LSTM cells carry it
+
+    gates: ClassVar[int] = 4
+    pair_state: ClassVar[bool] = True
+    _activations: ClassVar[tuple[str, ...]] = ("gate", "activation")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.flax_carry, bool):
+            raise UsageError(f"BlockLSTM: flax_carry must be True or False; got {self.flax_carry!r}")
+
+    @property
+    def state_size(self) -> int:
+        return 2 * self.hidden_size
+
+    @property
+    def jacobian_block_size(self) -> int | None:
+        return 2 * self.head_size
+
+    def _hc(self, state):
+        return (state[1], state[0]) if self.flax_carry else tuple(state)
+
+    def flatten_state(self, h):
+        """(h, c) [flax_carry: (c, h)], each (..., H) -> (..., 2H), per head [h_n, c_n]."""
+        h, c = self._hc(h)
+        s = jnp.stack([self._heads(h), self._heads(c)], axis=-2)  # (..., N, 2, k)
+        return s.reshape(s.shape[:-3] + (2 * self.hidden_size,))
+
+    def _split(self, s):
+        """(..., 2H) -> (h, c), each (..., H)."""
+        s = s.reshape(s.shape[:-1] + (self.heads, 2, self.head_size))
+        shape = s.shape[:-3] + (self.hidden_size,)
+        return s[..., 0, :].reshape(shape), s[..., 1, :].reshape(shape)
+
+    def unflatten_state(self, s):
+        return self._hc(self._split(s))
+
+    def hidden(self, states):
+        return states[1] if self.flax_carry else states[0]
+
+    def _gates(self, params, h, x):
+        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
+        gx, gh = self._affine(params, h, x)
+        a = gx + gh
+        i, f, o = (sigma(self._gate(a, q)) for q in (0, 1, 3))
+        return i, f, phi(self._gate(a, 2)), o
+
+    def step(self, params, state, x):
+        h, c = self._hc(state)
+        i, f, g, o = self._gates(params, h, x)
+        c_new = f * c + i * g
+        return self._hc((o * ACTIVATIONS[self.activation][0](c_new), c_new))
+
+    def _terms(self, params, s_prev, xs, s):
+        """(h_prev, f, κ, (p_i, p_f, p_g), p_o), each (..., H)."""
+        h, c = self._split(s_prev)
+        i, f, g, o = self._gates(params, h, xs)
+        phi, dphi = ACTIVATIONS[self.activation]
+        dsigma = ACTIVATIONS[self.gate][1]
+        tc = phi(self._split(s)[1])
+        kappa = o * dphi(tc)  # ∂h'/∂c'
+        return h, f, kappa, (g * dsigma(i), c * dsigma(f), i * dphi(g)), tc * dsigma(o)
+
+    def jacobian_blocks(self, params, s_prev, xs, s):
+        _, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
+        Uh = jnp.stack(tuple(kappa * pq for pq in p) + (p_o,), axis=-2)  # g_h' -> dh
+        Uc = jnp.stack(p + (jnp.zeros_like(p_o),), axis=-2)  # g_c' -> dh
+        eye = jnp.eye(self.head_size, dtype=f.dtype)
+        top = jnp.concatenate([self._rec_blocks(params, Uh), self._heads(kappa * f)[..., None] * eye], axis=-1)
+        bottom = jnp.concatenate([self._rec_blocks(params, Uc), self._heads(f)[..., None] * eye], axis=-1)
+        return jnp.concatenate([top, bottom], axis=-2)  # (..., N, 2k, 2k)
+
+    def jacobian_diagonal(self, params, s_prev, xs, s):
+        _, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
+        dh = self._rec_diagonal(params, jnp.stack(tuple(kappa * pq for pq in p) + (p_o,), axis=-2))
+        d = jnp.stack([self._heads(dh), self._heads(f)], axis=-2)  # (..., N, 2, k): the flat layout
+        return d.reshape(d.shape[:-3] + (2 * self.hidden_size,))
+
+    def param_grads(self, params, s_prev, xs, s, gs):
+        h, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
+        g_h, g_c = self._split(gs)
+        dc = g_c + g_h * kappa
+        da = jnp.concatenate([dc * p[0], dc * p[1], dc * p[2], g_h * p_o], axis=-1)
+        return self._contract(xs, h, da, da), da @ params["W_x"].T
