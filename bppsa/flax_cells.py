@@ -10,6 +10,8 @@
   :class:`Flax`, whose maths is one of :mod:`bppsa.cells` (written once there) with flax's
   conventions as fields; this module only maps parameters between flax's layout and the cell's
   (:func:`cell_params`);
+- a cell with a ``bppsa_cell()`` method (:mod:`bppsa.flax_structured`'s, computing in one
+  dtype): the :mod:`bppsa.structured` cell it returns, its ``nnx.Param``s in that cell's layout;
 - any other cell (or one of those four with another activation or in mixed precision):
   autodiff Jacobians of one example's step, vmapped over the batch and time
   (:class:`Autodiff`), with the non-Param state a step reads but never changes as constants;
@@ -345,9 +347,10 @@ def _analytic(flax_cell, carry=None, x_dtype=None):
     and the cell's ``dtype``; mixed precision goes to :class:`Autodiff`, which keeps flax's own
     promotion); None otherwise."""
     layout = next((k for k, t in _FLAX_TYPES.items() if type(flax_cell) is t), None)
-    if layout is None:
+    structured = getattr(flax_cell, "bppsa_cell", None)  # bppsa.flax_structured's cells: their own cell
+    if layout is None and not callable(structured):
         return None
-    fns = [flax_cell.activation_fn] + ([] if layout == "simple" else [flax_cell.gate_fn])
+    fns = [] if layout is None else [flax_cell.activation_fn] + ([] if layout == "simple" else [flax_cell.gate_fn])
     if not all(f in ACTIVATION_NAMES for f in fns):
         return None
     if carry is not None:
@@ -356,6 +359,9 @@ def _analytic(flax_cell, carry=None, x_dtype=None):
         computes = flax_cell.dtype or (jnp.result_type(x_dtype, *dtypes) if x_dtype is not None else None)
         if len(dtypes) != 1 or (computes is not None and jnp.dtype(computes) not in dtypes):
             return None
+    if layout is None:
+        made = structured() if callable(structured) else None
+        return made if isinstance(made, Cell) else None
     I, H, act = flax_cell.in_features, flax_cell.hidden_features, ACTIVATION_NAMES[fns[0]]
     if layout == "simple":
         core: Cell = cells.RNN(I, H, act, hidden_bias=False, residual=bool(flax_cell.residual))

@@ -19,9 +19,10 @@ from . import options as options_lib
 from .backprop import rnn
 from .cells import Cell
 from .errors import UsageError
+from .flax_structured import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
 from .options import OptionFields, Options
 
-__all__ = ["RNN", "SequenceClassifier", "BPTTFallbackWarning"]
+__all__ = ["RNN", "SequenceClassifier", "BPTTFallbackWarning", "BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell"]
 PADDINGS = ("flax", "identity")
 
 
@@ -167,7 +168,7 @@ class RNN(nnx.Module):
         """The hidden state h (B, H) of a final carry."""
         if isinstance(self.cell, Cell):
             return carry[0] if self.cell.pair_state else carry
-        return carry[1] if isinstance(self.cell, (nnx.LSTMCell, nnx.OptimizedLSTMCell)) else carry
+        return carry[1] if isinstance(self.cell, (nnx.LSTMCell, nnx.OptimizedLSTMCell, BlockLSTMCell)) else carry
 
     def _layout(self, shape, time_major):
         """(time axis, batch shape, feature shape) of inputs of ``shape``, as ``nnx.RNN`` reads them."""

@@ -21,7 +21,7 @@ LAYERS = [
     ("bppsa.cost",),
     ("bppsa.options", "bppsa._backward", "bppsa.backprop"),
     ("bppsa.parallel",),
-    ("bppsa.nn", "bppsa.flax_cells", "bppsa._flax_state", "bppsa.train", "bppsa.tasks", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero",
+    ("bppsa.nn", "bppsa.flax_cells", "bppsa.flax_structured", "bppsa._flax_state", "bppsa.train", "bppsa.tasks", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero",
      "bppsa.sync"),
     ("bppsa.gradient", "bppsa.calibrate", "bppsa.baselines", "bppsa.bench"),
     ("bppsa.experiments",),
