@@ -134,11 +134,12 @@ def test_small_chunks(name):
     _check(cell, params, xs, h0, ("blelloch", "sequential"), chunk_size=3)
 
 
-@settings(max_examples=3, deadline=None)
-@given(kind=st.sampled_from(["rnn", "gru", "lstm"]), scan=st.sampled_from(SCANS), T=st.integers(1, 20),
-       B=st.integers(1, 3), I=st.integers(1, 3), heads=st.integers(1, 3), k=st.integers(1, 3),
-       seed=st.integers(0, 1000))
-def test_gradients_property(kind, scan, T, B, I, heads, k, seed):
+_SHAPES = dict(kind=st.sampled_from(["rnn", "gru", "lstm"]), scan=st.sampled_from(SCANS), T=st.integers(1, 20),
+               B=st.integers(1, 3), I=st.integers(1, 3), heads=st.integers(1, 3), k=st.integers(1, 3),
+               seed=st.integers(0, 1000))
+
+
+def _property(kind, scan, T, B, I, heads, k, seed):
     make = {"rnn": structured.BlockRNN, "gru": structured.BlockGRU, "lstm": structured.BlockLSTM}[kind]
     cell = make(I, heads * k, k)
     keys = jax.random.split(jax.random.key(seed), 3)
@@ -146,6 +147,19 @@ def test_gradients_property(kind, scan, T, B, I, heads, k, seed):
     xs = jax.random.normal(keys[1], (T, B, I), jnp.float64)
     h0 = cell.unflatten_state(0.5 * jax.random.normal(keys[2], (B, cell.state_size), jnp.float64))
     _check(cell, params, xs, h0, (scan,), rtol=1e-8)
+
+
+@settings(max_examples=2, deadline=None)
+@given(**_SHAPES)
+def test_gradients_property(**kw):
+    _property(**kw)
+
+
+@slow
+@settings(max_examples=10, deadline=None)
+@given(**_SHAPES)
+def test_gradients_property_more(**kw):
+    _property(**kw)
 
 
 def _forward_modes():
@@ -159,19 +173,27 @@ def _forward_modes():
     return modes
 
 
-@pytest.mark.parametrize("name", ["gru-k3", "lstm-k1"])
+@pytest.mark.parametrize("name", ["gru-k3"] + [pytest.param(n, marks=slow) for n in ("lstm-k1", "rnn-k2")])
 def test_parallel_forward_modes(name):
     """forward="newton" / "quasi" (where bppsa.Options has them): the same states and gradients."""
     modes = _forward_modes()
     if not modes:
         pytest.skip("bppsa.Options has no forward= yet")
     cell, params, xs, h0 = _setup(name, 9, 2, seed=2)
-    ref = scan_states(cell, params, xs, h0)
-    want = jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(params, xs, h0)
-    for mode in modes:
-        f = lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bppsa", forward=mode)  # pyright: ignore[reportCallIssue]
-        _close(f(params, xs, h0), ref, 1e-8, 1e-10)
-        _close(jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(params, xs, h0), want, 1e-8, 1e-10)
+
+    @jax.jit
+    def run(p, x, h):
+        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
+        got = []
+        for mode in modes:
+            f = lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bppsa", forward=mode,  # pyright: ignore[reportCallIssue]
+                                          on_fail="raise")
+            got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
+        return ref, got
+
+    ref, got = run(params, xs, h0)
+    for g in got:
+        _close(g, ref, 1e-8, 1e-10)
 
 
 def test_bad_sizes_and_activations_are_usage_errors():
