@@ -101,6 +101,7 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-compile", action="store_true", help="skip the peer's torch.compile")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--render", metavar="JSON", help="rewrite JSON's .md from the saved record, no run")
     ap.add_argument("--_reference", nargs=2, metavar=("IN", "OUT"), help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -395,7 +396,6 @@ def fmt(v, spec=".2f"):
 
 def write_outputs(out, rows, args, use_newton, peer_python, wall_s, load0):
     from bppsa.provenance import provenance, save_json
-    from bppsa.tables import markdown_table
 
     prov = provenance()
     peer0 = rows[0]["peer"] if rows else {}
@@ -403,8 +403,22 @@ def write_outputs(out, rows, args, use_newton, peer_python, wall_s, load0):
               "bppsa_forward_newton": use_newton, "peer_python": str(peer_python),
               "peer_versions": {"torch": peer0.get("torch"), "pararnn": peer0.get("pararnn")},
               "loadavg": [load0, list(os.getloadavg())], "provenance": prov}
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "bppsa"], capture_output=True, text=True,
+                           cwd=REPO).stdout.split("\n")
+    record["bppsa_uncommitted"] = [line[3:] for line in dirty if line.strip()]
     save_json(f"{out}.json", record)
+    render_md(out, record)
+    return record
 
+
+def render_md(out, record):
+    """``out``.md from a saved record (``--render JSON`` redoes it without rerunning)."""
+    from bppsa.tables import markdown_table
+
+    rows, prov, load0 = record["rows"], record["provenance"], record["loadavg"][0]
+    use_newton, wall_s, repeats, core = (record["bppsa_forward_newton"], record["wall_s"], record["repeats"],
+                                         record["core"])
+    peer0 = rows[0]["peer"] if rows else {}
     header = ["point", "I", "H", "peer eager ms", "peer compiled ms", "peer iters (eager/compiled)",
               "bppsa newton ms", "bppsa seq+bppsa ms", "bptt ms", "peer compiled / bppsa newton",
               "peer compiled / bppsa seq", "grad err peer (eager/compiled)", "grad err bppsa (newton/seq)"]
@@ -427,23 +441,36 @@ def write_outputs(out, rows, args, use_newton, peer_python, wall_s, load0):
                    f"{str(prov.get('git_commit'))[:7]}); the bppsa columns are `forward=\"sequential\"` "
                    "(lax.scan) + `backward=\"bppsa\"` and BPTT only. Rerun with `--forward newton` once it lands.")
     failed = [(r["point"], r["check_failed"]) for r in rows if r["check_failed"]]
+    partial = [r["point"] for r in rows if r["peer"].get("compiled_fullgraph") is False]
+    notes = []
+    if partial:
+        notes.append(f"Compiled with graph breaks (`fullgraph=False`; `fullgraph=True` refused: a custom cell's "
+                     f"backward is `torch.autograd.grad` on its step, which Dynamo does not trace): {', '.join(partial)}.")
+    if record.get("bppsa_uncommitted"):
+        notes.append("bppsa was the working tree, with uncommitted changes in "
+                     f"{', '.join(record['bppsa_uncommitted'])}.")
+    notes.append(f"Load average {' '.join(f'{v:.2f}' for v in record['loadavg'][1])} at the end (a shared 2-core "
+                 "machine): read the ratios more than the milliseconds.")
     md = f"""# pararnn-torch vs bppsa: one training step on one CPU core
 
-`{prov['command']}` — {prov['date']}, {prov['cpu']}, one core each (core {args.core}; XLA single-threaded, torch 1 thread), jax {prov['jax']}, torch {peer0.get('torch')}, pararnn-torch {peer0.get('pararnn')}, commit {str(prov.get('git_commit'))[:7]}, {wall_s / 60:.1f} min, load average {load0[0]:.2f} at the start
+`{prov['command']}` — {prov['date']}, {prov['cpu']}, one core each (core {core}; XLA single-threaded, torch 1 thread), jax {prov['jax']}, torch {peer0.get('torch')}, pararnn-torch {peer0.get('pararnn')}, commit {str(prov.get('git_commit'))[:7]}, {wall_s / 60:.1f} min, load average {load0[0]:.2f} at the start
 
-One training step: states H (T, B, H) of the RNN from h0, loss Σ H ⊙ R (R fixed N(0, 1)), gradient w.r.t. every parameter; float32; the same equations and weights on both sides (PyTorch's U(±1/√H) init, h0 U(±0.5), RNN inputs Bernoulli(0.5) bitstreams, GRU inputs N(0, 1)). Peer eager = `pararnn.newton_apply(cell, x, NewtonConfig(), h0=h0)` + autograd through its eq. 2.6 backward (K ≤ 3, early stop at max|F| < 1e-5; iterations = residual evaluations); peer compiled = the forward under `torch.compile(fullgraph=True)` with `compile_safe_config()` (K = 3 fixed). Peer: median of {args.repeats} calls after 2 warm-up calls; bppsa: `jax.jit(jax.value_and_grad(loss))`, median of {args.repeats} interleaved rounds (`bppsa.timing`). {newton_note} Cells: rnn = tanh Elman, pararnn side a cell written to its `RNNCell` protocol with the analytic dense Jacobian (pararnn ships no Elman cell), bppsa `cells.RNN(I, H, "tanh")`; gru = `ParaGRU(mix="head", n_heads=1)` (dense A_*, reset before the recurrent product, h' = (1 − z) h + z n), bppsa `cells.Generic` with the same equations and their analytic Jacobian (`cells.GRU`'s PyTorch convention cannot express this GRU); gru_diag = `ParaGRU(mix="diag", max_recurrent_norm=None)` (pararnn's default GRU, A_* = diag(a_*)), bppsa `structured.BlockGRU(I, H, 1, hidden_bias=False)` with the z gate negated (exact). Grad err: max over parameters of max |g − g_ref| / max |g_ref|, g_ref float64 autodiff through a sequential lax.scan. States agree (max |H_bppsa − H_peer| < {STATE_TOL:g}) and grad err < {GRAD_TOL:g} everywhere{'' if not failed else ' EXCEPT ' + repr(failed)}. Ratios > 1: bppsa faster.
+One training step: states H (T, B, H) of the RNN from h0, loss Σ H ⊙ R (R fixed N(0, 1)), gradient w.r.t. every parameter; float32; the same equations and weights on both sides (PyTorch's U(±1/√H) init, h0 U(±0.5), RNN inputs Bernoulli(0.5) bitstreams, GRU inputs N(0, 1)). Peer eager = `pararnn.newton_apply(cell, x, NewtonConfig(), h0=h0)` + autograd through its eq. 2.6 backward (K ≤ 3, early stop at max|F| < 1e-5; iterations = residual evaluations); peer compiled = the forward under `torch.compile(fullgraph=True)` with `compile_safe_config()` (K = 3 fixed). Peer: median of {repeats} calls after 2 warm-up calls; bppsa: `jax.jit(jax.value_and_grad(loss))`, median of {repeats} interleaved rounds (`bppsa.timing`). {newton_note} Cells: rnn = tanh Elman, pararnn side a cell written to its `RNNCell` protocol with the analytic dense Jacobian (pararnn ships no Elman cell), bppsa `cells.RNN(I, H, "tanh")`; gru = `ParaGRU(mix="head", n_heads=1)` (dense A_*, reset before the recurrent product, h' = (1 − z) h + z n), bppsa `cells.Generic` with the same equations and their analytic Jacobian (`cells.GRU`'s PyTorch convention cannot express this GRU); gru_diag = `ParaGRU(mix="diag", max_recurrent_norm=None)` (pararnn's default GRU, A_* = diag(a_*)), bppsa `structured.BlockGRU(I, H, 1, hidden_bias=False)` with the z gate negated (exact). Grad err: max over parameters of max |g − g_ref| / max |g_ref|, g_ref float64 autodiff through a sequential lax.scan. States agree (max |H_bppsa − H_peer| < {STATE_TOL:g}) and grad err < {GRAD_TOL:g} everywhere{'' if not failed else ' EXCEPT ' + repr(failed)}. Ratios > 1: bppsa faster.
 
 {table}
+
+{chr(10).join(notes)}
 """
     Path(f"{out}.md").write_text(md)
     print(table)
-    return record
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args._reference:
         return reference_main(*args._reference)
+    if args.render:
+        return render_md(args.render.removesuffix(".json"), json.loads(Path(args.render).read_text()))
     # one core, single-threaded XLA: before JAX is imported
     os.sched_setaffinity(0, {args.core})
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
