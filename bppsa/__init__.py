@@ -12,32 +12,37 @@ Importing the package changes nothing in the process. On CPU the first :func:`rn
 
 from __future__ import annotations
 
-from typing import Unpack
+from typing import Any, Unpack
 
-from . import backprop, cells, cost, host, options, parallel, scan
+from . import backprop, cells, cost, host, newton, options, parallel, scan, structured
 from .cost import CostModel, choose_backward
-from .options import BACKWARDS, OptionFields, Options
+from .options import BACKWARDS, FORWARDS, OptionFields, Options
 from .scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "rnn", "Options", "cells", "scan", "cost", "host", "options", "parallel", "BACKWARDS", "SCANS", "CostModel",
+    "rnn", "Options", "cells", "scan", "cost", "host", "newton", "options", "parallel", "structured", "BACKWARDS",
+    "FORWARDS", "SCANS", "CostModel",
     "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
 
 
 def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis: str = "seq",
-        batch_axis: str | None = None, **fields: Unpack[OptionFields]):
+        batch_axis: str | None = None, guess=None, return_info: bool = False,
+        **fields: Unpack[OptionFields]) -> Any:
     """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> the state
     sequence hs (T, B, H) [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
 
-    ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords (``backward``, ``scan``,
-    ``chunk_size``, ``precision``, ``cost_model``, ``combine``) choose the backward pass.
+    ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords (``backward``,
+    ``forward``, ``scan``, ``chunk_size``, ``precision``, ``tol``, ``max_iter``, ``damping``,
+    ``on_fail``, ``cost_model``, ``combine``, ``unroll``) choose the forward and backward passes;
+    ``guess`` and ``return_info`` are the parallel forward's (:mod:`bppsa.newton`).
     Without ``mesh``: :func:`bppsa.backprop.rnn` (one device). With a ``jax.sharding.Mesh``:
     :func:`bppsa.parallel.rnn`, the time axis split over ``mesh[seq_axis]`` and the batch over
     ``mesh[batch_axis]``.
     """
     if mesh is None:
-        return backprop.rnn(cell, params, xs, h0, options, **fields)
-    return parallel.rnn(cell, params, xs, h0, options, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis, **fields)
+        return backprop.rnn(cell, params, xs, h0, options, guess=guess, return_info=return_info, **fields)
+    return parallel.rnn(cell, params, xs, h0, options, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis,
+                        guess=guess, return_info=return_info, **fields)

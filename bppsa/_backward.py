@@ -38,7 +38,8 @@ from jax import lax
 from . import _scan as scan_lib
 from . import cost as cost_lib
 
-__all__ = ["forward_states", "bppsa_states", "adjoint", "tangent_states", "scan_order", "root_and_offsets",
+__all__ = ["forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows", "steps",
+           "prev_states", "tangent_states", "scan_order", "root_and_offsets",
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
 
@@ -92,12 +93,39 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     (n, B, S) state vectors, never of the (n, B, S, S) matrices), and for a cell with diagonal
     structure (the RNN) not at all: only its (A, Wt) factors (:func:`stored_jacobians`).
     """
+    if cell.jacobian_block_size is not None:
+        return _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v)
     if scan_method == "blelloch":
         n = xr.shape[0]
         spr_p, xr_p, sr_p, ds_p = storage_inputs(spr, xr, sr, ds)
         return stored_scan(v, stored_jacobians(cell, params, spr_p, xr_p, sr_p), ds_p, n)
     Ms = cell.transposed_jacobian(params, spr, xr, sr)
     return scan_lib.scan(v, Ms, ds, scan_method)
+
+
+def to_blocks(a, k: int):
+    """(..., B, S) -> (..., B·S/k, k): a block-diagonal map's blocks become batch rows."""
+    return a.reshape(a.shape[:-2] + (a.shape[-2] * (a.shape[-1] // k), k))
+
+
+def block_rows(blocks):
+    """(..., B, S/k, k, k) Jacobian blocks -> (..., B·S/k, k, k), the scans' batch of matrices."""
+    return blocks.reshape(blocks.shape[:-4] + (-1,) + blocks.shape[-2:])
+
+
+def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
+    """:func:`_scan_gradients` for a block-diagonal Jacobian (:attr:`bppsa.cells.Cell.jacobian_block_size`
+    k): each of the S/k blocks of each batch row is an independent (k, k) chain, so the scans run
+    on B·S/k rows of k-vectors (k = 1: elementwise), never on S×S matrices."""
+    k, (n, B, S) = cell.jacobian_block_size, sr.shape
+    if scan_method == "blelloch":
+        spr, xr, sr, ds = storage_inputs(spr, xr, sr, ds)
+        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
+        gs, total = scan_lib.blelloch_scan_stored(to_blocks(v, k), Ms, to_blocks(ds, k), n, zero_padded_offsets=True)
+    else:
+        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
+        gs, total = scan_lib.scan(to_blocks(v, k), Ms, to_blocks(ds, k), scan_method)
+    return gs.reshape((n, B, S)), total.reshape((B, S))
 
 
 def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
@@ -170,7 +198,7 @@ def adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, ct):
     Returns (gs (T, B, S) time order, dparams, dxs (T, B, I), g0 (B, S) = ∂L/∂s0)."""
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
     T, B, S = ss.shape
-    chunk = (cost_lib.auto_chunk_size(T, B, S, ss.dtype.itemsize,
+    chunk = (cost_lib.auto_chunk_size(T, B, S, ss.dtype.itemsize, block=cell.jacobian_block_size,
                                       structured=scan_method == "blelloch" and cell.has_diagonal_jacobian)
              if chunk_size == "auto" else chunk_size)
     if chunk is not None and chunk < T:
@@ -187,12 +215,12 @@ def _flat_step(cell, params, s, x):
     return cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
 
 
-def _steps(cell, params, spr, xs):
+def steps(cell, params, spr, xs):
     """Every step at once (parallel over T): spr, xs (T, B, ·) -> (T, B, S)."""
     return jax.vmap(functools.partial(_flat_step, cell), in_axes=(None, 0, 0))(params, spr, xs)
 
 
-def _prev_states(s0, ss):
+def prev_states(s0, ss):
     """The state before each step: s0 (B, S), ss (T, B, S) -> (T, B, S)."""
     return jnp.concatenate([s0[None], ss[:-1]], axis=0)
 
@@ -206,7 +234,7 @@ def tangent_states(cell, params, xs, s0, ss, rhs, d0):
         d = jax.jvp(lambda s: _flat_step(cell, params, s, x), (sp,), (d,))[1] + r
         return d, d
 
-    return lax.scan(body, d0, (_prev_states(s0, ss), xs, rhs))[1]
+    return lax.scan(body, d0, (prev_states(s0, ss), xs, rhs))[1]
 
 
 @functools.partial(jax.checkpoint, static_argnums=(0,))
@@ -214,7 +242,7 @@ def _block_matvec(cell, params, xs, s0, ss, z1, wp, wx, w0):
     """K (z1, w) = (A z1 − R w, w), see :func:`bppsa_states`. Rematerialised: the transpose that
     ``custom_linear_solve`` derives from it keeps (params, xs, s0, ss), not per-step values."""
     zprev = jnp.concatenate([w0[None], z1[:-1]], axis=0)
-    jv = jax.jvp(functools.partial(_steps, cell), (params, _prev_states(s0, ss), xs), (wp, zprev, wx))[1]
+    jv = jax.jvp(functools.partial(steps, cell), (params, prev_states(s0, ss), xs), (wp, zprev, wx))[1]
     return z1 - jv, wp, wx, w0
 
 
@@ -254,6 +282,28 @@ def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highe
 def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, primals, tangents):
     params, xs, s0 = primals
     ss = forward_states(cell, params, xs, s0, unroll)
+    return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 7))
+def solved_states(cell, scan_method, chunk_size, params, xs, s0, ss, precision="highest"):
+    """:func:`bppsa_states` for states ``ss`` (T, B, S) already solved by another forward (the
+    parallel Newton forward, :mod:`bppsa.newton`): returns ``ss`` itself, differentiated as the
+    solution of the recurrence at those states, the same linear solve at the same Jacobians
+    (reverse mode: the BPPSA backward). ``ss`` must carry no gradient of its own (computed from
+    ``lax.stop_gradient``-ed inputs): its tangent is not used."""
+    return ss
+
+
+@solved_states.defjvp
+def _solved_jvp(cell, scan_method, chunk_size, precision, primals, tangents):
+    params, xs, s0, ss = primals
+    return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents[:3])
+
+
+def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents):
+    """The states' tangent at the solved states ss, one ``lax.custom_linear_solve`` (see the module
+    docstring): solve = the forward tangent scan, transpose_solve = the BPPSA backward."""
     pack, unpack = _packer(ss, params, xs, s0)
 
     def matvec(z):
@@ -261,7 +311,7 @@ def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, primals, tangen
 
     def solve(_, b):  # K⁻¹: the tangent scan; the right-hand sides of all steps at once
         b1, bp, bx, b0 = unpack(b)
-        rhs = jax.jvp(lambda p, x: _steps(cell, p, _prev_states(s0, ss), x), (params, xs), (bp, bx))[1]
+        rhs = jax.jvp(lambda p, x: steps(cell, p, prev_states(s0, ss), x), (params, xs), (bp, bx))[1]
         return pack(tangent_states(cell, params, xs, s0, ss, rhs + b1, b0), bp, bx, b0)
 
     def transpose_solve(_, c):  # K⁻ᵀ: the BPPSA scan and the cell's analytic gradients
@@ -273,4 +323,4 @@ def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, primals, tangen
     b = pack(jnp.zeros_like(ss), dp, dxs, ds0)
     with jax.default_matmul_precision(precision):  # every dot traced in the rule carries it
         z = lax.custom_linear_solve(matvec, b, solve, transpose_solve)
-    return ss, unpack(z)[0]
+    return unpack(z)[0]

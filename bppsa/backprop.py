@@ -13,21 +13,22 @@ The method options are one :class:`bppsa.options.Options`.
 
 from __future__ import annotations
 
-from typing import Unpack
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
 
-from . import host
+from . import host, newton
 from . import options as options_lib
-from ._backward import bppsa_states, forward_states
+from ._backward import bppsa_states, forward_states, solved_states
 from .errors import UsageError
 from .options import OptionFields, Options
 
-__all__ = ["rnn", "validate_inputs", "validate_params"]
+__all__ = ["rnn", "validate_inputs", "validate_params"]  # and flat_guess, for bppsa.parallel
 
 
-def rnn(cell, params, xs, h0, options: Options | None = None, **fields: Unpack[OptionFields]):
+def rnn(cell, params, xs, h0, options: Options | None = None, *, guess=None, return_info: bool = False,
+        **fields: Unpack[OptionFields]) -> Any:
     """Run ``cell`` over a sequence on one device; differentiable w.r.t. ``params``, ``xs``, ``h0``.
 
     ``bppsa.rnn`` is this function, or with ``mesh=`` :func:`bppsa.parallel.rnn` (the time axis
@@ -40,12 +41,18 @@ def rnn(cell, params, xs, h0, options: Options | None = None, **fields: Unpack[O
       h0: (B, H) initial state; for an LSTM the pair (h0, c0), each (B, H).
       options: a :class:`bppsa.Options` (default ``Options()``: BPPSA with the Blelloch scan,
         cache-sized chunks on CPU, full float32 products).
-      **fields: the fields of :class:`bppsa.Options` as keywords (``backward``, ``scan``,
-        ``chunk_size``, ``precision``, ``cost_model``, ``combine``, ``unroll``), overriding ``options``'s.
+      guess: the parallel forward's first iterate, shaped like the result (e.g. the previous
+        training step's states; None: zeros). Not differentiated; ignored by ``forward="sequential"``.
+      return_info: also return a :class:`bppsa.newton.NewtonInfo` (iterations, converged,
+        fell_back, residual; None for the sequential forward).
+      **fields: the fields of :class:`bppsa.Options` as keywords (``backward``, ``forward``,
+        ``scan``, ``chunk_size``, ``precision``, ``tol``, ``max_iter``, ``damping``, ``on_fail``,
+        ``cost_model``, ``combine``, ``unroll``), overriding ``options``'s.
 
     Returns:
       The cell's state sequence: hs (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
       ``cell.hidden(out)`` is hs (T, B, H) for every cell: use it where only hs is needed.
+      With ``return_info``: (states, info).
 
     Raises:
       bppsa.errors.UsageError (a ValueError), one line naming the argument and what was expected:
@@ -62,11 +69,43 @@ def rnn(cell, params, xs, h0, options: Options | None = None, **fields: Unpack[O
     opts = opts.resolve(cell, xs.shape[0], xs.shape[1], xs.dtype)
     if jax.default_backend() == "cpu":
         host.tune_allocator()
-    if opts.backward == "bptt":
+    info = None
+    if opts.forward != "sequential":
+        ss, info = _parallel_forward(cell, params, xs, s0, opts, guess)
+    elif opts.backward == "bptt":
         ss = forward_states(cell, params, xs, s0, unroll=opts.unroll)
     else:
         ss = bppsa_states(cell, opts.scan, opts.chunk_size, params, xs, s0, opts.precision, opts.unroll)
-    return cell.unflatten_state(ss)
+    out = cell.unflatten_state(ss)
+    return (out, info) if return_info else out
+
+
+def _parallel_forward(cell, params, xs, s0, opts: Options, guess=None):
+    """The states by the parallel forward (:func:`bppsa.newton.solve`, on inputs it does not
+    differentiate), differentiated at those states by the backward ``opts`` names (BPPSA's scan;
+    ``backward="bptt"``: its sequential scan). Returns (ss (T, B, S), info)."""
+    if guess is not None:
+        guess = flat_guess(cell, guess, xs.shape[0], s0)
+    stop = jax.lax.stop_gradient
+    with jax.default_matmul_precision(opts.precision):
+        ss, info = newton.solve(cell, opts.newton_plan(), stop(params), stop(xs), stop(s0),
+                                None if guess is None else stop(guess), opts.unroll)
+    scan = "sequential" if opts.backward == "bptt" else opts.scan
+    return solved_states(cell, scan, opts.chunk_size, params, xs, s0, ss, opts.precision), info
+
+
+def flat_guess(cell, guess, T: int, s0):
+    """The parallel forward's ``guess`` (shaped like :func:`rnn`'s result) as flat states (T, B, S)."""
+    B, S = s0.shape
+    try:
+        flat = cell.flatten_state(jax.tree.map(jnp.asarray, tuple(guess) if cell.pair_state else guess))
+    except (TypeError, ValueError):
+        flat = None
+    if flat is None or flat.shape != (T, B, S) or not _is_float(flat):
+        got = "a pair" if cell.pair_state and flat is None else f"{getattr(flat, 'shape', type(guess).__name__)}"
+        raise UsageError(f"guess must be shaped like the states rnn returns (flat (T, B, S) = {(T, B, S)}, floats); "
+                         f"got {got}")
+    return flat
 
 
 def validate_params(cell, params):

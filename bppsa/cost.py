@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHUNK_BYTES", "auto_chunk_size", "backward_levels", "cost_features", "CostModel",
            "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save", "default_cost_model",
-           "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll"]
+           "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll", "NEWTON_ITERATIONS",
+           "FORWARD_CONSTANTS", "forward_seconds", "choose_forward"]
 
 # The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
 METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequential": ("bppsa", "sequential")}
@@ -59,20 +60,20 @@ CHUNK_BYTES = 8 << 20
 
 
 def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None = None,
-                    structured: bool = False) -> int | None:
+                    structured: bool = False, block: int | None = None) -> int | None:
     """The chunk length ``chunk_size="auto"`` uses: None (one chunk) off CPU or when everything
     fits in :data:`CHUNK_BYTES`; else the largest length of the form m·2^k (32 <= m < 64, so the
     Blelloch scan pads nothing) whose largest array fits in it, at least 64: the (B, S, S)
     Jacobians per step, or for a cell with diagonal structure (``structured``, see
     :attr:`bppsa.cells.Cell.has_diagonal_jacobian`) half of that, the first level's products (its
-    Jacobians are never formed).
+    Jacobians are never formed); ``block`` k: block-diagonal Jacobians, B·S·k per step.
 
     Decided when the backward is traced, from ``jax.default_backend()`` (not the placement of the
     arrays) and the shapes the backward sees (per example under ``vmap``).
     """
     if (backend or jax.default_backend()) != "cpu":
         return None
-    per_step = B * S * S * itemsize
+    per_step = B * S * (block or S) * itemsize  # block: (k, k) blocks on the diagonal (heads)
     if structured:
         per_step = max(1, per_step // 2)
     if T * per_step <= CHUNK_BYTES:
@@ -315,3 +316,37 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
                          f"None; got {cost_model!r} of type {type(cost_model).__name__}")
     model = default_cost_model() if cost_model is None else cost_model
     return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]
+
+
+#: The forward model's expected Newton iterations (float32, random and trained weights of the
+#: project's cells: the parallel_step experiment) and its per-backend constants:
+#: the latency of one dependent step of a ``lax.scan`` and of one level of a parallel scan
+#: (seconds), and the sustained throughput of the scans' batched products (flop/s).
+NEWTON_ITERATIONS = {"newton": 6, "quasi": 14}
+FORWARD_CONSTANTS = {"cpu": {"step": 2e-6, "level": 2e-5, "flops": 2e10},
+                     "gpu": {"step": 1.2e-5, "level": 1.5e-5, "flops": 2e13}}
+
+
+def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | None = None) -> float:
+    """Predicted seconds of one forward: "sequential" = T dependent steps, each its latency plus
+    its work (B·G·S·(I + S) multiply-adds) at the backend's throughput; "newton"/"quasi" =
+    :data:`NEWTON_ITERATIONS` × (2⌈log₂ T⌉ scan levels' latency + the iteration's work: the steps,
+    their Jacobians (B·S²·G) and the scan's block products (about 2·B·S·k² per step for k×k
+    blocks: k = S dense, the cell's block size, 1 for quasi))."""
+    c = FORWARD_CONSTANTS.get(backend or jax.default_backend(), FORWARD_CONSTANTS["gpu"])
+    S, G, I = cell.state_size, getattr(cell, "gates", 1), cell.input_size or cell.state_size
+    step_work = 2.0 * B * G * S * (I + S)
+    if forward == "sequential":
+        return T * (c["step"] + step_work / c["flops"])
+    k = 1 if forward == "quasi" else (cell.jacobian_block_size or S)
+    iteration = T * (2 * step_work + 2.0 * B * G * S * S + 4.0 * B * S * k * k) / c["flops"]
+    return NEWTON_ITERATIONS[forward] * (2 * max(1, int(np.ceil(np.log2(max(T, 2))))) * c["level"] + iteration)
+
+
+def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None) -> str:
+    """What ``forward="auto"`` runs: the forward with the least :func:`forward_seconds` among
+    "sequential" and "newton" (quasi needs more iterations of a cheaper scan: chosen only
+    explicitly). On this project's 2-core CPU the sequential loop always wins (measured: the
+    parallel forward is 0.1–0.5x its speed), so "auto" is the sequential forward there."""
+    del dtype  # the constants are float32's; the choice does not hinge on it
+    return min(("sequential", "newton"), key=lambda f: forward_seconds(cell, T, B, f, backend))

@@ -7,7 +7,8 @@
 :func:`bppsa.rnn`, :func:`bppsa.parallel.rnn`, :func:`bppsa.parallel.pmap_rnn` and
 :class:`bppsa.nn.RNN` take ``options=`` and/or the fields of :class:`Options` as keywords
 (keywords override the fields of ``options``); :func:`make` builds and checks it, and
-:meth:`Options.resolve` is the one place where ``backward="auto"`` is decided.
+:meth:`Options.resolve` is the one place where ``backward="auto"`` and ``forward="auto"`` are
+decided.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ import operator
 from typing import Any, TypedDict
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import cost as cost_lib
+from . import newton as newton_lib
 from ._scan import SCANS
 from .errors import UsageError
 
-__all__ = ["Options", "OptionFields", "make", "BACKWARDS", "PRECISIONS", "COMBINES"]
+__all__ = ["Options", "OptionFields", "make", "BACKWARDS", "FORWARDS", "PRECISIONS", "COMBINES"]
 
 BACKWARDS = ("bppsa", "bptt", "auto")
+FORWARDS = ("sequential", "newton", "quasi", "auto")
 PRECISIONS = ("highest", "high", "default")  # jax.lax.Precision's members, by name
 COMBINES = ("logstep", "allgather", "chain", "auto")
 
@@ -59,6 +63,18 @@ class Options:
         positive int, True (every step) or False (1), as ``lax.scan`` takes it; None (default):
         tuned per shape and backend (:func:`bppsa.cost.bptt_unroll`). One device (with a mesh, each
         device's stretch keeps the tuned unroll).
+      forward: how the states are computed: "sequential" (a ``lax.scan``, T dependent steps),
+        "newton" (Newton's method over the whole sequence, each iteration one parallel scan of
+        the exact Jacobians: :mod:`bppsa.newton`), "quasi" (the Jacobians' diagonal in the
+        iterations) or "auto" (the cost model: :func:`bppsa.cost.choose_forward`). Gradients are
+        exact for every forward (the backward linearises at the converged states). With a
+        parallel forward, ``backward="bptt"`` means the sequential scan of the same backward.
+      tol: the parallel forward's relative residual tolerance; None: per dtype
+        (:data:`bppsa.newton.DEFAULT_TOL`: float32 1e-5, float64 1e-12).
+      max_iter: the parallel forward's iteration limit (default 50).
+      damping: None (plain Newton) or the initial λ of the damped step (:mod:`bppsa.newton`).
+      on_fail: not converged within ``max_iter``: "sequential" (default: the sequential forward
+        runs instead, a warning once, counted) or "raise" (:class:`bppsa.newton.NewtonDidNotConverge`).
     """
 
     backward: str = "bppsa"
@@ -68,9 +84,18 @@ class Options:
     cost_model: cost_lib.CostModel | None = None
     combine: str = "auto"
     unroll: int | bool | None = None
+    forward: str = "sequential"
+    tol: float | None = None
+    max_iter: int = newton_lib.DEFAULT_MAX_ITER
+    damping: float | None = None
+    on_fail: str = "sequential"
 
     def __post_init__(self):
         _choice("backward", self.backward, BACKWARDS)
+        _choice("forward", self.forward, FORWARDS)
+        if isinstance(self.max_iter, (np.integer, jnp.integer)) and jnp.ndim(self.max_iter) == 0:
+            object.__setattr__(self, "max_iter", int(self.max_iter))
+        newton_lib.check_plan_fields(self.tol, self.max_iter, self.damping, self.on_fail)
         if self.scan is not None and not (isinstance(self.scan, str) and self.scan in SCANS):
             raise UsageError(f"scan must be one of {sorted(SCANS)} or None; got {self.scan!r}")
         _choice("combine", self.combine, COMBINES)
@@ -88,11 +113,21 @@ class Options:
         """The options with ``backward`` in ("bppsa", "bptt") and ``scan`` set: ``"auto"`` asks the
         cost model (:func:`bppsa.cost.choose_backward`) for this cell, T, B and dtype; the model's
         scan is used only where ``scan`` was left at None."""
-        backward, scan = self.backward, self.scan
+        backward, scan, forward = self.backward, self.scan, self.forward
         if backward == "auto":
             backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model)
             scan = scan or auto_scan
-        return dataclasses.replace(self, backward=backward, scan=scan or "blelloch")
+        if forward == "auto":
+            forward = cost_lib.choose_forward(cell, T, B, dtype)
+        return dataclasses.replace(self, backward=backward, scan=scan or "blelloch", forward=forward)
+
+    def newton_plan(self) -> newton_lib.Plan:
+        """The parallel forward's settings (``forward`` resolved to "newton" or "quasi"); its linear
+        solves use the BPPSA scan (``scan``; "blelloch" when unset) and ``chunk_size``."""
+        return newton_lib.Plan(kind=self.forward, scan=self.scan or "blelloch", chunk_size=self.chunk_size,
+                               tol=None if self.tol is None else float(self.tol), max_iter=self.max_iter,
+                               damping=None if self.damping is None else float(self.damping),
+                               on_fail=self.on_fail)
 
 
 class OptionFields(TypedDict, total=False):
@@ -105,6 +140,11 @@ class OptionFields(TypedDict, total=False):
     cost_model: cost_lib.CostModel | None
     combine: str
     unroll: int | bool | None
+    forward: str
+    tol: float | None
+    max_iter: int
+    damping: float | None
+    on_fail: str
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))

@@ -19,7 +19,7 @@ LAYERS = [
     ("bppsa.errors", "bppsa.host", "bppsa.provenance", "bppsa.tables", "bppsa.timing", "bppsa.data", "bppsa._scan", "bppsa.scan", "bppsa.cells",
      "bppsa.structured"),
     ("bppsa.cost",),
-    ("bppsa.options", "bppsa._backward", "bppsa.backprop"),
+    ("bppsa.options", "bppsa.newton", "bppsa._backward", "bppsa.backprop"),
     ("bppsa.parallel",),
     ("bppsa.nn", "bppsa.flax_cells", "bppsa.flax_structured", "bppsa._flax_state", "bppsa.train", "bppsa.tasks", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero",
      "bppsa.sync"),

@@ -40,7 +40,7 @@ with zero rows the same way.
 from __future__ import annotations
 
 import functools
-from typing import Unpack
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,7 @@ from jax.sharding import PartitionSpec as PS
 
 from .. import _backward, backprop, host
 from .. import _scan as scan_lib
+from .. import newton as newton_lib
 from .. import options as options_lib
 from ..errors import UsageError
 from ..options import COMBINES, OptionFields, Options
@@ -254,7 +255,14 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
         return dparams, dxs.astype(xs.dtype), ds0.astype(s0.dtype)
 
     run.defvjp(fwd, bwd)
-    return fwd_sm, bwd_sm, run
+
+    @jax.custom_vjp
+    def solved(params, xs, s0, ss):  # states solved by the parallel forward, differentiated at them
+        return ss
+
+    solved.defvjp(lambda params, xs, s0, ss: (ss, (params, xs, s0, ss)),
+                  lambda res, ct: (*bwd(res, ct), jnp.zeros_like(res[3])))
+    return fwd_sm, bwd_sm, run, solved
 
 
 def _pad(x, axis, n):
@@ -265,25 +273,88 @@ def _pad(x, axis, n):
     return jnp.pad(x, widths)
 
 
-def sequence_parallel_states(cell, params, xs, s0, mesh, opts: Options, *, seq_axis="seq", batch_axis=None):
-    """Flat-state core: xs (T, B, I), s0 (B, S) -> ss (T, B, S), time sharded over ``seq_axis``.
+def _prefix_combine(Pi, delta, s_in, axis, P):
+    """The state entering each device's stretch: u_p = A_{p-1}(… A_0(s_in)), A_q(u) = u @ Π_q + δ_q
+    (forward order), from one ``all_gather`` of every (Π, δ); block rows (n, k) throughout."""
+    idx = lax.axis_index(axis)
+    Pis, dls = lax.all_gather(Pi, axis), lax.all_gather(delta, axis)
 
-    Inputs are already validated and ``opts`` resolved (:meth:`bppsa.Options.resolve`).
+    def fold(u, q):
+        return jnp.where(q < idx, scan_lib.vecmat(u, Pis[q]) + dls[q], u), None
+
+    return lax.scan(fold, s_in, jnp.arange(P - 1))[0]
+
+
+def _newton_body(cell, plan, tol, T, P, seq_axis, batch_axis, params, xs, s0, H):
+    """The parallel (Newton-family) forward of one device's stretch: each iteration evaluates its
+    C steps, aggregates its linearised maps (:func:`chunk_aggregate`), combines the devices'
+    maps (:func:`_prefix_combine`) and finishes its scan (:func:`chunk_finish`); the residual
+    is the mesh's maximum, so every device iterates alike. Padded steps are identity maps."""
+    C, B, S = H.shape
+    idx = lax.axis_index(seq_axis)
+    valid = (idx * C + jnp.arange(C) < T)[:, None, None]
+    axes = (seq_axis,) if batch_axis is None else (seq_axis, batch_axis)
+
+    def prev(H):
+        boundary = s0.astype(H.dtype)
+        if P > 1:
+            last = lax.ppermute(H[-1], seq_axis, perm=[(i, i + 1) for i in range(P - 1)])
+            boundary = jnp.where(idx == 0, boundary, last)
+        return jnp.concatenate([boundary[None], H[:-1]], axis=0)
+
+    def evaluate(H):
+        F = jnp.where(valid, _backward.steps(cell, params, prev(H), xs), H)
+        return F, lax.pmax(newton_lib.residual(H, F), axes)
+
+    def update(H, F, scale):
+        sp = prev(H)
+        E, c, k = newton_lib.step_elements(cell, plan.kind, params, sp, xs, F, scale)
+        E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))
+        c = jnp.where(valid, c, jnp.zeros((), c.dtype))
+        Pi, delta, state = chunk_aggregate(plan.scan, jnp.zeros_like(c[0]), E, c)
+        u = _prefix_combine(Pi, delta, _backward.to_blocks(s0.astype(c.dtype), k), seq_axis, P) if P > 1 \
+            else _backward.to_blocks(s0.astype(c.dtype), k)
+        prefixes, total = chunk_finish(plan.scan, state, u, E, c)
+        return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
+
+    k, H, res = newton_lib.iterate(plan, tol, H, evaluate, update)
+    return H, k, res
+
+
+def sequence_parallel_states(cell, params, xs, s0, mesh, opts: Options, *, seq_axis="seq", batch_axis=None,
+                             guess=None):
+    """Flat-state core: xs (T, B, I), s0 (B, S) -> (ss (T, B, S), info), time sharded over
+    ``seq_axis``; info is the parallel forward's :class:`bppsa.newton.NewtonInfo` (None for the
+    sequential one). Inputs are already validated and ``opts`` resolved (:meth:`bppsa.Options.resolve`).
     """
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
     combine = choose_combine(P) if opts.combine == "auto" else opts.combine
-    T, B, _ = xs.shape
+    T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     C = -(-T // P)
     Bp = -(-B // Pb) * Pb
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
-    fwd_sm, _, run = sharded_functions(cell, opts.scan, combine, mesh, seq_axis, batch_axis, T, opts.precision)
-    ss = fwd_sm(params, xs_p, s0_p) if opts.backward == "bptt" else run(params, xs_p, s0_p)
-    return ss[:T, :B]
+    method = "sequential" if opts.backward == "bptt" else opts.scan
+    fwd_sm, _, run, solved = sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, opts.precision)
+    if opts.forward == "sequential":
+        ss = fwd_sm(params, xs_p, s0_p) if opts.backward == "bptt" else run(params, xs_p, s0_p)
+        return ss[:T, :B], None
+    plan = opts.newton_plan()
+    tol = newton_lib.tolerance(s0.dtype, plan.tol)
+    x_spec, s_spec = PS(seq_axis, batch_axis, None), PS(batch_axis, None)
+    solve_sm = shard_map(functools.partial(_newton_body, cell, plan, tol, T, P, seq_axis, batch_axis), mesh,
+                         in_specs=(PS(), x_spec, s_spec, x_spec), out_specs=(x_spec, PS(), PS()))
+    H0 = jnp.zeros((P * C, Bp, S), s0.dtype) if guess is None else _pad(_pad(guess.astype(s0.dtype), 0, P * C - T),
+                                                                        1, Bp - B)
+    stop = lax.stop_gradient
+    with jax.default_matmul_precision(opts.precision):
+        H, k, res = solve_sm(stop(params), stop(xs_p), stop(s0_p), stop(H0))
+    H, info = newton_lib.finish(cell, plan, tol, k, H, res, lambda: fwd_sm(stop(params), stop(xs_p), stop(s0_p)))
+    return solved(params, xs_p, s0_p, H)[:T, :B], info
 
 
 def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis="seq", batch_axis=None,
-        **fields: Unpack[OptionFields]):
+        guess=None, return_info: bool = False, **fields: Unpack[OptionFields]) -> Any:
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
     ``mesh[batch_axis]``). ``mesh=None`` uses a 1-D mesh over all devices. The backward is chosen
     by ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords, as for
@@ -292,6 +363,10 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
 
     xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
     exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
+
+    ``forward="newton"``/``"quasi"``: the parallel forward (:mod:`bppsa.newton`) sharded the same
+    way, each iteration's linear solve split over the devices (aggregate, one ``all_gather`` of
+    the devices' maps, finish); ``guess`` and ``return_info`` as for :func:`bppsa.rnn`.
     """
     opts = options_lib.make(options, **fields)
     if opts.chunk_size not in (None, "auto"):
@@ -304,8 +379,12 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     opts = opts.resolve(cell, xs.shape[0], xs.shape[1], xs.dtype)
     if jax.default_backend() == "cpu":
         host.tune_allocator()
-    ss = sequence_parallel_states(cell, params, xs, s0, mesh, opts, seq_axis=seq_axis, batch_axis=batch_axis)
-    return cell.unflatten_state(ss)
+    if guess is not None:
+        guess = backprop.flat_guess(cell, guess, xs.shape[0], s0)
+    ss, info = sequence_parallel_states(cell, params, xs, s0, mesh, opts, seq_axis=seq_axis, batch_axis=batch_axis,
+                                        guess=guess)
+    out = cell.unflatten_state(ss)
+    return (out, info) if return_info else out
 
 
 def pmap_rnn(cell, params, xs, h0, options: Options | None = None, *, devices=None, **fields: Unpack[OptionFields]):

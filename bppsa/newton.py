@@ -1,0 +1,253 @@
+"""The parallel forward: Newton's method over the whole sequence (DEER, ParaRNN), quasi-Newton
+(quasi-DEER), optional damping, and a fallback that never returns an unconverged result.
+
+A chain h_t = f(h_{t-1}, x_t), t = 1..T, is the root of the residual r_t(H) = h_t − f(h_{t-1}, x_t)
+in the unknowns H = (h_1 … h_T). One Newton iteration evaluates, in parallel over t, the steps
+f_t = f(h_{t-1}, x_t) and their Jacobians J_t = ∂f/∂h at the current guess H, and solves the
+linear recurrence
+
+    h'_t = J_t h'_{t-1} + (f_t − J_t h_{t-1}),   h'_0 = h_0,
+
+an affine scan of (J_t, c_t) pairs, the same operator the BPPSA backward solves, run forwards:
+the project's scans (:mod:`bppsa.scan`: "blelloch", "associative", "sequential") in Θ(log T)
+levels, over chunks of ``chunk_size`` steps (one chunk's Jacobians in memory at a time: exact, as
+chunking only orders the solve). Iteration k makes at least the first k states exact, so Newton
+converges in at most T iterations, and quadratically near the solution; contractive cells need a
+handful. Cells with block-diagonal Jacobians (:attr:`bppsa.cells.Cell.jacobian_block_size`, heads
+of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
+
+- ``kind="quasi"``: the iterations use diag(J_t) only (elementwise scans, O(T·B·S) memory);
+  slower to converge, the same fixed point.
+- ``damping=λ0``: each step uses J_t/(1 + λ) (λ = 0 Newton, λ → ∞ the Jacobi fixed-point
+  iteration h'_t = f_t, which cannot overflow); a step whose residual is not smaller is rejected
+  and λ grows tenfold (at least to 1), an accepted one halves it. This is a Levenberg–Marquardt-
+  style trust region on the Jacobians, not ELK's Kalman-smoother step.
+- Convergence: max over t, b, i of |h_t − f_t| / (1 + |f_t|) <= ``tol`` (default per dtype,
+  :data:`DEFAULT_TOL`), the true residual at the returned states, tested after every step. The
+  step's Jacobians are never taken at the final states here: the one linearisation there is the
+  backward's (:func:`bppsa._backward.solved_states`), so the gradient is exact whatever forward ran
+  (quasi included: its backward uses the full Jacobians, unlike quasi-DEER's).
+- Not converged within ``max_iter`` (or a non-finite residual): ``on_fail="sequential"`` runs the
+  sequential forward instead (a :class:`NewtonFallbackWarning` the first time, every time counted:
+  :func:`fallback_count`), ``on_fail="raise"`` raises :class:`NewtonDidNotConverge`. Unconverged
+  states are never returned. :class:`NewtonInfo` says what happened (``bppsa.rnn(...,
+  return_info=True)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _scan as scan_lib
+from . import cost as cost_lib
+from ._backward import block_rows, forward_states, prev_states, steps, to_blocks
+from .errors import UsageError
+
+__all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
+           "NewtonFallbackWarning", "solve", "tolerance", "fallback_count", "step_elements", "residual", "iterate",
+           "finish", "check_plan_fields"]
+
+KINDS = ("newton", "quasi")
+ON_FAIL = ("sequential", "raise")
+#: Relative residual tolerance by dtype name (about 100 ulps, float32 ~ 1e-5 as DEER uses).
+DEFAULT_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
+DEFAULT_MAX_ITER = 50
+
+
+class NewtonDidNotConverge(RuntimeError):
+    """The parallel forward did not reach its tolerance and ``on_fail="raise"`` was asked for."""
+
+
+class NewtonFallbackWarning(UserWarning):
+    """The parallel forward did not converge; the sequential forward ran instead (once a process)."""
+
+
+class NewtonInfo(NamedTuple):
+    """What one parallel forward did (arrays: traced under jit, batched under vmap).
+
+    iterations: Newton steps taken (scans run; rejected damped steps included), int32.
+    converged: whether the residual reached the tolerance.
+    fell_back: whether the sequential forward's states were returned instead.
+    residual: the final max relative residual of the Newton iterate.
+    """
+
+    iterations: Any
+    converged: Any
+    fell_back: Any
+    residual: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The static settings of one parallel forward (hashable: it keys compiled functions)."""
+
+    kind: str = "newton"
+    scan: str = "blelloch"
+    chunk_size: Any = "auto"
+    tol: float | None = None
+    max_iter: int = DEFAULT_MAX_ITER
+    damping: float | None = None
+    on_fail: str = "sequential"
+
+
+def tolerance(dtype, tol: float | None = None) -> float:
+    """``tol`` or the default for ``dtype`` (:data:`DEFAULT_TOL`; other dtypes: float32's)."""
+    return float(tol) if tol is not None else DEFAULT_TOL.get(jnp.dtype(dtype).name, DEFAULT_TOL["float32"])
+
+
+_lock = threading.Lock()
+_fallbacks = [0]
+
+
+def fallback_count() -> int:
+    """How many parallel forwards in this process fell back to the sequential forward."""
+    return _fallbacks[0]
+
+
+def _report(converged, iterations, residual, *, on_fail: str, tol: float, cell: str):
+    """Host side of the convergence check (a ``jax.debug.callback``; batched under vmap)."""
+    failed = int(np.size(converged) - np.count_nonzero(converged))
+    if not failed:
+        return
+    what = (f"the parallel forward of {cell} did not converge: residual {np.max(residual):.3g} > tol {tol:.3g} "
+            f"after {int(np.max(iterations))} iterations")
+    if on_fail == "raise":
+        raise NewtonDidNotConverge(f"{what}; raise max_iter, pass damping=, or use on_fail='sequential' "
+                                   "(or forward='sequential')")
+    with _lock:
+        first = _fallbacks[0] == 0
+        _fallbacks[0] += failed
+    if first:
+        warnings.warn(f"{what}; the sequential forward ran instead (counted by bppsa.newton.fallback_count(); "
+                      "this warning is shown once)", NewtonFallbackWarning, stacklevel=2)
+
+
+def step_elements(cell, kind, params, sp, xs, f, scale=1):
+    """One iteration's affine maps, h'_t = h'_{t-1} @ E_t + c_t, at the guess's previous states sp
+    (n, B, S) with f = f(sp, xs), as block rows (:func:`bppsa._backward.to_blocks`): E (n, B·S/k,
+    k, k) = scale·J_tᵀ's diagonal blocks (quasi: diag(J_t), k = 1; a block-diagonal cell's (k, k)
+    blocks; else dense, k = S) and c (n, B·S/k, k) = f_t − sp_t @ E_t. Returns (E, c, k)."""
+    if kind == "quasi":
+        blocks = cell.jacobian_diagonal(params, sp, xs, f)[..., None, None]
+    elif cell.jacobian_block_size is not None:
+        blocks = cell.jacobian_blocks(params, sp, xs, f)
+    else:
+        blocks = cell.transposed_jacobian(params, sp, xs, f)[..., None, :, :]
+    k = blocks.shape[-1]
+    E = block_rows(jnp.swapaxes(blocks, -1, -2) * scale)
+    return E, to_blocks(f, k) - scan_lib.vecmat(to_blocks(sp, k), E), k
+
+
+def _linear_solve(cell, plan, chunk, params, xs, s0, H, F, scale):
+    """One Newton (or damped / quasi) step: the states solving the linearised recurrence at the
+    guess H (with F = f at H), by ``plan.scan`` over chunks of ``chunk`` steps, earliest first."""
+    T, B, S = H.shape
+    sp = prev_states(s0, H)
+
+    def piece(h_in, sp_c, x_c, f_c):
+        E, c, k = step_elements(cell, plan.kind, params, sp_c, x_c, f_c, scale)
+        prefixes, total = scan_lib.scan(to_blocks(h_in, k), E, c, plan.scan)
+        states = jnp.concatenate([prefixes[1:], total[None]], axis=0)
+        return total.reshape((B, S)), states.reshape(sp_c.shape)
+
+    if chunk is None or chunk >= T:
+        return piece(s0, sp, xs, F)[1]
+    n_full, rest = divmod(T, chunk)
+    split = lambda a: a[:n_full * chunk].reshape((n_full, chunk) + a.shape[1:])
+    h, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(split(a) for a in (sp, xs, F)))
+    out = out.reshape((n_full * chunk, B, S))
+    if rest:
+        tail = slice(n_full * chunk, T)
+        out = jnp.concatenate([out, piece(h, sp[tail], xs[tail], F[tail])[1]], axis=0)
+    return out
+
+
+def residual(H, F):
+    """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H."""
+    return jnp.max(jnp.abs(H - F) / (1 + jnp.abs(F)))
+
+
+def iterate(plan: Plan, tol: float, H, evaluate, update):
+    """The iteration, whatever computes its pieces: ``evaluate(H) -> (F, residual)`` (the steps at
+    H and :func:`residual`, equal on every device) and ``update(H, F, scale) -> H'`` (the solve of
+    the linearised recurrence with the Jacobians scaled by ``scale``). Newton steps while the
+    residual is above ``tol``, finite and fewer than ``plan.max_iter`` were taken; with
+    ``plan.damping`` the damped step (module docstring). Returns (iterations, H, residual)."""
+    damped = plan.damping is not None
+    F, res = evaluate(H)
+    lam0 = jnp.asarray(plan.damping if damped else 0.0, res.dtype)
+
+    def cond(c):
+        k, H, F, res, lam = c
+        return (k < plan.max_iter) & (res > tol) & jnp.isfinite(res)
+
+    def body(c):
+        k, H, F, res, lam = c
+        Hn = update(H, F, 1 / (1 + lam) if damped else 1)
+        Fn, rn = evaluate(Hn)
+        if not damped:
+            return k + 1, Hn, Fn, rn, lam
+        ok = jnp.isfinite(rn) & (rn < res)
+        pick = lambda new, old: jnp.where(ok, new, old)
+        lam = jnp.where(ok, lam / 2, jnp.maximum(10 * lam, 1))
+        return k + 1, pick(Hn, H), pick(Fn, F), pick(rn, res), lam
+
+    k, H, _, res, _ = lax.while_loop(cond, body, (jnp.int32(0), H, F, res, lam0))
+    return k, H, res
+
+
+def finish(cell, plan: Plan, tol: float, k, H, res, sequential):
+    """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`) and apply
+    ``plan.on_fail``: ``sequential()`` computes the sequential forward's states, run only when
+    the iteration did not converge. Returns (states, :class:`NewtonInfo`)."""
+    converged = res <= tol
+    jax.debug.callback(_report, converged, k, res, on_fail=plan.on_fail, tol=tol, cell=type(cell).__name__)
+    if plan.on_fail == "sequential":
+        H = lax.cond(converged, lambda: H, sequential)
+    return H, NewtonInfo(k, converged, ~converged if plan.on_fail == "sequential" else jnp.zeros((), bool), res)
+
+
+def solve(cell, plan: Plan, params, xs, s0, guess=None, unroll=None):
+    """The states ss (T, B, S) of the chain from s0 (B, S) over xs (T, B, I) by the parallel forward
+    ``plan`` (flat states: :meth:`bppsa.cells.Cell.flatten_state`), and its :class:`NewtonInfo`.
+    ``guess`` (T, B, S): the first iterate (None: zeros), e.g. the previous training step's states.
+    Not differentiable itself: :func:`bppsa.rnn` differentiates the result at the solved states."""
+    T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
+    tol = tolerance(s0.dtype, plan.tol)
+    chunk = plan.chunk_size
+    if chunk == "auto":
+        k = 1 if plan.kind == "quasi" else cell.jacobian_block_size
+        chunk = cost_lib.auto_chunk_size(T, B, S, s0.dtype.itemsize, block=k)
+    H = jnp.zeros((T, B, S), s0.dtype) if guess is None else guess.astype(s0.dtype)
+
+    def evaluate(H):
+        F = steps(cell, params, prev_states(s0, H), xs)
+        return F, residual(H, F)
+
+    def update(H, F, scale):
+        return _linear_solve(cell, plan, chunk, params, xs, s0, H, F, scale)
+
+    k, H, res = iterate(plan, tol, H, evaluate, update)
+    return finish(cell, plan, tol, k, H, res, lambda: forward_states(cell, params, xs, s0, unroll))
+
+
+def check_plan_fields(tol, max_iter, damping, on_fail) -> None:
+    """Validate the parallel forward's option fields (:class:`bppsa.Options`)."""
+    if tol is not None and not (isinstance(tol, (int, float)) and not isinstance(tol, bool) and 0 < tol < 1):
+        raise UsageError(f"tol must be a number in (0, 1) or None (per dtype: {DEFAULT_TOL}); got {tol!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise UsageError(f"max_iter must be a positive int; got {max_iter!r}")
+    if damping is not None and not (isinstance(damping, (int, float)) and not isinstance(damping, bool)
+                                    and np.isfinite(damping) and damping >= 0):
+        raise UsageError(f"damping must be None (plain Newton) or a finite number >= 0 (the initial λ); "
+                         f"got {damping!r}")
+    if not (isinstance(on_fail, str) and on_fail in ON_FAIL):
+        raise UsageError(f"on_fail must be one of {list(ON_FAIL)}; got {on_fail!r}")
