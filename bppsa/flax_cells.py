@@ -331,6 +331,14 @@ class Masked(_Wrapper):
         M = self.inner.transposed_jacobian(params, s_prev, xs[..., :-1], s)
         return jnp.where(xs[..., -1:, None] > 0, M, jnp.eye(M.shape[-1], dtype=M.dtype))
 
+    @property
+    def jacobian_block_size(self):  # a padded step's identity has the inner cell's blocks too
+        return self.inner.jacobian_block_size
+
+    def jacobian_blocks(self, params, s_prev, xs, s):
+        M = self.inner.jacobian_blocks(params, s_prev, xs[..., :-1], s)
+        return jnp.where(xs[..., -1:, None, None] > 0, M, jnp.eye(M.shape[-1], dtype=M.dtype))
+
     def param_grads(self, params, s_prev, xs, s, gs):
         m = xs[..., -1:] > 0
         dp, dx = self.inner.param_grads(params, s_prev, xs[..., :-1], s, jnp.where(m, gs, 0))
