@@ -47,9 +47,12 @@ SAME_TASK_AS_ANOTHER = ("rnn_tsweep", "rnn_bsweep", "rnn_sweep", "irmas_grid", "
                         "sync_ray")
 # Configs whose default run leaves out a part that another default test runs at a similar size:
 # irmas's training (tests/test_irmas_experiment.py::test_short_training_run_learns_the_stand_in_above_chance
-# runs training_comparison on the stand-in) and sparse_vgg's FLOP analysis
-# (tests/test_sparse_vgg.py::test_flop_analysis_consistent). The slow run runs their full smoke variant.
-DEFAULT_RUN_OVERRIDES = {"irmas": {"parts": "grid"}, "sparse_vgg": {"parts": "generation,retrain"}}
+# runs training_comparison on the stand-in), sparse_vgg's FLOP analysis
+# (tests/test_sparse_vgg.py::test_flop_analysis_consistent) and parallel_step's trained GRU (generating the
+# stand-in and training on it: the same test of irmas; ~15 s of the smoke's ~30). The slow run runs their full
+# smoke variant.
+DEFAULT_RUN_OVERRIDES = {"irmas": {"parts": "grid"}, "sparse_vgg": {"parts": "generation,retrain"},
+                         "parallel_step": {"parts": "iterations,chaotic,steps"}}
 
 
 def _load_module(path):

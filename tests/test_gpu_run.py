@@ -47,11 +47,14 @@ def test_gpu_script_fails_loudly_without_a_gpu(tmp_path):
 
 
 def _check_point(p):
-    assert p["part"] in ("gpu", "cpu16")
+    assert p["part"] in ("gpu", "cpu16", "parallel")
     for key in ("cell", "T", "B", "H", "ms", "best_unroll", "peak_mb", "grad_rel_err"):
         assert key in p, (key, p)
-    assert p["H"] == 20 and p["peak_mb"] is None  # CPU: no device memory stats
-    if p.get("sweep") in ("T", "B", "irmas", "sizes"):
+    assert p["peak_mb"] is None  # CPU: no device memory stats
+    assert p["H"] == 20 or p["part"] == "parallel"
+    if p["part"] == "parallel":
+        _check_parallel_point(p)
+    elif p.get("sweep") in ("T", "B", "irmas", "sizes"):
         assert set(p["ms"]) == METHODS  # no cuDNN without CUDA
         assert p["ms"]["bptt_unrolled"] == min(p["ms_by_unroll"].values())
         assert p["ms"]["bptt_unrolled"] == p["ms_by_unroll"][str(p["best_unroll"])]
@@ -61,6 +64,32 @@ def _check_point(p):
             assert lo <= p["ms"][key] <= hi
     elif p.get("sweep") == "sequence-parallel":
         assert set(p["ms"]) == {"bppsa_sharded_backward", "forward_sharded"}
+
+
+def _check_parallel_point(p):
+    assert set(p["ms"]) == set(gpu_run.PARALLEL_PAIRS)  # tuned BPTT = sequential/bptt
+    for key, (lo, hi) in p["spread_ms"].items():
+        assert lo <= p["ms"][key] <= hi
+    assert set(p["newton"]) == {"newton/bppsa", "quasi/bppsa"}  # NewtonInfo of the parallel forwards only
+    for info in p["newton"].values():
+        assert info["converged"] and not info["fell_back"] and 1 <= info["iterations"] <= 50
+    assert abs(p["loss_diff"]) < 1e-3  # every forward computes the same loss
+    assert p["auto"].split("/")[0] in ("sequential", "newton", "quasi")  # what auto runs there
+    assert {"forward_model/sequential", "forward_model/newton", "forward_model/quasi"} <= set(p["predicted_ms"])
+    assert ("roofline/sequential/bppsa" in p["predicted_ms"]) == (p["cell"] in ("RNN", "GRU"))
+
+
+def test_parallel_part_times_every_forward_with_its_newton_info(tmp_path):
+    """Part ``parallel`` in this process at the dry run's sizes, one point of each kind of cell."""
+    pl = gpu_run.plan(True)
+    pl["parallel"] = (("T", "rnn", 1, 1, 20, 6, 2), ("structured", "blockgru", 2, 3, 4, 6, 2))
+    s = gpu_run.Summary(tmp_path / "out")
+    gpu_run.run_parallel(s, {**pl, "budgets": {**pl["budgets"], "parallel": 600}}, deadline=gpu_run.time.monotonic() + 600)
+    got = s.write()
+    assert got["skipped"] == [] and [(p["sweep"], p["cell"]) for p in got["points"]] == \
+        [("T", "RNN"), ("structured", "BlockGRU k=2")]
+    for p in got["points"]:
+        _check_point(p)
 
 
 def test_cpu16_part_dry_run_with_blocked_imports(tmp_path):
@@ -83,16 +112,17 @@ def test_cpu16_part_dry_run_with_blocked_imports(tmp_path):
 def test_gpu_script_dry_run_with_blocked_imports(tmp_path):
     out = tmp_path / "out"
     env = _blocked_env(tmp_path, BPPSA_ALLOW_CPU="1")
-    r = subprocess.run(["bash", str(SCRIPT), str(out), "--budget", "400"], env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(["bash", str(SCRIPT), str(out), "--budget", "480"], env=env, capture_output=True,
+                       text=True, timeout=800)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["skipped"] == [], s["skipped"]
     assert s["provenance"]["dry_run"] is True and s["provenance"]["backend"] == "cpu"
     assert set(s["provenance"]["parts"]) == {"gpu", "cpu16"}
     sweeps = [(p["part"], p["sweep"]) for p in s["points"]]
-    assert sweeps == [("gpu", "T"), ("gpu", "B"), ("gpu", "irmas"), ("gpu", "precision"), ("cpu16", "sizes"),
-                      ("cpu16", "sequence-parallel"), ("cpu16", "sequence-parallel")]
+    assert sweeps == [("gpu", "T"), ("gpu", "B"), ("gpu", "irmas"), ("gpu", "precision"), ("parallel", "T"),
+                      ("parallel", "structured"), ("cpu16", "sizes"), ("cpu16", "sequence-parallel"),
+                      ("cpu16", "sequence-parallel")]
     for p in s["points"]:
         _check_point(p)
     prec = s["points"][3]
@@ -100,6 +130,7 @@ def test_gpu_script_dry_run_with_blocked_imports(tmp_path):
                                          "bptt:highest"}
     assert all(0 < e < 1e-4 for e in prec["grad_rel_err"].values())  # float32 against float64
     assert s["points"][2]["cell"] == "GRU" and s["points"][2]["setting"] == "s"
+    assert s["points"][5]["cell"] == "BlockGRU k=2" and s["points"][5]["head_size"] == 2
     assert "times relative to bppsa" in r.stdout
 
 

@@ -16,8 +16,12 @@ Parts: ``gpu`` -- the paper's RNN T sweep at B = 16 (to T = 30 000) and B sweep 
 the IRMAS GRU shapes (3 settings x 3 batch sizes, synthetic inputs of those shapes) and the
 precision check (:func:`bppsa.gradient.gradient_errors` against float64 per ``precision=``
 setting); ``cpu16`` -- in a subprocess on XLA CPU: RNN points at a few sizes and
-sequence-parallel BPPSA over 1-16 host devices (:func:`bppsa.experiments.scaling.measure`).
-Every time is the one timed training-step gradient of :mod:`bppsa.gradient` (forward + backward
+sequence-parallel BPPSA over 1-16 host devices (:func:`bppsa.experiments.scaling.measure`);
+``parallel`` -- the parallel (Newton) forward: the jitted training step (value_and_grad) with
+forward sequential / newton / quasi (:func:`bppsa.experiments.parallel_step.measure_pairs`, Newton
+iterations recorded) for an RNN T sweep to T = 100 000, the IRMAS GRU shapes and BlockGRU(H = 256)
+with heads of 1 and 16, next to the roofline's and the forward cost model's predictions. The
+other parts' times are the one timed training-step gradient of :mod:`bppsa.gradient` (forward + backward
 of a fixed random readout of every step), the methods built by
 :func:`bppsa.baselines.baseline_functions` and timed by :func:`bppsa.timing.time_interleaved`:
 
@@ -28,7 +32,7 @@ of a fixed random readout of every step), the methods built by
     bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
     cudnn             torch nn.RNN / nn.GRU forward + backward on CUDA (when torch and CUDA are there)
 
-``--dry-run`` (or BPPSA_ALLOW_CPU=1) runs tiny sizes on the CPU in well under a minute.
+``--dry-run`` (or BPPSA_ALLOW_CPU=1) runs tiny sizes on the CPU in about two minutes.
 """
 
 from __future__ import annotations
@@ -44,13 +48,14 @@ from pathlib import Path
 import jax
 
 from bppsa import baselines, cells, gradient, host, timing
-from bppsa.cost import UNROLLS
+from bppsa.cost import UNROLLS, forward_seconds
 from bppsa.data.irmas import SHAPES as IRMAS_SHAPES
-from bppsa.experiments import scaling
+from bppsa.experiments import parallel_step, roofline, scaling
 from bppsa.options import PRECISIONS
 from bppsa.provenance import provenance
 
-__all__ = ["BLOCKED", "plan", "Summary", "Budget", "measure_point", "run_gpu", "run_cpu16", "main"]
+__all__ = ["BLOCKED", "PARALLEL_POINTS", "PARALLEL_PAIRS", "plan", "Summary", "Budget", "measure_point", "run_gpu",
+           "run_parallel", "run_cpu16", "main"]
 
 BLOCKED = ("ml_collections", "librosa", "soundfile", "ray")  # absent on the device machine
 H = 20  # hidden size of every paper model
@@ -62,15 +67,27 @@ def plan(dry: bool) -> dict:
         return dict(T_sweep=(12,), B_sweep=(3,), B_sweep_T=12, irmas=(("s", 16),), irmas_T=8, precision_T=(16,),
                     unrolls=(1, 4), repeats=1, cpu16_points=((12, 2),), cpu16_devices=(1, 2),
                     cpu16_device_count=2, scaling=(16, 2),
-                    budgets={"gpu/T": 10, "gpu/B": 7, "gpu/irmas": 7, "gpu/precision": 10, "cpu16": 20},
-                    total=57)
+                    parallel=(("T", "rnn", 1, 1, H, 12, 3), ("structured", "blockgru", 2, 4, 8, 16, 2)),
+                    budgets={"gpu/T": 10, "gpu/B": 7, "gpu/irmas": 7, "gpu/precision": 10, "parallel": 20, "cpu16": 20},
+                    total=77)
     return dict(T_sweep=(30000, 1000, 10000, 100, 3000, 10), B_sweep=(2, 256, 16, 64, 4, 128, 8, 32), B_sweep_T=1000,
                 irmas=tuple((s, b) for s in IRMAS_SHAPES for b in (16, 32, 64)), irmas_T=None,
                 precision_T=(1000, 10000, 30000), unrolls=UNROLLS, repeats=3,
                 cpu16_points=((1000, 16), (10000, 16), (1000, 64)), cpu16_devices=(1, 2, 4, 8, 16),
                 cpu16_device_count=16, scaling=(10000, 16),
-                budgets={"gpu/T": 120, "gpu/B": 55, "gpu/irmas": 55, "gpu/precision": 55, "cpu16": 120},
+                parallel=PARALLEL_POINTS,
+                budgets={"gpu/T": 100, "gpu/B": 45, "gpu/irmas": 45, "gpu/precision": 45, "parallel": 90,
+                         "cpu16": 105},
                 total=450)
+
+
+#: Part ``parallel``, most wanted first: (sweep, cell kind, head size, I, H, T, B).
+_irmas = lambda s: ("irmas", "gru", 1, IRMAS_SHAPES[s][0], H, IRMAS_SHAPES[s][1], 16)
+PARALLEL_POINTS = (("T", "rnn", 1, 1, H, 10000, 16), _irmas("m"), ("structured", "blockgru", 1, 64, 256, 4096, 16),
+                   ("structured", "blockgru", 16, 64, 256, 4096, 16), ("T", "rnn", 1, 1, H, 100000, 16),
+                   ("T", "rnn", 1, 1, H, 1000, 16), _irmas("s"), _irmas("l"), ("T", "rnn", 1, 1, H, 100, 16),
+                   ("T", "rnn", 1, 1, H, 30000, 16))
+PARALLEL_PAIRS = ("sequential/bptt", "sequential/bppsa", "newton/bppsa", "quasi/bppsa")
 
 
 class Summary:
@@ -230,6 +247,31 @@ def run_gpu(summary: Summary, pl: dict, deadline: float):
         _sweep(summary, Budget(pl["budgets"][name], deadline), points, measure)
 
 
+def run_parallel(summary: Summary, pl: dict, deadline: float):
+    """Part ``parallel``: the training step per forward (:data:`PARALLEL_PAIRS`; sequential/bptt is
+    tuned BPTT) at :data:`PARALLEL_POINTS`, Newton iterations, and the predictions: the roofline's
+    (RNN/GRU, sequential forward) and :func:`bppsa.cost.forward_seconds`' (the forward alone)."""
+    def measure(sweep, kind, head, I, Hs, T, B):
+        cell = parallel_step.make_cell(kind, I, Hs, head)
+        m = parallel_step.measure_pairs(cell, T, B, PARALLEL_PAIRS, repeats=pl["repeats"])
+        pred = {f"forward_model/{f}": forward_seconds(cell, T, B, f, "gpu") * 1e3 for f in parallel_step.FORWARDS}
+        if kind in ("rnn", "gru"):
+            r = roofline.predict(kind.upper(), T, B, I, Hs)
+            pred.update({"roofline/sequential/bptt": r["bptt"] * 1e3, "roofline/sequential/bppsa": r["bppsa"] * 1e3})
+        return {"part": "parallel", "sweep": sweep, "cell": parallel_step.cell_label(kind, head), "T": T, "B": B,
+                "H": Hs, "I": I, "head_size": head, "ms": {k: v["median"] * 1e3 for k, v in m["times"].items()},
+                "spread_ms": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in m["times"].items()},
+                "newton": {k: v for k, v in m["info"].items() if v is not None}, "loss_diff": m["loss_diff"],
+                "auto": parallel_step.auto_pair(cell, T, B), "predicted_ms": pred, "best_unroll": None,
+                "repeats": pl["repeats"], "peak_mb": _peak_mb(), "grad_rel_err": {}}
+
+    keys = ("sweep", "kind", "head", "I", "Hs", "T", "B")
+    points = [({"part": "parallel", "sweep": p[0], "cell": p[1], "head_size": p[2], "T": p[5], "B": p[6]},
+               p[4] * p[5] * p[6], dict(zip(keys, p))) for p in pl["parallel"]]
+    print(f"parallel: {len(points)} points, budget {pl['budgets']['parallel']} s", flush=True)
+    _sweep(summary, Budget(pl["budgets"]["parallel"], deadline), points, measure)
+
+
 def run_cpu16(summary: Summary, pl: dict, deadline: float):
     """Part ``cpu16`` (run in its own process on XLA CPU with the host devices): RNN points, then
     sequence-parallel BPPSA (bppsa.parallel) over 1, 2, 4, ... host devices."""
@@ -273,6 +315,10 @@ def _table(summary: dict) -> str:
     rows = ["part  sweep              cell    T      B    bptt/bppsa  unrolled/bppsa  cudnn/bppsa"]
     for p in summary["points"]:
         ms = p.get("ms") or {}
+        if p["part"] == "parallel":
+            its = {k.split("/")[0]: v["iterations"] for k, v in p["newton"].items()}
+            rows.append(f"parallel {p['sweep']:<15} {p['cell']:<5} {p['T']:>6} {p['B']:>4}    tuned BPTT / "
+                        + ", ".join(f"{k}: {ms['sequential/bptt'] / v:.2f}" for k, v in ms.items()) + f"; its {its}")
         if "bppsa" not in ms:
             continue
         r = lambda k: f"{ms[k] / ms['bppsa']:.2f}" if k in ms else "-"
@@ -285,7 +331,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bppsa.experiments.gpu_run", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("out", help="output folder (summary.json, points.jsonl)")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on any backend (also: BPPSA_ALLOW_CPU=1)")
-    ap.add_argument("--part", choices=("all", "gpu", "cpu16"), default="all")
+    ap.add_argument("--part", choices=("all", "gpu", "parallel", "cpu16"), default="all")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole run (default: the plan's); every part's budget scales with it")
     args = ap.parse_args(argv)
@@ -320,8 +366,11 @@ def main(argv=None) -> int:
     prov.update(dry_run=dry, plan={k: v for k, v in pl.items()}, torch=torch_version, cudnn_allow_tf32=tf32)
     summary.set_provenance("gpu", prov)
     print(f"{'dry run' if dry else 'run'} on {backend}: {jax.devices()}", flush=True)
+    later = {"all": pl["budgets"]["parallel"] + pl["budgets"]["cpu16"], "gpu": 0}
     if args.part in ("all", "gpu"):
-        run_gpu(summary, pl, deadline - (pl["budgets"]["cpu16"] if args.part == "all" else 0))
+        run_gpu(summary, pl, deadline - later[args.part])
+    if args.part in ("all", "parallel"):
+        run_parallel(summary, pl, deadline - (pl["budgets"]["cpu16"] if args.part == "all" else 0))
     if args.part in ("all", "cpu16"):
         print(f"cpu16: subprocess, budget {pl['budgets']['cpu16']} s", flush=True)
         _spawn_cpu16(out, dry, pl, deadline)
