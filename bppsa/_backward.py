@@ -37,6 +37,7 @@ from jax import lax
 
 from . import _scan as scan_lib
 from . import cost as cost_lib
+from .scan import block_scan
 
 __all__ = ["forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows", "steps",
            "prev_states", "tangent_states", "scan_order", "root_and_offsets",
@@ -118,13 +119,13 @@ def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
     k): each of the S/k blocks of each batch row is an independent (k, k) chain, so the scans run
     on B·S/k rows of k-vectors (k = 1: elementwise), never on S×S matrices."""
     k, (n, B, S) = cell.jacobian_block_size, sr.shape
-    if scan_method == "blelloch":
+    if scan_method == "blelloch" and k > 1:
         spr, xr, sr, ds = storage_inputs(spr, xr, sr, ds)
         Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
         gs, total = scan_lib.blelloch_scan_stored(to_blocks(v, k), Ms, to_blocks(ds, k), n, zero_padded_offsets=True)
-    else:
+    else:  # k = 1: elementwise (bppsa.scan.diagonal_scan)
         Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
-        gs, total = scan_lib.scan(to_blocks(v, k), Ms, to_blocks(ds, k), scan_method)
+        gs, total = block_scan(to_blocks(v, k), Ms, to_blocks(ds, k), scan_method)
     return gs.reshape((n, B, S)), total.reshape((B, S))
 
 
@@ -298,6 +299,9 @@ def solved_states(cell, scan_method, chunk_size, params, xs, s0, ss, precision="
 @solved_states.defjvp
 def _solved_jvp(cell, scan_method, chunk_size, precision, primals, tangents):
     params, xs, s0, ss = primals
+    # ss again through solved_states: differentiated once more (HVPs, grad of grad), the states'
+    # dependence on (params, xs, s0) is the implicit function's, not the stop_gradient's zero
+    ss = solved_states(cell, scan_method, chunk_size, params, xs, s0, ss, precision)
     return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents[:3])
 
 

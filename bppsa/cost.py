@@ -349,4 +349,7 @@ def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None, backend: str |
     explicitly). On this project's 2-core CPU the sequential loop always wins (measured: the
     parallel forward is 0.1–0.5x its speed), so "auto" is the sequential forward there."""
     del dtype  # the constants are float32's; the choice does not hinge on it
+    backend = backend or jax.default_backend()
+    if backend == "cpu":  # measured, not modelled: the sequential forward at every CPU point
+        return "sequential"
     return min(("sequential", "newton"), key=lambda f: forward_seconds(cell, T, B, f, backend))

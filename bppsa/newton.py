@@ -29,9 +29,10 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   (quasi included: its backward uses the full Jacobians, unlike quasi-DEER's).
 - Not converged within ``max_iter`` (or a non-finite residual): ``on_fail="sequential"`` runs the
   sequential forward instead (a :class:`NewtonFallbackWarning` the first time, every time counted:
-  :func:`fallback_count`), ``on_fail="raise"`` raises :class:`NewtonDidNotConverge`. Unconverged
-  states are never returned. :class:`NewtonInfo` says what happened (``bppsa.rnn(...,
-  return_info=True)``).
+  :func:`fallback_count`), ``on_fail="raise"`` raises :class:`NewtonDidNotConverge` (under
+  ``jax.jit`` JAX re-raises it from its host callback as a ``jax.errors.JaxRuntimeError``, a
+  RuntimeError whose message names it). Unconverged states are never returned.
+  :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from . import _scan as scan_lib
 from . import cost as cost_lib
 from ._backward import block_rows, forward_states, prev_states, steps, to_blocks
 from .errors import UsageError
+from .scan import block_scan
 
 __all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
            "NewtonFallbackWarning", "solve", "tolerance", "fallback_count", "step_elements", "residual", "iterate",
@@ -127,7 +129,7 @@ def _report(converged, iterations, residual, *, on_fail: str, tol: float, cell: 
         _fallbacks[0] += failed
     if first:
         warnings.warn(f"{what}; the sequential forward ran instead (counted by bppsa.newton.fallback_count(); "
-                      "this warning is shown once)", NewtonFallbackWarning, stacklevel=2)
+                      "this warning is shown once)", NewtonFallbackWarning, stacklevel=1)
 
 
 def step_elements(cell, kind, params, sp, xs, f, scale=1):
@@ -152,9 +154,17 @@ def _linear_solve(cell, plan, chunk, params, xs, s0, H, F, scale):
     T, B, S = H.shape
     sp = prev_states(s0, H)
 
+    k = 1 if plan.kind == "quasi" else (cell.jacobian_block_size or S)
+
     def piece(h_in, sp_c, x_c, f_c):
-        E, c, k = step_elements(cell, plan.kind, params, sp_c, x_c, f_c, scale)
-        prefixes, total = scan_lib.scan(to_blocks(h_in, k), E, c, plan.scan)
+        if plan.scan == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
+            n = sp_c.shape[0]  # the backward makes them: only the (n, B, S) vectors are permuted
+            sp_s, x_s, f_s = (scan_lib.to_storage(a, n, pad="edge") for a in (sp_c, x_c, f_c))
+            E, c, _ = step_elements(cell, plan.kind, params, sp_s, x_s, f_s, scale)
+            prefixes, total = scan_lib.blelloch_scan_stored(to_blocks(h_in, k), E, c, n)
+        else:
+            E, c, _ = step_elements(cell, plan.kind, params, sp_c, x_c, f_c, scale)
+            prefixes, total = block_scan(to_blocks(h_in, k), E, c, plan.scan)
         states = jnp.concatenate([prefixes[1:], total[None]], axis=0)
         return total.reshape((B, S)), states.reshape(sp_c.shape)
 
