@@ -3,18 +3,16 @@ whole training step for every forward × backward pair (the task of experiments/
 
 Parts (``config.parts``):
 
-- ``iterations``: iterations to converge against T for each cell of ``config.iter_cells`` (dense
-  RNN/GRU/LSTM, block-diagonal BlockGRU/BlockLSTM of a head size), forward newton and quasi, at
-  random initialisation (:func:`bppsa.gradient.problem`'s parameters and inputs). Every run
-  records :class:`bppsa.newton.NewtonInfo` (iterations, converged, fell_back, residual) and the
-  largest |states − sequential forward's states|.
+- ``iterations``: iterations to converge against T for each cell of ``config.iter_cells``, forward
+  newton and quasi, at random initialisation (:func:`bppsa.gradient.problem`). Every run records
+  :class:`bppsa.newton.NewtonInfo` and the largest |states − sequential forward's states|.
 - ``trained``: the same for the IRMAS GRU(F, H) after a short training run (``config.train_steps``
   Adam steps, BPTT, on the synthetic stand-in of :mod:`bppsa.data.synth_irmas`, as
   :mod:`bppsa.experiments.irmas` trains it) and before it, on the clips' features concatenated
   along time to length T.
 - ``chaotic``: an RNN whose recurrent matrix is scaled to spectral radius ``config.chaotic_rho``:
-  plain Newton, damped Newton (``damping=1.0``), quasi and, at the smallest T, Newton with
-  ``max_iter = T`` and ``on_fail="raise"`` (what it raises).
+  plain, damped (``damping=1.0``) and quasi Newton; at the smallest T, ``max_iter = T`` and
+  ``on_fail="raise"`` (in a subprocess: what it raises).
 - ``steps``: the jitted training step (``jax.value_and_grad`` of :func:`bppsa.gradient.loss`, a
   fixed readout of every state, w.r.t. the parameters) for every pair of :data:`FORWARDS` ×
   :data:`BACKWARDS` at each of ``config.step_points``, timed together by
@@ -31,6 +29,9 @@ Writes ``<name>``.json (with provenance) and ``<name>``.md. :func:`step_function
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -48,7 +49,7 @@ from ..scan import SCANS
 from ..tables import markdown_table
 from ..timing import time_interleaved
 
-__all__ = ["CELLS", "FORWARDS", "BACKWARDS", "make_cell", "cell_label", "pair_options", "timed_pair",
+__all__ = ["CELLS", "FORWARDS", "BACKWARDS", "make_cell", "cell_label", "timed_pair",
            "step_functions", "measure_pairs", "auto_pair", "iteration_row", "long_inputs", "run"]
 
 CELLS = {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM, "blockrnn": structured.BlockRNN,
@@ -66,10 +67,6 @@ def make_cell(kind: str, I: int, H: int, head: int = 1):
 
 def cell_label(kind: str, head: int = 1) -> str:
     return CELLS[kind].__name__ + (f" k={head}" if kind.startswith("block") else "")
-
-
-def pair_options(forward: str, backward: str) -> dict:
-    return {"forward": forward, **BACKWARDS[backward]}
 
 
 def timed_pair(forward: str, backward: str) -> str:
@@ -91,12 +88,11 @@ def step_functions(cell, params, xs, h0, R, pairs) -> dict:
             out, info = backprop.rnn(cell, p, x, h, return_info=True, **opts)
             return gradient.loss(cell, out, r), info
         return functools.partial(jax.jit(jax.value_and_grad(loss, has_aux=True)), params, xs, h0, R)
-    return {name: make(pair_options(*name.split("/"))) for name in pairs}
+    return {name: make({"forward": name.split("/")[0], **BACKWARDS[name.split("/")[1]]}) for name in pairs}
 
 
 def _info(info) -> dict | None:
-    return None if info is None else {"iterations": int(info.iterations), "converged": bool(info.converged),
-                                      "fell_back": bool(info.fell_back), "residual": float(info.residual)}
+    return None if info is None else {k: getattr(np.asarray(v), "item")() for k, v in info._asdict().items()}
 
 
 def measure_pairs(cell, T: int, B: int, pairs, *, repeats: int, seed: int = 0) -> dict:
@@ -116,7 +112,8 @@ def measure_pairs(cell, T: int, B: int, pairs, *, repeats: int, seed: int = 0) -
 # --------------------------------------------------------------------------------------------
 
 def _max_diff(a, b) -> float:
-    return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    """max |a − b| by numpy (NaN propagates; jnp.max on CPU drops NaNs of large arrays, jax 0.10.2)."""
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(*map(jax.tree.leaves, (a, b))))
 
 
 def iteration_row(cell, params, xs, h0, ref, forward: str, **opts) -> dict:
@@ -127,12 +124,13 @@ def iteration_row(cell, params, xs, h0, ref, forward: str, **opts) -> dict:
     jax.block_until_ready(fn(params, xs, h0))
     t1 = time.perf_counter()
     out, info = jax.block_until_ready(fn(params, xs, h0))
-    return {"forward": forward, **(_info(info) or {}), "max_abs_diff": _max_diff(out, ref),
+    finite = all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(out))
+    return {"forward": forward, **(_info(info) or {}), "max_abs_diff": _max_diff(out, ref), "states_finite": finite,
             "first_call_s": t1 - t0, "call_s": time.perf_counter() - t1}
 
 
 def _sequential(cell, params, xs, h0):
-    return jax.block_until_ready(jax.jit(lambda p, x, h: backprop.rnn(cell, p, x, h, backward="bptt"))(params, xs, h0))
+    return jax.jit(lambda p, x, h: backprop.rnn(cell, p, x, h, backward="bptt"))(params, xs, h0)
 
 
 def _sweep(config, label, cell, inputs, forwards, log, **opts) -> list[dict]:
@@ -142,8 +140,7 @@ def _sweep(config, label, cell, inputs, forwards, log, **opts) -> list[dict]:
         params, xs, h0 = inputs(T)
         ref = _sequential(cell, params, xs, h0)
         for fwd in forwards:
-            row = {"cell": label, "T": int(T), "B": int(xs.shape[1]), **iteration_row(cell, params, xs, h0, ref, fwd,
-                                                                                        **opts)}
+            row = {"cell": label, "T": T, "B": xs.shape[1], **iteration_row(cell, params, xs, h0, ref, fwd, **opts)}
             rows.append(row)
             log(f"  {label:<13} T={T:<6} {fwd:<7} it {row['iterations']:>2} conv {row['converged']!s:<5} "
                 f"res {row['residual']:.1e} diff {row['max_abs_diff']:.1e} ({row['first_call_s']:.1f} s)")
@@ -166,6 +163,10 @@ def long_inputs(x: np.ndarray, T: int, B: int) -> np.ndarray:
     frames = x.reshape(-1, x.shape[-1])
     starts = np.arange(B) * (len(frames) // B)
     return np.stack([np.take(frames, np.arange(s, s + T), axis=0, mode="wrap") for s in starts], axis=1)
+
+
+def _spectral_radius(W) -> float:
+    return float(np.max(np.abs(np.linalg.eigvals(np.asarray(W, np.float64)))))
 
 
 def trained(config, workdir: Path, log=print) -> dict:
@@ -208,8 +209,31 @@ def trained(config, workdir: Path, log=print) -> dict:
     return {"training": info, "rows": rows}
 
 
-def _spectral_radius(W) -> float:
-    return float(np.max(np.abs(np.linalg.eigvals(np.asarray(W, np.float64)))))
+_PROBE = """
+import json, sys, jax, numpy as np
+from bppsa import backprop, cells, gradient
+I, H, B, T, rho, seed, scan = json.loads(sys.argv[1])
+cell = cells.RNN(I, H)
+p, xs, h0, _ = gradient.problem(cell, T, B, seed=seed)
+p = {**p, "W_h": p["W_h"] * (rho / float(np.max(np.abs(np.linalg.eigvals(np.asarray(p["W_h"], np.float64))))))}
+out = {"T": T, "raised": None}
+try:
+    jax.block_until_ready(jax.jit(lambda a, b, c: backprop.rnn(cell, a, b, c, forward="newton", on_fail="raise",
+                                                                scan=scan))(p, xs, h0))
+except Exception as e:
+    out.update(raised=type(e).__name__, names_NewtonDidNotConverge="NewtonDidNotConverge" in str(e),
+               message=str(e).splitlines()[0][:200])
+print(json.dumps(out))
+"""
+
+
+def _raise_probe(config, T: int) -> dict:
+    """``on_fail="raise"`` on the chaotic problem at T, in a subprocess (a failing debug callback
+    must not share this process): what the caller sees."""
+    arg = json.dumps([config.iter_I, config.iter_H, config.iter_B, T, config.chaotic_rho, config.seed,
+                      config.iter_scan])
+    r = subprocess.run([sys.executable, "-c", _PROBE, arg], capture_output=True, text=True, timeout=600)
+    return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"T": T, "error": r.stderr[-300:]}
 
 
 def chaotic(config, log=print) -> dict:
@@ -220,8 +244,7 @@ def chaotic(config, log=print) -> dict:
         params, xs, h0, _ = gradient.problem(cell, T, config.iter_B, seed=config.seed)
         params = {**params, "W_h": params["W_h"] * (config.chaotic_rho / _spectral_radius(params["W_h"]))}
         ref = _sequential(cell, params, xs, h0)
-        variants = [("newton", "newton", {}), ("newton damping=1", "newton", {"damping": 1.0}),
-                    ("quasi", "quasi", {})]
+        variants = [("newton", "newton", {}), ("newton damping=1", "newton", {"damping": 1.0}), ("quasi", "quasi", {})]
         if T == min(config.chaotic_T):
             variants.append((f"newton max_iter={T}", "newton", {"max_iter": int(T)}))
         for label, fwd, kw in variants:
@@ -233,14 +256,7 @@ def chaotic(config, log=print) -> dict:
             log(f"  chaotic T={T:<6} {label:<18} it {row['iterations']:>3} conv {row['converged']!s:<5} fell_back "
                 f"{row['fell_back']!s:<5} res {row['residual']:.1e} diff {row['max_abs_diff']:.1e}")
         if raised is None:
-            try:
-                jax.block_until_ready(jax.jit(lambda p, x, h: backprop.rnn(
-                    cell, p, x, h, forward="newton", on_fail="raise", scan=config.iter_scan))(params, xs, h0))
-                raised = {"T": int(T), "raised": None}
-            except Exception as e:  # noqa: BLE001 -- what it raises is the result
-                chain = [type(c).__name__ for c in (e, e.__cause__) if c is not None]
-                raised = {"T": int(T), "raised": " <- ".join(chain), "message": str(e).splitlines()[0][:300],
-                          "names_NewtonDidNotConverge": "NewtonDidNotConverge" in str(e) + "".join(chain)}
+            raised = _raise_probe(config, int(T))
     return {"rho": config.chaotic_rho, "rows": rows, "on_fail_raise": raised}
 
 
@@ -261,8 +277,8 @@ def step_times(config, log=print) -> list[dict]:
         fastest = min(med, key=lambda p: med[p])
         row = {"cell": cell_label(kind, head), "I": I, "H": H, "T": T, "B": B, **m, "auto": auto, "fastest": fastest,
                "auto_over_fastest": med[auto] / med[fastest], "tuned_bptt": "sequential/bptt",
-               "predicted_forward_s": {f: forward_seconds(cell, T, B, f) for f in FORWARDS}, "wall_s": 0.0}
-        row["wall_s"] = time.perf_counter() - t0
+               "predicted_forward_s": {f: forward_seconds(cell, T, B, f) for f in FORWARDS},
+               "wall_s": time.perf_counter() - t0}
         rows.append(row)
         log(f"  {row['cell']} T={T} B={B}: " + ", ".join(f"{p} {1e3 * v:.1f}" for p, v in med.items())
             + f" ms; auto {auto} ({row['auto_over_fastest']:.2f}x fastest {fastest}); {row['wall_s']:.0f} s")
@@ -298,7 +314,8 @@ def markdown(record) -> str:
            f"`{p['command']}` — {p['date']}, {p['backend']} / {p['device_kind']} / {p['cpu']} "
            f"({p['cpu_count']} cores), "
            f"jax {p['jax']}, commit {str(p.get('git_commit'))[:10]}; float32, tol {newton.tolerance(jnp.float32)} "
-           f"(relative residual), max_iter {newton.DEFAULT_MAX_ITER}. Whole run {record['wall_s'] / 60:.1f} min.", ""]
+           f"(relative residual), max_iter {newton.DEFAULT_MAX_ITER}. Whole run {record['wall_s'] / 60:.1f} min.", "",
+           *([f"**Note.** {record['note']}", ""] if record.get("note") else [])]
     if "iterations" in record or "trained" in record:
         rows = record.get("iterations", []) + record.get("trained", {}).get("rows", [])
         out += ["## Iterations to converge", "",
@@ -324,10 +341,10 @@ def markdown(record) -> str:
         ch = record["chaotic"]
         out += [f"## Chaotic RNN (recurrent spectral radius {ch['rho']})", "",
                 markdown_table(["T", "variant", "iterations", "converged", "fell back", "residual of the iterate",
-                                "max abs(states − seq.)"],
+                                "states finite", "max abs(states − seq.)"],
                                [[r["T"], r["variant"], r["iterations"], r["converged"], r["fell_back"],
-                                 f"{r['residual']:.2e}", f"{r['max_abs_diff']:.1e}"] for r in ch["rows"]],
-                               align="rlrllrr"), ""]
+                                 f"{r['residual']:.2e}", r.get("states_finite", "?"), f"{r['max_abs_diff']:.1e}"]
+                                for r in ch["rows"]], align="rlrllrlr"), ""]
         rz = ch.get("on_fail_raise") or {}
         out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: raised {rz.get('raised')!s} — {rz.get('message', '')}", ""]
     if "steps" in record:
