@@ -137,7 +137,10 @@ def step_elements(cell, kind, params, sp, xs, f, scale=1):
     (n, B, S) with f = f(sp, xs), as block rows (:func:`bppsa._backward.to_blocks`): E (n, B·S/k,
     k, k) = scale·J_tᵀ's diagonal blocks (quasi: diag(J_t), k = 1; a block-diagonal cell's (k, k)
     blocks; else dense, k = S) and c (n, B·S/k, k) = f_t − sp_t @ E_t. Returns (E, c, k)."""
-    if kind == "quasi":
+    if kind == "quasi" and cell.has_diagonal_jacobian:  # M = diag(A) Wt: diag(M) = A ⊙ diag(Wt), no S×S
+        A, Wt = cell.diagonal_jacobian(params, sp, xs, f)
+        blocks = (A * jnp.diagonal(Wt))[..., None, None]
+    elif kind == "quasi":
         blocks = cell.jacobian_diagonal(params, sp, xs, f)[..., None, None]
     elif cell.jacobian_block_size is not None:
         blocks = cell.jacobian_blocks(params, sp, xs, f)
