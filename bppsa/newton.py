@@ -20,8 +20,12 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   slower to converge, the same fixed point.
 - ``damping=λ0``: each step uses J_t/(1 + λ) (λ = 0 Newton, λ → ∞ the Jacobi fixed-point
   iteration h'_t = f_t, which cannot overflow); a step whose residual is not smaller is rejected
-  and λ grows tenfold (at least to 1), an accepted one halves it. This is a Levenberg–Marquardt-
-  style trust region on the Jacobians, not ELK's Kalman-smoother step.
+  and λ grows tenfold (at least to 1), an accepted one halves it; from λ = :data:`JACOBI_LAMBDA`
+  on, any finite step is accepted (near-Jacobi steps fix one more state each). This is a
+  Levenberg–Marquardt-style trust region on the Jacobians, not ELK's Kalman-smoother step.
+- An expanding recurrence (spectral radius well above 1) is ill-conditioned: a converged iterate
+  meets ``tol`` at every step yet may differ from the sequential forward's states (themselves
+  rounding-dominated there) by O(1); its gradients are exact at the states returned.
 - Convergence: max over t, b, i of |h_t − f_t| / (1 + |f_t|) <= ``tol`` (default per dtype,
   :data:`DEFAULT_TOL`), the true residual at the returned states, tested after every step. The
   step's Jacobians are never taken at the final states here: the one linearisation there is the
@@ -62,6 +66,7 @@ ON_FAIL = ("sequential", "raise")
 #: Relative residual tolerance by dtype name (about 100 ulps, float32 ~ 1e-5 as DEER uses).
 DEFAULT_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
 DEFAULT_MAX_ITER = 50
+JACOBI_LAMBDA = 1e3  # damping: from this λ on a finite step is accepted whatever its residual
 
 
 class NewtonDidNotConverge(RuntimeError):
@@ -184,8 +189,11 @@ def _linear_solve(cell, plan, chunk, params, xs, s0, H, F, scale):
 
 
 def residual(H, F):
-    """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H."""
-    return jnp.max(jnp.abs(H - F) / (1 + jnp.abs(F)))
+    """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H; +inf
+    where anything is NaN (XLA's max on CPU can skip NaNs: an overflowed iterate must never look
+    converged)."""
+    r = jnp.abs(H - F) / (1 + jnp.abs(F))
+    return jnp.max(jnp.where(jnp.isnan(r), jnp.inf, r))
 
 
 def iterate(plan: Plan, tol: float, H, evaluate, update):
@@ -208,8 +216,8 @@ def iterate(plan: Plan, tol: float, H, evaluate, update):
         Fn, rn = evaluate(Hn)
         if not damped:
             return k + 1, Hn, Fn, rn, lam
-        ok = jnp.isfinite(rn) & (rn < res)
-        pick = lambda new, old: jnp.where(ok, new, old)
+        ok = jnp.isfinite(rn) & ((rn < res) | (lam >= JACOBI_LAMBDA))  # near the Jacobi limit: always
+        pick = lambda new, old: jnp.where(ok, new, old)  # (it fixes one more state per step, cannot overflow)
         lam = jnp.where(ok, lam / 2, jnp.maximum(10 * lam, 1))
         return k + 1, pick(Hn, H), pick(Fn, F), pick(rn, res), lam
 
@@ -221,7 +229,7 @@ def finish(cell, plan: Plan, tol: float, k, H, res, sequential):
     """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`) and apply
     ``plan.on_fail``: ``sequential()`` computes the sequential forward's states, run only when
     the iteration did not converge. Returns (states, :class:`NewtonInfo`)."""
-    converged = res <= tol
+    converged = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(H))
     jax.debug.callback(_report, converged, k, res, on_fail=plan.on_fail, tol=tol, cell=type(cell).__name__)
     if plan.on_fail == "sequential":
         H = lax.cond(converged, lambda: H, sequential)

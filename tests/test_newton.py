@@ -653,3 +653,20 @@ def test_constants_are_consistent():
     assert newton.KINDS == FORWARDS and set(FORWARDS) < set(bppsa.FORWARDS)
     assert newton.ON_FAIL == ("sequential", "raise")
     assert math.isclose(TOL, 1e-12)
+
+
+def test_an_overflowing_iterate_is_never_reported_converged():
+    """Regression: a chaotic RNN (spectral radius 3) at T = 1000, float32: the first Newton step
+    overflows to NaN; XLA's CPU max can skip NaNs, so the residual must count them as +inf. The
+    result is the sequential forward's, fell_back is set."""
+    cell = cells.RNN(20, 20)
+    p = cell.init(jax.random.key(0), jnp.float32)
+    rho = float(np.max(np.abs(np.linalg.eigvals(np.asarray(p["W_h"], np.float64)))))
+    p = dict(p, W_h=p["W_h"] * (3 / rho))
+    xs = jax.random.normal(jax.random.key(1), (1000, 4, 20), jnp.float32)
+    h0 = jnp.zeros((4, 20), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        states, info = bppsa.rnn(cell, p, xs, h0, forward="newton", max_iter=5, return_info=True)
+    assert not bool(info.converged) and bool(info.fell_back)
+    np.testing.assert_array_equal(np.asarray(states), np.asarray(bppsa.rnn(cell, p, xs, h0, backward="bptt")))
