@@ -318,11 +318,12 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
     return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]
 
 
-#: The forward model's expected Newton iterations (float32, random and trained weights of the
-#: project's cells: the parallel_step experiment) and its per-backend constants:
+#: The forward model's expected Newton iterations (float32; experiments/results/cpu/parallel-step.md:
+#: newton 3-4 at random weights for every cell and T, 11-27 for the trained IRMAS GRU, mean 5.4;
+#: quasi 4-16 at random weights, mean 11; with 1×1 blocks quasi is newton) and its per-backend constants:
 #: the latency of one dependent step of a ``lax.scan`` and of one level of a parallel scan
 #: (seconds), and the sustained throughput of the scans' batched products (flop/s).
-NEWTON_ITERATIONS = {"newton": 6, "quasi": 14}
+NEWTON_ITERATIONS = {"newton": 5, "quasi": 11}
 FORWARD_CONSTANTS = {"cpu": {"step": 2e-6, "level": 2e-5, "flops": 2e10},
                      "gpu": {"step": 1.2e-5, "level": 1.5e-5, "flops": 2e13}}
 
@@ -340,7 +341,8 @@ def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | Non
         return T * (c["step"] + step_work / c["flops"])
     k = 1 if forward == "quasi" else (cell.jacobian_block_size or S)
     iteration = T * (2 * step_work + 2.0 * B * G * S * S + 4.0 * B * S * k * k) / c["flops"]
-    return NEWTON_ITERATIONS[forward] * (2 * max(1, int(np.ceil(np.log2(max(T, 2))))) * c["level"] + iteration)
+    n = NEWTON_ITERATIONS["newton" if cell.jacobian_block_size == 1 else forward]  # diagonal: the same iteration
+    return n * (2 * max(1, int(np.ceil(np.log2(max(T, 2))))) * c["level"] + iteration)
 
 
 def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None) -> str:
