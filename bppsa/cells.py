@@ -296,7 +296,7 @@ class GRU(Cell):
         r, z, m, n = self._gates(params, h, x)
         return (1.0 - z) * n + z * h
 
-    def _u(self, params, s_prev, xs):
+    def gate_terms(self, params, s_prev, xs):  # (r, z, u_r, u_z, u_n), per unit
         r, z, m, n = self._gates(params, s_prev, xs)
         dsigma = ACTIVATIONS[self.gate][1]
         u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
@@ -304,13 +304,13 @@ class GRU(Cell):
 
     def transposed_jacobian(self, params, s_prev, xs, s):
         H = self.hidden_size
-        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         W = params["W_h"].reshape(H, 3, H)  # (in j, gate, out i)
         M = jnp.einsum("...gi,jgi->...ij", jnp.stack([u_r, u_z, u_n * r], axis=-2), W)
         return M + z[..., :, None] * jnp.eye(H, dtype=M.dtype)
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
         dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
         dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)

@@ -126,12 +126,8 @@ class BlockSimpleCell(_BlockCell):
                                    _name(self.activation_fn, "activation_fn"), hidden_bias=False)
 
 
-class BlockGRUCell(_BlockCell):
-    """:class:`bppsa.structured.BlockGRU` (input bias only, as ``nnx.GRUCell``; gates r, z, n):
-    r, z = gate_fn(x W_x + b_x + rec(h)) per gate, n = activation_fn(x W_xn + b_xn + r ⊙ rec_n(h)),
-    h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h (*batch, H)."""
-
-    _gates = 3
+class _GatedCell(_BlockCell):
+    """The gated cells' constructor (``gate_fn`` and ``activation_fn``, as flax's)."""
 
     def __init__(self, in_features: int, hidden_features: int, *, head_size: int = 1, gate_fn=jax.nn.sigmoid,
                  activation_fn=jnp.tanh, kernel_init=initializers.lecun_normal(),
@@ -140,6 +136,14 @@ class BlockGRUCell(_BlockCell):
         self.gate_fn, self.activation_fn = gate_fn, activation_fn
         self._build(in_features, hidden_features, head_size, kernel_init, recurrent_kernel_init, bias_init, dtype,
                     param_dtype, carry_init, rngs)
+
+
+class BlockGRUCell(_GatedCell):
+    """:class:`bppsa.structured.BlockGRU` (input bias only, as ``nnx.GRUCell``; gates r, z, n):
+    r, z = gate_fn(x W_x + b_x + rec(h)) per gate, n = activation_fn(x W_xn + b_xn + r ⊙ rec_n(h)),
+    h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h (*batch, H)."""
+
+    _gates = 3
 
     def bppsa_cell(self) -> Cell:
         return structured.BlockGRU(self.in_features, self.hidden_features, self.head_size,
@@ -147,20 +151,12 @@ class BlockGRUCell(_BlockCell):
                                    hidden_bias=False)
 
 
-class BlockLSTMCell(_BlockCell):
+class BlockLSTMCell(_GatedCell):
     """:class:`bppsa.structured.BlockLSTM` (hidden bias only, as ``nnx.LSTMCell``; gates i, f, g, o):
     c' = f ⊙ c + i ⊙ g, h' = o ⊙ activation_fn(c'). Carry (c, h), output h (*batch, H), as flax's."""
 
     _gates = 4
     _input_bias, _hidden_bias = False, True
-
-    def __init__(self, in_features: int, hidden_features: int, *, head_size: int = 1, gate_fn=jax.nn.sigmoid,
-                 activation_fn=jnp.tanh, kernel_init=initializers.lecun_normal(),
-                 recurrent_kernel_init=head_uniform, bias_init=initializers.zeros_init(), dtype=None,
-                 param_dtype=jnp.float32, carry_init=None, rngs: nnx.Rngs):
-        self.gate_fn, self.activation_fn = gate_fn, activation_fn
-        self._build(in_features, hidden_features, head_size, kernel_init, recurrent_kernel_init, bias_init, dtype,
-                    param_dtype, carry_init, rngs)
 
     def bppsa_cell(self) -> Cell:
         return structured.BlockLSTM(self.in_features, self.hidden_features, self.head_size,

@@ -31,7 +31,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from .cells import ACTIVATIONS, Cell
+from .cells import ACTIVATIONS, GRU, Cell
 from .errors import UsageError
 
 __all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix"]
@@ -225,27 +225,21 @@ class BlockGRU(_Block):
         m = self._gate(gh, 2)
         return r, z, m, phi(self._gate(gx, 2) + r * m)
 
-    def step(self, params, h, x):
-        r, z, m, n = self._gates(params, h, x)
-        return (1.0 - z) * n + z * h
-
-    def _u(self, params, s_prev, xs):
-        r, z, m, n = self._gates(params, s_prev, xs)
-        dsigma = ACTIVATIONS[self.gate][1]
-        u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
-        return r, z, u_n * m * dsigma(r), (s_prev - n) * dsigma(z), u_n
+    # the GRU's update and its derivative terms, written once (cells.GRU), on this cell's gates
+    step = GRU.step  # pyright: ignore[reportAssignmentType]
+    gate_terms = GRU.gate_terms  # pyright: ignore[reportAssignmentType]
 
     def jacobian_blocks(self, params, s_prev, xs, s):
-        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         blocks = self._rec_blocks(params, jnp.stack([u_r, u_z, u_n * r], axis=-2))
         return blocks + self._heads(z)[..., :, None] * jnp.eye(self.head_size, dtype=blocks.dtype)
 
     def jacobian_diagonal(self, params, s_prev, xs, s):
-        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         return self._rec_diagonal(params, jnp.stack([u_r, u_z, u_n * r], axis=-2)) + z
 
     def param_grads(self, params, s_prev, xs, s, gs):
-        r, z, u_r, u_z, u_n = self._u(params, s_prev, xs)
+        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
         dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
         dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
