@@ -314,8 +314,28 @@ def test_diagonal_scan_rejects_bad_input():
 
 def test_the_public_scan_module_is_the_implementations_curated_face():
     import bppsa.scan as public
-    assert sorted(public.__all__) == sorted(["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan",
-                                             "up_sweep", "down_sweep", "vecmat", "Products", "DENSE"])
-    for name in public.__all__:
+    curated = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "up_sweep", "down_sweep",
+               "vecmat", "Products", "DENSE"]
+    own = ["DIAGONAL", "diagonal_scan", "block_scan"]  # the diagonal products of the same sweep, defined there
+    assert sorted(public.__all__) == sorted(curated + own)
+    for name in curated:
         assert getattr(public, name) is getattr(S, name)
     assert not hasattr(public, "to_storage")  # storage-order machinery stays private
+
+
+@pytest.mark.parametrize("method", ["blelloch", "associative", "sequential"])
+@pytest.mark.parametrize("n", [1, 6, 37])
+def test_diagonal_and_block_scans_equal_the_dense_scan_of_diagonal_matrices(method, n):
+    """bppsa.scan.diagonal_scan (elementwise, the DIAGONAL products) and block_scan with 1×1 blocks
+    give what the dense scan gives for the diagonal matrices diag(a_k), float64."""
+    import bppsa.scan as public
+    k = jax.random.split(jax.random.key(n), 3)
+    R = 5
+    a = jax.random.normal(k[0], (n, R), jnp.float64)
+    d = jax.random.normal(k[1], (n, R), jnp.float64)
+    v = jax.random.normal(k[2], (R,), jnp.float64)
+    dense = public.scan(v[None], jax.vmap(jnp.diag)(a)[:, None], d[:, None], method)
+    for got in (public.diagonal_scan(v, a, d, method),
+                jax.tree.map(lambda x: x[..., 0], public.block_scan(v[:, None], a[..., None, None], d[..., None], method))):
+        np.testing.assert_allclose(got[0], dense[0][:, 0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got[1], dense[1][0], rtol=1e-12, atol=1e-12)
