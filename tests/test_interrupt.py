@@ -30,7 +30,10 @@ def test_ctrl_c_is_one_line_with_the_resume_hint(tmp_path, debug):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "bppsa.cli", *(["--debug"] if debug else []), "run", str(config),
            "--workdir", str(tmp_path / "w")]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a shell's background job (`cmd &`, no job control) ignores SIGINT, and so would the child: Python
+    # installs its Ctrl-C handler only where SIGINT is at its default, so restore it there
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n", proc.communicate(timeout=60)
         proc.send_signal(signal.SIGINT)
