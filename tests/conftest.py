@@ -8,7 +8,8 @@
   the programs and their memory are those of a normal run and the numbers agree to rounding (a
   float32 GRU gradient at T = 300: within 1.2e-7 relative); compiles take about half as long,
   and the tests compare times only with times measured in the same run. ``BPPSA_TEST_XLA_OPT=1`` keeps the
-  optimisation; an XLA_FLAGS set by the caller is used as it is.
+  optimisation. A caller's XLA_FLAGS are kept (e.g. ``--xla_cpu_max_isa=AVX`` to run the suite
+  with another CPU's kernels); these two are added unless the caller set them.
   Subprocesses that the tests start inherit the setting.
 - float64 is on for the whole session: gradient comparisons are made in float64, and tests
   that check float32 behaviour pass float32 arrays explicitly.
@@ -19,7 +20,9 @@ import os
 _FLAGS = ["--xla_force_host_platform_device_count=8"]
 if os.environ.get("BPPSA_TEST_XLA_OPT", "0") != "1":
     _FLAGS.append("--xla_backend_optimization_level=0")
-os.environ.setdefault("XLA_FLAGS", " ".join(_FLAGS))
+_CALLER = os.environ.get("XLA_FLAGS", "").split()
+_SET = {flag.split("=")[0] for flag in _CALLER}
+os.environ["XLA_FLAGS"] = " ".join(_CALLER + [f for f in _FLAGS if f.split("=")[0] not in _SET])
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import jax  # noqa: E402

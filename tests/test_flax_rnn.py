@@ -15,6 +15,7 @@ import bppsa
 import bppsa.nn
 from bppsa import cells, cost, flax_cells
 from bppsa.errors import UsageError
+from tests.tolerance import assert_close
 
 F64 = jnp.float64
 I, H, B, T = 3, 4, 3, 5
@@ -147,7 +148,7 @@ def test_identity_padding_holds_the_last_valid_output_and_ignores_padding():
         np.testing.assert_array_equal(carry[b], ys[b, n - 1])
     # the padding's values change nothing, and get no gradient
     noisy = jnp.where(valid_mask(LENGTHS) > 0, x, 100.0)
-    np.testing.assert_array_equal(run(layer, noisy, LENGTHS)[1], ys)
+    np.testing.assert_array_equal(run(layer, noisy, LENGTHS)[1], ys)  # one program; no value reads the padding
     gx = nnx.jit(nnx.grad(lambda layer, x: jnp.sum(run(layer, x, LENGTHS)[1] ** 2), argnums=1))(layer, x)
     assert jnp.all(jnp.where(valid_mask(LENGTHS) > 0, 0.0, gx) == 0) and jnp.any(gx != 0)
     # concrete lengths that all end before T: the scan runs max(lengths) steps, with the same result
@@ -155,7 +156,7 @@ def test_identity_padding_holds_the_last_valid_output_and_ignores_padding():
     jaxpr = str(jax.make_jaxpr(lambda x: layer(x, seq_lengths=SHORT, initial_carry=h0))(x))
     assert "length=4" in jaxpr and "length=5" not in jaxpr
     traced = nnx.jit(lambda layer, x, lengths: layer(x, seq_lengths=lengths, initial_carry=h0))  # runs T steps
-    np.testing.assert_array_equal(layer(x, seq_lengths=SHORT, initial_carry=h0), traced(layer, x, SHORT))
+    assert_close(layer(x, seq_lengths=SHORT, initial_carry=h0), traced(layer, x, SHORT))  # two programs
 
 
 @pytest.mark.parametrize("variant", [slow_unless(["time_major", "bidirectional", "stack", "T1_B1"])(v) for v in VARIANTS])

@@ -85,6 +85,19 @@ def _close(got, want, rtol, atol, what=""):
                                    err_msg=f"{what}{jax.tree_util.keystr(path)}")
 
 
+def _a_sequential_trajectory(cell, p, xs, h0, states, what=""):
+    """``states`` (T, B, H) are a sequential forward's: each is one step of the cell from the one
+    before, to rounding (a few ulps of the dtype). A per-step check: unlike a comparison with
+    another program's sequential states, it does not grow with the recurrence's expansion (the
+    chaotic cells here amplify a last-bit difference along the sequence), and an unconverged
+    Newton iterate fails it (its residual is above the tolerance)."""
+    states = jnp.asarray(states)
+    prev = jnp.concatenate([jnp.asarray(h0, states.dtype)[None], states[:-1]])
+    f = jax.vmap(lambda h, x: cell.step(p, h, x))(prev, jnp.asarray(xs, states.dtype))
+    residual = float(jnp.max(jnp.abs(states - f) / (1 + jnp.abs(f))))
+    assert residual <= 64 * float(jnp.finfo(states.dtype).eps), f"{what}: one-step residual {residual:.3g}"
+
+
 def _states_close(got, want, what=""):
     _close(got, want, 1e-10, 1e-12, what)
 
@@ -203,7 +216,9 @@ def _check_chunks(name, T, kind, scan, chunks):
         states, info, grads = got[str(c)]
         _close(states, whole_states, 1e-12, 1e-14, f"chunk_size={c} vs None states")
         _close(grads, whole_grads, 1e-11, 1e-13, f"chunk_size={c} vs None grads")
-        assert int(info.iterations) == int(whole_info.iterations)
+        # the same iterates to rounding: the same count, or one more or fewer where the residual
+        # lands at the tolerance (the chunks sum in another order)
+        assert abs(int(info.iterations) - int(whole_info.iterations)) <= 1, (c, info, whole_info)
 
 
 def test_chunked_equals_unchunked():
@@ -434,7 +449,8 @@ def test_non_convergence_falls_back_to_the_sequential_states_warns_once_and_coun
     with pytest.warns(NewtonFallbackWarning, match=r"did not converge: residual .* after \d+ iterations; "
                                                    r"the sequential forward ran instead"):
         (states, info), sequential, damped, ref_states = jax.block_until_ready(run(params, xs, h0))
-    np.testing.assert_array_equal(states, sequential)  # exactly the sequential forward's
+    _a_sequential_trajectory(cell, params, xs, h0, states, "the fallback's states")  # the sequential forward's
+    _states_close(states, sequential)
     _states_close(states, ref_states)
     assert not bool(info.converged) and bool(info.fell_back) and int(info.iterations) == 3
     assert float(info.residual) > TOL
@@ -459,7 +475,8 @@ def test_damping_never_returns_unconverged_states():
             assert float(info.residual) <= TOL
             _states_close(states, ref_states, f"damped run {k}")
         else:
-            np.testing.assert_array_equal(states, sequential, err_msg=f"damped run {k}")
+            _a_sequential_trajectory(cell, params, xs, h0, states, f"damped run {k}")
+            _states_close(states, sequential, f"damped run {k}")
 
 
 @slow
@@ -489,7 +506,8 @@ def test_damping_and_max_iter_sweep_on_the_chaotic_cell(kind):
         if bool(info.converged):
             _states_close(states, ref, what)
         else:
-            np.testing.assert_array_equal(states, sequential, err_msg=what)
+            _a_sequential_trajectory(cell, params, xs, h0, states, what)
+            _states_close(states, sequential, what)
 
 
 @functools.cache
@@ -662,4 +680,6 @@ def test_an_overflowing_iterate_is_never_reported_converged():
         warnings.simplefilter("ignore")
         states, info = bppsa.rnn(cell, p, xs, h0, forward="newton", max_iter=5, return_info=True)
     assert not bool(info.converged) and bool(info.fell_back)
-    np.testing.assert_array_equal(np.asarray(states), np.asarray(bppsa.rnn(cell, p, xs, h0, backward="bptt")))
+    # the sequential forward's states: one step from the one before, to float32 rounding (a chaotic
+    # float32 trajectory cannot be compared with another program's over T = 1000 steps)
+    _a_sequential_trajectory(cell, p, xs, h0, states, "the fallback's states")
