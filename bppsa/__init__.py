@@ -12,18 +12,25 @@ Importing the package changes nothing in the process. On CPU the first :func:`rn
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from . import backprop, cells, cost, host, newton, options, parallel, scan, structured
 from .cost import CostModel, choose_backward
 from .options import BACKWARDS, FORWARDS, OptionFields, Options
 from .scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
+if TYPE_CHECKING:  # for type checkers; at run time imported on first access (below)
+    from . import hetero, nn, sparse, sync  # noqa: F401
+
 __version__ = "0.1.0"
+
+# Subpackages reachable as attributes after a plain ``import bppsa``, imported on first use
+# (PEP 562): flax, the feed-forward chains and the distributed parts stay out of ``import bppsa``.
+_LAZY = ("nn", "sparse", "hetero", "sync")
 
 __all__ = [
     "rnn", "Options", "cells", "scan", "cost", "host", "newton", "options", "parallel", "structured", "BACKWARDS",
-    "FORWARDS", "SCANS", "CostModel",
+    "FORWARDS", "SCANS", "CostModel", "nn",
     "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
 
@@ -46,3 +53,15 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
         return backprop.rnn(cell, params, xs, h0, options, guess=guess, return_info=return_info, **fields)
     return parallel.rnn(cell, params, xs, h0, options, mesh=mesh, seq_axis=seq_axis, batch_axis=batch_axis,
                         guess=guess, return_info=return_info, **fields)
+
+
+def __getattr__(name: str) -> Any:
+    """``bppsa.nn`` (and ``sparse``, ``hetero``, ``sync``) imported on first access."""
+    if name in _LAZY:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
