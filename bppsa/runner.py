@@ -2,8 +2,10 @@
 
 A config is a Python file exposing ``get_config(arg=None)`` that returns an
 ``ml_collections.ConfigDict`` with ``task = "package.module:function"``; the task has the
-signature ``function(config, workdir: pathlib.Path) -> dict`` and writes its outputs into
-``workdir``. The runner loads the file by path, locks the config (no new keys), applies the
+signature ``function(config, workdir: bppsa.workdir.RunDir) -> dict``: ``workdir`` reads as the
+work directory's path, and the task obtains each top-level path it creates there from
+``workdir.entry(name)`` (or ``bppsa.experiments.entry(workdir, name)``), which lists it as bppsa's
+first. The runner loads the file by path, locks the config (no new keys), applies the
 ``--config.key=value`` overrides with type checks, writes the resolved config to
 ``workdir/config.json``, calls the task and writes ``workdir/summary.json`` (the task's summary
 plus provenance). Re-running the same command on the same work directory resumes: training
@@ -18,10 +20,11 @@ out of range (an unknown method, ``steps = -5``). Nothing is written for a confi
 The work directory (:mod:`bppsa.workdir`): bppsa deletes or overwrites only files that this run
 (or the run it resumes) created, inside its work directory, and never two runs at once in one
 directory. The marker ``.bppsa-run.json`` lists what bppsa created there, each entry before it is
-created; a folder without it that holds anything is refused; ``--restart`` deletes the listed
-entries only; ``.bppsa-lock`` keeps a second run out. A run that never started (its task refused
-the input with a UsageError before any run there made progress, or wrote nothing but config.json)
-may be re-run with a corrected config; a run that made progress is only resumed with the same config.
+created (through :meth:`bppsa.workdir.WorkDir.entry`, the run's writer); a folder without it that
+holds anything is refused; ``--restart`` deletes the listed entries only; ``.bppsa-lock`` keeps a
+second run out. A run that never started (its task refused the input with a UsageError before any
+run there made progress, or wrote nothing but config.json) may be re-run with a corrected config; a
+run that made progress is only resumed with the same config.
 """
 
 from __future__ import annotations
@@ -316,17 +319,16 @@ def run(config_path: str | os.PathLike, arg: str | None = None,
         wd.start(progress=bool(wd.marker and wd.marker.get("progress")))
         status = "failed"
         try:
-            with wd.recording():
-                (workdir / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
-                t0 = time.perf_counter()
-                with running_command(command):
-                    summary = task(config, workdir)
-                run_time = time.perf_counter() - t0
-                if not isinstance(summary, dict):
-                    raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); "
-                                    f"got {type(summary).__name__}")
-                save_json(workdir / "summary.json", {"config": resolved, "summary": summary, "run_time_s": run_time,
-                                                     "provenance": provenance(command)})
+            wd.entry("config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+            t0 = time.perf_counter()
+            with running_command(command):
+                summary = task(config, wd.run_dir())
+            run_time = time.perf_counter() - t0
+            if not isinstance(summary, dict):
+                raise TypeError(f"task {config.task!r} must return a dict (a JSON-able summary); "
+                                f"got {type(summary).__name__}")
+            save_json(wd.entry("summary.json"), {"config": resolved, "summary": summary, "run_time_s": run_time,
+                                                 "provenance": provenance(command)})
             status = "done"
         except UsageError:
             status = "refused"

@@ -199,11 +199,11 @@ def _read_back(step_dir: Path) -> None:
         ts.open({"driver": driver, "kvstore": {**kvstore, "path": f"{key}/"}}, open=True).result().read().result()
 
 
-def _restore_intact(directory: Path, keep: int, template: dict):
+def _restore_intact(directory: Path, keep: int, template: dict, aside: Path):
     """(manager of ``directory``, the newest checkpoint that reads back and matches its SHA-256 or None).
 
-    Bad ones newer than it are moved to ``<directory>-corrupt/<step>`` with a warning, before the
-    manager is reopened. With checkpoints but none intact, raises UsageError and moves nothing.
+    Bad ones newer than it are moved to ``aside/<step>`` (``<directory>-corrupt``) with a warning, before
+    the manager is reopened. With checkpoints but none intact, raises UsageError and moves nothing.
     """
     import orbax.checkpoint as ocp
     manager = _open_manager(directory, keep)
@@ -232,7 +232,6 @@ def _restore_intact(directory: Path, keep: int, template: dict):
     if bad:
         assert restored is not None  # with none intact, raised just above
         manager.close()
-        aside = directory.with_name(directory.name + "-corrupt")
         aside.mkdir(exist_ok=True)
         for step, reason in bad:
             dest = aside / str(step)
@@ -276,20 +275,35 @@ def _read_metrics(path: Path, upto: int) -> tuple[list[dict], int]:
     return records, keep
 
 
-def _append_only(path: Path, keep: int):
+def _append_only(path: Path, keep: int, superseded: Path):
     """``path`` opened for appending after its first ``keep`` bytes; the lines after them (the steps a resumed
-    run redoes) are first appended to ``<stem>.superseded.jsonl`` beside it, so nothing on disk is lost."""
+    run redoes) are first appended to ``superseded`` (``<stem>.superseded.jsonl``), so nothing on disk is lost."""
     if path.exists() and path.stat().st_size > keep:
         with path.open("rb") as f:
             f.seek(keep)
             tail = f.read()
-        with path.with_name(path.stem + ".superseded.jsonl").open("ab") as f:
+        with superseded.open("ab") as f:
             f.write(tail if tail.endswith(b"\n") else tail + b"\n")
         os.truncate(path, keep)
     f = path.open("a")
     if keep and path.read_bytes()[keep - 1:keep] != b"\n":
         f.write("\n")  # the last kept record was written without its newline
     return f
+
+
+_ENTRIES = ("metrics.jsonl", "metrics.superseded.jsonl", "checkpoints", "checkpoints-corrupt")
+
+
+def _entries(workdir) -> list[Path]:
+    """The paths of :data:`_ENTRIES` in ``workdir``, obtained from ``workdir.entry(name)`` first when it has
+    that writer (:class:`bppsa.workdir.RunDir`, the work directory of ``bppsa run``: it lists each as bppsa's
+    before it exists, and refuses one bppsa did not create)."""
+    writer = getattr(workdir, "entry", None)
+    if callable(writer):
+        for name in _ENTRIES:
+            writer(name)
+    root = Path(workdir).resolve()
+    return [root / name for name in _ENTRIES]
 
 
 def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3, seed: int = 0,
@@ -337,10 +351,11 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
 
     start, elapsed, history, manager, metrics_file = 0, 0.0, [], None, None
     if workdir is not None:
-        workdir = Path(workdir).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
+        # its four entries: through the run's writer when workdir is the one `bppsa run` hands a task
+        metrics_path, superseded, checkpoints, corrupt = _entries(workdir)
+        Path(workdir).mkdir(parents=True, exist_ok=True)
         template = {str(i): _to_saveable(l) for i, l in enumerate(_state_leaves(model, opt))}
-        manager, restored = _restore_intact(workdir / "checkpoints", keep_checkpoints, template)
+        manager, restored = _restore_intact(checkpoints, keep_checkpoints, template, corrupt)
         if restored is not None:
             _restore_state(model, opt, restored["state"])
             start, elapsed = int(restored["meta"]["step"]), float(restored["meta"]["time"])
@@ -348,9 +363,8 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
                 manager.close()
                 raise ValueError(f"{workdir} holds a checkpoint at step {start}, past steps = {steps}; "
                                  f"use a new workdir or a larger steps")
-        metrics_path = workdir / "metrics.jsonl"
         history, keep = _read_metrics(metrics_path, start)
-        metrics_file = _append_only(metrics_path, keep)  # records on disk are never rewritten
+        metrics_file = _append_only(metrics_path, keep, superseded)  # records on disk are never rewritten
 
     def save(step):
         import orbax.checkpoint as ocp

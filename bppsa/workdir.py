@@ -3,21 +3,26 @@
 The rule: **bppsa deletes or overwrites only files that this run (or the run it resumes) created,
 inside its work directory, and never two runs at once in one directory.**
 
-- **Ownership.** The marker ``.bppsa-run.json`` lists the entries of the work directory that
-  bppsa created (a folder it created, e.g. ``bptt/``, is its own with everything in it). An
-  entry is listed *before* it is created: while a run is active, a Python audit hook
-  (:func:`sys.addaudithook`) sees every file or folder the process creates, renames, copies or
-  deletes under the work directory; a new entry is added to the marker first, and writing to or
-  deleting an existing entry the marker does not list raises :class:`bppsa.errors.UsageError`
-  before it happens. A run killed with SIGKILL has therefore listed all it created, and what
-  appears later (your notes) is never counted as bppsa's. ``--restart`` deletes the listed
-  entries only.
+- **Ownership, by construction.** The marker ``.bppsa-run.json`` lists the entries of the work
+  directory that bppsa created (a folder it created, e.g. ``bptt/``, is its own with everything in
+  it). bppsa records them through its own writer, never by watching the process's file calls: the
+  runner writes ``config.json`` and ``summary.json`` through :meth:`WorkDir.entry` and hands the
+  task a :class:`RunDir`, whose :meth:`RunDir.entry` ``(name) -> Path`` is how a task obtains each
+  top-level path it creates. ``entry`` checks the name (:func:`check_entry`), refuses an existing
+  entry the marker does not list with a one-line :class:`bppsa.errors.UsageError` (it is left as
+  it is), and adds a new name to the marker on disk *before* it returns the path: a run killed
+  with SIGKILL right after has it listed. What is written inside a listed folder (by a child
+  process, or by orbax and tensorstore) is covered by that folder. An entry that appears during a
+  run without the writer (yours, or a task's that bypassed it) is never counted as bppsa's: the
+  run names it in one line on stderr, and it is never deleted or overwritten. ``--restart``
+  deletes the listed entries only.
 - **Folders bppsa did not mark.** A folder without the marker that holds anything is not a bppsa
   work directory and is never modified: the run is refused with one line.
 - **Lock.** ``.bppsa-lock`` is held (``flock``) while a run is active and names its pid and host;
   a second run on the same folder is refused naming them. A lock left by a process that died
   (kill -9) is taken over, with one line saying so. The file is removed when the run ends.
-- **Names.** :func:`check_name` admits a plain file-name component only (``config.name``).
+- **Names.** :func:`check_name` admits a plain file-name component only (``config.name``);
+  :func:`check_entry` the same for each entry a run creates.
 """
 
 from __future__ import annotations
@@ -30,33 +35,49 @@ import shutil
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
 
-__all__ = ["MARKER", "LOCK", "check_name", "read_marker", "WorkDir"]
+__all__ = ["MARKER", "LOCK", "check_name", "check_entry", "read_marker", "WorkDir", "RunDir"]
 
 MARKER = ".bppsa-run.json"   # what bppsa created in a work directory
 LOCK = ".bppsa-lock"         # held while a run is active: {"pid", "host", "since"}
 _BOOKKEEPING = (MARKER, MARKER + ".tmp", LOCK)
 _RESERVED = ("config", "summary")  # config.json and summary.json are the runner's own
+_RUNNERS = tuple(f"{n}.json" for n in _RESERVED)
+
+
+def _shown(name: Any) -> str:
+    size = len(name) if isinstance(name, str) else len(repr(name))
+    return repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:60]}... ({size} characters)"
+
+
+def _problem(name: str, limit: int) -> str | None:
+    """What makes ``name`` no plain file-name component (None: nothing)."""
+    return ("empty" if not name else "'/' or '\\' in it" if "/" in name or "\\" in name
+            else "a leading '.'" if name.startswith(".") else "a control character" if not name.isprintable()
+            else f"more than {limit} bytes ({len(name.encode())})" if len(name.encode()) > limit else None)
 
 
 def check_name(name: Any, key: str = "config.name") -> str:
     """``name`` if it is a plain file-name component bppsa may write ``<name>.json/.md/.png`` as; else UsageError."""
-    shown = repr(name) if len(repr(name)) <= 80 else f"{repr(name)[:60]}... ({len(name)} characters)"
     if not isinstance(name, str):
-        raise UsageError(f"{key} must be a string (a file name); got {shown}")
-    bad = ("empty" if not name else "'/' or '\\' in it" if "/" in name or "\\" in name
-           else "a leading '.'" if name.startswith(".") else "a control character" if not name.isprintable()
-           else f"more than 200 bytes ({len(name.encode())})" if len(name.encode()) > 200
-           else f"the runner's own {name}.json" if name in _RESERVED else None)
+        raise UsageError(f"{key} must be a string (a file name); got {_shown(name)}")
+    bad = _problem(name, 200) or (f"the runner's own {name}.json" if name in _RESERVED else None)
     if bad:
         raise UsageError(f"{key} must be a plain file name (bppsa writes <name>.json, .md and .png into the work "
-                         f"directory): no '/', no leading '.', at most 200 bytes; got {shown}: {bad}")
+                         f"directory): no '/', no leading '.', at most 200 bytes; got {_shown(name)}: {bad}")
+    return name
+
+
+def check_entry(name: Any) -> str:
+    """``name`` if it is a plain file-name component a run may create in its work directory; else UsageError."""
+    bad = "not a string" if not isinstance(name, str) else _problem(name, 255)
+    if bad:
+        raise UsageError(f"a run creates entries of its work directory by plain names (no '/', no leading '.', "
+                         f"at most 255 bytes); got {_shown(name)}: {bad}")
     return name
 
 
@@ -84,8 +105,9 @@ def _entries(workdir: Path) -> list[str]:
 class WorkDir:
     """One run's hold on its work directory: ``with WorkDir(path) as wd:`` checks and locks it.
 
-    ``wd.marker`` is the marker (None in a new or empty folder, until :meth:`start`). Inside
-    :meth:`recording`, whatever the process writes under the folder is listed before it is written.
+    ``wd.marker`` is the marker (None in a new or empty folder, until :meth:`start`). Between
+    :meth:`start` and :meth:`finish`, :meth:`entry` hands out (and lists first) each entry the run
+    creates; :meth:`run_dir` is the task's view of it.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -93,6 +115,8 @@ class WorkDir:
         self.marker: dict | None = None
         self._fd: int | None = None
         self._mutex = threading.Lock()
+        self._active = False
+        self._before: set[str] = set()  # the entries there when the run started
 
     # -- opening: the checks, the lock ------------------------------------------------------
     def __enter__(self) -> WorkDir:
@@ -171,22 +195,32 @@ class WorkDir:
     def write_marker(self) -> None:
         assert self.marker is not None
         tmp = self.path / (MARKER + ".tmp")
-        with _quiet():
-            tmp.write_text(json.dumps(self.marker, indent=1) + "\n")
-            os.replace(tmp, self.path / MARKER)
+        tmp.write_text(json.dumps(self.marker, indent=1) + "\n")
+        os.replace(tmp, self.path / MARKER)  # atomic: a kill leaves the old marker or the new one
 
     def start(self, progress: bool) -> None:
         """A run begins: the marker says "running" (a killed run keeps it so)."""
         self.marker = {"bppsa": "work directory", "status": "running", "progress": progress,
                        "written": (self.marker or {}).get("written", [])}
         self.write_marker()
+        self._before, self._active = set(_entries(self.path)), True
 
     def finish(self, status: str) -> None:
         """A run ends with ``status`` ("done", "failed", "refused": its task refused the input)."""
         assert self.marker is not None
-        made = set(self.marker["written"]) - {"config.json"}
+        with self._mutex:
+            self._active = False
+        listed = set(self.marker["written"])
+        made = {n for n in listed - {"config.json"} if os.path.lexists(self.path / n)}
         self.marker.update(status=status, progress=self.marker["progress"] or (status != "refused" and bool(made)))
         self.write_marker()
+        try:
+            stray = sorted(set(_entries(self.path)) - self._before - listed)
+        except OSError:
+            stray = []
+        if stray:  # created during the run, not through entry(): not bppsa's (never deleted or overwritten)
+            print(f"bppsa run: {', '.join(map(repr, stray))} appeared in {str(self.path)!r} during the run without "
+                  f"bppsa's writer; they are not counted as bppsa's (--restart keeps them)", file=sys.stderr)
 
     def never_started(self) -> bool:
         """No run here made progress: each one's task refused its input (UsageError) or wrote nothing."""
@@ -198,53 +232,75 @@ class WorkDir:
         removed = []
         for name in (self.marker or {}).get("written", []):
             target = self.path / name
-            with _quiet():
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-                else:
-                    continue
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            else:
+                continue
             removed.append(name)
         if self.marker is not None:
             self.marker.update(written=[], progress=False, status="restarted")
             self.write_marker()
         return removed
 
-    # -- recording what the process writes --------------------------------------------------
-    @contextmanager
-    def recording(self) -> Iterator[None]:
-        """While active, every entry the process creates under the folder is listed first (see the module doc)."""
-        assert self.marker is not None, "start() first"
-        _install_hook()
-        roots = {os.path.abspath(self.path), os.path.realpath(self.path)}
-        check = lambda path, create: self._check(roots, path, create)
-        _ACTIVE.append(check)
-        try:
-            yield
-        finally:
-            _ACTIVE.remove(check)
+    # -- the writer: each entry the run creates, listed before it exists ----------------------
+    def entry(self, name: str) -> Path:
+        """The path of the entry ``name`` of the work directory, for this run to create or overwrite.
 
-    def _check(self, roots: set[str], path: str, create: bool) -> None:
-        for root in roots:
-            if path.startswith(root + os.sep):
-                top = path[len(root) + 1:].split(os.sep, 1)[0]
-                break
-        else:
-            return
-        assert self.marker is not None
+        A name the marker lists (this run's, or the run it resumes) is returned as it is; a new name
+        is added to the marker on disk first. An existing entry the marker does not list (yours),
+        bppsa's bookkeeping, or a name that is not a plain file-name component raises UsageError.
+        """
+        check_entry(name)
         with self._mutex:
-            if top in self.marker["written"] or top == "":
-                return
-            exists = os.path.lexists(os.path.join(next(iter(roots)), top))
-            if create and not exists and top not in _BOOKKEEPING:
-                self.marker["written"] = sorted({*self.marker["written"], top})
-                self.write_marker()  # listed before it is created
-                return
-        if exists or top in _BOOKKEEPING:
-            raise UsageError(f"the run tried to {'write' if create else 'delete'} {top!r} in the work directory "
-                             f"{str(self.path)!r}, which bppsa did not create; it is left as it is: move it away or "
-                             f"pass another --workdir")
+            if not self._active or self.marker is None:
+                raise RuntimeError(f"no run is active in {str(self.path)!r}: entry({name!r}) is for a run's task")
+            if name in self.marker["written"]:
+                return self.path / name
+            if os.path.lexists(self.path / name):
+                raise UsageError(f"the run tried to write {name!r} in the work directory {str(self.path)!r}, which "
+                                 f"bppsa did not create; it is left as it is: move it away or pass another --workdir")
+            self.marker["written"] = sorted({*self.marker["written"], name})
+            self.write_marker()  # listed before it is created
+            return self.path / name
+
+    def run_dir(self) -> RunDir:
+        """The task's view of this work directory (see :class:`RunDir`)."""
+        return RunDir(self)
+
+
+class RunDir(os.PathLike[str]):
+    """The work directory as ``bppsa run`` hands it to a task: ``function(config, workdir: RunDir)``.
+
+    It reads as a path (``workdir / "x"``, ``os.fspath``, ``str``, ``Path(workdir)``: plain paths,
+    for reading), and :meth:`entry` is the writer: ``workdir.entry("x.json")`` is the path of a
+    top-level entry the task creates, listed as bppsa's before it is returned (see the module doc).
+    ``bppsa.experiments.entry(workdir, name)`` does the same and also takes a plain folder.
+    """
+
+    def __init__(self, workdir: WorkDir):
+        self._workdir = workdir
+        self.path = workdir.path
+
+    def entry(self, name: str) -> Path:
+        """``workdir/name`` for the task to create (a file, or a folder that is then its own with what is in it)."""
+        if name in _RUNNERS:
+            raise UsageError(f"the task tried to write {name!r} in the work directory {str(self.path)!r}: that is "
+                             f"the runner's own file; name the task's output otherwise")
+        return self._workdir.entry(name)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __truediv__(self, other: str | os.PathLike[str]) -> Path:
+        return self.path / other
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
 
 
 def _holder(fd: int) -> str:
@@ -257,59 +313,3 @@ def _holder(fd: int) -> str:
         return f"pid {h['pid']} on {h['host']} since {h['since']}"
     except (ValueError, KeyError, TypeError):
         return f"lock file text {text[:80]!r}"
-
-
-# The audit hook: one per process, installed on the first recording run; it does nothing while
-# no run records. Each active run's check is called with (absolute path, creates?) per path.
-_ACTIVE: list[Callable[[str, bool], None]] = []
-_LOCAL = threading.local()
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-# event -> ((argument index of a path, creates?), ...); dir_fd-relative calls are skipped (rmtree's
-# per-file removals: the rmtree itself was checked)
-_EVENTS = {"os.mkdir": ((0, True),), "os.rename": ((0, False), (1, True)), "os.remove": ((0, False),),
-           "os.rmdir": ((0, False),), "shutil.rmtree": ((0, False),), "os.symlink": ((1, True),),
-           "os.link": ((1, True),), "shutil.copyfile": ((1, True),), "shutil.move": ((0, False), (1, True)),
-           "os.truncate": ((0, True),)}
-_DIR_FD = {"os.mkdir": 2, "os.rename": 2, "os.remove": 1, "os.rmdir": 1, "shutil.rmtree": 1, "os.symlink": 2,
-           "os.link": 2}
-_hooked = False
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """bppsa's own bookkeeping (the marker, --restart): not checked by the hook."""
-    previous = getattr(_LOCAL, "quiet", False)
-    _LOCAL.quiet = True
-    try:
-        yield
-    finally:
-        _LOCAL.quiet = previous
-
-
-def _hook(event: str, args: tuple) -> None:
-    if not _ACTIVE or getattr(_LOCAL, "quiet", False):
-        return
-    if event == "open":
-        if not (isinstance(args[2], int) and args[2] & _WRITE_FLAGS):
-            return
-        targets = ((0, True),)
-    elif event in _EVENTS:
-        dir_fd = args[_DIR_FD[event]] if event in _DIR_FD else None
-        if dir_fd not in (None, -1):
-            return
-        targets = _EVENTS[event]
-    else:
-        return
-    for index, create in targets:
-        path = args[index]
-        if isinstance(path, (str, bytes, os.PathLike)):
-            path = os.path.abspath(os.fsdecode(path))
-            for check in list(_ACTIVE):
-                check(path, create)
-
-
-def _install_hook() -> None:
-    global _hooked
-    if not _hooked:
-        sys.addaudithook(_hook)
-        _hooked = True

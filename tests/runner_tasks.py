@@ -23,7 +23,7 @@ def after_step(step: int) -> None:
 def steps_task(config, workdir) -> dict:
     """A resumable toy training run: ``config.steps`` steps of x <- (3x + step) mod 1009, each logged to
     ``train/metrics.jsonl`` and checkpointed to ``train/state.json`` (atomic), then ``<name>.json``."""
-    train = workdir / "train"
+    train = workdir.entry("train")
     train.mkdir(exist_ok=True)
     state = train / "state.json"
     start, x = (json.loads(state.read_text())["step"], json.loads(state.read_text())["x"]) if state.exists() else (0, 1)
@@ -38,17 +38,32 @@ def steps_task(config, workdir) -> dict:
         (train / "state.tmp").write_text(json.dumps({"step": step, "x": x}))
         os.replace(train / "state.tmp", state)
         after_step(step)
-    (workdir / f"{config.name}.json").write_text(json.dumps({"x": x, "steps": config.steps}))
+    workdir.entry(f"{config.name}.json").write_text(json.dumps({"x": x, "steps": config.steps}))
     return {"x": x}
 
 
 def wait_task(config, workdir) -> dict:
     """Writes ``started``, then waits (at most 120 s) until the file ``config.release`` exists."""
-    (workdir / "started").write_text(str(os.getpid()))
+    workdir.entry("started").write_text(str(os.getpid()))
     deadline = time.monotonic() + 120
     while not os.path.exists(config.release) and time.monotonic() < deadline:
         time.sleep(0.05)
     return {"released": os.path.exists(config.release)}
+
+
+def entry_then_die(config, workdir) -> dict:
+    """Obtains ``config.entry`` from the run's writer and SIGKILLs the process before creating it."""
+    workdir.entry(config.entry)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+def bypass_task(config, workdir) -> dict:
+    """Writes ``raw.txt`` without the writer (as a task that forgets it would), and ``out.txt`` through it."""
+    from pathlib import Path
+    (Path(workdir) / "raw.txt").write_text("not through entry()")
+    workdir.entry("out.txt").write_text("through entry()")
+    return {}
 
 
 def _kill_after(k: int):

@@ -355,3 +355,113 @@ def test_a_work_directory_that_cannot_be_written_is_one_line(tmp_path, capsys, m
     assert cli.main(["run", str(cfg), "--workdir", str(tmp_path / "ro")]) == 2
     assert "is not writable (Permission denied)" in _one_error_line(capsys)
     assert os.listdir(tmp_path / "ro") == []
+
+
+# --------------------------------------------------------------------------------------------
+# Ownership by construction: the run's writer (WorkDir.entry / RunDir.entry) lists each entry
+# before it exists and refuses what bppsa did not create; no audit hook, in any process.
+# --------------------------------------------------------------------------------------------
+
+def test_an_entry_is_listed_before_it_exists_even_when_the_run_is_killed_right_after(tmp_path, capsys):
+    cfg = _config(tmp_path, "entry_then_die", entry="half")
+    d = tmp_path / "d"
+    proc = subprocess.run([sys.executable, "-m", "bppsa.cli", "run", str(cfg), "--workdir", str(d)],
+                          env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    assert workdir.read_marker(d)["written"] == ["config.json", "half"] and not (d / "half").exists()
+    (d / "notes.txt").write_text("mine")
+    cfg2 = _config(tmp_path, "write_task", module="tests.helpers", n=1, die=False)
+    assert cli.main(["run", str(cfg2), "--workdir", str(d), "--restart"]) == 0
+    assert (d / "notes.txt").read_text() == "mine"
+
+
+def test_the_writer_refuses_an_entry_bppsa_did_not_create_and_leaves_it(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    with workdir.WorkDir(d) as wd:
+        wd.start(progress=False)
+        (d / "notes.txt").write_text("mine")
+        (d / "analysis").mkdir()
+        marker = (d / workdir.MARKER).read_text()
+        run_dir = wd.run_dir()
+        for name in ("notes.txt", "analysis"):
+            with pytest.raises(UsageError, match=f"the run tried to write '{name}' .* which bppsa did not create") as e:
+                run_dir.entry(name)
+            assert "\n" not in str(e.value)
+        assert (d / workdir.MARKER).read_text() == marker  # nothing listed
+        assert run_dir.entry("mine-next.json") == d / "mine-next.json"  # a new name: listed on disk first
+        assert "mine-next.json" in workdir.read_marker(d)["written"] and not (d / "mine-next.json").exists()
+        assert run_dir.entry("mine-next.json") == d / "mine-next.json"  # listed: handed out again
+        wd.finish("done")
+        with pytest.raises(RuntimeError, match="no run is active"):
+            run_dir.entry("later.json")  # the run ended: nothing more is handed out
+    assert (d / "notes.txt").read_text() == "mine" and sorted(os.listdir(d / "analysis")) == []
+
+
+@pytest.mark.parametrize("name, why", [("../notes", "'/'"), ("a/b", "'/'"), ("", "empty"), (".", "leading '.'"),
+                                       ("..", "leading '.'"), (workdir.MARKER, "leading '.'"),
+                                       (workdir.LOCK, "leading '.'"), ("a\nb", "control"),
+                                       ("x" * 300, "255 bytes"), (7, "not a string")])
+def test_the_writer_refuses_odd_names(tmp_path, name, why):
+    d = tmp_path / "d"
+    (tmp_path / "notes").write_text("the user's")
+    with workdir.WorkDir(d) as wd:
+        wd.start(progress=False)
+        marker = (d / workdir.MARKER).read_text()
+        with pytest.raises(UsageError, match="plain names") as e:
+            wd.run_dir().entry(name)
+        assert why in str(e.value) and "\n" not in str(e.value) and len(str(e.value)) < 400
+        assert (d / workdir.MARKER).read_text() == marker
+        wd.finish("done")
+    assert (tmp_path / "notes").read_text() == "the user's"
+
+
+@pytest.mark.parametrize("name", ["config.json", "summary.json"])
+def test_a_task_cannot_take_the_runners_own_files(tmp_path, name):
+    with workdir.WorkDir(tmp_path / "d") as wd:
+        wd.start(progress=False)
+        with pytest.raises(UsageError, match="the runner's own file"):
+            wd.run_dir().entry(name)
+        wd.finish("done")
+
+
+def test_an_entry_made_without_the_writer_is_never_counted_as_bppsas(tmp_path, capsys):
+    cfg = _config(tmp_path, "bypass_task")
+    d = tmp_path / "d"
+    assert cli.main(["run", str(cfg), "--workdir", str(d)]) == 0
+    err = capsys.readouterr().err
+    assert "'raw.txt' appeared in" in err and "not counted as bppsa's" in err
+    assert workdir.read_marker(d)["written"] == ["config.json", "out.txt", "summary.json"]
+    cfg2 = _config(tmp_path, "write_task", module="tests.helpers", n=1, die=False)
+    assert cli.main(["run", str(cfg2), "--workdir", str(d), "--restart"]) == 0
+    assert "raw.txt" not in workdir.read_marker(d)["written"] and not (d / "out.txt").exists()
+    assert (d / "raw.txt").read_text() == "not through entry()"  # --restart kept it: not bppsa's
+
+
+def test_fit_handed_the_run_directory_lists_its_entries_first(tmp_path):
+    x, y = _data()
+    d = tmp_path / "d"
+    with workdir.WorkDir(d) as wd:
+        wd.start(progress=False)
+        train.fit(_model(), x, y, steps=2, batch_size=8, progress=False, workdir=wd.run_dir())
+        wd.finish("done")
+    assert workdir.read_marker(d)["written"] == sorted(
+        ["metrics.jsonl", "metrics.superseded.jsonl", "checkpoints", "checkpoints-corrupt"])
+    assert (d / "metrics.jsonl").exists() and (d / "checkpoints").is_dir()
+
+
+def test_no_audit_hook_anywhere(tmp_path):
+    """Ownership is recorded by the writer: bppsa installs no audit hook (one can never be removed from
+    a process, sees every open of it, and is blind to child processes and native writers)."""
+    assert not [p for p in (ROOT / "bppsa").rglob("*.py") if "addaudithook" in p.read_text()]
+    cfg = _config(tmp_path, "steps_task", steps=2, name="toy")
+    code = ("import sys; calls = []; real = sys.addaudithook\n"
+            "sys.addaudithook = lambda hook: (calls.append(hook), real(hook))\n"
+            "from bppsa import runner\n"
+            f"runner.run({str(cfg)!r}, workdir={str(tmp_path / 'd')!r})\n"
+            "print('hooks added:', len(calls))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "hooks added: 0"
+    assert json.loads((tmp_path / "d" / "toy.json").read_text()) == {"x": 14, "steps": 2}

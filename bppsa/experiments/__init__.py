@@ -3,4 +3,29 @@
 A config in ``experiments/configs/NAME.py`` sets ``task = "bppsa.experiments.<module>:<function>"``;
 ``bppsa run experiments/configs/NAME.py`` (or ``bppsa reproduce NAME``) calls it as
 ``function(config, workdir) -> summary``. The library never imports this package.
+
+A task obtains each top-level path it creates in ``workdir`` from :func:`entry` (files, and
+folders it then fills: a training run's checkpoints, a feature cache, a child process's output),
+so that bppsa lists it as its own before it exists (:mod:`bppsa.workdir`); it reads through
+``Path(workdir)``. A task called directly with a folder of yours (a test's ``tmp_path``) writes there.
 """
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["entry"]
+
+
+def entry(workdir: str | os.PathLike, name: str) -> Path:
+    """``workdir/name``, for the task to create: through the run's writer (``workdir.entry(name)``)
+    when ``workdir`` is what ``bppsa run`` hands a task (:class:`bppsa.workdir.RunDir`), which lists
+    ``name`` in the work directory's marker first and refuses an entry bppsa did not create; a
+    plain folder is the caller's own, where nothing is recorded."""
+    writer = getattr(workdir, "entry", None)
+    if callable(writer):
+        path = writer(name)
+        assert isinstance(path, Path)
+        return path
+    return Path(workdir) / name

@@ -11,7 +11,6 @@ carry; only the layer's class differs. One training step = forward + backward + 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +22,7 @@ from ..provenance import provenance, save_json
 from ..tables import markdown_table
 from ..timing import time_interleaved
 from ..train import make_train_step
+from . import entry
 
 __all__ = ["LAYERS", "CELLS", "make_step", "step_times"]
 
@@ -80,9 +80,8 @@ def step_times(config, workdir) -> dict:
         print(_table([row]).splitlines()[-1], flush=True)
     record = {"title": "nnx.RNN vs bppsa.nn.RNN: training-step times in a flax classifier",
               "config": config.to_dict(), "rows": rows, "provenance": provenance()}
-    workdir = Path(workdir)
-    save_json(workdir / f"{config.name}.json", record)
-    (workdir / f"{config.name}.md").write_text(markdown(record))
+    save_json(entry(workdir, f"{config.name}.json"), record)
+    entry(workdir, f"{config.name}.md").write_text(markdown(record))
     return {f"{r['cell']} T={r['T']} B={r['B']}": {n: t["median"] for n, t in r["times"].items()} for r in rows}
 
 

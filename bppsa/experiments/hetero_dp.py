@@ -30,6 +30,7 @@ from ..parallel.launch import launch
 from ..provenance import device_label, provenance, save_json
 from ..tables import markdown_table
 from ..tasks import check_task
+from . import entry
 
 __all__ = ["run", "summarize", "drift_summary", "markdown"]
 
@@ -267,8 +268,7 @@ def run(config, workdir) -> dict:
         raise RuntimeError(f"need {max(len(m) for m in config.mixes.values())} devices; have {jax.device_count()}: "
                            "set XLA_FLAGS=--xla_force_host_platform_device_count=8 before JAX starts "
                            "(this task does so itself when it runs before anything else starts JAX)")
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    Path(workdir).mkdir(parents=True, exist_ok=True)  # a folder of yours when called directly
     log = print
     runs, time_models = [], {}
     t_start = time.perf_counter()
@@ -333,12 +333,12 @@ def run(config, workdir) -> dict:
               "process_speeds": process.get("speeds"), "drift_summary": drift_rows,
               "drift_runs": process.get("drift_runs", []), "process_error": process.get("error"),
               "seconds": time.perf_counter() - t_start, "provenance": provenance(config.get("command") or None)}
-    save_json(workdir / f"{name}.json", record)
-    (workdir / f"{name}.md").write_text(md)
+    save_json(entry(workdir, f"{name}.json"), record)
+    entry(workdir, f"{name}.md").write_text(md)
     if runs or process_runs:
-        _plot(process_runs + runs, workdir / f"{name}.png")
+        _plot(process_runs + runs, entry(workdir, f"{name}.png"))
     if process.get("drift_runs"):
-        _plot_drift(process["drift_runs"], workdir / f"{name}_drift.png")
+        _plot_drift(process["drift_runs"], entry(workdir, f"{name}_drift.png"))
     log("\n" + md)
-    log(f"wrote {workdir / name}.json, .md, .png")
+    log(f"wrote {Path(workdir) / name}.json, .md, .png")
     return {"summary": rows, "process_summary": process_rows, "workdir": str(workdir)}

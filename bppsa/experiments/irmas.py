@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from os import PathLike
 from pathlib import Path
 
 import jax
@@ -39,6 +40,7 @@ from ..nn import SequenceClassifier
 from ..provenance import provenance, save_json
 from ..tables import markdown_table
 from ..train import compare_backward_training, evaluate
+from . import entry
 
 __all__ = ["timing_grid", "training_comparison", "grid_markdown", "training_markdown", "plot_grid",
            "plot_training", "stratified_split", "batch_clips", "predict_probs", "prepare_data", "save_grid",
@@ -308,18 +310,18 @@ def prepare_data(data_dir=None, *, clips_per_class=20, test_clips=0, test_second
     return irmas.find_training_root(root), (root if test_clips else None), "synthetic"
 
 
-def save_grid(rec, workdir: Path, name="irmas_grid") -> None:
+def save_grid(rec, workdir: PathLike, name="irmas_grid") -> None:
     """The grid record as ``name``.json, .md (:func:`grid_markdown`) and .png (:func:`plot_grid`)."""
-    save_json(Path(workdir) / f"{name}.json", rec)
-    (Path(workdir) / f"{name}.md").write_text(grid_markdown(rec))
-    plot_grid(rec, Path(workdir) / f"{name}.png")
+    save_json(entry(workdir, f"{name}.json"), rec)
+    entry(workdir, f"{name}.md").write_text(grid_markdown(rec))
+    plot_grid(rec, entry(workdir, f"{name}.png"))
 
 
-def save_training(rec, workdir: Path, name="irmas_train") -> None:
+def save_training(rec, workdir: PathLike, name="irmas_train") -> None:
     """The training record as ``name``.json, .md (:func:`training_markdown`) and .png (:func:`plot_training`)."""
-    save_json(Path(workdir) / f"{name}.json", rec)
-    (Path(workdir) / f"{name}.md").write_text(training_markdown(rec))
-    plot_training(rec, Path(workdir) / f"{name}.png")
+    save_json(entry(workdir, f"{name}.json"), rec)
+    entry(workdir, f"{name}.md").write_text(training_markdown(rec))
+    plot_training(rec, entry(workdir, f"{name}.png"))
 
 
 def check_run(config) -> None:
@@ -341,7 +343,7 @@ def check_run(config) -> None:
 
 
 @checked_by(check_run)
-def run(config, workdir: Path) -> dict:
+def run(config, workdir: PathLike) -> dict:
     """Task of ``experiments/configs/irmas{,_grid,_train}.py``: the parts in ``config.parts``.
 
     "grid": :func:`timing_grid` -> irmas_grid.{json,md,png}; "train": :func:`training_comparison`
@@ -350,9 +352,8 @@ def run(config, workdir: Path) -> dict:
     """
     check_run(config)
     parts = tuple(config.parts)
-    workdir = Path(workdir)
-    synth = config.synth_dir or workdir / "synth-irmas"
-    cache = config.cache_dir or workdir / "cache"
+    synth = config.synth_dir or entry(workdir, "synth-irmas")
+    cache = config.cache_dir or entry(workdir, "cache")
     root, test_root, kind = prepare_data(config.data_dir, clips_per_class=config.clips_per_class,
                                          test_clips=config.test_clips, test_seconds=tuple(config.test_seconds),
                                          seed=config.seed, synth_dir=synth)
@@ -395,7 +396,7 @@ def check_shapes_task(config) -> None:
 
 
 @checked_by(check_shapes_task)
-def shapes_task(config, workdir: Path) -> dict:
+def shapes_task(config, workdir: PathLike) -> dict:
     """Task of ``experiments/configs/irmas_timing.py``: the grid's timing on random inputs of each
     setting's shape (GRU(F, H), 11 classes, no data needed); ``<name>``.{json,md} in ``workdir``."""
     check_shapes_task(config)
@@ -415,6 +416,8 @@ def shapes_task(config, workdir: Path) -> dict:
             pts.append(r)
     record = {"config": config.to_dict(), "sweeps": {"IRMAS GRU grid (synthetic inputs)": pts}, "skipped": skipped,
               **({"note": config.note} if config.get("note") else {})}
+    for ext in ("json", "md"):  # what save_record writes
+        entry(workdir, f"{config.name}.{ext}")
     save_record(record, workdir, config.name)
     return {f"{p['setting']}/B={p['B']}": {"speedup_backward": p["speedup_backward"],
                                            "speedup_step": p["speedup_step"]} for p in pts}

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
+from os import PathLike
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,7 @@ from ..provenance import provenance, save_json
 from ..scan import SCANS
 from ..tables import markdown_table
 from ..timing import time_interleaved
+from . import entry
 
 __all__ = ["CELLS", "FORWARDS", "BACKWARDS", "make_cell", "cell_label", "timed_pair",
            "step_functions", "measure_pairs", "auto_pair", "iteration_row", "long_inputs", "run"]
@@ -169,7 +170,7 @@ def _spectral_radius(W) -> float:
     return float(np.max(np.abs(np.linalg.eigvals(np.asarray(W, np.float64)))))
 
 
-def trained(config, workdir: Path, log=print) -> dict:
+def trained(config, workdir: PathLike, log=print) -> dict:
     """Part ``trained``: the IRMAS GRU before and after ``config.train_steps`` Adam steps."""
     from flax import nnx  # the training's imports, only here
 
@@ -179,8 +180,8 @@ def trained(config, workdir: Path, log=print) -> dict:
     from .irmas import NUM_CLASSES, prepare_data
 
     root, _, kind = prepare_data(None, clips_per_class=config.clips_per_class, test_clips=0, seed=config.seed,
-                                 synth_dir=config.synth_dir or workdir / "synth-irmas", log=log)
-    feats = irmas_data.load_features(root, config.setting, config.cache_dir or workdir / "cache", progress=False)
+                                 synth_dir=config.synth_dir or entry(workdir, "synth-irmas"), log=log)
+    feats = irmas_data.load_features(root, config.setting, config.cache_dir or entry(workdir, "cache"), progress=False)
     cell = cells.GRU(feats.x.shape[2], config.iter_H)
     model = SequenceClassifier(cell, NUM_CLASSES, backward="bptt", rngs=nnx.Rngs(config.seed))
     params_of = lambda: jax.tree.map(lambda v: jnp.asarray(v[...]), model.rnn.params,
@@ -419,10 +420,9 @@ def mean_iterations(record) -> dict:
 
 
 @checked_by(check)
-def run(config, workdir: Path) -> dict:
+def run(config, workdir: PathLike) -> dict:
     """Task of ``experiments/configs/parallel_step.py``: the parts in ``config.parts``."""
     check(config)
-    workdir = Path(workdir)
     parts = tuple(config.parts)
     record: dict = {"title": "The parallel forward: Newton iterations and the training step per forward × backward",
                     "config": config.to_dict()}
@@ -442,8 +442,8 @@ def run(config, workdir: Path) -> dict:
     record["mean_iterations"] = mean_iterations(record)
     record["wall_s"] = time.perf_counter() - t0
     record["provenance"] = provenance()
-    save_json(workdir / f"{config.name}.json", record)
-    (workdir / f"{config.name}.md").write_text(markdown(record))
+    save_json(entry(workdir, f"{config.name}.json"), record)
+    entry(workdir, f"{config.name}.md").write_text(markdown(record))
     steps = record.get("steps", [])
     return {"mean_iterations": record["mean_iterations"],
             "auto_over_fastest_max": max((r["auto_over_fastest"] for r in steps), default=None),

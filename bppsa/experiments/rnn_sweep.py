@@ -23,6 +23,7 @@ from ..errors import UsageError, checked_by, require_int, require_ints
 from ..provenance import provenance, save_json
 from ..tables import markdown_table
 from ..timing import time_interleaved
+from . import entry
 
 __all__ = ["run_sweep", "plot_sweep", "save_sweep", "sweep_task", "check_sweep_task", "gemm_rates", "product_rate",
            "gradient_errors", "accuracy_task", "check_accuracy_task", "T_SWEEP", "B_SWEEP", "T_SWEEP_QUICK",
@@ -104,9 +105,11 @@ def plot_sweep(record, path) -> None:
 
 def save_sweep(record, outdir, name: str) -> list:
     """Write ``name``.json (with provenance), .md (:func:`bppsa.bench.save_record`) and .png; the paths."""
+    for ext in ("json", "md"):  # what save_record writes
+        entry(outdir, f"{name}.{ext}")
     paths = save_record(record, outdir, name)
     if any(record["sweeps"].values()):
-        plot_sweep(record, Path(outdir) / f"{name}.png")
+        plot_sweep(record, entry(outdir, f"{name}.png"))
         paths.append(Path(outdir) / f"{name}.png")
     return paths
 
@@ -245,10 +248,9 @@ def accuracy_task(config, workdir) -> dict:
     md = markdown_table(["T", "B", "H", "max rel. error BPPSA vs BPTT (f32)", "BPPSA f32 vs f64", "BPTT f32 vs f64"],
                         [[r["T"], r["B"], r["H"], f"{r['bppsa_vs_bptt_f32']:.2e}", f"{r['bppsa_f32_vs_f64']:.2e}",
                           f"{r['bptt_f32_vs_f64']:.2e}"] for r in rows], align="rrrrrr")
-    workdir = Path(workdir)
-    save_json(workdir / f"{config.name}.json", {"rows": rows, "provenance": provenance()})
-    (workdir / f"{config.name}.md").write_text("Float32 gradient error (max abs difference / max abs gradient), "
-                                               "vanilla RNN, hidden 20, bitstream inputs; the one timed loss "
-                                               "(`bppsa.gradient.loss`, a fixed random readout of every step), "
-                                               "reference: float64 autodiff through `lax.scan`.\n\n" + md + "\n")
+    save_json(entry(workdir, f"{config.name}.json"), {"rows": rows, "provenance": provenance()})
+    entry(workdir, f"{config.name}.md").write_text("Float32 gradient error (max abs difference / max abs gradient), "
+                                                   "vanilla RNN, hidden 20, bitstream inputs; the one timed loss "
+                                                   "(`bppsa.gradient.loss`, a fixed random readout of every step), "
+                                                   "reference: float64 autodiff through `lax.scan`.\n\n" + md + "\n")
     return {"rows": rows}

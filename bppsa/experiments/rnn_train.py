@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from os import PathLike
 from pathlib import Path
 
 import jax
@@ -25,6 +26,7 @@ from ..provenance import provenance, save_json
 from ..scan import SCANS
 from ..tables import markdown_table
 from ..train import evaluate, fit
+from . import entry
 
 __all__ = ["rnn_train", "check_rnn_train", "plot_rnn_train", "rnn_train_table"]
 
@@ -49,7 +51,7 @@ def check_rnn_train(config) -> None:
 
 
 @checked_by(check_rnn_train)
-def rnn_train(config, workdir: Path) -> dict:
+def rnn_train(config, workdir: PathLike) -> dict:
     """The paper's vanilla RNN training curve on the bitstream task, BPTT vs BPPSA.
 
     One model per method in ``config.methods``, all from the same initial parameters (seed) and
@@ -59,7 +61,6 @@ def rnn_train(config, workdir: Path) -> dict:
     Writes ``<name>.json`` (curves, final metrics, timings, provenance), ``<name>.md`` and
     ``<name>.png`` into ``workdir``.
     """
-    workdir = Path(workdir)
     dtype = {"float32": jnp.float32, "float64": jnp.float64}[config.dtype]
     x, y = make_bitstream(config.num_samples, config.length, seed=config.seed)
     xe, ye = make_bitstream(config.eval_samples, config.length, seed=config.seed + 1)
@@ -72,7 +73,7 @@ def rnn_train(config, workdir: Path) -> dict:
                                    rngs=nnx.Rngs(config.seed), dtype=dtype)
         curves[method] = fit(model, x, y, steps=config.steps, batch_size=config.batch_size,
                              learning_rate=config.learning_rate, seed=config.seed,
-                             workdir=workdir / method, checkpoint_every=config.checkpoint_every,
+                             workdir=entry(workdir, method), checkpoint_every=config.checkpoint_every,
                              eval_data=(xe, ye), eval_every=config.eval_every,
                              progress=config.progress, desc=f"{config.name} [{method}]",
                              callback=_stop_if_not_finite(method, config))
@@ -115,9 +116,9 @@ def rnn_train(config, workdir: Path) -> dict:
         "provenance": provenance(),
     }
     record["config"] = json.loads(json.dumps(record["config"], default=list))
-    save_json(workdir / f"{config.name}.json", record)
-    (workdir / f"{config.name}.md").write_text(rnn_train_table(record))
-    plot_rnn_train(record, workdir / f"{config.name}.png")
+    save_json(entry(workdir, f"{config.name}.json"), record)
+    entry(workdir, f"{config.name}.md").write_text(rnn_train_table(record))
+    plot_rnn_train(record, entry(workdir, f"{config.name}.png"))
     return {"max_loss_diff": diff, "diverge_step": diverge,
             **{f"{m}_eval_accuracy": finals[m]["accuracy"] for m in methods},
             **{f"{m}_train_loss": curves[m][-1]["loss"] for m in methods}}

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..provenance import current_command, provenance, save_json
 from ..tables import markdown_table
 from ..timing import time_fn, time_interleaved
+from . import entry
 
 __all__ = ["run_scaling", "measure", "markdown", "plot", "write_measurement"]
 
@@ -207,11 +208,10 @@ def write_measurement(workdir, options: dict, name="scaling", command: str | Non
     record = measure(**options)
     record["provenance"] = provenance(command)
     record.setdefault("plot", "bppsa.experiments.scaling:plot")  # `bppsa results --plots` redraws with it
-    outdir = Path(workdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    save_json(outdir / f"{name}.json", record)
-    (outdir / f"{name}.md").write_text(markdown(record))
-    plot(record, outdir / f"{name}.png")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    save_json(entry(workdir, f"{name}.json"), record)
+    entry(workdir, f"{name}.md").write_text(markdown(record))
+    plot(record, entry(workdir, f"{name}.png"))
     return record
 
 
@@ -224,7 +224,6 @@ def run_scaling(config, workdir) -> dict:
     """The experiments task: measure (in a subprocess with enough simulated devices when this
     process has too few), write scaling.{json,md,png} into ``workdir``; return a summary."""
     import jax
-    workdir = Path(workdir)
     opts = _options(config)
     need = max(opts.get("devices", (1, 2, 4, 8)))
     if len(jax.devices()) >= need:
@@ -238,7 +237,9 @@ def run_scaling(config, workdir) -> dict:
         code = ("import json, sys; from bppsa.experiments.scaling import write_measurement; "
                 "write_measurement(sys.argv[1], json.loads(sys.argv[2]), command=sys.argv[3])")
         command = current_command() or " ".join(sys.argv)
+        for e in ("json", "md", "png"):  # the child writes these: listed as bppsa's before it starts
+            entry(workdir, f"scaling.{e}")
         subprocess.run([sys.executable, "-c", code, str(workdir), json.dumps(opts), command], env=env, check=True)
-        record = json.loads((workdir / "scaling.json").read_text())
+        record = json.loads((Path(workdir) / "scaling.json").read_text())
     return {"rows": [{k: v for k, v in r.items() if not k.startswith("levels_")} for r in record["rows"]],
-            "files": [str(workdir / f"scaling.{e}") for e in ("json", "md", "png")]}
+            "files": [str(Path(workdir) / f"scaling.{e}") for e in ("json", "md", "png")]}

@@ -33,6 +33,7 @@ from ..data.digits import load_digits
 from ..provenance import provenance, save_json
 from ..tables import markdown_table
 from ..timing import time_fn
+from . import entry
 
 __all__ = ["vgg11_layer_shapes", "generation_benchmark", "flop_experiment", "digits_retraining",
            "run"]
@@ -340,8 +341,7 @@ def _retrain_md(r):
 
 def run(config, workdir) -> dict:
     """Experiments-convention task: run the parts named in ``config.parts`` into ``workdir``."""
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    Path(workdir).mkdir(parents=True, exist_ok=True)  # a folder of yours when called directly
     summary, tables = {}, []
     parts = tuple(config.parts)
     if "generation" in parts:
@@ -352,26 +352,26 @@ def run(config, workdir) -> dict:
                         "at 32×32 (one sample; median of 3 rounds by bppsa.timing, 1 round when the compile call "
                         "took > 10 s)",
                "rows": rows, "provenance": provenance()}
-        save_json(workdir / "sparse_generation.json", rec)
-        (workdir / "sparse_generation.md").write_text(_generation_md(rows))
+        save_json(entry(workdir, "sparse_generation.json"), rec)
+        entry(workdir, "sparse_generation.md").write_text(_generation_md(rows))
         tables.append("Jacobian generation, analytic vs jax.jacrev (one sample):\n\n" + _generation_md(rows))
         summary["generation_speedups"] = {f"{r['layer']} {tuple(r['input'])}": r["speedup"] for r in rows}
     if "flops" in parts:
         f = config.flops
 
         def save(res):
-            save_json(workdir / "sparse_flops.json", {
+            save_json(entry(workdir, "sparse_flops.json"), {
                 "title": "sparse_flops — backward-pass FLOPs of pruned VGG-11, BP vs BPPSA with sparse products "
                          "(critical path = sum over tree levels of the largest product)",
                 **res, "provenance": provenance()})
-            (workdir / "sparse_flops.md").write_text(_flops_md(res))
-            _flops_plot(res, workdir / "sparse_flops.png")
+            entry(workdir, "sparse_flops.md").write_text(_flops_md(res))
+            _flops_plot(res, entry(workdir, "sparse_flops.png"))
 
         res = flop_experiment(sparsities=tuple(f.sparsities), width=f.width, widths=tuple(f.widths),
                               width_sweep_sparsity=f.width_sweep_sparsity, in_hw=f.in_hw,
                               level_sweep_sparsity=f.level_sweep_sparsity, on_update=save)
         save(res)
-        _flops_plot(res, workdir / f"{config.name}.png")
+        _flops_plot(res, entry(workdir, f"{config.name}.png"))
         tables.append(f"Backward-pass FLOPs of pruned VGG-11 ({res['in_hw']}×{res['in_hw']}, one sample):\n\n"
                       + _flops_md(res))
         summary["flops"] = [{k: r[k] for k in ("width", "sparsity", "L_m", "work_ratio", "critical_path_ratio")}
@@ -385,11 +385,11 @@ def run(config, workdir) -> dict:
                                 check_every=t.check_every, margin=t.margin)
         res = {"title": "sparse_retrain — pruned small VGG on digits, retrained with the BPPSA backward pass",
                **res, "provenance": provenance()}
-        save_json(workdir / "sparse_retrain.json", res)
-        (workdir / "sparse_retrain.md").write_text(_retrain_md(res))
+        save_json(entry(workdir, "sparse_retrain.json"), res)
+        entry(workdir, "sparse_retrain.md").write_text(_retrain_md(res))
         tables.append("Pruned retraining on digits with the BPPSA backward pass:\n\n" + _retrain_md(res))
         summary["retrain"] = {k: res[k] for k in ("accuracy_dense", "accuracy_pruned", "accuracy_retrained",
                                                   "within_margin", "max_relative_grad_diff")}
-    save_json(workdir / f"{config.name}.json", {"summary": summary, "provenance": provenance()})
-    (workdir / f"{config.name}.md").write_text("\n".join(tables))
+    save_json(entry(workdir, f"{config.name}.json"), {"summary": summary, "provenance": provenance()})
+    entry(workdir, f"{config.name}.md").write_text("\n".join(tables))
     return summary

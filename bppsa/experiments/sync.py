@@ -25,6 +25,7 @@ from ..sync.policies import make_policy
 from ..sync.simulator import ComputeModel, check_simulation, policy_label, simulate
 from ..tables import markdown_table
 from ..tasks import check_task, task_from_spec
+from . import entry
 
 __all__ = ["sync_models", "check_sync_models", "plot_sync_models", "sync_ray", "check_sync_ray", "parse_policies",
            "parse_kill"]
@@ -92,8 +93,7 @@ def check_sync_models(config) -> None:
 def sync_models(config, workdir) -> dict:
     """Simulate every (model, policy, seed); write the time-to-accuracy table and curves."""
     check_sync_models(config)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    Path(workdir).mkdir(parents=True, exist_ok=True)  # a folder of yours when called directly
     name = config.get("name", "sync_models")
     plain = json.loads(config.to_json_best_effort())
     compute = _compute_model(config.cluster)
@@ -144,9 +144,9 @@ def sync_models(config, workdir) -> dict:
               "real_seconds": time.time() - t_start,
               "provenance": provenance(config.get("command") or None)}
     md = _sync_table(record)
-    save_json(workdir / f"{name}.json", record)
-    (workdir / f"{name}.md").write_text(md)
-    plot_sync_models(record, workdir / f"{name}.png")
+    save_json(entry(workdir, f"{name}.json"), record)
+    entry(workdir, f"{name}.md").write_text(md)
+    plot_sync_models(record, entry(workdir, f"{name}.png"))
     print(md)
     return {"rows": rows, "files": [f"{name}.json", f"{name}.md", f"{name}.png"]}
 
@@ -294,8 +294,7 @@ def sync_ray(config, workdir) -> dict:
 
     from ..sync.ray_runtime import init_ray, run_ray
 
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    Path(workdir).mkdir(parents=True, exist_ok=True)  # a folder of yours when called directly
     name = config.get("name", "sync_ray")
     check_sync_ray(config)
     delays = [float(d) for d in config.delays]
@@ -340,7 +339,7 @@ def sync_ray(config, workdir) -> dict:
     record = {"title": "Elastic synchronization on a real Ray runtime", "name": name, "rows": rows, "runs": runs,
               "config": json.loads(config.to_json_best_effort()),
               "provenance": provenance(config.get("command") or None)}
-    save_json(workdir / f"{name}.json", record)
-    (workdir / f"{name}.md").write_text(md)
+    save_json(entry(workdir, f"{name}.json"), record)
+    entry(workdir, f"{name}.md").write_text(md)
     print(md)
     return {"rows": rows, "files": [f"{name}.json", f"{name}.md"]}

@@ -18,6 +18,7 @@ from ..errors import checked_by, require_choices, require_int, require_ints
 from ..provenance import provenance, save_json
 from ..sync.zipline import ZIPLINE_METHODS, selection_range
 from ..tables import markdown_table
+from . import entry
 
 __all__ = ["zipline_runtimes", "check_zipline_runtimes", "plot_zipline_runtimes"]
 
@@ -44,8 +45,7 @@ def zipline_runtimes(config, workdir) -> dict:
     """Median wall time of each ZipLine method on n × R prediction matrices; heuristics' gap to the optimum."""
     check_zipline_runtimes(config)
     methods = list(config.methods)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    Path(workdir).mkdir(parents=True, exist_ok=True)  # a folder of yours when called directly
     name = config.get("name", "zipline_runtimes")
     plain = json.loads(config.to_json_best_effort())
     max_points = plain["max_points"]
@@ -83,9 +83,9 @@ def zipline_runtimes(config, workdir) -> dict:
               "target_1000x150_s": None if target is None else target.get(f"{methods[0]}_s"),
               "paper_1000x150_s": 2.38, "provenance": provenance(config.get("command") or None)}
     md = _zipline_table(record)
-    save_json(workdir / f"{name}.json", record)
-    (workdir / f"{name}.md").write_text(md)
-    plot_zipline_runtimes(record, workdir / f"{name}.png")
+    save_json(entry(workdir, f"{name}.json"), record)
+    entry(workdir, f"{name}.md").write_text(md)
+    plot_zipline_runtimes(record, entry(workdir, f"{name}.png"))
     print(md)
     return {"rows": rows, "target_1000x150_s": record["target_1000x150_s"],
             "files": [f"{name}.json", f"{name}.md", f"{name}.png"]}
