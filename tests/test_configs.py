@@ -98,6 +98,9 @@ def _smoke_runs(path, tmp_path, overrides):
     assert 0 < saved["run_time_s"] <= elapsed  # the task's own time, inside the call
     assert saved["provenance"]["jax"]
     assert saved["provenance"]["command"].startswith("bppsa run " + shlex.quote(f"{path}:smoke"))
+    # the task made every entry of the work directory through the run's writer: all of them are bppsa's
+    made = set(os.listdir(tmp_path / "w")) - {runner.MARKER}
+    assert made <= set(runner.read_marker(tmp_path / "w")["written"]), made
     return summary, saved
 
 
