@@ -12,10 +12,10 @@ inside its work directory, and never two runs at once in one directory.**
   entry the marker does not list with a one-line :class:`bppsa.errors.UsageError` (it is left as
   it is), and adds a new name to the marker on disk *before* it returns the path: a run killed
   with SIGKILL right after has it listed. What is written inside a listed folder (by a child
-  process, or by orbax and tensorstore) is covered by that folder. An entry that appears during a
-  run without the writer (yours, or a task's that bypassed it) is never counted as bppsa's: the
-  run names it in one line on stderr, and it is never deleted or overwritten. ``--restart``
-  deletes the listed entries only.
+  process, or by orbax and tensorstore) is covered by that folder. Nothing watches a task that
+  writes past the writer; an entry that appears during a run without it (yours, or such a task's)
+  is never counted as bppsa's: the run names it in one line on stderr, the writer never hands it
+  out, and ``--restart`` keeps it. ``--restart`` deletes the listed entries only.
 - **Folders bppsa did not mark.** A folder without the marker that holds anything is not a bppsa
   work directory and is never modified: the run is refused with one line.
 - **Lock.** ``.bppsa-lock`` is held (``flock``) while a run is active and names its pid and host;
