@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
-.PHONY: lint test test-all reproduce notebook venv clean
+.PHONY: lint docs test test-all reproduce notebook venv clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml
 # Lint and types over bppsa/ (config in pyproject.toml): zero findings, warnings included.
 lint: $(STAMP)
 	@$(BIN)/ruff check bppsa; rc=$$?; $(BIN)/basedpyright --warnings bppsa || rc=1; exit $$rc
+
+# The documentation site (docs/: Sphinx, MyST, autodoc) into docs/_build/html; any warning is an error.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 
 # The default suite (slow tests deselected). pytest's exit code 5 (nothing collected) is a failure.
 test: $(STAMP)

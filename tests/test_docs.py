@@ -1,5 +1,5 @@
-"""Every file the documentation names is in the clone: README.md, docs/*.md, the experiments'
-READMEs, the notebooks' cells and the package's docstrings (module, class and function) and
+"""Every file the documentation names is in the clone: README.md, docs/**/*.md (the site's pages), the
+experiments' READMEs, the notebooks' cells and the package's docstrings (module, class and function) and
 comments.
 
 A mention counts as a path when it has a ``/`` and starts at a top-level entry of the repository
@@ -25,8 +25,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "bppsa"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "experiments" / "README.md",
-        ROOT / "experiments" / "gpu" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts),
+        ROOT / "experiments" / "README.md", ROOT / "experiments" / "gpu" / "README.md"]
 SUFFIXES = ("py", "md", "json", "ipynb", "sh", "toml", "txt", "csv", "png", "cfg", "yaml", "yml")
 
 # A path-like token: word characters, dots, dashes and slashes, not preceded by a path character
@@ -35,11 +35,11 @@ _TOKEN = re.compile(r"(?<![\w./~:<>{}*$-])[\w.-]+(?:/[\w.-]+)*/?(?![\w/{}<>*])")
 _SUFFIX = re.compile(r"\.(?:%s)$" % "|".join(SUFFIXES))
 PLACEHOLDERS = {"NAME", "OUT", "DIR", "PATH", "FILE", "SPEC", "workdir", "path"}
 IGNORED_DIRS = {line.strip().strip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
-                if line.startswith("/") and line.rstrip().endswith("/")}  # root folders: /data/, /runs/
+                if line.startswith("/") and line.rstrip().endswith("/")}  # root folders: /data/, /runs/, /docs/_build/
 
 
 def _tracked() -> list[str]:
-    skip = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "build"}
+    skip = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "build", "_build"}
     out = []
     for p in ROOT.rglob("*"):
         rel = p.relative_to(ROOT)
@@ -65,7 +65,9 @@ def candidates(text: str) -> set[str]:
         has_slash = "/" in tok.strip("/")
         first = tok.split("/")[0]
         stems = [seg.split(".")[0] for seg in tok.strip("/").split("/")]
-        if set(stems) & PLACEHOLDERS or stems[-1].startswith("my_") or first in IGNORED_DIRS:
+        ignored = first in IGNORED_DIRS or any(tok.strip("/").startswith(d + "/") or tok.strip("/") == d
+                                               for d in IGNORED_DIRS)  # docs/_build/html: built, not committed
+        if set(stems) & PLACEHOLDERS or stems[-1].startswith("my_") or ignored:
             continue
         if not has_slash and tok.endswith(".json"):
             continue
@@ -141,3 +143,57 @@ def test_a_missing_file_is_caught():
     assert not exists("NOTES.md", ROOT) and not exists("bppsa/gpu_run.py", ROOT)
     assert exists("hetero/partition.py", ROOT) and exists("irmas.py", ROOT)
     assert exists("results/cpu/bptt-unroll.md", ROOT / "experiments")
+
+
+# The front page and the documentation site (`make docs` builds it; .ci/run runs that).
+README = ROOT / "README.md"
+SITE = ROOT / "docs"
+GUIDES = ["backward", "parallel_forward", "flax", "devices", "hetero", "sync", "runner"]
+
+
+def _toctree_entries(page: Path) -> set[str]:
+    """The documents listed in the ```{toctree} blocks of a MyST page."""
+    entries = set()
+    for block in re.findall(r"```\{toctree\}\n(.*?)```", page.read_text(), flags=re.S):
+        entries |= {line.strip() for line in block.splitlines() if line.strip() and not line.startswith(":")}
+    return entries
+
+
+def test_the_readme_is_a_front_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 160, "README.md is the front page: at most 160 lines (the rest belongs in docs/)"
+    commands = re.findall(r"^make (\w+)", text, flags=re.M)
+    assert commands[:2] == ["reproduce", "test"], commands  # the two set-up commands, first
+    assert "creates its own virtual environment" in text
+
+
+def test_every_guide_is_in_the_site():
+    assert sorted(p.stem for p in (SITE / "guides").glob("*.md")) == sorted(GUIDES)
+    entries = _toctree_entries(SITE / "index.md")
+    missing = [f"guides/{g}" for g in GUIDES if f"guides/{g}" not in entries]
+    assert not missing, f"guides not in the toctree of docs/index.md: {missing}"
+    assert {"results", "architecture", "api/index"} <= entries
+
+
+def test_every_public_module_has_an_api_page():
+    """One page per public module or subpackage of bppsa (docs/api/bppsa.NAME.rst), each in the toctree."""
+    public = {"bppsa"} | {f"bppsa.{p.stem if p.is_file() else p.name}" for p in PKG.iterdir()
+                          if not p.name.startswith("_") and (p.suffix == ".py" or (p / "__init__.py").exists())}
+    pages = {p.stem for p in (SITE / "api").glob("*.rst")}
+    assert public == pages, f"no page: {sorted(public - pages)}; no module: {sorted(pages - public)}"
+    assert _toctree_entries(SITE / "api" / "index.md") == pages
+
+
+def test_the_api_page_of_bppsa_names_every_export():
+    import bppsa
+
+    page = (SITE / "api" / "bppsa.rst").read_text()
+    missing = [n for n in bppsa.__all__ if f"bppsa.{n}" not in page]
+    assert not missing, f"docs/api/bppsa.rst does not name {missing}"
+
+
+def test_make_docs_is_strict_and_run_by_ci():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^docs: \$\(STAMP\)\n\t.*sphinx-build -W --keep-going .* docs docs/_build/html", makefile, re.M)
+    steps = re.findall(r"^make (\w+)", (ROOT / ".ci" / "run").read_text(), flags=re.M)
+    assert steps == ["lint", "docs", "test"], steps
