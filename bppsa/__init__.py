@@ -12,11 +12,11 @@ Importing the package changes nothing in the process. On CPU the first :func:`rn
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 from . import backprop, cells, cost, host, newton, options, parallel, scan, structured
 from .cost import CostModel, choose_backward
-from .options import BACKWARDS, FORWARDS, OptionFields, Options
+from .options import BACKWARDS, FORWARDS, Options
 from .scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
 if TYPE_CHECKING:  # for type checkers; at run time imported on first access (below)
@@ -37,7 +37,7 @@ __all__ = [
 
 def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis: str = "seq",
         batch_axis: str | None = None, guess=None, return_info: bool = False,
-        **fields: Unpack[OptionFields]) -> Any:
+        **fields: Any) -> Any:
     """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> the state
     sequence hs (T, B, H) [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
 

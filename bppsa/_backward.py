@@ -24,6 +24,9 @@ Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a remateria
 step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
 (:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`bppsa.bench`)
 reuse the pieces.
+
+Every setting (the scan, the chunk length, the precision, the unroll) arrives concrete, from the
+:class:`bppsa.options.Plan` the entry point made: nothing is decided here.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _scan as scan_lib
-from . import cost as cost_lib
+from .options import unroll_for
 from .scan import block_scan
 
 __all__ = ["forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows", "steps",
@@ -44,17 +47,18 @@ __all__ = ["forward_states", "bppsa_states", "solved_states", "adjoint", "to_blo
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
 
-def forward_states(cell, params, xs, s0, unroll: int | None = None):
+def forward_states(cell, params, xs, s0, unroll: int | bool | None = None):
     """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S), one ``lax.scan``; BPTT is its
-    autodiff. ``unroll``: the scan's unroll factor; None (default) picks it for this shape and
-    backend (:func:`bppsa.cost.bptt_unroll`, decided at trace time); 1 is the plain ``lax.scan``."""
+    autodiff. ``unroll``: the scan's unroll factor (the entry points pass their plan's int); None
+    (default, for direct callers) the tuned one for this shape and backend
+    (:func:`bppsa.options.unroll_for`); 1 is the plain ``lax.scan``."""
 
     def body(s, x):
         s_new = cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
         return s_new, s_new
 
     if unroll is None:
-        unroll = cost_lib.bptt_unroll(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
+        unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
     _, ss = lax.scan(body, s0, xs, unroll=unroll)
     return ss
 
@@ -194,16 +198,13 @@ def _cast_grads(dparams, dxr, g0, params, xs, s0):
 def adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, ct):
     """The BPPSA backward: the adjoint states g_t = ∂L/∂s_t of the cotangent ct (T, B, S) of ss,
     by the gradient recurrence g_{t-1} = g_t @ M_t + ct_{t-1} with ``scan_method`` over chunks of
-    ``chunk_size`` steps, and the cell's analytic parameter and input gradients.
+    ``chunk_size`` steps (an int; None: one chunk), and the cell's analytic parameter and input
+    gradients.
 
     Returns (gs (T, B, S) time order, dparams, dxs (T, B, I), g0 (B, S) = ∂L/∂s0)."""
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
-    T, B, S = ss.shape
-    chunk = (cost_lib.auto_chunk_size(T, B, S, ss.dtype.itemsize, block=cell.jacobian_block_size,
-                                      structured=scan_method == "blelloch" and cell.has_diagonal_jacobian)
-             if chunk_size == "auto" else chunk_size)
-    if chunk is not None and chunk < T:
-        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk, params, xr, sr, spr, ctr)
+    if chunk_size is not None and chunk_size < ss.shape[0]:
+        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr)
     else:
         v, ds = root_and_offsets(ctr)
         gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v)  # gsr[k] = g_{T-k}
@@ -271,7 +272,7 @@ def _packer(ss, params, xs, s0):
 def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highest", unroll=None):
     """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
     reverse mode is the BPPSA backward (:func:`adjoint`) with ``scan_method`` over chunks of
-    ``chunk_size`` steps (an int, None: one chunk, or "auto": :func:`bppsa.cost.auto_chunk_size`),
+    ``chunk_size`` steps (an int, or None: one chunk),
     every matrix product of it at ``precision`` (a name from :data:`PRECISIONS`), and whose
     forward mode is the tangent scan (:func:`tangent_states`). ``cell``, ``scan_method``,
     ``chunk_size``, ``precision`` and ``unroll`` (the forward scan's, :func:`forward_states`) are

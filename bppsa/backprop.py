@@ -8,12 +8,14 @@ and input gradients with one batched contraction (the pipeline: :mod:`bppsa._bac
 ``value_and_grad``/``jit``/``vmap`` of any loss of the returned states are exact, and so are
 forward mode (``jax.jvp``, ``jax.jacfwd``) and Hessian-vector products, for every ``backward=``.
 ``backward="bptt"`` is the plain ``lax.scan`` differentiated by JAX.
-The method options are one :class:`bppsa.options.Options`.
+The method options are one :class:`bppsa.options.Options`; :func:`rnn` makes every choice they
+leave open once, at its entry (:meth:`bppsa.options.Options.plan`), and the pieces below run that
+:class:`bppsa.options.Plan`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,13 +24,13 @@ from . import host, newton
 from . import options as options_lib
 from ._backward import bppsa_states, forward_states, solved_states
 from .errors import UsageError
-from .options import OptionFields, Options
+from .options import Options, Plan
 
 __all__ = ["rnn", "validate_inputs", "validate_params"]  # and flat_guess, for bppsa.parallel
 
 
 def rnn(cell, params, xs, h0, options: Options | None = None, *, guess=None, return_info: bool = False,
-        **fields: Unpack[OptionFields]) -> Any:
+        **fields: Any) -> Any:
     """Run ``cell`` over a sequence on one device; differentiable w.r.t. ``params``, ``xs``, ``h0``.
 
     ``bppsa.rnn`` is this function, or with ``mesh=`` :func:`bppsa.parallel.rnn` (the time axis
@@ -66,32 +68,40 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, guess=None, ret
     opts = options_lib.make(options, **fields)
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)
-    opts = opts.resolve(cell, xs.shape[0], xs.shape[1], xs.dtype)
+    plan = opts.plan(cell, xs, s0, states_dtype=_states_dtype(cell, params, xs, s0))
     if jax.default_backend() == "cpu":
         host.tune_allocator()
     info = None
-    if opts.forward != "sequential":
-        ss, info = _parallel_forward(cell, params, xs, s0, opts, guess)
-    elif opts.backward == "bptt":
-        ss = forward_states(cell, params, xs, s0, unroll=opts.unroll)
+    if plan.forward != "sequential":
+        ss, info = _parallel_forward(cell, params, xs, s0, plan, guess)
+    elif plan.backward == "bptt":
+        ss = forward_states(cell, params, xs, s0, unroll=plan.unroll)
     else:
-        ss = bppsa_states(cell, opts.scan, opts.chunk_size, params, xs, s0, opts.precision, opts.unroll)
+        ss = bppsa_states(cell, plan.scan, plan.chunk_size, params, xs, s0, plan.precision, plan.unroll)
     out = cell.unflatten_state(ss)
     return (out, info) if return_info else out
 
 
-def _parallel_forward(cell, params, xs, s0, opts: Options, guess=None):
+def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
     """The states by the parallel forward (:func:`bppsa.newton.solve`, on inputs it does not
-    differentiate), differentiated at those states by the backward ``opts`` names (BPPSA's scan;
+    differentiate), differentiated at those states by the backward ``plan`` names (BPPSA's scan;
     ``backward="bptt"``: its sequential scan). Returns (ss (T, B, S), info)."""
     if guess is not None:
         guess = flat_guess(cell, guess, xs.shape[0], s0)
     stop = jax.lax.stop_gradient
-    with jax.default_matmul_precision(opts.precision):
-        ss, info = newton.solve(cell, opts.newton_plan(), stop(params), stop(xs), stop(s0),
-                                None if guess is None else stop(guess), opts.unroll)
-    scan = "sequential" if opts.backward == "bptt" else opts.scan
-    return solved_states(cell, scan, opts.chunk_size, params, xs, s0, ss, opts.precision), info
+    with jax.default_matmul_precision(plan.precision):
+        ss, info = newton.solve(cell, plan, stop(params), stop(xs), stop(s0), None if guess is None else stop(guess))
+    scan = "sequential" if plan.backward == "bptt" else plan.scan
+    return solved_states(cell, scan, plan.chunk_size, params, xs, s0, ss, plan.precision), info
+
+
+def _states_dtype(cell, params, xs, s0):
+    """The dtype of the flat states (T, B, S) the forward computes from s0 (B, S) over xs (T, B, I):
+    s0's, unless s0 is weakly typed (then one step's, as ``lax.scan`` promotes its carry)."""
+    if not jax.typeof(s0).weak_type:
+        return s0.dtype
+    step = lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s), x))
+    return jax.eval_shape(step, params, s0, xs[0]).dtype
 
 
 def flat_guess(cell, guess, T: int, s0):

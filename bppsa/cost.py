@@ -14,7 +14,9 @@ globally; ``bppsa.rnn(..., backward="auto", cost_model=model)`` passes a model e
 BPTT's own tuning, the ``lax.scan`` unroll per shape and backend, is :func:`bptt_unroll`.
 
 The chunk sizing of the BPPSA backward (:func:`auto_chunk_size`) lives here too: the number of
-dependent levels, a cost feature, depends on it.
+dependent levels, a cost feature, depends on it; so do ``forward="auto"``'s choice
+(:func:`choose_forward`) and the mesh's cross-device step (:func:`choose_combine`). Every one of
+these is consulted from one place, :meth:`bppsa.options.Options.plan`, before anything runs.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["CHUNK_BYTES", "auto_chunk_size", "backward_levels", "cost_features", "CostModel",
            "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save", "default_cost_model",
            "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll", "NEWTON_ITERATIONS",
-           "FORWARD_CONSTANTS", "forward_seconds", "choose_forward"]
+           "FORWARD_CONSTANTS", "forward_seconds", "choose_forward", "choose_combine"]
 
 # The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
 METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequential": ("bppsa", "sequential")}
@@ -355,3 +357,14 @@ def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None, backend: str |
     if backend == "cpu":  # measured, not modelled: the sequential forward at every CPU point
         return "sequential"
     return min(("sequential", "newton"), key=lambda f: forward_seconds(cell, T, B, f, backend))
+
+
+def choose_combine(P: int) -> str:
+    """``combine="auto"`` over P devices: one all-gather for small device counts, log-step rounds
+    beyond (:mod:`bppsa.parallel.sequence`).
+
+    With P ≤ 8 the all-gather moves at most 7 (Π, δ) pairs in a single collective and needs no
+    matrix products; the log-step scan pays ⌈log₂ P⌉ latencies and as many matrix products
+    (see experiments/results/cpu/scaling.md for the measurement behind the threshold).
+    """
+    return "allgather" if P <= 8 else "logstep"

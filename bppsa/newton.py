@@ -27,7 +27,7 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   meets ``tol`` at every step yet may differ from the sequential forward's states (themselves
   rounding-dominated there) by O(1); its gradients are exact at the states returned.
 - Convergence: max over t, b, i of |h_t − f_t| / (1 + |f_t|) <= ``tol`` (default per dtype,
-  :data:`DEFAULT_TOL`), the true residual at the returned states, tested after every step. The
+  :data:`bppsa.options.DEFAULT_TOL`), the true residual at the returned states, tested after every step. The
   step's Jacobians are never taken at the final states here: the one linearisation there is the
   backward's (:func:`bppsa._backward.solved_states`), so the gradient is exact whatever forward ran
   (quasi included: its backward uses the full Jacobians, unlike quasi-DEER's).
@@ -37,14 +37,17 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   ``jax.jit`` JAX re-raises it from its host callback as a ``jax.errors.JaxRuntimeError``, a
   RuntimeError whose message names it). Unconverged states are never returned.
   :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``).
+
+Every setting comes from one :class:`bppsa.options.Plan` (``forward`` is the kind, ``scan``,
+``solve_chunk``, ``tol``, ``max_iter``, ``damping``, ``on_fail``, ``unroll`` the fallback's),
+made before the solver runs: nothing is decided here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -52,20 +55,14 @@ import numpy as np
 from jax import lax
 
 from . import _scan as scan_lib
-from . import cost as cost_lib
 from ._backward import block_rows, forward_states, prev_states, steps, to_blocks
-from .errors import UsageError
+from .options import DEFAULT_MAX_ITER, DEFAULT_TOL, KINDS, ON_FAIL, Plan, tolerance
 from .scan import block_scan
 
+# KINDS, ON_FAIL, DEFAULT_TOL, DEFAULT_MAX_ITER, Plan and tolerance are bppsa.options', named here too
 __all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
            "NewtonFallbackWarning", "solve", "tolerance", "fallback_count", "step_elements", "residual", "iterate",
-           "finish", "check_plan_fields"]
-
-KINDS = ("newton", "quasi")
-ON_FAIL = ("sequential", "raise")
-#: Relative residual tolerance by dtype name (about 100 ulps, float32 ~ 1e-5 as DEER uses).
-DEFAULT_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
-DEFAULT_MAX_ITER = 50
+           "finish"]
 JACOBI_LAMBDA = 1e3  # damping: from this λ on a finite step is accepted whatever its residual
 
 
@@ -90,24 +87,6 @@ class NewtonInfo(NamedTuple):
     converged: Any
     fell_back: Any
     residual: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The static settings of one parallel forward (hashable: it keys compiled functions)."""
-
-    kind: str = "newton"
-    scan: str = "blelloch"
-    chunk_size: Any = "auto"
-    tol: float | None = None
-    max_iter: int = DEFAULT_MAX_ITER
-    damping: float | None = None
-    on_fail: str = "sequential"
-
-
-def tolerance(dtype, tol: float | None = None) -> float:
-    """``tol`` or the default for ``dtype`` (:data:`DEFAULT_TOL`; other dtypes: float32's)."""
-    return float(tol) if tol is not None else DEFAULT_TOL.get(jnp.dtype(dtype).name, DEFAULT_TOL["float32"])
 
 
 _lock = threading.Lock()
@@ -156,23 +135,24 @@ def step_elements(cell, kind, params, sp, xs, f, scale=1):
     return E, to_blocks(f, k) - scan_lib.vecmat(to_blocks(sp, k), E), k
 
 
-def _linear_solve(cell, plan, chunk, params, xs, s0, H, F, scale):
+def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, scale):
     """One Newton (or damped / quasi) step: the states solving the linearised recurrence at the
-    guess H (with F = f at H), by ``plan.scan`` over chunks of ``chunk`` steps, earliest first."""
+    guess H (T, B, S) (with F = f at H), by ``plan.scan`` over chunks of ``plan.solve_chunk``
+    steps, earliest first."""
     T, B, S = H.shape
     sp = prev_states(s0, H)
-
-    k = 1 if plan.kind == "quasi" else (cell.jacobian_block_size or S)
+    chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
+    k = 1 if plan.forward == "quasi" else (cell.jacobian_block_size or S)
 
     def piece(h_in, sp_c, x_c, f_c):
-        if plan.scan == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
+        if method == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
             n = sp_c.shape[0]  # the backward makes them: only the (n, B, S) vectors are permuted
             sp_s, x_s, f_s = (scan_lib.to_storage(a, n, pad="edge") for a in (sp_c, x_c, f_c))
-            E, c, _ = step_elements(cell, plan.kind, params, sp_s, x_s, f_s, scale)
+            E, c, _ = step_elements(cell, plan.forward, params, sp_s, x_s, f_s, scale)
             prefixes, total = scan_lib.blelloch_scan_stored(to_blocks(h_in, k), E, c, n)
         else:
-            E, c, _ = step_elements(cell, plan.kind, params, sp_c, x_c, f_c, scale)
-            prefixes, total = block_scan(to_blocks(h_in, k), E, c, plan.scan)
+            E, c, _ = step_elements(cell, plan.forward, params, sp_c, x_c, f_c, scale)
+            prefixes, total = block_scan(to_blocks(h_in, k), E, c, method)
         states = jnp.concatenate([prefixes[1:], total[None]], axis=0)
         return total.reshape((B, S)), states.reshape(sp_c.shape)
 
@@ -196,13 +176,13 @@ def residual(H, F):
     return jnp.max(jnp.where(jnp.isnan(r), jnp.inf, r))
 
 
-def iterate(plan: Plan, tol: float, H, evaluate, update):
+def iterate(plan: Plan, H, evaluate, update):
     """The iteration, whatever computes its pieces: ``evaluate(H) -> (F, residual)`` (the steps at
     H and :func:`residual`, equal on every device) and ``update(H, F, scale) -> H'`` (the solve of
     the linearised recurrence with the Jacobians scaled by ``scale``). Newton steps while the
-    residual is above ``tol``, finite and fewer than ``plan.max_iter`` were taken; with
+    residual is above ``plan.tol``, finite and fewer than ``plan.max_iter`` were taken; with
     ``plan.damping`` the damped step (module docstring). Returns (iterations, H, residual)."""
-    damped = plan.damping is not None
+    damped, tol = plan.damping is not None, plan.tol
     F, res = evaluate(H)
     lam0 = jnp.asarray(plan.damping if damped else 0.0, res.dtype)
 
@@ -225,10 +205,11 @@ def iterate(plan: Plan, tol: float, H, evaluate, update):
     return k, H, res
 
 
-def finish(cell, plan: Plan, tol: float, k, H, res, sequential):
+def finish(cell, plan: Plan, k, H, res, sequential):
     """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`) and apply
     ``plan.on_fail``: ``sequential()`` computes the sequential forward's states, run only when
     the iteration did not converge. Returns (states, :class:`NewtonInfo`)."""
+    tol = plan.tol
     converged = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(H))
     jax.debug.callback(_report, converged, k, res, on_fail=plan.on_fail, tol=tol, cell=type(cell).__name__)
     if plan.on_fail == "sequential":
@@ -236,17 +217,13 @@ def finish(cell, plan: Plan, tol: float, k, H, res, sequential):
     return H, NewtonInfo(k, converged, ~converged if plan.on_fail == "sequential" else jnp.zeros((), bool), res)
 
 
-def solve(cell, plan: Plan, params, xs, s0, guess=None, unroll=None):
+def solve(cell, plan: Plan, params, xs, s0, guess=None):
     """The states ss (T, B, S) of the chain from s0 (B, S) over xs (T, B, I) by the parallel forward
-    ``plan`` (flat states: :meth:`bppsa.cells.Cell.flatten_state`), and its :class:`NewtonInfo`.
-    ``guess`` (T, B, S): the first iterate (None: zeros), e.g. the previous training step's states.
-    Not differentiable itself: :func:`bppsa.rnn` differentiates the result at the solved states."""
+    ``plan`` describes (flat states: :meth:`bppsa.cells.Cell.flatten_state`), and its
+    :class:`NewtonInfo`. ``guess`` (T, B, S): the first iterate (None: zeros), e.g. the previous
+    training step's states. Not differentiable itself: :func:`bppsa.rnn` differentiates the
+    result at the solved states."""
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
-    tol = tolerance(s0.dtype, plan.tol)
-    chunk = plan.chunk_size
-    if chunk == "auto":
-        k = 1 if plan.kind == "quasi" else cell.jacobian_block_size
-        chunk = cost_lib.auto_chunk_size(T, B, S, s0.dtype.itemsize, block=k)
     H = jnp.zeros((T, B, S), s0.dtype) if guess is None else guess.astype(s0.dtype)
 
     def evaluate(H):
@@ -254,21 +231,7 @@ def solve(cell, plan: Plan, params, xs, s0, guess=None, unroll=None):
         return F, residual(H, F)
 
     def update(H, F, scale):
-        return _linear_solve(cell, plan, chunk, params, xs, s0, H, F, scale)
+        return _linear_solve(cell, plan, params, xs, s0, H, F, scale)
 
-    k, H, res = iterate(plan, tol, H, evaluate, update)
-    return finish(cell, plan, tol, k, H, res, lambda: forward_states(cell, params, xs, s0, unroll))
-
-
-def check_plan_fields(tol, max_iter, damping, on_fail) -> None:
-    """Validate the parallel forward's option fields (:class:`bppsa.Options`)."""
-    if tol is not None and not (isinstance(tol, (int, float)) and not isinstance(tol, bool) and 0 < tol < 1):
-        raise UsageError(f"tol must be a number in (0, 1) or None (per dtype: {DEFAULT_TOL}); got {tol!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise UsageError(f"max_iter must be a positive int; got {max_iter!r}")
-    if damping is not None and not (isinstance(damping, (int, float)) and not isinstance(damping, bool)
-                                    and np.isfinite(damping) and damping >= 0):
-        raise UsageError(f"damping must be None (plain Newton) or a finite number >= 0 (the initial λ); "
-                         f"got {damping!r}")
-    if not (isinstance(on_fail, str) and on_fail in ON_FAIL):
-        raise UsageError(f"on_fail must be one of {list(ON_FAIL)}; got {on_fail!r}")
+    k, H, res = iterate(plan, H, evaluate, update)
+    return finish(cell, plan, k, H, res, lambda: forward_states(cell, params, xs, s0, plan.unroll))

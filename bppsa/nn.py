@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Unpack
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,7 @@ from .backprop import rnn
 from .cells import Cell
 from .errors import UsageError
 from .flax_structured import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
-from .options import OptionFields, Options
+from .options import Options
 
 __all__ = ["RNN", "SequenceClassifier", "BPTTFallbackWarning", "BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell"]
 PADDINGS = ("flax", "identity")
@@ -49,7 +49,7 @@ class SequenceClassifier(nnx.Module):
     """
 
     def __init__(self, cell, num_classes, *, options: Options | None = None, rngs: nnx.Rngs, dtype=jnp.float32,
-                 **fields: Unpack[OptionFields]):
+                 **fields: Any):
         self.rnn = RNN(cell, options=options, rngs=rngs, param_dtype=dtype, **fields)
         hidden = cell.hidden_size if isinstance(cell, Cell) else cell.hidden_features
         self.head = nnx.Linear(hidden, num_classes, rngs=rngs, param_dtype=dtype)
@@ -138,7 +138,7 @@ class RNN(nnx.Module):
     def __init__(self, cell, *, options: Options | None = None, time_major=False, return_carry=False, reverse=False,
                  keep_order=False, state_axes=None, broadcast_rngs=None,
                  padding="flax", autodiff=False, rngs: nnx.Rngs | bool = True, param_dtype=jnp.float32,
-                 **fields: Unpack[OptionFields]):
+                 **fields: Any):
         self.options = options_lib.make(options, **fields)
         _check_choice("padding", padding, PADDINGS)
         self.cell = cell

@@ -7,36 +7,61 @@
 :func:`bppsa.rnn`, :func:`bppsa.parallel.rnn`, :func:`bppsa.parallel.pmap_rnn` and
 :class:`bppsa.nn.RNN` take ``options=`` and/or the fields of :class:`Options` as keywords
 (keywords override the fields of ``options``); :func:`make` builds and checks it, and
-:meth:`Options.resolve` is the one place where ``backward="auto"`` and ``forward="auto"`` are
-decided.
+:meth:`Options.plan` is the one place where every open choice (``"auto"``, None) is made, once
+per call and before anything is computed: the :class:`Plan` it returns is what the layers below
+execute.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import operator
-from typing import Any, TypedDict
+from typing import Any, Literal, get_args
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from . import cost as cost_lib
-from . import newton as newton_lib
 from ._scan import SCANS
 from .errors import UsageError
 
-__all__ = ["Options", "OptionFields", "make", "BACKWARDS", "FORWARDS", "PRECISIONS", "COMBINES"]
+__all__ = ["Options", "Plan", "make", "tolerance", "unroll_for", "Backward", "Forward", "ParallelForward", "Scan",
+           "Combine", "OnFail", "Precision", "BACKWARDS", "FORWARDS", "KINDS", "PRECISIONS", "COMBINES", "ON_FAIL",
+           "SOLVER_FIELDS", "DEFAULT_TOL", "DEFAULT_MAX_ITER"]
 
-BACKWARDS = ("bppsa", "bptt", "auto")
-FORWARDS = ("sequential", "newton", "quasi", "auto")
-PRECISIONS = ("highest", "high", "default")  # jax.lax.Precision's members, by name
-COMBINES = ("logstep", "allgather", "chain", "auto")
+# The method names, each written once: the runtime tuples are read from the Literal types.
+Backward = Literal["bppsa", "bptt", "auto"]
+ParallelForward = Literal["newton", "quasi"]
+Forward = Literal["sequential", ParallelForward, "auto"]
+Scan = Literal["blelloch", "associative", "sequential"]
+Combine = Literal["logstep", "allgather", "chain", "auto"]
+OnFail = Literal["sequential", "raise"]
+Precision = Literal["highest", "high", "default"]  # jax.lax.Precision's members, by name
+
+BACKWARDS: tuple[str, ...] = get_args(Backward)
+FORWARDS: tuple[str, ...] = get_args(Forward)
+KINDS: tuple[str, ...] = get_args(ParallelForward)  # the parallel forwards (bppsa.newton)
+COMBINES: tuple[str, ...] = get_args(Combine)
+ON_FAIL: tuple[str, ...] = get_args(OnFail)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+assert set(get_args(Scan)) == set(SCANS), "options.Scan must name bppsa.scan.SCANS"
+
+#: The parallel forward's relative residual tolerance by dtype name (about 100 ulps; float32's is
+#: the one DEER uses).
+DEFAULT_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
+DEFAULT_MAX_ITER = 50
+
+#: The fields of :class:`Options` that set the parallel forward (:mod:`bppsa.newton`), besides
+#: ``forward`` itself (its kind): :meth:`Options.newton_plan` shows them.
+SOLVER_FIELDS = ("scan", "chunk_size", "tol", "max_iter", "damping", "on_fail")
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How :func:`bppsa.rnn` computes gradients. Checked on construction (a
+    """How :func:`bppsa.rnn` computes the states and their gradients. Checked on construction (a
     :class:`bppsa.errors.UsageError` names the field, the value and what is allowed).
 
     Attributes:
@@ -58,44 +83,47 @@ class Options:
       cost_model: ``backward="auto"``: the :class:`bppsa.cost.CostModel` that decides (None: the
         calibration cached for this device, else the model shipped for this backend).
       combine: with a mesh, the cross-device step of the sharded backward: "logstep",
-        "allgather", "chain" or "auto" (:func:`bppsa.parallel.sequence.choose_combine`).
+        "allgather", "chain" or "auto" (:func:`bppsa.cost.choose_combine`).
       unroll: the unroll factor of the sequential forward's ``lax.scan`` (and so of BPTT's): a
         positive int, True (every step) or False (1), as ``lax.scan`` takes it; None (default):
-        tuned per shape and backend (:func:`bppsa.cost.bptt_unroll`). One device (with a mesh, each
-        device's stretch keeps the tuned unroll).
+        tuned per shape and backend (:func:`bppsa.cost.bptt_unroll`). One device: with a mesh
+        each device's stretch is a plain ``lax.scan`` (unroll 1).
       forward: how the states are computed: "sequential" (a ``lax.scan``, T dependent steps),
         "newton" (Newton's method over the whole sequence, each iteration one parallel scan of
         the exact Jacobians: :mod:`bppsa.newton`), "quasi" (the Jacobians' diagonal in the
         iterations) or "auto" (the cost model: :func:`bppsa.cost.choose_forward`). Gradients are
         exact for every forward (the backward linearises at the converged states). With a
         parallel forward, ``backward="bptt"`` means the sequential scan of the same backward.
-      tol: the parallel forward's relative residual tolerance; None: per dtype
-        (:data:`bppsa.newton.DEFAULT_TOL`: float32 1e-5, float64 1e-12).
+      tol: the parallel forward's relative residual tolerance, in (0, 1); None: per dtype
+        (:data:`DEFAULT_TOL`, float32 1e-5, float64 1e-12).
       max_iter: the parallel forward's iteration limit (default 50).
       damping: None (plain Newton) or the initial λ of the damped step (:mod:`bppsa.newton`).
       on_fail: not converged within ``max_iter``: "sequential" (default: the sequential forward
         runs instead, a warning once, counted) or "raise" (:class:`bppsa.newton.NewtonDidNotConverge`).
+
+    Every choice left open here ("auto", None) is made once per call, before anything is
+    computed: :meth:`plan` returns the :class:`Plan` the layers below execute.
     """
 
-    backward: str = "bppsa"
-    scan: str | None = None
-    chunk_size: Any = "auto"
-    precision: Any = "highest"
+    backward: Backward = "bppsa"
+    scan: Scan | None = None
+    chunk_size: int | Literal["auto"] | None = "auto"
+    precision: Precision | lax.Precision = "highest"
     cost_model: cost_lib.CostModel | None = None
-    combine: str = "auto"
+    combine: Combine = "auto"
     unroll: int | bool | None = None
-    forward: str = "sequential"
+    forward: Forward = "sequential"
     tol: float | None = None
-    max_iter: int = newton_lib.DEFAULT_MAX_ITER
+    max_iter: int = DEFAULT_MAX_ITER
     damping: float | None = None
-    on_fail: str = "sequential"
+    on_fail: OnFail = "sequential"
 
     def __post_init__(self):
         _choice("backward", self.backward, BACKWARDS)
         _choice("forward", self.forward, FORWARDS)
         if isinstance(self.max_iter, (np.integer, jnp.integer)) and jnp.ndim(self.max_iter) == 0:
             object.__setattr__(self, "max_iter", int(self.max_iter))
-        newton_lib.check_plan_fields(self.tol, self.max_iter, self.damping, self.on_fail)
+        _check_solver_fields(self.tol, self.max_iter, self.damping, self.on_fail)
         if self.scan is not None and not (isinstance(self.scan, str) and self.scan in SCANS):
             raise UsageError(f"scan must be one of {sorted(SCANS)} or None; got {self.scan!r}")
         _choice("combine", self.combine, COMBINES)
@@ -110,9 +138,10 @@ class Options:
         return make(self, **fields)
 
     def resolve(self, cell, T: int, B: int, dtype=None) -> Options:
-        """The options with ``backward`` in ("bppsa", "bptt") and ``scan`` set: ``"auto"`` asks the
-        cost model (:func:`bppsa.cost.choose_backward`) for this cell, T, B and dtype; the model's
-        scan is used only where ``scan`` was left at None."""
+        """The options with ``backward`` in ("bppsa", "bptt"), ``forward`` not "auto" and ``scan``
+        set: ``"auto"`` asks the cost model (:func:`bppsa.cost.choose_backward`,
+        :func:`bppsa.cost.choose_forward`) for this cell, T, B and dtype; the model's scan is used
+        only where ``scan`` was left at None. The other open choices are :meth:`plan`'s."""
         backward, scan, forward = self.backward, self.scan, self.forward
         if backward == "auto":
             backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model)
@@ -121,38 +150,104 @@ class Options:
             forward = cost_lib.choose_forward(cell, T, B, dtype)
         return dataclasses.replace(self, backward=backward, scan=scan or "blelloch", forward=forward)
 
-    def newton_plan(self) -> newton_lib.Plan:
-        """The parallel forward's settings (``forward`` resolved to "newton" or "quasi"); its linear
-        solves use the BPPSA scan (``scan``; "blelloch" when unset) and ``chunk_size``."""
-        return newton_lib.Plan(kind=self.forward, scan=self.scan or "blelloch", chunk_size=self.chunk_size,
-                               tol=None if self.tol is None else float(self.tol), max_iter=self.max_iter,
-                               damping=None if self.damping is None else float(self.damping),
-                               on_fail=self.on_fail)
+    def plan(self, cell, xs, s0, *, states_dtype=None, devices: int | None = None) -> Plan:
+        """Every choice made for one problem: the :class:`Plan` that runs ``cell`` over xs
+        (T, B, I) from the flat state s0 (B, S) (arrays or ``jax.ShapeDtypeStruct``s: only shapes
+        and dtypes are read). ``states_dtype``: the dtype of the states the forward produces
+        (default s0's; they differ only for a weakly typed s0). ``devices``: the size of the
+        mesh axis the time is split over (None: one device, no mesh).
+
+        This is where the cost model (:mod:`bppsa.cost`) is consulted: ``backward``, ``scan`` and
+        ``forward`` (:meth:`resolve`), the backward's and the parallel forward's chunk lengths
+        (:func:`bppsa.cost.auto_chunk_size`), the forward scan's unroll (:func:`unroll_for`), the
+        tolerance (:func:`tolerance`) and the mesh's combine (:func:`bppsa.cost.choose_combine`),
+        all at ``jax.default_backend()``. A Plan is returned as it is (made already).
+        """
+        if isinstance(self, Plan):
+            if self.devices != devices:
+                raise UsageError(f"this Plan was made for devices={self.devices}; the run has devices={devices}: "
+                                 "pass the Options it was planned from")
+            return self
+        if devices is not None and self.chunk_size is not None and self.chunk_size != "auto":
+            raise UsageError(f"chunk_size={self.chunk_size!r} cannot be combined with mesh (the sharded scan "
+                             "already splits the sequence); pass one of them")
+        T, B, S = int(xs.shape[0]), int(xs.shape[1]), int(s0.shape[-1])
+        backend = jax.default_backend()
+        r = self.resolve(cell, T, B, xs.dtype)
+        s_dtype = jnp.dtype(s0.dtype)
+        ss_dtype = jnp.dtype(states_dtype if states_dtype is not None else s_dtype)
+        parallel = r.forward != "sequential"
+        chunk = solve_chunk = None
+        if devices is None:
+            unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend)
+            method = "sequential" if r.backward == "bptt" else r.scan
+            if r.chunk_size != "auto":
+                chunk = r.chunk_size if r.backward == "bppsa" or parallel else None
+                solve_chunk = r.chunk_size if parallel else None
+            else:
+                if r.backward == "bppsa" or parallel:  # the BPPSA backward's chunks (BPTT has none)
+                    chunk = cost_lib.auto_chunk_size(T, B, S, ss_dtype.itemsize, backend,
+                                                     block=cell.jacobian_block_size,
+                                                     structured=method == "blelloch" and cell.has_diagonal_jacobian)
+                if parallel:  # the iterations' Jacobians: diagonal (quasi) or the cell's blocks
+                    block = 1 if r.forward == "quasi" else cell.jacobian_block_size
+                    solve_chunk = cost_lib.auto_chunk_size(T, B, S, s_dtype.itemsize, backend, block=block)
+        else:
+            unroll = 1  # each device's stretch is a plain lax.scan, scanned in one piece
+        combine = r.combine if r.combine != "auto" else cost_lib.choose_combine(devices or 1)
+        made = {"chunk_size": chunk, "unroll": unroll, "tol": tolerance(s_dtype, r.tol), "combine": combine}
+        return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices)
+
+    def newton_plan(self):
+        """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
+        of :data:`SOLVER_FIELDS` (``scan``: "blelloch" when unset); before a problem is known, so
+        ``chunk_size`` and ``tol`` may still be open (:meth:`plan` makes them concrete)."""
+        return _SolverSettings(self.forward, *(getattr(self, f) for f in SOLVER_FIELDS)) \
+            ._replace(scan=self.scan or "blelloch", tol=None if self.tol is None else float(self.tol),
+                      damping=None if self.damping is None else float(self.damping))
 
 
-class OptionFields(TypedDict, total=False):
-    """The fields of :class:`Options` as keyword arguments (for ``**kwargs`` type checking)."""
+@dataclasses.dataclass(frozen=True)
+class Plan(Options):
+    """:class:`Options` with every choice made for one problem (:meth:`Options.plan`): the fields
+    of :class:`Options`, each concrete, and two derived from them. What the layers below
+    (:mod:`bppsa._backward`, :mod:`bppsa.newton`, :mod:`bppsa.parallel.sequence`) execute; they
+    decide nothing.
 
-    backward: str
-    scan: str | None
-    chunk_size: Any
-    precision: Any
-    cost_model: cost_lib.CostModel | None
-    combine: str
-    unroll: int | bool | None
-    forward: str
-    tol: float | None
-    max_iter: int
-    damping: float | None
-    on_fail: str
+    ``backward`` is "bppsa" or "bptt"; ``forward`` "sequential", "newton" or "quasi"; ``scan`` a
+    scan's name; ``chunk_size`` the BPPSA backward's chunk length (an int, or None: one chunk;
+    None for BPTT); ``unroll`` the forward scan's unroll (an int); ``tol`` a float;
+    ``precision`` a name; ``combine`` the mesh's cross-device step.
+
+    Attributes (besides the fields of :class:`Options`):
+      solve_chunk: the parallel forward's chunk length for its linear solves (an int, or None:
+        one chunk; None for the sequential forward and with a mesh).
+      devices: the size of the mesh axis the time is split over; None: one device, no mesh.
+    """
+
+    solve_chunk: int | None = None
+    devices: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        concrete = {"backward": self.backward != "auto", "forward": self.forward != "auto",
+                    "scan": self.scan is not None, "chunk_size": self.chunk_size != "auto",
+                    "unroll": type(self.unroll) is int, "tol": isinstance(self.tol, float),
+                    "combine": self.combine != "auto",
+                    "solve_chunk": self.solve_chunk is None or type(self.solve_chunk) is int,
+                    "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1)}
+        open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
+        if open_:
+            raise UsageError(f"a Plan has every choice made; open: {', '.join(open_)} (Options.plan makes them)")
 
 
+_SolverSettings = collections.namedtuple("_SolverSettings", ("kind",) + SOLVER_FIELDS)
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 
 
-def make(options: Options | None = None, **fields) -> Options:
+def make(options: Options | None = None, **fields: Any) -> Options:
     """``options`` (default: ``Options()``) with ``fields`` overriding it. Unknown field names and
-    bad values raise a UsageError naming them."""
+    bad values raise a UsageError naming them (the keywords of every entry point come here)."""
     unknown = sorted(set(fields) - set(_FIELDS))
     if unknown:
         raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
@@ -162,6 +257,36 @@ def make(options: Options | None = None, **fields) -> Options:
     if not isinstance(options, Options):
         raise UsageError(f"options must be a bppsa.Options or None; got {type(options).__name__}")
     return dataclasses.replace(options, **fields) if fields else options
+
+
+def tolerance(dtype, tol: float | None = None) -> float:
+    """``tol`` or the default for ``dtype`` (:data:`DEFAULT_TOL`; other dtypes: float32's)."""
+    return float(tol) if tol is not None else DEFAULT_TOL.get(jnp.dtype(dtype).name, DEFAULT_TOL["float32"])
+
+
+def unroll_for(cell, T: int, B: int, dtype=None, state_size: int | None = None, unroll: int | bool | None = None,
+               backend: str | None = None) -> int:
+    """The forward ``lax.scan``'s unroll as an int: ``unroll`` None: tuned for this cell, shape
+    and backend (:func:`bppsa.cost.bptt_unroll`; ``state_size``: the flat state width S); True:
+    every step (T); False: 1; an int: itself (what ``lax.scan`` makes of each)."""
+    if unroll is None:
+        return cost_lib.bptt_unroll(cell, T, B, dtype, backend, state_size=state_size)
+    if isinstance(unroll, bool):
+        return max(int(T), 1) if unroll else 1
+    return int(unroll)
+
+
+def _check_solver_fields(tol, max_iter, damping, on_fail) -> None:
+    """The parallel forward's fields (the only place they are checked)."""
+    if tol is not None and not (isinstance(tol, (int, float)) and not isinstance(tol, bool) and 0 < tol < 1):
+        raise UsageError(f"tol must be a number in (0, 1) or None (per dtype: {DEFAULT_TOL}); got {tol!r}")
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+        raise UsageError(f"max_iter must be a positive int; got {max_iter!r}")
+    if damping is not None and not (isinstance(damping, (int, float)) and not isinstance(damping, bool)
+                                    and np.isfinite(damping) and damping >= 0):
+        raise UsageError(f"damping must be None (plain Newton) or a finite number >= 0 (the initial λ); "
+                         f"got {damping!r}")
+    _choice("on_fail", on_fail, ON_FAIL)
 
 
 def _choice(name, value, choices):

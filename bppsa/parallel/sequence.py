@@ -40,7 +40,7 @@ with zero rows the same way.
 from __future__ import annotations
 
 import functools
-from typing import Any, Unpack
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,21 +54,11 @@ from .. import _scan as scan_lib
 from .. import newton as newton_lib
 from .. import options as options_lib
 from ..errors import UsageError
-from ..options import COMBINES, OptionFields, Options
+from ..options import COMBINES, Options, Plan
 from .mesh import check_axes, make_mesh, shard_map
 
-__all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "choose_combine", "communication_volume",
+__all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "communication_volume",
            "sharded_functions", "sequence_parallel_states"]
-
-
-def choose_combine(P: int) -> str:
-    """``combine="auto"``: one all-gather for small device counts, log-step rounds beyond.
-
-    With P ≤ 8 the all-gather moves at most 7 (Π, δ) pairs in a single collective and needs no
-    matrix products; the log-step scan pays ⌈log₂ P⌉ latencies and as many matrix products
-    (see experiments/results/cpu/scaling.md for the measurement behind the threshold).
-    """
-    return "allgather" if P <= 8 else "logstep"
 
 
 def communication_volume(P: int, B: int, S: int, itemsize: int, combine: str) -> dict:
@@ -285,7 +275,7 @@ def _prefix_combine(Pi, delta, s_in, axis, P):
     return lax.scan(fold, s_in, jnp.arange(P - 1))[0]
 
 
-def _newton_body(cell, plan, tol, T, P, seq_axis, batch_axis, params, xs, s0, H):
+def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H):
     """The parallel (Newton-family) forward of one device's stretch: each iteration evaluates its
     C steps, aggregates its linearised maps (:func:`chunk_aggregate`), combines the devices'
     maps (:func:`_prefix_combine`) and finishes its scan (:func:`chunk_finish`); the residual
@@ -308,7 +298,7 @@ def _newton_body(cell, plan, tol, T, P, seq_axis, batch_axis, params, xs, s0, H)
 
     def update(H, F, scale):
         sp = prev(H)
-        E, c, k = newton_lib.step_elements(cell, plan.kind, params, sp, xs, F, scale)
+        E, c, k = newton_lib.step_elements(cell, plan.forward, params, sp, xs, F, scale)
         E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))
         c = jnp.where(valid, c, jnp.zeros((), c.dtype))
         Pi, delta, state = chunk_aggregate(plan.scan, jnp.zeros_like(c[0]), E, c)
@@ -317,44 +307,43 @@ def _newton_body(cell, plan, tol, T, P, seq_axis, batch_axis, params, xs, s0, H)
         prefixes, total = chunk_finish(plan.scan, state, u, E, c)
         return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
 
-    k, H, res = newton_lib.iterate(plan, tol, H, evaluate, update)
+    k, H, res = newton_lib.iterate(plan, H, evaluate, update)
     return H, k, res
 
 
-def sequence_parallel_states(cell, params, xs, s0, mesh, opts: Options, *, seq_axis="seq", batch_axis=None,
+def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis="seq", batch_axis=None,
                              guess=None):
     """Flat-state core: xs (T, B, I), s0 (B, S) -> (ss (T, B, S), info), time sharded over
     ``seq_axis``; info is the parallel forward's :class:`bppsa.newton.NewtonInfo` (None for the
-    sequential one). Inputs are already validated and ``opts`` resolved (:meth:`bppsa.Options.resolve`).
+    sequential one). Inputs are already validated and ``plan`` made for this mesh
+    (:meth:`bppsa.Options.plan` with ``devices`` = the ``seq_axis`` size): it is executed as given.
     """
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
-    combine = choose_combine(P) if opts.combine == "auto" else opts.combine
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     C = -(-T // P)
     Bp = -(-B // Pb) * Pb
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
-    method = "sequential" if opts.backward == "bptt" else opts.scan
-    fwd_sm, _, run, solved = sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, opts.precision)
-    if opts.forward == "sequential":
-        ss = fwd_sm(params, xs_p, s0_p) if opts.backward == "bptt" else run(params, xs_p, s0_p)
+    method = "sequential" if plan.backward == "bptt" else plan.scan
+    fwd_sm, _, run, solved = sharded_functions(cell, method, plan.combine, mesh, seq_axis, batch_axis, T,
+                                               plan.precision)
+    if plan.forward == "sequential":
+        ss = fwd_sm(params, xs_p, s0_p) if plan.backward == "bptt" else run(params, xs_p, s0_p)
         return ss[:T, :B], None
-    plan = opts.newton_plan()
-    tol = newton_lib.tolerance(s0.dtype, plan.tol)
     x_spec, s_spec = PS(seq_axis, batch_axis, None), PS(batch_axis, None)
-    solve_sm = shard_map(functools.partial(_newton_body, cell, plan, tol, T, P, seq_axis, batch_axis), mesh,
+    solve_sm = shard_map(functools.partial(_newton_body, cell, plan, T, P, seq_axis, batch_axis), mesh,
                          in_specs=(PS(), x_spec, s_spec, x_spec), out_specs=(x_spec, PS(), PS()))
     H0 = jnp.zeros((P * C, Bp, S), s0.dtype) if guess is None else _pad(_pad(guess.astype(s0.dtype), 0, P * C - T),
                                                                         1, Bp - B)
     stop = lax.stop_gradient
-    with jax.default_matmul_precision(opts.precision):
+    with jax.default_matmul_precision(plan.precision):
         H, k, res = solve_sm(stop(params), stop(xs_p), stop(s0_p), stop(H0))
-    H, info = newton_lib.finish(cell, plan, tol, k, H, res, lambda: fwd_sm(stop(params), stop(xs_p), stop(s0_p)))
+    H, info = newton_lib.finish(cell, plan, k, H, res, lambda: fwd_sm(stop(params), stop(xs_p), stop(s0_p)))
     return solved(params, xs_p, s0_p, H)[:T, :B], info
 
 
 def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis="seq", batch_axis=None,
-        guess=None, return_info: bool = False, **fields: Unpack[OptionFields]) -> Any:
+        guess=None, return_info: bool = False, **fields: Any) -> Any:
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
     ``mesh[batch_axis]``). ``mesh=None`` uses a 1-D mesh over all devices. The backward is chosen
     by ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords, as for
@@ -369,25 +358,23 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     the devices' maps, finish); ``guess`` and ``return_info`` as for :func:`bppsa.rnn`.
     """
     opts = options_lib.make(options, **fields)
-    if opts.chunk_size not in (None, "auto"):
-        raise UsageError(f"chunk_size={opts.chunk_size!r} cannot be combined with mesh (the sharded scan "
-                         "already splits the sequence); pass one of them")
     if mesh is None:
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
     xs = jnp.asarray(xs)
     s0 = backprop.validate_inputs(cell, params, xs, h0)
-    opts = opts.resolve(cell, xs.shape[0], xs.shape[1], xs.dtype)
+    P, _ = check_axes(mesh, seq_axis, batch_axis)
+    plan = opts.plan(cell, xs, s0, devices=P)
     if jax.default_backend() == "cpu":
         host.tune_allocator()
     if guess is not None:
         guess = backprop.flat_guess(cell, guess, xs.shape[0], s0)
-    ss, info = sequence_parallel_states(cell, params, xs, s0, mesh, opts, seq_axis=seq_axis, batch_axis=batch_axis,
+    ss, info = sequence_parallel_states(cell, params, xs, s0, mesh, plan, seq_axis=seq_axis, batch_axis=batch_axis,
                                         guess=guess)
     out = cell.unflatten_state(ss)
     return (out, info) if return_info else out
 
 
-def pmap_rnn(cell, params, xs, h0, options: Options | None = None, *, devices=None, **fields: Unpack[OptionFields]):
+def pmap_rnn(cell, params, xs, h0, options: Options | None = None, *, devices=None, **fields: Any):
     """pmap-style entry point: the leading axis of ``xs`` is mapped over devices, as with ``jax.pmap``.
 
     xs: (P, C, B, I) — chunk p (steps pC+1 … (p+1)C) on ``devices[p]`` (default: the first P
