@@ -293,16 +293,16 @@ def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
     assert calls and set(calls) == {T}  # the structured path ran (both losses)
     # the same gradients through the dense path (Jacobians formed)
     d = cells.RNN(2, 4, c.nonlinearity, diagonal=False)
-    g = [jax.grad(lambda p: _loss(bppsa.rnn(cell, p, xs, h0), True))(params) for cell in (c, d)]
+    g = [jax.jit(jax.grad(lambda p: _loss(bppsa.rnn(cell, p, xs, h0), True)))(params) for cell in (c, d)]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12), *g)
 
 
 def test_rnn_diagonal_path_chunked():
     """Chunks with the structured scan (auto-sized for it), float64, against autodiff."""
     c, params, xs, h0 = _setup("rnn-tanh", 200, 1, 1, 3, seed=5)
-    ref = jax.grad(lambda p: _loss(_reference(c, p, xs, h0), True))(params)
+    ref = jax.jit(jax.grad(lambda p: _loss(_reference(c, p, xs, h0), True)))(params)
     for chunk in (71,):  # full chunks of 71 and a shorter last one (one chunk: the tests above)
-        got = jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True))(params)
+        got = jax.jit(jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True)))(params)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
 
 

@@ -62,7 +62,7 @@ def test_one_device_makes_one_concrete_plan(plans, fields):
 def test_a_mesh_makes_one_concrete_plan(plans):
     cell, params, xs, h0 = _problem()
     mesh = parallel.make_mesh(2, batch_axis=None)
-    jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, mesh=mesh, forward="newton")))(params)
+    jax.jit(jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, mesh=mesh, forward="newton"))))(params)  # one compile
     parallel.pmap_rnn(cell, params, xs.reshape((2, 4) + xs.shape[1:]), h0)
     assert len(plans) == 2
     for plan in plans:
