@@ -20,9 +20,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Lint and types over bppsa/ (config in pyproject.toml): zero findings, warnings included.
+# Lint and types over bppsa/ and experiments/ (config in pyproject.toml): zero findings, warnings included.
 lint: $(STAMP)
-	@$(BIN)/ruff check bppsa; rc=$$?; $(BIN)/basedpyright --warnings bppsa || rc=1; exit $$rc
+	@$(BIN)/ruff check bppsa experiments; rc=$$?; $(BIN)/basedpyright --warnings bppsa experiments || rc=1; exit $$rc
 
 # The documentation site (docs/: Sphinx, MyST, autodoc) into docs/_build/html; any warning is an error.
 docs: $(STAMP)

@@ -14,23 +14,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import backprop, cells, cost, host, newton, options, parallel, scan, structured
-from .cost import CostModel, choose_backward
-from .options import BACKWARDS, FORWARDS, Options
-from .scan import SCANS, associative_scan, blelloch_scan, sequential_scan
+from bppsa import backprop, cells, cost, host, newton, options, parallel, scan, structured
+from bppsa.cost import CostModel, choose_backward
+from bppsa.options import BACKWARDS, FORWARDS, Options
+from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
 if TYPE_CHECKING:  # for type checkers; at run time imported on first access (below)
-    from . import hetero, nn, sparse, sync  # noqa: F401
+    from bppsa import hetero, nn, sparse, sync, tasks  # noqa: F401
 
 __version__ = "0.1.0"
 
 # Subpackages reachable as attributes after a plain ``import bppsa``, imported on first use
 # (PEP 562): flax, the feed-forward chains and the distributed parts stay out of ``import bppsa``.
-_LAZY = ("nn", "sparse", "hetero", "sync")
+_LAZY = ("nn", "sparse", "tasks", "hetero", "sync")
 
 __all__ = [
     "rnn", "Options", "cells", "scan", "cost", "host", "newton", "options", "parallel", "structured", "BACKWARDS",
-    "FORWARDS", "SCANS", "CostModel", "nn",
+    "FORWARDS", "SCANS", "CostModel", "nn", "sparse", "tasks", "hetero", "sync",
     "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
 
@@ -56,7 +56,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
 
 
 def __getattr__(name: str) -> Any:
-    """``bppsa.nn`` (and ``sparse``, ``hetero``, ``sync``) imported on first access."""
+    """``bppsa.nn`` (and ``sparse``, ``tasks``, ``hetero``, ``sync``) imported on first access."""
     if name in _LAZY:
         import importlib
         return importlib.import_module(f"{__name__}.{name}")

@@ -22,7 +22,7 @@ transposes the step's JVP itself, measured up to 1.6x slower (GRU, sequential sc
 to 1.7x the XLA temporaries (GRU, T = 1034: 50.6 vs 30.2 MiB) in the same file.
 Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a rematerialised JVP of the
 step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
-(:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`bppsa.bench`)
+(:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`experiments.bench`)
 reuse the pieces.
 
 Every setting (the scan, the chunk length, the precision, the unroll) arrives concrete, from the
@@ -33,21 +33,23 @@ from __future__ import annotations
 
 import functools
 import itertools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+from jax import Array, lax
 
-from . import _scan as scan_lib
-from .options import unroll_for
-from .scan import block_scan
+from bppsa import _scan as scan_lib
+from bppsa.cells import Cell
+from bppsa.options import unroll_for
+from bppsa.scan import block_scan
 
 __all__ = ["forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows", "steps",
            "prev_states", "tangent_states", "scan_order", "root_and_offsets",
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
 
-def forward_states(cell, params, xs, s0, unroll: int | bool | None = None):
+def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None) -> Array:
     """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S), one ``lax.scan``; BPTT is its
     autodiff. ``unroll``: the scan's unroll factor (the entry points pass their plan's int); None
     (default, for direct callers) the tuned one for this shape and backend
@@ -63,7 +65,7 @@ def forward_states(cell, params, xs, s0, unroll: int | bool | None = None):
     return ss
 
 
-def storage_inputs(spr, xr, sr, ds):
+def storage_inputs(spr: Array, xr: Array, sr: Array, ds: Array) -> tuple[Array, ...]:
     """The backward's scan-order (n, ...) inputs in the Blelloch scan's storage order: padding
     steps get copies of a real step (finite Jacobians; the scan replaces them by the identity)
     and zero offsets. Returns (spr, xr, sr, ds) with N rows (:func:`bppsa.scan.bottom_layout`)."""
@@ -71,7 +73,7 @@ def storage_inputs(spr, xr, sr, ds):
     return (*(scan_lib.to_storage(a, n, pad="edge") for a in (spr, xr, sr)), scan_lib.to_storage(ds, n))
 
 
-def stored_jacobians(cell, params, spr, xr, sr):
+def stored_jacobians(cell: Cell, params: Any, spr: Array, xr: Array, sr: Array) -> Array | tuple[Array, Array]:
     """The Jacobians of storage-order steps for the Blelloch scan: the cell's diagonal structure
     ``(A, Wt)`` where it has one (:meth:`bppsa.cells.Cell.diagonal_jacobian`), else the
     (N, B, S, S) matrices."""
@@ -80,7 +82,7 @@ def stored_jacobians(cell, params, spr, xr, sr):
     return cell.transposed_jacobian(params, spr, xr, sr)
 
 
-def stored_scan(v, jacobians, ds, n):
+def stored_scan(v: Array, jacobians: Array | tuple[Array, Array], ds: Array, n: int) -> tuple[Array, Array]:
     """The storage-order Blelloch scan of :func:`stored_jacobians`' output (ds zero-padded, as
     :func:`storage_inputs` makes it). Returns (prefixes in scan order, total)."""
     if isinstance(jacobians, tuple):
@@ -108,12 +110,12 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     return scan_lib.scan(v, Ms, ds, scan_method)
 
 
-def to_blocks(a, k: int):
+def to_blocks(a: Array, k: int) -> Array:
     """(..., B, S) -> (..., B·S/k, k): a block-diagonal map's blocks become batch rows."""
     return a.reshape(a.shape[:-2] + (a.shape[-2] * (a.shape[-1] // k), k))
 
 
-def block_rows(blocks):
+def block_rows(blocks: Array) -> Array:
     """(..., B, S/k, k, k) Jacobian blocks -> (..., B·S/k, k, k), the scans' batch of matrices."""
     return blocks.reshape(blocks.shape[:-4] + (-1,) + blocks.shape[-2:])
 
@@ -133,7 +135,8 @@ def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
     return gs.reshape((n, B, S)), total.reshape((B, S))
 
 
-def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
+def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any, xr: Array, sr: Array, spr: Array,
+                     ctr: Array) -> tuple[Any, Array, Array, Array]:
     """BPPSA backward over chunks of ``chunk_size`` steps, latest chunk first (scan order).
 
     Each chunk generates only its own Jacobians (C, B, S, S), scans them with the gradient
@@ -173,7 +176,7 @@ def chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr):
     return acc, dxr, u, gsr
 
 
-def scan_order(xs, ss, s0, ct):
+def scan_order(xs: Array, ss: Array, s0: Array, ct: Array) -> tuple[Array, Array, Array, Array]:
     """Time order -> scan order (latest step first), as every BPPSA backward needs it.
 
     xs (T, B, I), ss (T, B, S) the states after each step, s0 (B, S) the state before the first,
@@ -184,7 +187,7 @@ def scan_order(xs, ss, s0, ct):
     return xs[::-1], ss[::-1], spr, ct[::-1].astype(ss.dtype)
 
 
-def root_and_offsets(ctr):
+def root_and_offsets(ctr: Array) -> tuple[Array, Array]:
     """The scan's root vector v = ctr[0] (B, S) and offsets ds (n, B, S): element k adds ctr[k + 1]
     (the last element, the first step, adds nothing: the loss on s0 is not the cell's)."""
     return ctr[0], jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
@@ -195,7 +198,8 @@ def _cast_grads(dparams, dxr, g0, params, xs, s0):
     return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
 
 
-def adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, ct):
+def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array, ss: Array,
+            ct: Array) -> tuple[Array, Any, Array, Array]:
     """The BPPSA backward: the adjoint states g_t = ∂L/∂s_t of the cotangent ct (T, B, S) of ss,
     by the gradient recurrence g_{t-1} = g_t @ M_t + ct_{t-1} with ``scan_method`` over chunks of
     ``chunk_size`` steps (an int; None: one chunk), and the cell's analytic parameter and input
@@ -217,17 +221,17 @@ def _flat_step(cell, params, s, x):
     return cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
 
 
-def steps(cell, params, spr, xs):
+def steps(cell: Cell, params: Any, spr: Array, xs: Array) -> Array:
     """Every step at once (parallel over T): spr, xs (T, B, ·) -> (T, B, S)."""
     return jax.vmap(functools.partial(_flat_step, cell), in_axes=(None, 0, 0))(params, spr, xs)
 
 
-def prev_states(s0, ss):
+def prev_states(s0: Array, ss: Array) -> Array:
     """The state before each step: s0 (B, S), ss (T, B, S) -> (T, B, S)."""
     return jnp.concatenate([s0[None], ss[:-1]], axis=0)
 
 
-def tangent_states(cell, params, xs, s0, ss, rhs, d0):
+def tangent_states(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, rhs: Array, d0: Array) -> Array:
     """The forward tangent scan: ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 = d0 (B, S), one
     ``lax.scan`` of Jacobian-vector products of the step at the saved states; rhs (T, B, S)."""
 
@@ -269,7 +273,8 @@ def _packer(ss, params, xs, s0):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 6, 7))
-def bppsa_states(cell, scan_method, chunk_size, params, xs, s0, precision="highest", unroll=None):
+def bppsa_states(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array,
+                 precision: str = "highest", unroll: int | bool | None = None) -> Array:
     """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
     reverse mode is the BPPSA backward (:func:`adjoint`) with ``scan_method`` over chunks of
     ``chunk_size`` steps (an int, or None: one chunk),
@@ -288,7 +293,8 @@ def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, primals, tangen
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 7))
-def solved_states(cell, scan_method, chunk_size, params, xs, s0, ss, precision="highest"):
+def solved_states(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array, ss: Array,
+                  precision: str = "highest") -> Array:
     """:func:`bppsa_states` for states ``ss`` (T, B, S) already solved by another forward (the
     parallel Newton forward, :mod:`bppsa.newton`): returns ``ss`` itself, differentiated as the
     solution of the recurrence at those states, the same linear solve at the same Jacobians

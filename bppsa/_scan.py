@@ -30,12 +30,12 @@ The implementation (:mod:`bppsa.scan` is its public face), storage-order machine
 from __future__ import annotations
 
 import operator
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
+from jax import Array, lax
 
 __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "Products", "DENSE",
            "FUSED", "up_sweep", "down_sweep", "vecmat", "batched_matmul", "batched_vecmat", "FMA_MAX",
@@ -43,7 +43,7 @@ __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_sca
            "blelloch_scan_stored", "blelloch_scan_stored_diag"]
 
 
-def vecmat(v, M):
+def vecmat(v: Array, M: Array) -> Array:
     """(..., B, S) @ (..., B, S, S) -> (..., B, S): one row vector times one matrix per batch row
     (the reference product; :func:`batched_vecmat` is the tuned one)."""
     return jnp.einsum("...i,...ij->...j", v, M)
@@ -65,7 +65,7 @@ def _check(v, Ms, ds):
 # Sequential reference.
 # --------------------------------------------------------------------------------------------
 
-def sequential_scan(v, Ms, ds=None):
+def sequential_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, Array]:
     """The reference: a ``lax.scan`` over the elements. Work Θ(n·B·S²), depth Θ(n)."""
     _check(v, Ms, ds)
 
@@ -82,7 +82,7 @@ def sequential_scan(v, Ms, ds=None):
 # jax.lax.associative_scan with an affine combine.
 # --------------------------------------------------------------------------------------------
 
-def associative_scan(v, Ms, ds=None):
+def associative_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, Array]:
     """Inclusive ``jax.lax.associative_scan`` of the affine maps, then one vector product each.
 
     Work Θ(n·B·S³) (matrix–matrix products, about 2n of them in XLA's odd/even recursion),
@@ -131,7 +131,8 @@ class Products(NamedTuple):
 
 DENSE = Products(compose=jnp.matmul, push=vecmat, push_all=vecmat)  # the reference products
 
-def up_sweep(v, Ms, ds=None, *, products: Products | None = None, levels: int | None = None):
+def up_sweep(v: Any, Ms: Any, ds: Any = None, *, products: Products | None = None,
+             levels: int | None = None) -> list[tuple[Any, Any, Any]]:
     """The reduce phase of the modified Blelloch scan.
 
     Level 0 has the N = n + 1 blocks [v, e_1, ..., e_n]; level L + 1 pairs adjacent blocks of
@@ -158,7 +159,8 @@ def up_sweep(v, Ms, ds=None, *, products: Products | None = None, levels: int | 
     return records
 
 
-def down_sweep(levels, incoming=None, *, products: Products | None = None):
+def down_sweep(levels: Sequence[tuple[Any, Any, Any]], incoming: Any = None, *,
+               products: Products | None = None) -> Any:
     """The distribute phase: exclusive prefixes of every level-0 block, top level first.
 
     ``incoming[j - 1]`` is the exclusive prefix of block j >= 1 at the top level of ``levels``
@@ -213,7 +215,7 @@ def _use_fma(S: int, dtype) -> bool:
 # one (measured: 41 ms vs 8.8 ms for a whole up-sweep at n = 1023, B = 16, S = 20), so the GEMM
 # forms below flatten every leading dimension into one batch dimension.
 
-def batched_matmul(L, R):
+def batched_matmul(L: Array, R: Array) -> Array:
     """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
     S = L.shape[-1]
     if not _use_fma(S, jnp.result_type(L, R)):
@@ -224,7 +226,7 @@ def batched_matmul(L, R):
     return out
 
 
-def batched_vecmat(v, M):
+def batched_vecmat(v: Array, M: Array) -> Array:
     """(..., S) @ (..., S, S) -> (..., S) as S fused multiply-adds (small S; a multiply-and-sum
     reduction measured 60x slower with a batch axis of 1)."""
     S = M.shape[-1]
@@ -256,7 +258,7 @@ def bottom_layout(n: int) -> tuple[int, int, int]:
     return k, m, m << k
 
 
-def bottom_order(n: int):
+def bottom_order(n: int) -> tuple[np.ndarray, np.ndarray]:
     """The storage order of the fast Blelloch scan: ``order[p]`` is the scan-order element stored
     at position p (values >= n are identity padding). Returns (order, inverse) as numpy arrays,
     ``inverse[i]`` the position of element i < n.
@@ -272,7 +274,7 @@ def bottom_order(n: int):
     return order, inverse[:n]
 
 
-def to_storage(x, n: int, pad: str = "zeros"):
+def to_storage(x: Array, n: int, pad: str = "zeros") -> Array:
     """Scan order -> the fast scan's storage order along axis 0 (see :func:`bottom_order`).
 
     ``x`` has n or N rows (N from :func:`bottom_layout`). With n rows, N - n padding rows are
@@ -293,7 +295,7 @@ def to_storage(x, n: int, pad: str = "zeros"):
     return _reverse_leading(x, (m,) + (2,) * k) if k else x
 
 
-def from_storage(y, n: int):
+def from_storage(y: Array, n: int) -> Array:
     """The inverse of :func:`to_storage`: storage order (N rows) -> scan order (the first n rows)."""
     k, m, N = bottom_layout(n)
     if y.ndim < 1 or y.shape[0] != N:
@@ -308,7 +310,8 @@ def _reverse_leading(x, lead):
     return y.reshape(x.shape)
 
 
-def blelloch_scan_stored(v, Ms, ds, n: int, *, zero_padded_offsets: bool = False):
+def blelloch_scan_stored(v: Array, Ms: Array, ds: Array | None, n: int, *,
+                         zero_padded_offsets: bool = False) -> tuple[Array, Array]:
     """The fast modified Blelloch scan on elements already in storage order.
 
     ``Ms`` (N, B, S, S) and ``ds`` (N, B, S) or None are the n scan-order elements put through
@@ -334,7 +337,7 @@ def blelloch_scan_stored(v, Ms, ds, n: int, *, zero_padded_offsets: bool = False
     return from_storage(incoming, n), total
 
 
-def diagonal_products(aL, aR, Wt):
+def diagonal_products(aL: Array, aR: Array, Wt: Array) -> Array:
     """(diag(aL) Wt) @ (diag(aR) Wt) for (..., S) vectors aL, aR: diag(aL) · (aR @ K) with
     K[l, (i, j)] = Wt[i, l] Wt[l, j], one (·, S) @ (S, S²) GEMM for the whole batch of products."""
     S = Wt.shape[-1]
@@ -342,7 +345,7 @@ def diagonal_products(aL, aR, Wt):
     return aL[..., None] * jnp.dot(aR.reshape((-1, S)), K).reshape(aR.shape + (S,))
 
 
-def blelloch_scan_stored_diag(v, A, Wt, ds, n: int):
+def blelloch_scan_stored_diag(v: Array, A: Array, Wt: Array, ds: Array | None, n: int) -> tuple[Array, Array]:
     """:func:`blelloch_scan_stored` for matrices with a shared factor, M_k = diag(A_k) @ Wt.
 
     That is an Elman RNN's transposed Jacobian (A_k = σ'(a_k), Wt = W_hᵀ). The structure removes
@@ -380,7 +383,7 @@ def blelloch_scan_stored_diag(v, A, Wt, ds, n: int):
     shared = lambda x: jnp.dot(x.reshape((-1, S)), Wt).reshape(x.shape)  # (..., S) @ Wt
     X = diagonal_products(aL, aR, Wt)
     DL = None if ds is None else ds[:h]
-    D = None if ds is None else shared(DL * aR) + ds[h:]
+    D = None if ds is None else shared(ds[:h] * aR) + ds[h:]
     incoming, total = _blelloch_bottom(v, X, D, k - 1)
     right = shared(incoming * aL)  # level 0 of the down-sweep
     if DL is not None:
@@ -404,7 +407,7 @@ def _blelloch_bottom(v, X, D, k):
         L, R = X[:h], X[h:]
         DL = None if D is None else D[:h]
         X = batched_matmul(L, R)
-        D = None if D is None else batched_vecmat(DL, R) + D[h:]
+        D = None if D is None else batched_vecmat(D[:h], R) + D[h:]
         lefts.append((L, DL))
     top = up_sweep(v, X, D, products=FUSED)  # the top m blocks, pairs by strided slices
     incoming, total = down_sweep(top, products=FUSED), top[-1][0]
@@ -416,7 +419,7 @@ def _blelloch_bottom(v, X, D, k):
     return incoming, total
 
 
-def blelloch_scan(v, Ms, ds=None):
+def blelloch_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, Array]:
     """The paper's modified Blelloch scan (up-sweep, then down-sweep with reversed operands).
 
     Work: about n matrix–matrix products of S³ per batch row in the up-sweep (blocks away from
@@ -434,14 +437,10 @@ def blelloch_scan(v, Ms, ds=None):
     return blelloch_scan_stored(v, to_storage(Ms, n), None if ds is None else to_storage(ds, n), n)
 
 
-SCANS = {
-    "blelloch": blelloch_scan,
-    "associative": associative_scan,
-    "sequential": sequential_scan,
-}
+SCANS = {"blelloch": blelloch_scan, "associative": associative_scan, "sequential": sequential_scan}
 
 
-def scan(v, Ms, ds=None, method: str = "blelloch"):
+def scan(v: Array, Ms: Array, ds: Array | None = None, method: str = "blelloch") -> tuple[Array, Array]:
     """Dispatch to one of :data:`SCANS` by name; see the module docstring for shapes."""
     try:
         fn = SCANS[method]

@@ -19,18 +19,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import Array
+from jax.typing import ArrayLike
 
-from . import host, newton
-from . import options as options_lib
-from ._backward import bppsa_states, forward_states, solved_states
-from .errors import UsageError
-from .options import Options, Plan
+from bppsa import host, newton
+from bppsa import options as options_lib
+from bppsa._backward import bppsa_states, forward_states, solved_states
+from bppsa.cells import Cell
+from bppsa.errors import UsageError
+from bppsa.options import Options, Plan
 
 __all__ = ["rnn", "validate_inputs", "validate_params"]  # and flat_guess, for bppsa.parallel
 
 
-def rnn(cell, params, xs, h0, options: Options | None = None, *, guess=None, return_info: bool = False,
-        **fields: Any) -> Any:
+def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None = None, *, guess: Any = None,
+        return_info: bool = False, **fields: Any) -> Any:
     """Run ``cell`` over a sequence on one device; differentiable w.r.t. ``params``, ``xs``, ``h0``.
 
     ``bppsa.rnn`` is this function, or with ``mesh=`` :func:`bppsa.parallel.rnn` (the time axis
@@ -104,7 +107,7 @@ def _states_dtype(cell, params, xs, s0):
     return jax.eval_shape(step, params, s0, xs[0]).dtype
 
 
-def flat_guess(cell, guess, T: int, s0):
+def flat_guess(cell: Cell, guess: Any, T: int, s0: Array) -> Array:
     """The parallel forward's ``guess`` (shaped like :func:`rnn`'s result) as flat states (T, B, S)."""
     B, S = s0.shape
     try:
@@ -118,7 +121,7 @@ def flat_guess(cell, guess, T: int, s0):
     return flat
 
 
-def validate_params(cell, params):
+def validate_params(cell: Cell, params: Any) -> None:
     """Check ``params`` against ``cell.param_spec`` (leaf paths and shapes, at trace time; nothing
     when the spec is None): a UsageError names the first leaf that is missing, extra or of another
     shape. Containers are compared by their leaves' paths only (a dict and a flax State with the
@@ -155,7 +158,7 @@ def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.floating)
 
 
-def validate_inputs(cell, params, xs, h0):
+def validate_inputs(cell: Cell, params: Any, xs: Array, h0: Any) -> Array:
     """Check params (:func:`validate_params`), shapes and dtypes; return the flat initial state
     s0 (B, S). Shape checks only: everything here runs at trace time."""
     name = type(cell).__name__

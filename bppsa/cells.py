@@ -21,7 +21,7 @@ Optional structure: ``diagonal_jacobian`` (M_t = diag(A_t) @ Wt, one shared Wt: 
 
 Each cell's maths is written once, here; conventions in which published cells differ are
 fields (activations by name, :data:`ACTIVATIONS`; input/hidden biases: PyTorch both, flax's GRU
-input only, its LSTM hidden only; the SimpleCell's residual; :mod:`bppsa.flax_cells` maps
+input only, its LSTM hidden only; the SimpleCell's residual; :mod:`bppsa.nn.cells` maps
 flax's layout). Row convention: a step computes ``x @ W_x + h @ W_h``, W_x: (I, G), W_h: (H, G);
 gate orders are PyTorch's, (r, z, n) and (i, f, g, o). The batched methods' arrays may be in
 any time order (BPPSA passes them latest step first); they only have to agree.
@@ -35,17 +35,16 @@ from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
+from jax import Array
 
-from .errors import UsageError
+from bppsa.errors import UsageError
 
 __all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS", "autodiff_jacobian", "autodiff_param_grads"]
 
 #: Activation functions by name: (function, its derivative written in terms of its output y).
-ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {
-    "tanh": (jnp.tanh, lambda y: 1.0 - y * y),
-    "sigmoid": (jax.nn.sigmoid, lambda y: y * (1.0 - y)),
-    "relu": (jax.nn.relu, lambda y: (y > 0).astype(y.dtype)),
-}
+ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y: 1.0 - y * y),
+                                                     "sigmoid": (jax.nn.sigmoid, lambda y: y * (1.0 - y)),
+                                                     "relu": (jax.nn.relu, lambda y: (y > 0).astype(y.dtype))}
 
 
 def _uniform(key, shape, bound, dtype):
@@ -66,10 +65,10 @@ class Cell(abc.ABC):
     hidden_size: Any  # int (Generic: int or None)
 
     @abc.abstractmethod
-    def init(self, key, dtype=jnp.float32) -> Any:
+    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> Any:
         """The parameter pytree for ``key``."""
 
-    def param_spec(self, dtype=jnp.float32) -> Any:
+    def param_spec(self, dtype: jax.typing.DTypeLike = jnp.float32) -> Any:
         """The parameter structure :func:`bppsa.rnn` checks ``params`` against (shapes and keys,
         at trace time): a pytree of ``jax.ShapeDtypeStruct`` like :meth:`init`'s output, or None
         (not checked). The default traces :meth:`init` without computing it, so a subclass that
@@ -77,19 +76,19 @@ class Cell(abc.ABC):
         return jax.eval_shape(lambda key: self.init(key, dtype), jax.random.key(0))
 
     @abc.abstractmethod
-    def step(self, params, h, x, /) -> Any:
+    def step(self, params: Any, h: Any, x: Array, /) -> Any:
         """One step: h (B, H) [LSTM: (h, c)], x (B, I) -> the next state, same structure as h."""
 
     @abc.abstractmethod
-    def transposed_jacobian(self, params, s_prev, xs, s, /) -> Any:
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
         """s_prev, s: (T, B, S), xs: (T, B, I) -> Ms (T, B, S, S) with g_{t-1} = g_t @ M_t,
         M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j]."""
 
     @abc.abstractmethod
-    def param_grads(self, params, s_prev, xs, s, gs, /) -> Any:
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array, /) -> tuple[Any, Array]:
         """gs (T, B, S) = ∂L/∂s_t -> (dparams, dxs (T, B, I)), summed over t and b."""
 
-    def diagonal_jacobian(self, params, s_prev, xs, s, /) -> Any:
+    def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Any:
         """``(A, Wt)`` with A (T, B, S) and M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) Wt,
         or None (default). The Blelloch scan then never forms the (T, B, S, S) matrices."""
         return None
@@ -102,11 +101,11 @@ class Cell(abc.ABC):
     def jacobian_block_size(self) -> int | None:  # k: each M_t block-diagonal, S/k contiguous (k, k)
         return None  # blocks (1: diagonal), the scans then use jacobian_blocks; None: dense
 
-    def jacobian_blocks(self, params, s_prev, xs, s, /) -> Any:
+    def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
         """M_t's diagonal blocks (T, B, S/k, k, k); default: the dense M_t as one block."""
         return self.transposed_jacobian(params, s_prev, xs, s)[..., None, :, :]
 
-    def jacobian_diagonal(self, params, s_prev, xs, s, /) -> Any:
+    def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
         """diag(M_t) (T, B, S), the quasi-Newton forward's Jacobian; default: from the blocks."""
         d = jnp.diagonal(self.jacobian_blocks(params, s_prev, xs, s), axis1=-2, axis2=-1)
         return d.reshape(d.shape[:-2] + (-1,))  # (T, B, S/k, k) -> (T, B, S)
@@ -121,15 +120,15 @@ class Cell(abc.ABC):
         """S, the width of the flat state the scan works on."""
         return self.hidden_size
 
-    def flatten_state(self, h, /) -> Any:
+    def flatten_state(self, h: Any, /) -> Array:
         """state -> (..., S)."""
         return h
 
-    def unflatten_state(self, s, /) -> Any:
+    def unflatten_state(self, s: Array, /) -> Any:
         """(..., S) -> state."""
         return s
 
-    def hidden(self, states, /) -> Any:
+    def hidden(self, states: Any, /) -> Array:
         """The hidden states of what :func:`bppsa.rnn` returns: (T, B, H) for every cell
         (for an LSTM, hs of the pair (hs, cs))."""
         return states[0] if self.pair_state else states
@@ -183,7 +182,7 @@ def _contract(cell, xs, h_prev, dgx, dgh):
     return grads
 
 
-def autodiff_jacobian(step_one, params, s_prev, xs):
+def autodiff_jacobian(step_one: Callable[[Any, Array, Array], Array], params: Any, s_prev: Array, xs: Array) -> Array:
     """Transposed Jacobians by autodiff: ``step_one(params, s (S,), x (I,)) -> (S,)`` is one
     example's step; ``jax.jacrev`` of it, vmapped over T and B -> (T, B, S, S). Batch rows cannot
     mix: the step never sees the batch axis."""
@@ -191,7 +190,8 @@ def autodiff_jacobian(step_one, params, s_prev, xs):
     return jax.vmap(jax.vmap(one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))(params, s_prev, xs)
 
 
-def autodiff_param_grads(step_one, params, s_prev, xs, gs):
+def autodiff_param_grads(step_one: Callable[[Any, Array, Array], Array], params: Any, s_prev: Array, xs: Array,
+                         gs: Array) -> tuple[Any, Array]:
     """(dparams, dxs (T, B, I)) by one ``jax.vjp`` of ``step_one`` vmapped over T and B."""
     steps = jax.vmap(jax.vmap(step_one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
     _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
@@ -224,10 +224,10 @@ class RNN(Cell):
                 raise UsageError(f"RNN: {name} must be True or False; got {getattr(self, name)!r}")
         _check_cell(self, "nonlinearity")
 
-    def init(self, key, dtype=jnp.float32):
+    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
         return _params(self, key, 1, dtype)
 
-    def step(self, params, h, x):
+    def step(self, params: Any, h: Array, x: Array) -> Array:
         gx, gh = _affine(self, params, h, x)
         a = gx + gh + h if self.residual else gx + gh
         return ACTIVATIONS[self.nonlinearity][0](a)
@@ -239,17 +239,17 @@ class RNN(Cell):
         W = params["W_h"].T
         return W + jnp.eye(self.hidden_size, dtype=W.dtype) if self.residual else W
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         return self._dact(s)[..., :, None] * self._wt(params)
 
     @property
     def has_diagonal_jacobian(self) -> bool:
         return self.diagonal
 
-    def diagonal_jacobian(self, params, s_prev, xs, s):
+    def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array] | None:
         return (self._dact(s), self._wt(params)) if self.diagonal else None
 
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         da = gs * self._dact(s)
         return _contract(self, xs, s_prev, da, da), da @ params["W_x"].T
 
@@ -279,7 +279,7 @@ class GRU(Cell):
     def __post_init__(self):
         _check_cell(self, "gate", "activation")
 
-    def init(self, key, dtype=jnp.float32):
+    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
         return _params(self, key, 3, dtype)
 
     def _gates(self, params, h, x):
@@ -292,24 +292,24 @@ class GRU(Cell):
         n = phi(gx[..., 2 * H:] + r * m)
         return r, z, m, n
 
-    def step(self, params, h, x):
+    def step(self, params: Any, h: Array, x: Array) -> Array:
         r, z, m, n = self._gates(params, h, x)
         return (1.0 - z) * n + z * h
 
-    def gate_terms(self, params, s_prev, xs):  # (r, z, u_r, u_z, u_n), per unit
+    def gate_terms(self, params: Any, s_prev: Array, xs: Array) -> tuple[Array, ...]:  # (r, z, u_r, u_z, u_n), per unit
         r, z, m, n = self._gates(params, s_prev, xs)
         dsigma = ACTIVATIONS[self.gate][1]
         u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
         return r, z, u_n * m * dsigma(r), (s_prev - n) * dsigma(z), u_n
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         H = self.hidden_size
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         W = params["W_h"].reshape(H, 3, H)  # (in j, gate, out i)
         M = jnp.einsum("...gi,jgi->...ij", jnp.stack([u_r, u_z, u_n * r], axis=-2), W)
         return M + z[..., :, None] * jnp.eye(H, dtype=M.dtype)
 
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
         dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
@@ -350,14 +350,14 @@ class LSTM(Cell):
     def state_size(self) -> int:
         return 2 * self.hidden_size
 
-    def flatten_state(self, h):
+    def flatten_state(self, h: tuple[Array, Array]) -> Array:
         return jnp.concatenate(h, axis=-1)
 
-    def unflatten_state(self, s):
+    def unflatten_state(self, s: Array) -> tuple[Array, Array]:
         H = self.hidden_size
         return s[..., :H], s[..., H:]
 
-    def init(self, key, dtype=jnp.float32):
+    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
         return _params(self, key, 4, dtype)
 
     def _gates(self, params, h, x):
@@ -368,7 +368,7 @@ class LSTM(Cell):
         i, f, o = (sigma(a[..., k * H:(k + 1) * H]) for k in (0, 1, 3))
         return i, f, phi(a[..., 2 * H:3 * H]), o
 
-    def step(self, params, state, x):
+    def step(self, params: Any, state: tuple[Array, Array], x: Array) -> tuple[Array, Array]:
         h, c = state
         i, f, g, o = self._gates(params, h, x)
         c_new = f * c + i * g
@@ -385,7 +385,7 @@ class LSTM(Cell):
         p = (g * dsigma(i), c * dsigma(f), i * dphi(g))  # ∂c'/∂a_i, ∂c'/∂a_f, ∂c'/∂a_g
         return f, k, p, tc * dsigma(o)  # the last: ∂h'/∂a_o
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         H = self.hidden_size
         f, k, p, q = self._terms(params, s_prev, xs, s)
         W = params["W_h"].reshape(H, 4, H)  # (in j, gate, out m)
@@ -396,7 +396,7 @@ class LSTM(Cell):
         bottom = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uc, W), f[..., :, None] * eye], axis=-1)
         return jnp.concatenate([top, bottom], axis=-2)
 
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         H = self.hidden_size
         f, k, p, q = self._terms(params, s_prev, xs, s)
         g_h, g_c = gs[..., :H], gs[..., H:]
@@ -429,22 +429,22 @@ class Generic(Cell):
     input_size: int | None = None
     init_fn: Callable | None = None
 
-    def init(self, key, dtype=jnp.float32):
+    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> Any:
         if self.init_fn is None:
             raise UsageError("Generic.init needs init_fn(key, dtype); none was given")
         return self.init_fn(key, dtype)
 
-    def param_spec(self, dtype=jnp.float32):
+    def param_spec(self, dtype: jax.typing.DTypeLike = jnp.float32) -> Any:
         return None if self.init_fn is None else super().param_spec(dtype)
 
-    def step(self, params, h, x):
+    def step(self, params: Any, h: Array, x: Array) -> Array:
         return jax.vmap(self.step_fn, in_axes=(None, 0, 0))(params, h, x)
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         if self.jacobian_fn is None:
             return autodiff_jacobian(self.step_fn, params, s_prev, xs)
         over_b = jax.vmap(self.jacobian_fn, in_axes=(None, 0, 0))
         return jax.vmap(over_b, in_axes=(None, 0, 0))(params, s_prev, xs)
 
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         return autodiff_param_grads(self.step_fn, params, s_prev, xs, gs)

@@ -2,12 +2,12 @@
 
 A :class:`CostModel` predicts the backward-pass seconds of BPTT and of BPPSA from a handful of
 problem features (:func:`cost_features`), with non-negative coefficients fitted per device
-(:meth:`CostModel.fit`; the probe that times the real backward is :func:`bppsa.calibrate.calibrate`).
+(:meth:`CostModel.fit`; the probe that times the real backward is :func:`experiments.calibrate.calibrate`).
 A calibrated model is cached per device (:func:`cache_path`, :func:`load`, :func:`save`).
 
 :func:`choose_backward` is the whole policy: the model passed in, else the calibration cached
 for this device, else the model shipped with bppsa for this backend (:func:`shipped_cost_model`,
-package data ``bppsa/data/cost_models/{cpu,gpu}.json``), else tuned BPTT. It chooses among tuned
+package data ``bppsa/cost_models/{cpu,gpu}.json``), else tuned BPTT. It chooses among tuned
 BPTT, BPPSA with the Blelloch scan and BPPSA with the sequential scan. Nothing is installed
 globally; ``bppsa.rnn(..., backward="auto", cost_model=model)`` passes a model explicitly.
 
@@ -34,12 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from . import _scan as scan_lib
-from .errors import UsageError
-from .provenance import cpu_model
+from bppsa import _scan as scan_lib
+from bppsa.errors import UsageError
+from bppsa.host import cpu_model
 
 if TYPE_CHECKING:
-    from .cells import Cell
+    from bppsa.cells import Cell
 
 __all__ = ["CHUNK_BYTES", "auto_chunk_size", "backward_levels", "cost_features", "CostModel",
            "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save", "default_cost_model",
@@ -280,7 +280,7 @@ def save(model: CostModel, path: str | os.PathLike | None = None) -> Path:
 
 def shipped_cost_model(backend: str | None = None) -> CostModel | None:
     """The model shipped with bppsa for ``backend`` (default: ``jax.default_backend()``): package
-    data ``bppsa/data/cost_models/cpu.json`` (fitted from a calibration on a 2-core x86 CPU) or
+    data ``bppsa/cost_models/cpu.json`` (fitted from a calibration on a 2-core x86 CPU) or
     ``gpu.json`` (a prior from published H200 figures, not measured: its ``meta["measured"]`` is
     false); None for other backends or a file written for another :data:`COST_MODEL_VERSION`."""
     backend = backend or jax.default_backend()
@@ -288,7 +288,7 @@ def shipped_cost_model(backend: str | None = None) -> CostModel | None:
     if name is None:
         return None
     try:
-        rec = json.loads(importlib.resources.files("bppsa").joinpath("data", "cost_models", f"{name}.json")
+        rec = json.loads(importlib.resources.files("bppsa").joinpath("cost_models", f"{name}.json")
                          .read_text())
         if rec.get("meta", {}).get("model_version") == COST_MODEL_VERSION:
             return CostModel.from_json(rec)
@@ -310,7 +310,7 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
     ``("bppsa", "sequential")`` (:data:`METHODS`).
 
     ``cost_model`` decides when given; else :func:`default_cost_model` (the calibration cached for
-    this device by ``bppsa bench --calibrate`` or :func:`bppsa.calibrate.load_cost_model`, else the
+    this device by ``bppsa bench --calibrate`` or :func:`experiments.calibrate.load_cost_model`, else the
     model shipped for this backend); with neither (an unknown backend), BPTT. Never probes.
     """
     if cost_model is not None and not isinstance(cost_model, CostModel):

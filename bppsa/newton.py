@@ -47,17 +47,18 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, NamedTuple, cast
+from typing import Any, Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
+from jax import Array, lax
 
-from . import _scan as scan_lib
-from ._backward import block_rows, forward_states, prev_states, steps, to_blocks
-from .options import DEFAULT_MAX_ITER, DEFAULT_TOL, KINDS, ON_FAIL, Plan, tolerance
-from .scan import block_scan
+from bppsa import _scan as scan_lib
+from bppsa._backward import block_rows, forward_states, prev_states, steps, to_blocks
+from bppsa.cells import Cell
+from bppsa.options import DEFAULT_MAX_ITER, DEFAULT_TOL, KINDS, ON_FAIL, Forward, Plan, tolerance
+from bppsa.scan import block_scan
 
 # KINDS, ON_FAIL, DEFAULT_TOL, DEFAULT_MAX_ITER, Plan and tolerance are bppsa.options', named here too
 __all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
@@ -116,7 +117,8 @@ def _report(converged, iterations, residual, *, on_fail: str, tol: float, cell: 
                       "this warning is shown once)", NewtonFallbackWarning, stacklevel=1)
 
 
-def step_elements(cell, kind, params, sp, xs, f, scale=1):
+def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, f: Array,
+                  scale: float | Array = 1) -> tuple[Array, Array, int]:
     """One iteration's affine maps, h'_t = h'_{t-1} @ E_t + c_t, at the guess's previous states sp
     (n, B, S) with f = f(sp, xs), as block rows (:func:`bppsa._backward.to_blocks`): E (n, B·S/k,
     k, k) = scale·J_tᵀ's diagonal blocks (quasi: diag(J_t), k = 1; a block-diagonal cell's (k, k)
@@ -168,7 +170,7 @@ def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, scale):
     return out
 
 
-def residual(H, F):
+def residual(H: Array, F: Array) -> Array:
     """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H; +inf
     where anything is NaN (XLA's max on CPU can skip NaNs: an overflowed iterate must never look
     converged)."""
@@ -176,7 +178,8 @@ def residual(H, F):
     return jnp.max(jnp.where(jnp.isnan(r), jnp.inf, r))
 
 
-def iterate(plan: Plan, H, evaluate, update):
+def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], tuple[Array, Array]],
+            update: Callable[[Array, Array, float | Array], Array]) -> tuple[Array, Array, Array]:
     """The iteration, whatever computes its pieces: ``evaluate(H) -> (F, residual)`` (the steps at
     H and :func:`residual`, equal on every device) and ``update(H, F, scale) -> H'`` (the solve of
     the linearised recurrence with the Jacobians scaled by ``scale``). Newton steps while the
@@ -205,7 +208,8 @@ def iterate(plan: Plan, H, evaluate, update):
     return k, H, res
 
 
-def finish(cell, plan: Plan, k, H, res, sequential):
+def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any,
+           sequential: Callable[[], Array]) -> tuple[Array, NewtonInfo]:
     """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`) and apply
     ``plan.on_fail``: ``sequential()`` computes the sequential forward's states, run only when
     the iteration did not converge. Returns (states, :class:`NewtonInfo`)."""
@@ -217,7 +221,8 @@ def finish(cell, plan: Plan, k, H, res, sequential):
     return H, NewtonInfo(k, converged, ~converged if plan.on_fail == "sequential" else jnp.zeros((), bool), res)
 
 
-def solve(cell, plan: Plan, params, xs, s0, guess=None):
+def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
+          guess: Array | None = None) -> tuple[Array, NewtonInfo]:
     """The states ss (T, B, S) of the chain from s0 (B, S) over xs (T, B, I) by the parallel forward
     ``plan`` describes (flat states: :meth:`bppsa.cells.Cell.flatten_state`), and its
     :class:`NewtonInfo`. ``guess`` (T, B, S): the first iterate (None: zeros), e.g. the previous

@@ -22,11 +22,13 @@ from typing import Any, Literal, get_args
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
+from jax import Array, lax
+from jax.typing import DTypeLike
 
-from . import cost as cost_lib
-from ._scan import SCANS
-from .errors import UsageError
+from bppsa import cost as cost_lib
+from bppsa._scan import SCANS
+from bppsa.cells import Cell
+from bppsa.errors import UsageError
 
 __all__ = ["Options", "Plan", "make", "tolerance", "unroll_for", "Backward", "Forward", "ParallelForward", "Scan",
            "Combine", "OnFail", "Precision", "BACKWARDS", "FORWARDS", "KINDS", "PRECISIONS", "COMBINES", "ON_FAIL",
@@ -133,11 +135,11 @@ class Options:
         if self.cost_model is not None and not isinstance(self.cost_model, cost_lib.CostModel):
             raise UsageError(f"cost_model must be a bppsa.cost.CostModel or None; got {type(self.cost_model).__name__}")
 
-    def replace(self, **fields) -> Options:
+    def replace(self, **fields: Any) -> Options:
         """A copy with ``fields`` changed (checked again)."""
         return make(self, **fields)
 
-    def resolve(self, cell, T: int, B: int, dtype=None) -> Options:
+    def resolve(self, cell: Cell, T: int, B: int, dtype: DTypeLike | None = None) -> Options:
         """The options with ``backward`` in ("bppsa", "bptt"), ``forward`` not "auto" and ``scan``
         set: ``"auto"`` asks the cost model (:func:`bppsa.cost.choose_backward`,
         :func:`bppsa.cost.choose_forward`) for this cell, T, B and dtype; the model's scan is used
@@ -150,7 +152,8 @@ class Options:
             forward = cost_lib.choose_forward(cell, T, B, dtype)
         return dataclasses.replace(self, backward=backward, scan=scan or "blelloch", forward=forward)
 
-    def plan(self, cell, xs, s0, *, states_dtype=None, devices: int | None = None) -> Plan:
+    def plan(self, cell: Cell, xs: Array | jax.ShapeDtypeStruct, s0: Array | jax.ShapeDtypeStruct, *,
+             states_dtype: DTypeLike | None = None, devices: int | None = None) -> Plan:
         """Every choice made for one problem: the :class:`Plan` that runs ``cell`` over xs
         (T, B, I) from the flat state s0 (B, S) (arrays or ``jax.ShapeDtypeStruct``s: only shapes
         and dtypes are read). ``states_dtype``: the dtype of the states the forward produces
@@ -198,7 +201,7 @@ class Options:
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tolerance(s_dtype, r.tol), "combine": combine}
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices)
 
-    def newton_plan(self):
+    def newton_plan(self) -> _SolverSettings:
         """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
         of :data:`SOLVER_FIELDS` (``scan``: "blelloch" when unset); before a problem is known, so
         ``chunk_size`` and ``tol`` may still be open (:meth:`plan` makes them concrete)."""
@@ -259,13 +262,13 @@ def make(options: Options | None = None, **fields: Any) -> Options:
     return dataclasses.replace(options, **fields) if fields else options
 
 
-def tolerance(dtype, tol: float | None = None) -> float:
+def tolerance(dtype: DTypeLike, tol: float | None = None) -> float:
     """``tol`` or the default for ``dtype`` (:data:`DEFAULT_TOL`; other dtypes: float32's)."""
     return float(tol) if tol is not None else DEFAULT_TOL.get(jnp.dtype(dtype).name, DEFAULT_TOL["float32"])
 
 
-def unroll_for(cell, T: int, B: int, dtype=None, state_size: int | None = None, unroll: int | bool | None = None,
-               backend: str | None = None) -> int:
+def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state_size: int | None = None,
+               unroll: int | bool | None = None, backend: str | None = None) -> int:
     """The forward ``lax.scan``'s unroll as an int: ``unroll`` None: tuned for this cell, shape
     and backend (:func:`bppsa.cost.bptt_unroll`; ``state_size``: the flat state width S); True:
     every step (T); False: 1; an int: itself (what ``lax.scan`` makes of each)."""

@@ -23,10 +23,12 @@ and returns ``(prefixes, total)``: prefixes (n, B, S) with prefixes[k] = v ∘ e
   to :func:`scan` (the structured cells' and the quasi-Newton forward's scans).
 """
 
-import jax.numpy as jnp
-from jax import lax
+from __future__ import annotations
 
-from ._scan import (
+import jax.numpy as jnp
+from jax import Array, lax
+
+from bppsa._scan import (
     DENSE,
     SCANS,
     Products,
@@ -46,7 +48,7 @@ __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_sca
 DIAGONAL = Products(compose=jnp.multiply, push=jnp.multiply, push_all=jnp.multiply)
 
 
-def diagonal_scan(v, a, d=None, method: str = "blelloch"):
+def diagonal_scan(v: Array, a: Array, d: Array | None = None, method: str = "blelloch") -> tuple[Array, Array]:
     """:func:`scan` of diagonal maps: v (R,), a (n, R) the diagonals, d (n, R) or None the offsets
     -> (prefixes (n, R), total (R,)), elementwise: Θ(n·R) work. "blelloch": :func:`up_sweep` and
     :func:`down_sweep` with :data:`DIAGONAL`; "associative": ``lax.associative_scan``;
@@ -65,7 +67,7 @@ def diagonal_scan(v, a, d=None, method: str = "blelloch"):
     raise ValueError(f"scan must be one of {sorted(SCANS)}; got {method!r}")
 
 
-def block_scan(v, Ms, ds=None, method: str = "blelloch"):
+def block_scan(v: Array, Ms: Array, ds: Array | None = None, method: str = "blelloch") -> tuple[Array, Array]:
     """:func:`scan` for batches of (k, k) blocks, Ms (n, R, k, k), v (R, k), ds (n, R, k): k = 1
     goes to :func:`diagonal_scan` (no 1×1 matrix products), larger k to :func:`scan`."""
     if Ms.shape[-1] != 1:

@@ -26,25 +26,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from jax import Array
 
-from .cells import ACTIVATIONS, GRU, Cell
-from .errors import UsageError
+from bppsa.cells import ACTIVATIONS, GRU, Cell
+from bppsa.errors import UsageError
 
 __all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix"]
 
 
-def block_diagonal(blocks):
+def block_diagonal(blocks: Array) -> Array:
     """(..., N, k, k) blocks -> the (..., N k, N k) block-diagonal matrix."""
     N, k = blocks.shape[-3], blocks.shape[-1]
     dense = jnp.einsum("...nab,nm->...namb", blocks, jnp.eye(N, dtype=blocks.dtype))
     return dense.reshape(blocks.shape[:-3] + (N * k, N * k))
 
 
-def recurrent_matrix(W_h, gates: int):
+def recurrent_matrix(W_h: Array, gates: int) -> Array:
     """The per-head ``W_h`` (N, k, G·k) as the dense (H, G·H) recurrent weight of :mod:`bppsa.cells`
     (zero outside the heads' blocks): rec(h) = h @ recurrent_matrix(W_h, G)."""
     N, k = W_h.shape[:2]
@@ -85,7 +86,7 @@ class _Block(Cell):
         """N = hidden_size / head_size."""
         return self.hidden_size // self.head_size
 
-    def init(self, key, dtype=jnp.float32):
+    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
         """W_x and the biases U(±1/√H) (PyTorch's), W_h U(±1/√k) (each unit's recurrent fan-in is k)."""
         keys = jax.random.split(key, 4)
         H, k, G = self.hidden_size, self.head_size, self.gates
@@ -149,7 +150,7 @@ class _Block(Cell):
     def jacobian_block_size(self) -> int | None:
         return self.head_size
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         """The dense (T, B, S, S) M_t: :meth:`jacobian_blocks` on the diagonal, zero elsewhere."""
         return block_diagonal(self.jacobian_blocks(params, s_prev, xs, s))
 
@@ -172,20 +173,20 @@ class BlockRNN(_Block):
     gates: ClassVar[int] = 1
     _activations: ClassVar[tuple[str, ...]] = ("nonlinearity",)
 
-    def step(self, params, h, x):
+    def step(self, params: Any, h: Array, x: Array) -> Array:
         gx, gh = self._affine(params, h, x)
         return ACTIVATIONS[self.nonlinearity][0](gx + gh)
 
     def _dact(self, s):
         return ACTIVATIONS[self.nonlinearity][1](s)
 
-    def jacobian_blocks(self, params, s_prev, xs, s):
+    def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         return self._rec_blocks(params, self._dact(s)[..., None, :])
 
-    def jacobian_diagonal(self, params, s_prev, xs, s):
+    def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         return self._rec_diagonal(params, self._dact(s)[..., None, :])
 
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         da = gs * self._dact(s)
         return self._contract(xs, s_prev, da, da), da @ params["W_x"].T
 
@@ -229,16 +230,16 @@ class BlockGRU(_Block):
     step = GRU.step  # pyright: ignore[reportAssignmentType]
     gate_terms = GRU.gate_terms  # pyright: ignore[reportAssignmentType]
 
-    def jacobian_blocks(self, params, s_prev, xs, s):
+    def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         blocks = self._rec_blocks(params, jnp.stack([u_r, u_z, u_n * r], axis=-2))
         return blocks + self._heads(z)[..., :, None] * jnp.eye(self.head_size, dtype=blocks.dtype)
 
-    def jacobian_diagonal(self, params, s_prev, xs, s):
+    def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         return self._rec_diagonal(params, jnp.stack([u_r, u_z, u_n * r], axis=-2)) + z
 
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
         dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
@@ -295,7 +296,7 @@ class BlockLSTM(_Block):
     def _hc(self, state):
         return (state[1], state[0]) if self.flax_carry else tuple(state)
 
-    def flatten_state(self, h):
+    def flatten_state(self, h: Any) -> Array:
         """(h, c) [flax_carry: (c, h)], each (..., H) -> (..., 2H), per head [h_n, c_n]."""
         h, c = self._hc(h)
         s = jnp.stack([self._heads(h), self._heads(c)], axis=-2)  # (..., N, 2, k)
@@ -307,10 +308,10 @@ class BlockLSTM(_Block):
         shape = s.shape[:-3] + (self.hidden_size,)
         return s[..., 0, :].reshape(shape), s[..., 1, :].reshape(shape)
 
-    def unflatten_state(self, s):
+    def unflatten_state(self, s: Array) -> tuple[Array, ...]:
         return self._hc(self._split(s))
 
-    def hidden(self, states):
+    def hidden(self, states: tuple[Array, Array]) -> Array:
         return states[1] if self.flax_carry else states[0]
 
     def _gates(self, params, h, x):
@@ -320,7 +321,7 @@ class BlockLSTM(_Block):
         i, f, o = (sigma(self._gate(a, q)) for q in (0, 1, 3))
         return i, f, phi(self._gate(a, 2)), o
 
-    def step(self, params, state, x):
+    def step(self, params: Any, state: tuple[Array, Array], x: Array) -> tuple[Array, Array]:
         h, c = self._hc(state)
         i, f, g, o = self._gates(params, h, x)
         c_new = f * c + i * g
@@ -336,7 +337,7 @@ class BlockLSTM(_Block):
         kappa = o * dphi(tc)  # ∂h'/∂c'
         return h, f, kappa, (g * dsigma(i), c * dsigma(f), i * dphi(g)), tc * dsigma(o)
 
-    def jacobian_blocks(self, params, s_prev, xs, s):
+    def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         _, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
         Uh = jnp.stack(tuple(kappa * pq for pq in p) + (p_o,), axis=-2)  # g_h' -> dh
         Uc = jnp.stack(p + (jnp.zeros_like(p_o),), axis=-2)  # g_c' -> dh
@@ -345,13 +346,13 @@ class BlockLSTM(_Block):
         bottom = jnp.concatenate([self._rec_blocks(params, Uc), self._heads(f)[..., None] * eye], axis=-1)
         return jnp.concatenate([top, bottom], axis=-2)  # (..., N, 2k, 2k)
 
-    def jacobian_diagonal(self, params, s_prev, xs, s):
+    def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         _, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
         dh = self._rec_diagonal(params, jnp.stack(tuple(kappa * pq for pq in p) + (p_o,), axis=-2))
         d = jnp.stack([self._heads(dh), self._heads(f)], axis=-2)  # (..., N, 2, k): the flat layout
         return d.reshape(d.shape[:-3] + (2 * self.hidden_size,))
 
-    def param_grads(self, params, s_prev, xs, s, gs):
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         h, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
         g_h, g_c = self._split(gs)
         dc = g_c + g_h * kappa

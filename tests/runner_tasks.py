@@ -1,6 +1,6 @@
 """Task functions for the runner's ownership tests (configs name them as "tests.runner_tasks:NAME"),
 and ``python tests/runner_tasks.py K ARGV...``: run ``bppsa ARGV...`` and SIGKILL the process after
-the K-th training step of :func:`bppsa.train.fit` it completes, as kill -9 does. :func:`steps_task`
+the K-th training step of :func:`experiments.train.fit` it completes, as kill -9 does. :func:`steps_task`
 kills itself so after its K-th step when the environment has ``BPPSA_TEST_KILL_AFTER=K``."""
 
 import json
@@ -78,7 +78,7 @@ def _kill_after(k: int):
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import bppsa.train
-    from bppsa import cli
-    bppsa.train.after_step = _kill_after(int(sys.argv[1]))
+    import experiments.train
+    from experiments import cli
+    experiments.train.after_step = _kill_after(int(sys.argv[1]))
     sys.exit(cli.main(sys.argv[2:]))

@@ -13,21 +13,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "bppsa"
+HARNESS = ROOT / "experiments"
 
-# Each layer may import only itself and the layers before it (docs/architecture.md). Matched by longest prefix.
+# The library, one subpackage (or core module) a layer; each layer may import only itself and the
+# layers before it (docs/architecture.md). Matched by longest prefix.
 LAYERS = [
-    ("bppsa.errors", "bppsa.host", "bppsa.provenance", "bppsa.tables", "bppsa.timing", "bppsa.data", "bppsa._scan", "bppsa.scan", "bppsa.cells",
-     "bppsa.structured"),
+    ("bppsa.errors", "bppsa.host", "bppsa._scan", "bppsa.scan", "bppsa.cells", "bppsa.structured"),
     ("bppsa.cost",),
     ("bppsa.options", "bppsa.newton", "bppsa._backward", "bppsa.backprop"),
     ("bppsa.parallel",),
-    ("bppsa.nn", "bppsa.flax_cells", "bppsa.flax_structured", "bppsa._flax_state", "bppsa.train", "bppsa.tasks", "bppsa.sparse", "bppsa.vgg", "bppsa.hetero",
-     "bppsa.sync"),
-    ("bppsa.gradient", "bppsa.calibrate", "bppsa.baselines", "bppsa.bench"),
-    ("bppsa.experiments",),
-    ("bppsa.results", "bppsa.workdir", "bppsa.runner", "bppsa.cli"),
+    ("bppsa.nn", "bppsa.sparse"),
+    ("bppsa.tasks",),
+    ("bppsa.hetero", "bppsa.sync"),
+    # the harness (experiments/): above the whole library, never imported by it
+    ("experiments.provenance", "experiments.tables", "experiments.data"),
+    ("experiments.train", "experiments.gradient"),
+    ("experiments.calibrate", "experiments.baselines", "experiments.bench"),
+    ("experiments.paper_bppsa", "experiments.paper_hetero", "experiments.paper_sync", "experiments.extensions"),
+    ("experiments.index", "experiments.workdir", "experiments.runner", "experiments.cli"),
 ]
+ROOTS = ("bppsa", "experiments")  # the package roots: bppsa re-exports the API, experiments defines entry()
 MAX_LINES = 450
+MAX_TOP_LEVEL_MODULES = 12  # bppsa/*.py: the core stays a few flat modules; concepts are subpackages
 
 
 def _module_name(path: Path) -> str:
@@ -35,7 +42,17 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+def _sources():
+    """The modules of both packages (the harness's configs and standalone scripts are files, not modules)."""
+    yield from sorted(PKG.rglob("*.py"))
+    for p in sorted(HARNESS.rglob("*.py")):
+        rel = p.relative_to(HARNESS).parts
+        if "configs" not in rel and rel[0] != "scripts":
+            yield p
+
+
+MODULES = {_module_name(p): p for p in _sources()}
+LIBRARY = {m for m in MODULES if m == "bppsa" or m.startswith("bppsa.")}
 
 
 def _layer(module: str) -> int:
@@ -53,14 +70,14 @@ def _layer(module: str) -> int:
 def _resolve(importer: str, is_pkg: bool, node) -> list[str]:
     """The bppsa modules one import statement names (a name that is a submodule counts as it)."""
     if isinstance(node, ast.Import):
-        return [a.name for a in node.names if a.name == "bppsa" or a.name.startswith("bppsa.")]
+        return [a.name for a in node.names if a.name.split(".")[0] in ROOTS]
     if node.level:
         base = importer.split(".") if is_pkg else importer.split(".")[:-1]
         base = base[: len(base) - (node.level - 1)]
         target = ".".join(base + ([node.module] if node.module else []))
     else:
         target = node.module or ""
-    if not (target == "bppsa" or target.startswith("bppsa.")):
+    if target.split(".")[0] not in ROOTS:
         return []
     out = []
     for a in node.names:
@@ -87,17 +104,19 @@ def _graph() -> dict[str, set[str]]:
 
 def test_every_module_is_in_a_layer():
     for m in MODULES:
-        if m != "bppsa":
+        if m not in ROOTS:
             _layer(m)
 
 
 def test_imports_only_go_down():
     wrong = []
     for m in MODULES:
-        if m == "bppsa":  # the root re-exports the public API
+        if m in ROOTS:  # bppsa re-exports the public API; experiments' root defines entry() and imports nothing
             continue
         for _, line, targets, _ in _imports(m):
             for t in targets:
+                if t == "experiments":
+                    continue
                 if t == "bppsa":
                     wrong.append(f"{MODULES[m].relative_to(ROOT)}:{line} imports the package root; "
                                  "import the module that defines the name")
@@ -169,8 +188,8 @@ def _private_uses(path: Path, own: str | None) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("bppsa"):
-                    aliases[a.asname or a.name.split(".")[0]] = a.asname and a.name or "bppsa"
+                if a.name.split(".")[0] in ROOTS:
+                    aliases[a.asname or a.name.split(".")[0]] = a.asname and a.name or a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom):
             targets = _resolve(own or "tests.x", is_pkg, node)
             for a, t in zip(node.names, targets):
@@ -211,6 +230,9 @@ def test_import_changes_nothing_in_the_process():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
+PAPERS = ("experiments.paper_", "experiments.extensions")  # task modules: called by name from configs
+
+
 def _declared_all(path: Path):
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
@@ -219,7 +241,7 @@ def _declared_all(path: Path):
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in MODULES_PRIVATE
-                                          and not m.startswith("bppsa.experiments")))
+                                          and not m.startswith(PAPERS)))
 def test_every_public_module_lists_its_api(module):
     """``__all__`` is what a user is meant to call: present, and every name in it exists."""
     import importlib
@@ -238,3 +260,99 @@ def test_the_package_root_is_the_curated_api():
     assert not [n for n in bppsa.__all__ if n.startswith("_")]
     import bppsa.backprop
     assert bppsa.backprop.__all__ == ["rnn", "validate_inputs", "validate_params"]  # the pipeline is bppsa._backward
+
+
+# --------------------------------------------------------------------------------------------
+# The library apart from the harness.
+# --------------------------------------------------------------------------------------------
+
+def test_the_library_imports_nothing_of_the_harness():
+    """No bppsa module names experiments (read from the source, lazy imports included)."""
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}" for m in sorted(LIBRARY)
+             for _, line, targets, _ in _imports(m) for t in targets if t.split(".")[0] == "experiments"]
+    assert not wrong, "the library imports the harness:\n" + "\n".join(wrong)
+
+
+def test_importing_the_library_loads_no_harness_and_no_extra():
+    """``import bppsa`` and every subpackage (a fresh interpreter): no module of experiments/ and
+    none of the harness's or the extras' dependencies is loaded."""
+    import subprocess
+    import sys
+    code = ("import sys, bppsa, bppsa.nn, bppsa.parallel, bppsa.sparse, bppsa.tasks, bppsa.hetero, bppsa.sync, "
+            "bppsa.sync.ray_runtime; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('experiments', 'ray', 'librosa', 'soundfile', "
+            "'ml_collections', 'orbax', 'matplotlib', 'tqdm', 'sklearn')); print(bad)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", f"importing the library loaded {r.stdout.strip()}"
+
+
+def test_the_library_layout():
+    """bppsa/ is the library: a few flat core modules, concepts as subpackages, no experiments folder."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"bppsa/ has {len(top)} top-level modules: {top}"
+    assert not (PKG / "experiments").exists()
+    assert {"nn", "parallel", "sparse", "hetero", "sync", "tasks"} <= {p.name for p in PKG.iterdir() if p.is_dir()}
+    hooks = [f"{p.relative_to(ROOT)}" for p in [*PKG.rglob("*.py"), *HARNESS.rglob("*.py")]
+             if "addaudithook" in p.read_text()]
+    assert not hooks, f"sys.addaudithook in {hooks}"
+
+
+@pytest.mark.parametrize("package", sorted(m for m in LIBRARY if MODULES[m].name == "__init__.py" and m != "bppsa"))
+def test_every_subpackage_says_what_lives_there(package):
+    doc = ast.get_docstring(ast.parse(MODULES[package].read_text()))
+    assert doc and len(doc.split()) >= 10, f"{MODULES[package].relative_to(ROOT)}: a module docstring saying what lives there"
+
+
+def test_the_tests_mirror_the_packages():
+    """One test folder per subpackage of bppsa (tests/core: the flat core modules) and one for the harness."""
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    subpackages = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
+    assert subpackages | {"core", "experiments"} == folders, \
+        f"no test folder for {sorted(subpackages | {'core', 'experiments'} - folders)}; no package for {sorted(folders - subpackages - {'core', 'experiments'})}"
+    for folder in folders:
+        assert list((ROOT / "tests" / folder).glob("test_*.py")), f"tests/{folder} holds no tests"
+
+
+# --------------------------------------------------------------------------------------------
+# The core's public API is annotated.
+# --------------------------------------------------------------------------------------------
+
+ANNOTATED = ("cells", "structured", "_backward", "_scan", "scan", "newton", "backprop", "options", "host")
+
+
+def _unannotated(source: str, where: str) -> list[str]:
+    """``where:line name`` of each public function, and method of a public class (``__init__`` and
+    ``__call__`` included), that leaves a parameter other than self/cls, or its return (except
+    ``__init__``'s), unannotated."""
+    out = []
+
+    def visit(body, cls):
+        for node in body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                visit(node.body, node.name)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.name.startswith("_") and node.name not in ("__init__", "__call__"):
+                    continue
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p)]
+                missing = [p.arg for p in params if p.annotation is None and not (cls and p.arg in ("self", "cls"))]
+                if missing or (node.returns is None and node.name != "__init__"):
+                    out.append(f"{where}:{node.lineno} {cls + '.' if cls else ''}{node.name}")
+
+    visit(ast.parse(source).body, None)
+    return out
+
+
+def test_the_core_is_annotated():
+    """Every public function and method of the core modules annotates its parameters and return."""
+    probe = ("def f(a, b: int) -> int: ...\ndef g(a: int): ...\ndef _h(a): ...\n"
+             "class C:\n    def __init__(self, a: int): ...\n    def m(self, a) -> None: ...\n"
+             "class _D:\n    def m(self, a): ...\n")
+    assert _unannotated(probe, "probe") == ["probe:1 f", "probe:2 g", "probe:6 C.m"]
+    bad = []
+    for name in ANNOTATED:
+        path = PKG / f"{name}.py"
+        assert path.exists(), f"{path.relative_to(ROOT)} is gone: update ANNOTATED"
+        bad += _unannotated(path.read_text(), str(path.relative_to(ROOT)))
+    assert not bad, "public functions with unannotated parameters or return:\n" + "\n".join(bad)

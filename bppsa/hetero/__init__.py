@@ -5,8 +5,8 @@ gradient is weighted by its share of the data, g = Σ_i (b_i/B)·g_i (:func:`wei
 SPMD form :func:`make_spmd_grad`: one psum of (gradient sum, count)).
 """
 
-from .partition import partition, plain_mean, sample_weights, weighted_mean
-from .spmd import (
+from bppsa.hetero.partition import partition, plain_mean, sample_weights, weighted_mean
+from bppsa.hetero.spmd import (
     AVERAGES,
     data_mesh,
     global_batch,

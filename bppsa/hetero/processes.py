@@ -28,9 +28,9 @@ from typing import Callable
 import jax
 import numpy as np
 
-from .profile import TimeModel, fit_time_model, robust_median
-from .spmd import data_mesh, local_grad_sum, make_allreduce
-from .train import as_schedule, slowdowns_at
+from bppsa.hetero.profile import TimeModel, fit_time_model, robust_median
+from bppsa.hetero.spmd import data_mesh, local_grad_sum, make_allreduce
+from bppsa.hetero.train import as_schedule, slowdowns_at
 
 __all__ = ["EMULATIONS", "ProcessReplicas"]
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .partition import partition
+from bppsa.hetero.partition import partition
 
 __all__ = ["TimeModel", "fit_time_model", "robust_median", "profile_replica", "nominal_speeds", "bound_speeds",
            "balanced_speeds", "Rebalancer", "slowdowns_from_mix"]

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 # replication checks off: gradients taken inside are per-replica (no implicit psum of the cotangent
 # of a replicated input); the explicit psums make the outputs replicated
-from ..parallel.mesh import shard_map
+from bppsa.parallel.mesh import shard_map
 
 __all__ = ["AVERAGES", "data_mesh", "replica_batches", "pad_local_batch",
            "local_grad_sum", "make_spmd_grad", "global_batch", "make_allreduce"]

@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..data.task import Task
-from ..tasks import make_task
-from ..timing import time_fn
-from .partition import partition
-from .profile import Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model, nominal_speeds
-from .spmd import data_mesh, local_grad_sum, make_spmd_grad, pad_local_batch, replica_batches
+from bppsa.hetero.partition import partition
+from bppsa.hetero.profile import Rebalancer, TimeModel, balanced_speeds, bound_speeds, fit_time_model, nominal_speeds
+from bppsa.hetero.spmd import data_mesh, local_grad_sum, make_spmd_grad, pad_local_batch, replica_batches
+from bppsa.host import time_fn
+from bppsa.tasks import make_task
+from bppsa.tasks.task import Task
 
 __all__ = ["STRATEGIES", "PLACEMENTS", "SPEED_RULES", "TRAINING_KEYS", "ShardSampler", "SimulatedReplicas",
            "as_schedule", "slowdowns_at", "measure_time_model", "task_options", "task_from_config", "train"]

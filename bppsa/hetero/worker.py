@@ -29,7 +29,7 @@ def modelled_epoch(models, counts, steps: int, comm_s: float) -> float:
 
 
 def main(argv=None) -> int:
-    from ..parallel.mesh import initialize
+    from bppsa.parallel.mesh import initialize
 
     spec_path = Path((argv or sys.argv[1:])[0])
     spec = json.loads(spec_path.read_text())
@@ -38,9 +38,9 @@ def main(argv=None) -> int:
     import jax
     import numpy as np
 
-    from .processes import ProcessReplicas
-    from .profile import bound_speeds, nominal_speeds, slowdowns_from_mix
-    from .train import STRATEGIES, task_from_config, train
+    from bppsa.hetero.processes import ProcessReplicas
+    from bppsa.hetero.profile import bound_speeds, nominal_speeds, slowdowns_from_mix
+    from bppsa.hetero.train import STRATEGIES, task_from_config, train
 
     pid = jax.process_index()
     log = print if pid == 0 else (lambda s: None)

@@ -47,8 +47,8 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from ..errors import UsageError
-from .mesh import ENV
+from bppsa.errors import UsageError
+from bppsa.parallel.mesh import ENV
 
 __all__ = ["main", "launch", "free_port"]
 

@@ -24,7 +24,7 @@ CELLS = ("rnn", "gru", "lstm")
 
 def problem(cell_name: str = "gru", T: int = 7, B: int = 2, I: int = 3, H: int = 4, seed: int = 0) -> tuple:
     """(cell, params, xs (T, B, I), h0) as float64 NumPy arrays, the same in every process."""
-    from .. import cells
+    from bppsa import cells
     if cell_name not in CELLS:
         raise ValueError(f"cell must be one of {CELLS}; got {cell_name!r}")
     cell = {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM}[cell_name](I, H)
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jax.experimental import multihost_utils
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from . import initialize, make_mesh, rnn
+    from bppsa.parallel import initialize, make_mesh, rnn
 
     joined = initialize(timeout=args.init_timeout)
     mesh = make_mesh(batch_axis=None)

@@ -49,13 +49,13 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as PS
 
-from .. import _backward, backprop, host
-from .. import _scan as scan_lib
-from .. import newton as newton_lib
-from .. import options as options_lib
-from ..errors import UsageError
-from ..options import COMBINES, Options, Plan
-from .mesh import check_axes, make_mesh, shard_map
+from bppsa import _backward, backprop, host
+from bppsa import _scan as scan_lib
+from bppsa import newton as newton_lib
+from bppsa import options as options_lib
+from bppsa.errors import UsageError
+from bppsa.options import COMBINES, Options, Plan
+from bppsa.parallel.mesh import check_axes, make_mesh, shard_map
 
 __all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "communication_volume",
            "sharded_functions", "sequence_parallel_states"]

@@ -12,9 +12,27 @@ Tasks (a model and its data) are built by :mod:`bppsa.tasks` from a spec such as
 The Ray runtime is in :mod:`bppsa.sync.ray_runtime` (imported on demand: it needs ``ray``).
 """
 
-from .policies import ASP, BSP, DSSP, POLICIES, SSP, Decision, ElasticBSP, Policy, dssp_controller, make_policy
-from .simulator import ComputeModel, check_simulation, heterogeneous, policy_label, simulate, time_to_accuracy
-from .zipline import (
+from bppsa.sync.policies import (
+    ASP,
+    BSP,
+    DSSP,
+    POLICIES,
+    SSP,
+    Decision,
+    ElasticBSP,
+    Policy,
+    dssp_controller,
+    make_policy,
+)
+from bppsa.sync.simulator import (
+    ComputeModel,
+    check_simulation,
+    heterogeneous,
+    policy_label,
+    simulate,
+    time_to_accuracy,
+)
+from bppsa.sync.zipline import (
     ZIPLINE_METHODS,
     brute_force,
     full_grid_scan,

@@ -30,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-from .zipline import zipline
+from bppsa.sync.zipline import zipline
 
 __all__ = ["Decision", "Policy", "BSP", "ASP", "SSP", "DSSP", "ElasticBSP", "make_policy", "POLICIES",
            "dssp_controller"]

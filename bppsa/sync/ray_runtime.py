@@ -49,12 +49,12 @@ class ParameterServer:
                  dead_timeout, eval_every):
         import jax
 
-        from ..tasks import task_from_spec
-        from .policies import make_policy
+        from bppsa.sync.policies import make_policy
+        from bppsa.tasks import task_from_spec
 
         self.task = task_from_spec(task_spec)
         self.policy = make_policy(policy, num_workers, **(policy_options or {}))
-        from .simulator import sgd
+        from bppsa.sync.simulator import sgd
         self.opt = sgd(learning_rate)
         self.params = self.task.init(jax.random.key(seed))
         self.opt_state = self.opt.init(self.params)
@@ -133,7 +133,7 @@ class ParameterServer:
             ev.set()
 
     def _release(self, workers):
-        from .policies import BARRIER
+        from bppsa.sync.policies import BARRIER
         if workers and any(self._wait_kind.get(q) == BARRIER for q in workers):
             self.barriers += 1
         for q in workers:
@@ -158,7 +158,7 @@ class ParameterServer:
         status: "applied"; "duplicate" (this seq was applied before: a retry); "refused" (training
         had stopped: nothing applied, and the worker is told to stop).
         """
-        from .policies import PROCEED
+        from bppsa.sync.policies import PROCEED
         if self.stopped:
             self.refused.append((worker, seq))
             return self._params_np, self.version, True, "refused"
@@ -230,7 +230,7 @@ class Worker:
     def __init__(self, worker, task_spec, server, batch_size, seed, delay, slowdowns):
         import jax
 
-        from ..tasks import task_from_spec
+        from bppsa.tasks import task_from_spec
         self.worker = worker
         self.task = task_from_spec(task_spec)
         self.grad = self.task.grad_fn()
@@ -306,7 +306,7 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
     import ray
     from ray.exceptions import RayError
 
-    from .policies import make_policy
+    from bppsa.sync.policies import make_policy
     make_policy(policy, num_workers, **(policy_options or {}))  # validate before starting anything
     delays = [0.0] * num_workers if delays is None else [float(d) for d in delays]
     if len(delays) != num_workers:

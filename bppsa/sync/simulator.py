@@ -19,9 +19,9 @@ import jax
 import numpy as np
 import optax
 
-from ..data.task import Task
-from ..tasks import task_from_spec
-from .policies import BARRIER, PROCEED, Policy, make_policy
+from bppsa.sync.policies import BARRIER, PROCEED, Policy, make_policy
+from bppsa.tasks import task_from_spec
+from bppsa.tasks.task import Task
 
 __all__ = ["ComputeModel", "heterogeneous", "simulate", "check_simulation", "time_to_accuracy", "policy_label",
            "sgd", "MAX_EVALUATIONS", "MAX_PUSHES"]
@@ -203,7 +203,7 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     """Simulate PS training of ``task`` under ``policy``; return a JSON-able log.
 
     Args:
-      task: a :class:`~bppsa.data.task.Task` or its spec ``{"name": ..., **options}`` for
+      task: a :class:`~bppsa.tasks.task.Task` or its spec ``{"name": ..., **options}`` for
         :func:`bppsa.tasks.task_from_spec`.
       policy: "bsp" | "asp" | "ssp" | "dssp" | "elasticbsp"; ``policy_options`` its arguments.
       compute: the workers' :class:`ComputeModel`.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device-machine run: BPPSA against every baseline on one GPU and on its host's 16 CPU cores.
-# A thin shell around `python -m bppsa.experiments.gpu_run` (see experiments/gpu/README.md).
+# A thin shell around `python -m experiments.paper_bppsa.gpu_run` (see experiments/gpu/README.md).
 #
 #   experiments/gpu/run.sh OUTDIR              # needs a visible GPU; < 8 min on an H200
 #   experiments/gpu/run.sh OUTDIR --dry-run    # tiny sizes on the CPU (also: BPPSA_ALLOW_CPU=1)
@@ -17,4 +17,4 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export BPPSA_CACHE_DIR="${BPPSA_CACHE_DIR:-$OUT/cache}"
 # Grow GPU memory on demand: torch (cuDNN baseline) shares the device, and the peak is JAX's own.
 export XLA_PYTHON_CLIENT_PREALLOCATE="${XLA_PYTHON_CLIENT_PREALLOCATE:-false}"
-exec "$PY" -m bppsa.experiments.gpu_run "$OUT" "$@"
+exec "$PY" -m experiments.paper_bppsa.gpu_run "$OUT" "$@"

@@ -1,0 +1,24 @@
+"""The flax front end: a drop-in for ``nnx.RNN`` whose gradients come from bppsa's backward.
+
+    import bppsa
+    from flax import nnx
+    rnn = bppsa.nn.RNN(nnx.GRUCell(16, 32, rngs=nnx.Rngs(0)), backward="auto")
+
+- :mod:`bppsa.nn.rnn`: :class:`RNN` (the same arguments, outputs, carry and state updates as
+  ``nnx.RNN`` for any cell ``nnx.RNN`` drives) and the paper's :class:`SequenceClassifier`;
+- :mod:`bppsa.nn.cells`: flax's cells as :class:`bppsa.cells.Cell`s (their maths written once in
+  :mod:`bppsa.cells`; this module maps flax's parameter layouts), autodiff Jacobians for any
+  other cell, the masked step of padded batches;
+- :mod:`bppsa.nn.structured`: flax cells with per-head (block-diagonal or diagonal) recurrences,
+  :class:`BlockSimpleCell`, :class:`BlockGRUCell`, :class:`BlockLSTMCell`.
+
+Importing it imports flax; ``import bppsa`` alone does not (``bppsa.nn`` is imported on first access).
+"""
+
+from __future__ import annotations
+
+from bppsa.nn import cells, structured  # noqa: F401 -- the submodules, as attributes
+from bppsa.nn.rnn import RNN, BPTTFallbackWarning, SequenceClassifier
+from bppsa.nn.structured import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
+
+__all__ = ["RNN", "SequenceClassifier", "BPTTFallbackWarning", "BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell"]

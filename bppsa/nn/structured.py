@@ -1,0 +1,164 @@
+"""flax.nnx front ends of :mod:`bppsa.structured`: recurrent cells with per-head recurrences.
+
+:class:`BlockSimpleCell`, :class:`BlockGRUCell` and :class:`BlockLSTMCell` follow flax's
+``nnx.RNNCellBase`` conventions (``__call__(carry, inputs) -> (new_carry, output)``,
+``initialize_carry(input_shape, rngs)``, ``num_feature_axes``; constructor arguments
+``in_features, hidden_features``, ``*_fn``, ``*_init``, ``dtype``, ``param_dtype``, ``rngs``),
+so ``nnx.RNN`` drives them as it drives flax's own cells; ``head_size`` (k) is the size of
+each head (k = 1: diagonal recurrence). Each holds its :mod:`bppsa.structured` cell's parameters
+as ``nnx.Param``s in that cell's layout (``W_x`` (I, G·H), ``W_h`` (H/k, k, G·k), ``b_x`` /
+``b_h`` (G·H)), and its step *is* that cell's step, so :func:`bppsa.nn.cells.plan` runs it
+with the cell's analytic Jacobian blocks and parameter gradients (:meth:`bppsa_cell`): ::
+
+    rnn = bppsa.nn.RNN(BlockGRUCell(16, 64, head_size=4, rngs=nnx.Rngs(0)), backward="bppsa")
+
+Biases as in flax's cells: SimpleCell and GRUCell on the input side only (``b_x``), the LSTM
+cell on the hidden side only (``b_h``). The LSTM cell's carry is flax's (c, h).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx import initializers
+
+from bppsa import structured
+from bppsa.cells import Cell
+from bppsa.errors import UsageError
+from bppsa.nn.cells import ACTIVATION_NAMES
+
+__all__ = ["BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell", "head_uniform"]
+
+_PARAMS = ("W_x", "W_h", "b_x", "b_h")
+
+
+def head_uniform(key, shape, dtype=jnp.float32):
+    """The default recurrent-kernel initializer: U(±1/√k) for ``W_h`` (N, k, G·k) (each unit's
+    recurrent fan-in is its head's k units; :meth:`bppsa.structured.BlockRNN.init`'s)."""
+    bound = float(shape[-2]) ** -0.5
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def _name(fn, what: str) -> str:
+    """An activation's name in :data:`bppsa.cells.ACTIVATIONS`, from a name or one of flax's functions."""
+    if isinstance(fn, str) and fn in ACTIVATION_NAMES.values():
+        return fn
+    try:
+        return ACTIVATION_NAMES[fn]
+    except (KeyError, TypeError):
+        raise UsageError(f"{what} must be one of {sorted(ACTIVATION_NAMES.values())} (a name or jax's "
+                         f"function); got {fn!r}") from None
+
+
+class _BlockCell(nnx.RNNCellBase):
+    """The shared constructor, step and carry of the three cells."""
+
+    _gates: int = 1
+    _input_bias, _hidden_bias = True, False
+
+    def _build(self, in_features, hidden_features, head_size, kernel_init, recurrent_kernel_init, bias_init,
+               dtype, param_dtype, carry_init, rngs):
+        self.in_features, self.hidden_features, self.head_size = in_features, hidden_features, head_size
+        self.dtype, self.param_dtype, self.carry_init = dtype, param_dtype, carry_init
+        cell = self.bppsa_cell()  # checks the sizes and activations
+        G, H = cell.gates, hidden_features
+        self.W_x = nnx.Param(kernel_init(rngs.params(), (in_features, G * H), param_dtype))
+        self.W_h = nnx.Param(recurrent_kernel_init(rngs.params(), (H // head_size, head_size, G * head_size),
+                                                   param_dtype))
+        if self._input_bias:
+            self.b_x = nnx.Param(bias_init(rngs.params(), (G * H,), param_dtype))
+        if self._hidden_bias:
+            self.b_h = nnx.Param(bias_init(rngs.params(), (G * H,), param_dtype))
+
+    def bppsa_cell(self) -> Cell:
+        """The :mod:`bppsa.structured` cell whose step this module computes, on parameters in the
+        same layout (``nnx.state(self, nnx.Param)`` as a dict): what :func:`bppsa.nn.cells.plan`
+        runs it with."""
+        raise NotImplementedError
+
+    def _params(self) -> dict[str, Any]:
+        return {k: getattr(self, k)[...] for k in _PARAMS if hasattr(self, k)}
+
+    def __call__(self, carry, inputs):  # pyright: ignore[reportIncompatibleMethodOverride]  (flax's own cells do the same)
+        """One step: carry (*batch, H) [the LSTM cell: (c, h)], inputs (*batch, I) -> (new carry, h')."""
+        params, leaves = self._params(), jax.tree.leaves(carry)
+        dtype = self.dtype or jnp.result_type(inputs, *leaves, *params.values())
+        cast = lambda a: jnp.asarray(a).astype(dtype)
+        new = self.bppsa_cell().step(jax.tree.map(cast, params), jax.tree.map(cast, carry), cast(inputs))
+        new = jax.tree.map(lambda n, c: n.astype(jnp.promote_types(c.dtype, dtype)), new, carry)
+        return new, (new[1] if isinstance(new, tuple) else new)
+
+    def initialize_carry(self, input_shape, rngs=None, carry_init=None):  # pyright: ignore[reportIncompatibleMethodOverride]
+        """Zeros (or ``carry_init``'s draws) of shape (*batch, H), batch = input_shape[:-1]
+        [the LSTM cell: the pair (c, h)], in ``param_dtype``; as flax's cells."""
+        init = carry_init or self.carry_init
+        if isinstance(rngs, nnx.Rngs):
+            rngs = rngs.carry
+        if init is not None and rngs is None:
+            raise ValueError("RNGs must be provided to initialize the cell carry.")
+        shape = tuple(input_shape[:-1]) + (self.hidden_features,)
+        draw = (lambda: jnp.zeros(shape, self.param_dtype)) if init is None else (
+            lambda: init(rngs(), shape, self.param_dtype))  # pyright: ignore[reportOptionalCall]
+        return (draw(), draw()) if self._gates == 4 else draw()
+
+    @property
+    def num_feature_axes(self) -> int:
+        return 1
+
+
+class BlockSimpleCell(_BlockCell):
+    """:class:`bppsa.structured.BlockRNN` (input bias only, as ``nnx.SimpleCell``):
+    h' = activation_fn(x W_x + b_x + rec(h)), rec per head (``head_size``). Carry and output h (*batch, H)."""
+
+    def __init__(self, in_features: int, hidden_features: int, *, head_size: int = 1, activation_fn=jnp.tanh,
+                 kernel_init=initializers.lecun_normal(), recurrent_kernel_init=head_uniform,
+                 bias_init=initializers.zeros_init(), dtype=None, param_dtype=jnp.float32, carry_init=None,
+                 rngs: nnx.Rngs):
+        self.activation_fn = activation_fn
+        self._build(in_features, hidden_features, head_size, kernel_init, recurrent_kernel_init, bias_init, dtype,
+                    param_dtype, carry_init, rngs)
+
+    def bppsa_cell(self) -> Cell:
+        return structured.BlockRNN(self.in_features, self.hidden_features, self.head_size,
+                                   _name(self.activation_fn, "activation_fn"), hidden_bias=False)
+
+
+class _GatedCell(_BlockCell):
+    """The gated cells' constructor (``gate_fn`` and ``activation_fn``, as flax's)."""
+
+    def __init__(self, in_features: int, hidden_features: int, *, head_size: int = 1, gate_fn=jax.nn.sigmoid,
+                 activation_fn=jnp.tanh, kernel_init=initializers.lecun_normal(),
+                 recurrent_kernel_init=head_uniform, bias_init=initializers.zeros_init(), dtype=None,
+                 param_dtype=jnp.float32, carry_init=None, rngs: nnx.Rngs):
+        self.gate_fn, self.activation_fn = gate_fn, activation_fn
+        self._build(in_features, hidden_features, head_size, kernel_init, recurrent_kernel_init, bias_init, dtype,
+                    param_dtype, carry_init, rngs)
+
+
+class BlockGRUCell(_GatedCell):
+    """:class:`bppsa.structured.BlockGRU` (input bias only, as ``nnx.GRUCell``; gates r, z, n):
+    r, z = gate_fn(x W_x + b_x + rec(h)) per gate, n = activation_fn(x W_xn + b_xn + r ⊙ rec_n(h)),
+    h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h (*batch, H)."""
+
+    _gates = 3
+
+    def bppsa_cell(self) -> Cell:
+        return structured.BlockGRU(self.in_features, self.hidden_features, self.head_size,
+                                   _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
+                                   hidden_bias=False)
+
+
+class BlockLSTMCell(_GatedCell):
+    """:class:`bppsa.structured.BlockLSTM` (hidden bias only, as ``nnx.LSTMCell``; gates i, f, g, o):
+    c' = f ⊙ c + i ⊙ g, h' = o ⊙ activation_fn(c'). Carry (c, h), output h (*batch, H), as flax's."""
+
+    _gates = 4
+    _input_bias, _hidden_bias = False, True
+
+    def bppsa_cell(self) -> Cell:
+        return structured.BlockLSTM(self.in_features, self.hidden_features, self.head_size,
+                                    _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
+                                    input_bias=False, flax_carry=True)

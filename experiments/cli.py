@@ -1,0 +1,149 @@
+"""The ``bppsa`` command: ``bppsa reproduce NAME``, ``bppsa run``, ``bppsa bench``, ``bppsa launch``, ...
+
+Each subcommand lives in the module that owns the feature; this file only dispatches. An entry
+is "module:function", the function takes the remaining argv and returns an exit code.
+``bppsa reproduce NAME [--quick|--smoke] [args...]`` is exactly ``bppsa run
+experiments/<paper>/configs/NAME.py[:quick|:smoke] [args...]`` (dashes in NAME read as underscores);
+the names are the config files present (unique across the papers' folders). The command opts in to
+:func:`bppsa.host.tune_allocator` once at start.
+
+Errors: a :class:`bppsa.errors.UsageError` (bad input: a config, a flag, a data folder) from any
+subcommand is printed as one line, ``bppsa COMMAND: error: ...``, with exit code 2; the global
+flag ``--debug`` (``bppsa --debug COMMAND ...``, or anywhere before a ``--``) prints the
+traceback instead (exit code 2 as well). Ctrl-C is one line too (with ``run`` and ``reproduce``:
+run the same command again to resume), exit code 130; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from bppsa import host
+from bppsa.errors import UsageError
+
+__all__ = ["main", "config_paths", "config_path", "reproduce_names", "reproduce_argv", "split_debug"]
+
+EXPERIMENTS = Path(__file__).resolve().parent  # one folder per paper, each with its configs/
+
+# bppsa COMMAND [args...]
+COMMANDS = {
+    "run": "experiments.runner:main",
+    "results": "experiments.index:main",
+    "launch": "bppsa.parallel.launch:main",
+    "bench": "experiments.bench:main",
+}
+
+USAGE = """usage: bppsa [--debug] COMMAND [args...]
+
+commands:
+  reproduce NAME [--quick|--smoke] ...   = run experiments/<paper>/configs/NAME.py[:quick|:smoke] ...;
+                                          NAME is one of: {names}
+{commands}
+--debug: show the traceback of an error (without it, bad input is one line and exit code 2).
+Run `bppsa COMMAND --help` for a command's options."""
+
+
+def config_paths(root: str | os.PathLike = EXPERIMENTS) -> dict[str, Path]:
+    """Every config of the harness, ``{stem: root/<paper>/configs/<stem>.py}`` (stems are unique)."""
+    paths: dict[str, Path] = {}
+    for p in sorted(Path(root).glob("*/configs/*.py")):
+        if p.name.startswith("_"):
+            continue
+        if p.stem in paths:
+            raise UsageError(f"two configs named {p.stem!r}: {paths[p.stem]} and {p}; config names must be unique")
+        paths[p.stem] = p
+    return paths
+
+
+def config_path(name: str, root: str | os.PathLike = EXPERIMENTS) -> Path:
+    """The config ``bppsa reproduce NAME`` runs (dashes in NAME read as underscores).
+
+    Raises UsageError naming the unknown NAME and the known ones.
+    """
+    path = config_paths(root).get(name.replace("-", "_"))
+    if path is None:
+        raise UsageError(f"unknown NAME {name!r}; expected one of: {', '.join(reproduce_names(root))}")
+    return path
+
+
+def reproduce_names(root: str | os.PathLike = EXPERIMENTS) -> list[str]:
+    """The names ``bppsa reproduce`` accepts: one per config file, underscores written as dashes."""
+    return sorted(stem.replace("_", "-") for stem in config_paths(root))
+
+
+def reproduce_argv(argv: Sequence[str], root: str | os.PathLike = EXPERIMENTS) -> list[str]:
+    """``[NAME, --quick|--smoke?, args...]`` -> the argv of ``bppsa run`` it stands for.
+
+    Raises UsageError naming the unknown NAME and the known ones.
+    """
+    name, rest = argv[0], list(argv[1:])
+    path = config_path(name, root)
+    presets = [a[2:] for a in rest if a in ("--quick", "--smoke")]
+    if len(set(presets)) > 1:
+        raise UsageError(f"pass one of --quick and --smoke, not both; got {' '.join(f'--{p}' for p in presets)}")
+    rest = [a for a in rest if a not in ("--quick", "--smoke")]
+    return [str(path) + (f":{presets[0]}" if presets else "")] + rest
+
+
+def _load(target: str):
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def _usage() -> str:
+    cmds = "".join(f"  {name}\n" for name in sorted(COMMANDS))
+    return USAGE.format(names=", ".join(reproduce_names()), commands=cmds)
+
+
+def split_debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
+    """Take the global ``--debug`` out of ``argv``: before the command, or after it but before a ``--``
+    (what follows ``--`` belongs to another program, e.g. the one ``bppsa launch`` starts)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:end]
+    return debug, [a for i, a in enumerate(argv) if i >= end or a != "--debug"]
+
+
+def _dispatch(cmd: str, rest: list[str]) -> int:
+    if cmd == "reproduce":
+        if not rest or rest[0] in ("-h", "--help"):
+            print(f"usage: bppsa reproduce NAME [--quick|--smoke] [--config.key=value ...] [--workdir DIR]; "
+                  f"NAME is one of: {', '.join(reproduce_names())}")
+            return 0 if rest else 2
+        return int(_load(COMMANDS["run"])(reproduce_argv(rest)) or 0)
+    return int(_load(COMMANDS[cmd])(rest) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd != "reproduce" and cmd not in COMMANDS:
+        print(f"bppsa: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    host.tune_allocator()  # the entry point opts in (see bppsa.host); `import bppsa` does not
+    try:
+        return _dispatch(cmd, rest)
+    except UsageError as e:
+        if debug:
+            traceback.print_exc()
+        else:
+            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            print(f"bppsa {cmd}: error: {message} (--debug shows the traceback)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        hint = "; run the same command again to resume" if cmd in ("run", "reproduce") else ""
+        print(f"bppsa {cmd}: interrupted (Ctrl-C){hint}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The paper's vanilla-RNN sweeps (Wang et al. 2020, Fig. 5): T at B = 16 and B at T = 1000.
+
+    bppsa reproduce rnn-sweep            # = bppsa run experiments/paper_bppsa/configs/rnn_sweep.py; 40-80 min on 2 CPU cores
+    bppsa reproduce rnn-sweep --quick    # = ...rnn_sweep.py:quick; T in (10, 100, 1000, 3000), B in (2, 16, 64): a few minutes
+    bppsa run experiments/paper_bppsa/configs/rnn_sweep.py:smoke    # T = 10, B = 2; seconds (no cost-model probe)
+
+RNN(input 1, hidden 20) on bitstreams. At every point: forward, Jacobian generation, scan,
+contraction, the whole backward and the training-step gradient of BPPSA and BPTT, the scan variants, the
+peak memory and the cost model's `auto` choice (see experiments.bench). ``--config.gemm=true`` also
+records bare batched-GEMM rates. Writes <name>.{json,md,png} into the work directory.
+"""
+
+import ml_collections
+
+
+def get_config(arg=None):
+    if arg not in (None, "quick", "smoke"):
+        raise ValueError(f"rnn_sweep takes no argument, 'quick' or 'smoke'; got {arg!r}")
+    c = ml_collections.ConfigDict()
+    c.task = "experiments.paper_bppsa.rnn_sweep:sweep_task"
+    c.name = "rnn-sweep"
+    c.hidden_size = 20
+    c.T_values = (10, 30, 100, 300, 1000, 3000, 10000, 30000)
+    c.B_values = (2, 4, 8, 16, 32, 64, 128, 256)
+    c.B_fixed = 16
+    c.T_fixed = 1000
+    c.repeats = 5
+    c.auto = True
+    c.gemm = False
+    c.time_budget_s = ml_collections.config_dict.placeholder(float)  # seconds; later points are skipped
+    if arg == "quick":
+        c.name = "rnn-sweep-quick"
+        c.T_values = (10, 100, 1000, 3000)
+        c.B_values = (2, 16, 64)
+        c.repeats = 3
+    elif arg == "smoke":
+        c.name = "rnn-sweep-smoke"
+        c.T_values = (10,)
+        c.B_values = (2,)
+        c.T_fixed = 10
+        c.repeats = 1
+        c.auto = False
+    return c

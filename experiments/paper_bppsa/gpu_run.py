@@ -1,0 +1,389 @@
+"""The device-machine run: BPPSA against every baseline on one GPU and on 16 CPU cores.
+
+    python -m experiments.paper_bppsa.gpu_run OUT [--dry-run]      (experiments/gpu/run.sh OUT)
+
+Made for the machine this project is sometimes lent (one H200, 16 CPU cores, Python with jax,
+flax, optax, numpy and torch; no ml_collections, librosa, soundfile or ray, and nothing is
+installed): it imports none of those four. Under 8 minutes in all; every part has its own time
+budget and every point is written the moment it is measured, so a run cut short still leaves
+what it did:
+
+    OUT/points.jsonl    one JSON record per point (or skipped point), appended
+    OUT/summary.json    {"provenance": {...}, "points": [...], "skipped": [...]}, rewritten
+                        atomically after every point
+
+Parts: ``gpu`` -- the paper's RNN T sweep at B = 16 (to T = 30 000) and B sweep at T = 1000,
+the IRMAS GRU shapes (3 settings x 3 batch sizes, synthetic inputs of those shapes) and the
+precision check (:func:`experiments.gradient.gradient_errors` against float64 per ``precision=``
+setting); ``cpu16`` -- in a subprocess on XLA CPU: RNN points at a few sizes and
+sequence-parallel BPPSA over 1-16 host devices (:func:`experiments.extensions.scaling.measure`);
+``parallel`` -- the parallel (Newton) forward: the jitted training step (value_and_grad) with
+forward sequential / newton / quasi (:func:`experiments.extensions.parallel_step.measure_pairs`, Newton
+iterations recorded) for an RNN T sweep to T = 100 000, the IRMAS GRU shapes and BlockGRU(H = 256)
+with heads of 1 and 16, next to the roofline's and the forward cost model's predictions. The
+other parts' times are the one timed training-step gradient of :mod:`experiments.gradient` (forward + backward
+of a fixed random readout of every step), the methods built by
+:func:`experiments.baselines.baseline_functions` and timed by :func:`bppsa.host.time_interleaved`:
+
+    bptt              autodiff through a plain ``lax.scan``
+    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.cost.UNROLLS` ("best_unroll")
+    bptt_tuned        ``bppsa.rnn(..., backward="bptt")`` (the unroll bppsa picks)
+    bppsa             bppsa.rnn, Blelloch scan, full float32 products
+    bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
+    cudnn             torch nn.RNN / nn.GRU forward + backward on CUDA (when torch and CUDA are there)
+
+``--dry-run`` (or BPPSA_ALLOW_CPU=1) runs tiny sizes on the CPU in about two minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+from bppsa import cells, host
+from bppsa.cost import UNROLLS, forward_seconds
+from bppsa.options import PRECISIONS
+from experiments import baselines, gradient
+from experiments.data.irmas import SHAPES as IRMAS_SHAPES
+from experiments.extensions import parallel_step, roofline, scaling
+from experiments.provenance import provenance
+
+__all__ = ["BLOCKED", "PARALLEL_POINTS", "PARALLEL_PAIRS", "plan", "Summary", "Budget", "measure_point", "run_gpu",
+           "run_parallel", "run_cpu16", "main"]
+
+BLOCKED = ("ml_collections", "librosa", "soundfile", "ray")  # absent on the device machine
+H = 20  # hidden size of every paper model
+
+
+def plan(dry: bool) -> dict:
+    """Sizes and time budgets (seconds) of a full run, or of the tiny dry run."""
+    if dry:
+        return dict(T_sweep=(12,), B_sweep=(3,), B_sweep_T=12, irmas=(("s", 16),), irmas_T=8, precision_T=(16,),
+                    unrolls=(1, 4), repeats=1, cpu16_points=((12, 2),), cpu16_devices=(1, 2),
+                    cpu16_device_count=2, scaling=(16, 2),
+                    parallel=(("T", "rnn", 1, 1, H, 12, 3), ("structured", "blockgru", 2, 4, 8, 16, 2)),
+                    budgets={"gpu/T": 10, "gpu/B": 7, "gpu/irmas": 7, "gpu/precision": 10, "parallel": 20, "cpu16": 20},
+                    total=77)
+    return dict(T_sweep=(30000, 1000, 10000, 100, 3000, 10), B_sweep=(2, 256, 16, 64, 4, 128, 8, 32), B_sweep_T=1000,
+                irmas=tuple((s, b) for s in IRMAS_SHAPES for b in (16, 32, 64)), irmas_T=None,
+                precision_T=(1000, 10000, 30000), unrolls=UNROLLS, repeats=3,
+                cpu16_points=((1000, 16), (10000, 16), (1000, 64)), cpu16_devices=(1, 2, 4, 8, 16),
+                cpu16_device_count=16, scaling=(10000, 16),
+                parallel=PARALLEL_POINTS,
+                budgets={"gpu/T": 100, "gpu/B": 45, "gpu/irmas": 45, "gpu/precision": 45, "parallel": 90,
+                         "cpu16": 105},
+                total=450)
+
+
+#: Part ``parallel``, most wanted first: (sweep, cell kind, head size, I, H, T, B).
+_irmas = lambda s: ("irmas", "gru", 1, IRMAS_SHAPES[s][0], H, IRMAS_SHAPES[s][1], 16)
+PARALLEL_POINTS = (("T", "rnn", 1, 1, H, 10000, 16), _irmas("m"), ("structured", "blockgru", 1, 64, 256, 4096, 16),
+                   ("structured", "blockgru", 16, 64, 256, 4096, 16), ("T", "rnn", 1, 1, H, 100000, 16),
+                   ("T", "rnn", 1, 1, H, 1000, 16), _irmas("s"), _irmas("l"), ("T", "rnn", 1, 1, H, 100, 16),
+                   ("T", "rnn", 1, 1, H, 30000, 16))
+PARALLEL_PAIRS = ("sequential/bptt", "sequential/bppsa", "newton/bppsa", "quasi/bppsa")
+
+
+class Summary:
+    """Appends each record to OUT/points.jsonl and rewrites OUT/summary.json atomically."""
+
+    def __init__(self, out):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.lines = self.out / "points.jsonl"
+
+    def set_provenance(self, part: str, record: dict):
+        (self.out / f"provenance-{part}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        self.write()
+
+    def add(self, point: dict | None = None, *, skipped: dict | None = None):
+        with open(self.lines, "a") as f:
+            f.write(json.dumps({"point": point} if point is not None else {"skipped": skipped}, default=float) + "\n")
+            f.flush()
+        self.write()
+
+    def write(self) -> dict:
+        records = [json.loads(line) for line in self.lines.read_text().splitlines() if line.strip()] \
+            if self.lines.exists() else []
+        prov = {}
+        for part in ("gpu", "cpu16"):
+            p = self.out / f"provenance-{part}.json"
+            if p.exists():
+                prov[part] = json.loads(p.read_text())
+        top = dict(prov.get("gpu") or prov.get("cpu16") or {})
+        top["parts"] = prov
+        summary = {"provenance": top, "points": [r["point"] for r in records if "point" in r],
+                   "skipped": [r["skipped"] for r in records if "skipped" in r]}
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        os.replace(tmp, self.out / "summary.json")
+        return summary
+
+
+class Budget:
+    """A part's time budget: a point is started only when the previous point's time, scaled by
+    the square root of the work ratio (compiling, which does not grow with T·B, is much of a
+    point's time), still fits before the part's (or the whole run's) end."""
+
+    def __init__(self, seconds: float, deadline: float):
+        self.end = min(time.monotonic() + seconds, deadline)
+        self.last = None  # (work, seconds)
+
+    def allows(self, work: float) -> bool:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            return False
+        if self.last is None:
+            return True
+        w, s = self.last
+        return s * max((work / w) ** 0.5, 0.3) <= left
+
+    def record(self, work: float, seconds: float):
+        self.last = (work, seconds)
+
+
+def _peak_mb():
+    stats = jax.devices()[0].memory_stats()
+    return None if not stats or "peak_bytes_in_use" not in stats else stats["peak_bytes_in_use"] / 2 ** 20
+
+
+def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=False, extra=None) -> dict:
+    """One point: every method interleaved; ms are medians of one training-step gradient."""
+    params, xs, h0, R = gradient.problem(cell, T, B)
+    fns = baselines.baseline_functions(cell, params, xs, h0, scans=("blelloch", "sequential"), unrolls=unrolls,
+                                       cudnn=False)
+    kind = type(cell).__name__
+    cudnn_error = None
+    if cudnn:
+        try:  # a torch failure costs the cuDNN column, not the point
+            fn = gradient.cudnn_function(cell, xs, R)
+            if fn is not None:
+                fn()
+                fns["cudnn"] = fn
+        except Exception as e:  # noqa: BLE001
+            cudnn_error = f"{type(e).__name__}: {str(e)[:200]}"
+    st = host.time_interleaved(fns, repeats=repeats, warmup=1, block=2)
+    ms = {k: v["median"] * 1e3 for k, v in st.items()}
+    spread = {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in st.items()}
+    best = min(unrolls, key=lambda u: ms[f"bptt_unroll{u}"])
+    out_ms = {"bptt": ms["bptt_unroll1"], "bptt_unrolled": ms[f"bptt_unroll{best}"], "bptt_tuned": ms["bptt"],
+              "bppsa": ms["bppsa_blelloch"], "bppsa_sequential": ms["bppsa_sequential"]}
+    if "cudnn" in ms:
+        out_ms["cudnn"] = ms["cudnn"]
+    return {"part": part, "cell": kind, "T": T, "B": B, "H": H, "I": cell.input_size, "ms": out_ms,
+            "best_unroll": best, "ms_by_unroll": {u: ms[f"bptt_unroll{u}"] for u in unrolls},
+            "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {},
+            **({"cudnn_error": cudnn_error} if cudnn_error else {}), **(extra or {})}
+
+
+def _sweep(summary, budget, points, measure):
+    """Measure ``points`` [(label, work, kwargs)] in order while the budget allows."""
+    for label, work, kw in points:
+        if not budget.allows(work):
+            summary.add(skipped={**label, "reason": "time budget"})
+            print(f"  skipped {label}: time budget", flush=True)
+            continue
+        t0 = time.monotonic()
+        try:
+            point = measure(**kw)
+        except Exception as e:  # noqa: BLE001 -- one failed point must not lose the run
+            summary.add(skipped={**label, "reason": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(f"  failed {label}: {type(e).__name__}: {e}", flush=True)
+            continue
+        budget.record(work, time.monotonic() - t0)
+        summary.add(point)
+        print(f"  {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in point.get("ms", {}).items())
+              + (f" grad_rel_err {point['grad_rel_err']}" if point.get("grad_rel_err") else ""), flush=True)
+
+
+def run_gpu(summary: Summary, pl: dict, deadline: float):
+    """Part ``gpu``: the T and B sweeps (RNN 1 -> 20), the IRMAS GRU shapes, the precision check."""
+    rnn = cells.RNN(input_size=1, hidden_size=H)
+    common = dict(unrolls=pl["unrolls"], repeats=pl["repeats"], cudnn=True)
+
+    def rnn_point(sweep, T, B):
+        return measure_point("gpu", rnn, T, B, extra={"sweep": sweep}, **common)
+
+    parts = [
+        ("gpu/T", [({"part": "gpu", "sweep": "T", "T": T, "B": 16}, T * 16, dict(sweep="T", T=T, B=16))
+                   for T in pl["T_sweep"]], rnn_point),
+        ("gpu/B", [({"part": "gpu", "sweep": "B", "T": pl["B_sweep_T"], "B": B}, pl["B_sweep_T"] * B,
+                    dict(sweep="B", T=pl["B_sweep_T"], B=B)) for B in pl["B_sweep"]], rnn_point),
+    ]
+
+    def irmas_point(setting, B):
+        I, T = IRMAS_SHAPES[setting]
+        T = pl["irmas_T"] or T
+        return measure_point("gpu", cells.GRU(input_size=I, hidden_size=H), T, B,
+                             extra={"sweep": "irmas", "setting": setting}, **common)
+
+    parts.append(("gpu/irmas", [({"part": "gpu", "sweep": "irmas", "setting": s, "B": B},
+                                 IRMAS_SHAPES[s][1] * B * 3, dict(setting=s, B=B)) for s, B in pl["irmas"]],
+                  irmas_point))
+
+    def precision_point(T):
+        params, xs, h0, R = gradient.problem(rnn, T, 16)
+        fns = {prec: gradient.gradient_functions(rnn, params, xs, h0, R, ["bppsa_blelloch"], precision=prec)
+               ["bppsa_blelloch"] for prec in PRECISIONS}
+        st = host.time_interleaved(fns, repeats=pl["repeats"], warmup=1, block=2)
+        jax.config.update("jax_enable_x64", True)  # the float64 reference; last part of this process
+        variants = {f"bppsa:{p}": ("bppsa_blelloch", {"precision": p}) for p in PRECISIONS}
+        variants.update({f"bptt:{p}": ("bptt_unroll1", {"matmul_precision": p}) for p in ("default", "highest")})
+        return {"part": "gpu", "sweep": "precision", "cell": "RNN", "T": T, "B": 16, "H": H, "I": 1,
+                "ms": {}, "bppsa_ms_by_precision": {k: v["median"] * 1e3 for k, v in st.items()},
+                "best_unroll": None, "peak_mb": _peak_mb(),
+                "grad_rel_err": gradient.gradient_errors(rnn, T, 16, variants)}
+
+    parts.append(("gpu/precision", [({"part": "gpu", "sweep": "precision", "T": T, "B": 16}, T * 16 * 4,
+                                     dict(T=T)) for T in pl["precision_T"]], precision_point))
+    for name, points, measure in parts:
+        print(f"{name}: {len(points)} points, budget {pl['budgets'][name]} s", flush=True)
+        _sweep(summary, Budget(pl["budgets"][name], deadline), points, measure)
+
+
+def run_parallel(summary: Summary, pl: dict, deadline: float):
+    """Part ``parallel``: the training step per forward (:data:`PARALLEL_PAIRS`; sequential/bptt is
+    tuned BPTT) at :data:`PARALLEL_POINTS`, Newton iterations, and the predictions: the roofline's
+    (RNN/GRU, sequential forward) and :func:`bppsa.cost.forward_seconds`' (the forward alone)."""
+    def measure(sweep, kind, head, I, Hs, T, B):
+        cell = parallel_step.make_cell(kind, I, Hs, head)
+        m = parallel_step.measure_pairs(cell, T, B, PARALLEL_PAIRS, repeats=pl["repeats"])
+        pred = {f"forward_model/{f}": forward_seconds(cell, T, B, f, "gpu") * 1e3 for f in parallel_step.FORWARDS}
+        if kind in ("rnn", "gru"):
+            r = roofline.predict(kind.upper(), T, B, I, Hs)
+            pred.update({"roofline/sequential/bptt": r["bptt"] * 1e3, "roofline/sequential/bppsa": r["bppsa"] * 1e3})
+        return {"part": "parallel", "sweep": sweep, "cell": parallel_step.cell_label(kind, head), "T": T, "B": B,
+                "H": Hs, "I": I, "head_size": head, "ms": {k: v["median"] * 1e3 for k, v in m["times"].items()},
+                "spread_ms": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in m["times"].items()},
+                "newton": {k: v for k, v in m["info"].items() if v is not None}, "loss_diff": m["loss_diff"],
+                "auto": parallel_step.auto_pair(cell, T, B), "predicted_ms": pred, "best_unroll": None,
+                "repeats": pl["repeats"], "peak_mb": _peak_mb(), "grad_rel_err": {}}
+
+    keys = ("sweep", "kind", "head", "I", "Hs", "T", "B")
+    points = [({"part": "parallel", "sweep": p[0], "cell": p[1], "head_size": p[2], "T": p[5], "B": p[6]},
+               p[4] * p[5] * p[6], dict(zip(keys, p))) for p in pl["parallel"]]
+    print(f"parallel: {len(points)} points, budget {pl['budgets']['parallel']} s", flush=True)
+    _sweep(summary, Budget(pl["budgets"]["parallel"], deadline), points, measure)
+
+
+def run_cpu16(summary: Summary, pl: dict, deadline: float):
+    """Part ``cpu16`` (run in its own process on XLA CPU with the host devices): RNN points, then
+    sequence-parallel BPPSA (bppsa.parallel) over 1, 2, 4, ... host devices."""
+    rnn = cells.RNN(input_size=1, hidden_size=H)
+    budget = Budget(0.55 * pl["budgets"]["cpu16"], deadline)  # the rest is the scaling's
+    _sweep(summary, budget, [({"part": "cpu16", "T": T, "B": B}, T * B, dict(T=T, B=B)) for T, B in pl["cpu16_points"]],
+           lambda T, B: measure_point("cpu16", rnn, T, B, unrolls=pl["unrolls"], repeats=pl["repeats"],
+                                      extra={"sweep": "sizes", "threads": os.cpu_count()}))
+    T, B = pl["scaling"]
+
+    def scaling_point(P):  # experiments.extensions.scaling's measurement, one device count
+        (row,) = scaling.measure(devices=(P,), T=T, B=B, H=H, repeats=pl["repeats"], combines=("logstep",),
+                                 diagnostic=False, log=lambda s: None)["rows"]
+        return {"part": "cpu16", "sweep": "sequence-parallel", "cell": "RNN", "T": T, "B": B, "H": H, "I": 1,
+                "devices": P, "ms": {"bppsa_sharded_backward": row["backward_logstep_s"] * 1e3,
+                                     "forward_sharded": row["forward_s"] * 1e3},
+                "best_unroll": None, "peak_mb": _peak_mb(), "grad_rel_err": {}}
+
+    _sweep(summary, Budget(pl["budgets"]["cpu16"], deadline),
+           [({"part": "cpu16", "sweep": "sequence-parallel", "devices": P}, T * B, dict(P=P))
+            for P in pl["cpu16_devices"]], scaling_point)
+
+
+def _spawn_cpu16(out: Path, dry: bool, pl: dict, deadline: float):
+    """Run part cpu16 in a subprocess: JAX_PLATFORMS=cpu and the host devices set before JAX starts."""
+    seconds = max(0.0, min(pl["budgets"]["cpu16"], deadline - time.monotonic()))
+    if seconds < 5:
+        Summary(out).add(skipped={"part": "cpu16", "reason": "time budget"})
+        return
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={pl['cpu16_device_count']}"}
+    cmd = [sys.executable, "-m", "experiments.paper_bppsa.gpu_run", str(out), "--part", "cpu16",
+           "--budget", f"{seconds:.1f}"] + (["--dry-run"] if dry else [])
+    try:
+        subprocess.run(cmd, env=env, timeout=seconds + 30, check=False)
+    except subprocess.TimeoutExpired:
+        Summary(out).add(skipped={"part": "cpu16", "reason": "subprocess timed out; its points so far are kept"})
+
+
+def _table(summary: dict) -> str:
+    rows = ["part  sweep              cell    T      B    bptt/bppsa  unrolled/bppsa  cudnn/bppsa"]
+    for p in summary["points"]:
+        ms = p.get("ms") or {}
+        if p["part"] == "parallel":
+            its = {k.split("/")[0]: v["iterations"] for k, v in p["newton"].items()}
+            rows.append(f"parallel {p['sweep']:<15} {p['cell']:<5} {p['T']:>6} {p['B']:>4}    tuned BPTT / "
+                        + ", ".join(f"{k}: {ms['sequential/bptt'] / v:.2f}" for k, v in ms.items()) + f"; its {its}")
+        if "bppsa" not in ms:
+            continue
+        r = lambda k: f"{ms[k] / ms['bppsa']:.2f}" if k in ms else "-"
+        rows.append(f"{p['part']:<5} {str(p.get('sweep', '')):<18} {p['cell']:<5} {p['T']:>6} {p['B']:>4}"
+                    f"    {r('bptt'):>8}    {r('bptt_unrolled'):>10}     {r('cudnn'):>8}")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.paper_bppsa.gpu_run",
+                                 description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("out", help="output folder (summary.json, points.jsonl)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny sizes on any backend (also: BPPSA_ALLOW_CPU=1)")
+    ap.add_argument("--part", choices=("all", "gpu", "parallel", "cpu16"), default="all")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole run (default: the plan's); every part's budget scales with it")
+    args = ap.parse_args(argv)
+    dry = args.dry_run or os.environ.get("BPPSA_ALLOW_CPU", "0") == "1"
+    pl = plan(dry)
+    if args.budget is not None:
+        if not args.budget > 0:
+            ap.error(f"--budget must be a positive number of seconds; got {args.budget}")
+        scale, pl["total"] = args.budget / pl["total"], args.budget
+        pl["budgets"] = {k: v * scale for k, v in pl["budgets"].items()}
+    deadline = time.monotonic() + pl["total"]
+    out = Path(args.out)
+    summary = Summary(out)
+    host.tune_allocator()
+    if args.part == "cpu16":  # the subprocess: all of its budget is part cpu16's
+        pl["budgets"]["cpu16"] = pl["total"]
+        summary.set_provenance("cpu16", provenance())
+        run_cpu16(summary, pl, deadline)
+        return 0
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cuda") and not dry:
+        print(f"error: no GPU visible to JAX (backend: {backend}). Check nvidia-smi and the jax[cuda] "
+              "install, or pass --dry-run (BPPSA_ALLOW_CPU=1) for a tiny run on the CPU.", file=sys.stderr)
+        return 1
+    try:  # optional: the cuDNN baseline's library
+        import torch  # pyright: ignore[reportMissingImports] -- optional dependency, absent in the lint env
+        torch_version = torch.__version__
+        tf32 = bool(torch.backends.cudnn.allow_tf32) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 -- any failure to import means "no cuDNN baseline"
+        torch_version = tf32 = None
+    prov = provenance()
+    prov.update(dry_run=dry, plan={k: v for k, v in pl.items()}, torch=torch_version, cudnn_allow_tf32=tf32)
+    summary.set_provenance("gpu", prov)
+    print(f"{'dry run' if dry else 'run'} on {backend}: {jax.devices()}", flush=True)
+    later = {"all": pl["budgets"]["parallel"] + pl["budgets"]["cpu16"], "gpu": 0}
+    if args.part in ("all", "gpu"):
+        run_gpu(summary, pl, deadline - later[args.part])
+    if args.part in ("all", "parallel"):
+        run_parallel(summary, pl, deadline - (pl["budgets"]["cpu16"] if args.part == "all" else 0))
+    if args.part in ("all", "cpu16"):
+        print(f"cpu16: subprocess, budget {pl['budgets']['cpu16']} s", flush=True)
+        _spawn_cpu16(out, dry, pl, deadline)
+    final = summary.write()
+    present = [m for m in BLOCKED if m in sys.modules]
+    print(f"\n{len(final['points'])} points, {len(final['skipped'])} skipped -> {out / 'summary.json'}")
+    print("times relative to bppsa (> 1: BPPSA faster):\n" + _table(final))
+    if present:
+        print(f"warning: imported {present}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""bppsa.structured (per-head recurrences, block-diagonal Jacobians) and its flax front ends
+(bppsa.nn.structured), in float64: Jacobian blocks, diagonals and dense matrices against
+jax.jacrev of the step, parameter gradients against autodiff, bppsa.rnn's states and gradients
+against autodiff through the plain lax.scan (tests/reference.py), nnx.RNN against bppsa.nn.RNN."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bppsa
+from bppsa import cells, structured
+from bppsa.nn import cells as flax_cells
+from bppsa.errors import UsageError
+from bppsa.nn import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
+from tests.reference import scan_states
+
+slow = pytest.mark.slow
+SCANS = ("blelloch", "associative", "sequential")
+
+CELLS = {  # name -> (I, H) -> cell
+    "rnn-k1": lambda I, H: structured.BlockRNN(I, H),
+    "rnn-k2": lambda I, H: structured.BlockRNN(I, H, 2, "relu", hidden_bias=False),
+    "gru-k1": lambda I, H: structured.BlockGRU(I, H),
+    "gru-k3": lambda I, H: structured.BlockGRU(I, H, 3, hidden_bias=False),
+    "gru-kH": lambda I, H: structured.BlockGRU(I, H, H, activation="relu"),
+    "lstm-k1": lambda I, H: structured.BlockLSTM(I, H),
+    "lstm-k2": lambda I, H: structured.BlockLSTM(I, H, 2, input_bias=False),
+    "lstm-k3-flax": lambda I, H: structured.BlockLSTM(I, H, 3, flax_carry=True),
+}
+
+
+def _setup(name, T, B, I=3, H=6, seed=0):
+    cell = CELLS[name](I, H)
+    k = jax.random.split(jax.random.key(seed), 4)
+    params = cell.init(k[0], jnp.float64)
+    params = {n: p + 0.3 * jax.random.normal(k[3], p.shape, p.dtype) for n, p in params.items()}  # no symmetry
+    xs = jax.random.normal(k[1], (T, B, I), jnp.float64)
+    h0 = cell.unflatten_state(0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64))
+    return cell, params, xs, h0
+
+
+def _one(cell):
+    """One example's step on the flat state: (S,), (I,) -> (S,)."""
+    return lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
+
+
+def _loss(out):
+    total = 0.0
+    for o in jax.tree.leaves(out):
+        w = jnp.cos(jnp.arange(o[0].size, dtype=o.dtype)).reshape(o[0].shape)
+        total = total + jnp.sum(jnp.sin(o) * w) + jnp.sum(o[-1] ** 2)
+    return total
+
+
+def _close(got, want, rtol=1e-9, atol=1e-11):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=rtol, atol=atol), got, want)
+
+
+@pytest.mark.parametrize("name", ["gru-k3"] + [
+    pytest.param(n, marks=slow) for n in ["lstm-k1", "rnn-k2", "lstm-k3-flax", "rnn-k1", "gru-k1", "gru-kH", "lstm-k2"]])
+def test_jacobians_and_param_grads_match_autodiff(name):
+    """Blocks = the dense autodiff Jacobian's diagonal blocks, zero off them; the dense matrix
+    and the diagonal equal it too; param_grads equal one autodiff VJP of the step."""
+    cell, params, xs, _ = _setup(name, 3, 2)
+    S, k = cell.state_size, cell.jacobian_block_size
+    assert k == (2 if cell.pair_state else 1) * cell.head_size
+    sp = 0.7 * jax.random.normal(jax.random.key(9), (3, 2, S), jnp.float64)
+    gs = jax.random.normal(jax.random.key(4), (3, 2, S), jnp.float64)
+
+    @jax.jit
+    def run(params, sp, xs, gs):
+        s = jax.vmap(jax.vmap(lambda a, x: _one(cell)(params, a, x)))(sp, xs)
+        J = cells.autodiff_jacobian(_one(cell), params, sp, xs)
+        ours = (cell.jacobian_blocks(params, sp, xs, s), cell.transposed_jacobian(params, sp, xs, s),
+                cell.jacobian_diagonal(params, sp, xs, s), cell.param_grads(params, sp, xs, s, gs))
+        return J, ours, cells.autodiff_param_grads(_one(cell), params, sp, xs, gs)
+
+    J, (blocks, dense, diagonal, grads), want_grads = run(params, sp, xs, gs)
+    N = S // k
+    assert blocks.shape == (3, 2, N, k, k)
+    J6 = J.reshape(3, 2, N, k, N, k)
+    _close(blocks, jnp.einsum("tbnanc->tbnac", J6), 1e-12, 1e-14)
+    assert float(jnp.abs(J6 * (1 - jnp.eye(N))[:, None, :, None]).max()) == 0.0  # nothing off the blocks
+    _close(dense, J, 1e-12, 1e-14)
+    _close(diagonal, jnp.diagonal(J, axis1=-2, axis2=-1), 1e-12, 1e-14)
+    _close(grads, want_grads, 1e-12, 1e-13)
+
+
+def test_equal_to_the_dense_cells_with_block_diagonal_weights():
+    """BlockGRU/BlockLSTM/BlockRNN are cells.GRU/LSTM/RNN with W_h = recurrent_matrix(W_h)."""
+    for block, dense in ((structured.BlockRNN(3, 6, 2), cells.RNN(3, 6)), (structured.BlockGRU(3, 6, 3),
+                         cells.GRU(3, 6)), (structured.BlockLSTM(3, 6, 2), cells.LSTM(3, 6))):
+        p = block.init(jax.random.key(1), jnp.float64)
+        q = dict(p, W_h=structured.recurrent_matrix(p["W_h"], block.gates))
+        assert np.count_nonzero(q["W_h"]) == p["W_h"].size
+        xs = jax.random.normal(jax.random.key(2), (4, 2, 3), jnp.float64)
+        h0 = dense.unflatten_state(jax.random.normal(jax.random.key(3), (2, dense.state_size), jnp.float64))
+        _close(scan_states(block, p, xs, h0), scan_states(dense, q, xs, h0), 1e-13, 1e-14)
+
+
+def _check(cell, params, xs, h0, scans=SCANS, chunk_size=None, backwards=("bppsa",), rtol=1e-9):
+    """States and gradients (params, xs, h0) of bppsa.rnn against autodiff through lax.scan, every
+    scan and backward in one compiled function."""
+
+    @jax.jit
+    def run(p, x, h):
+        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
+        got = []
+        for backward in backwards:
+            for scan in scans if backward == "bppsa" else ("blelloch",):
+                f = lambda p, x, h: bppsa.rnn(cell, p, x, h, backward=backward, scan=scan, chunk_size=chunk_size)
+                got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
+        return ref, got
+
+    ref, got = run(params, xs, h0)
+    for g in got:
+        _close(g, ref, rtol, rtol * 1e-2)
+
+
+@pytest.mark.parametrize("name,T,B", [("gru-k3", 7, 2), ("rnn-k1", 1, 1)] + [
+    pytest.param(n, T, B, marks=slow) for n, T, B in [("lstm-k2", 6, 1), ("rnn-k2", 12, 2), ("gru-k1", 17, 1), ("gru-kH", 9, 2),
+                                                      ("lstm-k3-flax", 10, 2), ("lstm-k2", 1, 2), ("lstm-k1", 5, 3)]])
+def test_rnn_gradients_match_autodiff(name, T, B):
+    cell, params, xs, h0 = _setup(name, T, B, seed=T)
+    _check(cell, params, xs, h0, backwards=("bppsa", "bptt"))
+
+
+class _DenseLSTM(structured.BlockLSTM):
+    """A BlockLSTM that hides its block structure: the backward forms its dense (S, S) matrices."""
+
+    @property
+    def jacobian_block_size(self):
+        return None
+
+
+def test_dense_path_without_the_block_structure():
+    cell = _DenseLSTM(3, 6, 2, input_bias=False)
+    _, params, xs, h0 = _setup("lstm-k2", 7, 2, seed=4)
+    _check(cell, params, xs, h0, ("blelloch",))
+
+
+@pytest.mark.parametrize("name", ["lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k2", "gru-k3")])
+def test_small_chunks(name):
+    cell, params, xs, h0 = _setup(name, 11, 2, seed=1)
+    _check(cell, params, xs, h0, ("blelloch", "sequential"), chunk_size=3)
+
+
+_SHAPES = dict(kind=st.sampled_from(["rnn", "gru", "lstm"]), scan=st.sampled_from(SCANS), T=st.integers(1, 20),
+               B=st.integers(1, 3), I=st.integers(1, 3), heads=st.integers(1, 3), k=st.integers(1, 3),
+               seed=st.integers(0, 1000))
+
+
+def _property(kind, scan, T, B, I, heads, k, seed):
+    make = {"rnn": structured.BlockRNN, "gru": structured.BlockGRU, "lstm": structured.BlockLSTM}[kind]
+    cell = make(I, heads * k, k)
+    keys = jax.random.split(jax.random.key(seed), 3)
+    params = cell.init(keys[0], jnp.float64)
+    xs = jax.random.normal(keys[1], (T, B, I), jnp.float64)
+    h0 = cell.unflatten_state(0.5 * jax.random.normal(keys[2], (B, cell.state_size), jnp.float64))
+    _check(cell, params, xs, h0, (scan,), rtol=1e-8)
+
+
+@settings(max_examples=2, deadline=None)
+@given(**_SHAPES)
+def test_gradients_property(**kw):
+    _property(**kw)
+
+
+@slow
+@settings(max_examples=10, deadline=None)
+@given(**_SHAPES)
+def test_gradients_property_more(**kw):
+    _property(**kw)
+
+
+def _forward_modes():
+    modes = []
+    for mode in ("newton", "quasi"):
+        try:
+            bppsa.Options(forward=mode)  # pyright: ignore[reportCallIssue]
+        except (TypeError, ValueError):
+            continue
+        modes.append(mode)
+    return modes
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=slow) for n in ("gru-k3", "lstm-k1", "rnn-k2")])
+def test_parallel_forward_modes(name):  # the default run's parallel forward of block cells: tests/core/test_newton.py
+    """forward="newton" / "quasi" (where bppsa.Options has them): the same states and gradients."""
+    modes = _forward_modes()
+    if not modes:
+        pytest.skip("bppsa.Options has no forward= yet")
+    cell, params, xs, h0 = _setup(name, 9, 2, seed=2)
+
+    @jax.jit
+    def run(p, x, h):
+        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
+        got = []
+        for mode in modes:
+            f = lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bppsa", forward=mode,  # pyright: ignore[reportCallIssue]
+                                          on_fail="raise")
+            got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
+        return ref, got
+
+    ref, got = run(params, xs, h0)
+    for g in got:
+        _close(g, ref, 1e-8, 1e-10)
+
+
+def test_bad_sizes_and_activations_are_usage_errors():
+    with pytest.raises(UsageError, match=r"hidden_size \(6\) must be divisible by head_size \(4\)"):
+        structured.BlockGRU(3, 6, 4)
+    with pytest.raises(UsageError, match="head_size must be a positive int"):
+        structured.BlockLSTM(3, 6, 0)
+    with pytest.raises(UsageError, match="nonlinearity must be one of"):
+        structured.BlockRNN(3, 6, 2, "gelu")
+    with pytest.raises(UsageError, match="divisible by head_size"):
+        BlockLSTMCell(3, 5, head_size=2, rngs=nnx.Rngs(0))
+    with pytest.raises(UsageError, match="gate_fn must be one of"):
+        BlockGRUCell(3, 4, gate_fn=jax.nn.gelu, rngs=nnx.Rngs(0))
+    with pytest.raises(UsageError, match="params"):  # a dense W_h is not a BlockGRU's
+        cell = structured.BlockGRU(3, 4, 2)
+        p = dict(cell.init(jax.random.key(0)), W_h=jnp.zeros((4, 12)))
+        bppsa.rnn(cell, p, jnp.zeros((2, 1, 3)), jnp.zeros((1, 4)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The flax front ends
+# ---------------------------------------------------------------------------------------------
+
+FLAX = {"simple": BlockSimpleCell, "gru": BlockGRUCell, "lstm": BlockLSTMCell}
+
+
+def _flax_loss(module, x, lengths):
+    carry, y = module(x, seq_lengths=lengths)
+    return jnp.sum(jnp.sin(y) * jnp.cos(jnp.arange(y.shape[-1]))) + sum(jnp.sum(c ** 2) for c in jax.tree.leaves(carry))
+
+
+@pytest.mark.parametrize("kind,head,lengths,padding", [("lstm", 3, (5, 2, 0), "flax")] + [
+    pytest.param(k, h, L, p, marks=slow) for k, h, L, p in [
+        ("simple", 1, (3, 5, 1), "identity"), ("lstm", 1, None, "flax"), ("gru", 6, (4, 5, 5), "identity"),
+        ("simple", 3, (1, 2, 5), "flax"), ("gru", 2, None, "flax")]])
+def test_flax_cells_in_nnx_rnn_and_bppsa_nn_rnn(kind, head, lengths, padding):
+    """nnx.RNN(module) and bppsa.nn.RNN(module) (the analytic structured cell) agree: outputs,
+    final carry, gradients w.r.t. the module's Params and the inputs."""
+    module = FLAX[kind](3, 6, head_size=head, param_dtype=jnp.float64, bias_init=nnx.initializers.normal(0.5),
+                        rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (3, 5, 3), jnp.float64)
+    cell, params = flax_cells.plan(module, module.initialize_carry((3, 3), nnx.Rngs(0)), x[:, 0], steps=5)
+    assert type(cell) is type(module.bppsa_cell()) and params.keys() == nnx.state(module, nnx.Param).keys()
+    ours = bppsa.nn.RNN(module, return_carry=True, backward="bppsa", padding=padding)
+    ref = nnx.RNN(module, return_carry=True)
+    lens = None if lengths is None else jnp.asarray(lengths)
+    mask = 1.0 if lens is None else (jnp.arange(5)[None, :] < lens[:, None])[..., None]
+    if padding == "identity":  # the valid outputs only: padded steps differ by design
+        loss = lambda m, x: jnp.sum(jnp.sin(m(x, seq_lengths=lens)[1]) * mask)
+    else:
+        loss = lambda m, x: _flax_loss(m, x, lens)
+
+    @nnx.jit
+    def run(ref, ours, x):
+        return [(m(x, seq_lengths=lens), nnx.grad(loss, argnums=(0, 1))(m, x)) for m in (ref, ours)]
+
+    ((c1, y1), g1), ((c2, y2), g2) = run(ref, ours, x)
+    if padding == "flax" or lens is None:
+        _close((c2, y2), (c1, y1), 1e-13, 1e-14)
+    _close(y2 * mask, y1 * mask, 1e-13, 1e-14)
+    assert ours.hidden(c2) is (c2[1] if kind == "lstm" else c2)  # the h of flax's (c, h)
+    _close(nnx.to_pure_dict(g2[0]), nnx.to_pure_dict(g1[0]), 1e-9, 1e-12)
+    _close(g2[1], g1[1], 1e-9, 1e-12)
+
+
+def test_flax_cell_conventions():
+    """flax's cell conventions: carry shapes and the LSTM's (c, h), the Params' layout, biases
+    as flax's cells have them, mixed precision to the autodiff adapter."""
+    rngs = nnx.Rngs(0)
+    lstm = BlockLSTMCell(4, 6, head_size=2, rngs=rngs)
+    assert {k: v.shape for k, v in flax_cells.cell_params(lstm).items()} == {"W_x": (4, 24), "W_h": (3, 2, 8),
+                                                                              "b_h": (24,)}
+    assert set(flax_cells.cell_params(BlockGRUCell(4, 6, rngs=rngs))) == {"W_x", "W_h", "b_x"}
+    c, h = lstm.initialize_carry((2, 7, 4), rngs)
+    assert c.shape == h.shape == (2, 7, 6) and lstm.num_feature_axes == 1
+    (c2, h2), y = lstm((c + 1.0, h), jnp.ones((2, 7, 4)))
+    assert y is h2 and c2.shape == (2, 7, 6)
+    c_seq, h_seq = scan_states(lstm.bppsa_cell(), flax_cells.cell_params(lstm), jnp.ones((1, 2, 4)),
+                               (jnp.ones((2, 6)), jnp.zeros((2, 6))))  # flax_carry: the pair (c, h)
+    _close(h_seq[0], lstm((jnp.ones((2, 6)), jnp.zeros((2, 6))), jnp.ones((2, 4)))[1], 1e-6, 1e-7)
+    mixed = BlockGRUCell(4, 6, dtype=jnp.bfloat16, rngs=rngs)
+    assert isinstance(flax_cells.plan(mixed, mixed.initialize_carry((2, 4), rngs), jnp.ones((2, 4)), steps=3)[0],
+                      flax_cells.Autodiff)
