@@ -198,3 +198,76 @@ def test_make_docs_is_strict_and_run_by_ci():
     assert re.search(r"^docs: \$\(STAMP\)\n\t.*sphinx-build -W --keep-going .* docs docs/_build/html", makefile, re.M)
     steps = re.findall(r"^make (\w+)", (ROOT / ".ci" / "run").read_text(), flags=re.M)
     assert steps == ["lint", "docs", "test"], steps
+
+
+# Every figure the README or the site quotes comes from a committed result: in each block (a
+# paragraph, a list item or a table row) that links result files (experiments/results/**/*.md),
+# every decimal number (2.82, 0.65×, 1.1e-6, 102.69 ms) is one of the numbers of those files (the
+# .md and its .json), rounded as quoted. Integers (shapes, counts, seeds) and `code` are not checked.
+_DECIMAL = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?:[eE][-+]?\d+)?")
+_ANY_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _blocks(text: str) -> list[str]:
+    """Paragraphs, list items and table rows of a Markdown text (code fences dropped)."""
+    out, cur, fenced = [], [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if not line.strip() or line.startswith("|") or re.match(r"\s*[-*] ", line):
+            if cur:
+                out.append("\n".join(cur))
+            cur = [] if line.startswith("|") or not line.strip() else [line]
+            if line.startswith("|"):
+                out.append(line)
+        else:
+            cur.append(line)
+    return out + (["\n".join(cur)] if cur else [])
+
+
+def quoted_numbers(block: str) -> list[str]:
+    """The decimal numbers of a block, outside link targets and `code`."""
+    return _DECIMAL.findall(re.sub(r"`[^`]*`", "", re.sub(r"\]\([^)]*\)", "]", block)))
+
+
+def is_quoted_from(quoted: str, numbers: list[float]) -> bool:
+    """``quoted`` (e.g. "0.65", "1.1e-6") is one of ``numbers`` rounded to its last digit."""
+    mantissa, _, exponent = quoted.lower().partition("e")
+    ulp = 10.0 ** (-len(mantissa.split(".")[1]) + (int(exponent) if exponent else 0))
+    q = float(quoted)
+    return any(abs(x - q) <= ulp / 2 * (1 + 1e-9) for x in numbers)
+
+
+def _quotes() -> list[tuple[str, str, list[Path]]]:
+    quotes = []
+    for doc in [README, *sorted(p for p in SITE.rglob("*.md") if "_build" not in p.parts)]:
+        for block in _blocks(doc.read_text()):
+            links = re.findall(r"\]\(([^)#]*experiments/results/[^)#]*\.md)", block)
+            files = [f for link in links for f in ((doc.parent / link).resolve(),
+                                                   (doc.parent / link).resolve().with_suffix(".json"))]
+            if links:
+                quotes.append((str(doc.relative_to(ROOT)), block, files))
+    return quotes
+
+
+def test_every_quoted_number_is_in_the_result_it_links():
+    quotes = _quotes()
+    assert len(quotes) >= 20 and sum(len(quoted_numbers(b)) for _, b, _ in quotes) >= 60  # the check reads the tables
+    wrong = []
+    for where, block, files in quotes:
+        numbers = [float(n) for f in files if f.exists() for n in _ANY_NUMBER.findall(f.read_text())]
+        missing = [q for q in quoted_numbers(block) if not is_quoted_from(q, numbers)]
+        if missing:
+            wrong.append(f"{where}: {missing} not in {[f.name for f in files if f.exists()]}: {block[:80]!r}")
+    assert not wrong, "numbers quoted without a committed result behind them:\n" + "\n".join(wrong)
+
+
+def test_a_misquoted_number_is_caught():
+    assert is_quoted_from("0.65", [0.6512]) and is_quoted_from("1.1e-6", [1.1266e-06])
+    assert is_quoted_from("102.69", [102.689]) and not is_quoted_from("102.69", [102.7])
+    assert not is_quoted_from("5.4", [3.1, 6.8, 3.9, 7.1]) and not is_quoted_from("8.3e-7", [8.4e-07])
+    assert quoted_numbers("BPPSA 2.82× [rnn](../x/rnn-1.5.md), `lax.scan(unroll=1.5)`; 0.65×") == ["2.82", "0.65"]
+    assert _blocks("a\nb\n\n| x | 1.5 |\n- item 2.5\n```\n9.9\n```\n") == ["a\nb", "| x | 1.5 |", "- item 2.5"]

@@ -1,7 +1,7 @@
 """The paper's vanilla-RNN sweeps (Wang et al. 2020, Fig. 5): BPPSA vs BPTT over T and over B.
 
-Configs: ``experiments/paper_bppsa/configs/rnn_sweep.py`` (both sweeps; ``bppsa reproduce rnn-sweep``),
-``rnn_tsweep.py`` (T at B = 16) and ``rnn_bsweep.py`` (B at T = 1000), all with the task
+Configs: ``experiments/paper_bppsa/configs/rnn_sweep.py`` (both sweeps, ``bppsa reproduce rnn-sweep``;
+its presets ``:T`` and ``:B`` run one of them: T at B = 16, B at T = 1000), with the task
 :func:`sweep_task`; ``core_accuracy.py`` (float32 gradient error, :func:`accuracy_task`).
 Every point is one :func:`experiments.bench.bench_point`; with ``config.gemm`` the sweep also records the
 bare batched-GEMM rates (:func:`gemm_rates`) and the up-sweep products' rate (:func:`product_rate`).

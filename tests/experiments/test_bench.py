@@ -206,15 +206,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_config(name, arg=None):
+    from experiments import cli
     from experiments.runner import load_config
     return load_config(cli.config_path(name), arg)
 
 
 def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
-    config = _load_config("rnn_bsweep", "smoke")
+    config = _load_config("rnn_sweep", "B")  # the B sweep alone, at toy size
+    config.update({"T_fixed": 30, "B_values": (2,), "repeats": 2, "auto": False})
     assert config.task == "experiments.paper_bppsa.rnn_sweep:sweep_task"
     summary = rnn_sweep.sweep_task(config, tmp_path)
-    rec = json.loads((tmp_path / "rnn-bsweep.json").read_text())
+    rec = json.loads((tmp_path / "rnn-sweep-B.json").read_text())
     assert set(rec["provenance"]) >= {"date", "command", "backend", "device_kind", "cpu", "jax", "jaxlib"}
     (pts,) = rec["sweeps"].values()
     assert [(p["T"], p["B"]) for p in pts] == [(30, 2)]
@@ -229,11 +231,12 @@ def test_sweep_task_smoke_writes_json_markdown_and_plot(tmp_path):
             assert mem["peak"] == mem["argument"] + mem["output"] + mem["temp"] - mem["alias"]
             assert mem["argument"] >= 30 * 2 * 20 * 4  # the readout R (T, B, H) float32 is an argument
         assert p["memory"]["jacobian_bytes"] == 30 * p["B"] * 20 * 20 * 4
-    md = (tmp_path / "rnn-bsweep.md").read_text()
+    md = (tmp_path / "rnn-sweep-B.md").read_text()
     assert bench.TABLE_HEADER in md and f"| 30 | 2 | {1e3 * pts[0]['components']['forward']['median']:.2f} |" in md
-    assert (tmp_path / "rnn-bsweep.png").stat().st_size > 1000
+    assert (tmp_path / "rnn-sweep-B.png").stat().st_size > 1000
     assert list(summary) == list(rec["sweeps"])
-    assert _load_config("rnn_tsweep").T_values == (10, 30, 100, 300, 1000, 3000, 10000, 30000)
+    full, t_only = _load_config("rnn_sweep"), _load_config("rnn_sweep", "T")
+    assert t_only.T_values == full.T_values == (10, 30, 100, 300, 1000, 3000, 10000, 30000) and t_only.B_values == ()
 
 
 def test_bench_point_records_auto_choice_and_baselines(tmp_path):

@@ -43,7 +43,7 @@ def test_configs_found():
 # (tests/sync/test_sync_ray.py::test_ray_bsp_trains_and_survives_a_killed_worker). Their smoke runs are in
 # the slow run; their presets are checked by test_every_preset_of_every_config_passes_its_tasks_checks
 # (tests/experiments/test_faults.py) and their docstrings by test_config_documents_its_command.
-SAME_TASK_AS_ANOTHER = ("rnn_tsweep", "rnn_bsweep", "rnn_sweep", "irmas_grid", "irmas_train", "irmas_timing",
+SAME_TASK_AS_ANOTHER = ("rnn_sweep", "irmas_grid", "irmas_train", "irmas_timing",
                         "sync_ray")
 # Configs whose default run leaves out a part that another default test runs at a similar size:
 # irmas's training (tests/experiments/test_irmas_experiment.py::test_short_training_run_learns_the_stand_in_above_chance

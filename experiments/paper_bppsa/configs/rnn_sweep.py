@@ -2,6 +2,8 @@
 
     bppsa reproduce rnn-sweep            # = bppsa run experiments/paper_bppsa/configs/rnn_sweep.py; 40-80 min on 2 CPU cores
     bppsa reproduce rnn-sweep --quick    # = ...rnn_sweep.py:quick; T in (10, 100, 1000, 3000), B in (2, 16, 64): a few minutes
+    bppsa run experiments/paper_bppsa/configs/rnn_sweep.py:T        # the T sweep alone (Fig. 5a, B = 16): 30-60 min
+    bppsa run experiments/paper_bppsa/configs/rnn_sweep.py:B        # the B sweep alone (Fig. 5b, T = 1000): 10-20 min
     bppsa run experiments/paper_bppsa/configs/rnn_sweep.py:smoke    # T = 10, B = 2; seconds (no cost-model probe)
 
 RNN(input 1, hidden 20) on bitstreams. At every point: forward, Jacobian generation, scan,
@@ -14,8 +16,8 @@ import ml_collections
 
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke"):
-        raise ValueError(f"rnn_sweep takes no argument, 'quick' or 'smoke'; got {arg!r}")
+    if arg not in (None, "quick", "smoke", "T", "B"):
+        raise ValueError(f"rnn_sweep takes no argument, 'quick', 'smoke', 'T' or 'B'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.paper_bppsa.rnn_sweep:sweep_task"
     c.name = "rnn-sweep"
@@ -28,7 +30,10 @@ def get_config(arg=None):
     c.auto = True
     c.gemm = False
     c.time_budget_s = ml_collections.config_dict.placeholder(float)  # seconds; later points are skipped
-    if arg == "quick":
+    if arg in ("T", "B"):  # one of the two sweeps: the other's values left out
+        c.name = f"rnn-sweep-{arg}"
+        c[f"{'B' if arg == 'T' else 'T'}_values"] = ()
+    elif arg == "quick":
         c.name = "rnn-sweep-quick"
         c.T_values = (10, 100, 1000, 3000)
         c.B_values = (2, 16, 64)
