@@ -15,11 +15,10 @@ so ṡ = A⁻¹ R u is the states' tangent. ``solve`` (K⁻¹) is the forward ta
 (:func:`tangent_states`); ``transpose_solve`` (K⁻ᵀ: y1 = A⁻ᵀ c1, y2 = c2 + Rᵀ y1) is exactly the
 BPPSA backward, the adjoint scan *and* the cell's analytic ``param_grads``, so ``jax.grad`` (JAX
 transposing the rule) runs the same program as the former ``custom_vjp``: equal gradients bit
-for bit, equal XLA temporaries, compiled programs differing by a few bitcasts, step time old/new
-0.95–1.06 (noise) over 10 GRU/RNN/LSTM points (experiments/results/cpu/forward-mode.md). Putting R
-inside K rather than in the right-hand side keeps the analytic gradients: with b = R u, JAX
-transposes the step's JVP itself, measured up to 1.6x slower (GRU, sequential scan) and with up
-to 1.7x the XLA temporaries (GRU, T = 1034: 50.6 vs 30.2 MiB) in the same file.
+for bit, equal XLA temporaries, compiled programs differing by a few bitcasts, step times equal
+within noise (experiments/results/cpu/forward-mode.md). Putting R inside K rather than in the
+right-hand side keeps the analytic gradients: with b = R u, JAX transposes the step's JVP itself,
+which measured slower and with more XLA temporaries (the same file).
 Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a rematerialised JVP of the
 step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
 (:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`experiments.bench`)

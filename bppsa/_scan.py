@@ -212,8 +212,8 @@ def _use_fma(S: int, dtype) -> bool:
 
 
 # XLA CPU runs a batched dot with several batch dimensions far slower than the same dot with
-# one (measured: 41 ms vs 8.8 ms for a whole up-sweep at n = 1023, B = 16, S = 20), so the GEMM
-# forms below flatten every leading dimension into one batch dimension.
+# one (measured several-fold on a whole up-sweep: experiments/results/cpu/scan-optimisation.md), so
+# the GEMM forms below flatten every leading dimension into one batch dimension.
 
 def batched_matmul(L: Array, R: Array) -> Array:
     """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
@@ -228,7 +228,7 @@ def batched_matmul(L: Array, R: Array) -> Array:
 
 def batched_vecmat(v: Array, M: Array) -> Array:
     """(..., S) @ (..., S, S) -> (..., S) as S fused multiply-adds (small S; a multiply-and-sum
-    reduction measured 60x slower with a batch axis of 1)."""
+    reduction measured far slower with a batch axis of 1)."""
     S = M.shape[-1]
     if not _use_fma(S, jnp.result_type(v, M)):
         return jnp.einsum("ni,nij->nj", v.reshape((-1, S)), M.reshape((-1, S, S))).reshape(v.shape)

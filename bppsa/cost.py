@@ -51,13 +51,12 @@ METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequen
 _NFEAT = {"bptt": 3, "bppsa": 4, "bppsa_sequential": 3}
 
 # chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
-# chunk's scan works in cache. Measured (RNN H = 20, 2-core CPU, BPPSA backward, min of 7):
-# T = 30 000, B = 1: one chunk 48.8 ms, chunks of 2048 / 4096 / 8192 steps 15.3 / 14.9 / 16.7 ms
-# (BPTT 20.5 ms); T = 3000, B = 16: 70.2 ms -> 22.8 ms with chunks of 256
-# (experiments/results/cpu/scan-optimisation.md). 8 MiB is 5120 steps at B = 1, 320 at B = 16.
-# The RNN (diagonal structure, no Jacobians formed) is far less sensitive: T = 30 000, B = 1, median
-# of 11: one chunk 13.1 ms, chunks of 4096 / 8192 / 16384 steps 12.8 / 13.4 / 13.0 ms; its chunks are
-# sized by its largest array, the first level's products (half the Jacobians' bytes).
+# chunk's scan works in cache: chunks of a few thousand steps at B = 1 and a few hundred at B = 16
+# run the BPPSA backward several times faster than one chunk, and the best sizes are flat around
+# this bound (the measurements: experiments/results/cpu/scan-optimisation.md). 8 MiB is 5120 steps
+# at B = 1, 320 at B = 16 (RNN H = 20). The RNN (diagonal structure, no Jacobians formed) is far
+# less sensitive; its chunks are sized by its largest array, the first level's products (half the
+# Jacobians' bytes).
 CHUNK_BYTES = 8 << 20
 
 
@@ -90,13 +89,10 @@ UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines 
 
 # BPTT's unroll on CPU by the per-step work w = B·G·H² (multiply-adds of the recurrent product).
 # Measured on the 2-core CPU (jitted jax.grad through lax.scan, float32, H = 20, every unroll in
-# UNROLLS interleaved; experiments/results/cpu/bptt-unroll.md): cheap steps gain most, where XLA's
-# per-iteration loop overhead dominates (RNN B = 1: best 16, 1.7-2.2x faster than unroll 1; GRU /
-# LSTM B = 1, w = 1200 / 1600: 4, unroll 1 1.5x slower); from B = 2 on, unroll 2 is best or within
-# 6 % of the best (RNN B = 4 ... 256, T = 100 ... 3000 at B = 16, GRU B = 16 ... 64), and larger
-# unrolls lose (bigger loop bodies; up to 4x at GRU B = 64). RNN B = 2 is unstable between runs
-# (best 2, 8 or 32 in three runs; unroll 2 within 1.07x in two of them). Rows (largest w, largest
-# B, unroll), first match; otherwise 2. Problems of at most _TINY_WORK multiply-adds in all (T·w)
+# UNROLLS interleaved; the table: experiments/results/cpu/bptt-unroll.md): cheap steps gain most,
+# where XLA's per-iteration loop overhead dominates (RNN B = 1: 16; GRU / LSTM B = 1: 4); from
+# B = 2 on, unroll 2 is best or close to it, and larger unrolls lose (bigger loop bodies). Rows
+# (largest w, largest B, unroll), first match; otherwise 2. Problems of at most _TINY_WORK multiply-adds in all (T·w)
 # run in tens of microseconds: unroll 1, since an unrolled body costs more compile time than
 # thousands of calls would save.
 _CPU_UNROLL = ((500, None, 16), (4000, 1, 4))
@@ -122,7 +118,7 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
         w = B * cell.gates * H * H
         if T * w <= _TINY_WORK:
             u = 1
-        elif T <= 16:  # short sequences: no loop at all (RNN T = 10, B = 16: unroll 2 was 1.39x slower)
+        elif T <= 16:  # short sequences: no loop at all (measured faster than unroll 2 at RNN T = 10, B = 16)
             u = T
         else:
             u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and (b is None or B <= b)), 2)
@@ -146,8 +142,8 @@ def cost_features(cell: Cell, T: int, B: int, itemsize: int = 4) -> dict:
     Jacobians are formed (dense) and cells with diagonal structure
     (:attr:`bppsa.cells.Cell.has_diagonal_jacobian`, the RNN), whose first level is one large
     GEMM from vectors; T·B·G·S² the Jacobian generation, vector products and contraction (memory
-    bound). a_batch: XLA's per-step cost jumps from B = 1 to B = 2 (measured 0.7 -> 2.0 ms at
-    T = 1000 on the 2-core CPU), more than the flops explain.
+    bound). a_batch: XLA's per-step cost jumps from B = 1 to B = 2 on the CPU, more than the flops
+    explain (the probe's measurements: ``cost_models/cpu.json``).
     BPPSA, sequential scan: t = c_step · T + c_jac · T·B·S² + c_mem · T·B·G·S²  (T dependent
     vector–matrix products over the (T, B, S, S) Jacobians, which are always formed).
     """
@@ -350,8 +346,8 @@ def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | Non
 def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None) -> str:
     """What ``forward="auto"`` runs: the forward with the least :func:`forward_seconds` among
     "sequential" and "newton" (quasi needs more iterations of a cheaper scan: chosen only
-    explicitly). On this project's 2-core CPU the sequential loop always wins (measured: the
-    parallel forward is 0.1–0.5x its speed), so "auto" is the sequential forward there."""
+    explicitly). On this project's 2-core CPU the sequential loop always wins (measured at every
+    point of experiments/results/cpu/parallel-step.md), so "auto" is the sequential forward there."""
     del dtype  # the constants are float32's; the choice does not hinge on it
     backend = backend or jax.default_backend()
     if backend == "cpu":  # measured, not modelled: the sequential forward at every CPU point

@@ -30,7 +30,6 @@ and ``speedup_step = step_bptt / step_bppsa`` (the training-step gradient).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import jax
@@ -49,16 +48,14 @@ from bppsa._scan import blelloch_scan_stored, to_storage
 from bppsa.cost import CostModel, default_cost_model
 from bppsa.errors import UsageError
 from bppsa.host import time_interleaved
-from bppsa.scan import SCANS
 from bppsa.scan import scan as run_scan
 from experiments import baselines as baselines_lib
 from experiments import gradient
-from experiments.calibrate import load_cost_model
 from experiments.tables import markdown_table
 
 __all__ = ["time_components", "component_functions", "backward_times", "compiled_memory", "gradient_memory",
            "time_scans", "scan_inputs", "make_cell", "bench_point", "sweep_table", "table_cells", "save_record",
-           "main", "COMPONENTS", "TABLE_COLUMNS", "TABLE_HEADER"]
+           "check_flags", "CELLS", "COMPONENTS", "TABLE_COLUMNS", "TABLE_HEADER"]
 
 COMPONENTS = ("forward", "jacobian", "bppsa_backward", "param_grads", "bppsa_backward_full",
               "bptt_backward", "step_bppsa", "step_bptt")
@@ -241,14 +238,14 @@ def scan_inputs(cell, params, xs, h0, *, seed: int = 0):
 # One point of a sweep, its table and `bppsa bench`.
 # --------------------------------------------------------------------------------------------
 
-_CELLS = {"rnn": "RNN", "gru": "GRU", "lstm": "LSTM"}
+CELLS = {"rnn": "RNN", "gru": "GRU", "lstm": "LSTM"}
 
 
 def make_cell(kind: str, input_size: int, hidden_size: int):
     """The cell named ``kind`` ("rnn", "gru" or "lstm") of the given sizes."""
-    if kind not in _CELLS:
-        raise ValueError(f"cell must be one of {sorted(_CELLS)}; got {kind!r}")
-    return getattr(cells, _CELLS[kind])(input_size, hidden_size)
+    if kind not in CELLS:
+        raise ValueError(f"cell must be one of {sorted(CELLS)}; got {kind!r}")
+    return getattr(cells, CELLS[kind])(input_size, hidden_size)
 
 
 def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 5, warmup: int = 1,
@@ -378,59 +375,13 @@ def _int_list(s: str, flag: str = "--T"):
     return vals
 
 
-def _check_args(a) -> tuple[list, list]:
-    """``bppsa bench``'s flags, all checked before anything is timed: (Ts, Bs); UsageError naming the flag."""
+def check_flags(a) -> tuple[list, list]:
+    """``bppsa bench``'s flags, all checked before anything is timed: (Ts, Bs); UsageError naming the flag.
+    (The work directory ``--out`` is the runner's to check, as for every run.)"""
     Ts, Bs = _int_list(a.T, "--T"), _int_list(a.B, "--B")
     for flag, value in (("--repeats", a.repeats), ("--hidden", a.hidden), ("--input", a.input)):
         if value < 1:
             raise UsageError(f"{flag} must be an int >= 1; got {value}")
     if not a.name or a.name in (".", "..") or any(c in a.name for c in "/\\\0"):
         raise UsageError(f"--name must be a plain file name (it names <out>/<name>.json and .md); got {a.name!r}")
-    out = Path(a.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out {a.out!r} cannot be used as the output folder ({e.strerror or e}); expected a "
-                         "folder (made if missing) for <name>.json and <name>.md") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {a.out!r} is not writable; expected a folder bppsa bench can write "
-                         "<name>.json and <name>.md into")
-    taken = [f"{a.name}.{ext}" for ext in ("json", "md") if (out / f"{a.name}.{ext}").is_dir()]
-    if taken:
-        raise UsageError(f"--out {a.out!r} holds a folder named {taken[0]!r}, where the result file goes; "
-                         "pass another --out or --name")
     return Ts, Bs
-
-
-def main(argv=None) -> int:
-    """``bppsa bench``: time BPPSA vs BPTT for a cell over lists of T and B."""
-    import argparse
-    import sys
-    p = argparse.ArgumentParser(prog="bppsa bench", description=main.__doc__)
-    p.add_argument("--cell", default="rnn", choices=sorted(_CELLS))
-    p.add_argument("--hidden", type=int, default=20)
-    p.add_argument("--input", type=int, default=1)
-    p.add_argument("--T", default="1000", help="comma-separated sequence lengths (default: %(default)s)")
-    p.add_argument("--B", default="16", help="comma-separated batch sizes (default: %(default)s)")
-    p.add_argument("--scan", default="blelloch", choices=sorted(SCANS))
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--no-auto", action="store_true", help="skip the baselines and the auto choice")
-    p.add_argument("--calibrate", action="store_true", help="probe this machine first and cache its cost model "
-                   "(refines the model shipped with bppsa; about a minute)")
-    p.add_argument("--out", default="runs/bench", help="output folder (default: %(default)s)")
-    p.add_argument("--name", default="bench")
-    p.add_argument("--note", default="", help="a line written into the result file (e.g. how loaded the machine was)")
-    a = p.parse_args(argv)
-    Ts, Bs = _check_args(a)
-    cell = make_cell(a.cell, a.input, a.hidden)
-    model = load_cost_model(recalibrate=True) if a.calibrate else None if a.no_auto else default_cost_model()
-    pts = []
-    print(TABLE_HEADER)
-    for T in Ts:
-        for B in Bs:
-            pts.append(bench_point(cell, T, B, scan=a.scan, repeats=a.repeats, model=model, baselines=not a.no_auto))
-    record = {"config": vars(a), "cost_model": model.to_json() if model else None,
-              "sweeps": {f"{a.cell} H={a.hidden}": pts}, **({"note": a.note} if a.note else {})}
-    paths = save_record(record, a.out, a.name, "bppsa bench " + " ".join(argv if argv is not None else sys.argv[1:]))
-    print("wrote " + ", ".join(map(str, paths)))
-    return 0

@@ -17,6 +17,7 @@ run the same command again to resume), exit code 130; ``--debug`` adds the trace
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 import traceback
@@ -35,7 +36,7 @@ COMMANDS = {
     "run": "experiments.runner:main",
     "results": "experiments.index:main",
     "launch": "bppsa.parallel.launch:main",
-    "bench": "experiments.bench:main",
+    "bench": "experiments.cli:bench",
 }
 
 USAGE = """usage: bppsa [--debug] COMMAND [args...]
@@ -88,6 +89,53 @@ def reproduce_argv(argv: Sequence[str], root: str | os.PathLike = EXPERIMENTS) -
         raise UsageError(f"pass one of --quick and --smoke, not both; got {' '.join(f'--{p}' for p in presets)}")
     rest = [a for a in rest if a not in ("--quick", "--smoke")]
     return [str(path) + (f":{presets[0]}" if presets else "")] + rest
+
+
+def bench(argv: Sequence[str]) -> int:
+    """``bppsa bench``: BPPSA vs BPTT (and every baseline, and ``auto``'s choice) for a cell at every
+    T × B, through the one runner: exactly ``bppsa run experiments/paper_bppsa/configs/rnn_sweep.py``
+    with those points as its grid (``--out`` is the work directory, ``--publish`` copies the result)."""
+    import argparse
+    import shlex
+
+    from bppsa import cost
+    from bppsa.scan import SCANS
+    from experiments import bench as bench_lib
+    from experiments import runner
+    from experiments.calibrate import load_cost_model
+    p = argparse.ArgumentParser(prog="bppsa bench", description=(bench.__doc__ or "").split("\n\n")[0])
+    p.add_argument("--cell", default="rnn", choices=sorted(bench_lib.CELLS))
+    p.add_argument("--hidden", type=int, default=20)
+    p.add_argument("--input", type=int, default=1)
+    p.add_argument("--T", default="1000", help="comma-separated sequence lengths (default: %(default)s)")
+    p.add_argument("--B", default="16", help="comma-separated batch sizes (default: %(default)s)")
+    p.add_argument("--scan", default="blelloch", choices=sorted(SCANS))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-auto", action="store_true", help="skip the baselines and the auto choice")
+    p.add_argument("--calibrate", action="store_true", help="probe this machine first and cache its cost model "
+                   "(refines the model shipped with bppsa; about a minute)")
+    p.add_argument("--gemm", action="store_true", help="also record bare batched-GEMM rates")
+    p.add_argument("--out", default="runs/bench", help="the run's work directory (default: %(default)s)")
+    p.add_argument("--name", default="bench")
+    p.add_argument("--note", default="", help="a line written into the result file (e.g. how loaded the machine was)")
+    p.add_argument("--restart", action="store_true", help="replace what an earlier run wrote in --out")
+    p.add_argument("--publish", action="store_true", help="also copy the result to experiments/results/<device>/")
+    a = p.parse_args(list(argv))
+    Ts, Bs = bench_lib.check_flags(a)
+    if a.calibrate:
+        load_cost_model(recalibrate=True)  # cached for this device: the run's `auto` reads it
+        cost.default_cost_model.cache_clear()
+    overrides = {"T_values": "()", "B_values": "()", "grid_T": ",".join(map(str, Ts)) + ",",
+                 "grid_B": ",".join(map(str, Bs)) + ",", "cell": a.cell, "input_size": str(a.input),
+                 "hidden_size": str(a.hidden), "scan": a.scan, "repeats": str(a.repeats),
+                 "auto": str(not a.no_auto).lower(), "gemm": str(a.gemm).lower(), "name": a.name, "note": a.note}
+    try:
+        summary = runner.run(config_path("rnn_sweep"), None, overrides, workdir=a.out, restart=a.restart,
+                             publish=a.publish, command="bppsa bench " + shlex.join(argv))
+    except UsageError as e:  # the runner's words for the work directory: here it is --out
+        raise UsageError(str(e).replace("--workdir", "--out")) from e
+    print(json.dumps(summary, indent=1))
+    return 0
 
 
 def _load(target: str):

@@ -165,11 +165,22 @@ def _parse_sequence(text: str, current, typ: type, what: str):
         if stripped[:1] + stripped[-1:] in ("()", "[]"):
             stripped = stripped[1:-1]
         items = [s.strip().strip("'\"") for s in stripped.split(",") if s.strip()]
+    if not current:  # an empty default says nothing of its elements: numbers as numbers, the rest as text
+        return typ(_number_or_text(i) for i in items)
     elem_types = {type(e) for e in current}
     if len(elem_types) > 1 and elem_types <= {int, float}:
         elem_types = {float}
     elem = elem_types.pop() if len(elem_types) == 1 else str
     return typ(_parse_scalar(i, elem, f"{what} (elements of type {elem.__name__})") for i in items)
+
+
+def _number_or_text(item: str):
+    for kind in (int, float):
+        try:
+            return kind(item)
+        except ValueError:
+            pass
+    return item
 
 
 def apply_overrides(config: ml_collections.ConfigDict,

@@ -20,8 +20,9 @@ from bppsa._scan import batched_matmul, bottom_layout, diagonal_products
 from bppsa.cost import default_cost_model
 from bppsa.errors import UsageError, checked_by, require_int, require_ints
 from bppsa.host import time_interleaved
+from bppsa.scan import SCANS
 from experiments import entry, gradient
-from experiments.bench import TABLE_HEADER, bench_point, make_cell, save_record
+from experiments.bench import CELLS, TABLE_HEADER, bench_point, make_cell, save_record
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
 
@@ -36,11 +37,12 @@ B_SWEEP_QUICK = (2, 16, 64)
 
 
 def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixed: int = 16,
-              hidden_size: int = 20, cell: str = "rnn", input_size: int = 1, repeats: int = 5,
+              grid_T=(), grid_B=(), hidden_size: int = 20, cell: str = "rnn", input_size: int = 1, repeats: int = 5,
               scan: str = "blelloch", auto: bool = True, memory: bool = True, unrolls=None,
               max_scan_elements: int = 200_000, time_budget_s: float | None = None,
               log=print) -> dict:
-    """The paper's two sweeps: T at B = ``B_fixed`` and B at T = ``T_fixed``. Returns the record.
+    """The paper's two sweeps: T at B = ``B_fixed`` and B at T = ``T_fixed``, and a grid of points
+    (every T of ``grid_T`` at every B of ``grid_B``: what ``bppsa bench`` times). Returns the record.
 
     ``time_budget_s``: stop starting new points once this much wall time has passed (the
     skipped points are listed in ``record["skipped"]``). ``auto``: time every baseline at each
@@ -53,11 +55,13 @@ def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixe
     model = default_cost_model() if auto else None
     record = {"config": {"cell": cell, "input_size": input_size, "hidden_size": hidden_size,
                          "T_values": list(T_values), "B_values": list(B_values), "T_fixed": T_fixed,
-                         "B_fixed": B_fixed, "repeats": repeats, "scan": scan, "dtype": "float32"},
+                         "B_fixed": B_fixed, "grid_T": list(grid_T), "grid_B": list(grid_B),
+                         "repeats": repeats, "scan": scan, "dtype": "float32"},
               "cost_model": model.to_json() if model else None, "sweeps": {}, "skipped": []}
     start = time.perf_counter()
     for name, pts in (("T sweep", [(T, B_fixed) for T in T_values]),
-                      ("B sweep", [(T_fixed, B) for B in B_values])):
+                      ("B sweep", [(T_fixed, B) for B in B_values]),
+                      ("grid", [(T, B) for T in grid_T for B in grid_B])):
         log(f"\n{name} ({type(c).__name__}, H = {hidden_size}, {scan} scan, median of {repeats})\n{TABLE_HEADER}")
         out = []
         for T, B in pts:
@@ -116,8 +120,16 @@ def save_sweep(record, outdir, name: str) -> list:
 
 def check_sweep_task(config) -> None:
     """The ranges of :func:`sweep_task`'s config (UsageError naming the key)."""
-    require_ints(config, "T_values")
-    require_ints(config, "B_values")
+    for key in ("T_values", "B_values", "grid_T", "grid_B"):
+        require_ints(config, key)
+    if not (config.T_values or config.B_values or (config.grid_T and config.grid_B)):
+        raise UsageError("nothing to time: config.T_values, config.B_values and config.grid_T x config.grid_B "
+                         "are all empty; expected at least one point")
+    if config.cell not in CELLS:
+        raise UsageError(f"config.cell must be one of {sorted(CELLS)}; got {config.cell!r}")
+    if config.scan not in SCANS:
+        raise UsageError(f"config.scan must be one of {sorted(SCANS)}; got {config.scan!r}")
+    require_int(config, "input_size")
     for key in ("T_fixed", "B_fixed", "hidden_size", "repeats"):
         require_int(config, key)
     budget = config.time_budget_s
@@ -127,12 +139,16 @@ def check_sweep_task(config) -> None:
 
 @checked_by(check_sweep_task)
 def sweep_task(config, workdir) -> dict:
-    """Task of ``experiments/paper_bppsa/configs/rnn_{sweep,tsweep,bsweep}.py``: the sweeps, saved to ``workdir``."""
+    """Task of ``experiments/paper_bppsa/configs/rnn_sweep.py`` (and ``bppsa bench``): the sweeps, saved to
+    ``workdir``."""
     rec = run_sweep(T_values=tuple(config.T_values), B_values=tuple(config.B_values),
-                    T_fixed=config.T_fixed, B_fixed=config.B_fixed, hidden_size=config.hidden_size,
-                    repeats=config.repeats, auto=config.auto, time_budget_s=config.time_budget_s,
-                    unrolls=config.get("unrolls"))
+                    T_fixed=config.T_fixed, B_fixed=config.B_fixed, grid_T=tuple(config.grid_T),
+                    grid_B=tuple(config.grid_B), cell=config.cell, input_size=config.input_size,
+                    hidden_size=config.hidden_size, scan=config.scan, repeats=config.repeats,
+                    auto=config.auto, time_budget_s=config.time_budget_s, unrolls=config.get("unrolls"))
     rec["sweeps"] = {k: v for k, v in rec["sweeps"].items() if v}
+    if config.note:
+        rec["note"] = config.note
     if config.gemm:
         rec["gemm_gflops"] = gemm_rates(S=config.hidden_size)
         for k, v in rec["gemm_gflops"].items():

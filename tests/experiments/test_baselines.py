@@ -205,20 +205,22 @@ def test_backward_baselines_record_and_table():
 
 
 def test_bench_calibrate_refines_the_model_for_this_machine(tmp_path, monkeypatch):
-    from experiments import bench
+    from experiments import cli
+    from experiments.paper_bppsa import rnn_sweep
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
     fitted = cost.CostModel(FAVOUR_SEQUENTIAL, {"device": cost.device_key()})
     monkeypatch.setattr(calibrate, "calibrate", lambda **kw: fitted)
     seen = []
-    monkeypatch.setattr(bench, "bench_point", lambda cell, T, B, **kw: seen.append(kw["model"]) or {})
-    monkeypatch.setattr(bench, "save_record", lambda *a, **kw: [])
+    point = {"T": 8, "B": 1, "speedup_backward": 1.0, "speedup_step": 1.0}
+    monkeypatch.setattr(rnn_sweep, "bench_point", lambda cell, T, B, **kw: seen.append(kw["model"]) or point)
+    monkeypatch.setattr(rnn_sweep, "save_sweep", lambda *a, **kw: [])
     try:
-        assert bench.main(["--T", "8", "--B", "1", "--calibrate", "--out", str(tmp_path)]) == 0
+        assert cli.bench(["--T", "8", "--B", "1", "--calibrate", "--out", str(tmp_path / "a")]) == 0
         assert seen[0].coef == fitted.coef and cost.load().coef == fitted.coef  # probed and cached
         cost.default_cost_model.cache_clear()
         assert cost.default_cost_model().coef == fitted.coef  # auto now uses this machine's model
         seen.clear()
-        assert bench.main(["--T", "8", "--B", "1", "--out", str(tmp_path)]) == 0  # no probe: the cached one
+        assert cli.bench(["--T", "8", "--B", "1", "--out", str(tmp_path / "b")]) == 0  # no probe: the cached one
         assert seen[0].coef == fitted.coef
     finally:
         cost.default_cost_model.cache_clear()

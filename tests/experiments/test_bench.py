@@ -256,10 +256,10 @@ def test_bench_point_records_auto_choice_and_baselines(tmp_path):
 
 def test_cli_registers_bench_and_rnn_sweep():
     from experiments import cli
-    assert cli.COMMANDS["bench"] == "experiments.bench:main"
+    assert cli.COMMANDS["bench"] == "experiments.cli:bench"
     assert "rnn-sweep" in cli.reproduce_names()
     with pytest.raises(ValueError, match="comma-separated"):
-        bench.main(["--T", "10,x", "--no-auto"])
+        cli.bench(["--T", "10,x", "--no-auto"])
 
 
 @pytest.mark.slow
@@ -319,16 +319,31 @@ def test_bench_flags_are_one_line_errors(tmp_path, capsys, args, needle):
 
 
 def test_bench_out_that_cannot_hold_the_results_is_refused_before_timing(tmp_path, capsys):
-    """--out used to fail only after the whole benchmark had run (a traceback from mkdir)."""
+    """--out is the run's work directory, checked by the runner before anything is timed (it used to
+    fail only after the whole benchmark had run, a traceback from mkdir); the message names --out."""
     (tmp_path / "file").write_text("mine\n")
     err = _bench_error(capsys, "--T", "4", "--B", "1", "--out", str(tmp_path / "file"))
-    assert "--out" in err and "cannot be used as the output folder" in err and "expected a folder" in err
-    err = _bench_error(capsys, "--T", "4", "--B", "1", "--out", str(tmp_path / "file" / "sub"))
-    assert "cannot be used as the output folder" in err
-    (tmp_path / "d" / "bench.json").mkdir(parents=True)  # a folder where the result file goes
-    err = _bench_error(capsys, "--T", "4", "--B", "1", "--out", str(tmp_path / "d"))
-    assert "holds a folder named 'bench.json'" in err
+    assert "--out" in err and "is a file, not a folder" in err and "--workdir" not in err
     assert (tmp_path / "file").read_text() == "mine\n"
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "mine.txt").write_text("mine\n")  # a folder of the user's: not bppsa's to write into
+    err = _bench_error(capsys, "--T", "4", "--B", "1", "--out", str(tmp_path / "d"))
+    assert "--out" in err and sorted(p.name for p in (tmp_path / "d").iterdir()) == ["mine.txt"]
+
+
+def test_bench_is_a_run_of_the_sweep_config(tmp_path):
+    """`bppsa bench` writes through the runner: the work directory, the locked config with its grid,
+    the result (json, md) and its provenance naming the command."""
+    from experiments import cli
+    assert cli.main(["bench", "--T", "6,9", "--B", "2", "--no-auto", "--repeats", "2", "--name", "pt",
+                     "--out", str(tmp_path / "w")]) == 0
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    assert config["task"] == "experiments.paper_bppsa.rnn_sweep:sweep_task"
+    assert (config["grid_T"], config["grid_B"], config["T_values"], config["B_values"]) == ([6, 9], [2], [], [])
+    rec = json.loads((tmp_path / "w" / "pt.json").read_text())
+    assert [(p["T"], p["B"]) for p in rec["sweeps"]["grid"]] == [(6, 2), (9, 2)]
+    assert rec["provenance"]["command"].startswith("bppsa bench --T 6,9")
+    assert (tmp_path / "w" / "pt.md").exists() and (tmp_path / "w" / "summary.json").exists()
 
 
 def test_a_cost_model_that_is_not_one_is_a_clear_error():

@@ -151,6 +151,15 @@ def test_overrides_are_parsed_by_the_fields_type():
         (7, 0.01, False, (16, 32), ("bptt",), "associative")
     runner.apply_overrides(c, {"learning_rate": "1"})
     assert isinstance(c.learning_rate, float)
+    # an empty default says nothing of its elements: numbers are numbers, words stay words
+    c = runner.load_config(cli.config_path("rnn_sweep"), "B")
+    assert c.T_values == ()
+    runner.apply_overrides(c, {"T_values": "100,300", "grid_T": "(7,)", "grid_B": "[]"})
+    assert (c.T_values, c.grid_T, c.grid_B) == ((100, 300), (7,), ())
+    c = runner.load_config(RNN_TRAIN, "smoke")
+    runner.apply_overrides(c, {"timing.lengths": "()"})
+    runner.apply_overrides(c, {"timing.lengths": "8,1.5,x"})
+    assert c.timing.lengths == (8, 1.5, "x")
 
 
 @pytest.mark.parametrize("key, value, needles", [
