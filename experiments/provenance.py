@@ -86,8 +86,15 @@ def provenance(command: str | None = None) -> dict:
 
 
 def save_json(path: str | os.PathLike, record: dict) -> Path:
-    """Write ``record`` as indented JSON (creating parent folders); return the path."""
+    """Write ``record`` as indented JSON (creating parent folders); return the path. The one result
+    writer of the harness (the runner's tasks, ``bppsa bench``, the GPU script): the file is written
+    beside its place and moved there, so a reader never sees half a record."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, default=float) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(record, indent=2, default=float) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

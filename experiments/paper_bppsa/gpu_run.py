@@ -53,7 +53,7 @@ from bppsa.options import PRECISIONS
 from experiments import baselines, gradient
 from experiments.data.irmas import SHAPES as IRMAS_SHAPES
 from experiments.extensions import parallel_step, roofline, scaling
-from experiments.provenance import provenance
+from experiments.provenance import provenance, save_json
 
 __all__ = ["BLOCKED", "PARALLEL_POINTS", "PARALLEL_PAIRS", "plan", "Summary", "Budget", "measure_point", "run_gpu",
            "run_parallel", "run_cpu16", "main"]
@@ -121,9 +121,7 @@ class Summary:
         top["parts"] = prov
         summary = {"provenance": top, "points": [r["point"] for r in records if "point" in r],
                    "skipped": [r["skipped"] for r in records if "skipped" in r]}
-        tmp = self.out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")
-        os.replace(tmp, self.out / "summary.json")
+        save_json(self.out / "summary.json", summary)  # the harness's one result writer (atomic)
         return summary
 
 
