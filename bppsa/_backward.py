@@ -16,7 +16,7 @@ so ṡ = A⁻¹ R u is the states' tangent. ``solve`` (K⁻¹) is the forward ta
 BPPSA backward, the adjoint scan *and* the cell's analytic ``param_grads``, so ``jax.grad`` (JAX
 transposing the rule) runs the same program as the former ``custom_vjp``: equal gradients bit
 for bit, equal XLA temporaries, compiled programs differing by a few bitcasts, step times equal
-within noise (experiments/results/cpu/forward-mode.md). Putting R inside K rather than in the
+within noise (experiments/history/forward-mode.md). Putting R inside K rather than in the
 right-hand side keeps the analytic gradients: with b = R u, JAX transposes the step's JVP itself,
 which measured slower and with more XLA temporaries (the same file).
 Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a rematerialised JVP of the

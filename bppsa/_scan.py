@@ -192,7 +192,7 @@ def down_sweep(levels: Sequence[tuple[Any, Any, Any]], incoming: Any = None, *,
 # --------------------------------------------------------------------------------------------
 
 # Measured on the 2-core CPU (bare batch of 5000 products of 20 x 20, GFLOP/s from the min time;
-# experiments/results/cpu/scan-optimisation.md): the products written as S fused multiply-adds
+# experiments/history/scan-optimisation.md): the products written as S fused multiply-adds
 # (one XLA loop fusion) reach 58-67, batched ``matmul`` 50, and either one falls to 25-29 when its
 # operands are strided slices (every other matrix). So the bottom levels -- nearly all the work --
 # never take strided slices: the elements are laid out so that at every bottom level the left
@@ -212,7 +212,7 @@ def _use_fma(S: int, dtype) -> bool:
 
 
 # XLA CPU runs a batched dot with several batch dimensions far slower than the same dot with
-# one (measured several-fold on a whole up-sweep: experiments/results/cpu/scan-optimisation.md), so
+# one (measured several-fold on a whole up-sweep: experiments/history/scan-optimisation.md), so
 # the GEMM forms below flatten every leading dimension into one batch dimension.
 
 def batched_matmul(L: Array, R: Array) -> Array:

@@ -53,7 +53,7 @@ _NFEAT = {"bptt": 3, "bppsa": 4, "bppsa_sequential": 3}
 # chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
 # chunk's scan works in cache: chunks of a few thousand steps at B = 1 and a few hundred at B = 16
 # run the BPPSA backward several times faster than one chunk, and the best sizes are flat around
-# this bound (the measurements: experiments/results/cpu/scan-optimisation.md). 8 MiB is 5120 steps
+# this bound (the measurements: experiments/history/scan-optimisation.md). 8 MiB is 5120 steps
 # at B = 1, 320 at B = 16 (RNN H = 20). The RNN (diagonal structure, no Jacobians formed) is far
 # less sensitive; its chunks are sized by its largest array, the first level's products (half the
 # Jacobians' bytes).

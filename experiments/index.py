@@ -2,7 +2,7 @@
 
 Every committed result is ``experiments/results/<device>/<name>.json`` (with a ``"provenance"``
 key), optionally with ``<name>.md`` (a markdown table) and ``<name>.png`` (a plot); a ``<name>.md``
-without a JSON is a write-up (e.g. ``scan-optimisation.md``) and is linked, not copied. The index is
+without a JSON is a write-up and is linked, not copied. The index is
 generated from exactly these files (nothing else, no clock), so it can be checked: ``bppsa results
 --check`` exits 1 when it is out of date, and the tests compare the two. ``bppsa results --plots``
 also redraws the plots of results whose JSON names its plotting function (``"plot"``); only

@@ -47,7 +47,7 @@ def _sources():
     yield from sorted(PKG.rglob("*.py"))
     for p in sorted(HARNESS.rglob("*.py")):
         rel = p.relative_to(HARNESS).parts
-        if "configs" not in rel and rel[0] != "scripts":
+        if "configs" not in rel and rel[0] not in ("scripts", "history"):
             yield p
 
 

@@ -245,7 +245,7 @@ def _quotes() -> list[tuple[str, str, list[Path]]]:
     quotes = []
     for doc in [README, *sorted(p for p in SITE.rglob("*.md") if "_build" not in p.parts)]:
         for block in _blocks(doc.read_text()):
-            links = re.findall(r"\]\(([^)#]*experiments/results/[^)#]*\.md)", block)
+            links = re.findall(r"\]\(([^)#]*experiments/(?:results|history)/[^)#]*\.md)", block)
             files = [f for link in links for f in ((doc.parent / link).resolve(),
                                                    (doc.parent / link).resolve().with_suffix(".json"))]
             if links:

@@ -16,7 +16,7 @@ and, for the record, forward mode itself: ``jax.jvp`` of ``bppsa.rnn`` w.r.t. th
 (new) and of ``backward="bptt"`` (autodiff through the scan). Columns ×: old time / new time
 (> 1: new faster). Memory: XLA's temporary bytes of the compiled gradient (``memory_analysis``).
 
-    python experiments/scripts/forward_mode_bench.py OUTDIR [--quick] [--repeats 7]
+    python experiments/history/forward_mode_bench.py OUTDIR [--quick] [--repeats 7]
         # writes OUTDIR/forward-mode.{json,md}; full grid about 15 min on a 2-core CPU; then the
         # compiled programs compared (HLO instructions by opcode, old vs new)
 """
@@ -243,7 +243,7 @@ def main(argv=None):
     hlo = [hlo_ops(*g, old=old) for g in HLO_POINTS]
     render({"rows": rows, "hlo": hlo, "repeats": args.repeats, "old_rev": OLD_REV,
             "wall_s": time.perf_counter() - start,
-            "provenance": provenance("python experiments/scripts/forward_mode_bench.py "
+            "provenance": provenance("python experiments/history/forward_mode_bench.py "
                                      + " ".join(sys.argv[1:] if argv is None else argv))}, out)
 
 
