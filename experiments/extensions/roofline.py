@@ -72,7 +72,8 @@ def _kernel(dev: Device, bytes_: float, flops: float, rate: float) -> float:
 def predict(cell: str, T: int, B: int, I: int, H: int = 20, *, device: Device = H200, tf32: bool = False) -> dict:
     """Predicted seconds of one gradient step (forward + backward) and of the backward alone.
 
-    Returns {"bptt", "bptt_unrolled", "bppsa", "bppsa_backward", "bptt_backward", "bound"} where
+    Returns {"bptt_plain", "bptt_unrolled", "bppsa_blelloch", "bppsa_backward", "bptt_backward", "bound"}
+    (the method names of every table: :mod:`experiments.baselines`) where
     ``bound`` says what limits BPPSA's backward ("latency", "bandwidth" or "compute").
     """
     if cell not in ("RNN", "GRU"):
@@ -116,8 +117,8 @@ def predict(cell: str, T: int, B: int, I: int, H: int = 20, *, device: Device = 
     grad_flops = 2 * T * B * gates * S * (S + I)
     bwd += level(KERNELS["fixed"], 1, jac_bytes + grad_bytes, grad_flops + 2 * T * B * S * S * gates)
     bound = max(terms, key=lambda k: terms[k])
-    return {"bptt": fwd + bptt_bwd, "bptt_unrolled": bptt_unrolled, "bppsa": fwd + bwd, "bppsa_backward": bwd,
-            "bptt_backward": bptt_bwd, "bound": bound}
+    return {"bptt_plain": fwd + bptt_bwd, "bptt_unrolled": bptt_unrolled, "bppsa_blelloch": fwd + bwd,
+            "bppsa_backward": bwd, "bptt_backward": bptt_bwd, "bound": bound}
 
 
 def sweep_points() -> list[dict]:
@@ -135,10 +136,11 @@ def table(device: Device = H200) -> str:
     for p in sweep_points():
         r = predict(p["cell"], p["T"], p["B"], p["I"], device=device)
         label = p["sweep"] + (f" {p['setting']}" if "setting" in p else "")
-        rows.append([label, p["cell"], p["T"], p["B"], f"{r['bptt'] * 1e3:.3g}", f"{r['bptt_unrolled'] * 1e3:.3g}",
-                     f"{r['bppsa'] * 1e3:.3g}", f"{r['bppsa_backward'] * 1e3:.3g}", f"{r['bptt_backward'] * 1e3:.3g}",
-                     f"{r['bptt_backward'] / r['bppsa_backward']:.1f}x", f"{r['bptt_unrolled'] / r['bppsa']:.2f}x",
-                     r["bound"]])
+        rows.append([label, p["cell"], p["T"], p["B"], f"{r['bptt_plain'] * 1e3:.3g}",
+                     f"{r['bptt_unrolled'] * 1e3:.3g}", f"{r['bppsa_blelloch'] * 1e3:.3g}",
+                     f"{r['bppsa_backward'] * 1e3:.3g}", f"{r['bptt_backward'] * 1e3:.3g}",
+                     f"{r['bptt_backward'] / r['bppsa_backward']:.1f}x",
+                     f"{r['bptt_unrolled'] / r['bppsa_blelloch']:.2f}x", r["bound"]])
     return markdown_table(["sweep", "cell", "T", "B", "BPTT ms", "unrolled ms", "BPPSA ms", "BPPSA bwd ms",
                            "BPTT bwd ms", "bwd ratio", "step ratio vs unrolled", "BPPSA bwd bound"],
                           rows, align="llrrrrrrrrrl")
@@ -152,10 +154,10 @@ def compare(summary) -> list[dict]:
     rows = []
     for p in summary.get("points", []):
         ms = p.get("ms") or {}
-        if p.get("part") != "gpu" or p.get("cell") not in ("RNN", "GRU") or "bppsa" not in ms:
+        if p.get("part") != "gpu" or p.get("cell") not in ("RNN", "GRU") or "bppsa_blelloch" not in ms:
             continue
         pred = predict(p["cell"], int(p["T"]), int(p["B"]), int(p.get("I", 1)), int(p.get("H", 20)))
-        for method in ("bptt", "bptt_unrolled", "bppsa"):
+        for method in ("bptt_plain", "bptt_unrolled", "bppsa_blelloch"):
             if method in ms:
                 predicted = pred[method] * 1e3
                 rows.append({"sweep": p.get("sweep"), "cell": p["cell"], "T": p["T"], "B": p["B"],
@@ -173,7 +175,7 @@ def compare_table(rows) -> str:
                             f"{r['measured_ms']:.3g}", f"{r['measured_over_predicted']:.2f}"] for r in rows],
                           align="llrrlrrr")]
     out.append("")
-    for method in ("bptt", "bptt_unrolled", "bppsa"):
+    for method in ("bptt_plain", "bptt_unrolled", "bppsa_blelloch"):
         ratios = [r["measured_over_predicted"] for r in rows if r["method"] == method]
         if ratios:
             out.append(f"- {method}: median measured / predicted {float(np.median(ratios)):.2f} "

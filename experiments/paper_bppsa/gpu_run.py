@@ -25,10 +25,10 @@ other parts' times are the one timed training-step gradient of :mod:`experiments
 of a fixed random readout of every step), the methods built by
 :func:`experiments.baselines.baseline_functions` and timed by :func:`bppsa.host.time_interleaved`:
 
-    bptt              autodiff through a plain ``lax.scan``
+    bptt_plain        autodiff through a plain ``lax.scan``
     bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.cost.UNROLLS` ("best_unroll")
-    bptt_tuned        ``bppsa.rnn(..., backward="bptt")`` (the unroll bppsa picks)
-    bppsa             bppsa.rnn, Blelloch scan, full float32 products
+    bptt              ``bppsa.rnn(..., backward="bptt")`` (tuned BPTT: the unroll bppsa picks)
+    bppsa_blelloch    bppsa.rnn, Blelloch scan, full float32 products
     bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
     cudnn             torch nn.RNN / nn.GRU forward + backward on CUDA (when torch and CUDA are there)
 
@@ -171,8 +171,9 @@ def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=Fa
     ms = {k: v["median"] * 1e3 for k, v in st.items()}
     spread = {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in st.items()}
     best = min(unrolls, key=lambda u: ms[f"bptt_unroll{u}"])
-    out_ms = {"bptt": ms["bptt_unroll1"], "bptt_unrolled": ms[f"bptt_unroll{best}"], "bptt_tuned": ms["bptt"],
-              "bppsa": ms["bppsa_blelloch"], "bppsa_sequential": ms["bppsa_sequential"]}
+    # the names of every table (experiments.baselines): bptt = tuned BPTT, bptt_plain = the plain scan
+    out_ms = {"bptt_plain": ms["bptt_unroll1"], "bptt_unrolled": ms[f"bptt_unroll{best}"], "bptt": ms["bptt"],
+              "bppsa_blelloch": ms["bppsa_blelloch"], "bppsa_sequential": ms["bppsa_sequential"]}
     if "cudnn" in ms:
         out_ms["cudnn"] = ms["cudnn"]
     return {"part": part, "cell": kind, "T": T, "B": B, "H": H, "I": cell.input_size, "ms": out_ms,
@@ -256,7 +257,8 @@ def run_parallel(summary: Summary, pl: dict, deadline: float):
         pred = {f"forward_model/{f}": forward_seconds(cell, T, B, f, "gpu") * 1e3 for f in parallel_step.FORWARDS}
         if kind in ("rnn", "gru"):
             r = roofline.predict(kind.upper(), T, B, I, Hs)
-            pred.update({"roofline/sequential/bptt": r["bptt"] * 1e3, "roofline/sequential/bppsa": r["bppsa"] * 1e3})
+            pred.update({"roofline/sequential/bptt_plain": r["bptt_plain"] * 1e3,
+                         "roofline/sequential/bppsa_blelloch": r["bppsa_blelloch"] * 1e3})
         return {"part": "parallel", "sweep": sweep, "cell": parallel_step.cell_label(kind, head), "T": T, "B": B,
                 "H": Hs, "I": I, "head_size": head, "ms": {k: v["median"] * 1e3 for k, v in m["times"].items()},
                 "spread_ms": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in m["times"].items()},
@@ -311,18 +313,18 @@ def _spawn_cpu16(out: Path, dry: bool, pl: dict, deadline: float):
 
 
 def _table(summary: dict) -> str:
-    rows = ["part  sweep              cell    T      B    bptt/bppsa  unrolled/bppsa  cudnn/bppsa"]
+    rows = ["part  sweep              cell    T      B    plain/bppsa  unrolled/bppsa  cudnn/bppsa"]
     for p in summary["points"]:
         ms = p.get("ms") or {}
         if p["part"] == "parallel":
             its = {k.split("/")[0]: v["iterations"] for k, v in p["newton"].items()}
             rows.append(f"parallel {p['sweep']:<15} {p['cell']:<5} {p['T']:>6} {p['B']:>4}    tuned BPTT / "
                         + ", ".join(f"{k}: {ms['sequential/bptt'] / v:.2f}" for k, v in ms.items()) + f"; its {its}")
-        if "bppsa" not in ms:
+        if "bppsa_blelloch" not in ms:
             continue
-        r = lambda k: f"{ms[k] / ms['bppsa']:.2f}" if k in ms else "-"
+        r = lambda k: f"{ms[k] / ms['bppsa_blelloch']:.2f}" if k in ms else "-"
         rows.append(f"{p['part']:<5} {str(p.get('sweep', '')):<18} {p['cell']:<5} {p['T']:>6} {p['B']:>4}"
-                    f"    {r('bptt'):>8}    {r('bptt_unrolled'):>10}     {r('cudnn'):>8}")
+                    f"    {r('bptt_plain'):>8}    {r('bptt_unrolled'):>10}     {r('cudnn'):>8}")
     return "\n".join(rows)
 
 

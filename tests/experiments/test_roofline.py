@@ -14,13 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bptt_is_latency_bound_and_linear_in_T():
     a, b = roofline.predict("RNN", 1000, 16, 1), roofline.predict("RNN", 10000, 16, 1)
-    assert b["bptt"] / a["bptt"] == pytest.approx(10, rel=1e-6)
-    assert roofline.predict("RNN", 1000, 256, 1)["bptt"] == pytest.approx(a["bptt"], rel=0.01)  # hardly B
+    assert b["bptt_plain"] / a["bptt_plain"] == pytest.approx(10, rel=1e-6)
+    assert roofline.predict("RNN", 1000, 256, 1)["bptt_plain"] == pytest.approx(a["bptt_plain"], rel=0.01)  # hardly B
     dev = roofline.H200
     k = roofline.KERNELS["RNN"]
     floor = 1000 * ((k["fwd"] + k["bwd"]) * dev.launch_s + 2 * dev.loop_iteration_s)
-    assert floor <= a["bptt"] <= 1.01 * floor
-    assert a["bptt_unrolled"] < a["bptt"]
+    assert floor <= a["bptt_plain"] <= 1.01 * floor
+    assert a["bptt_unrolled"] < a["bptt_plain"]
 
 
 def test_bppsa_backward_grows_logarithmically_until_bandwidth_bound():
@@ -46,17 +46,17 @@ def test_compare_with_a_fabricated_summary(tmp_path):
     pred = roofline.predict("RNN", 1000, 16, 1)
     summary = {"provenance": {}, "points": [
         {"part": "gpu", "sweep": "T", "cell": "RNN", "T": 1000, "B": 16, "H": 20, "I": 1,
-         "ms": {"bptt": 2e3 * pred["bptt"], "bptt_unrolled": 1e3 * pred["bptt_unrolled"], "bppsa": 0.5e3 * pred["bppsa"],
+         "ms": {"bptt_plain": 2e3 * pred["bptt_plain"], "bptt_unrolled": 1e3 * pred["bptt_unrolled"], "bppsa_blelloch": 0.5e3 * pred["bppsa_blelloch"],
                 "cudnn": 1.0}},
         {"part": "gpu", "sweep": "precision", "cell": "RNN", "T": 1000, "B": 16, "ms": {}},  # no times: left out
-        {"part": "cpu16", "cell": "RNN", "T": 1000, "B": 16, "ms": {"bppsa": 1.0}},          # not the GPU: left out
+        {"part": "cpu16", "cell": "RNN", "T": 1000, "B": 16, "ms": {"bppsa_blelloch": 1.0}},          # not the GPU: left out
     ]}
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     rows = roofline.compare(path)
     assert [(r["method"], round(r["measured_over_predicted"], 6)) for r in rows] == [
-        ("bptt", 2.0), ("bptt_unrolled", 1.0), ("bppsa", 0.5)]
+        ("bptt_plain", 2.0), ("bptt_unrolled", 1.0), ("bppsa_blelloch", 0.5)]
     assert rows == roofline.compare(summary)
     md = roofline.compare_table(rows)
-    assert "| T | RNN | 1000 | 16 | bptt |" in md and "- bppsa: median measured / predicted 0.50 over 1 points" in md
+    assert "| T | RNN | 1000 | 16 | bptt_plain |" in md and "- bppsa_blelloch: median measured / predicted 0.50 over 1 points" in md
     assert roofline.compare_table([]).startswith("No GPU points")
