@@ -78,7 +78,9 @@ def _script_note(cmd: str) -> str:
     if (ROOT / path).is_file():
         return ""
     name = Path(path).name
-    moved = sorted([*ROOT.glob(f"experiments/scripts/{name}"), *ROOT.glob(f"experiments/*/configs/{name}")])
+    stems = {Path(name).stem, Path(name).stem.removesuffix("_bench")}  # a script became the config of its name
+    moved = sorted([*ROOT.glob(f"experiments/scripts/{name}"), *ROOT.glob(f"experiments/history/{name}"),
+                    *(c for s in stems for c in ROOT.glob(f"experiments/*/configs/{s}.py"))])
     if moved:
         return f" (now `{moved[0].relative_to(ROOT).as_posix()}`)"
     return f" (`{path}` was a one-off script, not kept in the repository)"

@@ -1,30 +1,63 @@
-"""``nnx.RNN`` vs ``bppsa.nn.RNN`` training-step times in a flax model (the task of
-experiments/extensions/configs/flax_rnn.py).
+"""``nnx.RNN`` vs ``bppsa.nn.RNN`` in flax (the task of experiments/extensions/configs/flax_rnn.py):
+two parts (``config.parts``), written into one ``<name>``.json (with provenance) and ``<name>``.md.
 
-The model is the one a flax user writes: a recurrent layer over a flax cell (``nnx.SimpleCell``
-for the paper's vanilla RNN, ``nnx.GRUCell`` for its IRMAS GRU) and a linear head on the final
-carry; only the layer's class differs. One training step = forward + backward + Adam update, one
-``nnx.jit``; the steps of all layers are timed by :mod:`bppsa.host`
-(interleaved, rotated, medians). Writes ``<name>``.json (with provenance) and ``<name>``.md.
+``step``: a flax classifier's training step. The model is the one a flax user writes: a recurrent
+layer over a flax cell (``nnx.SimpleCell`` for the paper's vanilla RNN, ``nnx.GRUCell`` for its
+IRMAS GRU) and a linear head on the final carry; only the layer's class differs. One training step
+= forward + backward + Adam update, one ``nnx.jit``; the steps of all layers (:data:`LAYERS`) are
+timed by :mod:`bppsa.host` (interleaved, rotated, medians). Rows in the record's ``"rows"``.
+
+``cells``: flax's four cells (:data:`FLAX_CELLS`), one training step's gradient, with and without
+``seq_lengths``. For each cell and shape (T, B, I, H) the same cell (the same Params) is driven by
+each layer of :data:`CELL_LAYERS`::
+
+    nnx.RNN     nnx.RNN(cell) (flax's scan, unroll 1; gradients by autodiff through it)
+    bppsa       bppsa.nn.RNN(cell, backward="bppsa")
+    auto        bppsa.nn.RNN(cell, backward="auto"): its choice is Options.resolve's for
+                the cell bppsa runs (bppsa.nn.cells.adapt) at this T, B, float32
+    identity    bppsa.nn.RNN(cell, backward="bppsa", padding="identity") (rows with
+                seq_lengths only: padded steps are identity maps, the scan stops at max(seq_lengths))
+
+The timed step is ``jax.jit`` over the module's split state of ``nnx.value_and_grad`` (w.r.t.
+the cell's ``nnx.Param``s) of ``experiments.gradient``'s loss with padded steps masked,
+L = Σ_{b,t < len_b} ⟨y[b, t], R[b, t]⟩, y (B, T, H) the layer's outputs, R (B, T, H) ~ N(0, 1)
+fixed; seq_lengths (B,) uniform in [T/2, T] ("yes" rows) or None ("no"; then the mask is all
+ones). Before timing, every layer's outputs (at valid steps) are checked against ``nnx.RNN``'s
+(allclose, rtol 1e-4) and its gradient's largest difference from ``nnx.RNN``'s, relative to the
+largest entry, is recorded (and must be < 1e-3). Times: :func:`bppsa.host.time_interleaved`
+(all layers of a row interleaved in rotated blocks, the compile dropped), median ms. Rows in the
+record's ``"cells"`` (with the rounds, the part's wall time and the load average).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
+from bppsa import nn
+from bppsa.errors import UsageError, checked_by, require_choices, require_int
 from bppsa.host import time_interleaved
 from bppsa.nn import RNN
+from bppsa.nn import cells as flax_cells
+from bppsa.options import Options
 from experiments import entry
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
 from experiments.train import make_train_step
 
-__all__ = ["LAYERS", "CELLS", "make_step", "step_times"]
+__all__ = ["PARTS", "LAYERS", "CELLS", "FLAX_CELLS", "CELL_LAYERS", "make_step", "step_rows", "loss", "grad_step",
+           "auto_choice", "cell_point", "cell_rows", "check_flax_rnn", "run", "markdown"]
+
+PARTS = ("step", "cells")
+
+# ---------------------------------------------------------------- part "step": a classifier's training step
 
 #: The layers compared: name -> constructor of the recurrent layer from a flax cell.
 LAYERS = {
@@ -56,14 +89,12 @@ def make_step(layer, kind, input_size, hidden_size, num_classes, seed=0, learnin
     return nnx.cached_partial(make_train_step(), model, optimizer)
 
 
-def step_times(config, workdir) -> dict:
+def step_rows(config) -> list[dict]:
     """Median training-step time of each layer in :data:`LAYERS` at each of ``config.shapes``
     ((kind, I, H, T, B, classes) rows), and the largest loss difference over ``config.check_steps``
     steps from the same start (the layers compute the same training run)."""
     rows = []
     for kind, I, H, T, B, classes in config.shapes:
-        if kind not in CELLS:
-            raise ValueError(f"config.shapes: cell kind must be one of {sorted(CELLS)}; got {kind!r}")
         rng = np.random.default_rng(config.seed)
         x = jnp.asarray(rng.standard_normal((B, T, I)), jnp.float32)
         y = jnp.asarray(rng.integers(0, classes, B), jnp.int32)
@@ -77,35 +108,220 @@ def step_times(config, workdir) -> dict:
         gap = max(float(np.max(np.abs(np.asarray(c) - ref))) for c in losses.values())
         row = {"cell": kind, "I": I, "H": H, "T": T, "B": B, "classes": classes, "times": times, "max_loss_diff": gap}
         rows.append(row)
-        print(_table([row]).splitlines()[-1], flush=True)
-    record = {"title": "nnx.RNN vs bppsa.nn.RNN: training-step times in a flax classifier",
-              "config": config.to_dict(), "rows": rows, "provenance": provenance()}
-    save_json(entry(workdir, f"{config.name}.json"), record)
-    entry(workdir, f"{config.name}.md").write_text(markdown(record))
-    return {f"{r['cell']} T={r['T']} B={r['B']}": {n: t["median"] for n, t in r["times"].items()} for r in rows}
+        print(_step_table([row]).splitlines()[-1], flush=True)
+    return rows
 
 
-_COLUMNS = ["cell", "I", "H", "T", "B", *(f"{n} ms" for n in LAYERS), "nnx.RNN / bppsa", "max loss diff"]
+_STEP_COLUMNS = ["cell", "I", "H", "T", "B", *(f"{n} ms" for n in LAYERS), "nnx.RNN / bppsa", "max loss diff"]
 
 
-def _row_cells(r) -> list:
+def _step_cells(r) -> list:
     ms = [f"{1e3 * r['times'][n]['median']:.1f} [{1e3 * r['times'][n]['min']:.1f}]" for n in LAYERS]
     ratio = r["times"]["nnx.RNN"]["median"] / r["times"]["bppsa.nn.RNN bppsa"]["median"]
     return [r["cell"], r["I"], r["H"], r["T"], r["B"], *ms, f"{ratio:.2f}x", f"{r['max_loss_diff']:.1e}"]
 
 
-def _table(rows) -> str:
-    return markdown_table(_COLUMNS, [_row_cells(r) for r in rows], align="l" + "r" * (len(_COLUMNS) - 1))
+def _step_table(rows) -> str:
+    return markdown_table(_STEP_COLUMNS, [_step_cells(r) for r in rows], align="l" + "r" * (len(_STEP_COLUMNS) - 1))
+
+
+# ---------------------------------------------------------------- part "cells": flax's four cells, one gradient
+
+FLAX_CELLS = {"SimpleCell": nnx.SimpleCell, "GRUCell": nnx.GRUCell, "LSTMCell": nnx.LSTMCell,
+              "OptimizedLSTMCell": nnx.OptimizedLSTMCell}
+CELL_LAYERS = {
+    "nnx.RNN": lambda cell: nnx.RNN(cell),
+    "bppsa": lambda cell: nn.RNN(cell, backward="bppsa"),
+    "auto": lambda cell: nn.RNN(cell, backward="auto"),
+    "identity": lambda cell: nn.RNN(cell, backward="bppsa", padding="identity"),
+}
+RTOL, GRAD_TOL = 1e-4, 1e-3
+
+
+def loss(model, x, lengths, mask, R):
+    """experiments.gradient's loss over valid steps: x (B, T, I), lengths (B,) or None, mask (B, T),
+    R (B, T, H) -> (loss, masked outputs (B, T, H))."""
+    y = model(x, seq_lengths=lengths) * mask[..., None]
+    return jnp.vdot(y, R), y
+
+
+def grad_step(layer, x, lengths, mask, R):
+    """A zero-argument callable: the jitted ``((loss, masked outputs), ∂loss/∂Params)`` of
+    ``layer`` on these arrays (the outputs come back for the check; they are computed anyway)."""
+    graphdef, state = nnx.split(layer)
+
+    @jax.jit
+    def step(state, x, lengths, mask, R):
+        return nnx.value_and_grad(loss, has_aux=True)(nnx.merge(graphdef, state), x, lengths, mask, R)
+
+    return functools.partial(step, state, x, lengths, mask, R)
+
+
+def auto_choice(cell, T, B, I) -> str:
+    """What ``backward="auto"`` runs for this flax cell at (T, B), float32: "bptt" or "bppsa:<scan>"."""
+    opts = Options(backward="auto").resolve(flax_cells.adapt(cell, None, I), T, B, jnp.float32)
+    return "bptt" if opts.backward == "bptt" else f"bppsa:{opts.scan}"
+
+
+def _rel(a, ref) -> float:
+    a, ref = (np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(t)]) for t in (a, ref))
+    return float(np.max(np.abs(a - ref)) / np.max(np.abs(ref)))
+
+
+def cell_point(kind, T, B, I, H, ragged, *, repeats, seed=0):
+    """One row: every layer's step over the same ``kind`` cell at (T, B, I, H), checked, then timed."""
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((B, T, I)), jnp.float32)
+    R = jnp.asarray(rng.standard_normal((B, T, H)), jnp.float32)
+    lengths = jnp.asarray(rng.integers(T // 2, T + 1, B), jnp.int32) if ragged else None
+    mask = (jnp.arange(T)[None, :] < (jnp.full((B,), T) if lengths is None else lengths)[:, None]).astype(jnp.float32)
+    cell = FLAX_CELLS[kind](I, H, rngs=nnx.Rngs(seed))
+    names = [n for n in CELL_LAYERS if ragged or n != "identity"]
+    layers = {n: CELL_LAYERS[n](cell) for n in names}
+    fns, ys, grads, compile_s = {}, {}, {}, {}
+    for n, layer in layers.items():
+        fns[n] = grad_step(layer, x, lengths, mask, R)
+        t0 = time.perf_counter()
+        (_, ys[n]), grads[n] = jax.block_until_ready(fns[n]())  # compiles
+        compile_s[n] = time.perf_counter() - t0
+        np.testing.assert_allclose(np.asarray(ys[n]), np.asarray(ys["nnx.RNN"]), rtol=RTOL, atol=1e-6,
+                                   err_msg=f"{kind} T={T} B={B} seq_lengths={ragged}: {n}'s outputs vs nnx.RNN's")
+    grad_diff = {n: _rel(grads[n], grads["nnx.RNN"]) for n in names if n != "nnx.RNN"}
+    bad = {n: d for n, d in grad_diff.items() if not d < GRAD_TOL}
+    if bad:
+        raise AssertionError(f"{kind} T={T} B={B}: gradients differ from nnx.RNN's by {bad} (max |Δ| / max |g|), "
+                             f"expected < {GRAD_TOL}")
+    times = time_interleaved(fns, repeats=repeats, warmup=0)
+    return {"cell": kind, "seq_lengths": ragged, "T": T, "B": B, "I": I, "H": H,
+            "lengths": None if lengths is None else np.asarray(lengths).tolist(),
+            "auto_choice": auto_choice(cell, T, B, I), "times": times, "compile_s": compile_s,
+            "grad_rel_diff": grad_diff}
+
+
+def _loadavg() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def cell_rows(config) -> dict:
+    """Part "cells": for each of ``config.cells_shapes`` ((T, B, I, H)), each of ``config.cells_kinds``
+    and seq_lengths no / yes, :func:`cell_point` with ``config.cells_repeats`` rounds; returns
+    ``{"rows", "repeats", "wall_s", "loadavg": {"start", "end"}}``."""
+    load_start, start, rows = _loadavg(), time.perf_counter(), []
+    for T, B, I, H in config.cells_shapes:
+        for kind in config.cells_kinds:
+            for ragged in (False, True):
+                rows.append(cell_point(kind, T, B, I, H, ragged, repeats=config.cells_repeats, seed=config.cells_seed))
+                print(_cells_table(rows[-1:]).splitlines()[-1] if rows[1:] else _cells_table(rows), flush=True)
+    return {"rows": rows, "repeats": config.cells_repeats, "wall_s": time.perf_counter() - start,
+            "loadavg": {"start": load_start, "end": _loadavg()}}
+
+
+def _ms(r, n):
+    return f"{1e3 * r['times'][n]['median']:.2f}" if n in r["times"] else "—"
+
+
+def _ratio(r, n):
+    return f"{r['times']['nnx.RNN']['median'] / r['times'][n]['median']:.2f}x" if n in r["times"] else "—"
+
+
+_CELL_COLUMNS = ["cell", "seq_lengths", "T", "B", "I", "H", "nnx.RNN ms", "bppsa ms", "auto ms", "auto chose",
+                 "identity ms", "nnx.RNN / bppsa", "nnx.RNN / auto", "nnx.RNN / identity", "max grad diff"]
+
+
+def _cells_table(rows) -> str:
+    return markdown_table(_CELL_COLUMNS, [[r["cell"], "yes" if r["seq_lengths"] else "no", r["T"], r["B"], r["I"],
+                                           r["H"], _ms(r, "nnx.RNN"), _ms(r, "bppsa"), _ms(r, "auto"),
+                                           r["auto_choice"], _ms(r, "identity"), _ratio(r, "bppsa"),
+                                           _ratio(r, "auto"), _ratio(r, "identity"),
+                                           f"{max(r['grad_rel_diff'].values()):.1e}"] for r in rows],
+                          align="ll" + "r" * 7 + "l" + "r" * 5)
+
+
+# ---------------------------------------------------------------- the task
+
+def _shape_rows(config, key: str, what: str, first: int = 0) -> None:
+    """``config.<key>`` must be a non-empty list of rows of ``what``'s width, ints >= 1 from ``first`` on."""
+    rows, width = config[key], len(what.split(","))
+    ok = isinstance(rows, (list, tuple)) and len(rows) > 0 and all(
+        isinstance(r, (list, tuple)) and len(r) == width
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in r[first:]) for r in rows)
+    if not ok:
+        raise UsageError(f"config.{key} must be a non-empty list of {what} rows (ints >= 1); got {rows!r}")
+
+
+def check_flax_rnn(config) -> None:
+    """The ranges of :func:`run`'s config (UsageError naming the key)."""
+    parts = require_choices(config, "parts", PARTS, many=True)
+    if "step" in parts:
+        _shape_rows(config, "shapes", "(kind, I, H, T, B, classes)", first=1)
+        bad = [s[0] for s in config.shapes if s[0] not in CELLS]
+        if bad:
+            raise UsageError(f"config.shapes: cell kind must be one of {sorted(CELLS)}; got {bad!r}")
+        require_int(config, "repeats")
+        require_int(config, "check_steps")
+    if "cells" in parts:
+        _shape_rows(config, "cells_shapes", "(T, B, I, H)")
+        require_choices(config, "cells_kinds", tuple(FLAX_CELLS), many=True)
+        require_int(config, "cells_repeats")
+        require_int(config, "cells_seed", 0)
+    require_int(config, "seed", 0)
+
+
+@checked_by(check_flax_rnn)
+def run(config, workdir) -> dict:
+    """Task of ``experiments/extensions/configs/flax_rnn.py``: the parts in ``config.parts``, one
+    record ``<name>``.json (+ ``.md``); returns the median ms of each layer per row."""
+    check_flax_rnn(config)
+    parts = tuple(config.parts)
+    start, load_start = time.perf_counter(), _loadavg()
+    record: dict = {"title": "nnx.RNN vs bppsa.nn.RNN in flax: a classifier's training step and flax's four cells",
+                    "config": config.to_dict(), "parts": list(parts)}
+    summary = {}
+    if "step" in parts:
+        record["rows"] = step_rows(config)
+        summary["step"] = {f"{r['cell']} T={r['T']} B={r['B']}": {n: t["median"] for n, t in r["times"].items()}
+                           for r in record["rows"]}
+    if "cells" in parts:
+        record["cells"] = cell_rows(config)
+        summary["cells"] = {f"{r['cell']} T={r['T']} B={r['B']} seq_lengths={'yes' if r['seq_lengths'] else 'no'}":
+                            {n: t["median"] for n, t in r["times"].items()} for r in record["cells"]["rows"]}
+    record.update(wall_s=time.perf_counter() - start, loadavg={"start": load_start, "end": _loadavg()},
+                  provenance=provenance())
+    save_json(entry(workdir, f"{config.name}.json"), record)
+    entry(workdir, f"{config.name}.md").write_text(markdown(record))
+    return summary
 
 
 def markdown(record) -> str:
     p = record["provenance"]
-    return "\n".join([
+    lines = [
         f"# {record['title']}", "",
-        f"`{p['command']}` — {p['date']}, {p['backend']} / {p['device_kind']} / {p['cpu']} "
-        f"({p['cpu_count']} cores), jax {p['jax']}, flax {p['flax']}", "",
-        "One training step (forward + backward + Adam, one `nnx.jit`) of a flax classifier: the recurrent "
-        "layer over the flax cell, a linear head on the final carry, float32. Median [min] ms over "
-        "interleaved, rotated blocks (`bppsa.host`); nnx.RNN / bppsa > 1: BPPSA faster. Max loss diff: "
-        "the largest difference of the training losses over the first steps from the same start.", "",
-        _table(record["rows"]), ""])
+        f"`{p['command']}` — {p['date']}, {p['backend']} / {p['device_kind']} / {p['cpu']} ({p['cpu_count']} cores), "
+        f"jax {p['jax']}, jaxlib {p['jaxlib']}, flax {p['flax']}, commit {(p.get('git_commit') or '?')[:7]}, "
+        f"{record['wall_s'] / 60:.1f} min, load average (1, 5, 15 min) {record['loadavg']['start']} at the start, "
+        f"{record['loadavg']['end']} at the end", ""]
+    if "rows" in record:
+        lines += [
+            "## A flax classifier's training step", "",
+            "One training step (forward + backward + Adam, one `nnx.jit`) of a flax classifier: the recurrent "
+            "layer over the flax cell, a linear head on the final carry, float32. Median [min] ms over "
+            "interleaved, rotated blocks (`bppsa.host`); nnx.RNN / bppsa > 1: BPPSA faster. Max loss diff: "
+            "the largest difference of the training losses over the first steps from the same start.", "",
+            _step_table(record["rows"]), ""]
+    if "cells" in record:
+        cells = record["cells"]
+        lines += [
+            "## flax's cells: training-step gradient times", "",
+            "One training step's gradient: `jax.jit` of `nnx.value_and_grad` w.r.t. the cell's Params of "
+            "`experiments.gradient`'s loss with padded steps masked (Σ over valid steps of ⟨output, R⟩, R fixed "
+            "N(0, 1)), float32, the same cell (same Params) in every layer. seq_lengths \"yes\": uniform in [T/2, T]. "
+            "nnx.RNN = `nnx.RNN(cell)`; bppsa = `bppsa.nn.RNN(cell, backward=\"bppsa\")`; auto = "
+            "`backward=\"auto\"` (its choice: `Options.resolve` for the adapted cell); identity = "
+            "`backward=\"bppsa\", padding=\"identity\"`. "
+            f"Median ms over {cells['repeats']} interleaved rotated rounds (`bppsa.host`); the machine is "
+            "shared, so read the ratios (> 1: bppsa.nn.RNN faster). Outputs equal nnx.RNN's (allclose, rtol "
+            "1e-4) in every row; max grad diff: the largest |g − g_nnx.RNN| / max |g_nnx.RNN| over the bppsa layers. "
+            f"This part: {cells['wall_s'] / 60:.1f} min, load average {cells['loadavg']['start']} at its start, "
+            f"{cells['loadavg']['end']} at its end.",
+            "", _cells_table(cells["rows"]), ""]
+    return "\n".join(lines)

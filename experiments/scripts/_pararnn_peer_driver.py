@@ -1,9 +1,10 @@
-"""The pararnn-torch side of experiments/scripts/pararnn_peer_bench.py; runs in the peer's own venv.
+"""The pararnn-torch side of the pararnn-torch comparison (experiments/extensions/pararnn_peer.py, the task
+of experiments/extensions/configs/pararnn_peer.py); runs in the peer's own venv.
 
     PEER_PYTHON experiments/scripts/_pararnn_peer_driver.py --inp point.npz --out peer.npz --json peer.json
 
 Not importable from bppsa's venv (it imports torch and pararnn only). Reads one benchmark point
-written by pararnn_peer_bench.py with numpy (no pickle):
+written by experiments/extensions/pararnn_peer.py with numpy (no pickle):
 
     kind           str: "rnn" (an Elman cell written to pararnn's RNNCell protocol, below),
                    "gru" (pararnn.ParaGRU(mix="head", n_heads=1): a dense GRU) or

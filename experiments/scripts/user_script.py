@@ -2,6 +2,7 @@
 plain script as a training loop runs it.
 
     .venv/bin/python experiments/scripts/user_script.py [--out experiments/results/cpu/user-script]
+    bppsa run experiments/extensions/configs/user_script.py   # the same, run by the runner in a subprocess
 
 Nothing here but ``import bppsa`` and the public API: no ``bppsa.host`` call, no benchmark
 harness set-up, so the process is in the state a user's script is in (the first ``bppsa.rnn``
@@ -69,19 +70,36 @@ def measure(T: int, B: int, *, steps: int, repeats: int) -> dict:
             "auto_vs_fastest": ms["auto"] / ms[fastest], "samples": res}
 
 
+def parse_shapes(text: str) -> tuple:
+    """``"10000x1,1000x2"`` -> ((10000, 1), (1000, 2))."""
+    try:
+        shapes = tuple(tuple(int(v) for v in item.split("x")) for item in text.split(","))
+    except ValueError:
+        shapes = ()
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected TxB,TxB,... with positive ints; got {text!r}")
+    return shapes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="experiments/results/cpu/user-script", help="path stem of the .json/.md written")
     ap.add_argument("--steps", type=int, default=10, help="training steps per timed sample")
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds")
     ap.add_argument("--note", default="", help="a line written under the table (e.g. how loaded the machine was)")
+    ap.add_argument("--shapes", type=parse_shapes, default=SHAPES,
+                    help="the (T, B) points as TxB,TxB,... (default: " + ",".join(f"{T}x{B}" for T, B in SHAPES) + ")")
+    ap.add_argument("--command", default=None,
+                    help="the command recorded in the provenance (default: this script's own command line; "
+                         "`bppsa run experiments/extensions/configs/user_script.py` passes its own)")
     args = ap.parse_args(argv)
-    rows = [measure(T, B, steps=args.steps, repeats=args.repeats) for T, B in SHAPES]
+    rows = [measure(T, B, steps=args.steps, repeats=args.repeats) for T, B in args.shapes]
     table = markdown_table(
         ["T", "B"] + [f"{m} ms" for m in METHODS] + ["auto picked", "auto / fastest"],
         [[r["T"], r["B"]] + [f"{r['ms_per_step'][m]:.2f}" for m in METHODS]
          + [":".join(x for x in r["auto_choice"] if x), f"{r['auto_vs_fastest']:.2f}x ({r['fastest']})"] for r in rows])
-    prov = provenance(command=" ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])))
+    prov = provenance(command=args.command or " ".join([Path(sys.argv[0]).name]
+                                                       + (argv if argv is not None else sys.argv[1:])))
     print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

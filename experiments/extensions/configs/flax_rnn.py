@@ -1,28 +1,54 @@
-"""nnx.RNN vs bppsa.nn.RNN (BPTT and BPPSA backward): training-step times of a flax classifier at
-the paper's RNN shape (nnx.SimpleCell, input 1, hidden 20, T = 1000, B = 16, 10 classes) and its
-IRMAS GRU shape (nnx.GRUCell, input 24, hidden 20, T = 517, B = 32, 11 classes).
+"""nnx.RNN vs bppsa.nn.RNN in flax, two parts (``parts``) in one result:
 
-    bppsa run experiments/extensions/configs/flax_rnn.py             # both shapes, 7 rounds (~2-5 min on 2 cores)
-    bppsa run experiments/extensions/configs/flax_rnn.py:smoke       # one tiny GRU, seconds
+- ``step``: BPTT and BPPSA backward, training-step times (forward + backward + Adam) of a flax
+  classifier at the paper's RNN shape (nnx.SimpleCell, input 1, hidden 20, T = 1000, B = 16, 10
+  classes) and its IRMAS GRU shape (nnx.GRUCell, input 24, hidden 20, T = 517, B = 32, 11 classes);
+- ``cells``: flax's four cells (SimpleCell, GRUCell, LSTMCell, OptimizedLSTMCell) with and without
+  ``seq_lengths``, one training step's gradient: nnx.RNN, bppsa.nn.RNN with ``backward="bppsa"``,
+  ``"auto"`` and ``padding="identity"``, outputs and gradients checked against nnx.RNN's, at
+  (T, B, I, H) = (100, 16, 32, 32), the IRMAS GRU's settings "m" and "l" (experiments.data.irmas.SHAPES
+  at the grid's B = 16 and 32, hidden 20) and (256, 8, 128, 128).
 
-Writes flax_rnn.{json,md} into the work directory (--publish: into experiments/results/<device>/).
+    bppsa run experiments/extensions/configs/flax_rnn.py          # both parts, full shapes: ~15-20 min on 2 loaded cores (step 2-5 min, cells 13 min measured), mostly compiles
+    bppsa run experiments/extensions/configs/flax_rnn.py:quick    # cells at one tiny shape (T 20, B 4, I 8, H 8), 2 rounds; one small GRU step: ~1-2 min
+    bppsa run experiments/extensions/configs/flax_rnn.py:smoke    # both parts at a tiny GRU, one round: seconds (~20 s on the loaded 2-core machine)
+    bppsa run experiments/extensions/configs/flax_rnn.py --config.parts=cells   # one part alone
+
+Writes flax_rnn.{json,md} into the work directory (--publish: into experiments/results/<device>/); the
+json holds the step part's rows under "rows" and the cells part's under "cells". Task:
+experiments.extensions.flax_rnn:run.
 """
 
 import ml_collections
 
 
 def get_config(arg=None):
-    if arg not in (None, "smoke"):
-        raise ValueError(f"flax_rnn takes no argument or 'smoke'; got {arg!r}")
+    if arg not in (None, "quick", "smoke"):
+        raise ValueError(f"flax_rnn takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
-    c.task = "experiments.extensions.flax_rnn:step_times"
+    c.task = "experiments.extensions.flax_rnn:run"
     c.name = "flax_rnn"
-    c.shapes = (("simple", 1, 20, 1000, 16, 10), ("gru", 24, 20, 517, 32, 11))  # (cell, I, H, T, B, classes)
+    c.parts = ("step", "cells")
+    # part "step": (cell, I, H, T, B, classes), cell one of simple / gru / lstm
+    c.shapes = (("simple", 1, 20, 1000, 16, 10), ("gru", 24, 20, 517, 32, 11))
     c.repeats = 7
     c.check_steps = 3
     c.seed = 0
+    # part "cells": (T, B, I, H); each cell with seq_lengths no and yes
+    c.cells_shapes = ((100, 16, 32, 32), (517, 16, 24, 20), (1034, 32, 12, 20), (256, 8, 128, 128))
+    c.cells_kinds = ("SimpleCell", "GRUCell", "LSTMCell", "OptimizedLSTMCell")
+    c.cells_repeats = 5
+    c.cells_seed = 0
+    if arg == "quick":
+        c.shapes = (("gru", 8, 8, 20, 4, 3),)
+        c.repeats = 3
+        c.cells_shapes = ((20, 4, 8, 8),)
+        c.cells_repeats = 2
     if arg == "smoke":
         c.shapes = (("gru", 3, 4, 5, 2, 3),)
         c.repeats = 1
         c.check_steps = 1
+        c.cells_shapes = ((5, 2, 3, 4),)
+        c.cells_kinds = ("GRUCell",)
+        c.cells_repeats = 1
     return c
