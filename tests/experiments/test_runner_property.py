@@ -56,7 +56,7 @@ class RnnTrain:
     DROP = ("step_time", "time", "warmup", "median_step_s", "train_time_s")
 
     def __init__(self, tmp: Path):
-        self.config = ROOT / "experiments" / "configs" / "rnn_train.py"
+        self.config = ROOT / "experiments" / "paper_bppsa" / "configs" / "rnn_train.py"
 
     def argv(self, n: int) -> list[str]:
         return ["run", f"{self.config}:smoke", "--config.timing.lengths=()", f"--config.steps={n}"]
