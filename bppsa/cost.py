@@ -118,7 +118,7 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
         w = B * cell.gates * H * H
         if T * w <= _TINY_WORK:
             u = 1
-        elif T <= 16:  # short sequences: no loop at all (measured faster than unroll 2 at RNN T = 10, B = 16)
+        elif T <= 16:  # short sequences: no loop at all (the measurements: experiments/results/cpu/bptt-unroll.md)
             u = T
         else:
             u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and (b is None or B <= b)), 2)

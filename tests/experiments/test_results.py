@@ -130,20 +130,13 @@ def test_plots_never_import_a_module_a_result_names(tmp_path, monkeypatch, capsy
 # runner no longer has), each with the config that remakes it; removed from here as each is rerun
 # through `bppsa run` and republished. The test fails on any other result without a config run.
 AWAITING_RERUN = {
-    "bptt-unroll": "extensions/configs/bptt_unroll.py",
     "flax-rnn": "extensions/configs/flax_rnn.py (its 'cells' part; one result with flax_rnn)",
     "newton-memory": "extensions/configs/newton_memory.py",
     "pararnn-peer": "extensions/configs/pararnn_peer.py",
-    "user-script": "extensions/configs/user_script.py",
-    "scaling": "extensions/configs/scaling.py",
     "sparse_flops": "paper_bppsa/configs/sparse_vgg.py (--config.parts=flops)",
     "sparse_generation": "paper_bppsa/configs/sparse_vgg.py (--config.parts=generation)",
     "sparse_retrain": "paper_bppsa/configs/sparse_vgg.py (--config.parts=retrain)",
     "sparse_retrain_sparsity08": "paper_bppsa/configs/sparse_vgg.py (--config.parts=retrain, sparsity 0.8)",
-    "sync_ray": "paper_sync/configs/sync_ray.py",
-    "rnn-T10000-B1": "paper_bppsa/configs/rnn_sweep.py:T10000-B1",
-    "rnn-T30000-B16": "paper_bppsa/configs/rnn_sweep.py:T30000-B16",
-    "rnn-small-batch": "paper_bppsa/configs/rnn_sweep.py:small-batch",
 }
 
 
