@@ -45,6 +45,11 @@ def test_configs_found():
 # (tests/experiments/test_faults.py) and their docstrings by test_config_documents_its_command.
 SAME_TASK_AS_ANOTHER = ("rnn_sweep", "irmas_grid", "irmas_train", "irmas_timing",
                         "sync_ray")
+# Configs whose task's pieces another default test runs, kept out of the default run for its time
+# (the suite's budget): bptt_unroll (BPTT's unroll baselines: tests/experiments/test_baselines.py),
+# newton_memory (the Newton training step with return_info: tests/core/test_newton.py), order_effect
+# (the timing protocol: tests/experiments/test_bench.py). The slow run runs their smoke variants.
+SAME_TASK_AS_ANOTHER += ("bptt_unroll", "newton_memory", "order_effect")
 # Configs whose default run leaves out a part that another default test runs at a similar size:
 # irmas's training (tests/experiments/test_irmas_experiment.py::test_short_training_run_learns_the_stand_in_above_chance
 # runs training_comparison on the stand-in), sparse_vgg's FLOP analysis
