@@ -10,14 +10,45 @@ A task obtains each top-level path it creates in ``workdir`` from :func:`entry` 
 folders it then fills: a training run's checkpoints, a feature cache, a child process's output),
 so that bppsa lists it as its own before it exists (:mod:`experiments.workdir`); it reads through
 ``Path(workdir)``. A task called directly with a folder of yours (a test's ``tmp_path``) writes there.
+
+A run tells the truth about failure: a task whose part fails (a replica, a subprocess, a launch
+timeout) calls :func:`part_failed`, which fails the run (:class:`RunFailed`: one line, exit status
+1, the work directory marked failed) unless the config sets ``keep_partial = True``; then the task
+carries on and returns the failures as its summary's ``"failed_parts"``, and the runner marks the
+run and its summary partial and never publishes it.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["entry"]
+__all__ = ["entry", "RunFailed", "part_failed"]
+
+
+class RunFailed(RuntimeError):
+    """A run failed for a reason that is not a bug (a part of the task failed, the work directory
+    vanished, the disk is full): the ``bppsa`` command prints the message as one line and exits 1.
+    ``abandon_threads``: a write failed, and so did the library's background writers; the command
+    ends at once rather than let them print their tracebacks as they wind down."""
+
+    def __init__(self, message: str, *, abandon_threads: bool = False) -> None:
+        super().__init__(message)
+        self.abandon_threads = abandon_threads
+
+
+def part_failed(config: Any, part: str, error: BaseException | str, failed_parts: list[dict]) -> None:
+    """A part of a task failed (a replica, a subprocess, a launch timeout): raise :class:`RunFailed`,
+    or, when the config sets ``keep_partial = True``, append ``{"part", "error"}`` to ``failed_parts``
+    (which the task returns as its summary's ``"failed_parts"``)."""
+    text = " ".join(str(error).split())
+    text = text if len(text) <= 2000 else text[:1000] + " ... " + text[-990:]
+    if not config.get("keep_partial", False):
+        hint = " (set --config.keep_partial=True to keep the other results)" if "keep_partial" in config else ""
+        raise RunFailed(f"{part} failed: {text}; the run is marked failed{hint}") from (
+            error if isinstance(error, BaseException) else None)
+    failed_parts.append({"part": part, "error": text})
 
 
 def entry(workdir: str | os.PathLike, name: str) -> Path:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bppsa import host
 from bppsa.errors import UsageError
+from experiments import RunFailed
 
 __all__ = ["main", "config_paths", "config_path", "reproduce_names", "reproduce_argv", "split_debug"]
 
@@ -167,6 +168,7 @@ def _dispatch(cmd: str, rest: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    console = argv is None  # the `bppsa` command itself (not a call from Python)
     debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -176,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bppsa: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     host.tune_allocator()  # the entry point opts in (see bppsa.host); `import bppsa` does not
+    if debug:
+        os.environ["BPPSA_DEBUG"] = "1"  # the runner then shows background threads' reports as they come
     try:
         return _dispatch(cmd, rest)
     except UsageError as e:
@@ -185,6 +189,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
             print(f"bppsa {cmd}: error: {message} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    except RunFailed as e:
+        if debug:
+            traceback.print_exc()
+        else:
+            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            print(f"bppsa {cmd}: failed: {message}", file=sys.stderr)
+        if console and e.abandon_threads and not debug:
+            # a write failed (disk full): the library's background writers (orbax, tensorstore) failed too
+            # and would print their tracebacks as they wind down; everything bppsa wrote is on disk
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        return 1
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()

@@ -86,12 +86,28 @@ def _script_note(cmd: str) -> str:
     return f" (`{path}` was a one-off script, not kept in the repository)"
 
 
-def _read_record(path: Path) -> dict:
+def _read_text(path: Path) -> str:
+    """A result file's text; one line (UsageError) when it is not UTF-8."""
     try:
-        record = json.loads(path.read_text())
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{str(path)!r} is not UTF-8 text (byte {e.start}); a result file is UTF-8: "
+                         f"regenerate it with its config (bppsa run ... --publish) or delete it") from None
+
+
+def _read_record(path: Path) -> dict:
+    """A result's JSON record (an object; its ``"provenance"``, when present, an object too)."""
+    try:
+        record = json.loads(_read_text(path))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    return record if isinstance(record, dict) else {}
+        raise UsageError(f"{str(path)!r} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                         f"regenerate it with its config (bppsa run ... --publish) or delete it") from None
+    if not isinstance(record, dict):
+        raise UsageError(f"{str(path)!r} holds a JSON {type(record).__name__}; a result's record is a JSON object")
+    if record.get("provenance") is not None and not isinstance(record["provenance"], dict):
+        raise UsageError(f"{str(path)!r}: \"provenance\" is a JSON {type(record['provenance']).__name__}; it is "
+                         f"an object (date, device, jax, git_commit, command)")
+    return record
 
 
 def _nested(md: str, level: int) -> str:
@@ -124,7 +140,7 @@ def render_index(root: str | os.PathLike) -> str:
         lines += [f"## {device}", ""]
         writeups = [(n, f) for n, f in names.items() if "json" not in f and "md" in f]
         if writeups:
-            links = [f"[{_first_heading(f['md'].read_text(), n)}]({_rel(f['md'], root)})" for n, f in writeups]
+            links = [f"[{_first_heading(_read_text(f['md']), n)}]({_rel(f['md'], root)})" for n, f in writeups]
             lines += ["Write-ups: " + ", ".join(links), ""]
         for name, files in names.items():
             if "json" not in files:
@@ -136,7 +152,7 @@ def render_index(root: str | os.PathLike) -> str:
             lines += [f"### {title if title.startswith(name) else f'{name} — {title}'}", "",
                       _provenance_line(record.get("provenance")), ""]
             if "md" in files:
-                lines += [_nested(files["md"].read_text().strip(), 4), ""]
+                lines += [_nested(_read_text(files["md"]).strip(), 4), ""]
             if "png" in files:
                 lines += [f"![{name}]({_rel(files['png'], root)})", ""]
             lines += ["Files: " + ", ".join(f"[{ext}]({_rel(files[ext], root)})"

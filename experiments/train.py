@@ -275,6 +275,12 @@ def _read_metrics(path: Path, upto: int) -> tuple[list[dict], int]:
     return records, keep
 
 
+def _logged_steps(upto: int, steps: int, log_every: int, eval_every: int | bool) -> bool:
+    """Whether the loop logs a record at some step in 1..``upto`` (see the condition in :func:`fit`)."""
+    return any((log_every and s % log_every == 0) or s == steps or (eval_every and s % eval_every == 0)
+               for s in range(1, upto + 1))
+
+
 def _append_only(path: Path, keep: int, superseded: Path):
     """``path`` opened for appending after its first ``keep`` bytes; the lines after them (the steps a resumed
     run redoes) are first appended to ``superseded`` (``<stem>.superseded.jsonl``), so nothing on disk is lost."""
@@ -364,6 +370,13 @@ def fit(model, x, y, *, steps: int, batch_size: int, learning_rate: float = 1e-3
                 raise ValueError(f"{workdir} holds a checkpoint at step {start}, past steps = {steps}; "
                                  f"use a new workdir or a larger steps")
         history, keep = _read_metrics(metrics_path, start)
+        if start and not history and _logged_steps(start, steps, log_every, eval_data is not None and eval_every):
+            manager.close()
+            where = str(metrics_path)
+            raise UsageError(f"{where!r} {'is gone' if not metrics_path.exists() else 'holds no records'}, but "
+                             f"the checkpoint at step {start} follows the steps it logged (it was removed or "
+                             f"emptied after bppsa wrote it); the run cannot be resumed: --restart (bppsa run) or "
+                             f"a new work directory starts over")
         metrics_file = _append_only(metrics_path, keep, superseded)  # records on disk are never rewritten
 
     def save(step):

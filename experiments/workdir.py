@@ -21,6 +21,13 @@ inside its work directory, and never two runs at once in one directory.**
 - **Lock.** ``.bppsa-lock`` is held (``flock``) while a run is active and names its pid and host;
   a second run on the same folder is refused naming them. A lock left by a process that died
   (kill -9) is taken over, with one line saying so. The file is removed when the run ends.
+- **The run's end tells the truth.** :meth:`WorkDir.finish` checks that the work directory is
+  still the folder the run started in (it was not removed or replaced under the run: what was
+  written through open files would be lost) and that the entries an earlier run left are still
+  there; otherwise the run fails (:class:`experiments.RunFailed`) and the marker says why (``"damaged"``). The
+  marker records the entries present when a run ended (``"present"``); the next run refuses, in
+  one line, a work directory where one of them is gone or that a damaged run left, until
+  ``--restart``. A marker that cannot be written (disk full) never hides the run's own error.
 - **Names.** :func:`check_name` admits a plain file-name component only (``config.name``);
   :func:`check_entry` the same for each entry a run creates.
 """
@@ -47,6 +54,15 @@ LOCK = ".bppsa-lock"         # held while a run is active: {"pid", "host", "sinc
 _BOOKKEEPING = (MARKER, MARKER + ".tmp", LOCK)
 _RESERVED = ("config", "summary")  # config.json and summary.json are the runner's own
 _RUNNERS = tuple(f"{n}.json" for n in _RESERVED)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, or None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _shown(name: Any) -> str:
@@ -117,10 +133,15 @@ class WorkDir:
         self._mutex = threading.Lock()
         self._active = False
         self._before: set[str] = set()  # the entries there when the run started
+        self._identity: tuple[int, int] | None = None  # the folder the run started in
+        self.damaged: str | None = None  # why the work directory failed the run (see finish)
 
     # -- opening: the checks, the lock ------------------------------------------------------
     def __enter__(self) -> WorkDir:
         where = str(self.path)
+        if self.path.is_symlink() and not self.path.exists():
+            raise UsageError(f"--workdir {where!r} is a symbolic link to {os.readlink(self.path)!r}, which does not "
+                             f"exist; create that folder, or pass another --workdir")
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"--workdir {where!r} is a file, not a folder; pass a new folder or one bppsa made")
         self._refuse_unmarked()
@@ -200,27 +221,88 @@ class WorkDir:
 
     def start(self, progress: bool) -> None:
         """A run begins: the marker says "running" (a killed run keeps it so)."""
+        old = self.marker or {}
         self.marker = {"bppsa": "work directory", "status": "running", "progress": progress,
-                       "written": (self.marker or {}).get("written", [])}
+                       "written": old.get("written", []), "present": old.get("present", [])}
         self.write_marker()
         self._before, self._active = set(_entries(self.path)), True
+        self._identity = _identity(self.path)
 
-    def finish(self, status: str) -> None:
-        """A run ends with ``status`` ("done", "failed", "refused": its task refused the input)."""
+    def finish(self, status: str) -> str | None:
+        """A run ends with ``status`` ("done", "partial", "failed", "refused": its task refused the input).
+
+        Returns what went wrong with the work directory itself (None: nothing): it was removed or
+        replaced during the run, or entries that were there when the run started are gone, or the
+        marker could not be written. The marker then says "failed" (when it can be written).
+        """
         assert self.marker is not None
         with self._mutex:
             self._active = False
+        where = str(self.path)
+        damaged = None
+        if _identity(self.path) != self._identity or not self._holds_lock():
+            damaged = (f"the work directory {where!r} was removed or replaced while the run was writing to it "
+                       f"(what the run wrote there, e.g. through open files, is lost)")
+        else:
+            gone = sorted(n for n in self._before & set(self.marker["written"]) if not os.path.lexists(self.path / n))
+            if gone:
+                damaged = (f"{', '.join(map(repr, gone))} of the work directory {where!r}, written by bppsa, were "
+                           f"removed while the run was going")
         listed = set(self.marker["written"])
-        made = {n for n in listed - {"config.json"} if os.path.lexists(self.path / n)}
-        self.marker.update(status=status, progress=self.marker["progress"] or (status != "refused" and bool(made)))
-        self.write_marker()
+        present = sorted(n for n in listed if os.path.lexists(self.path / n))
+        made = set(present) - {"config.json"}
+        self.damaged = damaged
+        if damaged:
+            status = "failed"
+        self.marker.update(status=status, present=present,
+                           progress=self.marker["progress"] or (status != "refused" and bool(made)))
+        if damaged:
+            self.marker["damaged"] = damaged
+        else:
+            self.marker.pop("damaged", None)
+        try:
+            if self.path.is_dir():  # a vanished folder that the run recreated in part: its marker says so
+                self.write_marker()
+        except OSError as e:
+            try:
+                (self.path / (MARKER + ".tmp")).unlink(missing_ok=True)  # a half-written one (disk full)
+            except OSError:
+                pass
+            problem = (f"could not record the end of the run in {str(self.path / MARKER)!r} ({e.strerror}); its "
+                       f"marker still says the run is going, so the same command resumes it")
+            return f"{damaged}; {problem}" if damaged else problem
         try:
             stray = sorted(set(_entries(self.path)) - self._before - listed)
         except OSError:
             stray = []
         if stray:  # created during the run, not through entry(): not bppsa's (never deleted or overwritten)
-            print(f"bppsa run: {', '.join(map(repr, stray))} appeared in {str(self.path)!r} during the run without "
+            print(f"bppsa run: {', '.join(map(repr, stray))} appeared in {where!r} during the run without "
                   f"bppsa's writer; they are not counted as bppsa's (--restart keeps them)", file=sys.stderr)
+        return damaged
+
+    def _holds_lock(self) -> bool:
+        """The lock file this run holds is still the one in the folder."""
+        if self._fd is None:
+            return True
+        try:
+            return os.fstat(self._fd).st_ino == os.stat(self.path / LOCK).st_ino
+        except OSError:
+            return False
+
+    def check_intact(self) -> None:
+        """Before a resume: refuse (one line) a work directory that a damaged run left, or where entries that
+        were there when the last run ended are gone (removed after bppsa wrote them)."""
+        m, where = self.marker or {}, str(self.path)
+        if m.get("damaged"):
+            raise UsageError(f"the last run in {where!r} failed: {m['damaged']}; what it left there is incomplete: "
+                             f"pass --restart to delete what bppsa wrote and start over, or pass another --workdir")
+        gone = sorted(n for n in m.get("present", []) if n in m.get("written", [])
+                      and not os.path.lexists(self.path / n))
+        if gone:
+            raise UsageError(f"{', '.join(map(repr, gone))} of the work directory {where!r}, written by bppsa, "
+                             f"{'is' if len(gone) == 1 else 'are'} gone since the last run ended; it cannot be "
+                             f"resumed: pass --restart to delete what bppsa wrote and start over, or pass another "
+                             f"--workdir")
 
     def never_started(self) -> bool:
         """No run here made progress: each one's task refused its input (UsageError) or wrote nothing."""
@@ -240,7 +322,8 @@ class WorkDir:
                 continue
             removed.append(name)
         if self.marker is not None:
-            self.marker.update(written=[], progress=False, status="restarted")
+            self.marker.update(written=[], present=[], progress=False, status="restarted")
+            self.marker.pop("damaged", None)
             self.write_marker()
         return removed
 

@@ -76,3 +76,41 @@ def generic_cell(I, H):
                 "b": jax.random.normal(k[2], (H,), dtype)}
 
     return cells.Generic(step, hidden_size=H, input_size=I, init_fn=init)
+
+
+def part_task(config, workdir) -> dict:
+    """Writes ``<name>.json``, ``<name>.md`` (and ``<name>_extra.png`` with ``config.extra``); with
+    ``config.fail_part`` one of its parts ("replica 2") fails through :func:`experiments.part_failed`."""
+    from experiments import part_failed
+    failed: list[dict] = []
+    if config.fail_part:
+        part_failed(config, "replica 2", "killed by SIGKILL (exit -9)", failed)
+    workdir.entry(f"{config.name}.json").write_text('{"n": %d}' % config.n)
+    workdir.entry(f"{config.name}.md").write_text(f"| n |\n|---|\n| {config.n} |\n")
+    if config.extra:
+        workdir.entry(f"{config.name}_extra.png").write_bytes(b"png %d" % config.n)
+    return {"n": config.n, **({"failed_parts": failed} if failed else {})}
+
+
+def vanish_task(config, workdir) -> dict:
+    """Writes ``data/a.txt``, then removes the whole work directory (as ``rm -rf`` in another shell
+    would) and goes on writing, recreating ``data/`` as orbax recreates its folders; returns normally."""
+    import shutil
+    from pathlib import Path
+    data = workdir.entry("data")
+    data.mkdir(exist_ok=True)
+    (data / "a.txt").write_text("first")
+    shutil.rmtree(Path(workdir))
+    data.mkdir(parents=True)
+    (data / "b.txt").write_text("second")
+    return {"n": config.n}
+
+
+def missing_key_task(config, workdir) -> dict:
+    """Reads ``config.learning_rate``, which its config may lack."""
+    return {"lr": config.learning_rate}
+
+
+def one_argument_task(config) -> dict:
+    """A task with the wrong signature: no ``workdir``."""
+    return {}

@@ -22,9 +22,21 @@ def after_step(step: int) -> None:
 
 def steps_task(config, workdir) -> dict:
     """A resumable toy training run: ``config.steps`` steps of x <- (3x + step) mod 1009, each logged to
-    ``train/metrics.jsonl`` and checkpointed to ``train/state.json`` (atomic), then ``<name>.json``."""
+    ``train/metrics.jsonl`` and checkpointed to ``train/state.json`` (atomic), then ``<name>.json``.
+
+    Faults, from the environment: ``BPPSA_TEST_FAULT=part`` -- after the steps, a part of the task fails
+    (:func:`experiments.part_failed`); ``=rmdir`` -- the work directory is removed (as by ``rm -rf`` in
+    another shell) before the steps, which go on, recreating ``train/``."""
+    import shutil
+    from pathlib import Path
+
+    from experiments import part_failed
     train = workdir.entry("train")
     train.mkdir(exist_ok=True)
+    fault = os.environ.get("BPPSA_TEST_FAULT")
+    if fault == "rmdir":
+        shutil.rmtree(Path(workdir))
+        train.mkdir(parents=True)
     state = train / "state.json"
     start, x = (json.loads(state.read_text())["step"], json.loads(state.read_text())["x"]) if state.exists() else (0, 1)
     if start > config.steps:
@@ -38,6 +50,8 @@ def steps_task(config, workdir) -> dict:
         (train / "state.tmp").write_text(json.dumps({"step": step, "x": x}))
         os.replace(train / "state.tmp", state)
         after_step(step)
+    if fault == "part":
+        part_failed(config, "the toy's evaluation", "its process was killed", [])
     workdir.entry(f"{config.name}.json").write_text(json.dumps({"x": x, "steps": config.steps}))
     return {"x": x}
 

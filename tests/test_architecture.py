@@ -30,7 +30,8 @@ LAYERS = [
     ("experiments.train", "experiments.gradient"),
     ("experiments.calibrate", "experiments.baselines", "experiments.bench"),
     ("experiments.paper_bppsa", "experiments.paper_hetero", "experiments.paper_sync", "experiments.extensions"),
-    ("experiments.index", "experiments.workdir", "experiments.runner", "experiments.cli"),
+    ("experiments.index", "experiments.workdir", "experiments.configfile", "experiments.failures",
+     "experiments.publish", "experiments.runner", "experiments.cli"),
 ]
 ROOTS = ("bppsa", "experiments")  # the package roots: bppsa re-exports the API, experiments defines entry()
 MAX_LINES = 450

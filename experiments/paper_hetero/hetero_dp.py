@@ -28,7 +28,7 @@ from bppsa.hetero.profile import TimeModel, slowdowns_from_mix
 from bppsa.hetero.train import SimulatedReplicas, measure_time_model, task_from_config, task_options, train
 from bppsa.parallel.launch import launch
 from bppsa.tasks import check_task
-from experiments import entry
+from experiments import entry, part_failed
 from experiments.provenance import device_label, provenance, save_json
 from experiments.tables import markdown_table
 
@@ -221,6 +221,14 @@ def _ensure_cpu_devices(n: int):
             jax.config.update("jax_num_cpu_devices", max(n, 8))
 
 
+def _check_mix(key: str, mix: list) -> list:
+    """A mix is >= 2 positive, finite speed ratios (one per replica)."""
+    if len(mix) < 2 or any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                           or not 0 < v < float("inf") for v in mix):
+        raise UsageError(f"{key} must be >= 2 positive speed ratios, one per replica; got {mix!r}")
+    return mix
+
+
 def check(config):
     """The config's values, checked before anything runs (UsageError naming the key)."""
     from bppsa.hetero.processes import EMULATIONS
@@ -228,6 +236,12 @@ def check(config):
     require_choices(config, "strategies", tuple(STRATEGIES), many=True)
     require_int(config, "profile_repeats")
     pc = config.processes
+    for key, mix in config.mixes.items():
+        _check_mix(f"config.mixes.{key}", list(mix))
+    for scen in config.scenarios:
+        if scen.mix not in config.mixes:
+            raise UsageError(f"a scenario names mix {scen.mix!r}, which config.mixes does not have "
+                             f"(it has {sorted(config.mixes)})")
     for name in list(config.task_names) + ([pc.task] if pc.enabled else []):
         if name not in config.tasks:
             raise UsageError(f"config.tasks has no entry {name!r} (it has {sorted(config.tasks)})")
@@ -237,9 +251,7 @@ def check(config):
             raise UsageError(f"config.tasks.{name}: {e}") from None
     if not pc.enabled:
         return
-    mix = list(pc.mix)
-    if len(mix) < 2 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in mix):
-        raise UsageError(f"config.processes.mix must be >= 2 positive speed ratios; got {mix!r}")
+    mix = _check_mix("config.processes.mix", list(pc.mix))
     require_int(config, "processes.epochs")
     require_choices(config, "processes.emulation", EMULATIONS)
     require_number(config, "processes.sleep_scale")
@@ -274,11 +286,13 @@ def run(config, workdir) -> dict:
     t_start = time.perf_counter()
     process: dict[str, Any] = {}
     process_runs, process_rows, drift_rows = [], [], []
+    failed_parts: list[dict] = []
     if config.processes.enabled:
         try:
             process = _run_processes(config, log)
-        except (RuntimeError, OSError) as e:  # keep the simulated sweep; record why this part is missing
-            log(f"real-process block failed: {e}")
+        except (RuntimeError, OSError) as e:  # the run fails, unless config.keep_partial keeps the simulated sweep
+            part_failed(config, "the real-process block", e, failed_parts)
+            log(f"real-process block failed (kept partial results): {e}")
             process = {"error": str(e)[-2000:]}
         process_runs = process.get("runs", [])
         for r in process_runs + process.get("drift_runs", []):
@@ -335,10 +349,14 @@ def run(config, workdir) -> dict:
               "seconds": time.perf_counter() - t_start, "provenance": provenance(config.get("command") or None)}
     save_json(entry(workdir, f"{name}.json"), record)
     entry(workdir, f"{name}.md").write_text(md)
+    written = [f"{name}.json", f"{name}.md"]
     if runs or process_runs:
         _plot(process_runs + runs, entry(workdir, f"{name}.png"))
+        written.append(f"{name}.png")
     if process.get("drift_runs"):
         _plot_drift(process["drift_runs"], entry(workdir, f"{name}_drift.png"))
+        written.append(f"{name}_drift.png")
     log("\n" + md)
-    log(f"wrote {Path(workdir) / name}.json, .md, .png")
-    return {"summary": rows, "process_summary": process_rows, "workdir": str(workdir)}
+    log(f"wrote {', '.join(written)} in {workdir}")
+    return {"summary": rows, "process_summary": process_rows, "workdir": str(workdir),
+            **({"failed_parts": failed_parts} if failed_parts else {})}

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import cli, runner, train
+from experiments import RunFailed, cli, runner, train
 from experiments.runner import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -383,7 +383,7 @@ def test_publish_copies_the_task_outputs(tmp_path, capsys):
     dest = tmp_path / "results" / device_label()
     assert sorted(p.name for p in dest.iterdir()) == ["pub.json", "pub.md"]
     assert out["published"] == [str(dest / "pub.json"), str(dest / "pub.md")]
-    with pytest.raises(FileNotFoundError, match="pub.json"):
+    with pytest.raises(RunFailed, match="wrote no pub.json"):
         runner.run(cfg, None, {"write": "false"}, workdir=tmp_path / "w2", publish=True,
                    results_root=tmp_path / "results")
     assert cli.main(["run", str(cfg), "--workdir", str(tmp_path / "w3")]) == 0

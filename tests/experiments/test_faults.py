@@ -142,6 +142,9 @@ def test_a_run_that_never_started_takes_a_corrected_config(tmp_path, capsys):
 def _bad_files(tmp_path):
     (tmp_path / "syntax.py").write_text("import ml_collections\ndef get_config(arg=None)\n    return 1\n")
     (tmp_path / "name.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return oops\n")
+    (tmp_path / "binary.py").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    (tmp_path / "signature.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return ml_collections."
+                                           "ConfigDict({'task': 'tests.helpers:one_argument_task'})\n")
 
 
 USER_ERRORS = {
@@ -163,6 +166,11 @@ USER_ERRORS = {
     "accuracy-batch": (["reproduce", "core-accuracy", "--config.batch_size=-1"], "config.batch_size"),
     "hetero-emulation": (["run", "experiments/paper_hetero/configs/hetero_dp.py:real", "--config.processes.emulation=nap"],
                          "config.processes.emulation"),
+    "binary-config": (["run", "{tmp}/binary.py"], "is not Python source text (it holds a NUL byte at offset 7"),
+    "task-signature": (["run", "{tmp}/signature.py"], "must take (config, workdir); its signature is "
+                                                      "one_argument_task(config)"),
+    "hetero-mixes": (["run", "experiments/paper_hetero/configs/hetero_dp.py:smoke", "--config.mixes.1:1:2:4=1,0,2,4"],
+                     "config.mixes.1:1:2:4 must be >= 2 positive speed ratios"),
     "hetero-drift": (["run", "experiments/paper_hetero/configs/hetero_dp.py:real", "--config.processes.drift.replica=4"],
                      "config.processes.drift.replica must be an int in 0..3"),
 }

@@ -1,6 +1,7 @@
 """A property of the runner (issue 25): random sequences of run / kill -9 / the user writes a file /
---restart / resume in one work directory never lose a user file, and every run that ends ends with
-the results of an uninterrupted run of its config.
+--restart / resume / a part of the task fails / the work directory is removed under the run, in one
+work directory, never lose a user file (except those removed with the folder), a failed run never
+exits 0, and every run that ends well ends with the results of an uninterrupted run of its config.
 
 Two drivers: a toy resumable task (``tests.runner_tasks:steps_task``, a checkpoint every step; the
 default suite, a few examples) and ``experiments/paper_bppsa/configs/rnn_train.py:smoke`` itself (both methods,
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.usefixtures("float32_as_in_bppsa_run")  # float64 off, 
 class Toy:
     """steps_task: n steps, a checkpoint after every step. Results: toy.json and the metrics lines."""
     variants, max_kill = (3, 5), 6
+    faults = (None, "part", "rmdir")  # see tests.runner_tasks.steps_task
 
     def __init__(self, tmp: Path):
         self.config = tmp / "toy.py"
@@ -53,6 +55,7 @@ class Toy:
 class RnnTrain:
     """rnn_train.py:smoke (both methods, no timing table), steps 6 or 10, a checkpoint every 3 steps."""
     variants, max_kill = (6, 10), 20
+    faults = (None,)
     DROP = ("step_time", "time", "warmup", "median_step_s", "train_time_s")
 
     def __init__(self, tmp: Path):
@@ -85,7 +88,8 @@ def _tree(d: Path) -> dict[str, bytes]:
 
 def _ops(driver):
     n = st.sampled_from(driver.variants)
-    run = st.tuples(st.just("run"), n, st.none() | st.integers(1, driver.max_kill), st.booleans())
+    run = st.tuples(st.just("run"), n, st.none() | st.integers(1, driver.max_kill), st.booleans(),
+                    st.sampled_from(driver.faults))
     write = st.tuples(st.just("write"), st.sampled_from(["notes.txt", "analysis/plot.py", "ünïcode #?.md"]),
                       st.text(max_size=20))
     return st.lists(run | write, min_size=1, max_size=5)
@@ -102,12 +106,13 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
             if op[0] == "write":
                 _, name, text = op
                 (d / name).parent.mkdir(parents=True, exist_ok=True)
-                (d / name).write_text(text)
+                (d / name).write_bytes(text.encode())  # bytes: read_text would turn "\r" into "\n"
                 user[name] = text
                 continue
-            _, n, kill, restart = op
-            kill = kill if kills < max_kills else None  # processes killed per sequence: each starts JAX
+            _, n, kill, restart, fault = op
+            kill = kill if kills < max_kills and fault is None else None  # processes killed: each starts JAX
             argv = driver.argv(n) + ["--workdir", str(d)] + (["--restart"] if restart else [])
+            # refused: a folder of the user's only; a run of another config (or a damaged one) without --restart
             refused = (config is None and bool(user)) or (not restart and config not in (None, n))
             before = _tree(d)
             if kill is not None:
@@ -117,8 +122,14 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
                 rc = proc.returncode
                 assert rc in ((2,) if refused else (0, -9)), proc.stderr
             else:
-                rc = cli.main(argv)
-                assert rc == (2 if refused else 0)
+                os.environ.pop("BPPSA_TEST_FAULT", None)
+                if fault:
+                    os.environ["BPPSA_TEST_FAULT"] = fault
+                try:
+                    rc = cli.main(argv)
+                finally:
+                    os.environ.pop("BPPSA_TEST_FAULT", None)
+                assert rc == (2 if refused else 1 if fault else 0), (op, rc)
             if refused:
                 assert _tree(d) == before  # nothing changed
             else:
@@ -126,8 +137,14 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
                 if rc == 0:
                     assert driver.results(d) == straight[n]
                     assert not (d / workdir.LOCK).exists()
+                elif rc == 1:
+                    marker = json.loads((d / workdir.MARKER).read_text())
+                    assert marker["status"] == "failed"
+                    if fault == "rmdir":  # the user's files went with the folder; the run is damaged
+                        assert "removed or replaced" in marker["damaged"]
+                        user, config = {}, "damaged"
             for name, text in user.items():
-                assert (d / name).read_text() == text, f"lost the user's {name} after {op}"
+                assert (d / name).read_bytes() == text.encode(), f"lost the user's {name} after {op}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -150,8 +167,11 @@ def test_the_runner_never_loses_a_file_and_resumes_exactly(toy_straight):
     @settings(max_examples=2, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(_ops(Toy))
-    @example([("run", 5, 2, False), ("write", "notes.txt", "mine"), ("write", "analysis/plot.py", "x"),
-              ("run", 3, None, True), ("run", 5, None, False), ("run", 5, None, True)])
+    @example([("run", 5, 2, False, None), ("write", "notes.txt", "mine"), ("write", "analysis/plot.py", "x"),
+              ("run", 3, None, True, None), ("run", 5, None, False, None), ("run", 5, None, True, None)])
+    @example([("run", 3, None, False, "part"), ("write", "notes.txt", "mine"), ("run", 3, None, False, None),
+              ("run", 3, None, False, "rmdir"), ("run", 3, None, False, None), ("write", "notes.txt", "x"),
+              ("run", 5, None, True, None), ("run", 5, None, False, "part"), ("run", 5, None, False, None)])
     def prop(ops):
         _drive(Toy, ops, toy_straight, max_kills=1)
     prop()
@@ -166,8 +186,8 @@ def test_the_runner_never_loses_a_file_and_resumes_exactly_rnn_train(tmp_path_fa
 
     @settings(max_examples=8, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(_ops(RnnTrain))
-    @example([("run", 10, 14, False), ("write", "notes.txt", "mine"), ("run", 10, None, False),
-              ("run", 6, 4, True), ("write", "analysis/plot.py", "x"), ("run", 6, None, False)])
+    @example([("run", 10, 14, False, None), ("write", "notes.txt", "mine"), ("run", 10, None, False, None),
+              ("run", 6, 4, True, None), ("write", "analysis/plot.py", "x"), ("run", 6, None, False, None)])
     def prop(ops):
         _drive(RnnTrain, ops, straight)
     prop()

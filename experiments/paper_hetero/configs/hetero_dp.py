@@ -59,6 +59,7 @@ def get_config(arg=None):
                   "tolerance": 0.1, "strategy": "proportional-weighted", "seed": 0},
     })
     c.command = ""
+    c.keep_partial = False          # True: a failed real-process block leaves the simulated sweep, marked partial
     if arg == "real":
         c.name = "hetero_dp_real"
         c.task_names = []
