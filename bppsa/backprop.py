@@ -108,17 +108,39 @@ def _states_dtype(cell, params, xs, s0):
 
 
 def flat_guess(cell: Cell, guess: Any, T: int, s0: Array) -> Array:
-    """The parallel forward's ``guess`` (shaped like :func:`rnn`'s result) as flat states (T, B, S)."""
+    """The parallel forward's ``guess``, shaped like :func:`rnn`'s result (an array, or for a
+    pair state a pair of arrays; nested lists are converted), as flat states (T, B, S). A
+    UsageError names what was given and what was expected."""
     B, S = s0.shape
+    want = jax.eval_shape(cell.unflatten_state, jax.ShapeDtypeStruct((T, B, S), s0.dtype))
+    single = not isinstance(want, (tuple, list))
+    wants = (want,) if single else tuple(want)
+    shapes = ", ".join(str(tuple(w.shape)) for w in wants)
+    expected = (f"guess must be shaped like the states rnn returns: a float array of shape (T, B, H) = {shapes}"
+                if single else f"guess must be shaped like the states rnn returns: a pair of float arrays of "
+                f"shapes {shapes}")
+    if (isinstance(guess, (tuple, dict)) if single else not isinstance(guess, (tuple, list))):
+        raise UsageError(f"{expected} ({type(cell).__name__}'s state is {'one array' if single else 'a pair'}); "
+                         f"got {_describe(guess)}")
+    parts = (guess,) if single else tuple(guess)
     try:
-        flat = cell.flatten_state(jax.tree.map(jnp.asarray, tuple(guess) if cell.pair_state else guess))
+        arrays = [jnp.asarray(part) for part in parts]
     except (TypeError, ValueError):
-        flat = None
-    if flat is None or flat.shape != (T, B, S) or not _is_float(flat):
-        got = "a pair" if cell.pair_state and flat is None else f"{getattr(flat, 'shape', type(guess).__name__)}"
-        raise UsageError(f"guess must be shaped like the states rnn returns (flat (T, B, S) = {(T, B, S)}, floats); "
-                         f"got {got}")
-    return flat
+        raise UsageError(f"{expected}; got {_describe(guess)}, which is not an array of numbers") from None
+    if len(arrays) != len(wants) or any(a.shape != w.shape or not _is_float(a) for a, w in zip(arrays, wants)):
+        raise UsageError(f"{expected}; got {', '.join(f'{a.dtype}{list(a.shape)}' for a in arrays) or 'nothing'}"
+                         + ("" if single else f" ({_describe(guess)})"))
+    return cell.flatten_state(arrays[0] if single else tuple(arrays))
+
+
+def _describe(value: Any) -> str:
+    """A short description of a user's value: 'a list of 3 items', 'a float32 array of shape (5, 2)'."""
+    if isinstance(value, (tuple, list, dict)):
+        return f"a {type(value).__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"a {dtype} array of shape {tuple(shape)}"
+    return f"a {type(value).__name__}"
 
 
 def validate_params(cell: Cell, params: Any) -> None:

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.errors import UsageError
+from bppsa.errors import UsageError, as_int
 
 __all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS", "autodiff_jacobian", "autodiff_param_grads"]
 
@@ -139,10 +139,10 @@ class Cell(abc.ABC):
 # --------------------------------------------------------------------------------------------
 
 def _check_cell(cell, *names):
-    for name in ("input_size", "hidden_size"):
-        value = getattr(cell, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    for name in ("input_size", "hidden_size"):  # numpy and JAX integer scalars are stored as ints
+        if (n := as_int(value := getattr(cell, name))) is None or n < 1:
             raise UsageError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")
+        object.__setattr__(cell, name, n)
     for name in names:
         value = getattr(cell, name)
         if not (isinstance(value, str) and value in ACTIVATIONS):

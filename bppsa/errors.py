@@ -9,20 +9,73 @@ with ``@checked_by(check)``: ``check(config)`` raises :class:`UsageError` on a v
 type but out of range, and the runner calls it before it writes anything. :func:`require_int`,
 :func:`require_ints`, :func:`require_number` and :func:`require_choices` are the usual checks,
 each naming the key.
+
+:func:`as_int` and :func:`as_number` are the one test of "an int" and "a number" across the
+library: a Python int or float, a numpy scalar, or a 0-d numpy or JAX array of an integer (float)
+dtype, as a Python int (float); never a bool.
 """
 
 from __future__ import annotations
 
+import numbers
+import operator
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
-__all__ = ["UsageError", "checked_by", "require_int", "require_ints", "require_number", "require_choices"]
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["UsageError", "checked_by", "require_int", "require_ints", "require_number", "require_choices", "as_int",
+           "as_number"]
 
 T = TypeVar("T")
 
 
 class UsageError(ValueError):
     """Bad input from the user: one clear line (what was wrong, what was expected), exit code 2."""
+
+
+def as_int(value: Any) -> int | None:
+    """``value`` as a Python int if it is an integer scalar (an int, a numpy integer, a 0-d numpy or
+    JAX array of an integer dtype), else None: bools, floats, strings, arrays of other shapes and
+    traced values (not concrete) are not ints."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if _scalar_of(value, jnp.integer):
+        try:
+            return operator.index(value)
+        except TypeError:  # a traced value
+            return None
+    return None
+
+
+def as_number(value: Any) -> int | float | None:
+    """``value`` as a Python int or float if it is a real scalar (an int or float, a numpy integer
+    or floating scalar, a 0-d numpy or JAX array of an integer or float dtype; ints stay ints),
+    else None: bools, complex numbers, strings, arrays of other shapes and traced values are not
+    numbers. NaN and inf are numbers: range checks are the caller's."""
+    n = as_int(value)
+    if n is not None or isinstance(value, (bool, np.bool_)):
+        return n
+    if isinstance(value, numbers.Real) or _scalar_of(value, jnp.floating):
+        try:
+            return float(value)
+        except TypeError:  # a traced value
+            return None
+    return None
+
+
+def _scalar_of(value: Any, kind: type) -> bool:
+    """Whether ``value`` is a 0-d array (numpy or JAX) whose dtype is a ``kind`` (jnp.integer, jnp.floating)."""
+    dtype, ndim = getattr(value, "dtype", None), getattr(value, "ndim", None)
+    if dtype is None or ndim != 0:
+        return False
+    try:
+        return bool(jnp.issubdtype(dtype, kind))
+    except TypeError:
+        return False
 
 
 def checked_by(check: Callable[[Any], None]) -> Callable[[T], T]:
@@ -43,19 +96,18 @@ def _get(config: Any, key: str) -> Any:
 def require_int(config: Any, key: str, minimum: int = 1, maximum: int | None = None) -> int:
     """``config.<key>`` (dotted) must be an int in [minimum, maximum]; returns it."""
     value = _get(config, key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
-            (maximum is not None and value > maximum):
+    n = as_int(value)
+    if n is None or n < minimum or (maximum is not None and n > maximum):
         expected = f"an int >= {minimum}" if maximum is None else f"an int in {minimum}..{maximum}"
         raise UsageError(f"config.{key} must be {expected}; got {value!r}")
-    return value
+    return n
 
 
 def require_ints(config: Any, key: str, minimum: int = 1, *, allow_empty: bool = True) -> tuple:
     """``config.<key>`` must be a sequence of ints >= minimum (non-empty unless ``allow_empty``); returns it."""
     value = _get(config, key)
-    values = tuple(value) if isinstance(value, (list, tuple)) else None
-    if values is None or (not values and not allow_empty) or \
-            any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in values):
+    values = tuple(as_int(v) for v in value) if isinstance(value, (list, tuple)) else None
+    if values is None or (not values and not allow_empty) or any(v is None or v < minimum for v in values):
         what = "a list of ints" if allow_empty else "a non-empty list of ints"
         raise UsageError(f"config.{key} must be {what} >= {minimum}; got {value!r}")
     return values
@@ -64,11 +116,10 @@ def require_ints(config: Any, key: str, minimum: int = 1, *, allow_empty: bool =
 def require_number(config: Any, key: str, minimum: float = 0.0, *, strict: bool = True) -> float:
     """``config.<key>`` must be a number > minimum (>= minimum when not ``strict``); returns it."""
     value = _get(config, key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        (value > minimum if strict else value >= minimum)
-    if not ok:
+    x = as_number(value)
+    if x is None or not (x > minimum if strict else x >= minimum):
         raise UsageError(f"config.{key} must be a number {'>' if strict else '>='} {minimum:g}; got {value!r}")
-    return value
+    return x
 
 
 def require_choices(config: Any, key: str, allowed: Collection[Any], *, many: bool = False) -> Any:

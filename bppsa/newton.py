@@ -35,7 +35,9 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   sequential forward instead (a :class:`NewtonFallbackWarning` the first time, every time counted:
   :func:`fallback_count`), ``on_fail="raise"`` raises :class:`NewtonDidNotConverge` (under
   ``jax.jit`` JAX re-raises it from its host callback as a ``jax.errors.JaxRuntimeError``, a
-  RuntimeError whose message names it). Unconverged states are never returned.
+  RuntimeError whose message names it). Unconverged states are never returned. A non-finite
+  iterate's message names the first step whose state became NaN/inf and the inputs (xs, s0,
+  params) that hold NaN/inf, if any (computed only when the iteration failed).
   :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``).
 
 Every setting comes from one :class:`bppsa.options.Plan` (``forward`` is the kind, ``scan``,
@@ -99,22 +101,50 @@ def fallback_count() -> int:
     return _fallbacks[0]
 
 
-def _report(converged, iterations, residual, *, on_fail: str, tol: float, cell: str):
-    """Host side of the convergence check (a ``jax.debug.callback``; batched under vmap)."""
+def _report(converged, iterations, residual, bad_step, bad_xs, bad_s0, bad_params, *, on_fail: str, tol: float,
+            cell: str, param_names: tuple[str, ...]):
+    """Host side of the convergence check (a ``jax.debug.callback``; batched under vmap). The bad_*
+    arrays (:func:`_diagnose`; -1 / False where finite) name where NaN/inf came in."""
     failed = int(np.size(converged) - np.count_nonzero(converged))
     if not failed:
         return
     what = (f"the parallel forward of {cell} did not converge: residual {np.max(residual):.3g} > tol {tol:.3g} "
             f"after {int(np.max(iterations))} iterations")
+    steps_bad, xs_bad = np.asarray(bad_step)[np.asarray(bad_step) >= 0], np.asarray(bad_xs)[np.asarray(bad_xs) >= 0]
+    if steps_bad.size or not np.all(np.isfinite(residual)):  # NaN/inf: more iterations cannot help
+        inputs = ([f"xs[{int(xs_bad.min())}]"] if xs_bad.size else []) + (["h0"] if np.any(bad_s0) else []) + [
+            f"params{name}" for i, name in enumerate(param_names) if np.any(np.asarray(bad_params)[..., i])]
+        at = f"the states became NaN/inf at step {int(steps_bad.min())}" if steps_bad.size else \
+            "the residual became NaN/inf"
+        found = f"the inputs contain NaN/inf: {', '.join(inputs)}" if inputs else \
+            "the inputs are finite: the iterate (or the recurrence itself) overflowed"
+        what = f"{what}: {at} ({found}); raising max_iter will not help"
+        advice = "remove the NaN/inf from the inputs" if inputs else \
+            "pass damping= (a damped step cannot overflow) or use forward='sequential'"
+    else:
+        advice = "raise max_iter, pass damping=, or use on_fail='sequential' (or forward='sequential')"
     if on_fail == "raise":
-        raise NewtonDidNotConverge(f"{what}; raise max_iter, pass damping=, or use on_fail='sequential' "
-                                   "(or forward='sequential')")
+        raise NewtonDidNotConverge(f"{what}; {advice}")
     with _lock:
         first = _fallbacks[0] == 0
         _fallbacks[0] += failed
     if first:
         warnings.warn(f"{what}; the sequential forward ran instead (counted by bppsa.newton.fallback_count(); "
                       "this warning is shown once)", NewtonFallbackWarning, stacklevel=1)
+
+
+def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[Array, Array, Array, Array]:
+    """Where an unconverged iterate H (T, B, S) and the inputs (params, xs, s0) are not finite (run
+    only when the iteration failed): (the first step t whose state H[t] or step f(h_{t-1}, x_t) at
+    H is NaN/inf, xs' first such step, whether s0 is, whether each leaf of params is); -1 / False
+    where all is finite. (A flax cell's non-float state rides in float bits: see bppsa.nn.)"""
+    params, xs, s0 = inputs
+    F = steps(cell, params, prev_states(s0, H), xs)
+    first = lambda bad: jnp.where(jnp.any(bad), jnp.argmax(bad), -1).astype(jnp.int32)
+    per_step = lambda a: ~jnp.all(jnp.isfinite(a).reshape(a.shape[0], -1), axis=1)
+    leaves = jax.tree.leaves(params)
+    bad_params = jnp.stack([~jnp.all(jnp.isfinite(leaf)) for leaf in leaves]) if leaves else jnp.zeros((0,), bool)
+    return first(per_step(H) | per_step(F)), first(per_step(xs)), ~jnp.all(jnp.isfinite(s0)), bad_params
 
 
 def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, f: Array,
@@ -173,9 +203,9 @@ def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, scale):
 def residual(H: Array, F: Array) -> Array:
     """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H; +inf
     where anything is NaN (XLA's max on CPU can skip NaNs: an overflowed iterate must never look
-    converged)."""
+    converged); 0 for no states (a batch of 0: nothing to solve)."""
     r = jnp.abs(H - F) / (1 + jnp.abs(F))
-    return jnp.max(jnp.where(jnp.isnan(r), jnp.inf, r))
+    return jnp.max(jnp.where(jnp.isnan(r), jnp.inf, r), initial=0.0)
 
 
 def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], tuple[Array, Array]],
@@ -184,8 +214,11 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], tuple[Array, Array
     H and :func:`residual`, equal on every device) and ``update(H, F, scale) -> H'`` (the solve of
     the linearised recurrence with the Jacobians scaled by ``scale``). Newton steps while the
     residual is above ``plan.tol``, finite and fewer than ``plan.max_iter`` were taken; with
-    ``plan.damping`` the damped step (module docstring). Returns (iterations, H, residual)."""
+    ``plan.damping`` the damped step (module docstring); none for an empty H. Returns (iterations,
+    H, residual)."""
     damped, tol = plan.damping is not None, plan.tol
+    if H.size == 0:  # no states (a batch of 0): nothing to solve, and the body's shapes may not exist
+        return jnp.int32(0), H, jnp.zeros((), H.dtype)
     F, res = evaluate(H)
     lam0 = jnp.asarray(plan.damping if damped else 0.0, res.dtype)
 
@@ -208,14 +241,20 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], tuple[Array, Array
     return k, H, res
 
 
-def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any,
-           sequential: Callable[[], Array]) -> tuple[Array, NewtonInfo]:
-    """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`) and apply
-    ``plan.on_fail``: ``sequential()`` computes the sequential forward's states, run only when
-    the iteration did not converge. Returns (states, :class:`NewtonInfo`)."""
+def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, sequential: Callable[[], Array],
+           inputs: tuple[Any, Array, Array]) -> tuple[Array, NewtonInfo]:
+    """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`, naming the NaN/inf
+    in H and in ``inputs`` = (params, xs, s0) when there is one) and apply ``plan.on_fail``:
+    ``sequential()`` computes the sequential forward's states, run only when the iteration did
+    not converge. Returns (states, :class:`NewtonInfo`)."""
     tol = plan.tol
     converged = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(H))
-    jax.debug.callback(_report, converged, k, res, on_fail=plan.on_fail, tol=tol, cell=type(cell).__name__)
+    n = len(jax.tree.leaves(inputs[0]))
+    finite = lambda: (jnp.int32(-1), jnp.int32(-1), jnp.zeros((), bool), jnp.zeros((n,), bool))
+    diagnosis = lax.cond(converged, finite, lambda: _diagnose(cell, H, inputs))
+    names = tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(inputs[0]))
+    jax.debug.callback(_report, converged, k, res, *diagnosis, on_fail=plan.on_fail, tol=tol,
+                       cell=type(cell).__name__, param_names=names)
     if plan.on_fail == "sequential":
         H = lax.cond(converged, lambda: H, sequential)
     return H, NewtonInfo(k, converged, ~converged if plan.on_fail == "sequential" else jnp.zeros((), bool), res)
@@ -239,4 +278,5 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
         return _linear_solve(cell, plan, params, xs, s0, H, F, scale)
 
     k, H, res = iterate(plan, H, evaluate, update)
-    return finish(cell, plan, k, H, res, lambda: forward_states(cell, params, xs, s0, plan.unroll))
+    return finish(cell, plan, k, H, res, lambda: forward_states(cell, params, xs, s0, plan.unroll),
+                  (params, xs, s0))

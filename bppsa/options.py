@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import operator
 from typing import Any, Literal, get_args
 
 import jax
@@ -28,7 +27,7 @@ from jax.typing import DTypeLike
 from bppsa import cost as cost_lib
 from bppsa._scan import SCANS
 from bppsa.cells import Cell
-from bppsa.errors import UsageError
+from bppsa.errors import UsageError, as_int, as_number
 
 __all__ = ["Options", "Plan", "make", "tolerance", "unroll_for", "Backward", "Forward", "ParallelForward", "Scan",
            "Combine", "OnFail", "Precision", "BACKWARDS", "FORWARDS", "KINDS", "PRECISIONS", "COMBINES", "ON_FAIL",
@@ -123,9 +122,9 @@ class Options:
     def __post_init__(self):
         _choice("backward", self.backward, BACKWARDS)
         _choice("forward", self.forward, FORWARDS)
-        if isinstance(self.max_iter, (np.integer, jnp.integer)) and jnp.ndim(self.max_iter) == 0:
-            object.__setattr__(self, "max_iter", int(self.max_iter))
-        _check_solver_fields(self.tol, self.max_iter, self.damping, self.on_fail)
+        for name, value in zip(("tol", "max_iter", "damping"),
+                               _check_solver_fields(self.tol, self.max_iter, self.damping, self.on_fail)):
+            object.__setattr__(self, name, value)
         if self.scan is not None and not (isinstance(self.scan, str) and self.scan in SCANS):
             raise UsageError(f"scan must be one of {sorted(SCANS)} or None; got {self.scan!r}")
         _choice("combine", self.combine, COMBINES)
@@ -279,17 +278,20 @@ def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state
     return int(unroll)
 
 
-def _check_solver_fields(tol, max_iter, damping, on_fail) -> None:
-    """The parallel forward's fields (the only place they are checked)."""
-    if tol is not None and not (isinstance(tol, (int, float)) and not isinstance(tol, bool) and 0 < tol < 1):
+def _check_solver_fields(tol, max_iter, damping, on_fail) -> tuple[float | None, int, float | None]:
+    """The parallel forward's fields (the only place they are checked); returns (tol, max_iter,
+    damping) as a Python float, int and float (numpy and JAX scalars are accepted)."""
+    t, n, d = (None if tol is None else as_number(tol)), as_int(max_iter), (None if damping is None else
+                                                                            as_number(damping))
+    if tol is not None and not (t is not None and 0 < t < 1):
         raise UsageError(f"tol must be a number in (0, 1) or None (per dtype: {DEFAULT_TOL}); got {tol!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
+    if n is None or n < 1:
         raise UsageError(f"max_iter must be a positive int; got {max_iter!r}")
-    if damping is not None and not (isinstance(damping, (int, float)) and not isinstance(damping, bool)
-                                    and np.isfinite(damping) and damping >= 0):
+    if damping is not None and not (d is not None and np.isfinite(d) and d >= 0):
         raise UsageError(f"damping must be None (plain Newton) or a finite number >= 0 (the initial λ); "
                          f"got {damping!r}")
     _choice("on_fail", on_fail, ON_FAIL)
+    return None if t is None else float(t), n, None if d is None else float(d)
 
 
 def _choice(name, value, choices):
@@ -302,18 +304,13 @@ def _chunk_size(chunk_size):
     traced values are refused)."""
     if chunk_size is None or (isinstance(chunk_size, str) and chunk_size == "auto"):
         return chunk_size
-    dtype = getattr(chunk_size, "dtype", None)
-    if isinstance(chunk_size, bool) or isinstance(chunk_size, str):
-        raise UsageError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
-    if isinstance(chunk_size, int) or (
-            dtype is not None and jnp.ndim(chunk_size) == 0 and jnp.issubdtype(dtype, jnp.integer)):
-        try:
-            n = operator.index(chunk_size)
-        except TypeError:  # a traced value: the chunking is decided at trace time
-            raise UsageError(f"chunk_size must be a concrete positive int (static under jit); "
-                             f"got a traced {dtype} value") from None
-        if n >= 1:
-            return n
+    n = as_int(chunk_size)
+    if n is not None and n >= 1:
+        return n
+    if n is None and isinstance(chunk_size, jax.Array) and chunk_size.ndim == 0 and \
+            jnp.issubdtype(chunk_size.dtype, jnp.integer):  # not concrete: the chunking is decided at trace time
+        raise UsageError(f"chunk_size must be a concrete positive int (static under jit); "
+                         f"got a traced {chunk_size.dtype} value")
     raise UsageError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
 
 
@@ -321,11 +318,8 @@ def _unroll(unroll):
     """None, a bool, or a positive int (numpy and JAX integer scalars become ints)."""
     if unroll is None or isinstance(unroll, bool):
         return unroll
-    try:
-        n = operator.index(unroll)
-    except TypeError:
-        n = 0
-    if n >= 1:
+    n = as_int(unroll)
+    if n is not None and n >= 1:
         return n
     raise UsageError(f"unroll must be a positive int, True, False or None (tuned); got {unroll!r}")
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from bppsa.cells import ACTIVATIONS, GRU, Cell
-from bppsa.errors import UsageError
+from bppsa.errors import UsageError, as_int
 
 __all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix"]
 
@@ -66,10 +66,10 @@ class _Block(Cell):
 
     def __post_init__(self):
         name = type(self).__name__
-        for field in ("input_size", "hidden_size", "head_size"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        for field in ("input_size", "hidden_size", "head_size"):  # numpy and JAX integers are stored as ints
+            if (n := as_int(value := getattr(self, field))) is None or n < 1:
                 raise UsageError(f"{name}: {field} must be a positive int; got {value!r}")
+            object.__setattr__(self, field, n)
         if self.hidden_size % self.head_size:
             raise UsageError(f"{name}: hidden_size ({self.hidden_size}) must be divisible by head_size "
                              f"({self.head_size}): the state is hidden_size / head_size heads of head_size units")

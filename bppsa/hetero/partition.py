@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bppsa.errors import as_int
+
 __all__ = ["partition", "weighted_mean", "plain_mean", "sample_weights"]
 
 
@@ -53,13 +55,13 @@ def partition(speeds: Sequence[float] | np.ndarray, batch_size: int, min_per_rep
     B < P·min_per_replica.
     """
     s = _check_speeds(speeds)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+    B, m, P = as_int(batch_size), as_int(min_per_replica), s.size  # numpy and JAX integer scalars too
+    if B is None:
         raise ValueError(f"batch_size must be an int >= 0; got {batch_size!r} of type {type(batch_size).__name__}")
-    if batch_size < 0:
+    if B < 0:
         raise ValueError(f"batch_size must be >= 0; got {batch_size}")
-    if isinstance(min_per_replica, bool) or not isinstance(min_per_replica, (int, np.integer)) or min_per_replica < 0:
+    if m is None or m < 0:
         raise ValueError(f"min_per_replica must be an int >= 0; got {min_per_replica!r}")
-    B, m, P = int(batch_size), int(min_per_replica), s.size
     if m * P > B:
         raise ValueError(f"batch_size {B} cannot give each of the {P} replicas min_per_replica = {m} samples "
                          f"(needs batch_size >= {m * P}); use a larger batch or min_per_replica=0")

@@ -42,7 +42,7 @@ from flax import nnx
 
 from bppsa import cells
 from bppsa.cells import Cell
-from bppsa.errors import UsageError
+from bppsa.errors import UsageError, as_int
 from bppsa.nn import _state as _flax_state
 
 __all__ = ["adapt", "plan", "cell_params", "Flax", "Autodiff", "Masked", "ACTIVATION_NAMES"]
@@ -441,8 +441,8 @@ def adapt(flax_cell, carry, x, *, autodiff: bool = False, steps: int = 1) -> Cel
         cell = _analytic(flax_cell)
         if cell is not None:
             return cell
-    if isinstance(x, int):
-        x = jnp.zeros((jax.tree.leaves(carry)[0].shape[0], x), jnp.result_type(*jax.tree.leaves(carry)))
+    if (size := as_int(x)) is not None:
+        x = jnp.zeros((jax.tree.leaves(carry)[0].shape[0], size), jnp.result_type(*jax.tree.leaves(carry)))
     planned = plan(flax_cell, carry, x, autodiff=autodiff, steps=steps)
     if isinstance(planned, str):
         raise UsageError(f"no BPPSA backward for {type(flax_cell).__name__}: {planned}")

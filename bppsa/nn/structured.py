@@ -27,7 +27,7 @@ from flax.nnx import initializers
 
 from bppsa import structured
 from bppsa.cells import Cell
-from bppsa.errors import UsageError
+from bppsa.errors import UsageError, as_int
 from bppsa.nn.cells import ACTIVATION_NAMES
 
 __all__ = ["BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell", "head_uniform"]
@@ -61,11 +61,13 @@ class _BlockCell(nnx.RNNCellBase):
 
     def _build(self, in_features, hidden_features, head_size, kernel_init, recurrent_kernel_init, bias_init,
                dtype, param_dtype, carry_init, rngs):
-        self.in_features, self.hidden_features, self.head_size = in_features, hidden_features, head_size
+        # numpy and JAX integer scalars are stored as ints (anything else: bppsa_cell names it)
+        self.in_features, self.hidden_features, self.head_size = (
+            v if (n := as_int(v)) is None else n for v in (in_features, hidden_features, head_size))
         self.dtype, self.param_dtype, self.carry_init = dtype, param_dtype, carry_init
         cell = self.bppsa_cell()  # checks the sizes and activations
-        G, H = cell.gates, hidden_features
-        self.W_x = nnx.Param(kernel_init(rngs.params(), (in_features, G * H), param_dtype))
+        G, H, head_size = cell.gates, self.hidden_features, self.head_size
+        self.W_x = nnx.Param(kernel_init(rngs.params(), (self.in_features, G * H), param_dtype))
         self.W_h = nnx.Param(recurrent_kernel_init(rngs.params(), (H // head_size, head_size, G * head_size),
                                                    param_dtype))
         if self._input_bias:

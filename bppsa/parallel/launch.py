@@ -47,7 +47,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from bppsa.errors import UsageError
+from bppsa.errors import UsageError, as_int
 from bppsa.parallel.mesh import ENV
 
 __all__ = ["main", "launch", "free_port"]
@@ -197,18 +197,24 @@ def launch(command: Sequence[str], n: int, *, devices_per_process: int | None = 
     stderr: TextIO = sys.stderr if err is None else err
     if not command:
         raise ValueError("command must be a non-empty list (the program after `--`)")
-    if not isinstance(n, int) or n < 1:
+    if (count := as_int(n)) is None or count < 1:
         raise ValueError(f"n (number of processes) must be a positive int; got {n!r}")
-    if devices_per_process is not None and devices_per_process < 1:
-        raise ValueError(f"devices_per_process must be a positive int; got {devices_per_process!r}")
+    n = count
+    if devices_per_process is not None:
+        if (count := as_int(devices_per_process)) is None or count < 1:
+            raise ValueError(f"devices_per_process must be a positive int; got {devices_per_process!r}")
+        devices_per_process = count
     if not (timeout > 0 and grace >= 0 and kill_after >= 0):
         raise ValueError(f"timeout must be > 0, grace and kill_after >= 0; got timeout={timeout}, grace={grace}, "
                          f"kill_after={kill_after}")
     if timeout == float("inf"):
         raise UsageError(f"timeout must be a finite number of seconds > 0 (it bounds the whole job); got {timeout}")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or port not in PORTS):
+    if port is None:
+        port = free_port()
+    elif (number := as_int(port)) is None or number not in PORTS:
         raise UsageError(f"port must be a TCP port in 1..65535 (or None: a free one); got {port!r}")
-    port = free_port() if port is None else port
+    else:
+        port = number
     lock = threading.Lock()
 
     class _Locked:

@@ -15,6 +15,8 @@ from typing import Any
 import jax
 from jax.sharding import AxisType, Mesh
 
+from bppsa.errors import as_int
+
 __all__ = ["shard_map", "make_mesh", "axis_size", "check_axes", "initialize", "ENV"]
 
 # Environment variables set by `bppsa launch` for each worker (read by `initialize`).
@@ -49,12 +51,14 @@ def make_mesh(seq: int | None = None, data: int = 1, *, devices: Sequence[Any] |
     default ``Explicit``: the sharded backward places its arrays itself, inside ``shard_map``.
     """
     devices = list(jax.devices() if devices is None else devices)
-    if not isinstance(data, int) or data < 1:
+    if (n := as_int(data)) is None or n < 1:
         raise ValueError(f"data must be a positive int; got {data!r}")
+    data = n
     if seq is None:
         seq = len(devices) // data
-    if not isinstance(seq, int) or seq < 1:
+    if (n := as_int(seq)) is None or n < 1:
         raise ValueError(f"seq must be a positive int; got {seq!r}")
+    seq = n
     if seq * data > len(devices):
         raise ValueError(f"a mesh of data × seq = {data} × {seq} = {seq * data} devices needs that many; "
                          f"only {len(devices)} are available")

@@ -338,7 +338,8 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     stop = lax.stop_gradient
     with jax.default_matmul_precision(plan.precision):
         H, k, res = solve_sm(stop(params), stop(xs_p), stop(s0_p), stop(H0))
-    H, info = newton_lib.finish(cell, plan, k, H, res, lambda: fwd_sm(stop(params), stop(xs_p), stop(s0_p)))
+    H, info = newton_lib.finish(cell, plan, k, H, res, lambda: fwd_sm(stop(params), stop(xs_p), stop(s0_p)),
+                                (stop(params), stop(xs_p), stop(s0_p)))
     return solved(params, xs_p, s0_p, H)[:T, :B], info
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from jax.experimental import sparse as jsparse
 
 from bppsa import scan as scan_lib
+from bppsa.errors import as_int
 
 __all__ = [
     "conv2d_transposed_jacobian", "conv2d_output_shape", "relu_transposed_jacobian",
@@ -59,9 +60,10 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 def _positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    n = as_int(value)
+    if n is None or n < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    return int(value)
+    return n
 
 
 def _image_shape(name, shape):

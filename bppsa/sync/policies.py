@@ -30,6 +30,7 @@ import dataclasses
 
 import numpy as np
 
+from bppsa.errors import as_int
 from bppsa.sync.zipline import zipline
 
 __all__ = ["Decision", "Policy", "BSP", "ASP", "SSP", "DSSP", "ElasticBSP", "make_policy", "POLICIES",
@@ -57,9 +58,9 @@ class Policy:
     name = "policy"
 
     def __init__(self, num_workers: int):
-        if not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
+        if (n := as_int(num_workers)) is None or n < 1:
             raise ValueError(f"num_workers must be an int >= 1; got {num_workers!r}")
-        self.clock = {p: 0 for p in range(int(num_workers))}
+        self.clock = {p: 0 for p in range(n)}
         self.active = set(self.clock)
         self.waiting: dict[int, str] = {}  # worker -> "wait" | "barrier"
         self.removed: list[int] = []
@@ -136,9 +137,9 @@ class SSP(Policy):
 
     def __init__(self, num_workers: int, s: int = 3):
         super().__init__(num_workers)
-        if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
+        if (n := as_int(s)) is None or n < 0:
             raise ValueError(f"s (staleness threshold) must be an int >= 0; got {s!r}")
-        self.s = int(s)
+        self.s = n
 
     def describe(self):
         return f"s={self.s}"
@@ -186,9 +187,9 @@ class DSSP(SSP):
 
     def __init__(self, num_workers: int, s_L: int = 3, r_max: int = 12):
         super().__init__(num_workers, s=s_L)
-        if not isinstance(r_max, (int, np.integer)) or isinstance(r_max, bool) or r_max < 0:
+        if (n := as_int(r_max)) is None or n < 0:
             raise ValueError(f"r_max must be an int >= 0; got {r_max!r}")
-        self.s_L, self.r_max = int(s_L), int(r_max)
+        self.s_L, self.r_max = self.s, n
         self.r = {p: 0 for p in self.clock}
         self.push_times = {p: [] for p in self.clock}  # last two push times (previous, latest)
         self.controller_calls: list[tuple[int, int]] = []  # (worker, r*) for each controller decision
@@ -270,9 +271,9 @@ class ElasticBSP(Policy):
 
     def __init__(self, num_workers: int, R: int = 15, method: str = "window"):
         super().__init__(num_workers)
-        if not isinstance(R, (int, np.integer)) or isinstance(R, bool) or R < 1:
+        if (n := as_int(R)) is None or n < 1:
             raise ValueError(f"R (prediction horizon) must be an int >= 1; got {R!r}")
-        self.R, self.method = int(R), method
+        self.R, self.method = n, method
         self.start = {p: 0.0 for p in self.clock}  # when each worker started its current iteration
         self.interval = {p: None for p in self.clock}
         self.quota = {p: 1 for p in self.clock}  # pushes left before the next barrier

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import optax
 
+from bppsa.errors import as_int, as_number
 from bppsa.sync.policies import BARRIER, PROCEED, Policy, make_policy
 from bppsa.tasks import task_from_spec
 from bppsa.tasks.task import Task
@@ -28,18 +29,18 @@ __all__ = ["ComputeModel", "heterogeneous", "simulate", "check_simulation", "tim
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+    return as_number(v) is not None
 
 
 def _is_worker(v, n: int) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and 0 <= int(v) < n
+    return (i := as_int(v)) is not None and 0 <= i < n
 
 
 def _number(name: str, v, minimum: float = 0.0) -> float:
     """A finite number >= minimum (ValueError naming the field otherwise)."""
-    if not _is_number(v) or not minimum <= v < math.inf:
+    if (x := as_number(v)) is None or not minimum <= x < math.inf:
         raise ValueError(f"{name} must be a finite number >= {minimum:g}; got {v!r}")
-    return float(v)
+    return float(x)
 
 
 def _numbers(name: str, values, minimum: float = 0.0, strict: bool = False) -> np.ndarray:
@@ -93,9 +94,8 @@ class ComputeModel:
         if m.size < 1:
             raise ValueError(f"means must be a non-empty sequence of finite times > 0; got {self.means!r}")
         n = m.size
-        _number("sigma", self.sigma)
-        _number("comm", self.comm)
-        _number("detect_timeout", self.detect_timeout)
+        for name in ("sigma", "comm", "detect_timeout"):  # numpy and JAX scalars are stored as floats
+            object.__setattr__(self, name, _number(name, getattr(self, name)))
         if self.join_times is not None:
             j = _numbers("join_times", self.join_times)
             if j.shape != m.shape:
@@ -111,10 +111,10 @@ class ComputeModel:
                 raise ValueError(f"{what}; got {s!r} in stragglers={self.stragglers!r}")
         dead = set()
         for d in _tuples("deaths", self.deaths, 2, "(worker, time)"):
-            if not _is_worker(d[0], n) or not _is_number(d[1]) or not 0 <= d[1] < math.inf or d[0] in dead:
+            if not _is_worker(d[0], n) or not _is_number(d[1]) or not 0 <= d[1] < math.inf or as_int(d[0]) in dead:
                 raise ValueError(f"each death must be (worker in 0..{n - 1}, finite time >= 0), one per worker; "
                                  f"got {d!r} in deaths={self.deaths!r}")
-            dead.add(d[0])
+            dead.add(as_int(d[0]))
 
     @property
     def num_workers(self) -> int:
@@ -183,10 +183,10 @@ def check_simulation(compute: ComputeModel, *, max_time: float, eval_every: floa
         raise ValueError(f"max_time / eval_every must be at most {MAX_EVALUATIONS} test evaluations; got "
                          f"max_time = {max_time:g}, eval_every = {eval_every:g} ({max_time / eval_every:.3g}); "
                          "use a larger eval_every")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+    if (n := as_int(batch_size)) is None or n < 1:
         raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
     if max_pushes is not None:
-        if isinstance(max_pushes, bool) or not isinstance(max_pushes, (int, np.integer)) or max_pushes < 1:
+        if (n := as_int(max_pushes)) is None or n < 1:
             raise ValueError(f"max_pushes must be an int >= 1 or None; got {max_pushes!r}")
         return
     expected = max_time * sum(1.0 / (float(m) + compute.comm) for m in compute.means)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bppsa.errors import as_int, as_number
 from bppsa.tasks.digits import load_digits, train_test_split
 from bppsa.tasks.task import Task
 
@@ -66,9 +67,10 @@ def nnx_task(name: str, x_train, y_train, x_test, y_test, make_model: Callable[[
 
 
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    n = as_int(value)
+    if n is None or n < 1:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
-    return value
+    return n
 
 
 def cnn_init(key, channels=(8, 16), num_classes: int = 10) -> dict:
@@ -102,8 +104,7 @@ def digits_task(*, channels=(8, 16), test_fraction: float = 0.25, data_seed: int
     channels = tuple(channels)
     if len(channels) != 2:
         raise ValueError(f"channels must be two positive integers (C1, C2); got {channels!r}")
-    for c in channels:
-        _positive_int("channels", c)
+    channels = tuple(_positive_int("channels", c) for c in channels)
     x_train, y_train, x_test, y_test = load_digits(test_fraction=test_fraction, seed=data_seed)
     return Task("digits_cnn", x_train[..., None], y_train, x_test[..., None], y_test,  # x: (N, 8, 8, 1)
                 lambda key: cnn_init(key, channels), cnn_logits,
@@ -126,7 +127,7 @@ def gru_task(*, data: str = "bitstream", num_samples: int = 2000, length: int = 
     from bppsa import cells
     from bppsa.nn import SequenceClassifier
 
-    _positive_int("hidden_size", hidden_size)
+    hidden_size = _positive_int("hidden_size", hidden_size)
     if data == "bitstream":
         if num_features not in (None, 1) or noise is not None:
             raise ValueError(f"num_features and noise do not apply to data='bitstream' (one bit per step, no noise); "
@@ -165,13 +166,14 @@ def check_task(name: str, **options) -> None:
 
 def make_task(name: str, **options) -> Task:
     """The task ``name`` (one of :data:`TASKS`) built with ``options`` (the keyword arguments of its builder:
-    :func:`digits_task`, :func:`gru_task`); cached per (name, options) within the process.
+    :func:`digits_task`, :func:`gru_task`); cached per (name, options) within the process (numpy and
+    JAX scalars count as the Python numbers they equal).
 
     An unknown name or option raises ValueError listing the known ones (:func:`check_task`).
     """
     check_task(name, **options)
     spec = {"name": name, **options}
-    key = json.dumps(spec, sort_keys=True, default=repr)
+    key = json.dumps(spec, sort_keys=True, default=lambda v: repr(v) if (n := as_number(v)) is None else n)
     if key not in _CACHE:
         _CACHE[key] = dataclasses.replace(TASKS[name](**options), spec=json.loads(key))
     return _CACHE[key]

@@ -683,3 +683,115 @@ def test_an_overflowing_iterate_is_never_reported_converged():
     # the sequential forward's states: one step from the one before, to float32 rounding (a chaotic
     # float32 trajectory cannot be compared with another program's over T = 1000 steps)
     _a_sequential_trajectory(cell, p, xs, h0, states, "the fallback's states")
+
+
+# --- one-line errors: guess= structure, an empty batch, NaN/inf ---------------------------------
+
+def _one_line_usage_error(pattern, fn):
+    with pytest.raises(UsageError, match=pattern) as info:
+        fn()
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_a_guess_of_the_wrong_structure_is_a_one_line_usage_error():
+    """A tuple, a dict or a ragged list for a single-array state, or a single array for a pair
+    state, is named (it was an AttributeError inside flat_guess); the expected shapes are given."""
+    cell, params, xs, h0 = _problem("gru", 5, 2)
+    one = r"^guess must be shaped like the states rnn returns: a float array of shape \(T, B, H\) = \(5, 2, 4\)"
+    for bad, got in [((jnp.zeros((5, 2, 4)),), "a tuple of 1 item"), ((jnp.zeros((5, 2, 4)),) * 2, "a tuple of 2 items"),
+                     ({"h": jnp.zeros((5, 2, 4))}, "a dict of 1 item")]:
+        _one_line_usage_error(rf"{one} \(GRU's state is one array\); got {got}$",
+                              lambda: bppsa.rnn(cell, params, xs, h0, forward="newton", guess=bad))
+    _one_line_usage_error(rf"{one}; got a list of 2 items, which is not an array of numbers$",
+                          lambda: bppsa.rnn(cell, params, xs, h0, forward="newton", guess=[[0.0], [0.0, 1.0]]))
+    _one_line_usage_error(rf"{one}; got float64\[5, 2\]$",
+                          lambda: bppsa.rnn(cell, params, xs, h0, forward="quasi", guess=np.zeros((5, 2)).tolist()))
+    lstm, lp, lxs, lh0 = _problem("lstm", 5, 2)
+    two = (r"^guess must be shaped like the states rnn returns: a pair of float arrays of shapes \(5, 2, 4\), "
+           r"\(5, 2, 4\)")
+    _one_line_usage_error(rf"{two} \(LSTM's state is a pair\); got a float64 array of shape \(5, 2, 4\)$",
+                          lambda: bppsa.rnn(lstm, lp, lxs, lh0, forward="newton", guess=jnp.zeros((5, 2, 4))))
+    _one_line_usage_error(rf"{two}; got float64\[5, 2, 4\], float64\[5, 2, 1\] \(a list of 2 items\)$",
+                          lambda: bppsa.rnn(lstm, lp, lxs, lh0, forward="newton",
+                                            guess=[jnp.zeros((5, 2, 4)), jnp.zeros((5, 2, 1))]))
+
+
+def test_a_nested_list_guess_is_converted():
+    """Nested Python lists shaped like the states are taken as arrays (a pair's parts too): the
+    exact states as a list converge at once, to the states the array guess gives."""
+    for name in ("gru", "lstm"):
+        cell, params, xs, h0 = _problem(name, 5, 2)
+        ref = scan_states(cell, params, xs, h0)
+        as_lists = jax.tree.map(lambda a: np.asarray(a).tolist(), ref)
+        if name == "lstm":
+            as_lists = list(as_lists)  # a list pair, each part a nested list
+        states, info = bppsa.rnn(cell, params, xs, h0, forward="newton", on_fail="raise", guess=as_lists,
+                                 return_info=True)
+        _states_close(states, ref, name)
+        assert int(info.iterations) == 0 and bool(info.converged), f"{name}: {info}"
+
+
+@pytest.mark.parametrize("kind", FORWARDS)
+def test_an_empty_batch_gives_the_sequential_forwards_empty_result(kind):
+    """B = 0: the parallel forward returns what the sequential one does (it raised 'zero-size array
+    to reduction operation max'), its gradients too, converged at 0 iterations; also on a mesh."""
+    for name in ("rnn-tanh", "lstm"):
+        cell, params, xs, h0 = _problem(name, 5, 0)
+        loss = lambda out: sum(jnp.sum(a) for a in jax.tree.leaves(out))
+        grads = lambda **kw: jax.grad(lambda p, x, h: loss(bppsa.rnn(cell, p, x, h, **kw)), argnums=(0, 1, 2))(
+            params, xs, h0)
+        seq = bppsa.rnn(cell, params, xs, h0)
+        states, info = bppsa.rnn(cell, params, xs, h0, forward=kind, on_fail="raise", return_info=True)
+        shapes = lambda tree: jax.tree.map(lambda a: (a.shape, a.dtype), tree)
+        assert shapes(states) == shapes(seq) and jax.tree.leaves(seq)[0].shape == (5, 0, H)
+        assert bool(info.converged) and not bool(info.fell_back) and int(info.iterations) == 0
+        for backward in ("bppsa", "bptt"):
+            ref, got = grads(backward=backward), grads(forward=kind, backward=backward, on_fail="raise")
+            assert shapes(got) == shapes(ref), f"{name} {backward}"
+            for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+                np.testing.assert_array_equal(g, r)
+        mesh = parallel.make_mesh(4, batch_axis=None)
+        assert shapes(bppsa.rnn(cell, params, xs, h0, forward=kind, on_fail="raise", mesh=mesh)) == shapes(seq)
+
+
+def _nan_problems():
+    """(label, params, xs, h0, the message's cause) of a GRU, T = 5, B = 2."""
+    cell, params, xs, h0 = _problem("gru", 5, 2)
+    return cell, [
+        ("NaN in xs", params, xs.at[2, 1, 0].set(jnp.nan), h0, r"at step 2 \(the inputs contain NaN/inf: xs\[2\]\)"),
+        ("inf in h0", params, xs, h0.at[0, 1].set(jnp.inf), r"at step 0 \(the inputs contain NaN/inf: h0\)"),
+        ("NaN in W_h", dict(params, W_h=params["W_h"].at[0, 0].set(jnp.nan)), xs, h0,
+         r"at step 0 \(the inputs contain NaN/inf: params\['W_h'\]\)"),
+    ]
+
+
+@pytest.mark.parametrize("kind", FORWARDS)
+def test_nan_inputs_are_named_not_blamed_on_max_iter(kind, monkeypatch):
+    """NaN/inf in xs, h0 or params: the failure names where (it said 'did not converge ... raise
+    max_iter'), eagerly, under jit and in the fallback's warning."""
+    cell, problems = _nan_problems()
+    for label, params, xs, h0, cause in problems:
+        pattern = rf"did not converge: residual inf > tol .*: the states became NaN/inf {cause}; raising max_iter " \
+                  r"will not help; remove the NaN/inf from the inputs$"
+        with pytest.raises(NewtonDidNotConverge, match=pattern) as info:
+            jax.block_until_ready(bppsa.rnn(cell, params, xs, h0, forward=kind, on_fail="raise"))
+        assert "\n" not in str(info.value) and "raise max_iter" not in str(info.value), label
+        monkeypatch.setattr(newton, "_fallbacks", [0])  # the first fallback warns
+        with pytest.warns(NewtonFallbackWarning, match=rf"{cause}; raising max_iter will not help; the sequential "):
+            jax.block_until_ready(bppsa.rnn(cell, params, xs, h0, forward=kind))
+    label, params, xs, h0, cause = problems[0]
+    with pytest.raises(RuntimeError, match=rf"NewtonDidNotConverge: .*{cause}; raising max_iter will not help"):
+        jax.block_until_ready(jax.jit(lambda x: bppsa.rnn(cell, params, x, h0, forward=kind, on_fail="raise"))(xs))
+
+
+def test_an_overflowing_iterate_from_finite_inputs_says_so():
+    """Finite inputs whose iterate overflows (relu, huge W_h): the message says the inputs are
+    finite and points at damping, not at max_iter."""
+    cell = cells.RNN(I, H, nonlinearity="relu")
+    params = dict(random_params(cell, 0), W_h=jnp.full((H, H), 1e200))
+    xs, h0 = jnp.ones((5, 2, I)), jnp.zeros((2, H))
+    with pytest.raises(NewtonDidNotConverge, match=r"the states became NaN/inf at step \d \(the inputs are finite: "
+                                                   r"the iterate \(or the recurrence itself\) overflowed\); raising "
+                                                   r"max_iter will not help; pass damping="):
+        jax.block_until_ready(bppsa.rnn(cell, params, xs, h0, forward="newton", on_fail="raise"))

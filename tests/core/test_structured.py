@@ -292,3 +292,20 @@ def test_flax_cell_conventions():
     mixed = BlockGRUCell(4, 6, dtype=jnp.bfloat16, rngs=rngs)
     assert isinstance(flax_cells.plan(mixed, mixed.initialize_carry((2, 4), rngs), jnp.ones((2, 4)), steps=3)[0],
                       flax_cells.Autodiff)
+
+
+def test_sizes_take_numpy_and_jax_integers():
+    """head_size=np.int64(2) (and the other sizes as numpy or JAX integers) was refused as 'must be a
+    positive int': it is stored as an int, here and in the flax front ends."""
+    for cls in (structured.BlockRNN, structured.BlockGRU, structured.BlockLSTM):
+        cell = cls(np.int64(3), jnp.int32(6), np.int64(2))
+        assert cell == cls(3, 6, 2) and hash(cell) == hash(cls(3, 6, 2))
+        assert all(type(getattr(cell, f)) is int for f in ("input_size", "hidden_size", "head_size"))
+    with pytest.raises(UsageError, match=r"^BlockGRU: head_size must be a positive int; got np.float64\(2.0\)"):
+        structured.BlockGRU(3, 6, np.float64(2))
+    for kind, cls in FLAX.items():
+        module = cls(np.int64(3), jnp.int32(6), head_size=np.int64(2), rngs=nnx.Rngs(0))
+        assert all(type(getattr(module, f)) is int for f in ("in_features", "hidden_features", "head_size")), kind
+        assert module.W_h.shape == (3, 2, cls._gates * 2), kind
+        out = bppsa.nn.RNN(module)(jnp.ones((2, 5, 3)))
+        assert out.shape == (2, 5, 6), kind

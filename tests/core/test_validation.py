@@ -139,3 +139,52 @@ def test_h0_dtype_must_survive_a_step():
     assert bppsa.rnn(cell, p32, xs, h0).dtype == jnp.float64
     weak = jnp.broadcast_to(jnp.asarray(0.0), (B, H))  # weakly typed float64: lax.scan promotes it
     assert bppsa.rnn(cell, p32, xs.astype(jnp.float32), weak).dtype == jnp.float32
+
+
+def test_numpy_and_jax_scalars_are_numbers_and_ints():
+    """tol, damping and max_iter take numpy and JAX scalars (tol=np.float32(1e-5) and damping=
+    np.float32(1) were refused as 'must be a number') and store Python floats and ints; NaN, inf,
+    bools and arrays that are not 0-d are still refused."""
+    cell, p, xs, h0 = _gru()
+    o = bppsa.Options(forward="newton", tol=np.float32(1e-5), damping=np.float32(1), max_iter=jnp.int32(7))
+    assert (type(o.tol), type(o.damping), type(o.max_iter)) == (float, float, int)
+    assert (o.tol, o.damping, o.max_iter) == (float(np.float32(1e-5)), 1.0, 7)
+    assert bppsa.Options(tol=jnp.float32(1e-5), damping=jnp.array(0.5), max_iter=np.int64(3)) == \
+        bppsa.Options(tol=float(np.float32(1e-5)), damping=0.5, max_iter=3)
+    hs = bppsa.rnn(cell, p, xs, h0, forward="newton", tol=np.float64(1e-9), damping=np.float32(1), on_fail="raise")
+    np.testing.assert_allclose(hs, bppsa.rnn(cell, p, xs, h0), rtol=1e-7)
+    for field, bad in [("tol", np.float32("nan")), ("tol", np.float64(1.0)), ("tol", np.bool_(True)),
+                       ("tol", jnp.array([1e-5])), ("damping", np.float64("inf")), ("damping", jnp.float32("nan")),
+                       ("damping", np.float32(-1)), ("max_iter", np.float64(3.0)), ("max_iter", jnp.array([3]))]:
+        _raises(rf"^{field} must be", lambda: bppsa.Options(**{field: bad}))
+
+
+def test_as_int_and_as_number_are_the_one_test():
+    """bppsa.errors.as_int / as_number: ints and floats, numpy scalars, 0-d numpy and JAX arrays, as
+    Python ints and floats; never bools, strings, complex numbers or arrays of other shapes; and the
+    config checks built on them (require_int, require_ints, require_number) take the same."""
+    from bppsa.errors import as_int, as_number, require_int, require_ints, require_number
+    for v in (3, np.int64(3), np.uint8(3), np.array(3), jnp.int32(3), jnp.array(3, jnp.int64)):
+        assert as_int(v) == 3 and type(as_int(v)) is int and as_number(v) == 3, repr(v)
+    for v in (2.5, np.float32(2.5), np.float16(2.5), np.array(2.5), jnp.float32(2.5), jnp.bfloat16(2.5)):
+        assert as_int(v) is None and as_number(v) == 2.5 and type(as_number(v)) is float, repr(v)
+    for v in (True, np.bool_(False), jnp.array(True), "3", None, 1j, np.complex64(1), [3], np.array([3]),
+              jnp.zeros((1,), jnp.int32)):
+        assert as_int(v) is None and as_number(v) is None, repr(v)
+    assert np.isnan(as_number(np.float32("nan")))  # a number: ranges are the caller's
+    assert jax.jit(lambda x: jnp.asarray(as_int(x) is None))(3)  # a traced value is not concrete
+    config = {"n": np.int64(4), "lr": np.float32(0.5), "sizes": [np.int64(1), jnp.int32(2), 3]}
+    assert require_int(config, "n") == 4 and type(require_int(config, "n")) is int
+    assert require_number(config, "lr") == 0.5 and require_ints(config, "sizes") == (1, 2, 3)
+    for key, check in (("flag", require_int), ("flag", require_number), ("nan", require_number)):
+        with pytest.raises(UsageError, match=rf"^config.{key} must be"):
+            check({"flag": np.bool_(True), "nan": np.float64("nan")}, key)
+
+
+def test_cell_sizes_take_integer_scalars():
+    """input_size and hidden_size given as numpy or JAX integers are stored as ints (the same
+    cell, hash included, as with plain ints)."""
+    for cls in (cells.RNN, cells.GRU, cells.LSTM):
+        cell = cls(np.int64(I), jnp.int32(H))
+        assert cell == cls(I, H) and hash(cell) == hash(cls(I, H)) and type(cell.input_size) is int
+    _raises(r"^GRU: hidden_size must be a positive int; got np.float64\(4.0\)", lambda: cells.GRU(I, np.float64(4)))

@@ -242,3 +242,15 @@ def test_replica_batches_layout_and_errors():
         replica_batches(x, y, [2, 3], b_max=2)
     with pytest.raises(ValueError, match="average"):
         make_spmd_grad(per_sample_loss, data_mesh(2), average="median")
+
+
+def test_partition_takes_numpy_and_jax_integer_batch_sizes():
+    """A JAX integer (a 0-d array, e.g. a batch size read from an array's shape arithmetic) or a
+    numpy one is the int it equals (jnp.int32(64) was refused); bools and floats are not."""
+    want = partition([1.0, 3.0], 64)
+    for B in (np.int64(64), jnp.int32(64), jnp.array(64), np.array(64)):
+        np.testing.assert_array_equal(partition([1.0, 3.0], B), want)
+        np.testing.assert_array_equal(partition([1.0, 3.0], B, min_per_replica=jnp.int32(1)), want)
+    for B in (np.bool_(True), jnp.float32(64), jnp.array([64])):
+        with pytest.raises(ValueError, match="batch_size must be an int >= 0"):
+            partition([1.0, 3.0], B)

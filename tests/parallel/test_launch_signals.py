@@ -184,3 +184,17 @@ def test_bad_port_or_infinite_timeout_is_one_line(capsys, flags, needle):
     for kw in ({"port": 0}, {"port": 65536}, {"port": True}, {"timeout": float("inf")}):
         with pytest.raises(UsageError):
             launch.launch([sys.executable, "-c", "pass"], 1, **kw)
+
+
+def test_numpy_integers_are_ints():
+    """n, devices_per_process and port as numpy integers are the ints they equal (they were refused,
+    or compared as numbers only by luck); bools are not ports."""
+    import numpy as np
+    out, err = io.StringIO(), io.StringIO()
+    port = np.int64(launch.free_port())
+    assert launch.launch([sys.executable, "-c", "pass"], np.int64(1), devices_per_process=np.int32(1), port=port,
+                         timeout=120, out=out, err=err) == 0, err.getvalue()
+    with pytest.raises(UsageError, match="port must be a TCP port in 1..65535"):
+        launch.launch([sys.executable, "-c", "pass"], 1, port=np.bool_(True))
+    with pytest.raises(ValueError, match="devices_per_process must be a positive int; got 'two'"):
+        launch.launch([sys.executable, "-c", "pass"], 1, devices_per_process="two")

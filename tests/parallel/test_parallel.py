@@ -241,3 +241,13 @@ def test_cross_device_combines_equal_a_sequential_fold():
         expected[p] = np.einsum("bi,bij->bj", expected[p + 1], Pi[p + 1]) + dl[p + 1]
     for got in run(Pi, dl):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)
+
+
+def test_make_mesh_takes_numpy_and_jax_integers():
+    """seq and data as numpy or JAX integers (e.g. from jax.device_count() arithmetic on arrays) are
+    the ints they equal (they were refused as 'must be a positive int')."""
+    mesh = parallel.make_mesh(np.int64(4), data=jnp.int32(2))
+    assert dict(mesh.shape) == {"data": 2, "seq": 4}
+    assert dict(parallel.make_mesh(jnp.array(4), batch_axis=None).shape) == {"seq": 4}
+    with pytest.raises(ValueError, match=r"seq must be a positive int; got np.float64\(4.0\)"):
+        parallel.make_mesh(np.float64(4))

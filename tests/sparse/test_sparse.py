@@ -243,3 +243,12 @@ def test_weight_grads_match_autodiff():
     g = normal(14, (3, 2))
     dW, db = sparse.linear_weight_grad(x, g)
     np.testing.assert_allclose(np.asarray(dW), np.asarray(jax.grad(lambda W: jnp.sum((x @ W.T) * g))(W)), rtol=1e-12)
+
+
+def test_sizes_take_jax_integers():
+    """A window or stride given as a JAX integer (a 0-d array) is the int it equals (it was refused
+    as 'must be an integer'); floats are not."""
+    x = normal(2, (2, 4, 6))
+    assert_exact(sparse.maxpool2d_transposed_jacobian(x, jnp.int32(2)), dense_transposed_jacobian(maxpool(2), x))
+    with pytest.raises(ValueError, match=r"window must be an integer >= 1; got Array\(2., dtype=float"):
+        sparse.maxpool2d_transposed_jacobian(x, jnp.array(2.0))

@@ -167,3 +167,15 @@ def test_bad_events():
     p.push(0, 0.0)
     with pytest.raises(ValueError, match="while waiting"):
         p.push(0, 1.0)
+
+
+def test_numpy_and_jax_integers_are_ints():
+    """num_workers, s, r_max and R as numpy or JAX integers are the ints they equal; bools are
+    refused (BSP(True) used to make one worker)."""
+    import jax.numpy as jnp
+    import numpy as np
+    p = sync.make_policy("dssp", jnp.int32(3), s_L=np.int64(2), r_max=jnp.array(5))
+    assert sorted(p.clock) == [0, 1, 2] and (p.s, p.r_max) == (2, 5) and type(p.r_max) is int
+    assert sync.make_policy("elasticbsp", np.int64(2), R=jnp.int32(4)).R == 4
+    with pytest.raises(ValueError, match="num_workers must be an int >= 1; got True"):
+        sync.BSP(True)

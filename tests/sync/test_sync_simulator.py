@@ -147,3 +147,17 @@ def test_runs_that_cannot_end_are_refused_before_they_start(kw, needle):
     assert needle in str(e.value)
     sync.check_simulation(compute, max_time=10.0, eval_every=1.0)  # in range: no error
     sync.check_simulation(compute, max_time=1e9, eval_every=1e5, max_pushes=100)  # bounded by max_pushes
+
+
+def test_numpy_and_jax_scalars_are_numbers():
+    """The compute model's times and a run's limits as numpy or JAX scalars are the numbers they
+    equal (a JAX scalar was refused as 'must be a finite number'); stored as Python floats."""
+    import jax.numpy as jnp
+    c = sync.ComputeModel(means=(jnp.float32(1.0), np.float64(2.5)), sigma=jnp.float32(0.5), comm=np.float32(0.25),
+                          stragglers=((jnp.int32(0), 1.0, jnp.float32(2.0), 3),), deaths=((np.int64(1), jnp.array(4.0)),),
+                          join_times=(0, jnp.int32(0)))
+    assert (c.sigma, c.comm) == (0.5, 0.25) and type(c.sigma) is float
+    sync.check_simulation(c, max_time=jnp.float32(10.0), eval_every=np.float32(1.0), batch_size=jnp.int32(16),
+                          max_pushes=np.int64(100))
+    with pytest.raises(ValueError, match="sigma must be a finite number >= 0; got Array"):
+        sync.ComputeModel(means=(1.0,), sigma=jnp.float32("inf"))

@@ -81,3 +81,16 @@ def test_the_hetero_dp_config_check_starts_no_jax_backend():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False"]
+
+
+def test_numpy_and_jax_integer_options_are_ints():
+    """Sizes given as numpy or JAX integers were refused as 'must be a positive integer': they are
+    the ints they equal, the same cached task and spec."""
+    import jax.numpy as jnp
+    t = make_task("digits_cnn", channels=(4, 8))
+    assert make_task("digits_cnn", channels=(np.int64(4), jnp.int32(8))) is t
+    kw = dict(data="bitstream", num_samples=40, length=8, num_classes=4)
+    g = make_task("gru", hidden_size=np.int64(4), **kw)
+    assert g is make_task("gru", hidden_size=4, **kw) and g.spec["hidden_size"] == 4
+    with pytest.raises(ValueError, match=r"hidden_size must be a positive integer; got np.float64\(4.0\)"):
+        make_task("gru", hidden_size=np.float64(4), **kw)
