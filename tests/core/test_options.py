@@ -121,7 +121,7 @@ def test_nn_modules_take_the_options_object():
         bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), unrol=4)
 
 
-@pytest.mark.parametrize("backward", ["bppsa", "bptt"])
+@pytest.mark.parametrize("backward", ["bppsa", pytest.param("bptt", marks=pytest.mark.slow)])
 def test_unroll_sets_the_forward_scans_unroll_and_changes_no_result(backward):
     cell, params, xs, h0 = _problem(T=7, B=2, I=2, H=3)
     run = lambda unroll: bppsa.rnn(cell, params, xs, h0, backward=backward, unroll=unroll)

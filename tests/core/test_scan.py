@@ -34,7 +34,8 @@ def _reference(v, Ms, ds):
 
 
 @pytest.mark.parametrize("method", sorted(S.SCANS))
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 9, 16, 33, 63, 64, 65, 100, 129])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 33, 65, 100] + [pytest.param(n, marks=pytest.mark.slow)
+                                                              for n in (4, 9, 63, 64, 129)])
 @pytest.mark.parametrize("with_d", [False, True])
 def test_scan_matches_python_loop(method, n, with_d):
     rng = np.random.default_rng(n)
@@ -244,7 +245,8 @@ def _diag_scan(v, A, Wt, ds, n, pad_with=None):
     return jax.jit(S.blelloch_scan_stored_diag, static_argnums=4)(v, Ap, Wt, dp, n)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 127, 128, 129, 200, 1000, 1025])
+@pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 129, 1000] + [pytest.param(n, marks=pytest.mark.slow)
+                                                                  for n in (127, 128, 200, 1025)])
 @pytest.mark.parametrize("with_d", [False, True])
 def test_diagonal_scan_matches_python_loop(n, with_d):
     v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, with_d)
@@ -324,7 +326,7 @@ def test_the_public_scan_module_is_the_implementations_curated_face():
 
 
 @pytest.mark.parametrize("method", ["blelloch", "associative", "sequential"])
-@pytest.mark.parametrize("n", [1, 6, 37])
+@pytest.mark.parametrize("n", [1, 6, pytest.param(37, marks=pytest.mark.slow)])  # 6: odd levels and padding too
 def test_diagonal_and_block_scans_equal_the_dense_scan_of_diagonal_matrices(method, n):
     """bppsa.scan.diagonal_scan (elementwise, the DIAGONAL products) and block_scan with 1×1 blocks
     give what the dense scan gives for the diagonal matrices diag(a_k), float64."""

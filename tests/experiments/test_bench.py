@@ -136,7 +136,7 @@ def _grads(cell, params, xs, h0, **kw):
 
 
 _slow = pytest.mark.slow
-CHUNK_CASES = [(cells.RNN(2, 3), 1, 4, ()), (cells.RNN(2, 3), 7, 3, ()), (cells.RNN(2, 3), 10, 1, ()),
+CHUNK_CASES = [(cells.RNN(2, 3), 1, 4, _slow), (cells.RNN(2, 3), 7, 3, ()), (cells.RNN(2, 3), 10, 1, _slow),
                (cells.RNN(2, 3), 200, 71, _slow),  # chunks of 71 (storage order with one padding step) and 58
                (cells.RNN(2, 3), 1, 1, _slow), (cells.RNN(2, 3), 8, 4, _slow), (cells.RNN(2, 3), 6, 6, _slow),
                (cells.RNN(2, 3), 5, 9, _slow), (cells.GRU(2, 3), 13, 5, _slow), (cells.LSTM(2, 2), 7, 3, _slow)]

@@ -50,14 +50,17 @@ SAME_TASK_AS_ANOTHER = ("rnn_sweep", "irmas_grid", "irmas_train", "irmas_timing"
 # newton_memory (the Newton training step with return_info: tests/core/test_newton.py), order_effect
 # (the timing protocol: tests/experiments/test_bench.py). The slow run runs their smoke variants.
 SAME_TASK_AS_ANOTHER += ("bptt_unroll", "newton_memory", "order_effect")
-# Configs whose default run leaves out a part that another default test runs at a similar size:
-# irmas's training (tests/experiments/test_irmas_experiment.py::test_short_training_run_learns_the_stand_in_above_chance
-# runs training_comparison on the stand-in), sparse_vgg's FLOP analysis
-# (tests/sparse/test_sparse_vgg.py::test_flop_analysis_consistent) and parallel_step's trained GRU (generating the
-# stand-in and training on it: the same test of irmas; ~15 s of the smoke's ~30). The slow run runs their full
-# smoke variant.
-DEFAULT_RUN_OVERRIDES = {"irmas": {"parts": "grid"}, "sparse_vgg": {"parts": "generation,retrain"},
-                         "parallel_step": {"parts": "iterations,chaotic,steps"}}
+# and, for the same budget, configs whose every piece another default test runs at test size: parallel_step
+# (the Newton forward: tests/core/test_newton.py; its config's parts: the notebook 06 is its slow twin),
+# sparse_vgg (tests/sparse/test_sparse_vgg.py), flax_rnn (tests/nn/test_flax_dropin.py, test_flax_suite.py),
+# pararnn_peer (bppsa's side: tests/core/test_structured.py), user_script (tests/core/test_cost.py's auto) and
+# scaling (tests/parallel/test_parallel.py). The default run keeps one smoke run per paper folder and kind:
+# rnn_train, core_accuracy, hetero_dp, sync and zipline.
+SAME_TASK_AS_ANOTHER += ("parallel_step", "sparse_vgg", "flax_rnn", "pararnn_peer", "user_script", "scaling",
+                         "irmas")  # irmas: make reproduce's job; its pieces: tests/experiments/test_irmas_experiment.py
+# Configs whose default run leaves out a part that another default test runs at a similar size (none now: the
+# slow run runs every config's full smoke variant).
+DEFAULT_RUN_OVERRIDES: dict[str, dict[str, str]] = {}
 
 
 def _load_module(path):
@@ -272,7 +275,7 @@ def straight_run(tmp_path_factory):
     return workdir
 
 
-@pytest.mark.parametrize("kill_at", [5, 10 + 8], ids=["bptt-step5", "bppsa-step8"])
+@pytest.mark.parametrize("kill_at", [5, pytest.param(10 + 8, marks=pytest.mark.slow)], ids=["bptt-step5", "bppsa-step8"])
 def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch, kill_at, straight_run):
     """Kill (an exception after global step k, past the last checkpoint), re-run the same command."""
     calls = {"n": 0}

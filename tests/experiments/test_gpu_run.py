@@ -91,6 +91,7 @@ def test_parallel_part_times_every_forward_with_its_newton_info(tmp_path):
         _check_point(p)
 
 
+@pytest.mark.slow  # ~13 s; the default run checks the parallel part of the same script (below)
 def test_cpu16_part_dry_run_with_blocked_imports(tmp_path):
     out = tmp_path / "out"
     env = _blocked_env(tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")

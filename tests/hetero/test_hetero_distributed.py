@@ -33,7 +33,8 @@ def _launch(argv, n, timeout):
     assert rc == 0, f"launch failed ({rc}):\n{err.getvalue()}\n{out.getvalue()[-3000:]}"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow  # ~11 s; the default run: the same weighting in one process (tests/hetero/test_hetero.py) and
+@pytest.mark.timeout(240)  # real processes under drift (below)
 def test_weighted_gradient_across_two_processes(tmp_path):
     seed = 3
     _launch([WORKER, str(tmp_path), str(seed), ";".join(",".join(map(str, c)) for c in CASES)], 2, timeout=180)

@@ -72,7 +72,7 @@ def _finish(proc, pids, limit):
     return out, err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_signal_is_forwarded_and_no_worker_survives(tmp_path, sig):
     # process 0 obeys but its child ignores the signal; process 1 ignores it
     proc, pids, _ = _start(tmp_path, ["child", "ignore"], "--kill-after", "2", "--timeout", "60")

@@ -45,7 +45,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("cell_name", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize("cell_name", ["lstm", pytest.param("rnn", marks=pytest.mark.slow),
+                                       pytest.param("gru", marks=pytest.mark.slow)])  # lstm: a two-array state
 def test_sharded_gradients_equal_lax_scan_and_single_device(cell_name):
     for P, T, B, combine, scan, every in CASES[cell_name]:
         cell, params, xs, h0 = problem(cell_name, T=T, B=B)

@@ -47,7 +47,8 @@ def test_every_L_m_equals_autodiff(every):
         assert_grads_equal(layers, params, x, y, levels, reference)
 
 
-@pytest.mark.parametrize("B", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~10 s; the default run prunes (test_magnitude_prune_and_bad_input) and checks every level
+@pytest.mark.parametrize("B", [1, 2])
 def test_pruned_network_batch_sizes(B):
     """Pruned weights (stored zeros dropped), one sample (two in the slow run), no hidden layer."""
     layers, params, x, y = small_net(seed=3, in_shape=(1, 8, 4), hidden=(), B=B)
