@@ -63,6 +63,7 @@ def test_pruned_network_batch_sizes(B):
     assert len(grads) == len(layers)
 
 
+@pytest.mark.slow  # strided convolutions' Jacobians: tests/sparse/test_sparse.py's CONV_CASES in the default run
 def test_strided_conv_chain():
     """A chain with a stride-2, padding-0 conv (built by hand) also matches autodiff."""
     layers = (vgg.Layer("conv", stride=2, padding=0), vgg.Layer("relu"), vgg.Layer("conv", padding=1),
