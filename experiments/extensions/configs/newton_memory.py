@@ -1,7 +1,7 @@
 """Bounded memory of the parallel forward: one dense Newton training step (GRU, float32, H = I = 64,
 T = 100 000, B = 16, Blelloch scan, backward="bppsa", chunk_size="auto") and its memory.
 
-    bppsa run experiments/extensions/configs/newton_memory.py          # needs ~11 GiB of memory; ~11 min on 2 cores
+    bppsa run experiments/extensions/configs/newton_memory.py          # needs ~11 GiB of memory; 5-11 min on 2 cores
     bppsa run experiments/extensions/configs/newton_memory.py:smoke    # T = 64, B = 2, H = 4, I = 3; seconds
 
 Records the process's peak resident memory (ru_maxrss: the high-water mark of the whole process,
