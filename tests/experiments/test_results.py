@@ -130,7 +130,6 @@ def test_plots_never_import_a_module_a_result_names(tmp_path, monkeypatch, capsy
 # runner no longer has), each with the config that remakes it; removed from here as each is rerun
 # through `bppsa run` and republished. The test fails on any other result without a config run.
 AWAITING_RERUN = {
-    "pararnn-peer": "extensions/configs/pararnn_peer.py",
     "sparse_flops": "paper_bppsa/configs/sparse_vgg.py (--config.parts=flops)",
     "sparse_generation": "paper_bppsa/configs/sparse_vgg.py (--config.parts=generation)",
     "sparse_retrain": "paper_bppsa/configs/sparse_vgg.py (--config.parts=retrain)",

@@ -2,7 +2,7 @@
 equations and weights, one CPU core each, float32 (the peer in its own venv, run through
 experiments/scripts/_pararnn_peer_driver.py).
 
-    bppsa run experiments/extensions/configs/pararnn_peer.py                              # the five points, ~20 min (16 min measured with extra, loaded)
+    bppsa run experiments/extensions/configs/pararnn_peer.py                              # the five points, ~15-20 min (13.4 min measured with extra)
     bppsa run experiments/extensions/configs/pararnn_peer.py --config.extra=true --config.forward=newton   # + the diagonal GRU, insisting on bppsa's Newton forward (the committed run)
     bppsa run experiments/extensions/configs/pararnn_peer.py:quick                        # three tiny points (T = 64), a few minutes (mostly torch.compile)
     bppsa run experiments/extensions/configs/pararnn_peer.py:smoke                        # bppsa's side only, one tiny RNN, no torch: seconds (~15-25 s loaded)
