@@ -167,6 +167,15 @@ def _dispatch(cmd: str, rest: list[str]) -> int:
     return int(_load(COMMANDS[cmd])(rest) or 0)
 
 
+def _report(error: BaseException, debug: bool, template: str) -> None:
+    """The traceback with --debug, else ``template`` filled with the error's message as one line."""
+    if debug:
+        traceback.print_exc()
+    else:
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(template.format(message), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     console = argv is None  # the `bppsa` command itself (not a call from Python)
     debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
@@ -183,18 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(cmd, rest)
     except UsageError as e:
-        if debug:
-            traceback.print_exc()
-        else:
-            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-            print(f"bppsa {cmd}: error: {message} (--debug shows the traceback)", file=sys.stderr)
+        _report(e, debug, f"bppsa {cmd}: error: {{}} (--debug shows the traceback)")
         return 2
     except RunFailed as e:
-        if debug:
-            traceback.print_exc()
-        else:
-            message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-            print(f"bppsa {cmd}: failed: {message}", file=sys.stderr)
+        _report(e, debug, f"bppsa {cmd}: failed: {{}}")
         if console and e.abandon_threads and not debug:
             # a write failed (disk full): the library's background writers (orbax, tensorstore) failed too
             # and would print their tracebacks as they wind down; everything bppsa wrote is on disk
