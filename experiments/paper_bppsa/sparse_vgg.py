@@ -342,42 +342,45 @@ def _retrain_md(r):
 # --------------------------------------------------------------------------------------------
 
 def run(config, workdir) -> dict:
-    """Experiments-convention task: run the parts named in ``config.parts`` into ``workdir``."""
+    """Task of ``experiments/paper_bppsa/configs/sparse_vgg.py``: the parts named in ``config.parts``, one
+    result ``<name>``.json (each part's full record under its name), ``.md`` (each part's table) and
+    ``.png`` (the FLOPs plot). The record is rewritten after each part (and after each FLOPs row), so an
+    interrupted run leaves what it measured. Returns a summary of each part."""
     Path(workdir).mkdir(parents=True, exist_ok=True)  # a folder of yours when called directly
-    summary, tables = {}, []
     parts = tuple(config.parts)
+    record: dict = {"title": "sparse BPPSA over pruned VGG: Jacobian generation, backward-pass FLOPs, "
+                             "retraining on digits", "config": config.to_dict(), "parts": list(parts)}
+    summary: dict = {}
+
+    def save():
+        save_json(entry(workdir, f"{config.name}.json"), {**record, "summary": summary, "provenance": provenance()})
+        entry(workdir, f"{config.name}.md").write_text(_combined_md(record))
+
     if "generation" in parts:
         g = config.generation
         rows = generation_benchmark(in_hw=g.in_hw, repeats=g.repeats, max_dense_entries=g.max_dense_entries,
                                     kinds=tuple(g.kinds))
-        rec = {"title": "sparse_generation — analytic sparse transposed Jacobians vs jax.jacrev, VGG-11 layers "
-                        "at 32×32 (one sample; median of 3 rounds by bppsa.host, 1 round when the compile call "
-                        "took > 10 s)",
-               "rows": rows, "provenance": provenance()}
-        save_json(entry(workdir, "sparse_generation.json"), rec)
-        entry(workdir, "sparse_generation.md").write_text(_generation_md(rows))
-        tables.append("Jacobian generation, analytic vs jax.jacrev (one sample):\n\n" + _generation_md(rows))
+        record["generation"] = {"title": f"analytic sparse transposed Jacobians vs jax.jacrev, VGG-11 layers at "
+                                         f"{g.in_hw}×{g.in_hw} (one sample; median of {g.repeats} rounds by "
+                                         "bppsa.host, 1 round when the compile call took > 10 s)",
+                                "rows": rows}
         summary["generation_speedups"] = {f"{r['layer']} {tuple(r['input'])}": r["speedup"] for r in rows}
+        save()
     if "flops" in parts:
         f = config.flops
 
-        def save(res):
-            save_json(entry(workdir, "sparse_flops.json"), {
-                "title": "sparse_flops — backward-pass FLOPs of pruned VGG-11, BP vs BPPSA with sparse products "
-                         "(critical path = sum over tree levels of the largest product)",
-                **res, "provenance": provenance()})
-            entry(workdir, "sparse_flops.md").write_text(_flops_md(res))
-            _flops_plot(res, entry(workdir, "sparse_flops.png"))
+        def update(res):
+            record["flops"] = {"title": "backward-pass FLOPs of pruned VGG-11, BP vs BPPSA with sparse products "
+                                        "(critical path = sum over tree levels of the largest product)", **res}
+            save()
 
         res = flop_experiment(sparsities=tuple(f.sparsities), width=f.width, widths=tuple(f.widths),
                               width_sweep_sparsity=f.width_sweep_sparsity, in_hw=f.in_hw,
-                              level_sweep_sparsity=f.level_sweep_sparsity, on_update=save)
-        save(res)
-        _flops_plot(res, entry(workdir, f"{config.name}.png"))
-        tables.append(f"Backward-pass FLOPs of pruned VGG-11 ({res['in_hw']}×{res['in_hw']}, one sample):\n\n"
-                      + _flops_md(res))
+                              level_sweep_sparsity=f.level_sweep_sparsity, on_update=update)
         summary["flops"] = [{k: r[k] for k in ("width", "sparsity", "L_m", "work_ratio", "critical_path_ratio")}
                             for r in res["by_sparsity"] + res["by_width"] + res["by_levels"]]
+        update(res)
+        _flops_plot(res, entry(workdir, f"{config.name}.png"))
     if "retrain" in parts:
         t = config.retrain
         res = digits_retraining(cfg=tuple(t.cfg), hidden=tuple(t.hidden), sparsity=t.sparsity,
@@ -385,13 +388,23 @@ def run(config, workdir) -> dict:
                                 batch_size=t.batch_size, learning_rate=t.learning_rate,
                                 levels=None if t.levels < 0 else t.levels,
                                 check_every=t.check_every, margin=t.margin)
-        res = {"title": "sparse_retrain — pruned small VGG on digits, retrained with the BPPSA backward pass",
-               **res, "provenance": provenance()}
-        save_json(entry(workdir, "sparse_retrain.json"), res)
-        entry(workdir, "sparse_retrain.md").write_text(_retrain_md(res))
-        tables.append("Pruned retraining on digits with the BPPSA backward pass:\n\n" + _retrain_md(res))
+        record["retrain"] = {"title": "pruned small VGG on digits, retrained with the BPPSA backward pass", **res}
         summary["retrain"] = {k: res[k] for k in ("accuracy_dense", "accuracy_pruned", "accuracy_retrained",
                                                   "within_margin", "max_relative_grad_diff")}
-    save_json(entry(workdir, f"{config.name}.json"), {"summary": summary, "provenance": provenance()})
-    entry(workdir, f"{config.name}.md").write_text("\n".join(tables))
+        save()
+    save()
     return summary
+
+
+def _combined_md(record) -> str:
+    """The result's markdown: one section per part that ran, each with its table."""
+    out = [f"# {record['title']}", ""]
+    if "generation" in record:
+        out += [f"## Jacobian generation — {record['generation']['title']}", "",
+                _generation_md(record["generation"]["rows"])]
+    if "flops" in record:
+        res = record["flops"]
+        out += [f"## FLOPs — {res['title']}, {res['in_hw']}×{res['in_hw']}, one sample", "", _flops_md(res)]
+    if "retrain" in record:
+        out += [f"## Retraining — {record['retrain']['title']}", "", _retrain_md(record["retrain"])]
+    return "\n".join(out)

@@ -13,8 +13,8 @@ Three parts (``config.parts``):
 - retrain: a small VGG-style net on sklearn's bundled digits (8×8 upsampled to 16×16), trained
   dense with autodiff, pruned by magnitude, retrained with the BPPSA backward pass (gradients
   checked against autodiff), test accuracy compared with the unpruned net within ``margin``.
-Results: experiments/results/<device>/sparse_{generation,flops,retrain}.{json,md} (+ sparse_flops.png)
-and the combined sparse_vgg.{json,md,png}.
+Result: experiments/results/<device>/sparse_vgg.{json,md,png}, one record with each part's rows under its
+name (generation, flops, retrain), each part's table, and the FLOPs plot.
 """
 
 import ml_collections
