@@ -126,15 +126,6 @@ def test_plots_never_import_a_module_a_result_names(tmp_path, monkeypatch, capsy
 # One way to produce a result: every committed result names the run of a config that made it.
 # --------------------------------------------------------------------------------------------
 
-# Results made before their config existed (by a standalone script, or by a command-line form the
-# runner no longer has), each with the config that remakes it; removed from here as each is rerun
-# through `bppsa run` and republished. The test fails on any other result without a config run.
-AWAITING_RERUN = {
-    "sparse_flops": "paper_bppsa/configs/sparse_vgg.py (--config.parts=flops)",
-    "sparse_generation": "paper_bppsa/configs/sparse_vgg.py (--config.parts=generation)",
-    "sparse_retrain": "paper_bppsa/configs/sparse_vgg.py (--config.parts=retrain)",
-    "sparse_retrain_sparsity08": "paper_bppsa/configs/sparse_vgg.py (--config.parts=retrain, sparsity 0.8)",
-}
 
 
 def config_of(command: str) -> Path | None:
@@ -174,12 +165,8 @@ def config_of(command: str) -> Path | None:
 def test_every_result_is_the_run_of_a_config(path):
     command = json.loads(path.read_text())["provenance"]["command"]
     config = config_of(command)
-    if path.stem in AWAITING_RERUN:  # (the old `bppsa bench` wrote its records itself, outside the runner)
-        assert (RESULTS.parent / AWAITING_RERUN[path.stem].split()[0].split(":")[0]).exists(), \
-            f"{path.name}: the config that remakes it, {AWAITING_RERUN[path.stem]}, is missing"
-    else:
-        assert config is not None and config.exists(), \
-            f"{path.name} was made by {command!r}, not by `bppsa run CONFIG`; expected a run of a config"
+    assert config is not None and config.exists(), \
+        f"{path.name} was made by {command!r}, not by `bppsa run CONFIG`; expected a run of a config"
 
 
 def test_config_of_reads_the_runners_commands():

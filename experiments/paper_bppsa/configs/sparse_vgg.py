@@ -1,6 +1,6 @@
 """Sparse BPPSA over feed-forward chains: Jacobian generation, pruned VGG-11 FLOPs, digits retraining (BPPSA §5.3).
 
-    bppsa reproduce sparse-vgg            # = bppsa run experiments/paper_bppsa/configs/sparse_vgg.py; ~1 h on 2 heavily shared CPU cores (measured: generation ~20 min, flops ~20 min, retrain ~25 min)
+    bppsa reproduce sparse-vgg            # = bppsa run experiments/paper_bppsa/configs/sparse_vgg.py; ~10 min on 2 CPU cores (measured: 581 s, AMD EPYC)
     bppsa reproduce sparse-vgg --quick    # = ...sparse_vgg.py:quick, the same as :smoke; ~30 s of CPU (incl. compilation)
     bppsa reproduce sparse-vgg --workdir experiments/results/cpu   # written beside the committed results
 
