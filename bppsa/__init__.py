@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bppsa import backprop, cells, cost, host, newton, options, parallel, scan, structured
+from bppsa import backprop, cells, cost, dynamics, host, newton, options, parallel, scan, structured
 from bppsa.cost import CostModel, choose_backward
+from bppsa.dynamics import lyapunov
 from bppsa.options import BACKWARDS, FORWARDS, Options
 from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
@@ -29,7 +30,8 @@ __version__ = "0.1.0"
 _LAZY = ("nn", "sparse", "tasks", "hetero", "sync")
 
 __all__ = [
-    "rnn", "Options", "cells", "scan", "cost", "host", "newton", "options", "parallel", "structured", "BACKWARDS",
+    "rnn", "Options", "lyapunov", "cells", "scan", "cost", "dynamics", "host", "newton", "options", "parallel",
+    "structured", "BACKWARDS",
     "FORWARDS", "SCANS", "CostModel", "nn", "sparse", "tasks", "hetero", "sync",
     "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
@@ -42,7 +44,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     sequence hs (T, B, H) [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
 
     ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords (``backward``,
-    ``forward``, ``scan``, ``chunk_size``, ``precision``, ``tol``, ``max_iter``, ``damping``,
+    ``forward``, ``scan``, ``chunk_size``, ``precision``, ``tol``, ``atol``, ``rtol``, ``max_iter``, ``damping``,
     ``on_fail``, ``cost_model``, ``combine``, ``unroll``) choose the forward and backward passes;
     ``guess`` and ``return_info`` are the parallel forward's (:mod:`bppsa.newton`).
     Without ``mesh``: :func:`bppsa.backprop.rnn` (one device). With a ``jax.sharding.Mesh``:

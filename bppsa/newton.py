@@ -26,12 +26,24 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
 - An expanding recurrence (spectral radius well above 1) is ill-conditioned: a converged iterate
   meets ``tol`` at every step yet may differ from the sequential forward's states (themselves
   rounding-dominated there) by O(1); its gradients are exact at the states returned.
-- Convergence: max over t, b, i of |h_t − f_t| / (1 + |f_t|) <= ``tol`` (default per dtype,
-  :data:`bppsa.options.DEFAULT_TOL`), the true residual at the returned states, tested after every step. The
-  step's Jacobians are never taken at the final states here: the one linearisation there is the
+- Convergence (:func:`iterate`): every step's residual |h_t − f_t| <= atol + rtol·|f_t| and every
+  state's estimated error <= atol + rtol·|h_t| (``atol``/``rtol`` default to ``tol``, per dtype:
+  :data:`bppsa.options.DEFAULT_TOL`). The residual bounds each step's defect only; the state error
+  is that defect amplified by the recurrence (1/(1 − contraction) on a slowly forgetting cell), so
+  the error estimate is the last Newton step, which solves the linearised residual equation (for
+  the linearly converging quasi and damped steps, times q/(1 − q) from the ratio of the last two
+  steps). A converged iterate is one step past the residual test: an exact guess takes 1 step.
+  The step's Jacobians are never taken at the final states here: the one linearisation there is the
   backward's (:func:`bppsa._backward.solved_states`), so the gradient is exact whatever forward ran
   (quasi included: its backward uses the full Jacobians, unlike quasi-DEER's).
-- Not converged within ``max_iter`` (or a non-finite residual): ``on_fail="sequential"`` runs the
+- Safeguards: an iterate's NaN/inf entries (the scan's products of Jacobians overflow on an
+  expanding stretch) take the fixed-point step's value there, f(h_{t-1}, x_t), and every entry is
+  clipped to ±sqrt(the dtype's max) (:func:`repair`); the iteration goes on (DEER clips to ±1e8 and
+  zeroes NaNs). A step from an iterate whose first j states are exact makes j + 1 exact, so Newton
+  still ends within T steps. It stops early, not converged, when xs or h0 hold NaN/inf (no step
+  is run) or after :data:`PATIENCE` steps in a row that improved neither the largest residual,
+  nor the converged front (the first step missing the tolerance), nor the step size.
+- Not converged (``max_iter`` spent, stalled, or NaN/inf inputs): ``on_fail="sequential"`` runs the
   sequential forward instead (a :class:`NewtonFallbackWarning` the first time, every time counted:
   :func:`fallback_count`), ``on_fail="raise"`` raises :class:`NewtonDidNotConverge` (under
   ``jax.jit`` JAX re-raises it from its host callback as a ``jax.errors.JaxRuntimeError``, a
@@ -41,7 +53,7 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``).
 
 Every setting comes from one :class:`bppsa.options.Plan` (``forward`` is the kind, ``scan``,
-``solve_chunk``, ``tol``, ``max_iter``, ``damping``, ``on_fail``, ``unroll`` the fallback's),
+``solve_chunk``, ``tol``, ``atol``, ``rtol``, ``max_iter``, ``damping``, ``on_fail``, ``unroll`` the fallback's),
 made before the solver runs: nothing is decided here.
 """
 
@@ -65,8 +77,11 @@ from bppsa.scan import block_scan
 # KINDS, ON_FAIL, DEFAULT_TOL, DEFAULT_MAX_ITER, Plan and tolerance are bppsa.options', named here too
 __all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
            "NewtonFallbackWarning", "solve", "tolerance", "fallback_count", "step_elements", "residual", "iterate",
-           "finish"]
+           "finish", "repair", "bound", "finite_inputs", "PATIENCE"]
 JACOBI_LAMBDA = 1e3  # damping: from this λ on a finite step is accepted whatever its residual
+#: The iteration stops (not converged) after this many steps in a row that improved neither the largest
+#: residual, nor the first step whose residual misses the tolerance, nor the step size (:func:`iterate`).
+PATIENCE = 10
 
 
 class NewtonDidNotConverge(RuntimeError):
@@ -81,15 +96,18 @@ class NewtonInfo(NamedTuple):
     """What one parallel forward did (arrays: traced under jit, batched under vmap).
 
     iterations: Newton steps taken (scans run; rejected damped steps included), int32.
-    converged: whether the residual reached the tolerance.
+    converged: whether the residual and the estimated state error met the tolerances.
     fell_back: whether the sequential forward's states were returned instead.
-    residual: the final max relative residual of the Newton iterate.
+    residual: the final iterate's max relative residual, max |h_t − f(h_{t-1}, x_t)| / (1 + |f|).
+    error: the final iterate's estimated max relative state error, max |h_t − h*_t| / (1 + |h_t|)
+      (from the last step: :func:`iterate`); +inf before a step was taken.
     """
 
     iterations: Any
     converged: Any
     fell_back: Any
     residual: Any
+    error: Any
 
 
 _lock = threading.Lock()
@@ -101,15 +119,16 @@ def fallback_count() -> int:
     return _fallbacks[0]
 
 
-def _report(converged, iterations, residual, bad_step, bad_xs, bad_s0, bad_params, *, on_fail: str, tol: float,
-            cell: str, param_names: tuple[str, ...]):
+def _report(converged, iterations, residual, error, bad_step, bad_xs, bad_s0, bad_params, *, on_fail: str,
+            atol: float, rtol: float, max_iter: int, cell: str, param_names: tuple[str, ...]):
     """Host side of the convergence check (a ``jax.debug.callback``; batched under vmap). The bad_*
     arrays (:func:`_diagnose`; -1 / False where finite) name where NaN/inf came in."""
     failed = int(np.size(converged) - np.count_nonzero(converged))
     if not failed:
         return
-    what = (f"the parallel forward of {cell} did not converge: residual {np.max(residual):.3g} > tol {tol:.3g} "
-            f"after {int(np.max(iterations))} iterations")
+    tols = f"tol {atol:.3g}" if atol == rtol else f"atol {atol:.3g}, rtol {rtol:.3g}"
+    what = (f"the parallel forward of {cell} did not converge after {int(np.max(iterations))} iterations "
+            f"({tols}; residual {np.max(residual):.3g}, estimated state error {np.max(error):.3g})")
     steps_bad, xs_bad = np.asarray(bad_step)[np.asarray(bad_step) >= 0], np.asarray(bad_xs)[np.asarray(bad_xs) >= 0]
     if steps_bad.size or not np.all(np.isfinite(residual)):  # NaN/inf: more iterations cannot help
         inputs = ([f"xs[{int(xs_bad.min())}]"] if xs_bad.size else []) + (["h0"] if np.any(bad_s0) else []) + [
@@ -121,6 +140,9 @@ def _report(converged, iterations, residual, bad_step, bad_xs, bad_s0, bad_param
         what = f"{what}: {at} ({found}); raising max_iter will not help"
         advice = "remove the NaN/inf from the inputs" if inputs else \
             "pass damping= (a damped step cannot overflow) or use forward='sequential'"
+    elif int(np.max(iterations)) < max_iter:
+        what = f"{what}: it stopped improving ({PATIENCE} iterations in a row without progress)"
+        advice = "pass damping=, or use forward='sequential' (the recurrence may be chaotic on these inputs)"
     else:
         advice = "raise max_iter, pass damping=, or use on_fail='sequential' (or forward='sequential')"
     if on_fail == "raise":
@@ -208,56 +230,151 @@ def residual(H: Array, F: Array) -> Array:
     return jnp.max(jnp.where(jnp.isnan(r), jnp.inf, r), initial=0.0)
 
 
-def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], tuple[Array, Array]],
-            update: Callable[[Array, Array, float | Array], Array]) -> tuple[Array, Array, Array]:
-    """The iteration, whatever computes its pieces: ``evaluate(H) -> (F, residual)`` (the steps at
-    H and :func:`residual`, equal on every device) and ``update(H, F, scale) -> H'`` (the solve of
-    the linearised recurrence with the Jacobians scaled by ``scale``). Newton steps while the
-    residual is above ``plan.tol``, finite and fewer than ``plan.max_iter`` were taken; with
-    ``plan.damping`` the damped step (module docstring); none for an empty H. Returns (iterations,
-    H, residual)."""
-    damped, tol = plan.damping is not None, plan.tol
+def bound(dtype: Any) -> float:
+    """The magnitude an iterate is clipped to (:func:`repair`): sqrt of the dtype's largest finite
+    value (float32 1.8e19, float64 1.3e154), so that a product of two clipped values stays finite."""
+    return float(np.sqrt(np.finfo(dtype).max))
+
+
+def repair(H: Array, F: Array | None = None) -> Array:
+    """The iterate H made usable for the next linearisation: each NaN/inf entry replaced by the same
+    entry of F, the steps f(h_{t-1}, x_t) at the previous iterate (the fixed-point step there; 0
+    where F is not finite either, or without F), and every entry clipped to ±:func:`bound`.
+
+    Where the scan's products of Jacobians overflow (an expanding stretch) the solve gives inf/NaN
+    although the states are finite; the fixed-point step at those entries keeps Newton's guarantee
+    (a step from an iterate whose first j states are exact makes the first j + 1 exact), so the
+    iteration goes on from the repaired iterate."""
+    b = bound(H.dtype)
+    keep = jnp.zeros((), H.dtype) if F is None else jnp.where(jnp.isfinite(F), F, jnp.zeros((), H.dtype))
+    return jnp.clip(jnp.where(jnp.isfinite(H), H, keep), -b, b)
+
+
+def _over(d: Array, ref: Array, atol: float, rtol: float) -> Array:
+    """|d| / (atol + rtol·|ref|) elementwise (<= 1: within the tolerances); 0 where d is 0, +inf
+    where NaN."""
+    r = jnp.where(d == 0, jnp.zeros((), d.dtype), jnp.abs(d) / (atol + rtol * jnp.abs(ref)))
+    return jnp.where(jnp.isnan(r), jnp.inf, r)
+
+
+class _Measures(NamedTuple):
+    """An iterate's tests (scalars, equal on every device): the largest residual in units of the
+    tolerance, the first step whose residual does not meet it (the length if none: the converged
+    front, which Newton's guarantee moves on), and the reported relative residual."""
+
+    over: Array
+    front: Array
+    residual: Array
+
+
+def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
+            update: Callable[[Array, Array, float | Array], Array], *, inputs_ok: Array | bool = True,
+            axes: Any = None, offset: Array | int = 0, length: int | None = None
+            ) -> tuple[Array, Array, Array, Array, Array]:
+    """The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
+    at H) and ``update(H, F, scale) -> H'`` (the solve of the linearised recurrence, the Jacobians
+    scaled by ``scale``); ``axes``: the mesh axes H is split over (the tests are reduced over them),
+    None on one device, ``offset`` the time index of this device's first step and ``length`` the
+    number of real steps (None: all; the states past it, a mesh's padding, are not tested). With
+    ``plan.damping`` the damped step (module docstring).
+
+    Every new iterate is :func:`repair`-ed. Converged when every step's residual meets the
+    tolerances (|h_t − f_t| <= atol + rtol·|f_t|) and so does the estimated error of every state: the
+    last step H^(k) − H^(k−1), which solves the linearised residual equation and so is the error of
+    H^(k−1) to first order (the residual amplified by the recurrence); Newton's error after it is
+    second order. For the linearly converging steps (quasi, damped) the step times max(1, q/(1 − q)),
+    q the ratio of the last two steps (the bound of a contraction with rate q; q >= 1: not
+    converged). Whatever the Jacobians, a step from an iterate whose first j states are exact makes
+    the first j + 1 exact, so after n accepted steps the first n states are exact and only the later
+    ones' steps are tested (at most T steps, as Newton's bound). Stops when converged, after
+    ``plan.max_iter`` steps, when ``inputs_ok`` is False, or after :data:`PATIENCE` steps in a row
+    that improved neither the largest residual, nor the first step whose residual misses the
+    tolerance (the converged front), nor the step size. Returns (iterations, H, residual
+    (max |h − f| / (1 + |f|)), error (the estimate, in the units of ``residual``), converged)."""
+    damped, atol, rtol = plan.damping is not None, cast(float, plan.atol), cast(float, plan.rtol)  # a Plan: floats
+    linear = damped or plan.forward == "quasi"
     if H.size == 0:  # no states (a batch of 0): nothing to solve, and the body's shapes may not exist
-        return jnp.int32(0), H, jnp.zeros((), H.dtype)
-    F, res = evaluate(H)
-    lam0 = jnp.asarray(plan.damping if damped else 0.0, res.dtype)
+        zero = jnp.zeros((), H.dtype)
+        return jnp.int32(0), H, zero, zero, jnp.ones((), bool)
+    pmax = (lambda a: lax.pmax(a, axes)) if axes is not None else (lambda a: a)
+    pmin = (lambda a: lax.pmin(a, axes)) if axes is not None else (lambda a: a)
+
+    def measure(H, F) -> _Measures:
+        R = _over(H - F, F, atol, rtol)
+        per_step = jnp.max(R.reshape(R.shape[0], -1), axis=1)
+        front = jnp.min(jnp.where(per_step > 1, t[:, 0, 0], jnp.iinfo(jnp.int32).max), initial=jnp.iinfo(jnp.int32).max)
+        return _Measures(pmax(jnp.max(per_step)), pmin(front), pmax(residual(H, F)))
+
+    t = offset + jnp.arange(H.shape[0], dtype=jnp.int32)[:, None, None]  # each state's time index (0: h_1)
+    tested = t < (H.shape[0] if length is None else length)
+    H = repair(H)
+    F = evaluate(H)
+    m = measure(H, F)
+    inf = jnp.asarray(jnp.inf, m.residual.dtype)
+    lam0 = jnp.asarray(plan.damping if damped else 0.0, m.residual.dtype)
+    # carry: k, H, F, measures, error (units of the tolerance, reported units), last step, bests, stall, λ,
+    # accepted steps (the first that many states are exact)
+    init = (jnp.int32(0), H, F, m, inf, inf, inf, m.over, m.front, inf, jnp.int32(0), lam0, jnp.int32(0))
+
+    def converged(c):
+        return (c[3].over <= 1) & (c[4] <= 1)
 
     def cond(c):
-        k, H, F, res, lam = c
-        return (k < plan.max_iter) & (res > tol) & jnp.isfinite(res)
+        k, stall = c[0], c[10]
+        return (k < plan.max_iter) & ~converged(c) & (stall < PATIENCE) & jnp.asarray(inputs_ok)
 
     def body(c):
-        k, H, F, res, lam = c
-        Hn = update(H, F, 1 / (1 + lam) if damped else 1)
-        Fn, rn = evaluate(Hn)
-        if not damped:
-            return k + 1, Hn, Fn, rn, lam
-        ok = jnp.isfinite(rn) & ((rn < res) | (lam >= JACOBI_LAMBDA))  # near the Jacobi limit: always
-        pick = lambda new, old: jnp.where(ok, new, old)  # (it fixes one more state per step, cannot overflow)
-        lam = jnp.where(ok, lam / 2, jnp.maximum(10 * lam, 1))
-        return k + 1, pick(Hn, H), pick(Fn, F), pick(rn, res), lam
+        k, H, F, m, err, err_rel, step, best_over, best_front, best_step, stall, lam, exact = c
+        Hn = repair(update(H, F, 1 / (1 + lam) if damped else 1), F)
+        Fn = evaluate(Hn)
+        mn = measure(Hn, Fn)
+        d = jnp.where(tested & (t > exact), Hn - H, jnp.zeros((), H.dtype))  # states 0..exact are exact now
+        dn = pmax(jnp.max(_over(d, Hn, atol, rtol), initial=0.0))
+        dn_rel = pmax(jnp.max(jnp.abs(d) / (1 + jnp.abs(Hn)), initial=0.0))  # max |H' − H| / (1 + |H'|)
+        if linear:
+            q = dn / step
+            factor = jnp.where(q < 1, jnp.maximum(1, q / (1 - q)), jnp.inf)
+        else:
+            factor = jnp.ones((), dn.dtype)
+        errn = jnp.where(dn == 0, 0, dn * factor)
+        errn_rel = jnp.where(dn_rel == 0, 0, dn_rel * factor)
+        ok = (jnp.isfinite(mn.over) & ((mn.over < m.over) | (lam >= JACOBI_LAMBDA))) if damped else True
+        pick = lambda new, old: jnp.where(ok, new, old)  # damped: a rejected step keeps the iterate
+        improved = ok & ((mn.over < best_over) | (mn.front > best_front) | (dn < best_step))
+        new_lam = jnp.where(ok, lam / 2, jnp.maximum(10 * lam, 1)) if damped else lam
+        return (k + 1, pick(Hn, H), pick(Fn, F), jax.tree.map(pick, mn, m), pick(errn, err), pick(errn_rel, err_rel),
+                pick(dn, step), jnp.minimum(best_over, pick(mn.over, best_over)),
+                jnp.maximum(best_front, pick(mn.front, best_front)), jnp.minimum(best_step, pick(dn, best_step)),
+                jnp.where(improved, 0, stall + 1), new_lam, exact + jnp.where(ok, 1, 0).astype(jnp.int32))
 
-    k, H, _, res, _ = lax.while_loop(cond, body, (jnp.int32(0), H, F, res, lam0))
-    return k, H, res
+    c = lax.while_loop(cond, body, init)
+    return c[0], c[1], c[3].residual, c[5], converged(c)
 
 
-def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, sequential: Callable[[], Array],
-           inputs: tuple[Any, Array, Array]) -> tuple[Array, NewtonInfo]:
+def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, converged: Any,
+           sequential: Callable[[], Array], inputs: tuple[Any, Array, Array]) -> tuple[Array, NewtonInfo]:
     """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`, naming the NaN/inf
     in H and in ``inputs`` = (params, xs, s0) when there is one) and apply ``plan.on_fail``:
     ``sequential()`` computes the sequential forward's states, run only when the iteration did
     not converge. Returns (states, :class:`NewtonInfo`)."""
-    tol = plan.tol
-    converged = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(H))
+    converged = converged & jnp.all(jnp.isfinite(H))
     n = len(jax.tree.leaves(inputs[0]))
     finite = lambda: (jnp.int32(-1), jnp.int32(-1), jnp.zeros((), bool), jnp.zeros((n,), bool))
     diagnosis = lax.cond(converged, finite, lambda: _diagnose(cell, H, inputs))
     names = tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(inputs[0]))
-    jax.debug.callback(_report, converged, k, res, *diagnosis, on_fail=plan.on_fail, tol=tol,
-                       cell=type(cell).__name__, param_names=names)
+    jax.debug.callback(_report, converged, k, res, err, *diagnosis, on_fail=plan.on_fail, atol=plan.atol,
+                       rtol=plan.rtol, max_iter=plan.max_iter, cell=type(cell).__name__, param_names=names)
     if plan.on_fail == "sequential":
         H = lax.cond(converged, lambda: H, sequential)
-    return H, NewtonInfo(k, converged, ~converged if plan.on_fail == "sequential" else jnp.zeros((), bool), res)
+    fell_back = ~converged if plan.on_fail == "sequential" else jnp.zeros((), bool)
+    return H, NewtonInfo(k, converged, fell_back, res, err)
+
+
+def finite_inputs(xs: Array, s0: Array) -> Array:
+    """Whether xs and s0 are finite (NaN/inf there: no iteration can converge, so none is run). The
+    params are not tested here (a flax cell's non-float state rides in them as float bits); NaN in
+    them stops the iteration by the :data:`PATIENCE` rule, and the report names them."""
+    return jnp.all(jnp.isfinite(xs)) & jnp.all(jnp.isfinite(s0))
 
 
 def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
@@ -271,12 +388,12 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     H = jnp.zeros((T, B, S), s0.dtype) if guess is None else guess.astype(s0.dtype)
 
     def evaluate(H):
-        F = steps(cell, params, prev_states(s0, H), xs)
-        return F, residual(H, F)
+        return steps(cell, params, prev_states(s0, H), xs)
 
     def update(H, F, scale):
         return _linear_solve(cell, plan, params, xs, s0, H, F, scale)
 
-    k, H, res = iterate(plan, H, evaluate, update)
-    return finish(cell, plan, k, H, res, lambda: forward_states(cell, params, xs, s0, plan.unroll),
-                  (params, xs, s0))
+    inputs = (params, xs, s0)
+    k, H, res, err, converged = iterate(plan, H, evaluate, update, inputs_ok=finite_inputs(xs, s0))
+    return finish(cell, plan, k, H, res, err, converged,
+                  lambda: forward_states(cell, params, xs, s0, plan.unroll), inputs)

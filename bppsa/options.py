@@ -53,11 +53,11 @@ assert set(get_args(Scan)) == set(SCANS), "options.Scan must name bppsa.scan.SCA
 #: The parallel forward's relative residual tolerance by dtype name (about 100 ulps; float32's is
 #: the one DEER uses).
 DEFAULT_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
-DEFAULT_MAX_ITER = 50
+DEFAULT_MAX_ITER = 100  # DEER's
 
 #: The fields of :class:`Options` that set the parallel forward (:mod:`bppsa.newton`), besides
 #: ``forward`` itself (its kind): :meth:`Options.newton_plan` shows them.
-SOLVER_FIELDS = ("scan", "chunk_size", "tol", "max_iter", "damping", "on_fail")
+SOLVER_FIELDS = ("scan", "chunk_size", "tol", "atol", "rtol", "max_iter", "damping", "on_fail")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +95,13 @@ class Options:
         iterations) or "auto" (the cost model: :func:`bppsa.cost.choose_forward`). Gradients are
         exact for every forward (the backward linearises at the converged states). With a
         parallel forward, ``backward="bptt"`` means the sequential scan of the same backward.
-      tol: the parallel forward's relative residual tolerance, in (0, 1); None: per dtype
-        (:data:`DEFAULT_TOL`, float32 1e-5, float64 1e-12).
-      max_iter: the parallel forward's iteration limit (default 50).
+      tol: the parallel forward's tolerance, in (0, 1); None: per dtype (:data:`DEFAULT_TOL`,
+        float32 1e-5, float64 1e-12). The default of both ``atol`` and ``rtol``.
+      atol, rtol: the parallel forward's absolute and relative tolerances (finite, >= 0, rtol < 1,
+        not both 0; None: ``tol``). Converged when every step's residual |h_t − f(h_{t-1}, x_t)|
+        <= atol + rtol·|f(h_{t-1}, x_t)| and the estimated error of every state <= atol + rtol·|h_t|
+        (:mod:`bppsa.newton`).
+      max_iter: the parallel forward's iteration limit (default 100, DEER's).
       damping: None (plain Newton) or the initial λ of the damped step (:mod:`bppsa.newton`).
       on_fail: not converged within ``max_iter``: "sequential" (default: the sequential forward
         runs instead, a warning once, counted) or "raise" (:class:`bppsa.newton.NewtonDidNotConverge`).
@@ -115,6 +119,8 @@ class Options:
     unroll: int | bool | None = None
     forward: Forward = "sequential"
     tol: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
     max_iter: int = DEFAULT_MAX_ITER
     damping: float | None = None
     on_fail: OnFail = "sequential"
@@ -122,8 +128,9 @@ class Options:
     def __post_init__(self):
         _choice("backward", self.backward, BACKWARDS)
         _choice("forward", self.forward, FORWARDS)
-        for name, value in zip(("tol", "max_iter", "damping"),
-                               _check_solver_fields(self.tol, self.max_iter, self.damping, self.on_fail)):
+        for name, value in zip(("tol", "atol", "rtol", "max_iter", "damping"),
+                               _check_solver_fields(self.tol, self.atol, self.rtol, self.max_iter, self.damping,
+                                                    self.on_fail)):
             object.__setattr__(self, name, value)
         if self.scan is not None and not (isinstance(self.scan, str) and self.scan in SCANS):
             raise UsageError(f"scan must be one of {sorted(SCANS)} or None; got {self.scan!r}")
@@ -197,16 +204,17 @@ class Options:
         else:
             unroll = 1  # each device's stretch is a plain lax.scan, scanned in one piece
         combine = r.combine if r.combine != "auto" else cost_lib.choose_combine(devices or 1)
-        made = {"chunk_size": chunk, "unroll": unroll, "tol": tolerance(s_dtype, r.tol), "combine": combine}
+        tol = tolerance(s_dtype, r.tol)
+        made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
+                "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices)
 
     def newton_plan(self) -> _SolverSettings:
         """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
         of :data:`SOLVER_FIELDS` (``scan``: "blelloch" when unset); before a problem is known, so
-        ``chunk_size`` and ``tol`` may still be open (:meth:`plan` makes them concrete)."""
+        ``chunk_size``, ``tol``, ``atol`` and ``rtol`` may still be open (:meth:`plan` makes them concrete)."""
         return _SolverSettings(self.forward, *(getattr(self, f) for f in SOLVER_FIELDS)) \
-            ._replace(scan=self.scan or "blelloch", tol=None if self.tol is None else float(self.tol),
-                      damping=None if self.damping is None else float(self.damping))
+            ._replace(scan=self.scan or "blelloch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +226,7 @@ class Plan(Options):
 
     ``backward`` is "bppsa" or "bptt"; ``forward`` "sequential", "newton" or "quasi"; ``scan`` a
     scan's name; ``chunk_size`` the BPPSA backward's chunk length (an int, or None: one chunk;
-    None for BPTT); ``unroll`` the forward scan's unroll (an int); ``tol`` a float;
+    None for BPTT); ``unroll`` the forward scan's unroll (an int); ``tol``, ``atol``, ``rtol`` floats;
     ``precision`` a name; ``combine`` the mesh's cross-device step.
 
     Attributes (besides the fields of :class:`Options`):
@@ -235,6 +243,7 @@ class Plan(Options):
         concrete = {"backward": self.backward != "auto", "forward": self.forward != "auto",
                     "scan": self.scan is not None, "chunk_size": self.chunk_size != "auto",
                     "unroll": type(self.unroll) is int, "tol": isinstance(self.tol, float),
+                    "atol": isinstance(self.atol, float), "rtol": isinstance(self.rtol, float),
                     "combine": self.combine != "auto",
                     "solve_chunk": self.solve_chunk is None or type(self.solve_chunk) is int,
                     "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1)}
@@ -278,20 +287,28 @@ def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state
     return int(unroll)
 
 
-def _check_solver_fields(tol, max_iter, damping, on_fail) -> tuple[float | None, int, float | None]:
-    """The parallel forward's fields (the only place they are checked); returns (tol, max_iter,
-    damping) as a Python float, int and float (numpy and JAX scalars are accepted)."""
+def _check_solver_fields(tol, atol, rtol, max_iter, damping, on_fail) -> tuple[Any, ...]:
+    """The parallel forward's fields (the only place they are checked); returns (tol, atol, rtol,
+    max_iter, damping) as Python floats (or None) and an int (numpy and JAX scalars are accepted)."""
     t, n, d = (None if tol is None else as_number(tol)), as_int(max_iter), (None if damping is None else
                                                                             as_number(damping))
     if tol is not None and not (t is not None and 0 < t < 1):
         raise UsageError(f"tol must be a number in (0, 1) or None (per dtype: {DEFAULT_TOL}); got {tol!r}")
+    a, r = (None if v is None else as_number(v) for v in (atol, rtol))
+    if atol is not None and not (a is not None and np.isfinite(a) and a >= 0):
+        raise UsageError(f"atol must be a finite number >= 0 or None (= tol); got {atol!r}")
+    if rtol is not None and not (r is not None and np.isfinite(r) and 0 <= r < 1):
+        raise UsageError(f"rtol must be a number in [0, 1) or None (= tol); got {rtol!r}")
+    if a == 0 and r == 0:
+        raise UsageError("atol and rtol are both 0: no iterate can meet them; give one of them > 0")
     if n is None or n < 1:
         raise UsageError(f"max_iter must be a positive int; got {max_iter!r}")
     if damping is not None and not (d is not None and np.isfinite(d) and d >= 0):
         raise UsageError(f"damping must be None (plain Newton) or a finite number >= 0 (the initial λ); "
                          f"got {damping!r}")
     _choice("on_fail", on_fail, ON_FAIL)
-    return None if t is None else float(t), n, None if d is None else float(d)
+    return (None if t is None else float(t), None if a is None else float(a), None if r is None else float(r), n,
+            None if d is None else float(d))
 
 
 def _choice(name, value, choices):

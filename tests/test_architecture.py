@@ -20,7 +20,7 @@ HARNESS = ROOT / "experiments"
 LAYERS = [
     ("bppsa.errors", "bppsa.host", "bppsa._scan", "bppsa.scan", "bppsa.cells", "bppsa.structured"),
     ("bppsa.cost",),
-    ("bppsa.options", "bppsa.newton", "bppsa._backward", "bppsa.backprop"),
+    ("bppsa.options", "bppsa.newton", "bppsa._backward", "bppsa.backprop", "bppsa.dynamics"),
     ("bppsa.parallel",),
     ("bppsa.nn", "bppsa.sparse"),
     ("bppsa.tasks",),

@@ -293,8 +293,7 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
         return jnp.concatenate([boundary[None], H[:-1]], axis=0)
 
     def evaluate(H):
-        F = jnp.where(valid, _backward.steps(cell, params, prev(H), xs), H)
-        return F, lax.pmax(newton_lib.residual(H, F), axes)
+        return jnp.where(valid, _backward.steps(cell, params, prev(H), xs), H)
 
     def update(H, F, scale):
         sp = prev(H)
@@ -307,8 +306,10 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
         prefixes, total = chunk_finish(plan.scan, state, u, E, c)
         return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
 
-    k, H, res = newton_lib.iterate(plan, H, evaluate, update)
-    return H, k, res
+    ok = lax.pmin(newton_lib.finite_inputs(xs, s0).astype(jnp.int32), axes) > 0
+    k, H, res, err, converged = newton_lib.iterate(plan, H, evaluate, update, inputs_ok=ok, axes=axes,
+                                                   offset=idx * C, length=T)
+    return H, k, res, err, converged
 
 
 def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis="seq", batch_axis=None,
@@ -332,14 +333,15 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
         return ss[:T, :B], None
     x_spec, s_spec = PS(seq_axis, batch_axis, None), PS(batch_axis, None)
     solve_sm = shard_map(functools.partial(_newton_body, cell, plan, T, P, seq_axis, batch_axis), mesh,
-                         in_specs=(PS(), x_spec, s_spec, x_spec), out_specs=(x_spec, PS(), PS()))
-    H0 = jnp.zeros((P * C, Bp, S), s0.dtype) if guess is None else _pad(_pad(guess.astype(s0.dtype), 0, P * C - T),
-                                                                        1, Bp - B)
+                         in_specs=(PS(), x_spec, s_spec, x_spec), out_specs=(x_spec, PS(), PS(), PS(), PS()))
+    # a guess's padded steps repeat its last state, as the solve's identity maps make them
+    H0 = jnp.zeros((P * C, Bp, S), s0.dtype) if guess is None else \
+        _pad(jnp.pad(guess.astype(s0.dtype), [(0, P * C - T), (0, 0), (0, 0)], mode="edge"), 1, Bp - B)
     stop = lax.stop_gradient
     with jax.default_matmul_precision(plan.precision):
-        H, k, res = solve_sm(stop(params), stop(xs_p), stop(s0_p), stop(H0))
-    H, info = newton_lib.finish(cell, plan, k, H, res, lambda: fwd_sm(stop(params), stop(xs_p), stop(s0_p)),
-                                (stop(params), stop(xs_p), stop(s0_p)))
+        H, k, res, err, converged = solve_sm(stop(params), stop(xs_p), stop(s0_p), stop(H0))
+    inputs = (stop(params), stop(xs_p), stop(s0_p))
+    H, info = newton_lib.finish(cell, plan, k, H, res, err, converged, lambda: fwd_sm(*inputs), inputs)
     return solved(params, xs_p, s0_p, H)[:T, :B], info
 
 
