@@ -259,12 +259,11 @@ def _over(d: Array, ref: Array, atol: float, rtol: float) -> Array:
 
 class _Measures(NamedTuple):
     """An iterate's tests (scalars, equal on every device): the largest residual in units of the
-    tolerance, the first step whose residual does not meet it (the length if none: the converged
-    front, which Newton's guarantee moves on), and the reported relative residual."""
+    tolerance, and the first step whose residual does not meet it (the length if none: the converged
+    front, which Newton's guarantee moves on)."""
 
     over: Array
     front: Array
-    residual: Array
 
 
 def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
@@ -303,15 +302,15 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
         R = _over(H - F, F, atol, rtol)
         per_step = jnp.max(R.reshape(R.shape[0], -1), axis=1)
         front = jnp.min(jnp.where(per_step > 1, t[:, 0, 0], jnp.iinfo(jnp.int32).max), initial=jnp.iinfo(jnp.int32).max)
-        return _Measures(pmax(jnp.max(per_step)), pmin(front), pmax(residual(H, F)))
+        return _Measures(pmax(jnp.max(per_step)), pmin(front))
 
     t = offset + jnp.arange(H.shape[0], dtype=jnp.int32)[:, None, None]  # each state's time index (0: h_1)
     tested = t < (H.shape[0] if length is None else length)
     H = repair(H)
     F = evaluate(H)
     m = measure(H, F)
-    inf = jnp.asarray(jnp.inf, m.residual.dtype)
-    lam0 = jnp.asarray(plan.damping if damped else 0.0, m.residual.dtype)
+    inf = jnp.asarray(jnp.inf, m.over.dtype)
+    lam0 = jnp.asarray(plan.damping if damped else 0.0, m.over.dtype)
     # carry: k, H, F, measures, error (units of the tolerance, reported units), last step, bests, stall, λ,
     # accepted steps (the first that many states are exact)
     init = (jnp.int32(0), H, F, m, inf, inf, inf, m.over, m.front, inf, jnp.int32(0), lam0, jnp.int32(0))
@@ -348,7 +347,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
                 jnp.where(improved, 0, stall + 1), new_lam, exact + jnp.where(ok, 1, 0).astype(jnp.int32))
 
     c = lax.while_loop(cond, body, init)
-    return c[0], c[1], c[3].residual, c[5], converged(c)
+    return c[0], c[1], pmax(residual(c[1], c[2])), c[5], converged(c)  # the reported residual: once, at the end
 
 
 def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, converged: Any,
