@@ -22,7 +22,8 @@ which measured slower and with more XLA temporaries (the same file).
 Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a rematerialised JVP of the
 step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
 (:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`experiments.bench`)
-reuse the pieces.
+reuse the pieces, and so does the parallel forward (:mod:`bppsa.newton`): its Newton step is the
+same kind of linear recurrence, run forwards, on :func:`step_elements`.
 
 Every setting (the scan, the chunk length, the precision, the unroll) arrives concrete, from the
 :class:`bppsa.options.Plan` the entry point made: nothing is decided here.
@@ -40,10 +41,11 @@ from jax import Array, lax
 
 from bppsa import _scan as scan_lib
 from bppsa.cells import Cell
-from bppsa.options import unroll_for
+from bppsa.options import Forward, unroll_for
 from bppsa.scan import block_scan
 
-__all__ = ["forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows", "steps",
+__all__ = ["step_elements", "forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows",
+           "steps",
            "prev_states", "tangent_states", "scan_order", "root_and_offsets",
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
 
@@ -334,3 +336,23 @@ def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tange
     with jax.default_matmul_precision(precision):  # every dot traced in the rule carries it
         z = lax.custom_linear_solve(matvec, b, solve, transpose_solve)
     return unpack(z)[0]
+
+
+def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, f: Array
+                  ) -> tuple[Array, Array, int]:
+    """One iteration's affine maps, h'_t = h'_{t-1} @ E_t + c_t, at the guess's previous states sp
+    (n, B, S) with f = f(sp, xs), as block rows (:func:`bppsa._backward.to_blocks`): E (n, B·S/k,
+    k, k) = J_tᵀ's diagonal blocks (quasi: diag(J_t), k = 1; a block-diagonal cell's (k, k)
+    blocks; else dense, k = S) and c (n, B·S/k, k) = f_t − sp_t @ E_t. Returns (E, c, k)."""
+    if kind == "quasi" and cell.has_diagonal_jacobian:  # M = diag(A) Wt: diag(M) = A ⊙ diag(Wt), no S×S
+        A, Wt = cell.diagonal_jacobian(params, sp, xs, f)
+        blocks = (A * jnp.diagonal(Wt))[..., None, None]
+    elif kind == "quasi":
+        blocks = cell.jacobian_diagonal(params, sp, xs, f)[..., None, None]
+    elif cell.jacobian_block_size is not None:
+        blocks = cell.jacobian_blocks(params, sp, xs, f)
+    else:
+        blocks = cell.transposed_jacobian(params, sp, xs, f)[..., None, :, :]
+    k = blocks.shape[-1]
+    E = block_rows(jnp.swapaxes(blocks, -1, -2))
+    return E, to_blocks(f, k) - scan_lib.vecmat(to_blocks(sp, k), E), k

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["CHUNK_BYTES", "auto_chunk_size", "backward_levels", "cost_features", "CostModel",
            "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save", "default_cost_model",
            "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll", "NEWTON_ITERATIONS",
+           "break_even_iterations",
            "FORWARD_CONSTANTS", "forward_seconds", "choose_forward", "choose_combine"]
 
 # The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
@@ -326,12 +327,13 @@ FORWARD_CONSTANTS = {"cpu": {"step": 2e-6, "level": 2e-5, "flops": 2e10},
                      "gpu": {"step": 1.2e-5, "level": 1.5e-5, "flops": 2e13}}
 
 
-def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | None = None) -> float:
+def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | None = None,
+                    iterations: float | None = None) -> float:
     """Predicted seconds of one forward: "sequential" = T dependent steps, each its latency plus
     its work (B·G·S·(I + S) multiply-adds) at the backend's throughput; "newton"/"quasi" =
-    :data:`NEWTON_ITERATIONS` × (2⌈log₂ T⌉ scan levels' latency + the iteration's work: the steps,
-    their Jacobians (B·S²·G) and the scan's block products (about 2·B·S·k² per step for k×k
-    blocks: k = S dense, the cell's block size, 1 for quasi))."""
+    ``iterations`` (None: :data:`NEWTON_ITERATIONS`) × (2⌈log₂ T⌉ scan levels' latency + the
+    iteration's work: the steps, their Jacobians (B·S²·G) and the scan's block products (about
+    2·B·S·k² per step for k×k blocks: k = S dense, the cell's block size, 1 for quasi))."""
     c = FORWARD_CONSTANTS.get(backend or jax.default_backend(), FORWARD_CONSTANTS["gpu"])
     S, G, I = cell.state_size, getattr(cell, "gates", 1), cell.input_size or cell.state_size
     step_work = 2.0 * B * G * S * (I + S)
@@ -339,20 +341,32 @@ def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | Non
         return T * (c["step"] + step_work / c["flops"])
     k = 1 if forward == "quasi" else (cell.jacobian_block_size or S)
     iteration = T * (2 * step_work + 2.0 * B * G * S * S + 4.0 * B * S * k * k) / c["flops"]
-    n = NEWTON_ITERATIONS["newton" if cell.jacobian_block_size == 1 else forward]  # diagonal: the same iteration
+    n = NEWTON_ITERATIONS["newton" if cell.jacobian_block_size == 1 else forward] if iterations is None else iterations
     return n * (2 * max(1, int(np.ceil(np.log2(max(T, 2))))) * c["level"] + iteration)
 
 
-def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None) -> str:
-    """What ``forward="auto"`` runs: the forward with the least :func:`forward_seconds` among
-    "sequential" and "newton" (quasi needs more iterations of a cheaper scan: chosen only
-    explicitly). On this project's 2-core CPU the sequential loop always wins (measured at every
-    point of experiments/results/cpu/parallel-step.md), so "auto" is the sequential forward there."""
+def break_even_iterations(cell: Cell, T: int, B: int, backend: str | None = None) -> float:
+    """The most Newton iterations at which the parallel forward is predicted faster than the
+    sequential one (:func:`forward_seconds`) on ``backend``: ``forward="auto"``'s limit for the
+    iterations :func:`bppsa.newton.predicted_iterations` foresees."""
+    return forward_seconds(cell, T, B, "sequential", backend) / forward_seconds(cell, T, B, "newton", backend, 1)
+
+
+def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None,
+                   backend: str | None = None) -> tuple[str, float | None]:
+    """What ``forward="auto"`` runs: ("sequential", None) where the parallel forward cannot pay
+    here whatever the recurrence (on this project's 2-core CPU the sequential loop wins at every
+    point of experiments/results/cpu/parallel-step.md, so always; elsewhere where even two
+    iterations, the fewest that confirm a solution, are predicted slower: :func:`break_even_iterations`),
+    else ("newton", the break-even iteration count): the solver then estimates the Lyapunov
+    exponent at its first iterate and runs on only if it is negative and the iterations it
+    predicts (:func:`bppsa.newton.predicted_iterations`) are within the break-even count."""
     del dtype  # the constants are float32's; the choice does not hinge on it
     backend = backend or jax.default_backend()
     if backend == "cpu":  # measured, not modelled: the sequential forward at every CPU point
-        return "sequential"
-    return min(("sequential", "newton"), key=lambda f: forward_seconds(cell, T, B, f, backend))
+        return "sequential", None
+    gate = float(break_even_iterations(cell, T, B, backend))
+    return ("newton", gate) if gate >= 2 else ("sequential", None)
 
 
 def choose_combine(P: int) -> str:

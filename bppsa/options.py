@@ -155,7 +155,7 @@ class Options:
             backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model)
             scan = scan or auto_scan
         if forward == "auto":
-            forward = cost_lib.choose_forward(cell, T, B, dtype)
+            forward = cost_lib.choose_forward(cell, T, B, dtype)[0]
         return dataclasses.replace(self, backward=backward, scan=scan or "blelloch", forward=forward)
 
     def plan(self, cell: Cell, xs: Array | jax.ShapeDtypeStruct, s0: Array | jax.ShapeDtypeStruct, *,
@@ -204,10 +204,14 @@ class Options:
         else:
             unroll = 1  # each device's stretch is a plain lax.scan, scanned in one piece
         combine = r.combine if r.combine != "auto" else cost_lib.choose_combine(devices or 1)
+        gate = None  # forward="auto" chose the parallel forward: it runs on only if the LLE predicts it pays
+        if self.forward == "auto" and parallel and devices is None:
+            gate = cost_lib.choose_forward(cell, T, B, xs.dtype, backend)[1]
         tol = tolerance(s_dtype, r.tol)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
-        return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices)
+        return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
+                    gate=gate)
 
     def newton_plan(self) -> _SolverSettings:
         """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
@@ -233,10 +237,15 @@ class Plan(Options):
       solve_chunk: the parallel forward's chunk length for its linear solves (an int, or None:
         one chunk; None for the sequential forward and with a mesh).
       devices: the size of the mesh axis the time is split over; None: one device, no mesh.
+      gate: ``forward="auto"`` chose the parallel forward on this backend: the most iterations at
+        which it is predicted to pay (:func:`bppsa.cost.break_even_iterations`). The solver
+        estimates the Lyapunov exponent at its first iterate and runs the sequential forward
+        instead when it is >= 0 or the predicted iterations exceed this; None: no such test.
     """
 
     solve_chunk: int | None = None
     devices: int | None = None
+    gate: float | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -246,7 +255,8 @@ class Plan(Options):
                     "atol": isinstance(self.atol, float), "rtol": isinstance(self.rtol, float),
                     "combine": self.combine != "auto",
                     "solve_chunk": self.solve_chunk is None or type(self.solve_chunk) is int,
-                    "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1)}
+                    "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1),
+                    "gate": self.gate is None or isinstance(self.gate, float)}
         open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
         if open_:
             raise UsageError(f"a Plan has every choice made; open: {', '.join(open_)} (Options.plan makes them)")

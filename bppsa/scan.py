@@ -21,10 +21,19 @@ and returns ``(prefixes, total)``: prefixes (n, B, S) with prefixes[k] = v ∘ e
 - :func:`diagonal_scan`: the same scans for diagonal maps (:data:`DIAGONAL` products:
   elementwise), and :func:`block_scan`, which sends (n, R, 1, 1) blocks there and (k, k) blocks
   to :func:`scan` (the structured cells' and the quasi-Newton forward's scans).
+- :func:`trust_region_solve`: the parallel forward's trust-region (ELK) step, the MAP smoother of
+  a linear-Gaussian chain (a Kalman filter and a Rauch–Tung–Striebel smoother, each one
+  ``lax.associative_scan``: Särkkä and García-Fernández's temporal parallelisation).
+- :func:`lyapunov_from_jacobians`: the largest Lyapunov exponent of a chain of Jacobians, the average
+  log growth of their product, in Θ(√n) dependent steps (chunks' products vmapped, then one vector
+  through them).
 """
 
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
@@ -40,9 +49,11 @@ from bppsa._scan import (
     up_sweep,
     vecmat,
 )
+from bppsa.errors import UsageError
 
 __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "up_sweep", "down_sweep",
-           "vecmat", "Products", "DENSE", "DIAGONAL", "diagonal_scan", "block_scan"]
+           "vecmat", "Products", "DENSE", "DIAGONAL", "diagonal_scan", "block_scan",
+           "trust_region_solve", "lyapunov_from_jacobians"]
 
 #: The products of diagonal maps x -> x ⊙ a + d, stored as their diagonals a (same shape as x).
 DIAGONAL = Products(compose=jnp.multiply, push=jnp.multiply, push_all=jnp.multiply)
@@ -74,3 +85,103 @@ def block_scan(v: Array, Ms: Array, ds: Array | None = None, method: str = "blel
         return scan(v, Ms, ds, method)
     prefixes, total = diagonal_scan(v[..., 0], Ms[..., 0, 0], None if ds is None else ds[..., 0], method)
     return prefixes[..., None], total[..., None]
+
+
+def _solve(X: Array, Y: Array) -> Array:
+    """X⁻¹ Y for batches of (k, k) X and (k, m) Y (k = 1: a division, no LAPACK call)."""
+    return Y / X if X.shape[-1] == 1 else jnp.linalg.solve(X, Y)
+
+
+def _t(X: Array) -> Array:
+    return jnp.swapaxes(X, -1, -2)
+
+
+def _filter_combine(e1: tuple, e2: tuple) -> tuple:
+    """Two parallel Kalman filter elements (A, b, C, η, J), e1 earlier, composed (column vectors:
+    b (…, k, 1), η (…, k, 1))."""
+    A1, b1, C1, n1, J1 = e1
+    A2, b2, C2, n2, J2 = e2
+    eye = jnp.eye(A1.shape[-1], dtype=A1.dtype)
+    X = eye + C1 @ J2  # A2 (I + C1 J2)⁻¹ = (solve((I + C1 J2)ᵀ, A2ᵀ))ᵀ
+    AX = _t(_solve(_t(X), _t(A2)))
+    Y = eye + J2 @ C1  # A1ᵀ (I + J2 C1)⁻¹
+    AY = _t(_solve(_t(Y), A1))
+    return (AX @ A1, AX @ (b1 + C1 @ n2) + b2, AX @ C1 @ _t(A2) + C2,
+            AY @ (n2 - J2 @ b1) + n1, AY @ J2 @ A1 + J1)
+
+
+def trust_region_solve(v: Array, Ms: Array, ds: Array, y: Array, lam: float | Array) -> Array:
+    """The states h_1 … h_n minimising
+
+        Σ_t |h_t − h_{t-1} @ M_t − d_t|² + λ Σ_t |h_t − y_t|²,   h_0 = v,
+
+    for batches of rows: v (R, k), Ms (n, R, k, k), ds (n, R, k), y (n, R, k) -> (n, R, k). This is
+    the Levenberg–Marquardt (trust-region) step of the parallel forward around the iterate y (ELK:
+    Gonzalez et al., 2024): λ = 0 is the Newton step (the affine recurrence), λ → ∞ no step. It is
+    the MAP estimate of a linear-Gaussian chain (dynamics h_t = h_{t-1} @ M_t + d_t with unit
+    process noise, y_t an observation of h_t with noise variance 1/λ), computed exactly by a Kalman
+    filter and a Rauch–Tung–Striebel smoother, each one ``lax.associative_scan`` (Θ(log n) levels)
+    of Särkkä and García-Fernández's elements; k = 1 (diagonal, quasi) is elementwise. Work Θ(n·R·k³)
+    (a few (k, k) solves per element), so the dense step costs more than Newton's scan."""
+    n, R, k = ds.shape
+    dtype = ds.dtype
+    lam = jnp.asarray(lam, dtype)
+    a, b = 1 / (1 + lam), lam / (1 + lam)  # the gain: h_t's weight on the prediction and on y_t
+    F = _t(Ms)  # column form: h_t = F_t h_{t-1} + d_t
+    d, yc = ds[..., None], y[..., None]
+    eye = jnp.broadcast_to(jnp.eye(k, dtype=dtype), (n, R, k, k))
+    first = jnp.zeros((n, 1, 1, 1), dtype).at[0].set(1)  # the first step: its prior is v, exactly
+    pred = d + first * (F @ v[..., None])  # the first element absorbs h_0 = v
+    Fn = (1 - first) * F  # and depends on nothing before it
+    elems = (a * Fn, a * pred + b * yc, a * eye, b * _t(Fn) @ (yc - d), b * _t(Fn) @ Fn)
+    _, m, P, _, _ = lax.associative_scan(_filter_combine, elems)  # filtered means and covariances
+    if n == 1:
+        return m[..., 0]
+    # RTS: s_t = G_t s_{t+1} + g_t, G_t = P_t F_{t+1}ᵀ (F_{t+1} P_t F_{t+1}ᵀ + I)⁻¹, s_n = m_n
+    Fnext, dnext, Pt, mt = F[1:], d[1:], P[:-1], m[:-1]
+    Z = Fnext @ Pt @ _t(Fnext) + eye[1:]
+    G = _t(_solve(Z, Fnext @ Pt))  # Z and P symmetric
+    g = mt - G @ (Fnext @ mt + dnext)
+    Gs = jnp.concatenate([G, jnp.zeros_like(eye[:1])], axis=0)[::-1]  # latest first
+    gs = jnp.concatenate([g, m[-1:]], axis=0)[::-1]
+    _, s = lax.associative_scan(lambda e1, e2: (e2[0] @ e1[0], e2[0] @ e1[1] + e2[1]), (Gs, gs))
+    return s[::-1][..., 0]
+
+
+def lyapunov_from_jacobians(blocks: Array, chunk: int | None = None) -> Array:
+    """The largest Lyapunov exponent of each independent product in ``blocks`` (T, R, k, k), the
+    Jacobians J_t of R systems (batch rows, or blocks of a block-diagonal Jacobian): (R,), the
+    average log growth per step of J_T ⋯ J_1 v from v = (1, …, 1)/√k. ``chunk``: the steps per
+    chunk (None: ⌈√T⌉)."""
+    T, R, k = blocks.shape[0], blocks.shape[1], blocks.shape[-1]
+    if T == 0:
+        raise UsageError("a Lyapunov exponent needs at least one step; got T = 0")
+    L = max(1, math.isqrt(T - 1) + 1) if chunk is None else min(chunk, T)
+    n, rest = divmod(T, L)
+    eye = jnp.broadcast_to(jnp.eye(k, dtype=blocks.dtype), (R, k, k))
+    pad = jnp.broadcast_to(eye, (n * L + (L if rest else 0) - T, R, k, k))  # identity steps change nothing
+    J = jnp.concatenate([blocks, pad], axis=0).reshape((-1, L, R, k, k))
+
+    def product(Js):  # one chunk: (L, R, k, k) -> (R, k, k) normalised, (R,) its log scale
+        def step(carry, Jt):
+            P, logs = carry
+            P = Jt @ P
+            s = jnp.sqrt(jnp.sum(P * P, axis=(-2, -1)))
+            s = jnp.where(s > 0, s, 1)
+            return (P / s[:, None, None], logs + jnp.log(s)), None
+        return lax.scan(step, (eye, jnp.zeros((R,), blocks.dtype)), Js)[0]
+
+    Ps, logs = jax.vmap(product)(J)
+
+    def through(carry, chunk_):
+        v, total = carry
+        P, log_scale = chunk_
+        v = jnp.einsum("rij,rj->ri", P, v)
+        nv = jnp.sqrt(jnp.sum(v * v, axis=-1))
+        dead = nv == 0  # the product annihilated v: growth -inf
+        nv = jnp.where(dead, 1, nv)
+        return (v / nv[:, None], jnp.where(dead, -jnp.inf, total + jnp.log(nv) + log_scale)), None
+
+    v0 = jnp.full((R, k), 1 / math.sqrt(k), blocks.dtype)
+    (_, total), _ = lax.scan(through, (v0, jnp.zeros((R,), blocks.dtype)), (Ps, logs))
+    return total / T

@@ -17,7 +17,6 @@ formed as S×S arrays there.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -28,47 +27,9 @@ from bppsa._backward import forward_states, prev_states
 from bppsa.backprop import validate_inputs
 from bppsa.cells import Cell
 from bppsa.errors import UsageError, as_int
+from bppsa.scan import lyapunov_from_jacobians
 
-__all__ = ["lyapunov", "lyapunov_from_jacobians"]
-
-
-def lyapunov_from_jacobians(blocks: Array, chunk: int | None = None) -> Array:
-    """The largest Lyapunov exponent of each independent product in ``blocks`` (T, R, k, k), the
-    Jacobians J_t of R systems (batch rows, or blocks of a block-diagonal Jacobian): (R,), the
-    average log growth per step of J_T ⋯ J_1 v from v = (1, …, 1)/√k. ``chunk``: the steps per
-    chunk (None: ⌈√T⌉)."""
-    T, R, k = blocks.shape[0], blocks.shape[1], blocks.shape[-1]
-    if T == 0:
-        raise UsageError("a Lyapunov exponent needs at least one step; got T = 0")
-    L = max(1, math.isqrt(T - 1) + 1) if chunk is None else min(chunk, T)
-    n, rest = divmod(T, L)
-    eye = jnp.broadcast_to(jnp.eye(k, dtype=blocks.dtype), (R, k, k))
-    pad = jnp.broadcast_to(eye, (n * L + (L if rest else 0) - T, R, k, k))  # identity steps change nothing
-    J = jnp.concatenate([blocks, pad], axis=0).reshape((-1, L, R, k, k))
-
-    def product(Js):  # one chunk: (L, R, k, k) -> (R, k, k) normalised, (R,) its log scale
-        def step(carry, Jt):
-            P, logs = carry
-            P = Jt @ P
-            s = jnp.sqrt(jnp.sum(P * P, axis=(-2, -1)))
-            s = jnp.where(s > 0, s, 1)
-            return (P / s[:, None, None], logs + jnp.log(s)), None
-        return lax.scan(step, (eye, jnp.zeros((R,), blocks.dtype)), Js)[0]
-
-    Ps, logs = jax.vmap(product)(J)
-
-    def through(carry, chunk_):
-        v, total = carry
-        P, log_scale = chunk_
-        v = jnp.einsum("rij,rj->ri", P, v)
-        nv = jnp.sqrt(jnp.sum(v * v, axis=-1))
-        dead = nv == 0  # the product annihilated v: growth -inf
-        nv = jnp.where(dead, 1, nv)
-        return (v / nv[:, None], jnp.where(dead, -jnp.inf, total + jnp.log(nv) + log_scale)), None
-
-    v0 = jnp.full((R, k), 1 / math.sqrt(k), blocks.dtype)
-    (_, total), _ = lax.scan(through, (v0, jnp.zeros((R,), blocks.dtype)), (Ps, logs))
-    return total / T
+__all__ = ["lyapunov"]
 
 
 def lyapunov(cell: Cell, params: Any, xs: Any, h0: Any, states: Any = None, *, chunk: int | None = None) -> Array:

@@ -56,6 +56,7 @@ from bppsa import options as options_lib
 from bppsa.errors import UsageError
 from bppsa.options import COMBINES, Options, Plan
 from bppsa.parallel.mesh import check_axes, make_mesh, shard_map
+from bppsa.scan import trust_region_solve
 
 __all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "communication_volume",
            "sharded_functions", "sequence_parallel_states"]
@@ -295,9 +296,12 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
     def evaluate(H):
         return jnp.where(valid, _backward.steps(cell, params, prev(H), xs), H)
 
-    def update(H, F, scale):
+    def update(H, F, lam):
         sp = prev(H)
-        E, c, k = newton_lib.step_elements(cell, plan.forward, params, sp, xs, F, scale)
+        E, c, k = newton_lib.step_elements(cell, plan.forward, params, sp, xs, F)
+        if lam is not None:  # the trust-region step: one device holds the whole sequence (P = 1)
+            s0b = _backward.to_blocks(s0.astype(c.dtype), k)
+            return trust_region_solve(s0b, E, c, _backward.to_blocks(H, k), lam).reshape((C, B, S))
         E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))
         c = jnp.where(valid, c, jnp.zeros((), c.dtype))
         Pi, delta, state = chunk_aggregate(plan.scan, jnp.zeros_like(c[0]), E, c)
@@ -320,6 +324,9 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     (:meth:`bppsa.Options.plan` with ``devices`` = the ``seq_axis`` size): it is executed as given.
     """
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
+    if plan.forward != "sequential" and plan.damping is not None and P > 1:
+        raise UsageError(f"damping= (the trust-region step) solves the whole sequence on one device; the mesh "
+                         f"splits time over {P} devices ({seq_axis!r}): pass damping=None here")
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     C = -(-T // P)
     Bp = -(-B // Pb) * Pb

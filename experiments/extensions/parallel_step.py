@@ -11,7 +11,7 @@ Parts (``config.parts``):
   :mod:`experiments.paper_bppsa.irmas` trains it) and before it, on the clips' features concatenated
   along time to length T.
 - ``chaotic``: an RNN whose recurrent matrix is scaled to spectral radius ``config.chaotic_rho``:
-  plain, damped (``damping=1.0``) and quasi Newton; at the smallest T, ``max_iter = T`` and
+  plain Newton, ELK (``damping=1.0``) and quasi-Newton; at the smallest T, ``max_iter = T`` and
   ``on_fail="raise"`` (in a subprocess: what it raises).
 - ``steps``: the jitted training step (``jax.value_and_grad`` of :func:`experiments.gradient.loss`, a
   fixed readout of every state, w.r.t. the parameters) for every pair of :data:`FORWARDS` ×
@@ -49,6 +49,8 @@ from bppsa.scan import SCANS
 from experiments import entry, gradient
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
+
+spectral_radius = lambda W: float(np.max(np.abs(np.linalg.eigvals(np.asarray(W, np.float64)))))  # noqa: E731
 
 __all__ = ["CELLS", "FORWARDS", "BACKWARDS", "make_cell", "cell_label", "timed_pair",
            "step_functions", "measure_pairs", "auto_pair", "iteration_row", "long_inputs", "run"]
@@ -166,10 +168,6 @@ def long_inputs(x: np.ndarray, T: int, B: int) -> np.ndarray:
     return np.stack([np.take(frames, np.arange(s, s + T), axis=0, mode="wrap") for s in starts], axis=1)
 
 
-def _spectral_radius(W) -> float:
-    return float(np.max(np.abs(np.linalg.eigvals(np.asarray(W, np.float64)))))
-
-
 def trained(config, workdir: PathLike, log=print) -> dict:
     """Part ``trained``: the IRMAS GRU before and after ``config.train_steps`` Adam steps."""
     from flax import nnx  # the training's imports, only here
@@ -200,7 +198,7 @@ def trained(config, workdir: PathLike, log=print) -> dict:
         f"{info['final_loss']:.3f} ({info['train_s']:.0f} s)")
     rows = []
     for weights, params in (("IRMAS init", before), ("IRMAS trained", params_of())):
-        info["recurrent_spectral_radius"][weights] = _spectral_radius(params["W_h"][:, 2 * config.iter_H:])
+        info["recurrent_spectral_radius"][weights] = spectral_radius(params["W_h"][:, 2 * config.iter_H:])
 
         def inputs(T, params=params):
             xs = jnp.asarray(long_inputs(feats.x, T, config.iter_B))
@@ -243,9 +241,9 @@ def chaotic(config, log=print) -> dict:
     rows, raised = [], None
     for T in config.chaotic_T:
         params, xs, h0, _ = gradient.problem(cell, T, config.iter_B, seed=config.seed)
-        params = {**params, "W_h": params["W_h"] * (config.chaotic_rho / _spectral_radius(params["W_h"]))}
+        params = {**params, "W_h": params["W_h"] * (config.chaotic_rho / spectral_radius(params["W_h"]))}
         ref = _sequential(cell, params, xs, h0)
-        variants = [("newton", "newton", {}), ("newton damping=1", "newton", {"damping": 1.0}), ("quasi", "quasi", {})]
+        variants = [("newton", "newton", {}), ("ELK damping=1", "newton", {"damping": 1.0}), ("quasi", "quasi", {})]
         if T == min(config.chaotic_T):
             variants.append((f"newton max_iter={T}", "newton", {"max_iter": int(T)}))
         for label, fwd, kw in variants:
@@ -290,8 +288,9 @@ def step_times(config, log=print) -> list[dict]:
 # Markdown
 # --------------------------------------------------------------------------------------------
 
-def _its(r) -> str:
-    return f"{r['iterations']}" + ("" if r["converged"] else " ✗")
+def _its(r) -> str:  # measured iterations, ✗ not converged, [predicted] where recorded
+    p = r.get("predicted", -1)
+    return f"{r['iterations']}" + ("" if r["converged"] else " ✗") + (f" [{p}]" if p >= 0 else "")
 
 
 def _iteration_table(rows) -> str:
@@ -324,6 +323,7 @@ def markdown(record) -> str:
                 f"H = {c['iter_H']}, linear solves by the `{c['iter_scan']}` scan (the iteration count does not depend "
                 "on the scan but through rounding; the step-time table below records the Blelloch runs' counts). "
                 "✗: not converged within max_iter (the sequential forward's states returned instead). "
+                "[n]: the iterations `info.predicted` foresees from the Lyapunov exponent (recorded from now on). "
                 "max abs(states − seq.): against the sequential forward (`lax.scan`) over all T.", "",
                 _iteration_table(rows), ""]
         for fwd, m in record["mean_iterations"].items():

@@ -325,15 +325,15 @@ def test_bad_guesses_are_usage_errors():
 
 
 def test_return_info_structure():
-    """Traced only: NewtonInfo's fields are scalars (int32, bool, bool, the states' dtype twice); the
-    sequential forward's info is None; without return_info the states alone."""
+    """Traced only: NewtonInfo's fields are scalars (int32, bool, bool, the states' dtype three times,
+    int32, bool); the sequential forward's info is None; without return_info the states alone."""
     cell, params, xs, h0 = _problem("lstm", 6, 2)
     shape = lambda **o: jax.eval_shape(lambda: bppsa.rnn(cell, params, xs, h0, **o))
     states, info = shape(forward="newton", return_info=True)
     assert isinstance(info, NewtonInfo) and NewtonInfo._fields == ("iterations", "converged", "fell_back", "residual",
-                                                                         "error")
+                                                                         "error", "lle", "predicted", "chose_sequential")
     assert [(v.shape, v.dtype) for v in info] == [((), jnp.int32), ((), jnp.bool_), ((), jnp.bool_), ((), jnp.float64),
-                                                  ((), jnp.float64)]
+                                                  ((), jnp.float64), ((), jnp.float64), ((), jnp.int32), ((), jnp.bool_)]
     assert jax.tree.map(lambda a: a.shape, states) == ((6, 2, H), (6, 2, H))
     assert shape(forward="quasi", on_fail="raise", return_info=True)[1].fell_back.shape == ()
     assert shape(forward="sequential", return_info=True)[1] is None

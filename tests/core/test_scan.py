@@ -318,7 +318,9 @@ def test_the_public_scan_module_is_the_implementations_curated_face():
     import bppsa.scan as public
     curated = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "up_sweep", "down_sweep",
                "vecmat", "Products", "DENSE"]
-    own = ["DIAGONAL", "diagonal_scan", "block_scan"]  # the diagonal products of the same sweep, defined there
+    # the diagonal products of the same sweep, the trust-region (Kalman smoother) solve and the Lyapunov
+    # exponent of a chain of Jacobians, defined there
+    own = ["DIAGONAL", "diagonal_scan", "block_scan", "trust_region_solve", "lyapunov_from_jacobians"]
     assert sorted(public.__all__) == sorted(curated + own)
     for name in curated:
         assert getattr(public, name) is getattr(S, name)
