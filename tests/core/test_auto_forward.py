@@ -51,7 +51,7 @@ def test_auto_on_cpu_is_the_sequential_forward_with_no_gate():
     assert cost.choose_forward(cell, 4, 1, backend="gpu") == ("sequential", None)
 
 
-@pytest.mark.parametrize("gate, on", [(50, True), (1, False)])
+@pytest.mark.parametrize("gate, on", [pytest.param(50, True, marks=pytest.mark.slow), (1, False)])  # on: vmap below
 def test_the_gate_goes_on_or_runs_the_sequential_forward(gate, on):
     """A contracting GRU (T = 7, B = 2): a gate above the prediction goes on (converged Newton), one
     below it runs the sequential forward; both exact, gradients equal autodiff."""

@@ -86,7 +86,7 @@ ELK = {"elk/blelloch": dict(forward="newton", damping=1.0, backward="bppsa", sca
 MOST = 100
 
 
-@pytest.mark.parametrize("name", ["gru", "block-gru-k2"])
+@pytest.mark.parametrize("name", ["gru", pytest.param("block-gru-k2", marks=slow)])
 def test_elk_states_and_gradients_equal_lax_scan(name):
     """T = 7 (odd), B = 2, under jit: ELK and quasi-ELK's states and gradients equal the reference's."""
     _check(name, 7, 2, ELK)
@@ -99,6 +99,7 @@ def test_elk_every_cell_at_edge_shapes(name, T, B):
     _check(name, T, B, ELK)
 
 
+@slow
 def test_elk_one_step():
     """T = 1, B = 1: the first state depends on h0 only."""
     _check("lstm", 1, 1, {"elk": dict(forward="newton", damping=1.0)})
@@ -123,6 +124,7 @@ def test_elk_on_a_mesh_that_splits_time_is_refused():
         bppsa.rnn(cell, params, xs, h0, forward="newton", damping=1.0, mesh=parallel.make_mesh(4, batch_axis=None))
 
 
+@slow
 def test_elk_on_a_gru_with_weights_x100_converges_or_falls_back():
     """A GRU whose weights are ×100 (float32, DEER's kind of hard case): ELK's damped steps stay finite
     and it converges to the sequential states; converged or fallen back, never wrong."""
