@@ -24,8 +24,8 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   Jacobians (ELK) or their diagonals (``kind="quasi"``: quasi-ELK, elementwise). λ adapts as
   Levenberg–Marquardt's: a step that does not lower the sum of squared residuals (the quantity the
   step minimises to first order) is rejected and λ grows tenfold (at least to 1), an accepted one
-  halves it. A damped step cannot overflow where Newton's does, and so reaches solutions Newton
-  diverges from; it solves the whole sequence at once (``chunk_size`` does not apply) on one device.
+  divides it by ten. A damped step stays within its trust region, but loses Newton's guarantee (k
+  steps: k exact states), can stall on an expanding recurrence, and runs unchunked on one device.
 - An expanding recurrence (spectral radius well above 1) is ill-conditioned: a converged iterate
   meets ``tol`` at every step yet may differ from the sequential forward's states (themselves
   rounding-dominated there) by O(1); its gradients are exact at the states returned.
@@ -335,7 +335,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
         ok = (jnp.isfinite(mn.over) & (mn.merit < m.merit)) if damped else True
         pick = lambda new, old: jnp.where(ok, new, old)  # damped: a rejected step keeps the iterate
         improved = ok & ((mn.over < best_over) | (mn.front > best_front) | (dn < best_step))
-        new_lam = jnp.where(ok, lam / 2, jnp.maximum(10 * lam, 1)) if damped else lam
+        new_lam = jnp.where(ok, lam / 10, jnp.maximum(10 * lam, 1)) if damped else lam
         return (k + 1, pick(Hn, H), pick(Fn, F), jax.tree.map(pick, mn, m), pick(errn, err), pick(errn_rel, err_rel),
                 pick(dn, step), jnp.minimum(best_over, pick(mn.over, best_over)),
                 jnp.maximum(best_front, pick(mn.front, best_front)), jnp.minimum(best_step, pick(dn, best_step)),

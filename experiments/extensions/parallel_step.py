@@ -47,6 +47,7 @@ from bppsa.host import time_interleaved
 from bppsa.options import Options
 from bppsa.scan import SCANS
 from experiments import entry, gradient
+from experiments.extensions.predictability import fit_of, markdown_part, mean_iterations, plot, predictability
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
 
@@ -168,8 +169,9 @@ def long_inputs(x: np.ndarray, T: int, B: int) -> np.ndarray:
     return np.stack([np.take(frames, np.arange(s, s + T), axis=0, mode="wrap") for s in starts], axis=1)
 
 
-def trained(config, workdir: PathLike, log=print) -> dict:
-    """Part ``trained``: the IRMAS GRU before and after ``config.train_steps`` Adam steps."""
+def trained(config, workdir: PathLike, log=print, keep: dict | None = None) -> dict:
+    """Part ``trained``: the IRMAS GRU before and after ``config.train_steps`` Adam steps (``keep``:
+    receives the cell, the clips and both parameter sets, for part ``predictability``)."""
     from flax import nnx  # the training's imports, only here
 
     from bppsa.nn import SequenceClassifier
@@ -196,8 +198,9 @@ def trained(config, workdir: PathLike, log=print) -> dict:
             "recurrent_spectral_radius": {}}
     log(f"  trained GRU({info['F']}, {config.iter_H}) {config.train_steps} steps: loss {info['first_loss']:.3f} -> "
         f"{info['final_loss']:.3f} ({info['train_s']:.0f} s)")
-    rows = []
-    for weights, params in (("IRMAS init", before), ("IRMAS trained", params_of())):
+    rows, sets = [], {"IRMAS init": before, "IRMAS trained": params_of()}
+    (keep if keep is not None else {}).update(cell=cell, x=feats.x, params=sets)
+    for weights, params in sets.items():
         info["recurrent_spectral_radius"][weights] = spectral_radius(params["W_h"][:, 2 * config.iter_H:])
 
         def inputs(T, params=params):
@@ -348,6 +351,7 @@ def markdown(record) -> str:
                                 for r in ch["rows"]], align="rlrllrlr"), ""]
         rz = ch.get("on_fail_raise") or {}
         out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: raised {rz.get('raised')!s} — {rz.get('message', '')}", ""]
+    out += markdown_part(record) if "predictability" in record else []
     if "steps" in record:
         out += ["## The training step, every forward × backward", "",
                 "`jax.jit(jax.value_and_grad(loss))` w.r.t. the parameters, the loss a fixed random readout of every "
@@ -383,7 +387,7 @@ def markdown(record) -> str:
 # The task
 # --------------------------------------------------------------------------------------------
 
-PARTS = ("iterations", "trained", "chaotic", "steps")
+PARTS = ("iterations", "trained", "chaotic", "predictability", "steps")
 
 
 def check(config) -> None:
@@ -395,6 +399,8 @@ def check(config) -> None:
     require_choices(config, "forwards", newton.KINDS, many=True)
     require_choices(config, "iter_scan", tuple(SCANS))
     require_ints(config, "chaotic_T", allow_empty=False)
+    require_ints(config, "pred_T", allow_empty=False)
+    require_choices(config, "pred_forwards", ("newton", "quasi", "elk"), many=True)
     require_number(config, "chaotic_rho")
     require_number(config, "learning_rate")
     for key, rows, width in (("iter_cells", config.iter_cells, 2), ("step_points", config.step_points, 6)):
@@ -404,19 +410,6 @@ def check(config) -> None:
                 what = "kind, head" if width == 2 else "kind, head, I, H, T, B"
                 raise UsageError(f"config.{key}: each row must be ({what})"
                                  f" with kind one of {sorted(CELLS)} and positive ints; got {tuple(r)!r}")
-
-
-def mean_iterations(record) -> dict:
-    """Mean / median / max iterations per forward over the converged runs at random and trained weights."""
-    rows = record.get("iterations", []) + record.get("trained", {}).get("rows", [])
-    out = {}
-    for fwd in ("newton", "quasi"):
-        its = [r["iterations"] for r in rows if r["forward"] == fwd and r["converged"]]
-        if its:
-            failed = sum(1 for r in rows if r["forward"] == fwd and not r["converged"])
-            out[fwd] = {"mean": float(np.mean(its)), "median": float(np.median(its)), "max": int(max(its)),
-                        "runs": len(its), "unconverged": failed}
-    return out
 
 
 @checked_by(check)
@@ -432,7 +425,12 @@ def run(config, workdir: PathLike) -> dict:
         record["iterations"] = iterations(config)
     if "trained" in parts:
         print("== iterations, the IRMAS GRU before and after training ==", flush=True)
-        record["trained"] = trained(config, workdir)
+        record["trained"] = trained(config, workdir, keep=(kept := {}))
+    if "predictability" in parts:  # after "trained": its weights are one of the cases
+        print("== predicted against measured iterations ==", flush=True)
+        rows = predictability(config, kept if "trained" in parts else None)
+        record["predictability"] = {"rows": rows, "fit": fit_of(rows)}
+        plot(rows, entry(workdir, f"{config.name}_predictability.png"))
     if "chaotic" in parts:
         print(f"== chaotic RNN, spectral radius {config.chaotic_rho} ==", flush=True)
         record["chaotic"] = chaotic(config)

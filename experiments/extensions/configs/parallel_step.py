@@ -4,6 +4,8 @@ chaotic weights, with the fallback) and the jitted training step for every forwa
     bppsa run experiments/extensions/configs/parallel_step.py          # ~15-20 min on 2 loaded CPU cores
     bppsa run experiments/extensions/configs/parallel_step.py:smoke    # seconds: tiny T, one cell, one point
 
+Predicted (from the Lyapunov exponent) against measured iterations, with forward="auto"'s choice, for
+random, trained, contracting, edge-of-chaos, expanding, saturating and slowly forgetting cells.
 Forwards sequential / newton / quasi (bppsa.newton) × backwards bptt / bppsa (Blelloch) / bppsa
 (sequential scan), against tuned BPTT, with forward="auto", backward="auto" and what it chose.
 The trained weights: the IRMAS GRU after a short BPTT training run on the synthetic stand-in
@@ -20,7 +22,7 @@ def get_config(arg=None):
     c = ml_collections.ConfigDict()
     c.task = "experiments.extensions.parallel_step:run"
     c.name = "parallel-step"
-    c.parts = ("iterations", "trained", "chaotic", "steps")
+    c.parts = ("iterations", "trained", "chaotic", "predictability", "steps")
     c.seed = 0
     # (a) iterations: (kind, head_size) cells at random initialisation, B, H, I, every T
     c.iter_cells = (("rnn", 1), ("gru", 1), ("lstm", 1), ("blockgru", 1), ("blockgru", 4), ("blocklstm", 1),
@@ -45,6 +47,12 @@ def get_config(arg=None):
     # the chaotic case: an RNN with its recurrent matrix scaled to this spectral radius
     c.chaotic_rho = 3.0
     c.chaotic_T = (100, 1000, 10000)
+    # predicted against measured iterations: the cells above, the trained GRU, an RNN across spectral radii
+    # (contracting, edge of chaos, expanding), a saturating RNN and slowly forgetting diagonal GRUs
+    c.pred_T = (100, 1000, 10000)
+    c.pred_forwards = ("newton", "elk")
+    c.pred_rhos = (0.5, 0.9, 1.1, 1.3, 1.6, 2.0)
+    c.pred_gates = (0.99, 0.999)
     # (b) the training step: (kind, head_size, I, H, T, B)
     c.step_points = (("gru", 1, 24, 20, 517, 16), ("gru", 1, 12, 20, 1034, 32), ("rnn", 1, 1, 20, 1000, 2),
                      ("rnn", 1, 1, 20, 10000, 1), ("blockgru", 1, 16, 64, 4096, 8))
@@ -63,6 +71,9 @@ def get_config(arg=None):
         c.train_steps = 2
         c.train_batch = 4
         c.chaotic_T = (5,)
+        c.pred_T = (6,)
+        c.pred_rhos = (0.9,)
+        c.pred_gates = (0.99,)
         c.step_points = (("rnn", 1, 2, 3, 5, 2),)
         c.repeats = 1
     return c
