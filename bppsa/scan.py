@@ -88,8 +88,28 @@ def block_scan(v: Array, Ms: Array, ds: Array | None = None, method: str = "blel
 
 
 def _solve(X: Array, Y: Array) -> Array:
-    """X⁻¹ Y for batches of (k, k) X and (k, m) Y (k = 1: a division, no LAPACK call)."""
-    return Y / X if X.shape[-1] == 1 else jnp.linalg.solve(X, Y)
+    """X⁻¹ Y for batches of (k, k) X and (k, m) Y: Gauss–Jordan elimination with partial pivoting in
+    XLA ops (k = 1: a division). Not LAPACK's batched solve: on CPU (jax 0.10.2) a program with many
+    of those sometimes never returned, and the k here are small."""
+    k = X.shape[-1]
+    if k == 1:
+        return Y / X
+    A = jnp.concatenate([X, Y], axis=-1)
+    rows = jnp.arange(k)
+
+    r_ax, c_ax = A.ndim - 2, A.ndim - 1
+    at = rows[:, None]
+
+    def pivot(i, A):
+        col = lax.dynamic_slice_in_dim(A, i, 1, c_ax)  # (..., k, 1)
+        p = jnp.argmax(jnp.where(at >= i, jnp.abs(col), -1), axis=-2, keepdims=True)  # the largest from row i down
+        row_i, row_p = lax.dynamic_slice_in_dim(A, i, 1, r_ax), jnp.take_along_axis(A, p, axis=-2)
+        A = jnp.where(at == i, row_p, jnp.where(at == p, row_i, A))  # rows i and p swapped
+        row = lax.dynamic_slice_in_dim(A, i, 1, r_ax)
+        row = row / lax.dynamic_slice_in_dim(row, i, 1, c_ax)
+        return jnp.where(at == i, row, A - lax.dynamic_slice_in_dim(A, i, 1, c_ax) * row)
+
+    return lax.fori_loop(0, k, pivot, A)[..., k:]
 
 
 def _t(X: Array) -> Array:
