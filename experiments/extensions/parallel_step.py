@@ -419,13 +419,13 @@ def run(config, workdir: PathLike) -> dict:
     parts = tuple(config.parts)
     record: dict = {"title": "The parallel forward: Newton iterations and the training step per forward × backward",
                     "config": config.to_dict()}
-    t0 = time.perf_counter()
+    t0, kept = time.perf_counter(), {}
     if "iterations" in parts:
         print("== iterations, random initialisation ==", flush=True)
         record["iterations"] = iterations(config)
     if "trained" in parts:
         print("== iterations, the IRMAS GRU before and after training ==", flush=True)
-        record["trained"] = trained(config, workdir, keep=(kept := {}))
+        record["trained"] = trained(config, workdir, keep=kept)
     if "predictability" in parts:  # after "trained": its weights are one of the cases
         print("== predicted against measured iterations ==", flush=True)
         rows = predictability(config, kept if "trained" in parts else None)

@@ -155,13 +155,12 @@ def plot(rows, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 5.2))
-    for group in dict.fromkeys(r["group"] for r in rows):
+    for j, group in enumerate(dict.fromkeys(r["group"] for r in rows)):
         rs = [r for r in rows if r["group"] == group and r["forward"] == "newton" and r["predicted"] > 0]
-        ok = [r for r in rs if r["converged"]]
-        dots = ax.scatter([r["predicted"] for r in ok], [r["iterations"] for r in ok], label=group, alpha=0.8)
-        failed = [r for r in rs if not r["converged"]]  # x: not converged within max_iter
+        ok, failed = [r for r in rs if r["converged"]], [r for r in rs if not r["converged"]]
+        ax.scatter([r["predicted"] for r in ok], [r["iterations"] for r in ok], label=group, alpha=0.8, color=f"C{j}")
         ax.scatter([r["predicted"] for r in failed], [r["iterations"] for r in failed], marker="x",
-                   color=dots.get_facecolor()[0] if len(dots.get_offsets()) else None)
+                   color=f"C{j}")  # x: not converged within max_iter
     lim = [1, max([r["predicted"] for r in rows] + [r["iterations"] for r in rows] + [10]) * 1.5]
     ax.plot(lim, lim, "k--", lw=0.8, label="predicted = measured")
     ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="predicted iterations (from the Lyapunov exponent)",
