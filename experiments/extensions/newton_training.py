@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-import bppsa
-from bppsa import cells, newton, structured
+from bppsa import backprop, cells, newton, structured
 from bppsa.errors import checked_by, require_choices, require_int, require_number
 from experiments import entry
 from experiments.provenance import provenance, save_json
@@ -52,7 +51,7 @@ def train(cell, x: np.ndarray, y: np.ndarray, forward: str, config, log=print) -
 
     def loss_fn(p, xb, yb):
         xs = jnp.swapaxes(xb, 0, 1)  # (T, B, F)
-        out = bppsa.rnn(cell, p["cell"], xs, jnp.zeros((xb.shape[0], H)), forward=forward, return_info=parallel)
+        out = backprop.rnn(cell, p["cell"], xs, jnp.zeros((xb.shape[0], H)), forward=forward, return_info=parallel)
         hs, info = out if parallel else (out, None)
         logits = hs[-1] @ p["W"] + p["b"]
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()

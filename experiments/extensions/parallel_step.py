@@ -428,7 +428,8 @@ def run(config, workdir: PathLike) -> dict:
         record["trained"] = trained(config, workdir, keep=kept)
     if "predictability" in parts:  # after "trained": its weights are one of the cases
         print("== predicted against measured iterations ==", flush=True)
-        rows = predictability(config, kept if "trained" in parts else None)
+        rows = predictability(config, kept if "trained" in parts else None, {f.__name__: f for f in (
+            iteration_row, make_cell, cell_label, long_inputs)})
         record["predictability"] = {"rows": rows, "fit": fit_of(rows)}
         plot(rows, entry(workdir, f"{config.name}_predictability.png"))
     if "chaotic" in parts:

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import bppsa
-from bppsa import cells, cost, newton, structured
+from bppsa import backprop, cells, cost, newton, structured
+from bppsa.dynamics.lyapunov import lyapunov
 from bppsa.options import Options
 from experiments import gradient
 from experiments.tables import markdown_table
@@ -57,9 +57,8 @@ def _slow_gru(I: int, H: int, gate: float):
     return cell, inputs
 
 
-def _groups(config, trained: dict | None):
+def _groups(config, trained: dict | None, make_cell, cell_label, long_inputs):
     """(group, label, cell, inputs(T, B, seed) -> (params, xs, h0)) of every case."""
-    from experiments.extensions.parallel_step import cell_label, long_inputs, make_cell
     I, H = config.iter_I, config.iter_H
     out = []
     for kind, head in config.iter_cells:
@@ -81,17 +80,18 @@ def _groups(config, trained: dict | None):
     return out
 
 
-def predictability(config, trained: dict | None = None, log=print) -> list[dict]:
-    """The rows (module docstring). ``trained``: {"cell", "x" (clips), "params": {weights: params}}."""
-    from experiments.extensions.parallel_step import iteration_row
-    rows = []
-    for group, label, cell, inputs in _groups(config, trained):
+def predictability(config, trained: dict | None, tools: dict, log=print) -> list[dict]:
+    """The rows (module docstring). ``trained``: {"cell", "x" (clips), "params": {weights: params}};
+    ``tools``: the parallel-step task's ``iteration_row``, ``make_cell``, ``cell_label``, ``long_inputs``."""
+    rows, iteration_row = [], tools["iteration_row"]
+    for group, label, cell, inputs in _groups(config, trained, tools["make_cell"], tools["cell_label"],
+                                              tools["long_inputs"]):
         for T in config.pred_T:
             params, xs, h0 = inputs(T, config.iter_B, config.seed)
-            ref = jax.jit(lambda p, x, h, cell=cell: bppsa.rnn(cell, p, x, h, backward="bptt"))(params, xs, h0)
+            ref = jax.jit(lambda p, x, h, cell=cell: backprop.rnn(cell, p, x, h, backward="bptt"))(params, xs, h0)
             here = Options(forward="auto").plan(cell, xs, cell.flatten_state(h0)).forward
             gpu, gate = cost.choose_forward(cell, T, config.iter_B, backend="gpu")
-            probe = float(jnp.max(bppsa.lyapunov(cell, params, xs[:newton.PROBE_STEPS], h0)))
+            probe = float(jnp.max(lyapunov(cell, params, xs[:newton.PROBE_STEPS], h0)))
             probe_k = int(newton.predicted_iterations(probe, T))
             auto_gpu = "newton" if gate is not None and probe < 0 and probe_k <= gate else "sequential"
             for fwd in config.pred_forwards:
