@@ -15,9 +15,8 @@ s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
     param_grads(params, s_prev, xs, s, gs) -> (dparams, dxs)
         gs: (T, B, S) the total gradient ∂L/∂s_t; one contraction over (t, b).
 
-Optional structure: ``diagonal_jacobian`` (M_t = diag(A_t) @ Wt, one shared Wt: the RNN), and
-``jacobian_block_size``/``jacobian_blocks`` (block-diagonal M_t: cells with heads,
-:mod:`bppsa.structured`), which the scans use instead of forming S×S matrices.
+Optional structure (``diagonal_jacobian``, ``jacobian_blocks``) lets the scans avoid S×S
+matrices; ``project`` lets the sequential forward hoist the input's product out of its loop.
 
 Each cell's maths is written once, here; conventions in which published cells differ are
 fields (activations by name, :data:`ACTIVATIONS`; input/hidden biases: PyTorch both, flax's GRU
@@ -39,7 +38,8 @@ from jax import Array
 
 from bppsa.errors import UsageError, as_int
 
-__all__ = ["Cell", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS", "autodiff_jacobian", "autodiff_param_grads"]
+__all__ = ["Cell", "Affine", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS", "autodiff_jacobian",
+           "autodiff_param_grads"]
 
 #: Activation functions by name: (function, its derivative written in terms of its output y).
 ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y: 1.0 - y * y),
@@ -69,15 +69,23 @@ class Cell(abc.ABC):
         """The parameter pytree for ``key``."""
 
     def param_spec(self, dtype: jax.typing.DTypeLike = jnp.float32) -> Any:
-        """The parameter structure :func:`bppsa.rnn` checks ``params`` against (shapes and keys,
-        at trace time): a pytree of ``jax.ShapeDtypeStruct`` like :meth:`init`'s output, or None
-        (not checked). The default traces :meth:`init` without computing it, so a subclass that
-        implements ``init`` gets the check for free; override it where ``init`` cannot be traced."""
+        """The structure :func:`bppsa.rnn` checks ``params`` against: a pytree of
+        ``jax.ShapeDtypeStruct`` (default: :meth:`init` traced, not computed), or None (unchecked)."""
         return jax.eval_shape(lambda key: self.init(key, dtype), jax.random.key(0))
 
     @abc.abstractmethod
     def step(self, params: Any, h: Any, x: Array, /) -> Any:
         """One step: h (B, H) [LSTM: (h, c)], x (B, I) -> the next state, same structure as h."""
+
+    def project(self, params: Any, xs: Array, /) -> Any:
+        """The part of a step that reads only its input, for any number of steps at once: xs
+        (..., I) -> u, which :meth:`step_projected` finishes. The sequential forward computes it for
+        all T steps before its loop (one large product, not T small ones). Default: xs itself."""
+        return xs
+
+    def step_projected(self, params: Any, h: Any, u: Any, /) -> Any:
+        """:meth:`step` from ``u = project(params, x)`` (default: ``step(params, h, u)``)."""
+        return self.step(params, h, u)
 
     @abc.abstractmethod
     def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
@@ -134,52 +142,59 @@ class Cell(abc.ABC):
         return states[0] if self.pair_state else states
 
 
-# --------------------------------------------------------------------------------------------
-# Shared pieces: parameters, activations, gradient contraction, autodiff Jacobians
-# --------------------------------------------------------------------------------------------
+class Affine(Cell):
+    """A cell whose input enters only through x W_x + b_x: that product is its :meth:`project`;
+    ``_recurrent`` is h's, h W_h + b_h (each bias where the cell has it)."""
 
-def _check_cell(cell, *names):
-    for name in ("input_size", "hidden_size"):  # numpy and JAX integer scalars are stored as ints
-        if (n := as_int(value := getattr(cell, name))) is None or n < 1:
-            raise UsageError(f"{type(cell).__name__}: {name} must be a positive int; got {value!r}")
-        object.__setattr__(cell, name, n)
-    for name in names:
-        value = getattr(cell, name)
-        if not (isinstance(value, str) and value in ACTIVATIONS):
-            raise UsageError(f"{type(cell).__name__}: {name} must be one of {list(ACTIVATIONS)}; got {value!r}")
-    for name in ("input_bias", "hidden_bias"):
-        if not isinstance(getattr(cell, name), bool):
-            raise UsageError(f"{type(cell).__name__}: {name} must be True or False; got {getattr(cell, name)!r}")
+    input_bias: bool
+    hidden_bias: bool
+    _activations: ClassVar[tuple[str, ...]] = ("gate", "activation")  # the fields naming ACTIVATIONS
 
+    def __post_init__(self):
+        name = type(self).__name__
+        for field in ("input_size", "hidden_size"):  # numpy and JAX integer scalars are stored as ints
+            if (n := as_int(value := getattr(self, field))) is None or n < 1:
+                raise UsageError(f"{name}: {field} must be a positive int; got {value!r}")
+            object.__setattr__(self, field, n)
+        for field in self._activations:
+            if not (isinstance(value := getattr(self, field), str) and value in ACTIVATIONS):
+                raise UsageError(f"{name}: {field} must be one of {list(ACTIVATIONS)}; got {value!r}")
+        for field in ("input_bias", "hidden_bias"):
+            if not isinstance(value := getattr(self, field), bool):
+                raise UsageError(f"{name}: {field} must be True or False; got {value!r}")
 
-def _params(cell, key, gates, dtype):
-    """PyTorch's initialisation, U(±1/√H), of W_x (I, G), W_h (H, G) and the biases the cell has."""
-    k = jax.random.split(key, 4)
-    bound = 1.0 / float(cell.hidden_size) ** 0.5
-    G = gates * cell.hidden_size
-    params = {"W_x": _uniform(k[0], (cell.input_size, G), bound, dtype),
-              "W_h": _uniform(k[1], (cell.hidden_size, G), bound, dtype)}
-    if cell.input_bias:
-        params["b_x"] = _uniform(k[2], (G,), bound, dtype)
-    if cell.hidden_bias:
-        params["b_h"] = _uniform(k[3], (G,), bound, dtype)
-    return params
+    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
+        """PyTorch's initialisation, U(±1/√H), of W_x (I, G), W_h (H, G) and the biases the cell has."""
+        k = jax.random.split(key, 4)
+        bound = 1.0 / float(self.hidden_size) ** 0.5
+        G = self.gates * self.hidden_size
+        params = {"W_x": _uniform(k[0], (self.input_size, G), bound, dtype),
+                  "W_h": _uniform(k[1], (self.hidden_size, G), bound, dtype)}
+        if self.input_bias:
+            params["b_x"] = _uniform(k[2], (G,), bound, dtype)
+        if self.hidden_bias:
+            params["b_h"] = _uniform(k[3], (G,), bound, dtype)
+        return params
 
+    def project(self, params: Any, xs: Array) -> Array:
+        gx = xs @ params["W_x"]
+        return gx + params["b_x"] if self.input_bias else gx
 
-def _affine(cell, params, h, x):
-    """(x W_x + b_x, h W_h + b_h), each bias where the cell has it."""
-    gx, gh = x @ params["W_x"], h @ params["W_h"]
-    return (gx + params["b_x"] if cell.input_bias else gx), (gh + params["b_h"] if cell.hidden_bias else gh)
+    def _recurrent(self, params, h):
+        gh = h @ params["W_h"]
+        return gh + params["b_h"] if self.hidden_bias else gh
 
+    def step(self, params: Any, h: Any, x: Array) -> Any:
+        return self.step_projected(params, h, self.project(params, x))
 
-def _contract(cell, xs, h_prev, dgx, dgh):
-    """Parameter gradients of ``(x W_x + b_x, h W_h + b_h)`` from their cotangents (T, B, G)."""
-    grads = {"W_x": jnp.einsum("tbi,tbg->ig", xs, dgx), "W_h": jnp.einsum("tbh,tbg->hg", h_prev, dgh)}
-    if cell.input_bias:
-        grads["b_x"] = dgx.sum((0, 1))
-    if cell.hidden_bias:
-        grads["b_h"] = dgh.sum((0, 1))
-    return grads
+    def _contract(self, xs, h_prev, dgx, dgh):
+        """Parameter gradients of ``(x W_x + b_x, h W_h + b_h)`` from their cotangents (T, B, G)."""
+        grads = {"W_x": jnp.einsum("tbi,tbg->ig", xs, dgx), "W_h": jnp.einsum("tbh,tbg->hg", h_prev, dgh)}
+        if self.input_bias:
+            grads["b_x"] = dgx.sum((0, 1))
+        if self.hidden_bias:
+            grads["b_h"] = dgh.sum((0, 1))
+        return grads
 
 
 def autodiff_jacobian(step_one: Callable[[Any, Array, Array], Array], params: Any, s_prev: Array, xs: Array) -> Array:
@@ -199,7 +214,7 @@ def autodiff_param_grads(step_one: Callable[[Any, Array, Array], Array], params:
 
 
 @dataclasses.dataclass(frozen=True)
-class RNN(Cell):
+class RNN(Affine):
     """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h [+ h if residual]), σ = ``nonlinearity``
     ("tanh", "relu" or "sigmoid").
 
@@ -218,19 +233,17 @@ class RNN(Cell):
     hidden_bias: bool = True
     residual: bool = False
 
+    _activations: ClassVar[tuple[str, ...]] = ("nonlinearity",)
+
     def __post_init__(self):
         for name in ("diagonal", "residual"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"RNN: {name} must be True or False; got {getattr(self, name)!r}")
-        _check_cell(self, "nonlinearity")
+        super().__post_init__()
 
-    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
-        return _params(self, key, 1, dtype)
-
-    def step(self, params: Any, h: Array, x: Array) -> Array:
-        gx, gh = _affine(self, params, h, x)
-        a = gx + gh + h if self.residual else gx + gh
-        return ACTIVATIONS[self.nonlinearity][0](a)
+    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
+        a = gx + self._recurrent(params, h)
+        return ACTIVATIONS[self.nonlinearity][0](a + h if self.residual else a)
 
     def _dact(self, s):
         return ACTIVATIONS[self.nonlinearity][1](s)
@@ -251,11 +264,11 @@ class RNN(Cell):
 
     def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         da = gs * self._dact(s)
-        return _contract(self, xs, s_prev, da, da), da @ params["W_x"].T
+        return self._contract(xs, s_prev, da, da), da @ params["W_x"].T
 
 
 @dataclasses.dataclass(frozen=True)
-class GRU(Cell):
+class GRU(Affine):
     """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
 
         r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
@@ -276,28 +289,21 @@ class GRU(Cell):
 
     gates: ClassVar[int] = 3
 
-    def __post_init__(self):
-        _check_cell(self, "gate", "activation")
-
-    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
-        return _params(self, key, 3, dtype)
-
-    def _gates(self, params, h, x):
+    def _gates(self, params, h, gx):  # gx: the projected input (gate-major r, z, n)
         H = self.hidden_size
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        gx, gh = _affine(self, params, h, x)
+        gh = self._recurrent(params, h)
         r = sigma(gx[..., :H] + gh[..., :H])
         z = sigma(gx[..., H:2 * H] + gh[..., H:2 * H])
         m = gh[..., 2 * H:]
-        n = phi(gx[..., 2 * H:] + r * m)
-        return r, z, m, n
+        return r, z, m, phi(gx[..., 2 * H:] + r * m)
 
-    def step(self, params: Any, h: Array, x: Array) -> Array:
-        r, z, m, n = self._gates(params, h, x)
+    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
+        r, z, m, n = self._gates(params, h, gx)
         return (1.0 - z) * n + z * h
 
     def gate_terms(self, params: Any, s_prev: Array, xs: Array) -> tuple[Array, ...]:  # (r, z, u_r, u_z, u_n), per unit
-        r, z, m, n = self._gates(params, s_prev, xs)
+        r, z, m, n = self._gates(params, s_prev, self.project(params, xs))
         dsigma = ACTIVATIONS[self.gate][1]
         u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
         return r, z, u_n * m * dsigma(r), (s_prev - n) * dsigma(z), u_n
@@ -314,11 +320,11 @@ class GRU(Cell):
         da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
         dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
         dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
-        return _contract(self, xs, s_prev, dgx, dgh), dgx @ params["W_x"].T
+        return self._contract(xs, s_prev, dgx, dgh), dgx @ params["W_x"].T
 
 
 @dataclasses.dataclass(frozen=True)
-class LSTM(Cell):
+class LSTM(Affine):
     """LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
     tanh); the state is (h, c), flat s = [h, c] (2H).
 
@@ -340,9 +346,6 @@ class LSTM(Cell):
     input_bias: bool = True
     hidden_bias: bool = True
 
-    def __post_init__(self):
-        _check_cell(self, "gate", "activation")
-
     gates: ClassVar[int] = 4
     pair_state: ClassVar[bool] = True
 
@@ -357,27 +360,23 @@ class LSTM(Cell):
         H = self.hidden_size
         return s[..., :H], s[..., H:]
 
-    def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, Array]:
-        return _params(self, key, 4, dtype)
-
-    def _gates(self, params, h, x):
+    def _gates(self, params, h, gx):  # gx: the projected input (gate-major i, f, g, o)
         H = self.hidden_size
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        gx, gh = _affine(self, params, h, x)
-        a = gx + gh
+        a = gx + self._recurrent(params, h)
         i, f, o = (sigma(a[..., k * H:(k + 1) * H]) for k in (0, 1, 3))
         return i, f, phi(a[..., 2 * H:3 * H]), o
 
-    def step(self, params: Any, state: tuple[Array, Array], x: Array) -> tuple[Array, Array]:
+    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Array) -> tuple[Array, Array]:
         h, c = state
-        i, f, g, o = self._gates(params, h, x)
+        i, f, g, o = self._gates(params, h, gx)
         c_new = f * c + i * g
         return o * ACTIVATIONS[self.activation][0](c_new), c_new
 
     def _terms(self, params, s_prev, xs, s):
         H = self.hidden_size
         h, c = s_prev[..., :H], s_prev[..., H:]
-        i, f, g, o = self._gates(params, h, xs)
+        i, f, g, o = self._gates(params, h, self.project(params, xs))
         phi, dphi = ACTIVATIONS[self.activation]
         dsigma = ACTIVATIONS[self.gate][1]
         tc = phi(s[..., H:])
@@ -402,7 +401,7 @@ class LSTM(Cell):
         g_h, g_c = gs[..., :H], gs[..., H:]
         dc = g_c + g_h * k
         da = jnp.concatenate([dc * p[0], dc * p[1], dc * p[2], g_h * q], axis=-1)
-        return _contract(self, xs, s_prev[..., :H], da, da), da @ params["W_x"].T
+        return self._contract(xs, s_prev[..., :H], da, da), da @ params["W_x"].T
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.cells import ACTIVATIONS, GRU, Cell
+from bppsa.cells import ACTIVATIONS, GRU, LSTM, Affine
 from bppsa.errors import UsageError, as_int
 
 __all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix"]
@@ -54,7 +54,7 @@ def recurrent_matrix(W_h: Array, gates: int) -> Array:
     return dense.reshape(N * k, gates * N * k)
 
 
-class _Block(Cell):
+class _Block(Affine):
     """What the three cells share: sizes and their checks, parameters, the per-head products."""
 
     input_size: int
@@ -107,11 +107,14 @@ class _Block(Cell):
         """W_h as (N, k_in j, G, k_out a)."""
         return params["W_h"].reshape(self.heads, self.head_size, self.gates, self.head_size)
 
-    def _affine(self, params, h, x):
-        """(x W_x + b_x, rec(h) + b_h), each (..., G·H) gate-major."""
-        gx = x @ params["W_x"]
-        gh = jnp.einsum("...nj,njqa->...qna", self._heads(h), self._w(params)).reshape(gx.shape)
-        return (gx + params["b_x"] if self.input_bias else gx), (gh + params["b_h"] if self.hidden_bias else gh)
+    def _recurrent(self, params, h):
+        """rec(h) + b_h, (..., G·H) gate-major (the input's part, x W_x + b_x, is :meth:`project`)."""
+        if self.head_size == 1:  # a diagonal recurrence: elementwise products (a dot_general here is slower)
+            gh = h[..., None, :] * params["W_h"][:, 0, :].T  # (..., G, H)
+        else:
+            gh = jnp.einsum("...nj,njqa->...qna", self._heads(h), self._w(params))
+        gh = gh.reshape(h.shape[:-1] + (self.gates * self.hidden_size,))
+        return gh + params["b_h"] if self.hidden_bias else gh
 
     def _gate(self, a, q):
         """Gate q's slice (..., H) of a gate-major (..., G·H) array."""
@@ -173,9 +176,8 @@ class BlockRNN(_Block):
     gates: ClassVar[int] = 1
     _activations: ClassVar[tuple[str, ...]] = ("nonlinearity",)
 
-    def step(self, params: Any, h: Array, x: Array) -> Array:
-        gx, gh = self._affine(params, h, x)
-        return ACTIVATIONS[self.nonlinearity][0](gx + gh)
+    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
+        return ACTIVATIONS[self.nonlinearity][0](gx + self._recurrent(params, h))
 
     def _dact(self, s):
         return ACTIVATIONS[self.nonlinearity][1](s)
@@ -218,16 +220,9 @@ class BlockGRU(_Block):
     gates: ClassVar[int] = 3
     _activations: ClassVar[tuple[str, ...]] = ("gate", "activation")
 
-    def _gates(self, params, h, x):
-        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        gx, gh = self._affine(params, h, x)
-        r = sigma(self._gate(gx, 0) + self._gate(gh, 0))
-        z = sigma(self._gate(gx, 1) + self._gate(gh, 1))
-        m = self._gate(gh, 2)
-        return r, z, m, phi(self._gate(gx, 2) + r * m)
-
-    # the GRU's update and its derivative terms, written once (cells.GRU), on this cell's gates
-    step = GRU.step  # pyright: ignore[reportAssignmentType]
+    # the GRU's gates, update and derivative terms, written once (cells.GRU), on this cell's recurrence
+    _gates = GRU._gates
+    step_projected = GRU.step_projected  # pyright: ignore[reportAssignmentType]
     gate_terms = GRU.gate_terms  # pyright: ignore[reportAssignmentType]
 
     def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
@@ -314,23 +309,18 @@ class BlockLSTM(_Block):
     def hidden(self, states: tuple[Array, Array]) -> Array:
         return states[1] if self.flax_carry else states[0]
 
-    def _gates(self, params, h, x):
-        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        gx, gh = self._affine(params, h, x)
-        a = gx + gh
-        i, f, o = (sigma(self._gate(a, q)) for q in (0, 1, 3))
-        return i, f, phi(self._gate(a, 2)), o
+    _gates = LSTM._gates  # the LSTM's gates (cells.LSTM), on this cell's recurrence
 
-    def step(self, params: Any, state: tuple[Array, Array], x: Array) -> tuple[Array, Array]:
+    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Array) -> tuple[Array, Array]:
         h, c = self._hc(state)
-        i, f, g, o = self._gates(params, h, x)
+        i, f, g, o = self._gates(params, h, gx)
         c_new = f * c + i * g
         return self._hc((o * ACTIVATIONS[self.activation][0](c_new), c_new))
 
     def _terms(self, params, s_prev, xs, s):
         """(h_prev, f, κ, (p_i, p_f, p_g), p_o), each (..., H)."""
         h, c = self._split(s_prev)
-        i, f, g, o = self._gates(params, h, xs)
+        i, f, g, o = self._gates(params, h, self.project(params, xs))
         phi, dphi = ACTIVATIONS[self.activation]
         dsigma = ACTIVATIONS[self.gate][1]
         tc = phi(self._split(s)[1])

@@ -10,8 +10,8 @@
   :class:`Flax`, whose maths is one of :mod:`bppsa.cells` (written once there) with flax's
   conventions as fields; this module only maps parameters between flax's layout and the cell's
   (:func:`cell_params`);
-- a cell with a ``bppsa_cell()`` method (:mod:`bppsa.nn.structured`'s, computing in one
-  dtype): the :mod:`bppsa.structured` cell it returns, its ``nnx.Param``s in that cell's layout;
+- a cell with a ``bppsa_cell()`` method (:mod:`bppsa.nn.structured`'s, in one dtype): the
+  :mod:`bppsa.structured` cell it returns, its ``nnx.Param``s in that cell's layout;
 - any other cell (or one of those four with another activation or in mixed precision):
   autodiff Jacobians of one example's step, vmapped over the batch and time
   (:class:`Autodiff`), with the non-Param state a step reads but never changes as constants;
@@ -26,9 +26,8 @@ flax's conventions, row convention (``x @ kernel``), as in ``flax.nnx.nn.recurre
 - LSTMCell / OptimizedLSTMCell = ``cells.LSTM(input_bias=False)``: the bias is on the hidden
   layer; the carry is (c, h) where bppsa's is (h, c); the flat state is s = [h, c] for both.
 
-:class:`Masked` wraps any cell for padded batches: the mask rides in the last input channel and a
-masked step is the identity map (state unchanged, Jacobian I, no parameter gradient).
-"""
+:class:`Masked` wraps any cell for padded batches: a masked step (mask in the last input channel) is
+the identity map (state unchanged, Jacobian I, no parameter gradient)."""
 
 from __future__ import annotations
 
@@ -73,27 +72,20 @@ def cell_params(cell: nnx.Module) -> dict:
 
 class _Wrapper(Cell):
     """A cell around another (:attr:`wrapped`): its sizes, gate count and state layout are the
-    wrapped cell's."""
+    wrapped cell's; a subclass defines ``project`` and ``step_projected``, its step is theirs."""
+
+    def step(self, params, h, x):
+        return self.step_projected(params, h, self.project(params, x))
 
     @property
     def wrapped(self) -> Cell:
         raise NotImplementedError
 
-    @property
-    def input_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.wrapped.input_size
-
-    @property
-    def hidden_size(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.wrapped.hidden_size
-
-    @property
-    def gates(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.wrapped.gates
-
-    @property
-    def pair_state(self):  # pyright: ignore[reportIncompatibleVariableOverride]  (a wrapper: the wrapped cell's value)
-        return self.wrapped.pair_state
+    # the wrapped cell's values (properties, where Cell has fields)
+    input_size = property(lambda self: self.wrapped.input_size)  # pyright: ignore[reportAssignmentType]
+    hidden_size = property(lambda self: self.wrapped.hidden_size)  # pyright: ignore[reportAssignmentType]
+    gates = property(lambda self: self.wrapped.gates)  # pyright: ignore[reportAssignmentType]
+    pair_state = property(lambda self: self.wrapped.pair_state)  # pyright: ignore[reportAssignmentType]
 
     @property
     def state_size(self):
@@ -154,9 +146,12 @@ class Flax(_Wrapper):
     def hidden(self, states):
         return states[1] if self.pair_state else states
 
-    def step(self, params, carry, x):
+    def project(self, params, xs):
+        return self.core.project(self.core_params(params), xs)
+
+    def step_projected(self, params, carry, u):
         state = (carry[1], carry[0]) if self.pair_state else carry
-        new = self.core.step(self.core_params(params), state, x)
+        new = self.core.step_projected(self.core_params(params), state, u)
         return (new[1], new[0]) if self.pair_state else new
 
     def transposed_jacobian(self, params, s_prev, xs, s):
@@ -323,10 +318,12 @@ class Masked(_Wrapper):
     def init(self, key, dtype=jnp.float32):
         return self.inner.init(key, dtype)
 
-    def step(self, params, h, x):
-        keep = x[..., -1:] > 0
-        new = self.inner.step(params, h, x[..., :-1])
-        return jax.tree.map(lambda a, b: jnp.where(keep, a, b), new, h)
+    def project(self, params, xs):  # (the inner cell's projection, the mask)
+        return self.inner.project(params, xs[..., :-1]), xs[..., -1:] > 0
+
+    def step_projected(self, params, h, u):
+        new = self.inner.step_projected(params, h, u[0])
+        return jax.tree.map(lambda a, b: jnp.where(u[1], a, b), new, h)
 
     def transposed_jacobian(self, params, s_prev, xs, s):
         M = self.inner.transposed_jacobian(params, s_prev, xs[..., :-1], s)

@@ -175,11 +175,11 @@ def _forward_body(cell, T, P, seq_axis, params, xs, s0):
 
     def chunk(s):
         def body(s, inp):
-            x, ok = inp
-            s_new = cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
+            u, ok = inp
+            s_new = cell.flatten_state(cell.step_projected(params, cell.unflatten_state(s), u))
             s_new = jnp.where(ok, s_new, s)  # padded steps carry the state unchanged
             return s_new, s_new
-        return lax.scan(body, s, (xs, valid))[1]
+        return lax.scan(body, s, (cell.project(params, xs), valid))[1]
 
     if P == 1:
         return chunk(s0)
