@@ -11,6 +11,12 @@
   optimisation. A caller's XLA_FLAGS are kept (e.g. ``--xla_cpu_max_isa=AVX`` to run the suite
   with another CPU's kernels); these two are added unless the caller set them.
   Subprocesses that the tests start inherit the setting.
+- One persistent XLA compilation cache for the session (``JAX_COMPILATION_CACHE_DIR``, a fresh
+  temporary folder shared by the test processes and the subprocesses they start, removed at the
+  end): many tests compile the same program (the same cell, shapes and method behind a new
+  ``jax.jit`` wrapper), and a program compiled once is loaded, not compiled again. A cache hit
+  returns the executable the compiler made for the same program and options, so no result
+  changes. ``BPPSA_TEST_XLA_CACHE=0`` turns it off; a caller's ``JAX_COMPILATION_CACHE_DIR`` is kept.
 - float64 is on for the whole session: gradient comparisons are made in float64, and tests
   that check float32 behaviour pass float32 arrays explicitly.
 """
@@ -24,6 +30,16 @@ _CALLER = os.environ.get("XLA_FLAGS", "").split()
 _SET = {flag.split("=")[0] for flag in _CALLER}
 os.environ["XLA_FLAGS"] = " ".join(_CALLER + [f for f in _FLAGS if f.split("=")[0] not in _SET])
 os.environ.setdefault("MPLBACKEND", "Agg")
+if os.environ.get("BPPSA_TEST_XLA_CACHE", "1") != "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _CACHE = tempfile.mkdtemp(prefix="bppsa-test-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE  # the pytest-xdist workers inherit it
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)  # by the process that made it
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
