@@ -213,27 +213,29 @@ def trained(config, workdir: PathLike, log=print, keep: dict | None = None) -> d
 
 _PROBE = """
 import json, sys, jax, numpy as np
-from bppsa import backprop, cells, gradient
-I, H, B, T, rho, seed, scan = json.loads(sys.argv[1])
+from bppsa import backprop, cells
+from experiments import gradient
+I, H, B, T, rho, seed, scan, max_iter = json.loads(sys.argv[1])
 cell = cells.RNN(I, H)
 p, xs, h0, _ = gradient.problem(cell, T, B, seed=seed)
 p = {**p, "W_h": p["W_h"] * (rho / float(np.max(np.abs(np.linalg.eigvals(np.asarray(p["W_h"], np.float64))))))}
 out = {"T": T, "raised": None}
 try:
     jax.block_until_ready(jax.jit(lambda a, b, c: backprop.rnn(cell, a, b, c, forward="newton", on_fail="raise",
-                                                                scan=scan))(p, xs, h0))
+                                                                scan=scan, max_iter=max_iter))(p, xs, h0))
 except Exception as e:
     out.update(raised=type(e).__name__, names_NewtonDidNotConverge="NewtonDidNotConverge" in str(e),
-               message=str(e).splitlines()[0][:200])
+               message=next((ln for ln in str(e).splitlines() if "NewtonDidNotConverge" in ln),
+                            str(e).splitlines()[0])[:300])
 print(json.dumps(out))
 """
 
 
-def _raise_probe(config, T: int) -> dict:
+def raise_probe(config, T: int, max_iter: int = 100) -> dict:
     """``on_fail="raise"`` on the chaotic problem at T, in a subprocess (a failing debug callback
     must not share this process): what the caller sees."""
     arg = json.dumps([config.iter_I, config.iter_H, config.iter_B, T, config.chaotic_rho, config.seed,
-                      config.iter_scan])
+                      config.iter_scan, max_iter])
     r = subprocess.run([sys.executable, "-c", _PROBE, arg], capture_output=True, text=True, timeout=600)
     return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"T": T, "error": r.stderr[-300:]}
 
@@ -257,8 +259,8 @@ def chaotic(config, log=print) -> dict:
             rows.append(row)
             log(f"  chaotic T={T:<6} {label:<18} it {row['iterations']:>3} conv {row['converged']!s:<5} fell_back "
                 f"{row['fell_back']!s:<5} res {row['residual']:.1e} diff {row['max_abs_diff']:.1e}")
-        if raised is None:
-            raised = _raise_probe(config, int(T))
+        if raised is None and any(r["T"] == T and r["variant"] == "newton" and r["fell_back"] for r in rows):
+            raised = raise_probe(config, int(T))  # at the first T where the default Newton does not converge
     return {"rho": config.chaotic_rho, "rows": rows, "on_fail_raise": raised}
 
 
@@ -350,7 +352,12 @@ def markdown(record) -> str:
                                  f"{r['residual']:.2e}", r.get("states_finite", "?"), f"{r['max_abs_diff']:.1e}"]
                                 for r in ch["rows"]], align="rlrllrlr"), ""]
         rz = ch.get("on_fail_raise") or {}
-        out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: raised {rz.get('raised')!s} — {rz.get('message', '')}", ""]
+        if rz.get("raised"):
+            out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: raised {rz['raised']} — {rz.get('message', '')}", ""]
+        elif rz.get("error"):
+            out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: the probe failed — {rz['error'].strip().splitlines()[-1]}", ""]
+        elif rz:
+            out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: nothing raised (the default Newton converged there).", ""]
     out += markdown_part(record) if "predictability" in record else []
     if "steps" in record:
         out += ["## The training step, every forward × backward", "",

@@ -2,7 +2,7 @@
 synthetic IRMAS stand-in with forward="sequential", "newton" and "auto" (same initialisation, same
 batches): Newton iterations, the largest Lyapunov exponent and the loss per step.
 
-    bppsa run experiments/extensions/configs/newton_training.py          # ~15 min on 2 CPU cores
+    bppsa run experiments/extensions/configs/newton_training.py          # ~7 min on 2 CPU cores
     bppsa run experiments/extensions/configs/newton_training.py:smoke    # seconds
 
 Writes newton-training.{json,md,png} into the work directory (--publish: into
