@@ -34,8 +34,8 @@ def _reference(v, Ms, ds):
 
 
 @pytest.mark.parametrize("method", sorted(S.SCANS))
-@pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 33, 65, 100] + [pytest.param(n, marks=pytest.mark.slow)
-                                                              for n in (4, 9, 63, 64, 129)])
+@pytest.mark.parametrize("n", [1, 2, 7, 33, 100] + [pytest.param(n, marks=pytest.mark.slow)
+                                                   for n in (3, 4, 9, 16, 63, 64, 65, 129)])
 @pytest.mark.parametrize("with_d", [False, True])
 def test_scan_matches_python_loop(method, n, with_d):
     rng = np.random.default_rng(n)
@@ -82,7 +82,7 @@ def test_matrix_products_only_away_from_the_root():
     assert sum(lv[1].shape[0] for lv in levels[1:]) < 1000
 
 
-@pytest.mark.parametrize("n", [9, 100])
+@pytest.mark.parametrize("n", [9, pytest.param(100, marks=pytest.mark.slow)])
 def test_float32_stays_float32(n):
     v, Ms, ds = _elements(np.random.default_rng(2), n, 2, 3, True)
     p, t = S.blelloch_scan(v.astype(jnp.float32), Ms.astype(jnp.float32), ds.astype(jnp.float32))
@@ -245,8 +245,8 @@ def _diag_scan(v, A, Wt, ds, n, pad_with=None):
     return jax.jit(S.blelloch_scan_stored_diag, static_argnums=4)(v, Ap, Wt, dp, n)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 129, 1000] + [pytest.param(n, marks=pytest.mark.slow)
-                                                                  for n in (127, 128, 200, 1025)])
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 129, 1000] + [pytest.param(n, marks=pytest.mark.slow)
+                                                           for n in (3, 65, 127, 128, 200, 1025)])
 @pytest.mark.parametrize("with_d", [False, True])
 def test_diagonal_scan_matches_python_loop(n, with_d):
     v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, with_d)
