@@ -111,9 +111,7 @@ def measure_pairs(cell, T: int, B: int, pairs, *, repeats: int, seed: int = 0) -
             "loss_diff": max(losses.values()) - min(losses.values())}
 
 
-# --------------------------------------------------------------------------------------------
-# (a) iterations
-# --------------------------------------------------------------------------------------------
+# ---- (a) iterations ----------------------------------------------------------------------------
 
 def _max_diff(a, b) -> float:
     """max |a − b| by numpy (NaN propagates; jnp.max on CPU drops NaNs of large arrays, jax 0.10.2)."""
@@ -264,9 +262,7 @@ def chaotic(config, log=print) -> dict:
     return {"rho": config.chaotic_rho, "rows": rows, "on_fail_raise": raised}
 
 
-# --------------------------------------------------------------------------------------------
-# (b) the training step
-# --------------------------------------------------------------------------------------------
+# ---- (b) the training step ---------------------------------------------------------------------
 
 def step_times(config, log=print) -> list[dict]:
     """Part ``steps``: every pair at every point of ``config.step_points`` ((kind, head, I, H, T, B))."""
@@ -289,9 +285,7 @@ def step_times(config, log=print) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------
-# Markdown
-# --------------------------------------------------------------------------------------------
+# ---- Markdown ----------------------------------------------------------------------------------
 
 def _its(r) -> str:  # measured iterations, ✗ not converged, [predicted] where recorded
     p = r.get("predicted", -1)
@@ -352,12 +346,10 @@ def markdown(record) -> str:
                                  f"{r['residual']:.2e}", r.get("states_finite", "?"), f"{r['max_abs_diff']:.1e}"]
                                 for r in ch["rows"]], align="rlrllrlr"), ""]
         rz = ch.get("on_fail_raise") or {}
-        if rz.get("raised"):
-            out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: raised {rz['raised']} — {rz.get('message', '')}", ""]
-        elif rz.get("error"):
-            out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: the probe failed — {rz['error'].strip().splitlines()[-1]}", ""]
-        elif rz:
-            out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: nothing raised (the default Newton converged there).", ""]
+        what = (f"raised {rz['raised']} — {rz.get('message', '')}" if rz.get("raised") else
+                f"the probe failed — {rz['error'].strip().splitlines()[-1]}" if rz.get("error") else
+                "nothing raised (the default Newton converged there).")
+        out += [f"`on_fail=\"raise\"` at T = {rz.get('T')}: {what}", ""] if rz else []
     out += markdown_part(record) if "predictability" in record else []
     if "steps" in record:
         out += ["## The training step, every forward × backward", "",
@@ -390,9 +382,7 @@ def markdown(record) -> str:
     return "\n".join(out)
 
 
-# --------------------------------------------------------------------------------------------
-# The task
-# --------------------------------------------------------------------------------------------
+# ---- The task ----------------------------------------------------------------------------------
 
 PARTS = ("iterations", "trained", "chaotic", "predictability", "steps")
 
@@ -400,16 +390,15 @@ PARTS = ("iterations", "trained", "chaotic", "predictability", "steps")
 def check(config) -> None:
     """The ranges of :func:`run`'s config (UsageError naming the key)."""
     require_choices(config, "parts", PARTS, many=True)
-    require_ints(config, "iter_T", allow_empty=False)
     for key in ("iter_B", "iter_H", "iter_I", "train_steps", "train_batch", "clips_per_class", "repeats"):
         require_int(config, key)
     require_choices(config, "forwards", newton.KINDS, many=True)
     require_choices(config, "iter_scan", tuple(SCANS))
-    require_ints(config, "chaotic_T", allow_empty=False)
-    require_ints(config, "pred_T", allow_empty=False)
+    for key in ("iter_T", "chaotic_T", "pred_T"):
+        require_ints(config, key, allow_empty=False)
     require_choices(config, "pred_forwards", ("newton", "quasi", "elk"), many=True)
-    require_number(config, "chaotic_rho")
-    require_number(config, "learning_rate")
+    for key in ("chaotic_rho", "learning_rate"):
+        require_number(config, key)
     for key, rows, width in (("iter_cells", config.iter_cells, 2), ("step_points", config.step_points, 6)):
         for r in rows:
             if len(r) != width or r[0] not in CELLS or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
