@@ -139,42 +139,45 @@ def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
 
 def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any, xr: Array, sr: Array, spr: Array,
                      ctr: Array) -> tuple[Any, Array, Array, Array]:
-    """BPPSA backward over chunks of ``chunk_size`` steps, latest chunk first (scan order).
+    """BPPSA backward over equal chunks of at most ``chunk_size`` steps, latest chunk first (scan order).
 
     Each chunk generates only its own Jacobians (C, B, S, S), scans them with the gradient
     flowing in from the later chunks added to its root vector, and passes the scan's total
     (the gradient its first step sends to the previous state) on as the next chunk's carry.
     Peak memory is O(C·B·S²) instead of O(T·B·S²); the result is exact.
 
+    All chunks have one length, C = ⌈T / ⌈T / chunk_size⌉⌉, so one chunk program is compiled (a
+    shorter tail chunk would be a second scan of another shape, compiled again). The P = n·C − T
+    < n missing steps are put in front, after the last step in time: copies of the last step's
+    inputs and states with zero cotangent. Their gradients are exactly zero (no loss depends on a
+    step after the last; zero times the last step's own, finite, Jacobian), so the real steps'
+    gradients, and the parameter gradients summed over steps, are those of the unpadded sequence.
+
     xr (T, B, I), sr, spr, ctr (T, B, S) are in scan order (:func:`scan_order`). Returns
     (dparams, dxr (T, B, I) in scan order, g0 (B, S) the gradient w.r.t. the initial state,
     gsr (T, B, S) the gradients w.r.t. the states, scan order).
     """
     T = xr.shape[0]
-
-    def chunk(u, xr_c, sr_c, spr_c, ctr_c):
-        v, ds = root_and_offsets(ctr_c)
-        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u)
-        dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
-        return total, dp, (dx, gs)
-
-    n_full, rest = divmod(T, chunk_size)
-    u = jnp.zeros_like(ctr[0])
-    split = lambda a: a[:n_full * chunk_size].reshape((n_full, chunk_size) + a.shape[1:])
+    n_chunks = -(-T // chunk_size)
+    C = -(-T // n_chunks)
+    P = n_chunks * C - T
+    if P:
+        front = lambda a: jnp.concatenate([jnp.broadcast_to(a[:1], (P,) + a.shape[1:]), a], axis=0)
+        xr, sr, spr = front(xr), front(sr), front(spr)
+        ctr = jnp.concatenate([jnp.zeros((P,) + ctr.shape[1:], ctr.dtype), ctr], axis=0)
 
     def body(carry, c):
         u, acc = carry
-        u, dp, out = chunk(u, *c)
-        return (u, jax.tree.map(jnp.add, acc, dp)), out
+        xr_c, sr_c, spr_c, ctr_c = c
+        v, ds = root_and_offsets(ctr_c)
+        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u)
+        dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
+        return (total, jax.tree.map(jnp.add, acc, dp)), (dx, gs)
 
-    acc = jax.tree.map(jnp.zeros_like, params)
-    (u, acc), outs = jax.lax.scan(body, (u, acc), tuple(split(a) for a in (xr, sr, spr, ctr)))
-    dxr, gsr = (a.reshape((n_full * chunk_size,) + a.shape[2:]) for a in outs)
-    if rest:  # the earliest steps: one shorter chunk
-        tail = slice(n_full * chunk_size, T)
-        u, dp, (dx, gs) = chunk(u, xr[tail], sr[tail], spr[tail], ctr[tail])
-        acc = jax.tree.map(jnp.add, acc, dp)
-        dxr, gsr = jnp.concatenate([dxr, dx], axis=0), jnp.concatenate([gsr, gs], axis=0)
+    split = lambda a: a.reshape((n_chunks, C) + a.shape[1:])
+    init = (jnp.zeros_like(ctr[0]), jax.tree.map(jnp.zeros_like, params))
+    (u, acc), outs = jax.lax.scan(body, init, tuple(split(a) for a in (xr, sr, spr, ctr)))
+    dxr, gsr = (a.reshape((n_chunks * C,) + a.shape[2:])[P:] for a in outs)
     return acc, dxr, u, gsr
 
 

@@ -180,7 +180,7 @@ def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[A
 
 def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, lam=None):
     """One Newton (or quasi) step: the states solving the linearised recurrence at the guess H
-    (T, B, S) (with F = f at H), by ``plan.scan`` over chunks of ``plan.solve_chunk`` steps,
+    (T, B, S) (with F = f at H), by ``plan.scan`` over equal chunks of at most ``plan.solve_chunk`` steps,
     earliest first; with ``lam`` (damping) the trust-region step around H, over the whole sequence."""
     T, B, S = H.shape
     sp = prev_states(s0, H)
@@ -204,14 +204,14 @@ def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, lam=None):
 
     if chunk is None or chunk >= T:
         return piece(s0, sp, xs, F)[1]
-    n_full, rest = divmod(T, chunk)
-    split = lambda a: a[:n_full * chunk].reshape((n_full, chunk) + a.shape[1:])
-    h, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(split(a) for a in (sp, xs, F)))
-    out = out.reshape((n_full * chunk, B, S))
-    if rest:
-        tail = slice(n_full * chunk, T)
-        out = jnp.concatenate([out, piece(h, sp[tail], xs[tail], F[tail])[1]], axis=0)
-    return out
+    # equal chunks (one program compiled, no shorter tail chunk): the P < n missing steps are
+    # copies of the last step, after it; no real state depends on them and theirs are dropped
+    n = -(-T // chunk)
+    C = -(-T // n)
+    split = lambda a: jnp.concatenate([a, jnp.broadcast_to(a[-1:], (n * C - T,) + a.shape[1:])]).reshape(
+        (n, C) + a.shape[1:])
+    _, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(split(a) for a in (sp, xs, F)))
+    return out.reshape((n * C, B, S))[:T]
 
 
 def residual(H: Array, F: Array) -> Array:

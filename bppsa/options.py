@@ -73,8 +73,8 @@ class Options:
       scan: the BPPSA scan, "blelloch", "associative" or "sequential" (:mod:`bppsa.scan`); None
         (default): "blelloch", or with ``backward="auto"`` the scan the model chose. An explicit
         scan is kept: ``auto`` then decides BPTT or BPPSA, and BPPSA runs that scan.
-      chunk_size: BPPSA on one device: run the backward over chunks of this many steps (an int;
-        numpy and JAX integer scalars are taken as ints), so Jacobian memory is chunk_size·B·S²
+      chunk_size: BPPSA on one device: run the backward over equal chunks of at most this many steps
+        (an int; numpy and JAX integer scalars are taken as ints), so Jacobian memory is chunk_size·B·S²
         instead of T·B·S² (exact; None: one chunk). "auto" (default): on CPU, cache-sized chunks
         (:func:`bppsa.cost.auto_chunk_size`); on accelerators, one chunk. With a mesh each device
         scans its stretch in one piece: only None and "auto" are accepted there.

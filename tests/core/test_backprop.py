@@ -309,8 +309,23 @@ def test_rnn_diagonal_path_chunked():
     """Chunks with the structured scan (auto-sized for it), float64, against autodiff."""
     c, params, xs, h0 = _setup("rnn-tanh", 200, 1, 1, 3, seed=5)
     ref = jax.jit(jax.grad(lambda p: _loss(_reference(c, p, xs, h0), True)))(params)
-    for chunk in (71,):  # full chunks of 71 and a shorter last one (one chunk: the tests above)
+    for chunk in (71,):  # 3 equal chunks of 67, one padding step (one chunk: the tests above)
         got = jax.jit(jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True)))(params)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
+
+
+@pytest.mark.parametrize("name", ["gru", "lstm", "generic"])
+@pytest.mark.parametrize("T,B,chunk", [(7, 2, 3), (10, 1, 4), (9, 3, 3), (2, 1, 1)])
+def test_chunked_backward_with_padding_steps_matches_autodiff(name, T, B, chunk):
+    """Equal chunks of at most ``chunk`` steps: T = 7 by 3 is 3 chunks of 3 with 2 padding steps,
+    10 by 4 is 3 of 4 with 2, 9 by 3 none, 2 by 1 two of 1. Every gradient (params, xs, h0) in
+    float64 against autodiff through lax.scan, losses on every step and on the last one alone (the
+    padding steps follow the last: its cotangent must reach it unchanged)."""
+    cell, params, xs, h0 = _setup(name, T, B, 3, 4, seed=T + B)
+    for every in (True, False):
+        ref = _grads(lambda p, x, h: _reference(cell, p, x, h), params, xs, h0, every)
+        got = _grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bppsa", chunk_size=chunk), params, xs, h0,
+                     every)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
 
 
