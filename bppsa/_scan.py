@@ -198,10 +198,8 @@ def down_sweep(levels: Sequence[tuple[Any, Any, Any]], incoming: Any = None, *,
 # never take strided slices: the elements are laid out so that at every bottom level the left
 # operands are the first half of the array and the right operands the second half (only the last
 # 32..64 blocks, in the generic sweep, are paired by strided slices), and on CPU the products are fused
-# multiply-adds up to S = FMA_MAX (a batched GEMM beyond). The unrolled form costs compile time,
-# S terms per product: at S = 32 a whole scan compiled 2.5-3.7x slower (7-12 s against 2-3 s) for
-# run times within 0.5-2.4x either way depending on n and B, so it stops at S = 24, where it still
-# paid (experiments/history/scan-optimisation.md, "Compile time").
+# multiply-adds up to S = FMA_MAX (a batched GEMM beyond): from S = 32 their compile time (S terms a
+# product) grew 2.5-4x for run times either way by shape (scan-optimisation.md, "Compile time").
 FMA_MAX = 24
 _TOP = 32  # the bottom levels stop when about _TOP..2*_TOP blocks are left
 
