@@ -15,6 +15,7 @@ leave open once, at its entry (:meth:`bppsa.options.Options.plan`), and the piec
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -93,9 +94,29 @@ def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
         guess = flat_guess(cell, guess, xs.shape[0], s0)
     stop = jax.lax.stop_gradient
     with jax.default_matmul_precision(plan.precision):
-        ss, info = newton.solve(cell, plan, stop(params), stop(xs), stop(s0), None if guess is None else stop(guess))
+        ss, info = _solver(cell, plan)(stop(params), stop(xs), stop(s0), None if guess is None else stop(guess))
     scan = "sequential" if plan.backward == "bptt" else plan.scan
     return solved_states(cell, scan, plan.chunk_size, params, xs, s0, ss, plan.precision), info
+
+
+def _solver(cell: Cell, plan: Plan):
+    """:func:`bppsa.newton.solve` for (cell, plan) under one ``jax.jit`` kept across calls: called
+    eagerly the iteration is one compiled program, not hundreds of dispatched operations (measured
+    5.8 s against 1.0 s for a first GRU call, and every later call recompiled its loop: 1.3 s);
+    inside a trace it is inlined. Run directly: a mesh's plan, ``on_fail="raise"`` (called eagerly
+    it raises :class:`bppsa.newton.NewtonDidNotConverge` itself, not JAX's wrapping of it), and a
+    cell or plan that cannot key a cache."""
+    if plan.devices is None and plan.on_fail != "raise":
+        try:
+            return _jitted_solver(cell, plan)
+        except TypeError:  # unhashable: a cell holding arrays, a custom cost model
+            pass
+    return functools.partial(newton.solve, cell, plan)
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_solver(cell: Cell, plan: Plan):
+    return jax.jit(functools.partial(newton.solve, cell, plan))
 
 
 def _states_dtype(cell, params, xs, s0):

@@ -800,3 +800,21 @@ def test_an_overflowing_iterate_from_finite_inputs_says_so():
                                                    r"the iterate \(or the recurrence itself\) overflowed\); raising "
                                                    r"max_iter will not help; pass damping="):
         jax.block_until_ready(bppsa.rnn(cell, params, xs, h0, forward="newton", on_fail="raise"))
+
+
+def test_eager_calls_run_one_compiled_solver_kept_across_calls():
+    """Called eagerly, the parallel forward is one jitted program per (cell, plan), made once: a
+    second call with the same cell and options reuses it (no retrace, no recompile), the states
+    equal a jitted call's and the plain loop's."""
+    from bppsa import backprop
+
+    cell, params, xs, h0 = _problem("gru", 9, 2)
+    backprop._jitted_solver.cache_clear()
+    first = bppsa.rnn(cell, params, xs, h0, forward="newton")
+    second = bppsa.rnn(cell, params, xs, h0, forward="newton")
+    info = backprop._jitted_solver.cache_info()
+    assert (info.misses, info.hits) == (1, 1), info
+    jitted = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton"))(params, xs, h0)
+    np.testing.assert_array_equal(np.asarray(first), np.asarray(second))
+    _states_close(first, jitted, "eager vs jit")
+    _states_close(first, scan_states(cell, params, xs, h0), "eager vs loop")
