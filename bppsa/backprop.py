@@ -16,7 +16,7 @@ leave open once, at its entry (:meth:`bppsa.options.Options.plan`), and the piec
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -99,7 +99,7 @@ def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
     return solved_states(cell, scan, plan.chunk_size, params, xs, s0, ss, plan.precision), info
 
 
-def _solver(cell: Cell, plan: Plan):
+def _solver(cell: Cell, plan: Plan) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
     """:func:`bppsa.newton.solve` for (cell, plan) under one ``jax.jit`` kept across calls: called
     eagerly the iteration is one compiled program, not hundreds of dispatched operations (measured
     5.8 s against 1.0 s for a first GRU call, and every later call recompiled its loop: 1.3 s);
@@ -108,14 +108,15 @@ def _solver(cell: Cell, plan: Plan):
     cell or plan that cannot key a cache."""
     if plan.devices is None and plan.on_fail != "raise":
         try:
-            return _jitted_solver(cell, plan)
+            return compiled_solver(cell, plan)
         except TypeError:  # unhashable: a cell holding arrays, a custom cost model
             pass
     return functools.partial(newton.solve, cell, plan)
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted_solver(cell: Cell, plan: Plan):
+def compiled_solver(cell: Cell, plan: Plan) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
+    """The jitted :func:`bppsa.newton.solve` for (cell, plan), made once per pair (hashable)."""
     return jax.jit(functools.partial(newton.solve, cell, plan))
 
 

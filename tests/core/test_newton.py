@@ -809,10 +809,10 @@ def test_eager_calls_run_one_compiled_solver_kept_across_calls():
     from bppsa import backprop
 
     cell, params, xs, h0 = _problem("gru", 9, 2)
-    backprop._jitted_solver.cache_clear()
+    backprop.compiled_solver.cache_clear()
     first = bppsa.rnn(cell, params, xs, h0, forward="newton")
     second = bppsa.rnn(cell, params, xs, h0, forward="newton")
-    info = backprop._jitted_solver.cache_info()
+    info = backprop.compiled_solver.cache_info()
     assert (info.misses, info.hits) == (1, 1), info
     jitted = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton"))(params, xs, h0)
     np.testing.assert_array_equal(np.asarray(first), np.asarray(second))
