@@ -47,7 +47,7 @@ from bppsa.scan import block_scan
 __all__ = ["step_elements", "forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows",
            "steps",
            "prev_states", "tangent_states", "scan_order", "root_and_offsets",
-           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward"]
+           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward", "equal_chunks"]
 
 
 def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None) -> Array:
@@ -158,8 +158,7 @@ def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any,
     gsr (T, B, S) the gradients w.r.t. the states, scan order).
     """
     T = xr.shape[0]
-    n_chunks = -(-T // chunk_size)
-    C = -(-T // n_chunks)
+    n_chunks, C = equal_chunks(T, chunk_size)
     P = n_chunks * C - T
     if P:
         front = lambda a: jnp.concatenate([jnp.broadcast_to(a[:1], (P,) + a.shape[1:]), a], axis=0)
@@ -179,6 +178,13 @@ def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any,
     (u, acc), outs = jax.lax.scan(body, init, tuple(split(a) for a in (xr, sr, spr, ctr)))
     dxr, gsr = (a.reshape((n_chunks * C,) + a.shape[2:])[P:] for a in outs)
     return acc, dxr, u, gsr
+
+
+def equal_chunks(T: int, chunk_size: int) -> tuple[int, int]:
+    """(n, C): the fewest chunks of at most ``chunk_size`` steps covering T, n of one length C =
+    ⌈T / n⌉ (n·C − T < n steps of padding), so a chunked loop compiles one chunk program."""
+    n = -(-T // chunk_size)
+    return n, -(-T // n)
 
 
 def scan_order(xs: Array, ss: Array, s0: Array, ct: Array) -> tuple[Array, Array, Array, Array]:

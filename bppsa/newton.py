@@ -67,7 +67,7 @@ import numpy as np
 from jax import Array, lax
 
 from bppsa import _scan as scan_lib
-from bppsa._backward import forward_states, prev_states, step_elements, steps, to_blocks
+from bppsa._backward import equal_chunks, forward_states, prev_states, step_elements, steps, to_blocks
 from bppsa.cells import Cell
 from bppsa.options import DEFAULT_MAX_ITER, DEFAULT_TOL, KINDS, ON_FAIL, Plan, tolerance
 from bppsa.scan import block_scan, lyapunov_from_jacobians, trust_region_solve
@@ -206,8 +206,7 @@ def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, lam=None):
         return piece(s0, sp, xs, F)[1]
     # equal chunks (one program compiled, no shorter tail chunk): the P < n missing steps are
     # copies of the last step, after it; no real state depends on them and theirs are dropped
-    n = -(-T // chunk)
-    C = -(-T // n)
+    n, C = equal_chunks(T, chunk)
     split = lambda a: jnp.concatenate([a, jnp.broadcast_to(a[-1:], (n * C - T,) + a.shape[1:])]).reshape(
         (n, C) + a.shape[1:])
     _, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(split(a) for a in (sp, xs, F)))
