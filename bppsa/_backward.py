@@ -50,20 +50,24 @@ __all__ = ["step_elements", "forward_states", "bppsa_states", "solved_states", "
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward", "equal_chunks"]
 
 
-def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None) -> Array:
+def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None,
+                   hoist: bool = True) -> Array:
     """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S), one ``lax.scan``; BPTT is its
-    autodiff. The input's part of every step (:meth:`bppsa.cells.Cell.project`) is computed for all
-    steps before the loop. ``unroll``: the scan's unroll factor (the entry points pass their plan's
-    int); None (default, for direct callers) the tuned one for this shape and backend
-    (:func:`bppsa.options.unroll_for`); 1 is the plain ``lax.scan``."""
+    autodiff. ``hoist``: the input's part of every step (:meth:`bppsa.cells.Cell.project`) is
+    computed for all steps before the loop (one large product); False: inside each step, as a
+    plain ``lax.scan`` of ``cell.step`` does (BPTT's plan decides: :attr:`bppsa.options.Plan.hoist`).
+    ``unroll``: the scan's unroll factor (the entry points pass their plan's int); None (default,
+    for direct callers) the tuned one for this shape and backend (:func:`bppsa.options.unroll_for`);
+    1 is the plain ``lax.scan``."""
+    step = cell.step_projected if hoist else cell.step
 
     def body(s, u):
-        s_new = cell.flatten_state(cell.step_projected(params, cell.unflatten_state(s), u))
+        s_new = cell.flatten_state(step(params, cell.unflatten_state(s), u))
         return s_new, s_new
 
     if unroll is None:
         unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
-    _, ss = lax.scan(body, s0, cell.project(params, xs), unroll=unroll)
+    _, ss = lax.scan(body, s0, cell.project(params, xs) if hoist else xs, unroll=unroll)
     return ss
 
 

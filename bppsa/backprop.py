@@ -79,7 +79,7 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
     if plan.forward != "sequential":
         ss, info = _parallel_forward(cell, params, xs, s0, plan, guess)
     elif plan.backward == "bptt":
-        ss = forward_states(cell, params, xs, s0, unroll=plan.unroll)
+        ss = forward_states(cell, params, xs, s0, unroll=plan.unroll, hoist=plan.hoist)
     else:
         ss = bppsa_states(cell, plan.scan, plan.chunk_size, params, xs, s0, plan.precision, plan.unroll)
     out = cell.unflatten_state(ss)

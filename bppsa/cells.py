@@ -47,6 +47,11 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y
                                                      "relu": (jax.nn.relu, lambda y: (y > 0).astype(y.dtype))}
 
 
+def _split(a: Array, n: int) -> list[Array]:
+    """``a``'s last axis in ``n`` parts; not slices, whose transposes (pads) XLA's CPU fuses into slow loops."""
+    return jnp.split(a, n, axis=-1)
+
+
 def _uniform(key, shape, bound, dtype):
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
@@ -176,9 +181,12 @@ class Affine(Cell):
             params["b_h"] = _uniform(k[3], (G,), bound, dtype)
         return params
 
-    def project(self, params: Any, xs: Array) -> Array:
+    def project(self, params: Any, xs: Array) -> Any:
+        """x W_x + b_x: (..., G·H) for one gate, else a tuple of the G gates' (..., H) parts (a
+        loop slicing gates out of one step input runs several times slower on XLA's CPU)."""
         gx = xs @ params["W_x"]
-        return gx + params["b_x"] if self.input_bias else gx
+        gx = gx + params["b_x"] if self.input_bias else gx
+        return gx if self.gates == 1 else tuple(_split(gx, self.gates))
 
     def _recurrent(self, params, h):
         gh = h @ params["W_h"]
@@ -289,16 +297,12 @@ class GRU(Affine):
 
     gates: ClassVar[int] = 3
 
-    def _gates(self, params, h, gx):  # gx: the projected input (gate-major r, z, n)
-        H = self.hidden_size
+    def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (r, z, n)
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        gh = self._recurrent(params, h)
-        r = sigma(gx[..., :H] + gh[..., :H])
-        z = sigma(gx[..., H:2 * H] + gh[..., H:2 * H])
-        m = gh[..., 2 * H:]
-        return r, z, m, phi(gx[..., 2 * H:] + r * m)
+        (x_r, x_z, x_n), (h_r, h_z, m) = gx, _split(self._recurrent(params, h), 3)
+        return (r := sigma(x_r + h_r)), sigma(x_z + h_z), m, phi(x_n + r * m)
 
-    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
+    def step_projected(self, params: Any, h: Array, gx: Any) -> Array:
         r, z, m, n = self._gates(params, h, gx)
         return (1.0 - z) * n + z * h
 
@@ -357,17 +361,14 @@ class LSTM(Affine):
         return jnp.concatenate(h, axis=-1)
 
     def unflatten_state(self, s: Array) -> tuple[Array, Array]:
-        H = self.hidden_size
-        return s[..., :H], s[..., H:]
+        return tuple(_split(s, 2))  # pyright: ignore[reportReturnType]
 
-    def _gates(self, params, h, gx):  # gx: the projected input (gate-major i, f, g, o)
-        H = self.hidden_size
+    def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (i, f, g, o)
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        a = gx + self._recurrent(params, h)
-        i, f, o = (sigma(a[..., k * H:(k + 1) * H]) for k in (0, 1, 3))
-        return i, f, phi(a[..., 2 * H:3 * H]), o
+        i, f, g, o = (x + r for x, r in zip(gx, _split(self._recurrent(params, h), 4), strict=True))
+        return sigma(i), sigma(f), phi(g), sigma(o)
 
-    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Array) -> tuple[Array, Array]:
+    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
         h, c = state
         i, f, g, o = self._gates(params, h, gx)
         c_new = f * c + i * g

@@ -126,6 +126,23 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
     return max(1, min(u, int(T)))
 
 
+#: BPTT computes the inputs' part of every step before its loop (:func:`bptt_hoist`) on CPU when a
+#: step's projected input, B·G·H numbers, is at most this: one product per step less in the forward
+#: and in the backward, against (T, B, G·H) arrays written and read once more each way, which cost
+#: more than the products save beyond it (measured: experiments/history/flax-parity.md).
+HOIST_MAX = 1024
+
+
+def bptt_hoist(cell: Cell, B: int, backend: str | None = None, state_size: int | None = None) -> bool:
+    """Whether BPTT's forward computes ``cell.project`` for all steps before its loop (True) or
+    inside each step, as a plain ``lax.scan`` of the cell's step does: on CPU when B·G·H <=
+    :data:`HOIST_MAX`; elsewhere always (one large product beats T small ones)."""
+    if (backend or jax.default_backend()) != "cpu":
+        return True
+    H = cell.hidden_size or state_size or 1
+    return B * cell.gates * H <= HOIST_MAX
+
+
 def backward_levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:
     """Dependent levels of the BPPSA backward: 2⌈log₂(C + 1)⌉ per chunk of C steps (up-sweep +
     down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend."""

@@ -210,8 +210,9 @@ class Options:
         tol = tolerance(s_dtype, r.tol)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
+        hoist = not (r.backward == "bptt" and not parallel) or cost_lib.bptt_hoist(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
-                    gate=gate)
+                    hoist=hoist, gate=gate)
 
     def newton_plan(self) -> _SolverSettings:
         """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
@@ -237,6 +238,8 @@ class Plan(Options):
       solve_chunk: the parallel forward's chunk length for its linear solves (an int, or None:
         one chunk; None for the sequential forward and with a mesh).
       devices: the size of the mesh axis the time is split over; None: one device, no mesh.
+      hoist: BPTT's forward computes the inputs' part of all steps before its loop
+        (:func:`bppsa.cost.bptt_hoist`); every other forward does (True).
       gate: ``forward="auto"`` chose the parallel forward on this backend: the most iterations at
         which it is predicted to pay (:func:`bppsa.cost.break_even_iterations`). The solver
         estimates the Lyapunov exponent at its first iterate and runs the sequential forward
@@ -245,6 +248,7 @@ class Plan(Options):
 
     solve_chunk: int | None = None
     devices: int | None = None
+    hoist: bool = True
     gate: float | None = None
 
     def __post_init__(self):
@@ -256,6 +260,7 @@ class Plan(Options):
                     "combine": self.combine != "auto",
                     "solve_chunk": self.solve_chunk is None or type(self.solve_chunk) is int,
                     "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1),
+                    "hoist": isinstance(self.hoist, bool),
                     "gate": self.gate is None or isinstance(self.gate, float)}
         open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
         if open_:

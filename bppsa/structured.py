@@ -311,7 +311,7 @@ class BlockLSTM(_Block):
 
     _gates = LSTM._gates  # the LSTM's gates (cells.LSTM), on this cell's recurrence
 
-    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Array) -> tuple[Array, Array]:
+    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
         h, c = self._hc(state)
         i, f, g, o = self._gates(params, h, gx)
         c_new = f * c + i * g

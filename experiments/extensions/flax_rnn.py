@@ -2,10 +2,11 @@
 two parts (``config.parts``), written into one ``<name>``.json (with provenance) and ``<name>``.md.
 
 ``step``: a flax classifier's training step. The model is the one a flax user writes: a recurrent
-layer over a flax cell (``nnx.SimpleCell`` for the paper's vanilla RNN, ``nnx.GRUCell`` for its
-IRMAS GRU) and a linear head on the final carry; only the layer's class differs. One training step
-= forward + backward + Adam update, one ``nnx.jit``; the steps of all layers (:data:`LAYERS`) are
-timed by :mod:`bppsa.host` (interleaved, rotated, medians). Rows in the record's ``"rows"``.
+layer over a flax cell and a linear head on the final carry; only the layer's class differs
+(:data:`LAYERS`: ``nnx.RNN`` and ``bppsa.nn.RNN`` with a ``backward``). One training step =
+forward + backward + Adam update, one ``nnx.jit``. Measured on one core in child processes
+(:func:`step_child`), all layers in one process and each layer in processes of its own, with
+compile seconds and the spread of the ratios (:func:`step_rows`). Rows in the record's ``"rows"``.
 
 ``cells``: flax's four cells (:data:`FLAX_CELLS`), one training step's gradient, with and without
 ``seq_lengths``. For each cell and shape (T, B, I, H) the same cell (the same Params) is driven by
@@ -32,7 +33,10 @@ record's ``"cells"`` (with the rounds, the part's wall time and the load average
 from __future__ import annotations
 
 import functools
+import json
 import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -52,8 +56,9 @@ from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
 from experiments.train import make_train_step
 
-__all__ = ["PARTS", "LAYERS", "CELLS", "FLAX_CELLS", "CELL_LAYERS", "make_step", "step_rows", "loss", "grad_step",
-           "auto_choice", "cell_point", "cell_rows", "check_flax_rnn", "run", "markdown"]
+__all__ = ["PARTS", "LAYERS", "CELLS", "STEP_MODES", "FLAX_CELLS", "CELL_LAYERS", "make_step", "step_child",
+           "step_rows", "loss", "grad_step", "auto_choice", "cell_point", "cell_rows", "check_flax_rnn", "run",
+           "markdown"]
 
 PARTS = ("step", "cells")
 
@@ -62,10 +67,12 @@ PARTS = ("step", "cells")
 #: The layers compared: name -> constructor of the recurrent layer from a flax cell.
 LAYERS = {
     "nnx.RNN": nnx.RNN,
-    "bppsa.nn.RNN bptt": functools.partial(RNN, backward="bptt"),
-    "bppsa.nn.RNN bppsa": functools.partial(RNN, backward="bppsa"),
+    "auto": functools.partial(RNN, backward="auto"),
+    "bptt": functools.partial(RNN, backward="bptt"),
+    "bppsa": functools.partial(RNN, backward="bppsa"),
 }
-CELLS = {"simple": nnx.SimpleCell, "gru": nnx.GRUCell, "lstm": nnx.OptimizedLSTMCell}
+CELLS = {"simple": nnx.SimpleCell, "gru": nnx.GRUCell, "lstm": nnx.LSTMCell, "olstm": nnx.OptimizedLSTMCell}
+STEP_MODES = ("one", "separate")
 
 
 class _Classifier(nnx.Module):
@@ -89,40 +96,115 @@ def make_step(layer, kind, input_size, hidden_size, num_classes, seed=0, learnin
     return nnx.cached_partial(make_train_step(), model, optimizer)
 
 
+def step_child(o: dict) -> dict:
+    """One process's measurement (run by :func:`step_rows` in a child pinned to one core, XLA
+    single-threaded): the layers ``o["layers"]`` at the row ``o["row"]`` ((kind, I, H, T, B,
+    classes)), each a fresh classifier from the same seed. Returns per layer the compile seconds
+    (the first call), the losses of the first ``o["check_steps"]`` steps and the per-round medians
+    (``o["rounds"]`` rotated rounds of ``o["block"]`` timed calls after one untimed)."""
+    kind, I, H, T, B, classes = o["row"]
+    rng = np.random.default_rng(o["seed"])
+    x = jnp.asarray(rng.standard_normal((B, T, I)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, classes, B), jnp.int32)
+    jax.block_until_ready(jax.jit(lambda a: a * 2)(x))  # JAX's own first-use costs, paid by no layer
+    steps, compile_s, losses = {}, {}, {}
+    for name in o["layers"]:
+        step = make_step(LAYERS[name], kind, I, H, classes, o["seed"])
+        t0 = time.perf_counter()
+        first = float(jax.block_until_ready(step(x, y))[0])
+        compile_s[name] = time.perf_counter() - t0
+        losses[name] = [first] + [float(step(x, y)[0]) for _ in range(o["check_steps"] - 1)]
+        steps[name] = functools.partial(step, x, y)
+    names, rounds = list(steps), {name: [] for name in steps}
+    for r in range(o["rounds"]):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            jax.block_until_ready(steps[name]())
+            samples = []
+            for _ in range(o["block"]):
+                t0 = time.perf_counter()
+                jax.block_until_ready(steps[name]())
+                samples.append(time.perf_counter() - t0)
+            rounds[name].append(float(np.median(samples)))
+    return {"compile_s": compile_s, "losses": losses, "rounds": rounds}
+
+
+_STEP_CHILD = ("import json, os, sys; o = json.loads(sys.argv[1]); os.sched_setaffinity(0, {o['core']}); "
+               "from experiments.extensions.flax_rnn import step_child; print('RESULT ' + json.dumps(step_child(o)))")
+
+
+def _child(o: dict) -> dict:
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                                      + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip())
+    out = subprocess.run([sys.executable, "-c", _STEP_CHILD, json.dumps(o)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def _spread(values) -> list[float]:
+    return [float(np.min(values)), float(np.max(values))]
+
+
 def step_rows(config) -> list[dict]:
-    """Median training-step time of each layer in :data:`LAYERS` at each of ``config.shapes``
-    ((kind, I, H, T, B, classes) rows), and the largest loss difference over ``config.check_steps``
-    steps from the same start (the layers compute the same training run)."""
+    """Part "step": each of ``config.shapes`` ((kind, I, H, T, B, classes) rows), the layers of
+    ``config.layers`` (the first is the reference), measured on one core (``config.core``) in each
+    of ``config.step_modes``: "one" = all layers in one process (interleaved rounds); "separate" =
+    each layer in a process of its own, ``config.separate_rounds`` processes per layer (what a user
+    who switches sees). Per layer: median ms, compile s, and the ratio to the reference with its
+    spread ([min, max] of the per-round ratios in "one", of the per-process ratios in "separate");
+    the largest loss difference from the reference over the first steps (the same training run)."""
     rows = []
-    for kind, I, H, T, B, classes in config.shapes:
-        rng = np.random.default_rng(config.seed)
-        x = jnp.asarray(rng.standard_normal((B, T, I)), jnp.float32)
-        y = jnp.asarray(rng.integers(0, classes, B), jnp.int32)
-        runs, losses = {}, {}
-        for name, layer in LAYERS.items():
-            step = make_step(layer, kind, I, H, classes, config.seed)
-            losses[name] = [float(step(x, y)[0]) for _ in range(config.check_steps)]
-            runs[name] = functools.partial(step, x, y)
-        times = time_interleaved(runs, repeats=config.repeats)
-        ref = np.asarray(losses["nnx.RNN"])
-        gap = max(float(np.max(np.abs(np.asarray(c) - ref))) for c in losses.values())
-        row = {"cell": kind, "I": I, "H": H, "T": T, "B": B, "classes": classes, "times": times, "max_loss_diff": gap}
+    ref = config.layers[0]
+    for shape in config.shapes:
+        o = {"row": list(shape), "seed": config.seed, "check_steps": config.check_steps, "core": config.core,
+             "rounds": config.repeats, "block": config.block}
+        row: dict = {"cell": shape[0], "I": shape[1], "H": shape[2], "T": shape[3], "B": shape[4],
+                     "classes": shape[5]}
+        for mode in config.step_modes:
+            if mode == "one":
+                got = _child(dict(o, layers=list(config.layers)))
+                per = {n: got["rounds"][n] for n in config.layers}
+                compile_s, losses = got["compile_s"], got["losses"]
+            else:
+                names, per, compile_s, losses = list(config.layers), {n: [] for n in config.layers}, {}, {}
+                comp: dict = {n: [] for n in names}
+                for k in range(config.separate_rounds):
+                    for n in names[k % len(names):] + names[:k % len(names)]:
+                        got = _child(dict(o, layers=[n], rounds=max(1, config.repeats // 2)))
+                        per[n].append(float(np.median(got["rounds"][n])))
+                        comp[n].append(got["compile_s"][n])
+                        losses[n] = got["losses"][n]
+                compile_s = {n: float(np.median(v)) for n, v in comp.items()}
+            ratios = {n: (np.asarray(per[n]) / np.asarray(per[ref])).tolist() for n in config.layers}
+            gap = max(float(np.max(np.abs(np.asarray(losses[n]) - np.asarray(losses[ref])))) for n in losses)
+            row[mode] = {"median_s": {n: float(np.median(v)) for n, v in per.items()}, "samples_s": per,
+                         "compile_s": compile_s,
+                         "ratio": {n: float(np.median(per[n]) / np.median(per[ref])) for n in config.layers},
+                         "ratio_spread": {n: _spread(r) for n, r in ratios.items()}, "max_loss_diff": gap}
         rows.append(row)
-        print(_step_table([row]).splitlines()[-1], flush=True)
+        print(_step_table([row], config.layers, config.step_modes).splitlines()[-1], flush=True)
     return rows
 
 
-_STEP_COLUMNS = ["cell", "I", "H", "T", "B", *(f"{n} ms" for n in LAYERS), "nnx.RNN / bppsa", "max loss diff"]
-
-
-def _step_cells(r) -> list:
-    ms = [f"{1e3 * r['times'][n]['median']:.1f} [{1e3 * r['times'][n]['min']:.1f}]" for n in LAYERS]
-    ratio = r["times"]["nnx.RNN"]["median"] / r["times"]["bppsa.nn.RNN bppsa"]["median"]
-    return [r["cell"], r["I"], r["H"], r["T"], r["B"], *ms, f"{ratio:.2f}x", f"{r['max_loss_diff']:.1e}"]
-
-
-def _step_table(rows) -> str:
-    return markdown_table(_STEP_COLUMNS, [_step_cells(r) for r in rows], align="l" + "r" * (len(_STEP_COLUMNS) - 1))
+def _step_table(rows, layers, modes) -> str:
+    ref = layers[0]
+    cols = ["cell", "T", "B", "I", "H"]
+    for mode in modes:
+        cols += [f"{n} ms ({mode})" for n in layers]
+        cols += [f"{n} / {ref} ({mode})" for n in layers[1:]]
+        cols += [f"compile s ({mode})"]
+    cols += ["max loss diff"]
+    out = []
+    for r in rows:
+        cells = [r["cell"], r["T"], r["B"], r["I"], r["H"]]
+        for mode in modes:
+            m = r[mode]
+            cells += [f"{1e3 * m['median_s'][n]:.2f}" for n in layers]
+            cells += [f"{m['ratio'][n]:.2f} [{m['ratio_spread'][n][0]:.2f}, {m['ratio_spread'][n][1]:.2f}]"
+                      for n in layers[1:]]
+            cells += [" / ".join(f"{m['compile_s'][n]:.1f}" for n in layers)]
+        cells += [f"{max(r[mode]['max_loss_diff'] for mode in modes):.1e}"]
+        out.append(cells)
+    return markdown_table(cols, out, align="l" + "r" * (len(cols) - 1))
 
 
 # ---------------------------------------------------------------- part "cells": flax's four cells, one gradient
@@ -257,8 +339,14 @@ def check_flax_rnn(config) -> None:
         bad = [s[0] for s in config.shapes if s[0] not in CELLS]
         if bad:
             raise UsageError(f"config.shapes: cell kind must be one of {sorted(CELLS)}; got {bad!r}")
-        require_int(config, "repeats")
-        require_int(config, "check_steps")
+        require_choices(config, "layers", tuple(LAYERS), many=True)
+        require_choices(config, "step_modes", STEP_MODES, many=True)
+        for key in ("repeats", "check_steps", "block", "separate_rounds"):
+            require_int(config, key)
+        require_int(config, "core", 0)
+        if config.core not in os.sched_getaffinity(0):
+            raise UsageError(f"config.core must be a core this process may run on, one of "
+                             f"{sorted(os.sched_getaffinity(0))}; got {config.core}")
     if "cells" in parts:
         _shape_rows(config, "cells_shapes", "(T, B, I, H)")
         require_choices(config, "cells_kinds", tuple(FLAX_CELLS), many=True)
@@ -279,8 +367,8 @@ def run(config, workdir) -> dict:
     summary = {}
     if "step" in parts:
         record["rows"] = step_rows(config)
-        summary["step"] = {f"{r['cell']} T={r['T']} B={r['B']}": {n: t["median"] for n, t in r["times"].items()}
-                           for r in record["rows"]}
+        summary["step"] = {f"{r['cell']} T={r['T']} B={r['B']} {m}": r[m]["median_s"]
+                           for r in record["rows"] for m in config.step_modes}
     if "cells" in parts:
         record["cells"] = cell_rows(config)
         summary["cells"] = {f"{r['cell']} T={r['T']} B={r['B']} seq_lengths={'yes' if r['seq_lengths'] else 'no'}":
@@ -292,8 +380,11 @@ def run(config, workdir) -> dict:
     return summary
 
 
+_STEP_LAYERS = ("nnx.RNN = `nnx.RNN(cell)`; auto, bptt, bppsa = `bppsa.nn.RNN(cell, backward=...)`.")
+
+
 def markdown(record) -> str:
-    p = record["provenance"]
+    p, c = record["provenance"], record["config"]
     lines = [
         f"# {record['title']}", "",
         f"`{p['command']}` — {p['date']}, {p['backend']} / {p['device_kind']} / {p['cpu']} ({p['cpu_count']} cores), "
@@ -304,10 +395,14 @@ def markdown(record) -> str:
         lines += [
             "## A flax classifier's training step", "",
             "One training step (forward + backward + Adam, one `nnx.jit`) of a flax classifier: the recurrent "
-            "layer over the flax cell, a linear head on the final carry, float32. Median [min] ms over "
-            "interleaved, rotated blocks (`bppsa.host`); nnx.RNN / bppsa > 1: BPPSA faster. Max loss diff: "
-            "the largest difference of the training losses over the first steps from the same start.", "",
-            _step_table(record["rows"]), ""]
+            "layer over the flax cell, a linear head on the final carry, float32; " + _STEP_LAYERS + " One core "
+            f"(core {c['core']}, XLA single-threaded), each measurement in a child process. \"one\": all layers "
+            f"in one process, {c['repeats']} rotated rounds of {c['block']} timed calls (median per round); "
+            f"\"separate\": each layer in its own process, {c['separate_rounds']} processes per layer. ms: "
+            "median; ratio = layer time / nnx.RNN time (< 1: faster than nnx.RNN), [min, max] over the rounds "
+            "(one) or the processes (separate); compile s: the first call (the layers in column order). Max loss "
+            "diff: the largest difference of the first steps' training losses from nnx.RNN's (the same run).",
+            "", _step_table(record["rows"], c["layers"], c["step_modes"]), ""]
     if "cells" in record:
         cells = record["cells"]
         lines += [

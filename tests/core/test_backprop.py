@@ -415,3 +415,32 @@ def test_generic_functions_see_one_example():
         assert np.all(dxs[:, 1:] == 0) and np.any(dxs[:, 0] != 0)
         assert cell.step(params, h0, xs[0]).shape == (B, H)
     assert {s for s in seen} == {("step", (H,), (I,)), ("jac", (H,), (I,))}
+
+
+@pytest.mark.parametrize("hoist", [True, False])
+@pytest.mark.parametrize("name", ["rnn-tanh", "gru", "lstm", "generic", "block-gru", "block-lstm-k2"])
+@pytest.mark.parametrize("T,B", [(1, 1), (7, 3)])
+def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch, name, T, B, hoist):
+    """BPTT's forward computes the inputs' part of the steps before its loop (the plan's ``hoist``)
+    or inside each step: either way autodiff's float64 gradients through a plain lax.scan."""
+    monkeypatch.setattr(bppsa.cost, "bptt_hoist", lambda *a, **k: hoist)
+    make = {"block-gru": lambda I, H: bppsa.structured.BlockGRU(I, H, head_size=1),
+            "block-lstm-k2": lambda I, H: bppsa.structured.BlockLSTM(I, H, head_size=2)}
+    monkeypatch.setitem(CELLS, "block-gru", make["block-gru"])
+    monkeypatch.setitem(CELLS, "block-lstm-k2", make["block-lstm-k2"])
+    c, params, xs, h0 = _setup(name, T, B, 3, 4)
+    s0 = jnp.concatenate(h0, axis=-1) if isinstance(h0, tuple) else h0
+    assert bppsa.Options(backward="bptt").plan(c, xs, s0).hoist is hoist
+    for every_step in (True, False):
+        want = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, every_step)
+        got = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h, backward="bptt"), params, xs, h0, every_step)
+        jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12), got, want)
+
+
+def test_bptt_hoists_the_input_product_on_cpu_only_for_small_steps():
+    small, large = cells.GRU(8, 16), cells.GRU(12, 20)
+    assert bppsa.cost.bptt_hoist(small, 4, "cpu") and not bppsa.cost.bptt_hoist(large, 32, "cpu")
+    assert bppsa.cost.bptt_hoist(large, 32, "gpu")
+    xs, s0 = jax.ShapeDtypeStruct((100, 32, 12), jnp.float32), jax.ShapeDtypeStruct((32, 20), jnp.float32)
+    assert not bppsa.Options(backward="bptt").plan(large, xs, s0).hoist
+    assert bppsa.Options(backward="bppsa").plan(large, xs, s0).hoist  # a forward autodiff does not run through

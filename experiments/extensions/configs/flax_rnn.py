@@ -29,9 +29,16 @@ def get_config(arg=None):
     c.task = "experiments.extensions.flax_rnn:run"
     c.name = "flax_rnn"
     c.parts = ("step", "cells")
-    # part "step": (cell, I, H, T, B, classes), cell one of simple / gru / lstm
-    c.shapes = (("simple", 1, 20, 1000, 16, 10), ("gru", 24, 20, 517, 32, 11))
-    c.repeats = 7
+    # part "step": (cell, I, H, T, B, classes), cell one of simple / gru / lstm / olstm (OptimizedLSTMCell)
+    c.shapes = tuple((cell, I, H, T, B, 10) for cell in ("gru", "lstm", "simple")
+                     for T, B, I, H in ((100, 32, 16, 32), (517, 16, 24, 20), (1034, 32, 12, 20), (256, 8, 64, 128),
+                                        (2000, 4, 8, 16)))
+    c.layers = ("nnx.RNN", "auto")  # the first is the reference; also "bptt", "bppsa"
+    c.step_modes = ("one", "separate")  # all layers in one process; each layer in processes of its own
+    c.core = 0                      # the one core every measurement runs on
+    c.repeats = 9                   # rounds per process ("separate": half as many, at least 1)
+    c.block = 3                     # timed calls per round (after one untimed)
+    c.separate_rounds = 2           # processes per layer in "separate"
     c.check_steps = 3
     c.seed = 0
     # part "cells": (T, B, I, H); each cell with seq_lengths no and yes
@@ -42,11 +49,14 @@ def get_config(arg=None):
     if arg == "quick":
         c.shapes = (("gru", 8, 8, 20, 4, 3),)
         c.repeats = 3
+        c.separate_rounds = 1
         c.cells_shapes = ((20, 4, 8, 8),)
         c.cells_repeats = 2
     if arg == "smoke":
         c.shapes = (("gru", 3, 4, 5, 2, 3),)
         c.repeats = 1
+        c.block = 1
+        c.separate_rounds = 1
         c.check_steps = 1
         c.cells_shapes = ((5, 2, 3, 4),)
         c.cells_kinds = ("GRUCell",)
