@@ -1,15 +1,15 @@
 """nnx.RNN vs bppsa.nn.RNN in flax, two parts (``parts``) in one result:
 
-- ``step``: BPTT and BPPSA backward, training-step times (forward + backward + Adam) of a flax
-  classifier at the paper's RNN shape (nnx.SimpleCell, input 1, hidden 20, T = 1000, B = 16, 10
-  classes) and its IRMAS GRU shape (nnx.GRUCell, input 24, hidden 20, T = 517, B = 32, 11 classes);
+- ``step``: a flax classifier's training step (forward + backward + Adam), nnx.RNN against
+  bppsa.nn.RNN(backward="auto") (``layers``) for GRUCell, LSTMCell and SimpleCell at five (T, B, I, H),
+  one core, in one process and in separate processes (``step_modes``), compile seconds beside;
 - ``cells``: flax's four cells (SimpleCell, GRUCell, LSTMCell, OptimizedLSTMCell) with and without
   ``seq_lengths``, one training step's gradient: nnx.RNN, bppsa.nn.RNN with ``backward="bppsa"``,
   ``"auto"`` and ``padding="identity"``, outputs and gradients checked against nnx.RNN's, at
   (T, B, I, H) = (100, 16, 32, 32), the IRMAS GRU's settings "m" and "l" (experiments.data.irmas.SHAPES
   at the grid's B = 16 and 32, hidden 20) and (256, 8, 128, 128).
 
-    bppsa run experiments/extensions/configs/flax_rnn.py          # both parts, full shapes: ~15-20 min on 2 loaded cores (step 2-5 min, cells 13 min measured), mostly compiles
+    bppsa run experiments/extensions/configs/flax_rnn.py          # both parts, full shapes: ~30 min (step: 45 one-core child processes, not yet run in full; cells 13 min measured)
     bppsa run experiments/extensions/configs/flax_rnn.py:quick    # cells at one tiny shape (T 20, B 4, I 8, H 8), 2 rounds; one small GRU step: ~1-2 min
     bppsa run experiments/extensions/configs/flax_rnn.py:smoke    # both parts at a tiny GRU, one round: seconds (~20 s on the loaded 2-core machine)
     bppsa run experiments/extensions/configs/flax_rnn.py --config.parts=cells   # one part alone
