@@ -210,7 +210,7 @@ class Options:
         tol = tolerance(s_dtype, r.tol)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
-        hoist = not (r.backward == "bptt" and not parallel) or cost_lib.bptt_hoist(cell, B, backend, S)
+        hoist = r.backward != "bptt" or parallel or cost_lib.bptt_hoist(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
                     hoist=hoist, gate=gate)
 
