@@ -88,15 +88,16 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
 
 UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines try
 
-# BPTT's unroll on CPU by the per-step work w = B·G·H² (multiply-adds of the recurrent product).
-# Measured on the 2-core CPU (jitted jax.grad through lax.scan, float32, H = 20, every unroll in
+# BPTT's unroll on CPU by the per-step work w = B·G·H² (multiply-adds of the recurrent product) and
+# the batch B. Measured on the 2-core CPU (jitted jax.grad through lax.scan, float32, every unroll in
 # UNROLLS interleaved; the table: experiments/results/cpu/bptt-unroll.md): cheap steps gain most,
-# where XLA's per-iteration loop overhead dominates (RNN B = 1: 16; GRU / LSTM B = 1: 4); from
-# B = 2 on, unroll 2 is best or close to it, and larger unrolls lose (bigger loop bodies). Rows
-# (largest w, largest B, unroll), first match; otherwise 2. Problems of at most _TINY_WORK multiply-adds in all (T·w)
-# run in tens of microseconds: unroll 1, since an unrolled body costs more compile time than
-# thousands of calls would save.
-_CPU_UNROLL = ((500, None, 16), (4000, 1, 4))
+# where XLA's per-iteration loop overhead dominates (RNN B = 1: 16; GRU / LSTM B = 1: 4); up to
+# B = 8 unroll 2 is best or close to it; from B = 16 on the plain loop is best or within a few
+# percent at every measured cell and shape (unroll 2 costs gated cells 10-30 %: bigger loop bodies).
+# Rows (largest w, largest B, unroll), first match; otherwise 1. Problems of at most _TINY_WORK
+# multiply-adds in all (T·w) run in tens of microseconds: unroll 1, since an unrolled body costs
+# more compile time than thousands of calls would save.
+_CPU_UNROLL = ((500, 1, 16), (4000, 1, 4), (None, 8, 2))
 _TINY_WORK = 20_000
 # Off CPU no measurement exists: 8, a prior, not measured (on a GPU each loop iteration pays its
 # kernels' launches and the loop's predicate check; unrolling amortises the check and lets XLA
@@ -122,7 +123,7 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
         elif T <= 16:  # short sequences: no loop at all (the measurements: experiments/results/cpu/bptt-unroll.md)
             u = T
         else:
-            u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and (b is None or B <= b)), 2)
+            u = next((u for limit, b, u in _CPU_UNROLL if (limit is None or w <= limit) and B <= b), 1)
     return max(1, min(u, int(T)))
 
 

@@ -49,7 +49,9 @@ def test_bptt_unroll_rule():
     assert cost.bptt_unroll(rnn20, 1000, 1, backend="cpu") == 16   # cheap steps: loop overhead dominates
     assert cost.bptt_unroll(rnn20, 1000, 2, backend="cpu") == 2
     assert cost.bptt_unroll(gru20, 1000, 1, backend="cpu") == 4
-    assert cost.bptt_unroll(gru20, 1000, 16, backend="cpu") == 2
+    assert cost.bptt_unroll(gru20, 1000, 8, backend="cpu") == 2     # small batches: unroll 2
+    assert cost.bptt_unroll(gru20, 1000, 16, backend="cpu") == 1    # from B = 16: the plain loop
+    assert cost.bptt_unroll(rnn20, 1000, 256, backend="cpu") == 1
     assert cost.bptt_unroll(rnn20, 5, 1, backend="cpu") == 1       # tiny problem: not worth the compile
     assert cost.bptt_unroll(rnn20, 1, 64, backend="cpu") == 1      # never more than T
     assert cost.bptt_unroll(rnn20, 10, 16, backend="cpu") == 10    # short: fully unrolled, no loop
