@@ -253,9 +253,9 @@ class CostModel:
         return cls(rec["coef"], rec.get("meta"))
 
 
-COST_MODEL_VERSION = 5  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term;
+COST_MODEL_VERSION = 6  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: BPTT's B > 1 term;
 # 4: the RNN's diagonal-structure scan, dense and diagonal S^3 terms; 5: tuned BPTT unroll, the
-# sequential scan as a third method
+# sequential scan as a third method; 6: GRU and LSTM in the probe
 
 
 def device_key() -> str:

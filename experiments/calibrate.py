@@ -13,7 +13,7 @@ from bppsa.cost import CostModel
 from bppsa.host import time_interleaved
 from experiments import gradient
 
-__all__ = ["PROBE_POINTS", "DENSE_PROBE_POINTS", "calibrate", "load_cost_model"]
+__all__ = ["PROBE_POINTS", "DENSE_PROBE_POINTS", "GATED_PROBE_POINTS", "calibrate", "probe_cells", "load_cost_model"]
 
 
 PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 2), (2048, 2), (256, 8), (1024, 4),
@@ -21,12 +21,17 @@ PROBE_POINTS = ((64, 1), (512, 1), (4096, 1), (16384, 1), (256, 2), (2048, 2), (
 # Points probed a second time with the RNN's diagonal structure switched off, so that b_dense
 # (cells whose Jacobians are formed: GRU, LSTM, generic) is measured, not guessed.
 DENSE_PROBE_POINTS = ((4096, 1), (1024, 4), (512, 32))
+# Points probed with a GRU and an LSTM (G = 3, 4 gates): a gated step costs BPTT more latency than
+# the RNN's and BPPSA more Jacobian work, which a probe of the RNN alone cannot tell apart (its fit
+# mispredicted the gated cells by up to 8x and chose BPPSA where BPTT was twice as fast).
+GATED_PROBE_POINTS = ((4096, 1), (1024, 4), (512, 16))
 
 
-def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_size: int = 20,
-              repeats: int = 5, dtype=jnp.float32, scan: str = "blelloch") -> CostModel:
+def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, gated_points=GATED_PROBE_POINTS,
+              hidden_size: int = 20, repeats: int = 5, dtype=jnp.float32, scan: str = "blelloch") -> CostModel:
     """Fit :class:`bppsa.cost.CostModel` on this device from a short probe (vanilla RNN, a few
-    (T, B); the ``dense_points`` again with ``cells.RNN(..., diagonal=False)``).
+    (T, B); the ``dense_points`` again with ``cells.RNN(..., diagonal=False)``; the
+    ``gated_points`` with ``cells.GRU`` and ``cells.LSTM``: :func:`probe_cells`).
 
     Each probe point times the backward alone (:func:`experiments.gradient.backward_functions`, the one
     timed loss) of the three methods ``backward="auto"`` chooses among (tuned BPTT, BPPSA with
@@ -36,8 +41,7 @@ def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_si
     features = {k: [] for k in cost_lib.METHODS}
     seconds = {k: [] for k in cost_lib.METHODS}
     names = {"bptt": "bptt", "bppsa": f"bppsa_{scan}", "bppsa_sequential": "bppsa_sequential"}
-    dense = cells.RNN(1, hidden_size, diagonal=False)
-    probes = [(cells.RNN(1, hidden_size), T, B) for T, B in points] + [(dense, T, B) for T, B in dense_points]
+    probes = probe_cells(points, dense_points, gated_points, hidden_size)
     for c, T, B in probes:
         params, xs, h0, R = gradient.problem(c, T, B, dtype=dtype, seed=T + B)
         fns = gradient.backward_functions(c, params, xs, h0, R, names.values())
@@ -48,9 +52,18 @@ def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, hidden_si
             seconds[k].append(t[k]["min"])
     meta = {"device": cost_lib.device_key(), "model_version": cost_lib.COST_MODEL_VERSION,
             "points": [list(p) for p in points],
-            "dense_points": [list(p) for p in dense_points], "hidden_size": hidden_size,
+            "dense_points": [list(p) for p in dense_points], "gated_points": [list(p) for p in gated_points],
+            "hidden_size": hidden_size,
             "scan": scan, "dtype": str(jnp.dtype(dtype)), "measured": seconds}
     return CostModel.fit(features, seconds, meta)
+
+
+def probe_cells(points, dense_points, gated_points, hidden_size: int) -> list:
+    """The probe's (cell, T, B) in order: the RNN at ``points``, the RNN without its diagonal
+    structure at ``dense_points``, then a GRU and an LSTM at ``gated_points`` (input size 1)."""
+    dense = cells.RNN(1, hidden_size, diagonal=False)
+    gated = [(cell, T, B) for cell in (cells.GRU(1, hidden_size), cells.LSTM(1, hidden_size)) for T, B in gated_points]
+    return [(cells.RNN(1, hidden_size), T, B) for T, B in points] + [(dense, T, B) for T, B in dense_points] + gated
 
 
 def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:

@@ -157,8 +157,8 @@ def test_refitting_the_shipped_cpu_model_from_its_measurements_reproduces_it():
     which the measurements do determine, agree to float64 rounding everywhere."""
     shipped = cost.shipped_cost_model("cpu")
     m = shipped.meta
-    rnn, dense = cells.RNN(1, m["hidden_size"]), cells.RNN(1, m["hidden_size"], diagonal=False)
-    probes = [(rnn, T, B) for T, B in m["points"]] + [(dense, T, B) for T, B in m["dense_points"]]
+    probes = calibrate.probe_cells(m["points"], m["dense_points"], m["gated_points"], m["hidden_size"])
+    rnn, dense = probes[0][0], probes[len(m["points"])][0]
     feats = {k: [cost.cost_features(c, T, B, 4)[k] for c, T, B in probes] for k in m["measured"]}
     refit = cost.CostModel.fit(feats, m["measured"])
     for k, coef in shipped.coef.items():
@@ -228,14 +228,17 @@ def test_calibration_probe_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
     path = cost.cache_path()
     assert not path.exists()
-    m1 = calibrate.load_cost_model(points=((16, 1), (64, 1)), dense_points=((64, 1),), hidden_size=4, repeats=1)
+    m1 = calibrate.load_cost_model(points=((16, 1), (64, 1)), dense_points=((64, 1),), gated_points=((32, 2),),
+                                   hidden_size=4, repeats=1)
     assert path.exists() and path.parent == tmp_path
     assert all(c >= 0 for k in ("bptt", "bppsa") for c in m1.coef[k])
     m2 = calibrate.load_cost_model(points=((1, 1),))  # from the cache: the probe is not rerun
     assert m2.coef == m1.coef and m2.meta["points"] == [[16, 1], [64, 1]]
-    assert m1.meta["dense_points"] == [[64, 1]] and len(m1.meta["measured"]["bppsa"]) == 3
-    assert len(m1.meta["measured"]["bppsa_sequential"]) == 3 and len(m1.coef["bppsa_sequential"]) == 3
+    assert m1.meta["dense_points"] == [[64, 1]] and m1.meta["gated_points"] == [[32, 2]]
+    assert len(m1.meta["measured"]["bppsa"]) == 5  # 2 RNN points, 1 dense, 1 each for the GRU and the LSTM
+    assert len(m1.meta["measured"]["bppsa_sequential"]) == 5 and len(m1.coef["bppsa_sequential"]) == 3
     path.write_text("{not json")
-    m3 = calibrate.load_cost_model(points=((16, 1),), dense_points=(), hidden_size=4, repeats=1)  # corrupt: re-probed
+    m3 = calibrate.load_cost_model(points=((16, 1),), dense_points=(), gated_points=(), hidden_size=4,
+                                   repeats=1)  # corrupt: re-probed
     assert m3.meta["points"] == [[16, 1]]
     cost.default_cost_model.cache_clear()
