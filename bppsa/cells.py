@@ -49,7 +49,7 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y
 
 def _split(a: Array, n: int) -> list[Array]:
     """``a``'s last axis in ``n`` parts; not slices, whose transposes (pads) XLA's CPU fuses into slow loops."""
-    return jnp.split(a, n, axis=-1)
+    return list(a) if isinstance(a, (list, tuple)) else jnp.split(a, n, axis=-1)
 
 
 def _uniform(key, shape, bound, dtype):

@@ -107,12 +107,16 @@ class _Block(Affine):
         """W_h as (N, k_in j, G, k_out a)."""
         return params["W_h"].reshape(self.heads, self.head_size, self.gates, self.head_size)
 
-    def _recurrent(self, params, h):
-        """rec(h) + b_h, (..., G·H) gate-major (the input's part, x W_x + b_x, is :meth:`project`)."""
-        if self.head_size == 1:  # a diagonal recurrence: elementwise products (a dot_general here is slower)
-            gh = h[..., None, :] * params["W_h"][:, 0, :].T  # (..., G, H)
-        else:
-            gh = jnp.einsum("...nj,njqa->...qna", self._heads(h), self._w(params))
+    def _recurrent(self, params, h) -> Any:
+        """rec(h) + b_h, (..., G·H) gate-major (the input's part, x W_x + b_x, is :meth:`project`);
+        at head_size 1 the G gates' parts h ⊙ w_q (+ b_hq) as a list (one array for G = 1), elementwise
+        (a dot_general or one (G, H) broadcast with its reshape is slower there)."""
+        if self.head_size == 1:
+            w = params["W_h"][:, 0, :].T  # (G, H)
+            b = jnp.split(params["b_h"], self.gates) if self.hidden_bias else [0.0] * self.gates
+            parts = [h * w[q] + b[q] for q in range(self.gates)]
+            return parts if self.gates > 1 else parts[0]
+        gh = jnp.einsum("...nj,njqa->...qna", self._heads(h), self._w(params))
         gh = gh.reshape(h.shape[:-1] + (self.gates * self.hidden_size,))
         return gh + params["b_h"] if self.hidden_bias else gh
 
