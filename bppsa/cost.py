@@ -25,6 +25,7 @@ import functools
 import hashlib
 import importlib.resources
 import json
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,12 +98,17 @@ UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines 
 # Rows (largest w, largest B, unroll), first match; otherwise 1. Problems of at most _TINY_WORK
 # multiply-adds in all (T·w) run in tens of microseconds: unroll 1, since an unrolled body costs
 # more compile time than thousands of calls would save.
-_CPU_UNROLL = ((500, 1, 16), (4000, 1, 4), (None, 8, 2))
+_CPU_UNROLL = ((500, 1, 16), (4000, 1, 4), (math.inf, 8, 2))
 _TINY_WORK = 20_000
 # Off CPU no measurement exists: 8, a prior, not measured (on a GPU each loop iteration pays its
 # kernels' launches and the loop's predicate check; unrolling amortises the check and lets XLA
 # fuse across steps).
 GPU_UNROLL = 8
+
+
+def _hidden(cell: Cell, state_size: int | None) -> int:
+    """H for BPTT's rules: the cell's hidden size, else the flat state width (``Generic``), else 1."""
+    return cell.hidden_size or state_size or 1
 
 
 def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None,
@@ -116,14 +122,14 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
     if (backend or jax.default_backend()) != "cpu":
         u = GPU_UNROLL
     else:
-        H = cell.hidden_size or state_size or 1
+        H = _hidden(cell, state_size)
         w = B * cell.gates * H * H
         if T * w <= _TINY_WORK:
             u = 1
         elif T <= 16:  # short sequences: no loop at all (the measurements: experiments/results/cpu/bptt-unroll.md)
             u = T
         else:
-            u = next((u for limit, b, u in _CPU_UNROLL if (limit is None or w <= limit) and B <= b), 1)
+            u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and B <= b), 1)
     return max(1, min(u, int(T)))
 
 
@@ -140,8 +146,7 @@ def bptt_hoist(cell: Cell, B: int, backend: str | None = None, state_size: int |
     :data:`HOIST_MAX`; elsewhere always (one large product beats T small ones)."""
     if (backend or jax.default_backend()) != "cpu":
         return True
-    H = cell.hidden_size or state_size or 1
-    return B * cell.gates * H <= HOIST_MAX
+    return B * cell.gates * _hidden(cell, state_size) <= HOIST_MAX
 
 
 def backward_levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:
