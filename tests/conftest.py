@@ -4,13 +4,17 @@
   heterogeneous data parallelism) run in-process; single-device code uses device 0 as usual.
 - Compiling dominates the suite's time (many small programs, each run a few times), so XLA_FLAGS
   also skips LLVM's optimisation passes on the generated CPU code
-  (``--xla_backend_optimization_level=0``). XLA's own HLO passes and buffer assignment still run:
-  the programs and their memory are those of a normal run and the numbers agree to rounding (a
-  float32 GRU gradient at T = 300: within 1.2e-7 relative); compiles take about half as long,
-  and the tests compare times only with times measured in the same run. ``BPPSA_TEST_XLA_OPT=1`` keeps the
-  optimisation. A caller's XLA_FLAGS are kept (e.g. ``--xla_cpu_max_isa=AVX`` to run the suite
-  with another CPU's kernels); these two are added unless the caller set them.
-  Subprocesses that the tests start inherit the setting.
+  (``--xla_backend_optimization_level=0``) and selects XLA's older CPU fusion code generator
+  (``--xla_cpu_use_fusion_emitters=false``, a supported setting, which compiles these small
+  programs in about half the time of the MLIR fusion emitters). XLA's own HLO passes and buffer
+  assignment still run: the programs and their memory are those of a normal run and the numbers
+  agree to rounding (a float32 GRU gradient at T = 300: within 1.2e-7 relative); compiles take
+  about a quarter as long, and the tests compare times only with times measured in the same run.
+  The emitter flag is added only where this XLA knows it (a one-off probe in a child process:
+  XLA aborts on a flag it does not know). ``BPPSA_TEST_XLA_OPT=1`` keeps XLA's defaults. A
+  caller's XLA_FLAGS are kept (e.g. ``--xla_cpu_max_isa=AVX`` to run the suite with another
+  CPU's kernels); these flags are added unless the caller set them. Subprocesses that the tests
+  start, and the pytest-xdist workers, inherit the setting.
 - One persistent XLA compilation cache for the session (``JAX_COMPILATION_CACHE_DIR``, a fresh
   temporary folder shared by the test processes and the subprocesses they start, removed at the
   end): many tests compile the same program (the same cell, shapes and method behind a new
@@ -22,12 +26,25 @@
 """
 
 import os
+import subprocess
+import sys
+
+
+def _xla_knows(flag: str) -> bool:
+    """Whether this jaxlib's XLA accepts ``flag`` (it aborts the process on one it does not know)."""
+    env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
+    probe = [sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"]
+    return subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+
 
 _FLAGS = ["--xla_force_host_platform_device_count=8"]
-if os.environ.get("BPPSA_TEST_XLA_OPT", "0") != "1":
-    _FLAGS.append("--xla_backend_optimization_level=0")
 _CALLER = os.environ.get("XLA_FLAGS", "").split()
 _SET = {flag.split("=")[0] for flag in _CALLER}
+if os.environ.get("BPPSA_TEST_XLA_OPT", "0") != "1":
+    _FLAGS.append("--xla_backend_optimization_level=0")
+    _EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+    if _EMITTERS.split("=")[0] not in _SET and _xla_knows(_EMITTERS):
+        _FLAGS.append(_EMITTERS)
 os.environ["XLA_FLAGS"] = " ".join(_CALLER + [f for f in _FLAGS if f.split("=")[0] not in _SET])
 os.environ.setdefault("MPLBACKEND", "Agg")
 if os.environ.get("BPPSA_TEST_XLA_CACHE", "1") != "0" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
