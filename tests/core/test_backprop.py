@@ -100,8 +100,9 @@ CONVENTIONS = {  # the fields in which published cells differ (flax: no hidden b
 }
 
 
-@pytest.mark.parametrize("name", sorted(CONVENTIONS))
-@pytest.mark.parametrize("T,B", [(1, 1), (7, 2)])
+# The default run: every convention at T = 7, B = 2 and the GRU's at T = 1, B = 1 (test-all: each at both).
+@pytest.mark.parametrize("name,T,B", [(n, 7, 2) for n in sorted(CONVENTIONS)]
+                         + [pytest.param(n, 1, 1, marks=() if n == "gru-nohbias" else slow) for n in sorted(CONVENTIONS)])
 def test_cell_conventions_match_autodiff(name, T, B):
     cell = CONVENTIONS[name]()
     k = jax.random.split(jax.random.key(5), 3)
@@ -314,8 +315,11 @@ def test_rnn_diagonal_path_chunked():
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
 
 
-@pytest.mark.parametrize("name", ["gru", "lstm", "generic"])
-@pytest.mark.parametrize("T,B,chunk", [(7, 2, 3), (10, 1, 4), (9, 3, 3), (2, 1, 1)])
+# The default run: each cell at 7 by 3 (padding steps), and the GRU at 2 by 1 (chunks of one step);
+# test-all: every cell at every split.
+@pytest.mark.parametrize("name,T,B,chunk", [
+    pytest.param(n, T, B, chunk, marks=() if (T, chunk) == (7, 3) or (n, T) == ("gru", 2) else slow)
+    for n in ("gru", "lstm", "generic") for T, B, chunk in [(7, 2, 3), (10, 1, 4), (9, 3, 3), (2, 1, 1)]])
 def test_chunked_backward_with_padding_steps_matches_autodiff(name, T, B, chunk):
     """Equal chunks of at most ``chunk`` steps: T = 7 by 3 is 3 chunks of 3 with 2 padding steps,
     10 by 4 is 3 of 4 with 2, 9 by 3 none, 2 by 1 two of 1. Every gradient (params, xs, h0) in
@@ -417,9 +421,15 @@ def test_generic_functions_see_one_example():
     assert {s for s in seen} == {("step", (H,), (I,)), ("jac", (H,), (I,))}
 
 
-@pytest.mark.parametrize("hoist", [True, False])
-@pytest.mark.parametrize("name", ["rnn-tanh", "gru", "lstm", "generic", "block-gru", "block-lstm-k2"])
-@pytest.mark.parametrize("T,B", [(1, 1), (7, 3)])
+# The default run: every cell hoisted at T = 7, B = 3, the GRU and the diagonal BlockGRU also not
+# hoisted, and the GRU both ways at T = 1, B = 1; test-all: every cell both ways at both shapes.
+_HOIST_DEFAULT = {("gru", 7, True), ("gru", 7, False), ("block-gru", 7, False), ("gru", 1, True), ("gru", 1, False)}
+
+
+@pytest.mark.parametrize("name,T,B,hoist", [
+    pytest.param(n, T, B, h, marks=() if (T == 7 and h) or (n, T, h) in _HOIST_DEFAULT else slow)
+    for n in ["rnn-tanh", "gru", "lstm", "generic", "block-gru", "block-lstm-k2"]
+    for T, B in [(1, 1), (7, 3)] for h in (True, False)])
 def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch, name, T, B, hoist):
     """BPTT's forward computes the inputs' part of the steps before its loop (the plan's ``hoist``)
     or inside each step: either way autodiff's float64 gradients through a plain lax.scan."""

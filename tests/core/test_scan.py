@@ -245,8 +245,8 @@ def _diag_scan(v, A, Wt, ds, n, pad_with=None):
     return jax.jit(S.blelloch_scan_stored_diag, static_argnums=4)(v, Ap, Wt, dp, n)
 
 
-@pytest.mark.parametrize("n", [1, 2, 63, 64, 129, 1000] + [pytest.param(n, marks=pytest.mark.slow)
-                                                           for n in (3, 65, 127, 128, 200, 1025)])
+@pytest.mark.parametrize("n", [1, 2, 64, 129] + [pytest.param(n, marks=pytest.mark.slow)
+                                                 for n in (3, 63, 65, 127, 128, 200, 1000, 1025)])
 @pytest.mark.parametrize("with_d", [False, True])
 def test_diagonal_scan_matches_python_loop(n, with_d):
     v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, with_d)
@@ -271,7 +271,7 @@ test_diagonal_scan_equals_dense_stored_scan_property, test_diagonal_scan_equals_
         _diagonal_scan_equals_dense_stored_scan))
 
 
-@pytest.mark.parametrize("n", [71, 1000, 4097])
+@pytest.mark.parametrize("n", [71, 1000, pytest.param(4097, marks=pytest.mark.slow)])
 def test_diagonal_scan_ignores_padding_rows(n):
     """Padding elements are the latest in scan order: whatever they hold (NaN, inf) reaches
     neither a real prefix nor the total."""

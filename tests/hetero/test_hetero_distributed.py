@@ -108,13 +108,16 @@ def _check_mechanism(out, spec):
         assert abs(predicted / np.median(r["step_times"]) - 1) < 0.5, (predicted, r["step_times"])
         # the step times are process 0's (replica 0's) clock: each step lasted at least its own sleep
         assert min(r["step_times"]) >= tau * slowdowns[0] * r["initial_partition"][0]
-    # drift: the re-partition comes within the window after it (3 steps), and gives the slowed replica
-    # less (the 25 % hysteresis keeps timing noise from re-partitioning; the drift gains 33 %)
+    # drift: the re-partition comes within two windows (of 3 steps) after it and gives the slowed
+    # replica less. Its predicted gain, 5:11 -> 8:8 at speeds 1:1 (max 11 -> 8 sample-times, 27 %), is
+    # just over the 25 % hysteresis that keeps timing noise from re-partitioning: on a busy host the
+    # noise can hide it for the first window (seen: the switch 4 steps after the drift)
     on, off = out["drift_runs"]
-    at = on["drift"]["at_step"]
-    assert on["rebalance_every"] == 3 and off["rebalance_every"] == 0 and not off["repartitions"]
+    at, every = on["drift"]["at_step"], on["rebalance_every"]
+    assert every == 3 and off["rebalance_every"] == 0 and not off["repartitions"]
     switch = next((x for x in on["repartitions"] if x["step"] > at), None)
-    assert switch and switch["step"] <= at + 3 and switch["to"][1] < switch["from"][1], (at, on["repartitions"])
+    assert switch and switch["step"] <= at + 2 * every and switch["to"][1] < switch["from"][1], \
+        (at, on["repartitions"])
     assert on["final_partition"] == on["repartitions"][-1]["to"]
     return runs, on, off
 

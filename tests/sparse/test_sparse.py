@@ -70,14 +70,15 @@ def test_conv_rank3_equals_batch_of_one_and_is_jittable():
     assert J1.nse < w.size * 5 * 4
 
 
-@pytest.mark.parametrize("shape", [(7,), (2, 3, 5), (2, 3, 4, 6)])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 6)] + [pytest.param(s, marks=pytest.mark.slow) for s in ((7,), (2, 3, 5))])
 def test_relu_matches_jacrev(shape):
     x = normal(1, shape)
     x = x.at[(0,) * len(shape)].set(0.0)  # the derivative at 0 is 0, as for jax.nn.relu
     assert_exact(sparse.relu_transposed_jacobian(x), dense_transposed_jacobian(jax.nn.relu, x))
 
 
-@pytest.mark.parametrize("shape,window", [((2, 4, 6), 2), ((3, 2, 6, 4), 2), ((1, 6, 9), 3), ((2, 3, 3), 1)])
+@pytest.mark.parametrize("shape,window", [((3, 2, 6, 4), 2), ((1, 6, 9), 3)] + [  # test-all: two more
+    pytest.param(s, w, marks=pytest.mark.slow) for s, w in (((2, 4, 6), 2), ((2, 3, 3), 1))])
 def test_maxpool_matches_jacrev(shape, window):
     x = normal(2, shape)
     assert_exact(sparse.maxpool2d_transposed_jacobian(x, window),
