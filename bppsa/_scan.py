@@ -39,7 +39,7 @@ from jax import Array, lax
 
 __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "Products", "DENSE",
            "FUSED", "up_sweep", "down_sweep", "vecmat", "batched_matmul", "batched_vecmat", "FMA_MAX",
-           "diagonal_products", "bottom_layout", "bottom_order", "to_storage", "from_storage",
+           "FMA_MIN_PRODUCTS", "diagonal_products", "bottom_layout", "bottom_order", "to_storage", "from_storage",
            "blelloch_scan_stored", "blelloch_scan_stored_diag"]
 
 
@@ -198,28 +198,28 @@ def down_sweep(levels: Sequence[tuple[Any, Any, Any]], incoming: Any = None, *,
 # never take strided slices: the elements are laid out so that at every bottom level the left
 # operands are the first half of the array and the right operands the second half (only the last
 # 32..64 blocks, in the generic sweep, are paired by strided slices), and on CPU the products are fused
-# multiply-adds up to S = FMA_MAX (a batched GEMM beyond): from S = 32 their compile time (S terms a
-# product) grew 2.5-4x for run times either way by shape (scan-optimisation.md, "Compile time").
-FMA_MAX = 24
+# multiply-adds up to S = FMA_MAX (a batched GEMM beyond: from S = 32 their compile time, S terms a
+# product, grew 2.5-4x for run times either way by shape) and from FMA_MIN_PRODUCTS products a call
+# (the top levels, short scans and small batches are GEMMs: within 1.3x there, on microseconds, and
+# a backward compiles 15-25 % faster; scan-optimisation.md, "Compile time").
+FMA_MAX, FMA_MIN_PRODUCTS = 24, 256
 _TOP = 32  # the bottom levels stop when about _TOP..2*_TOP blocks are left
 
 
-def _use_fma(S: int, dtype) -> bool:
-    """Fused multiply-adds for S <= FMA_MAX in float32/float64 on CPU, where they were measured
-    faster; elsewhere (accelerators, low-precision dtypes, large S) the batched GEMM, whose
-    accumulation precision and tiling the backend chooses. Decided at trace time."""
-    return (S <= FMA_MAX and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
-            and jax.default_backend() == "cpu")
+def _use_fma(M: Array, dtype) -> bool:
+    """Fused multiply-adds for the (..., S, S) matrices M (S <= FMA_MAX, >= FMA_MIN_PRODUCTS of them,
+    float32/float64, CPU: measured faster there); elsewhere the batched GEMM. Decided at trace time."""
+    return (M.shape[-1] <= FMA_MAX and int(np.prod(M.shape[:-2])) >= FMA_MIN_PRODUCTS
+            and jax.default_backend() == "cpu" and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)))
 
 
-# XLA CPU runs a batched dot with several batch dimensions far slower than the same dot with
-# one (measured several-fold on a whole up-sweep: experiments/history/scan-optimisation.md), so
-# the GEMM forms below flatten every leading dimension into one batch dimension.
+# XLA CPU runs a batched dot with several batch dimensions several-fold slower than with one
+# (scan-optimisation.md): the GEMM forms below flatten every leading dimension into one.
 
 def batched_matmul(L: Array, R: Array) -> Array:
     """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
     S = L.shape[-1]
-    if not _use_fma(S, jnp.result_type(L, R)):
+    if not _use_fma(L, jnp.result_type(L, R)):
         return jnp.matmul(L.reshape((-1, S, S)), R.reshape((-1, S, S))).reshape(L.shape)
     out = L[..., :, 0, None] * R[..., None, 0, :]
     for k in range(1, S):
@@ -231,7 +231,7 @@ def batched_vecmat(v: Array, M: Array) -> Array:
     """(..., S) @ (..., S, S) -> (..., S) as S fused multiply-adds (small S; a multiply-and-sum
     reduction measured far slower with a batch axis of 1)."""
     S = M.shape[-1]
-    if not _use_fma(S, jnp.result_type(v, M)):
+    if not _use_fma(M, jnp.result_type(v, M)):
         return jnp.einsum("ni,nij->nj", v.reshape((-1, S)), M.reshape((-1, S, S))).reshape(v.shape)
     out = v[..., 0, None] * M[..., 0, :]
     for k in range(1, S):

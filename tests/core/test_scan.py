@@ -207,13 +207,18 @@ def test_scan_beyond_the_fused_product_size():
 
 
 @pytest.mark.parametrize("size", [3, 20, S.FMA_MAX, S.FMA_MAX + 1])
-def test_products_in_both_forms(size):
-    """Fused multiply-adds up to FMA_MAX, a flat batched GEMM beyond: both are the product."""
+@pytest.mark.parametrize("lead", [(3, 2), (S.FMA_MIN_PRODUCTS // 8, 8)])
+def test_products_in_both_forms(size, lead):
+    """Fused multiply-adds for S <= FMA_MAX and at least FMA_MIN_PRODUCTS products, a flat batched
+    GEMM otherwise: both are the product, and each is the form chosen (on CPU; a GEMM elsewhere)."""
     rng = np.random.default_rng(size)
-    L, R = (jnp.asarray(rng.normal(size=(3, 2, size, size))) for _ in range(2))
-    w = jnp.asarray(rng.normal(size=(3, 2, size)))
+    L, R = (jnp.asarray(rng.normal(size=lead + (size, size))) for _ in range(2))
+    w = jnp.asarray(rng.normal(size=lead + (size,)))
     np.testing.assert_allclose(jax.jit(S.batched_matmul)(L, R), np.einsum("pbik,pbkj->pbij", L, R), rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(jax.jit(S.batched_vecmat)(w, R), np.einsum("pbi,pbij->pbj", w, R), rtol=1e-11, atol=1e-12)
+    fma = size <= S.FMA_MAX and np.prod(lead) >= S.FMA_MIN_PRODUCTS and jax.default_backend() == "cpu"
+    for f, args in ((S.batched_matmul, (L, R)), (S.batched_vecmat, (w, R))):
+        assert ("dot_general" in str(jax.make_jaxpr(f)(*args))) is not fma
 
 
 # ---------------------------------------------------------------------------------------------
