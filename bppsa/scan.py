@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
@@ -177,21 +176,21 @@ def lyapunov_from_jacobians(blocks: Array, chunk: int | None = None) -> Array:
     if T == 0:
         raise UsageError("a Lyapunov exponent needs at least one step; got T = 0")
     L = max(1, math.isqrt(T - 1) + 1) if chunk is None else min(chunk, T)
-    n, rest = divmod(T, L)
-    eye = jnp.broadcast_to(jnp.eye(k, dtype=blocks.dtype), (R, k, k))
-    pad = jnp.broadcast_to(eye, (n * L + (L if rest else 0) - T, R, k, k))  # identity steps change nothing
-    J = jnp.concatenate([blocks, pad], axis=0).reshape((-1, L, R, k, k))
+    n = -(-T // L)  # chunks; the product of each is formed side by side: one batch axis of n·R
+    eye = jnp.eye(k, dtype=blocks.dtype)  # (a dot with two batch axes runs 1.4-2.4x slower on CPU)
+    pad = jnp.broadcast_to(eye, (n * L - T, R, k, k))  # identity steps change nothing
+    J = jnp.concatenate([blocks, pad], axis=0).reshape((n, L, R, k, k)).swapaxes(0, 1).reshape((L, n * R, k, k))
 
-    def product(Js):  # one chunk: (L, R, k, k) -> (R, k, k) normalised, (R,) its log scale
-        def step(carry, Jt):
-            P, logs = carry
-            P = Jt @ P
-            s = jnp.sqrt(jnp.sum(P * P, axis=(-2, -1)))
-            s = jnp.where(s > 0, s, 1)
-            return (P / s[:, None, None], logs + jnp.log(s)), None
-        return lax.scan(step, (eye, jnp.zeros((R,), blocks.dtype)), Js)[0]
+    def step(carry, Jt):  # one step of every chunk: (n·R, k, k) normalised, (n·R,) their log scales
+        P, logs = carry
+        P = jnp.matmul(Jt, P)
+        s = jnp.sqrt(jnp.sum(P * P, axis=(-2, -1)))
+        s = jnp.where(s > 0, s, 1)
+        return (P / s[:, None, None], logs + jnp.log(s)), None
 
-    Ps, logs = jax.vmap(product)(J)
+    init = (jnp.broadcast_to(eye, (n * R, k, k)), jnp.zeros((n * R,), blocks.dtype))
+    (Ps, logs), _ = lax.scan(step, init, J)
+    Ps, logs = Ps.reshape((n, R, k, k)), logs.reshape((n, R))
 
     def through(carry, chunk_):
         v, total = carry
