@@ -200,8 +200,8 @@ def down_sweep(levels: Sequence[tuple[Any, Any, Any]], incoming: Any = None, *,
 # 32..64 blocks, in the generic sweep, are paired by strided slices), and on CPU the products are fused
 # multiply-adds up to S = FMA_MAX (a batched GEMM beyond: from S = 32 their compile time, S terms a
 # product, grew 2.5-4x for run times either way by shape) and from FMA_MIN_PRODUCTS products a call
-# (the top levels, short scans and small batches are GEMMs: within 1.3x there, on microseconds, and
-# a backward compiles 15-25 % faster; scan-optimisation.md, "Compile time").
+# (the top levels, short scans and small batches are GEMMs, as fast there and faster to compile;
+# scan-optimisation.md, "Compile time" and "Compile time of the small levels").
 FMA_MAX, FMA_MIN_PRODUCTS = 24, 256
 _TOP = 32  # the bottom levels stop when about _TOP..2*_TOP blocks are left
 
@@ -217,7 +217,7 @@ def _use_fma(M: Array, dtype) -> bool:
 # (scan-optimisation.md): the GEMM forms below flatten every leading dimension into one.
 
 def batched_matmul(L: Array, R: Array) -> Array:
-    """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S, one flat GEMM otherwise."""
+    """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S and many products, one flat GEMM otherwise."""
     S = L.shape[-1]
     if not _use_fma(L, jnp.result_type(L, R)):
         return jnp.matmul(L.reshape((-1, S, S)), R.reshape((-1, S, S))).reshape(L.shape)
@@ -228,8 +228,8 @@ def batched_matmul(L: Array, R: Array) -> Array:
 
 
 def batched_vecmat(v: Array, M: Array) -> Array:
-    """(..., S) @ (..., S, S) -> (..., S) as S fused multiply-adds (small S; a multiply-and-sum
-    reduction measured far slower with a batch axis of 1)."""
+    """(..., S) @ (..., S, S) -> (..., S): S fused multiply-adds for small S and many products (a
+    multiply-and-sum reduction measured far slower with a batch axis of 1), one flat GEMM otherwise."""
     S = M.shape[-1]
     if not _use_fma(M, jnp.result_type(v, M)):
         return jnp.einsum("ni,nij->nj", v.reshape((-1, S)), M.reshape((-1, S, S))).reshape(v.shape)
