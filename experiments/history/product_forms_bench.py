@@ -43,15 +43,17 @@ PROGRAMS = {  # name: (cell, T, B, forward)
 }
 
 
-def _gemm(L, R):
+def _gemm(L, R):  # its own function: jax.jit(batched_matmul) again would reuse the unrolled trace
     n = L.shape[-1]
     return jnp.matmul(L.reshape((-1, n, n)), R.reshape((-1, n, n))).reshape(L.shape)
 
 
 def _with_threshold(value, make):
-    """``make()`` traced and compiled with FMA_MIN_PRODUCTS = value (read at trace time)."""
+    """``make()`` traced and compiled with FMA_MIN_PRODUCTS = value (read at trace time), JAX's
+    caches cleared first (a nested jit, e.g. the Newton solver's, would reuse its earlier trace)."""
     old = scan_lib.FMA_MIN_PRODUCTS
     scan_lib.FMA_MIN_PRODUCTS = value
+    jax.clear_caches()
     try:
         t0 = time.perf_counter()
         compiled = make()
