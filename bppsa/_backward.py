@@ -44,9 +44,8 @@ from bppsa.cells import Cell
 from bppsa.options import Forward, unroll_for
 from bppsa.scan import block_scan
 
-__all__ = ["step_elements", "forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks", "block_rows",
-           "steps",
-           "prev_states", "tangent_states", "scan_order", "root_and_offsets",
+__all__ = ["step_elements", "step_diagonal", "forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks",
+           "block_rows", "steps", "prev_states", "tangent_states", "scan_order", "root_and_offsets",
            "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward", "equal_chunks"]
 
 
@@ -352,18 +351,28 @@ def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tange
     return unpack(z)[0]
 
 
-def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, f: Array
-                  ) -> tuple[Array, Array, int]:
-    """One iteration's affine maps, h'_t = h'_{t-1} @ E_t + c_t, at the guess's previous states sp
-    (n, B, S) with f = f(sp, xs), as block rows (:func:`bppsa._backward.to_blocks`): E (n, B·S/k,
-    k, k) = J_tᵀ's diagonal blocks (quasi: diag(J_t), k = 1; a block-diagonal cell's (k, k)
-    blocks; else dense, k = S) and c (n, B·S/k, k) = f_t − sp_t @ E_t. Returns (E, c, k)."""
+def step_diagonal(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, f: Array) -> Array | None:
+    """diag(J_t) (n, B, S) where the Newton-family step is elementwise (``kind="quasi"``, or a cell
+    whose Jacobian blocks are 1×1), at the previous states sp with f = f(sp, xs); else None."""
     if kind == "quasi" and cell.has_diagonal_jacobian:  # M = diag(A) Wt: diag(M) = A ⊙ diag(Wt), no S×S
         A, Wt = cell.diagonal_jacobian(params, sp, xs, f)
-        blocks = (A * jnp.diagonal(Wt))[..., None, None]
-    elif kind == "quasi":
-        blocks = cell.jacobian_diagonal(params, sp, xs, f)[..., None, None]
-    elif cell.jacobian_block_size is not None:
+        return A * jnp.diagonal(Wt)
+    if kind == "quasi" or cell.jacobian_block_size == 1:
+        return cell.jacobian_diagonal(params, sp, xs, f)
+    return None
+
+
+def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, f: Array,
+                  diagonal: Array | None = None) -> tuple[Array, Array, int]:
+    """One iteration's affine maps, h'_t = h'_{t-1} @ E_t + c_t, at the guess's previous states sp
+    (n, B, S) with f = f(sp, xs), as block rows (:func:`bppsa._backward.to_blocks`): E (n, B·S/k,
+    k, k) = J_tᵀ's diagonal blocks (elementwise, k = 1: :func:`step_diagonal`, or ``diagonal`` where
+    the caller has it; a block-diagonal cell's (k, k) blocks; else dense, k = S) and c (n, B·S/k,
+    k) = f_t − sp_t @ E_t. Returns (E, c, k)."""
+    d = step_diagonal(cell, kind, params, sp, xs, f) if diagonal is None else diagonal
+    if d is not None:  # elementwise maps: no 1×1 matrix products
+        return to_blocks(d, 1)[..., None], to_blocks(f - sp * d, 1), 1
+    if cell.jacobian_block_size is not None:
         blocks = cell.jacobian_blocks(params, sp, xs, f)
     else:
         blocks = cell.transposed_jacobian(params, sp, xs, f)[..., None, :, :]

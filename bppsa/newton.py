@@ -67,7 +67,7 @@ import numpy as np
 from jax import Array, lax
 
 from bppsa import _scan as scan_lib
-from bppsa._backward import equal_chunks, forward_states, prev_states, step_elements, steps, to_blocks
+from bppsa._backward import equal_chunks, forward_states, prev_states, step_diagonal, step_elements, steps, to_blocks
 from bppsa.cells import Cell
 from bppsa.options import DEFAULT_MAX_ITER, DEFAULT_TOL, KINDS, ON_FAIL, Plan, tolerance
 from bppsa.scan import block_scan, lyapunov_from_jacobians, trust_region_solve
@@ -178,38 +178,39 @@ def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[A
     return first(per_step(H) | per_step(F)), first(per_step(xs)), ~jnp.all(jnp.isfinite(s0)), bad_params
 
 
-def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, lam=None):
+def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, lam=None, D=None):
     """One Newton (or quasi) step: the states solving the linearised recurrence at the guess H
-    (T, B, S) (with F = f at H), by ``plan.scan`` over equal chunks of at most ``plan.solve_chunk`` steps,
-    earliest first; with ``lam`` (damping) the trust-region step around H, over the whole sequence."""
+    (T, B, S) (with F = f at H and, for an elementwise step, D its Jacobians' diagonals), by ``plan.scan``
+    over equal chunks of at most ``plan.solve_chunk`` steps, earliest first; with ``lam`` (damping)
+    the trust-region step around H, over the whole sequence."""
     T, B, S = H.shape
     sp = prev_states(s0, H)
     chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
     k = 1 if plan.forward == "quasi" else (cell.jacobian_block_size or S)
     if lam is not None:
-        E, c, _ = step_elements(cell, plan.forward, params, sp, xs, F)
+        E, c, _ = step_elements(cell, plan.forward, params, sp, xs, F, D)
         return trust_region_solve(to_blocks(s0, k), E, c, to_blocks(H, k), lam).reshape(H.shape)
 
-    def piece(h_in, sp_c, x_c, f_c):
+    def piece(h_in, sp_c, x_c, f_c, d_c):
         if method == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
             n = sp_c.shape[0]  # the backward makes them: only the (n, B, S) vectors are permuted
             sp_s, x_s, f_s = (scan_lib.to_storage(a, n, pad="edge") for a in (sp_c, x_c, f_c))
             E, c, _ = step_elements(cell, plan.forward, params, sp_s, x_s, f_s)
             prefixes, total = scan_lib.blelloch_scan_stored(to_blocks(h_in, k), E, c, n)
         else:
-            E, c, _ = step_elements(cell, plan.forward, params, sp_c, x_c, f_c)
+            E, c, _ = step_elements(cell, plan.forward, params, sp_c, x_c, f_c, d_c)
             prefixes, total = block_scan(to_blocks(h_in, k), E, c, method)
         states = jnp.concatenate([prefixes[1:], total[None]], axis=0)
         return total.reshape((B, S)), states.reshape(sp_c.shape)
 
     if chunk is None or chunk >= T:
-        return piece(s0, sp, xs, F)[1]
+        return piece(s0, sp, xs, F, D)[1]
     # equal chunks (one program compiled, no shorter tail chunk): the P < n missing steps are
     # copies of the last step, after it; no real state depends on them and theirs are dropped
     n, C = equal_chunks(T, chunk)
     split = lambda a: jnp.concatenate([a, jnp.broadcast_to(a[-1:], (n * C - T,) + a.shape[1:])]).reshape(
         (n, C) + a.shape[1:])
-    _, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(split(a) for a in (sp, xs, F)))
+    _, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(None if a is None else split(a) for a in (sp, xs, F, D)))
     return out.reshape((n * C, B, S))[:T]
 
 
@@ -263,7 +264,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
             axes: Any = None, offset: Array | int = 0, length: int | None = None
             ) -> tuple[Array, Array, Array, Array, Array]:
     """The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
-    at H) and ``update(H, F, lam) -> H'`` (the solve of the linearised recurrence; with a λ, not
+    at H; or a tuple (F, D), D what ``update`` reuses, made in the same pass) and ``update(H, F, lam) -> H'`` (the solve of the linearised recurrence; with a λ, not
     None, the trust-region step around H); ``axes``: the mesh axes H is split over (the tests are
     reduced over them), None on one device, ``offset`` the time index of this device's first step and ``length`` the
     number of real steps (None: all; the states past it, a mesh's padding, are not tested). With
@@ -281,19 +282,24 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
     state). Stops when converged, after ``plan.max_iter`` steps, when ``inputs_ok`` is False, or
     after :data:`PATIENCE` steps in a row that improved neither the largest residual, nor the first
     step whose residual misses the tolerance (the converged front), nor the step size. Returns (iterations, H, residual
-    (max |h − f| / (1 + |f|)), error (the estimate, in the units of ``residual``), converged)."""
+    (max |h − f| / (1 + |f|)), error (the estimate, in the units of ``residual``), converged, ``evaluate(H)``
+    (None for no states))."""
     damped, atol, rtol = plan.damping is not None, cast(float, plan.atol), cast(float, plan.rtol)  # a Plan: floats
     linear = damped or plan.forward == "quasi"
     if H.size == 0:  # no states (a batch of 0): nothing to solve, and the body's shapes may not exist
         zero = jnp.zeros((), H.dtype)
-        return jnp.int32(0), H, zero, zero, jnp.ones((), bool)
+        return jnp.int32(0), H, zero, zero, jnp.ones((), bool), None
     pmax = (lambda a: lax.pmax(a, axes)) if axes is not None else (lambda a: a)
     pmin = (lambda a: lax.pmin(a, axes)) if axes is not None else (lambda a: a)
     psum = (lambda a: lax.psum(a, axes)) if axes is not None else (lambda a: a)
 
+    value = lambda F: F[0] if isinstance(F, tuple) else F  # noqa: E731
+
     def measure(H, F) -> _Measures:
+        F = value(F)
         R = _over(H - F, F, atol, rtol)
-        per_step = jnp.max(R.reshape(R.shape[0], -1), axis=1)
+        # the barrier: the largest residual from the T per-step ones, not a second pass over every state
+        per_step = lax.optimization_barrier(jnp.max(R.reshape(R.shape[0], -1), axis=1))
         front = jnp.min(jnp.where(per_step > 1, t[:, 0, 0], jnp.iinfo(jnp.int32).max), initial=jnp.iinfo(jnp.int32).max)
         merit = psum(jnp.sum(jnp.where(tested, H - F, 0) ** 2)) if damped else jnp.zeros((), R.dtype)
         return _Measures(pmax(jnp.max(per_step)), pmin(front), jnp.where(jnp.isnan(merit), jnp.inf, merit))
@@ -318,12 +324,13 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
 
     def body(c):
         k, H, F, m, err, err_rel, step, best_over, best_front, best_step, stall, lam, exact = c
-        Hn = repair(update(H, F, lam if damped else None), F)
+        Hn = repair(update(H, F, lam if damped else None), value(F))
         Fn = evaluate(Hn)
         mn = measure(Hn, Fn)
         d = jnp.where(tested & (t > exact), Hn - H, jnp.zeros((), H.dtype))  # states 0..exact are exact now
         dn = pmax(jnp.max(_over(d, Hn, atol, rtol), initial=0.0))
-        dn_rel = pmax(jnp.max(jnp.abs(d) / (1 + jnp.abs(Hn)), initial=0.0))  # max |H' − H| / (1 + |H'|)
+        # max |H' − H| / (1 + |H'|): dn's units where atol = rtol (one pass less)
+        dn_rel = dn * atol if atol == rtol else pmax(jnp.max(jnp.abs(d) / (1 + jnp.abs(Hn)), initial=0.0))
         if linear:
             q = dn / step
             factor = jnp.where(q < 1, jnp.maximum(1, q / (1 - q)), jnp.inf)
@@ -335,13 +342,13 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
         pick = lambda new, old: jnp.where(ok, new, old)  # damped: a rejected step keeps the iterate
         improved = ok & ((mn.over < best_over) | (mn.front > best_front) | (dn < best_step))
         new_lam = jnp.where(ok, lam / 10, jnp.maximum(10 * lam, 1)) if damped else lam
-        return (k + 1, pick(Hn, H), pick(Fn, F), jax.tree.map(pick, mn, m), pick(errn, err), pick(errn_rel, err_rel),
+        return (k + 1, pick(Hn, H), jax.tree.map(pick, Fn, F), jax.tree.map(pick, mn, m), pick(errn, err), pick(errn_rel, err_rel),
                 pick(dn, step), jnp.minimum(best_over, pick(mn.over, best_over)),
                 jnp.maximum(best_front, pick(mn.front, best_front)), jnp.minimum(best_step, pick(dn, best_step)),
                 jnp.where(improved, 0, stall + 1), new_lam, exact if damped else exact + 1)
 
     c = lax.while_loop(cond, body, init)
-    return c[0], c[1], pmax(residual(c[1], c[2])), c[5], converged(c)  # the reported residual: once, at the end
+    return c[0], c[1], pmax(residual(c[1], value(c[2]))), c[5], converged(c), c[2]  # the residual: once, at the end
 
 
 def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, converged: Any,
@@ -371,13 +378,15 @@ def finite_inputs(xs: Array, s0: Array) -> Array:
     return jnp.all(jnp.isfinite(xs)) & jnp.all(jnp.isfinite(s0))
 
 
-def lle_at(cell: Cell, params: Any, xs: Array, s0: Array, H: Array) -> Array:
+def lle_at(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, diagonal: Array | None = None) -> Array:
     """The largest Lyapunov exponent (max over the batch) of the Jacobians at (h_{t-1}, x_t) along
-    the iterate H (T, B, S) (:func:`bppsa.scan.lyapunov_from_jacobians`); -inf for no states."""
+    the iterate H (T, B, S) (:func:`bppsa.scan.lyapunov_from_jacobians`); -inf for no states.
+    ``diagonal``: those Jacobians (T, B, S) where they are diagonal and already at hand."""
     if H.size == 0:
         return jnp.asarray(-jnp.inf, H.dtype)
     sp = prev_states(s0, H)
-    blocks = cell.jacobian_blocks(params, sp, xs, steps(cell, params, sp, xs))
+    blocks = diagonal[..., None, None] if diagonal is not None else \
+        cell.jacobian_blocks(params, sp, xs, steps(cell, params, sp, xs))
     k = blocks.shape[-1]
     return jnp.max(lyapunov_from_jacobians(blocks.reshape((H.shape[0], -1, k, k))))
 
@@ -418,18 +427,24 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     H = jnp.zeros((T, B, S), s0.dtype) if guess is None else guess.astype(s0.dtype)
 
-    def evaluate(H):
-        return steps(cell, params, prev_states(s0, H), xs)
+    elementwise = plan.forward == "quasi" or cell.jacobian_block_size == 1
+
+    def evaluate(H):  # an elementwise step's Jacobians with the steps, in one pass (the gates shared)
+        sp = prev_states(s0, H)
+        F = steps(cell, params, sp, xs)
+        return (F, step_diagonal(cell, plan.forward, params, sp, xs, F)) if elementwise else F
 
     def update(H, F, lam):
-        return _linear_solve(cell, plan, params, xs, s0, H, F, lam)
+        F, D = F if elementwise else (F, None)
+        return _linear_solve(cell, plan, params, xs, s0, H, F, lam, D)
 
     inputs, ok = (params, xs, s0), finite_inputs(xs, s0)
     sequential = lambda: forward_states(cell, params, xs, s0, plan.unroll)
     if plan.gate is None:
-        k, H, res, err, converged = iterate(plan, H, evaluate, update, inputs_ok=ok)
+        k, H, res, err, converged, F = iterate(plan, H, evaluate, update, inputs_ok=ok)
         H, info = finish(cell, plan, k, H, res, err, converged, sequential, inputs)
-        lle = lle_at(cell, params, xs, s0, H)
+        D = F[1] if isinstance(F, tuple) and cell.jacobian_block_size == 1 else None  # the Jacobians at H
+        lle = lax.cond(info.fell_back, lambda: lle_at(cell, params, xs, s0, H), lambda: lle_at(cell, params, xs, s0, H, D))
         return H, info._replace(lle=lle, predicted=_predicted(lle, T, plan.forward))
     L = min(T, PROBE_STEPS)  # the exponent along the first L states, by the sequential forward
     prefix = forward_states(cell, params, xs[:L], s0, plan.unroll).astype(H.dtype)
@@ -438,7 +453,7 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     go = ((lle < 0) & (predicted <= plan.gate)) | ~ok  # NaN/inf inputs: the iteration reports them
 
     def on():  # the exact prefix is the guess's start
-        return iterate(plan, H.at[:L].set(prefix), evaluate, update, inputs_ok=ok)
+        return iterate(plan, H.at[:L].set(prefix), evaluate, update, inputs_ok=ok)[:5]
 
     def off():
         return jnp.int32(0), sequential().astype(H.dtype), *(jnp.zeros((), H.dtype),) * 2, jnp.ones((), bool)

@@ -126,31 +126,39 @@ class _Block(Affine):
         return a[..., q * H:(q + 1) * H]
 
     def _rec_blocks(self, params, U):
-        """Σ_q diag(U_q) W_hqᵀ on each head: U (..., G, H) -> (..., N, k, k), [n, a, j] =
-        Σ_q U_q[n k + a] W_h[n, j, q k + a]."""
-        Uh = U.reshape(U.shape[:-1] + (self.heads, self.head_size))
+        """Σ_q diag(U_q) W_hqᵀ on each head: U, the G gates' (..., H) (a sequence) -> (..., N, k, k),
+        [n, a, j] = Σ_q U_q[n k + a] W_h[n, j, q k + a]. At head_size 1: :meth:`_rec_diagonal`."""
+        if self.head_size == 1:
+            return self._rec_diagonal(params, U)[..., None, None]
         W = jnp.transpose(self._w(params), (2, 0, 3, 1))  # (G, N, k_out a, k_in j)
         # G fused multiply-adds: an einsum (batch axes n, a) or a sum over the G axis compiles on
         # CPU to a transposing dot_general / a strided reduction, measured far slower at k = 1
-        terms = [Uh[..., q, :, :, None] * W[q] for q in range(self.gates)]
+        terms = [self._heads(U[q])[..., None] * W[q] for q in range(self.gates)]
         return functools.reduce(jnp.add, terms)
 
     def _rec_diagonal(self, params, U):
-        """The diagonal of :meth:`_rec_blocks`: (..., G, H) -> (..., H)."""
+        """The diagonal of :meth:`_rec_blocks`: the G gates' (..., H) -> (..., H), Σ_q U_q ⊙ diag_q
+        (the gates as separate arrays: stacking them first makes XLA's CPU fusion compute every
+        gate's terms once per slot of the stack)."""
         Wd = jnp.diagonal(self._w(params), axis1=1, axis2=3)  # (N, G, k): W_h[n, a, q k + a]
-        Uh = U.reshape(U.shape[:-1] + (self.heads, self.head_size))
-        d = functools.reduce(jnp.add, [Uh[..., q, :, :] * Wd[:, q] for q in range(self.gates)])
-        return d.reshape(U.shape[:-2] + (self.hidden_size,))
+        Wd = jnp.transpose(Wd, (1, 0, 2)).reshape(self.gates, self.hidden_size)  # (G, H)
+        return functools.reduce(jnp.add, [U[q] * Wd[q] for q in range(self.gates)])
 
     def _contract(self, xs, h_prev, dgx, dgh):
-        """Parameter gradients of (x W_x + b_x, rec(h) + b_h) from their cotangents (T, B, G·H)."""
+        """Parameter gradients of (x W_x + b_x, rec(h) + b_h) from their cotangents: dgx (T, B, G·H),
+        dgh the G gates' (T, B, H) (a sequence). At head_size 1 dW_h is G elementwise products
+        summed over (T, B) (the einsum's batched dot_general with one row per head is ~10x slower
+        on CPU)."""
         G, N, k = self.gates, self.heads, self.head_size
-        dW_h = jnp.einsum("tbnj,tbqna->njqa", self._heads(h_prev), dgh.reshape(dgh.shape[:2] + (G, N, k)))
+        if k == 1:
+            dW_h = jnp.stack([jnp.sum(h_prev * d, axis=(0, 1)) for d in dgh], axis=-1)  # (H, G)
+        else:
+            dW_h = jnp.einsum("tbnj,tbqna->njqa", self._heads(h_prev), jnp.stack([self._heads(d) for d in dgh], 2))
         grads = {"W_x": jnp.einsum("tbi,tbg->ig", xs, dgx), "W_h": dW_h.reshape(N, k, G * k)}
         if self.input_bias:
             grads["b_x"] = dgx.sum((0, 1))
         if self.hidden_bias:
-            grads["b_h"] = dgh.sum((0, 1))
+            grads["b_h"] = jnp.concatenate([d.sum((0, 1)) for d in dgh])
         return grads
 
     @property
@@ -187,14 +195,14 @@ class BlockRNN(_Block):
         return ACTIVATIONS[self.nonlinearity][1](s)
 
     def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
-        return self._rec_blocks(params, self._dact(s)[..., None, :])
+        return self._rec_blocks(params, [self._dact(s)])
 
     def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
-        return self._rec_diagonal(params, self._dact(s)[..., None, :])
+        return self._rec_diagonal(params, [self._dact(s)])
 
     def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         da = gs * self._dact(s)
-        return self._contract(xs, s_prev, da, da), da @ params["W_x"].T
+        return self._contract(xs, s_prev, da, [da]), da @ params["W_x"].T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,20 +238,21 @@ class BlockGRU(_Block):
     gate_terms = GRU.gate_terms  # pyright: ignore[reportAssignmentType]
 
     def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
+        if self.head_size == 1:
+            return self.jacobian_diagonal(params, s_prev, xs, s)[..., None, None]
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
-        blocks = self._rec_blocks(params, jnp.stack([u_r, u_z, u_n * r], axis=-2))
+        blocks = self._rec_blocks(params, [u_r, u_z, u_n * r])
         return blocks + self._heads(z)[..., :, None] * jnp.eye(self.head_size, dtype=blocks.dtype)
 
     def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
-        return self._rec_diagonal(params, jnp.stack([u_r, u_z, u_n * r], axis=-2)) + z
+        return self._rec_diagonal(params, [u_r, u_z, u_n * r]) + z
 
     def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
         da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
         dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
-        dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
-        return self._contract(xs, s_prev, dgx, dgh), dgx @ params["W_x"].T
+        return self._contract(xs, s_prev, dgx, [da_r, da_z, da_n * r]), dgx @ params["W_x"].T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,8 +342,8 @@ class BlockLSTM(_Block):
 
     def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         _, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
-        Uh = jnp.stack(tuple(kappa * pq for pq in p) + (p_o,), axis=-2)  # g_h' -> dh
-        Uc = jnp.stack(p + (jnp.zeros_like(p_o),), axis=-2)  # g_c' -> dh
+        Uh = [kappa * pq for pq in p] + [p_o]  # g_h' -> dh
+        Uc = list(p) + [jnp.zeros_like(p_o)]  # g_c' -> dh
         eye = jnp.eye(self.head_size, dtype=f.dtype)
         top = jnp.concatenate([self._rec_blocks(params, Uh), self._heads(kappa * f)[..., None] * eye], axis=-1)
         bottom = jnp.concatenate([self._rec_blocks(params, Uc), self._heads(f)[..., None] * eye], axis=-1)
@@ -342,7 +351,7 @@ class BlockLSTM(_Block):
 
     def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         _, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
-        dh = self._rec_diagonal(params, jnp.stack(tuple(kappa * pq for pq in p) + (p_o,), axis=-2))
+        dh = self._rec_diagonal(params, [kappa * pq for pq in p] + [p_o])
         d = jnp.stack([self._heads(dh), self._heads(f)], axis=-2)  # (..., N, 2, k): the flat layout
         return d.reshape(d.shape[:-3] + (2 * self.hidden_size,))
 
@@ -350,5 +359,6 @@ class BlockLSTM(_Block):
         h, f, kappa, p, p_o = self._terms(params, s_prev, xs, s)
         g_h, g_c = self._split(gs)
         dc = g_c + g_h * kappa
-        da = jnp.concatenate([dc * p[0], dc * p[1], dc * p[2], g_h * p_o], axis=-1)
-        return self._contract(xs, h, da, da), da @ params["W_x"].T
+        das = [dc * p[0], dc * p[1], dc * p[2], g_h * p_o]
+        da = jnp.concatenate(das, axis=-1)
+        return self._contract(xs, h, da, das), da @ params["W_x"].T

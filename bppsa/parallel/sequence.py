@@ -311,7 +311,7 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
         return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
 
     ok = lax.pmin(newton_lib.finite_inputs(xs, s0).astype(jnp.int32), axes) > 0
-    k, H, res, err, converged = newton_lib.iterate(plan, H, evaluate, update, inputs_ok=ok, axes=axes,
+    k, H, res, err, converged, _ = newton_lib.iterate(plan, H, evaluate, update, inputs_ok=ok, axes=axes,
                                                    offset=idx * C, length=T)
     return H, k, res, err, converged
 

@@ -87,7 +87,10 @@ POINTS = {
     "gru T=517 B=16": ("gru", 517, 16, 24, IRMAS_HIDDEN),
     "gru T=1034 B=32": ("gru", 1034, 32, 12, IRMAS_HIDDEN),
 }
-EXTRA = {"gru_diag T=1034 B=32": ("gru_diag", 1034, 32, 12, IRMAS_HIDDEN)}
+#: the diagonal GRU, pararnn's own cell, at the hidden sizes 20, 64 and 256
+EXTRA = {"gru_diag T=1034 B=32": ("gru_diag", 1034, 32, 12, IRMAS_HIDDEN),
+         "gru_diag H=64 T=1034 B=32": ("gru_diag", 1034, 32, 12, 64),
+         "gru_diag H=256 T=2048 B=8": ("gru_diag", 2048, 8, 12, 256)}
 QUICK = {"rnn quick": ("rnn", 64, 2, 1, 8), "gru quick": ("gru", 64, 4, 6, 8),
          "gru_diag quick": ("gru_diag", 64, 4, 6, 8)}
 SMOKE = {"rnn smoke": ("rnn", 8, 2, 1, 4)}
@@ -180,12 +183,12 @@ def run_point(name, spec, opts, peer_python, use_newton, workdir):
     def make(kw, grad=True):
         info = kw.get("forward") in ("newton", "quasi")
 
-        def loss(p):
-            out = rnn(cell, p, xs_j, h0_j, return_info=info, **kw)
+        def loss(p, xs, h0, R):  # the data as arguments: XLA must not fold it in as constants
+            out = rnn(cell, p, xs, h0, return_info=info, **kw)
             hs, inf = out if info else (out, None)
-            return jnp.vdot(hs, R_j), (hs, inf)
+            return jnp.vdot(hs, R), (hs, inf)
         f = jax.jit(jax.value_and_grad(loss, has_aux=True) if grad else loss)
-        return lambda: f(bp)
+        return lambda: f(bp, xs_j, h0_j, R_j)
 
     fns = {m: make(kw) for m, kw in methods.items()}
     timed = dict(fns)

@@ -3,7 +3,7 @@ equations and weights, one CPU core each, float32 (the peer in its own venv, run
 experiments/scripts/_pararnn_peer_driver.py).
 
     bppsa run experiments/extensions/configs/pararnn_peer.py                              # the five points, ~15-20 min (13.4 min measured with extra)
-    bppsa run experiments/extensions/configs/pararnn_peer.py --config.extra=true --config.forward=newton   # + the diagonal GRU, insisting on bppsa's Newton forward (the committed run)
+    bppsa run experiments/extensions/configs/pararnn_peer.py --config.extra=true --config.forward=newton   # + the diagonal GRU at H = 20, 64, 256, insisting on bppsa's Newton forward (the committed run)
     bppsa run experiments/extensions/configs/pararnn_peer.py:quick                        # three tiny points (T = 64), a few minutes (mostly torch.compile)
     bppsa run experiments/extensions/configs/pararnn_peer.py:smoke                        # bppsa's side only, one tiny RNN, no torch: seconds (~15-25 s loaded)
     bppsa run experiments/extensions/configs/pararnn_peer.py --config.peer_venv=DIR       # an existing venv with pararnn-torch
@@ -13,7 +13,8 @@ The peer's venv (``peer_venv``) is created on first use (``pip install torch==2.
 peer is not run and its venv is neither looked for nor created; bppsa's states and gradients are
 checked against the float64 reference only, and the result says that the peer was not run.
 Points by name (``points``): "rnn T=1000 B=2", "rnn T=1000 B=16", "rnn T=10000 B=1",
-"gru T=517 B=16", "gru T=1034 B=32", "gru_diag T=1034 B=32" (what ``extra`` adds), the quick
+"gru T=517 B=16", "gru T=1034 B=32", "gru_diag T=1034 B=32", "gru_diag H=64 T=1034 B=32",
+"gru_diag H=256 T=2048 B=8" (the last three: what ``extra`` adds), the quick
 ones and "rnn smoke". Writes pararnn-peer.{json,md} (quick: pararnn-peer-quick, smoke:
 pararnn-peer-smoke) into the work directory (--publish: into experiments/results/<device>/).
 Task: experiments.extensions.pararnn_peer:run.
@@ -29,7 +30,7 @@ def get_config(arg=None):
     c.task = "experiments.extensions.pararnn_peer:run"
     c.name = "pararnn-peer"
     c.points = ("rnn T=1000 B=2", "rnn T=1000 B=16", "rnn T=10000 B=1", "gru T=517 B=16", "gru T=1034 B=32")
-    c.extra = False              # also the diagonal-GRU point, "gru_diag T=1034 B=32"
+    c.extra = False              # also the diagonal-GRU points (H = 20, 64, 256)
     c.peer = "run"               # "skip": bppsa's side only (no torch)
     c.peer_venv = "~/.cache/bppsa/pararnn-venv"  # venv with pararnn-torch (created here when missing)
     c.forward = "auto"           # bppsa newton column: "auto" = when bppsa.Options has forward="newton"; "newton" insists; "sequential" leaves it out
