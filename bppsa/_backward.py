@@ -23,7 +23,7 @@ Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a remateria
 step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
 (:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`experiments.bench`)
 reuse the pieces, and so does the parallel forward (:mod:`bppsa.newton`): its Newton step is the
-same kind of linear recurrence, run forwards, on :func:`step_elements`.
+same kind of linear recurrence, run forwards, on :func:`step_elements` (:func:`newton_step`).
 
 Every setting (the scan, the chunk length, the precision, the unroll) arrives concrete, from the
 :class:`bppsa.options.Plan` the entry point made: nothing is decided here.
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -41,12 +41,12 @@ from jax import Array, lax
 
 from bppsa import _scan as scan_lib
 from bppsa.cells import Cell
-from bppsa.options import Forward, unroll_for
-from bppsa.scan import block_scan
+from bppsa.options import Forward, Plan, unroll_for
+from bppsa.scan import block_scan, trust_region_solve
 
 __all__ = ["step_elements", "step_diagonal", "forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks",
            "block_rows", "steps", "prev_states", "tangent_states", "scan_order", "root_and_offsets",
-           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward", "equal_chunks"]
+           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward", "equal_chunks", "newton_step"]
 
 
 def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None,
@@ -379,3 +379,41 @@ def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, 
     k = blocks.shape[-1]
     E = block_rows(jnp.swapaxes(blocks, -1, -2))
     return E, to_blocks(f, k) - scan_lib.vecmat(to_blocks(sp, k), E), k
+
+
+def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Array, F: Array,
+                lam: Array | None = None, D: Array | None = None) -> Array:
+    """One Newton (or quasi) step of :mod:`bppsa.newton`: the states solving the linearised
+    recurrence at the guess H (T, B, S) (with F = f at H and, for an elementwise step, D its
+    Jacobians' diagonals, :func:`step_diagonal`), by ``plan.scan`` over equal chunks of at most
+    ``plan.solve_chunk`` steps, earliest first; with ``lam`` (damping) the trust-region step around
+    H, over the whole sequence."""
+    T, B, S = H.shape
+    sp = prev_states(s0, H)
+    chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
+    k = 1 if plan.forward == "quasi" else (cell.jacobian_block_size or S)
+    if lam is not None:
+        E, c, _ = step_elements(cell, plan.forward, params, sp, xs, F, D)
+        return trust_region_solve(to_blocks(s0, k), E, c, to_blocks(H, k), lam).reshape(H.shape)
+
+    def piece(h_in, sp_c, x_c, f_c, d_c):
+        if method == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
+            n = sp_c.shape[0]  # the backward makes them: only the (n, B, S) vectors are permuted
+            sp_s, x_s, f_s = (scan_lib.to_storage(a, n, pad="edge") for a in (sp_c, x_c, f_c))
+            E, c, _ = step_elements(cell, plan.forward, params, sp_s, x_s, f_s)
+            prefixes, total = scan_lib.blelloch_scan_stored(to_blocks(h_in, k), E, c, n)
+        else:
+            E, c, _ = step_elements(cell, plan.forward, params, sp_c, x_c, f_c, d_c)
+            prefixes, total = block_scan(to_blocks(h_in, k), E, c, method)
+        states = jnp.concatenate([prefixes[1:], total[None]], axis=0)
+        return total.reshape((B, S)), states.reshape(sp_c.shape)
+
+    if chunk is None or chunk >= T:
+        return piece(s0, sp, xs, F, D)[1]
+    # equal chunks (one program compiled, no shorter tail chunk): the P < n missing steps are
+    # copies of the last step, after it; no real state depends on them and theirs are dropped
+    n, C = equal_chunks(T, chunk)
+    split = lambda a: jnp.concatenate([a, jnp.broadcast_to(a[-1:], (n * C - T,) + a.shape[1:])]).reshape(
+        (n, C) + a.shape[1:])
+    _, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(None if a is None else split(a) for a in (sp, xs, F, D)))
+    return out.reshape((n * C, B, S))[:T]

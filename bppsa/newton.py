@@ -66,11 +66,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 
-from bppsa import _scan as scan_lib
-from bppsa._backward import equal_chunks, forward_states, prev_states, step_diagonal, step_elements, steps, to_blocks
+from bppsa._backward import forward_states, newton_step, prev_states, step_diagonal, step_elements, steps
 from bppsa.cells import Cell
 from bppsa.options import DEFAULT_MAX_ITER, DEFAULT_TOL, KINDS, ON_FAIL, Plan, tolerance
-from bppsa.scan import block_scan, lyapunov_from_jacobians, trust_region_solve
+from bppsa.scan import lyapunov_from_jacobians
 
 # KINDS, ON_FAIL, DEFAULT_TOL, DEFAULT_MAX_ITER, Plan and tolerance are bppsa.options', named here too
 __all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
@@ -178,42 +177,6 @@ def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[A
     return first(per_step(H) | per_step(F)), first(per_step(xs)), ~jnp.all(jnp.isfinite(s0)), bad_params
 
 
-def _linear_solve(cell, plan: Plan, params, xs, s0, H, F, lam=None, D=None):
-    """One Newton (or quasi) step: the states solving the linearised recurrence at the guess H
-    (T, B, S) (with F = f at H and, for an elementwise step, D its Jacobians' diagonals), by ``plan.scan``
-    over equal chunks of at most ``plan.solve_chunk`` steps, earliest first; with ``lam`` (damping)
-    the trust-region step around H, over the whole sequence."""
-    T, B, S = H.shape
-    sp = prev_states(s0, H)
-    chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
-    k = 1 if plan.forward == "quasi" else (cell.jacobian_block_size or S)
-    if lam is not None:
-        E, c, _ = step_elements(cell, plan.forward, params, sp, xs, F, D)
-        return trust_region_solve(to_blocks(s0, k), E, c, to_blocks(H, k), lam).reshape(H.shape)
-
-    def piece(h_in, sp_c, x_c, f_c, d_c):
-        if method == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
-            n = sp_c.shape[0]  # the backward makes them: only the (n, B, S) vectors are permuted
-            sp_s, x_s, f_s = (scan_lib.to_storage(a, n, pad="edge") for a in (sp_c, x_c, f_c))
-            E, c, _ = step_elements(cell, plan.forward, params, sp_s, x_s, f_s)
-            prefixes, total = scan_lib.blelloch_scan_stored(to_blocks(h_in, k), E, c, n)
-        else:
-            E, c, _ = step_elements(cell, plan.forward, params, sp_c, x_c, f_c, d_c)
-            prefixes, total = block_scan(to_blocks(h_in, k), E, c, method)
-        states = jnp.concatenate([prefixes[1:], total[None]], axis=0)
-        return total.reshape((B, S)), states.reshape(sp_c.shape)
-
-    if chunk is None or chunk >= T:
-        return piece(s0, sp, xs, F, D)[1]
-    # equal chunks (one program compiled, no shorter tail chunk): the P < n missing steps are
-    # copies of the last step, after it; no real state depends on them and theirs are dropped
-    n, C = equal_chunks(T, chunk)
-    split = lambda a: jnp.concatenate([a, jnp.broadcast_to(a[-1:], (n * C - T,) + a.shape[1:])]).reshape(
-        (n, C) + a.shape[1:])
-    _, out = lax.scan(lambda h, c: piece(h, *c), s0, tuple(None if a is None else split(a) for a in (sp, xs, F, D)))
-    return out.reshape((n * C, B, S))[:T]
-
-
 def residual(H: Array, F: Array) -> Array:
     """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H; +inf
     where anything is NaN (XLA's max on CPU can skip NaNs: an overflowed iterate must never look
@@ -262,10 +225,11 @@ class _Measures(NamedTuple):
 def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
             update: Callable[[Array, Array, Array | None], Array], *, inputs_ok: Array | bool = True,
             axes: Any = None, offset: Array | int = 0, length: int | None = None
-            ) -> tuple[Array, Array, Array, Array, Array]:
+            ) -> tuple[Array, Array, Array, Array, Array, Any]:
     """The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
-    at H; or a tuple (F, D), D what ``update`` reuses, made in the same pass) and ``update(H, F, lam) -> H'`` (the solve of the linearised recurrence; with a λ, not
-    None, the trust-region step around H); ``axes``: the mesh axes H is split over (the tests are
+    at H; or a tuple (F, D), D what ``update`` reuses, made in the same pass) and ``update(H, F,
+    lam) -> H'`` (the solve of the linearised recurrence; with a λ, not None, the trust-region step
+    around H); ``axes``: the mesh axes H is split over (the tests are
     reduced over them), None on one device, ``offset`` the time index of this device's first step and ``length`` the
     number of real steps (None: all; the states past it, a mesh's padding, are not tested). With
     ``plan.damping`` the damped step (module docstring).
@@ -342,7 +306,8 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
         pick = lambda new, old: jnp.where(ok, new, old)  # damped: a rejected step keeps the iterate
         improved = ok & ((mn.over < best_over) | (mn.front > best_front) | (dn < best_step))
         new_lam = jnp.where(ok, lam / 10, jnp.maximum(10 * lam, 1)) if damped else lam
-        return (k + 1, pick(Hn, H), jax.tree.map(pick, Fn, F), jax.tree.map(pick, mn, m), pick(errn, err), pick(errn_rel, err_rel),
+        return (k + 1, pick(Hn, H), jax.tree.map(pick, Fn, F), jax.tree.map(pick, mn, m), pick(errn, err),
+                pick(errn_rel, err_rel),
                 pick(dn, step), jnp.minimum(best_over, pick(mn.over, best_over)),
                 jnp.maximum(best_front, pick(mn.front, best_front)), jnp.minimum(best_step, pick(dn, best_step)),
                 jnp.where(improved, 0, stall + 1), new_lam, exact if damped else exact + 1)
@@ -436,7 +401,7 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
 
     def update(H, F, lam):
         F, D = F if elementwise else (F, None)
-        return _linear_solve(cell, plan, params, xs, s0, H, F, lam, D)
+        return newton_step(cell, plan, params, xs, s0, H, F, lam, D)
 
     inputs, ok = (params, xs, s0), finite_inputs(xs, s0)
     sequential = lambda: forward_states(cell, params, xs, s0, plan.unroll)
@@ -444,7 +409,8 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
         k, H, res, err, converged, F = iterate(plan, H, evaluate, update, inputs_ok=ok)
         H, info = finish(cell, plan, k, H, res, err, converged, sequential, inputs)
         D = F[1] if isinstance(F, tuple) and cell.jacobian_block_size == 1 else None  # the Jacobians at H
-        lle = lax.cond(info.fell_back, lambda: lle_at(cell, params, xs, s0, H), lambda: lle_at(cell, params, xs, s0, H, D))
+        lle = lax.cond(info.fell_back, lambda: lle_at(cell, params, xs, s0, H),
+                       lambda: lle_at(cell, params, xs, s0, H, D))
         return H, info._replace(lle=lle, predicted=_predicted(lle, T, plan.forward))
     L = min(T, PROBE_STEPS)  # the exponent along the first L states, by the sequential forward
     prefix = forward_states(cell, params, xs[:L], s0, plan.unroll).astype(H.dtype)
