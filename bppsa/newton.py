@@ -222,8 +222,8 @@ class _Measures(NamedTuple):
     merit: Array
 
 
-def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Array],
-            update: Callable[[Array, Array, Array | None], Array], *, inputs_ok: Array | bool = True,
+def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
+            update: Callable[[Array, Any, Array | None], Array], *, inputs_ok: Array | bool = True,
             axes: Any = None, offset: Array | int = 0, length: int | None = None
             ) -> tuple[Array, Array, Array, Array, Array, Any]:
     """The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
