@@ -42,11 +42,11 @@ from bppsa.host import cpu_model
 if TYPE_CHECKING:
     from bppsa.cells import Cell
 
-__all__ = ["CHUNK_BYTES", "auto_chunk_size", "backward_levels", "cost_features", "CostModel",
-           "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save", "default_cost_model",
-           "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll", "NEWTON_ITERATIONS",
-           "break_even_iterations",
-           "FORWARD_CONSTANTS", "forward_seconds", "choose_forward", "choose_combine"]
+__all__ = ["CHUNK_BYTES", "auto_chunk_size", "ELEMENTWISE_CHUNK_BYTES", "elementwise_plan", "backward_levels",
+           "cost_features", "CostModel", "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save",
+           "default_cost_model", "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll",
+           "NEWTON_ITERATIONS", "break_even_iterations", "FORWARD_CONSTANTS", "forward_seconds", "choose_forward",
+           "choose_combine"]
 
 # The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
 METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequential": ("bppsa", "sequential")}
@@ -85,6 +85,23 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
     k, m, _ = scan_lib.bottom_layout(c)
     c = max(64, (c >> k) << k)  # m·2^k steps: the Blelloch scan needs no padding in a full chunk
     return None if c >= T else int(c)
+
+
+#: On CPU, the elementwise scans of cells with 1×1 Jacobian blocks (:func:`elementwise_plan`) run over
+#: chunks whose (chunk, B, S) arrays hold at most this many bytes, so that the dozen such arrays a
+#: chunk's backward makes stay in cache (measured, one core: experiments/history/diagonal-newton.md).
+ELEMENTWISE_CHUNK_BYTES = 256 << 10
+
+
+def elementwise_plan(T: int, B: int, S: int, itemsize: int, backend: str | None = None) -> tuple[str, int | None]:
+    """``(scan, chunk_size)`` for a cell whose Jacobian blocks are 1×1 (diagonal): on CPU the
+    sequential scan (the same Θ(T·B·S) work as Blelloch's, half the passes over memory) over chunks
+    of the largest power of two of steps (at least 16) whose (chunk, B, S) array fits in
+    :data:`ELEMENTWISE_CHUNK_BYTES` (None: one chunk, when T fits); elsewhere ("blelloch", None)."""
+    if (backend or jax.default_backend()) != "cpu":
+        return "blelloch", None
+    c = max(16, 1 << max(0, (ELEMENTWISE_CHUNK_BYTES // max(1, B * S * itemsize)).bit_length() - 1))
+    return "sequential", (None if c >= T else c)
 
 
 UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines try

@@ -71,8 +71,10 @@ class Options:
         model picks tuned BPTT, BPPSA-blelloch or BPPSA-sequential per cell, T, B, state size,
         dtype and backend: :meth:`resolve`).
       scan: the BPPSA scan, "blelloch", "associative" or "sequential" (:mod:`bppsa.scan`); None
-        (default): "blelloch", or with ``backward="auto"`` the scan the model chose. An explicit
-        scan is kept: ``auto`` then decides BPTT or BPPSA, and BPPSA runs that scan.
+        (default): "blelloch", or with ``backward="auto"`` the scan the model chose; on CPU, for a
+        cell with 1×1 Jacobian blocks, "sequential" over cache-sized chunks where ``chunk_size`` is
+        "auto" (:func:`bppsa.cost.elementwise_plan`). An explicit scan is kept: ``auto`` then
+        decides BPTT or BPPSA, and BPPSA runs that scan.
       chunk_size: BPPSA on one device: run the backward over equal chunks of at most this many steps
         (an int; numpy and JAX integer scalars are taken as ints), so Jacobian memory is chunk_size·B·S²
         instead of T·B·S² (exact; None: one chunk). "auto" (default): on CPU, cache-sized chunks
@@ -189,6 +191,9 @@ class Options:
         chunk = solve_chunk = None
         if devices is None:
             unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend)
+            if cell.jacobian_block_size == 1 and self.scan is None:  # elementwise scans: their own rule
+                scan, auto_chunk = cost_lib.elementwise_plan(T, B, S, ss_dtype.itemsize, backend)
+                r = dataclasses.replace(r, scan=scan, chunk_size=auto_chunk if r.chunk_size == "auto" else r.chunk_size)
             method = "sequential" if r.backward == "bptt" else r.scan
             if r.chunk_size != "auto":
                 chunk = r.chunk_size if r.backward == "bppsa" or parallel else None

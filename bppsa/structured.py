@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.cells import ACTIVATIONS, GRU, LSTM, Affine
+from bppsa.cells import ACTIVATIONS, GRU, LSTM, Affine, flat_outer
 from bppsa.errors import UsageError, as_int
 
 __all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix"]
@@ -154,7 +154,7 @@ class _Block(Affine):
             dW_h = jnp.stack([jnp.sum(h_prev * d, axis=(0, 1)) for d in dgh], axis=-1)  # (H, G)
         else:
             dW_h = jnp.einsum("tbnj,tbqna->njqa", self._heads(h_prev), jnp.stack([self._heads(d) for d in dgh], 2))
-        grads = {"W_x": jnp.einsum("tbi,tbg->ig", xs, dgx), "W_h": dW_h.reshape(N, k, G * k)}
+        grads = {"W_x": flat_outer(xs, dgx), "W_h": dW_h.reshape(N, k, G * k)}
         if self.input_bias:
             grads["b_x"] = dgx.sum((0, 1))
         if self.hidden_bias:

@@ -149,6 +149,39 @@ def test_small_chunks(name):
     _check(cell, params, xs, h0, ("blelloch", "sequential"), chunk_size=3)
 
 
+def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
+    """A cell with 1×1 Jacobian blocks (k = 1): on CPU its plan is the sequential scan over
+    cache-sized chunks (bppsa.cost.elementwise_plan); with small chunks (3 steps of T = 11, odd)
+    and the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
+    the solve and the exponent) the states and gradients equal autodiff's, and NewtonInfo.lle the
+    exponent along the returned states."""
+    plan = bppsa.Options(forward="newton").plan(structured.BlockGRU(12, 64, 1), jnp.zeros((1034, 32, 12), jnp.float32),
+                                                jnp.zeros((32, 64), jnp.float32))
+    assert (plan.scan, plan.chunk_size, plan.solve_chunk) == ("sequential", 32, 32)  # 32·32·64 float32 = 256 KiB
+    assert bppsa.Options(scan="blelloch").plan(structured.BlockGRU(3, 4), jnp.zeros((9, 2, 3)),
+                                               jnp.zeros((2, 4))).scan == "blelloch"  # an explicit scan is kept
+    cell, params, xs, h0 = _setup("gru-k1", 11, 2, seed=5)
+
+    @jax.jit
+    def run(p, x, h):
+        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
+        got, infos = [], []
+        for mode in ("newton", "quasi"):
+            kw = dict(backward="bppsa", forward=mode, scan="sequential", chunk_size=3, on_fail="raise")
+            f = lambda p, x, h: bppsa.rnn(cell, p, x, h, **kw)  # noqa: B023
+            got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
+            infos.append(bppsa.rnn(cell, p, x, h, return_info=True, **kw)[1])
+        return ref, got, infos
+
+    ref, got, infos = run(params, xs, h0)
+    for g in got:
+        _close(g, ref, 1e-8, 1e-10)
+    lle = jnp.max(bppsa.lyapunov(cell, params, xs, h0, ref[0]))
+    for info in infos:
+        assert bool(info.converged) and not bool(info.fell_back)
+        np.testing.assert_allclose(info.lle, lle, rtol=1e-8)
+
+
 _SHAPES = dict(kind=st.sampled_from(["rnn", "gru", "lstm"]), scan=st.sampled_from(SCANS), T=st.integers(1, 20),
                B=st.integers(1, 3), I=st.integers(1, 3), heads=st.integers(1, 3), k=st.integers(1, 3),
                seed=st.integers(0, 1000))
