@@ -195,8 +195,10 @@ def run_point(name, spec, opts, peer_python, use_newton, workdir):
     if use_newton:  # the forward alone (the loss, no gradient): how the step splits
         timed["bppsa newton fwd"] = make(methods["bppsa newton"], grad=False)
         timed["bppsa seq fwd"] = make(methods["bppsa seq"], grad=False)
-    for m, fn in fns.items():
-        (_, (hs, inf)), g = fn()
+    for m, fn in fns.items():  # the first call: trace and compile, timed (what a user waits for once per shape)
+        t0 = time.perf_counter()
+        (_, (hs, inf)), g = jax.block_until_ready(fn())
+        row[f"{m} compile_s"] = time.perf_counter() - t0
         hs = np.asarray(hs)
         if m in parallel:
             row[f"{m} info"] = {k: np.asarray(v).item() for k, v in inf._asdict().items()}
@@ -324,7 +326,8 @@ def _iters(r, m):
 _HEADER = ["point", "I", "H", "peer eager ms", "peer compiled ms", "peer iters (eager/compiled)",
            "bppsa newton ms", "newton fwd ms", "newton iters", "bppsa quasi ms", "quasi iters",
            "bppsa seq+bppsa ms", "seq fwd ms", "bptt ms", "peer compiled / bppsa newton",
-           "peer compiled / bppsa seq", "grad err peer (eager/compiled)", "grad err bppsa (newton/quasi/seq)"]
+           "peer compiled / bppsa seq", "bppsa compile s (newton/seq+bppsa/bptt)", "grad err peer (eager/compiled)",
+           "grad err bppsa (newton/quasi/seq)"]
 
 
 def _line(r) -> list:
@@ -338,6 +341,7 @@ def _line(r) -> list:
         _iters(r, "bppsa quasi"), _fmt(bs), _fmt(r.get("bppsa seq fwd ms")), _fmt(r["bptt ms"]),
         "—" if pc is None or bn is None else f"{pc / bn:.2f}x",
         "—" if pc is None else f"{pc / bs:.2f}x",
+        "/".join(_fmt(r.get(f"{m} compile_s"), ".1f") for m in ("bppsa newton", "bppsa seq", "bptt")),
         f"{_fmt(r.get('peer_grad_err'), '.1e')}/{_fmt(r.get('peer_compiled_grad_err'), '.1e')}" if p else "—",
         f"{_fmt(r.get('bppsa newton grad_err'), '.1e')}/{_fmt(r.get('bppsa quasi grad_err'), '.1e')}"
         f"/{r['bppsa seq grad_err']:.1e}",
@@ -353,10 +357,11 @@ def markdown(record) -> str:
     versions = record["peer_versions"]
     table = markdown_table(_HEADER, [_line(r) for r in rows], align=["l"] + ["r"] * (len(_HEADER) - 1))
     newton_note = ("bppsa newton = `forward=\"newton\"` + `backward=\"bppsa\"` (default tol, float32 1e-5 "
-                   "relative residual; max_iter 50; on_fail=\"sequential\"), bppsa quasi = `forward=\"quasi\"`; "
+                   "relative residual; max_iter 100; on_fail=\"sequential\"), bppsa quasi = `forward=\"quasi\"`; "
                    "iters = NewtonInfo.iterations (`return_info=True`, from the timed function; linear solves, "
                    "each after one evaluation of every step, plus one final evaluation); newton fwd / seq fwd = "
-                   "the forward alone (jit of the loss, no gradient)." if use_newton else
+                   "the forward alone (jit of the loss, no gradient); compile s: the first call of each training "
+                   "step (trace and XLA compile, paid once per shape)." if use_newton else
                    f"**bppsa newton: not run** (bppsa.Options has no `forward` field at commit "
                    f"{str(prov.get('git_commit'))[:7]}, or config.forward = \"sequential\"); the bppsa columns are "
                    "`forward=\"sequential\"` (lax.scan) + `backward=\"bppsa\"` and BPTT only.")
