@@ -95,9 +95,11 @@ ELEMENTWISE_CHUNK_BYTES = 256 << 10
 
 def elementwise_plan(T: int, B: int, S: int, itemsize: int, backend: str | None = None) -> tuple[str, int | None]:
     """``(scan, chunk_size)`` for a cell whose Jacobian blocks are 1×1 (diagonal): on CPU the
-    sequential scan (the same Θ(T·B·S) work as Blelloch's, half the passes over memory) over chunks
-    of the largest power of two of steps (at least 16) whose (chunk, B, S) array fits in
-    :data:`ELEMENTWISE_CHUNK_BYTES` (None: one chunk, when T fits); elsewhere ("blelloch", None)."""
+    sequential scan (the same Θ(T·B·S) work as Blelloch's, half the passes over memory) and, for
+    the BPPSA backward, chunks of the largest power of two of steps (at least 16) whose (chunk, B,
+    S) array fits in :data:`ELEMENTWISE_CHUNK_BYTES` (None: one chunk, when T fits); the Newton
+    solves stream in one piece (they make no intermediates to keep in cache, and a chunked solve
+    pays its padding and loop: 5x slower measured). Elsewhere ("blelloch", None)."""
     if (backend or jax.default_backend()) != "cpu":
         return "blelloch", None
     c = max(16, 1 << max(0, (ELEMENTWISE_CHUNK_BYTES // max(1, B * S * itemsize)).bit_length() - 1))

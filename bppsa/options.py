@@ -191,13 +191,17 @@ class Options:
         chunk = solve_chunk = None
         if devices is None:
             unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend)
-            if cell.jacobian_block_size == 1 and self.scan is None:  # elementwise scans: their own rule
-                scan, auto_chunk = cost_lib.elementwise_plan(T, B, S, ss_dtype.itemsize, backend)
-                r = dataclasses.replace(r, scan=scan, chunk_size=auto_chunk if r.chunk_size == "auto" else r.chunk_size)
+            elementwise = cell.jacobian_block_size == 1 and self.scan is None  # elementwise scans: their own rule
+            backward_chunk = None
+            if elementwise:
+                scan, backward_chunk = cost_lib.elementwise_plan(T, B, S, ss_dtype.itemsize, backend)
+                r = dataclasses.replace(r, scan=scan)
             method = "sequential" if r.backward == "bptt" else r.scan
             if r.chunk_size != "auto":
                 chunk = r.chunk_size if r.backward == "bppsa" or parallel else None
                 solve_chunk = r.chunk_size if parallel else None
+            elif elementwise:  # chunks for the backward's many intermediates; the solves stream in one piece
+                chunk = backward_chunk if r.backward == "bppsa" or parallel else None
             else:
                 if r.backward == "bppsa" or parallel:  # the BPPSA backward's chunks (BPTT has none)
                     chunk = cost_lib.auto_chunk_size(T, B, S, ss_dtype.itemsize, backend,
