@@ -389,8 +389,17 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
     ``plan.solve_chunk`` steps, earliest first; with ``lam`` (damping) the trust-region step around
     H, over the whole sequence."""
     T, B, S = H.shape
-    sp = prev_states(s0, H)
     chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
+    if D is not None and lam is None and method == "sequential" and (chunk is None or chunk >= T):
+        # elementwise, one piece: h'_t = D_t (h'_{t-1} − h_{t-1}) + f_t, the guess's states read in
+        # the loop (no offsets c_t or previous states written out first)
+        def step(carry, e):
+            h_new, h_old = carry
+            h = e[0] * (h_new - h_old) + e[1]
+            return (h, e[2]), h
+
+        return lax.scan(step, (s0, s0), (D, F, H))[1]
+    sp = prev_states(s0, H)
     k = 1 if plan.forward == "quasi" else (cell.jacobian_block_size or S)
     if lam is not None:
         E, c, _ = step_elements(cell, plan.forward, params, sp, xs, F, D)

@@ -152,7 +152,7 @@ def test_small_chunks(name):
 def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
     """A cell with 1×1 Jacobian blocks (k = 1): on CPU its plan is the sequential scan over
     cache-sized chunks (bppsa.cost.elementwise_plan); with small chunks (3 steps of T = 11, odd)
-    and the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
+    and in one piece (the solve's own loop), the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
     the solve and the exponent) the states and gradients equal autodiff's, and NewtonInfo.lle the
     exponent along the returned states."""
     plan = bppsa.Options(forward="newton").plan(structured.BlockGRU(12, 64, 1), jnp.zeros((1034, 32, 12), jnp.float32),
@@ -166,8 +166,8 @@ def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
     def run(p, x, h):
         ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
         got, infos = [], []
-        for mode in ("newton", "quasi"):
-            kw = dict(backward="bppsa", forward=mode, scan="sequential", chunk_size=3, on_fail="raise")
+        for mode, chunk in (("newton", 3), ("quasi", 3), ("newton", None), ("quasi", None)):  # None: one piece
+            kw = dict(backward="bppsa", forward=mode, scan="sequential", chunk_size=chunk, on_fail="raise")
             f = lambda p, x, h: bppsa.rnn(cell, p, x, h, **kw)  # noqa: B023
             got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
             infos.append(bppsa.rnn(cell, p, x, h, return_info=True, **kw)[1])
