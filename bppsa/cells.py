@@ -205,7 +205,7 @@ class Affine(Cell):
 
 def flat_outer(a: Array, b: Array) -> Array:
     """Σ over the leading axes of a[..., :, None] b[..., None, :] -> (m, n): one product of the flattened
-    arrays (the einsum "tbi,tbg->ig" runs 1.5-4.6x slower on XLA's CPU: experiments/history/diagonal-newton.md)."""
+    arrays (the einsum "tbi,tbg->ig" runs 1.4-4.4x slower on XLA's CPU: experiments/history/diagonal-newton.md)."""
     return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
 
 

@@ -215,7 +215,7 @@ def _over(d: Array, ref: Array, atol: float, rtol: float) -> Array:
 def _per_step_max(*xs: Array) -> tuple[Array, ...]:
     """Each (T, ...) array's maximum over all but its first axis, all in one pass: one variadic
     reduction, into which XLA's CPU fuses the arrays' producers (separate max reductions each
-    write their input out first: 5.7x slower at T·B·S = 4M, experiments/history/diagonal-newton.md)."""
+    write their input out first: 2.3-2.5x slower at T·B·S = 2M-4M, experiments/history/diagonal-newton.md)."""
     init = tuple(jnp.asarray(-jnp.inf, x.dtype) for x in xs)
     return lax.reduce(xs, init, lambda a, b: tuple(jnp.maximum(u, v) for u, v in zip(a, b, strict=True)),
                       tuple(range(1, xs[0].ndim)))

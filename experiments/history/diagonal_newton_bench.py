@@ -114,7 +114,48 @@ def child(tree: str, quick: bool, repeats: int) -> dict:
         stats = host.time_interleaved(fns, repeats=repeats, warmup=1, block=3)
         out["outer"] = [{"shape": k.rsplit(" ", 1)[0], "einsum ms": 1e3 * stats[f"{k.rsplit(' ', 1)[0]} einsum"]["median"],
                          "flat ms": 1e3 * stats[k]["median"]} for k in fns if k.endswith("flat")]
+        out["measures"] = _measures(quick, repeats)
     return out
+
+
+def _measures(quick: bool, repeats: int) -> list:
+    """An iterate's per-step maxima of its residual and its last step, in the tolerance's units
+    (as bppsa.newton's iteration measures them): two max reductions against one variadic one."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    from bppsa import host
+
+    def over(d, ref):  # bppsa.newton's |d| / (atol + rtol |ref|), 0 where d = 0, inf where NaN
+        r = jnp.where(d == 0, 0.0, jnp.abs(d) / (1e-5 + 1e-5 * jnp.abs(ref)))
+        return jnp.where(jnp.isnan(r), jnp.inf, r)
+
+    rows = []
+    for T, B, S in ((64, 4, 8),) if quick else ((1034, 32, 20), (1034, 32, 64), (2048, 8, 256)):
+        rng = np.random.default_rng(0)
+        Hn, H, F = (jnp.asarray(rng.standard_normal((T, B, S)).astype(np.float32)) for _ in range(3))
+        t = jnp.arange(T)[:, None, None]
+
+        def separate(Hn, H, F, t=t, T=T):
+            per_step = lax.optimization_barrier(jnp.max(over(Hn - F, F).reshape(T, -1), axis=1))
+            return per_step, jnp.max(over(jnp.where(t > 3, Hn - H, 0.0), Hn), initial=0.0)
+
+        def variadic(Hn, H, F, t=t):
+            terms = (over(Hn - F, F), over(jnp.where(t > 3, Hn - H, 0.0), Hn))
+            init = (jnp.float32(-jnp.inf),) * 2
+            r, d = lax.reduce(terms, init, lambda a, b: (jnp.maximum(a[0], b[0]), jnp.maximum(a[1], b[1])), (1, 2))
+            return r, jnp.max(d, initial=0.0)
+
+        a, b = jax.jit(separate), jax.jit(variadic)
+        np.testing.assert_array_equal(a(Hn, H, F)[0], b(Hn, H, F)[0])
+        fns = {"separate": lambda: a(Hn, H, F), "variadic": lambda: b(Hn, H, F)}
+        for f in fns.values():
+            jax.block_until_ready(f())
+        stats = host.time_interleaved(fns, repeats=repeats, warmup=1, block=3)
+        rows.append({"shape": [T, B, S], **{f"{k} ms": 1e3 * v["median"] for k, v in stats.items()}})
+    return rows
 
 
 def _run_tree(tree: Path, quick: bool, repeats: int, core: int) -> dict:
@@ -167,6 +208,14 @@ def markdown(record: dict) -> str:
                 "|---|---:|---:|---:|"]
         for r in a["outer"]:
             out.append(f"| {r['shape']} | {r['einsum ms']:.3f} | {r['flat ms']:.3f} | {r['einsum ms'] / r['flat ms']:.2f} |")
+    if a.get("measures"):
+        out += ["", "## An iterate's per-step maxima (residual and last step), after tree, ms\n",
+                "bppsa.newton's two measures of an iterate: two max reductions (XLA's CPU writes each one's input "
+                "out first) against one variadic reduction (its producers fused in).\n",
+                "| (T, B, S) | two reductions | one variadic reduction | ratio |", "|---|---:|---:|---:|"]
+        for r in a["measures"]:
+            out.append(f"| {tuple(r['shape'])} | {r['separate ms']:.2f} | {r['variadic ms']:.2f} | "
+                       f"{r['separate ms'] / r['variadic ms']:.2f} |")
     return "\n".join(out) + "\n"
 
 
