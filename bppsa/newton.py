@@ -406,15 +406,13 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     H = jnp.zeros((T, B, S), s0.dtype) if guess is None else guess.astype(s0.dtype)
 
-    elementwise = plan.forward == "quasi" or cell.jacobian_block_size == 1
-
-    def evaluate(H):  # an elementwise step's Jacobians with the steps, in one pass (the gates shared)
+    def evaluate(H):  # the steps and, for an elementwise step, their Jacobians' diagonals (else None), one pass
         sp = prev_states(s0, H)
         F = steps(cell, params, sp, xs)
-        return (F, step_diagonal(cell, plan.forward, params, sp, xs, F)) if elementwise else F
+        return F, step_diagonal(cell, plan.forward, params, sp, xs, F)
 
-    def update(H, F, lam):
-        F, D = F if elementwise else (F, None)
+    def update(H, FD, lam):
+        F, D = FD
         return newton_step(cell, plan, params, xs, s0, H, F, lam, D)
 
     inputs, ok = (params, xs, s0), finite_inputs(xs, s0)
@@ -422,7 +420,7 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     if plan.gate is None:
         k, H, res, err, converged, F = iterate(plan, H, evaluate, update, inputs_ok=ok)
         H, info = finish(cell, plan, k, H, res, err, converged, sequential, inputs)
-        D = F[1] if isinstance(F, tuple) and cell.jacobian_block_size == 1 else None  # the Jacobians at H
+        D = F[1] if F is not None and cell.jacobian_block_size == 1 else None  # the Jacobians at H
         lle = lax.cond(info.fell_back, lambda: lle_at(cell, params, xs, s0, H),
                        lambda: lle_at(cell, params, xs, s0, H, D))
         return H, info._replace(lle=lle, predicted=_predicted(lle, T, plan.forward))
