@@ -41,6 +41,7 @@ from jax import Array, lax
 
 from bppsa import _scan as scan_lib
 from bppsa.cells import Cell
+from bppsa.cells.adjoint import factor_states, sequential_adjoint
 from bppsa.options import Forward, Plan, unroll_for
 from bppsa.scan import block_scan, trust_region_solve
 
@@ -50,22 +51,25 @@ __all__ = ["step_elements", "step_diagonal", "forward_states", "bppsa_states", "
 
 
 def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None,
-                   hoist: bool = True) -> Array:
-    """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S), one ``lax.scan``; BPTT is its
-    autodiff. ``hoist``: the input's part of every step (:meth:`bppsa.cells.Cell.project`) is
-    computed for all steps before the loop (one large product); False: inside each step, as a
+                   hoist: bool = True, factors: bool = False) -> Any:
+    """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S), one ``lax.scan``; BPTT of a cell
+    without an analytic adjoint is its autodiff. ``hoist``: the input's part of every step
+    (:meth:`bppsa.cells.Cell.project`) is computed for all steps before the loop (one large
+    product); False: inside each step, as a
     plain ``lax.scan`` of ``cell.step`` does (BPTT's plan decides: :attr:`bppsa.options.Plan.hoist`).
     ``unroll``: the scan's unroll factor (the entry points pass their plan's int); None (default,
     for direct callers) the tuned one for this shape and backend (:func:`bppsa.options.unroll_for`);
-    1 is the plain ``lax.scan``."""
+    1 is the plain ``lax.scan``. ``factors``: (ss, the steps' factors), :func:`bppsa.cells.adjoint.factor_states`."""
+    if unroll is None:
+        unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
+    if factors:
+        return factor_states(cell, params, xs, s0, unroll, hoist)
     step = cell.step_projected if hoist else cell.step
 
     def body(s, u):
         s_new = cell.flatten_state(step(params, cell.unflatten_state(s), u))
         return s_new, s_new
 
-    if unroll is None:
-        unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
     _, ss = lax.scan(body, s0, cell.project(params, xs) if hoist else xs, unroll=unroll)
     return ss
 
@@ -286,24 +290,28 @@ def _packer(ss, params, xs, s0):
     return pack, unpack
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 6, 7))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 6, 7, 8))
 def bppsa_states(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array,
-                 precision: str = "highest", unroll: int | bool | None = None) -> Array:
+                 precision: str = "highest", unroll: int | bool | None = None, hoist: bool = True) -> Array:
     """Flat-state forward (:func:`forward_states`: xs (T, B, I), s0 (B, S) -> ss (T, B, S)) whose
     reverse mode is the BPPSA backward (:func:`adjoint`) with ``scan_method`` over chunks of
     ``chunk_size`` steps (an int, or None: one chunk),
     every matrix product of it at ``precision`` (a name from :data:`PRECISIONS`), and whose
     forward mode is the tangent scan (:func:`tangent_states`). ``cell``, ``scan_method``,
     ``chunk_size``, ``precision`` and ``unroll`` (the forward scan's, :func:`forward_states`) are
-    static (hashable); inputs are not validated (see :func:`rnn`)."""
-    return forward_states(cell, params, xs, s0, unroll)
+    static (hashable); inputs are not validated (see :func:`rnn`). ``scan_method`` "adjoint" or
+    "adjoint_in_loop": BPTT by the cell's analytic adjoint (:func:`sequential_adjoint`, the
+    parameter gradients after its loop or in it), the forward keeping the steps' factors."""
+    return forward_states(cell, params, xs, s0, unroll, hoist)
 
 
 @bppsa_states.defjvp
-def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, primals, tangents):
+def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, hoist, primals, tangents):
     params, xs, s0 = primals
-    ss = forward_states(cell, params, xs, s0, unroll)
-    return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents)
+    adjoint_ = scan_method.startswith("adjoint")
+    out = forward_states(cell, params, xs, s0, unroll, hoist, factors=adjoint_)
+    ss, factors = out if adjoint_ else (out, None)
+    return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents, (factors, unroll))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 7))
@@ -326,7 +334,7 @@ def _solved_jvp(cell, scan_method, chunk_size, precision, primals, tangents):
     return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents[:3])
 
 
-def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents):
+def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents, adjoint_inputs=(None, 1)):
     """The states' tangent at the solved states ss, one ``lax.custom_linear_solve`` (see the module
     docstring): solve = the forward tangent scan, transpose_solve = the BPPSA backward."""
     pack, unpack = _packer(ss, params, xs, s0)
@@ -341,7 +349,11 @@ def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tange
 
     def transpose_solve(_, c):  # K⁻ᵀ: the BPPSA scan and the cell's analytic gradients
         c1, cp, cx, c0 = unpack(c)
-        gs, dp, dx, g0 = adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, c1)
+        if scan_method.startswith("adjoint"):
+            gs, dp, dx, g0 = sequential_adjoint(cell, params, xs, s0, ss, c1, *adjoint_inputs,
+                                                in_loop=scan_method == "adjoint_in_loop")
+        else:
+            gs, dp, dx, g0 = adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, c1)
         return pack(gs, jax.tree.map(jnp.add, cp, dp), cx + dx, c0 + g0)
 
     dp, dxs, ds0 = tangents

@@ -78,6 +78,9 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
     info = None
     if plan.forward != "sequential":
         ss, info = _parallel_forward(cell, params, xs, s0, plan, guess)
+    elif plan.backward == "bptt" and cell.has_adjoint:  # BPTT by the cell's analytic adjoint step
+        method = "adjoint_in_loop" if plan.weights_in_loop else "adjoint"
+        ss = bppsa_states(cell, method, None, params, xs, s0, plan.precision, plan.unroll, plan.hoist)
     elif plan.backward == "bptt":
         ss = forward_states(cell, params, xs, s0, unroll=plan.unroll, hoist=plan.hoist)
     else:

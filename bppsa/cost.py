@@ -46,7 +46,7 @@ __all__ = ["CHUNK_BYTES", "auto_chunk_size", "ELEMENTWISE_CHUNK_BYTES", "element
            "cost_features", "CostModel", "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save",
            "default_cost_model", "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll",
            "NEWTON_ITERATIONS", "break_even_iterations", "FORWARD_CONSTANTS", "forward_seconds", "choose_forward",
-           "choose_combine"]
+           "choose_combine", "adjoint_in_loop", "ADJOINT_LOOP_MIN_BATCH"]
 
 # The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
 METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequential": ("bppsa", "sequential")}
@@ -166,6 +166,23 @@ def bptt_hoist(cell: Cell, B: int, backend: str | None = None, state_size: int |
     if (backend or jax.default_backend()) != "cpu":
         return True
     return B * cell.gates * _hidden(cell, state_size) <= HOIST_MAX
+
+
+#: BPTT by a cell's analytic adjoint (:func:`bppsa.cells.adjoint.sequential_adjoint`) sums the parameter
+#: gradients step by step in its loop, as autodiff's BPTT does, on CPU from this batch size on when a
+#: step's cotangent (B·G·H numbers) is above :data:`HOIST_MAX`; otherwise its loop writes each step's
+#: cotangents out and the gradients are one product each after it (fewer operations a step, against
+#: (T, B, G·H) arrays written and read back).
+ADJOINT_LOOP_MIN_BATCH = 32
+
+
+def adjoint_in_loop(cell: Cell, B: int, backend: str | None = None, state_size: int | None = None) -> bool:
+    """Whether BPTT by a cell's analytic adjoint sums the parameter gradients inside its loop: on
+    CPU when B >= :data:`ADJOINT_LOOP_MIN_BATCH` and B·G·H > :data:`HOIST_MAX`; elsewhere never (one
+    large product each after the loop)."""
+    if (backend or jax.default_backend()) != "cpu":
+        return False
+    return B >= ADJOINT_LOOP_MIN_BATCH and B * cell.gates * _hidden(cell, state_size) > HOIST_MAX
 
 
 def backward_levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:

@@ -66,9 +66,10 @@ class Options:
     :class:`bppsa.errors.UsageError` names the field, the value and what is allowed).
 
     Attributes:
-      backward: "bppsa" (parallel-scan backward), "bptt" (autodiff through ``lax.scan``, its
-        unroll tuned per shape and backend: :func:`bppsa.cost.bptt_unroll`) or "auto" (the cost
-        model picks tuned BPTT, BPPSA-blelloch or BPPSA-sequential per cell, T, B, state size,
+      backward: "bppsa" (parallel-scan backward), "bptt" (the sequential backward: the cell's
+        analytic adjoint where it has one, :mod:`bppsa.cells.adjoint`, else autodiff through
+        ``lax.scan``; its unroll tuned per shape and backend: :func:`bppsa.cost.bptt_unroll`) or
+        "auto" (the cost model picks tuned BPTT, BPPSA-blelloch or BPPSA-sequential per cell, T, B, state size,
         dtype and backend: :meth:`resolve`).
       scan: the BPPSA scan, "blelloch", "associative" or "sequential" (:mod:`bppsa.scan`); None
         (default): "blelloch", or with ``backward="auto"`` the scan the model chose; on CPU, for a
@@ -220,8 +221,9 @@ class Options:
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
         hoist = r.backward != "bptt" or parallel or cost_lib.bptt_hoist(cell, B, backend, S)
+        in_loop = r.backward == "bptt" and not parallel and cost_lib.adjoint_in_loop(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
-                    hoist=hoist, gate=gate)
+                    hoist=hoist, gate=gate, weights_in_loop=in_loop)
 
     def newton_plan(self) -> _SolverSettings:
         """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
@@ -249,6 +251,8 @@ class Plan(Options):
       devices: the size of the mesh axis the time is split over; None: one device, no mesh.
       hoist: BPTT's forward computes the inputs' part of all steps before its loop
         (:func:`bppsa.cost.bptt_hoist`); every other forward does (True).
+      weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
+        loop (:func:`bppsa.cost.adjoint_in_loop`); False: one product each after it.
       gate: ``forward="auto"`` chose the parallel forward on this backend: the most iterations at
         which it is predicted to pay (:func:`bppsa.cost.break_even_iterations`). The solver
         estimates the Lyapunov exponent at its first iterate and runs the sequential forward
@@ -259,6 +263,7 @@ class Plan(Options):
     devices: int | None = None
     hoist: bool = True
     gate: float | None = None
+    weights_in_loop: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -270,7 +275,8 @@ class Plan(Options):
                     "solve_chunk": self.solve_chunk is None or type(self.solve_chunk) is int,
                     "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1),
                     "hoist": isinstance(self.hoist, bool),
-                    "gate": self.gate is None or isinstance(self.gate, float)}
+                    "gate": self.gate is None or isinstance(self.gate, float),
+                    "weights_in_loop": isinstance(self.weights_in_loop, bool)}
         open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
         if open_:
             raise UsageError(f"a Plan has every choice made; open: {', '.join(open_)} (Options.plan makes them)")

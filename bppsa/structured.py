@@ -236,6 +236,7 @@ class BlockGRU(_Block):
     _gates = GRU._gates
     step_projected = GRU.step_projected  # pyright: ignore[reportAssignmentType]
     gate_terms = GRU.gate_terms  # pyright: ignore[reportAssignmentType]
+    _gate_factors = GRU._gate_factors  # pyright: ignore[reportAssignmentType]
 
     def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         if self.head_size == 1:

@@ -319,7 +319,7 @@ def test_the_tests_mirror_the_packages():
 # The core's public API is annotated.
 # --------------------------------------------------------------------------------------------
 
-ANNOTATED = ("cells", "structured", "_backward", "_scan", "scan", "newton", "backprop", "options", "host")
+ANNOTATED = ("cells/base", "cells/recurrent", "structured", "_backward", "_scan", "scan", "newton", "backprop", "options", "host")
 
 
 def _unannotated(source: str, where: str) -> list[str]:

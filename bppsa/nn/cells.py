@@ -109,9 +109,9 @@ class Flax(_Wrapper):
     def wrapped(self) -> Cell:
         return self.core
 
-    @property
-    def has_diagonal_jacobian(self) -> bool:
-        return self.core.has_diagonal_jacobian
+    # the core's structure (properties, where Cell has fields)
+    has_diagonal_jacobian = property(lambda self: self.core.has_diagonal_jacobian)  # pyright: ignore[reportIncompatibleMethodOverride]
+    has_adjoint = property(lambda self: self.core.has_adjoint)  # pyright: ignore[reportAssignmentType]
 
     def core_params(self, params) -> dict:
         """flax's parameter dict -> the core cell's."""
@@ -137,11 +137,8 @@ class Flax(_Wrapper):
     def flatten_state(self, carry):
         return jnp.concatenate([carry[1], carry[0]], axis=-1) if self.pair_state else carry
 
-    def unflatten_state(self, s):
-        if not self.pair_state:
-            return s
-        h, c = self.core.unflatten_state(s)
-        return c, h
+    def unflatten_state(self, s):  # flax's LSTM carry is (c, h), the core's (h, c)
+        return self.core.unflatten_state(s)[::-1] if self.pair_state else s
 
     def hidden(self, states):
         return states[1] if self.pair_state else states
@@ -150,9 +147,8 @@ class Flax(_Wrapper):
         return self.core.project(self.core_params(params), xs)
 
     def step_projected(self, params, carry, u):
-        state = (carry[1], carry[0]) if self.pair_state else carry
-        new = self.core.step_projected(self.core_params(params), state, u)
-        return (new[1], new[0]) if self.pair_state else new
+        new = self.core.step_projected(self.core_params(params), carry[::-1] if self.pair_state else carry, u)
+        return new[::-1] if self.pair_state else new
 
     def transposed_jacobian(self, params, s_prev, xs, s):
         return self.core.transposed_jacobian(self.core_params(params), s_prev, xs, s)
@@ -162,6 +158,17 @@ class Flax(_Wrapper):
 
     def param_grads(self, params, s_prev, xs, s, gs):
         dp, dx = self.core.param_grads(self.core_params(params), s_prev, xs, s, gs)
+        return self.flax_grads(dp), dx
+
+    def step_factors(self, params, carry, u):
+        new, factors = self.core.step_factors(self.core_params(params), carry[::-1] if self.pair_state else carry, u)
+        return (new[::-1] if self.pair_state else new), factors
+
+    def adjoint_step(self, params, factors, g):
+        return self.core.adjoint_step(self.core_params(params), factors, g)
+
+    def adjoint_grads(self, params, s_prev, xs, factors, gs, cotangents):
+        dp, dx = self.core.adjoint_grads(self.core_params(params), s_prev, xs, factors, gs, cotangents)
         return self.flax_grads(dp), dx
 
 
@@ -285,10 +292,6 @@ class Autodiff(Cell):
         _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
         return vjp(gs)
 
-
-# --------------------------------------------------------------------------------------------
-# Padded batches
-# --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Masked(_Wrapper):

@@ -121,7 +121,7 @@ def test_the_executing_layers_do_not_import_the_cost_model(path):
 
 def test_the_option_fields_are_defined_once():
     fields = [f.name for f in dataclasses.fields(bppsa.Options)]
-    assert [f.name for f in dataclasses.fields(options.Plan)] == fields + ["solve_chunk", "devices", "hoist", "gate"]
+    assert [f.name for f in dataclasses.fields(options.Plan)] == fields + ["solve_chunk", "devices", "hoist", "gate", "weights_in_loop"]
     assert set(options.SOLVER_FIELDS) <= set(fields)
     assert options.BACKWARDS == get_args(options.Backward) and options.FORWARDS == ("sequential", "newton", "quasi", "auto")
     assert bppsa.newton.Plan is options.Plan and bppsa.newton.DEFAULT_TOL is options.DEFAULT_TOL

@@ -1,29 +1,6 @@
-"""Recurrent cells with analytic transposed Jacobians (BPPSA, Wang et al., MLSys 2020, §3–4).
-
-A cell is a small frozen dataclass (hashable, so it can key compiled functions) with
-
-    init(key, dtype=float32) -> params                  a pytree of arrays
-    param_spec(dtype=float32) -> spec                   its shapes (jax.ShapeDtypeStruct), or None
-    step(params, h, x) -> h'                            h: (B, H) [LSTM: (h, c)], x: (B, I)
-
-and the two batched pieces BPPSA needs, both over all T steps at once, on the *flat* state
-s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
-
-    transposed_jacobian(params, s_prev, xs, s) -> Ms    s_prev, s: (T, B, S), xs: (T, B, I)
-        Ms: (T, B, S, S), the matrix M_t with g_{t-1} = g_t @ M_t (row vectors): the paper's
-        Jᵀ acting on column vectors, i.e. M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j].
-    param_grads(params, s_prev, xs, s, gs) -> (dparams, dxs)
-        gs: (T, B, S) the total gradient ∂L/∂s_t; one contraction over (t, b).
-
-Optional structure (``diagonal_jacobian``, ``jacobian_blocks``) lets the scans avoid S×S
-matrices; ``project`` lets the sequential forward hoist the input's product out of its loop.
-
-Each cell's maths is written once, here; conventions in which published cells differ are
-fields (activations by name, :data:`ACTIVATIONS`; input/hidden biases: PyTorch both, flax's GRU
-input only, its LSTM hidden only; the SimpleCell's residual; :mod:`bppsa.nn.cells` maps
-flax's layout). Row convention: a step computes ``x @ W_x + h @ W_h``, W_x: (I, G), W_h: (H, G);
-gate orders are PyTorch's, (r, z, n) and (i, f, g, o). The batched methods' arrays may be in
-any time order (BPPSA passes them latest step first); they only have to agree."""
+"""The cell contract (:class:`Cell`), the affine family's shared maths (:class:`Affine`), the
+autodiff cell (:class:`Generic`) and their helpers: the base of :mod:`bppsa.cells` (whose docstring
+states the contract); the published cells are in :mod:`bppsa.cells.recurrent`."""
 
 from __future__ import annotations
 
@@ -37,8 +14,8 @@ from jax import Array
 
 from bppsa.errors import UsageError, as_int
 
-__all__ = ["Cell", "Affine", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS", "autodiff_jacobian", "flat_outer",
-           "autodiff_param_grads"]
+__all__ = ["Cell", "Affine", "Generic", "ACTIVATIONS", "autodiff_jacobian", "autodiff_param_grads", "flat_outer",
+           "split_gates"]
 
 #: Activation functions by name: (function, its derivative written in terms of its output y).
 ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y: 1.0 - y * y),
@@ -46,7 +23,7 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y
                                                      "relu": (jax.nn.relu, lambda y: (y > 0).astype(y.dtype))}
 
 
-def _split(a: Array, n: int) -> list[Array]:
+def split_gates(a: Any, n: int) -> list[Array]:
     """``a``'s last axis in ``n`` parts; not slices, whose transposes (pads) XLA's CPU fuses into slow loops."""
     return list(a) if isinstance(a, (list, tuple)) else jnp.split(a, n, axis=-1)
 
@@ -121,6 +98,24 @@ class Cell(abc.ABC):
         d = jnp.diagonal(self.jacobian_blocks(params, s_prev, xs, s), axis1=-2, axis2=-1)
         return d.reshape(d.shape[:-2] + (-1,))  # (T, B, S/k, k) -> (T, B, S)
 
+    #: Whether the cell has an analytic adjoint step (:meth:`step_factors`, :meth:`adjoint_step`,
+    #: :meth:`adjoint_grads`): BPTT then loops over it alone and forms the parameter gradients after.
+    has_adjoint: ClassVar[bool] = False
+
+    def step_factors(self, params: Any, h: Any, u: Any, /) -> tuple[Any, Any]:
+        """(:meth:`step_projected`'s h', the per-unit factors of its Jacobian that :meth:`adjoint_step` reads)."""
+        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
+
+    def adjoint_step(self, params: Any, factors: Any, g: Array, /) -> tuple[Array, Any]:
+        """g (B, S) = ∂L/∂s_t -> (g M_t, the part of ∂L/∂s_{t-1} through this step; the step's
+        cotangents, which :meth:`adjoint_grads` turns into parameter gradients)."""
+        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
+
+    def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any, /
+                      ) -> tuple[Any, Array]:
+        """All steps' factors, ∂L/∂s_t and :meth:`adjoint_step` cotangents (T, B, ...) -> (dparams, dxs)."""
+        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
+
     #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
     gates: ClassVar[int] = 1
     #: Whether the state is a pair of (B, H) arrays (LSTM) rather than one array.
@@ -184,7 +179,7 @@ class Affine(Cell):
         loop slicing gates out of one step input runs several times slower on XLA's CPU)."""
         gx = xs @ params["W_x"]
         gx = gx + params["b_x"] if self.input_bias else gx
-        return gx if self.gates == 1 else tuple(_split(gx, self.gates))
+        return gx if self.gates == 1 else tuple(split_gates(gx, self.gates))
 
     def _recurrent(self, params, h):
         gh = h @ params["W_h"]
@@ -192,6 +187,29 @@ class Affine(Cell):
 
     def step(self, params: Any, h: Any, x: Array) -> Any:
         return self.step_projected(params, h, self.project(params, x))
+
+    def _cotangents(self, factors, g):
+        """g (..., S) = ∂L/∂s' -> (dgx, dgh, direct): the cotangents of x W_x + b_x and of h W_h + b_h
+        (one array where they are equal) and ∂L/∂s not through h W_h (None: nothing; LSTM: c's)."""
+        raise NotImplementedError
+
+    def _factors(self, params, s_prev, xs, s):  # all steps' factors at once (default: the steps again)
+        return self.step_factors(params, self.unflatten_state(s_prev), self.project(params, xs))[1]
+
+    def adjoint_step(self, params: Any, factors: Any, g: Array) -> tuple[Array, Any]:
+        dgx, dgh, direct = self._cotangents(factors, g)
+        dh = dgh @ params["W_h"].T
+        g_prev = jnp.concatenate([dh, direct], axis=-1) if self.pair_state else dh if direct is None else dh + direct
+        return g_prev, (dgx,) if dgh is dgx else (dgx, dgh)
+
+    def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any
+                      ) -> tuple[Any, Array]:
+        dgx, dgh = cotangents if len(cotangents) == 2 else cotangents * 2
+        return self._contract(xs, s_prev[..., :self.hidden_size], dgx, dgh), dgx @ params["W_x"].T
+
+    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
+        dgx, dgh, _ = self._cotangents(factors := self._factors(params, s_prev, xs, s), gs)
+        return Affine.adjoint_grads(self, params, s_prev, xs, factors, gs, (dgx, dgh))
 
     def _contract(self, xs, h_prev, dgx, dgh):
         """Parameter gradients of ``(x W_x + b_x, h W_h + b_h)`` from their cotangents (T, B, G)."""
@@ -223,187 +241,6 @@ def autodiff_param_grads(step_one: Callable[[Any, Array, Array], Array], params:
     steps = jax.vmap(jax.vmap(step_one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
     _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
     return vjp(gs)
-
-
-@dataclasses.dataclass(frozen=True)
-class RNN(Affine):
-    """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h [+ h if residual]), σ = ``nonlinearity``
-    ("tanh", "relu" or "sigmoid").
-
-    Transposed Jacobian (row convention): M_t = diag(σ'(a_t)) (W_hᵀ [+ I]), so
-    g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t². The Blelloch backward uses
-    that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
-    same gradients: the cost-model calibration measures the dense products with it).
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's SimpleCell: input only)."""
-
-    input_size: int
-    hidden_size: int
-    nonlinearity: str = "tanh"
-    diagonal: bool = True  # False: ignore the structure and form the matrices (as for GRU/LSTM)
-    input_bias: bool = True
-    hidden_bias: bool = True
-    residual: bool = False
-
-    _activations: ClassVar[tuple[str, ...]] = ("nonlinearity",)
-
-    def __post_init__(self):
-        for name in ("diagonal", "residual"):
-            if not isinstance(getattr(self, name), bool):
-                raise UsageError(f"RNN: {name} must be True or False; got {getattr(self, name)!r}")
-        super().__post_init__()
-
-    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
-        a = gx + self._recurrent(params, h)
-        return ACTIVATIONS[self.nonlinearity][0](a + h if self.residual else a)
-
-    def _dact(self, s):
-        return ACTIVATIONS[self.nonlinearity][1](s)
-
-    def _wt(self, params):
-        W = params["W_h"].T
-        return W + jnp.eye(self.hidden_size, dtype=W.dtype) if self.residual else W
-
-    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
-        return self._dact(s)[..., :, None] * self._wt(params)
-
-    @property
-    def has_diagonal_jacobian(self) -> bool:
-        return self.diagonal
-
-    def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array] | None:
-        return (self._dact(s), self._wt(params)) if self.diagonal else None
-
-    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
-        da = gs * self._dact(s)
-        return self._contract(xs, s_prev, da, da), da @ params["W_x"].T
-
-
-@dataclasses.dataclass(frozen=True)
-class GRU(Affine):
-    """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
-
-        r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
-        m = h W_hn + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
-
-    Transposed Jacobian (the paper's fused formula, row convention):
-        M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n r) W_hnᵀ + diag(z),
-        u_n = (1 − z) φ'(n),  u_r = u_n m σ'(r),  u_z = (h − n) σ'(z).
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's GRUCell: input only)."""
-
-    input_size: int
-    hidden_size: int
-    gate: str = "sigmoid"
-    activation: str = "tanh"
-    input_bias: bool = True
-    hidden_bias: bool = True
-
-    gates: ClassVar[int] = 3
-
-    def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (r, z, n)
-        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        (x_r, x_z, x_n), (h_r, h_z, m) = gx, _split(self._recurrent(params, h), 3)
-        return (r := sigma(x_r + h_r)), sigma(x_z + h_z), m, phi(x_n + r * m)
-
-    def step_projected(self, params: Any, h: Array, gx: Any) -> Array:
-        r, z, m, n = self._gates(params, h, gx)
-        return (1.0 - z) * n + z * h
-
-    def gate_terms(self, params: Any, s_prev: Array, xs: Array) -> tuple[Array, ...]:  # (r, z, u_r, u_z, u_n), per unit
-        r, z, m, n = self._gates(params, s_prev, self.project(params, xs))
-        dsigma = ACTIVATIONS[self.gate][1]
-        u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
-        return r, z, u_n * m * dsigma(r), (s_prev - n) * dsigma(z), u_n
-
-    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
-        H = self.hidden_size
-        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
-        W = params["W_h"].reshape(H, 3, H)  # (in j, gate, out i)
-        M = jnp.einsum("...gi,jgi->...ij", jnp.stack([u_r, u_z, u_n * r], axis=-2), W)
-        return M + z[..., :, None] * jnp.eye(H, dtype=M.dtype)
-
-    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
-        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
-        da_r, da_z, da_n = gs * u_r, gs * u_z, gs * u_n
-        dgx = jnp.concatenate([da_r, da_z, da_n], axis=-1)
-        dgh = jnp.concatenate([da_r, da_z, da_n * r], axis=-1)
-        return self._contract(xs, s_prev, dgx, dgh), dgx @ params["W_x"].T
-
-
-@dataclasses.dataclass(frozen=True)
-class LSTM(Affine):
-    """LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
-    tanh); the state is (h, c), flat s = [h, c] (2H).
-
-        i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),  a = x W_x + b_x + h W_h + b_h,
-        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
-
-    With k = o φ'(c'), P = Σ_{q∈i,f,g} diag(p_q) W_hqᵀ (p_i = g σ'(i), p_f = c σ'(f),
-    p_g = i φ'(g)) and Q = diag(φ(c') σ'(o)) W_hoᵀ, the 2H × 2H transposed Jacobian is
-
-        M = [[diag(k) P + Q, diag(k f)],     rows: ∂L/∂h', ∂L/∂c'
-             [P,             diag(f)  ]]     columns: ∂L/∂h, ∂L/∂c
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's LSTM cells: hidden only)."""
-
-    input_size: int
-    hidden_size: int
-    gate: str = "sigmoid"
-    activation: str = "tanh"
-    input_bias: bool = True
-    hidden_bias: bool = True
-
-    gates: ClassVar[int] = 4
-    pair_state: ClassVar[bool] = True
-
-    @property
-    def state_size(self) -> int:
-        return 2 * self.hidden_size
-
-    def flatten_state(self, h: tuple[Array, Array]) -> Array:
-        return jnp.concatenate(h, axis=-1)
-
-    def unflatten_state(self, s: Array) -> tuple[Array, Array]:
-        return tuple(_split(s, 2))  # pyright: ignore[reportReturnType]
-
-    def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (i, f, g, o)
-        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        i, f, g, o = (x + r for x, r in zip(gx, _split(self._recurrent(params, h), 4), strict=True))
-        return sigma(i), sigma(f), phi(g), sigma(o)
-
-    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
-        h, c = state
-        i, f, g, o = self._gates(params, h, gx)
-        c_new = f * c + i * g
-        return o * ACTIVATIONS[self.activation][0](c_new), c_new
-
-    def _terms(self, params, s_prev, xs, s):
-        H = self.hidden_size
-        h, c = s_prev[..., :H], s_prev[..., H:]
-        i, f, g, o = self._gates(params, h, self.project(params, xs))
-        phi, dphi = ACTIVATIONS[self.activation]
-        dsigma = ACTIVATIONS[self.gate][1]
-        tc = phi(s[..., H:])
-        k = o * dphi(tc)  # ∂h'/∂c'
-        p = (g * dsigma(i), c * dsigma(f), i * dphi(g))  # ∂c'/∂a_i, ∂c'/∂a_f, ∂c'/∂a_g
-        return f, k, p, tc * dsigma(o)  # the last: ∂h'/∂a_o
-
-    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
-        H = self.hidden_size
-        f, k, p, q = self._terms(params, s_prev, xs, s)
-        W = params["W_h"].reshape(H, 4, H)  # (in j, gate, out m)
-        Uc = jnp.stack(p + (jnp.zeros_like(q),), axis=-2)  # dc'_tot -> dh
-        Uh = jnp.stack(tuple(k * pq for pq in p) + (q,), axis=-2)  # g_h' -> dh
-        eye = jnp.eye(H, dtype=q.dtype)
-        top = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uh, W), (k * f)[..., :, None] * eye], axis=-1)
-        bottom = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uc, W), f[..., :, None] * eye], axis=-1)
-        return jnp.concatenate([top, bottom], axis=-2)
-
-    def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
-        H = self.hidden_size
-        f, k, p, q = self._terms(params, s_prev, xs, s)
-        g_h, g_c = gs[..., :H], gs[..., H:]
-        dc = g_c + g_h * k
-        da = jnp.concatenate([dc * p[0], dc * p[1], dc * p[2], g_h * q], axis=-1)
-        return self._contract(xs, s_prev[..., :H], da, da), da @ params["W_x"].T
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -1,0 +1,64 @@
+"""BPTT by a cell's analytic adjoint (cells with ``has_adjoint``: :class:`bppsa.cells.Cell`'s
+``step_factors``, ``adjoint_step``, ``adjoint_grads``), what ``backward="bptt"`` runs for them.
+
+The forward keeps, beside the states, the per-unit factors of each step's Jacobian
+(:func:`factor_states`); the backward is one loop from the last step, g_{t-1} = (g_t + ct_t) M_t,
+where M_t is never formed: one product with W_hᵀ and a few elementwise ones a step
+(:func:`sequential_adjoint`). Autodiff's BPTT through ``lax.scan`` runs the same recurrence, but its
+loop also sums every parameter's gradient step by step and stores whatever its tracing kept; here
+the parameter gradients are either one product each after the loop (cuDNN's split of the backward
+into data and weights) or summed in it, whichever the plan chose (:func:`bppsa.cost.adjoint_in_loop`).
+:mod:`bppsa._backward` wraps both into its ``custom_jvp`` (forward mode, Hessian-vector products)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+
+from bppsa.cells.base import Cell
+
+__all__ = ["factor_states", "sequential_adjoint"]
+
+
+def factor_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool = 1, hoist: bool = True
+                  ) -> tuple[Array, Any]:
+    """The sequential forward (xs (T, B, I), s0 (B, S) -> ss (T, B, S)) and each step's
+    :meth:`bppsa.cells.Cell.step_factors` (T, B, ...): one ``lax.scan``. ``hoist``: the input's part
+    of every step computed before the loop (one product), else inside each step."""
+    def body(s, u):
+        new, f = cell.step_factors(params, cell.unflatten_state(s), u if hoist else cell.project(params, u))
+        return cell.flatten_state(new), (cell.flatten_state(new), f)
+
+    return lax.scan(body, s0, cell.project(params, xs) if hoist else xs, unroll=unroll)[1]
+
+
+def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array, factors: Any,
+                       unroll: int | bool | None = 1, in_loop: bool = False) -> tuple[Array, Any, Array, Array]:
+    """BPTT by the cell's analytic adjoint (cells with ``has_adjoint``): one loop over the steps from
+    the last, g_{t-1} = (g_t + ct_t) M_t by :meth:`bppsa.cells.Cell.adjoint_step` on the forward's
+    ``factors`` (no Jacobian formed; one product with W_hᵀ a step). The parameter gradients
+    (:meth:`bppsa.cells.Cell.adjoint_grads`): after the loop, one product each over all steps from
+    the cotangents it wrote out; ``in_loop``: summed step by step in the loop, as autodiff's BPTT
+    does (nothing (T, B, G·H) written and read back: :func:`bppsa.cost.adjoint_in_loop` decides).
+    Returns what :func:`bppsa._backward.adjoint` does:
+    (gs (T, B, S), dparams, dxs (T, B, I), g0 (B, S))."""
+    def body(carry, inp):
+        g, acc = carry
+        g = g + inp[0]
+        g_prev, cotangents = cell.adjoint_step(params, inp[1], g)
+        if not in_loop:
+            return (g_prev, acc), (g, cotangents)
+        one = lambda a: jax.tree.map(lambda v: v[None], a)
+        dp, dx = cell.adjoint_grads(params, *one((inp[2], inp[3], inp[1], g, cotangents)))
+        return (g_prev, jax.tree.map(jnp.add, acc, dp)), (g, dx[0])
+
+    previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)  # the state before each step
+    acc0 = jax.tree.map(jnp.zeros_like, params) if in_loop else None
+    inputs = (ct.astype(ss.dtype), factors) + ((previous, xs) if in_loop else ())
+    (g0, acc), (gs, out) = lax.scan(body, (jnp.zeros_like(s0), acc0), inputs, reverse=True,
+                                    unroll=1 if unroll is None else unroll)
+    dparams, dxs = (acc, out) if in_loop else cell.adjoint_grads(params, previous, xs, factors, gs, out)
+    return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)

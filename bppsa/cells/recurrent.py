@@ -1,0 +1,225 @@
+"""The published recurrent cells, each one's maths written once: :class:`RNN` (Elman), :class:`GRU`
+and :class:`LSTM`, with analytic transposed Jacobians, parameter gradients and adjoint steps
+(conventions as fields: :mod:`bppsa.cells`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+from jax import Array
+
+from bppsa.cells.base import ACTIVATIONS, Affine, split_gates
+from bppsa.errors import UsageError
+
+__all__ = ["RNN", "GRU", "LSTM"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RNN(Affine):
+    """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h [+ h if residual]), σ = ``nonlinearity``
+    ("tanh", "relu" or "sigmoid").
+
+    Transposed Jacobian (row convention): M_t = diag(σ'(a_t)) (W_hᵀ [+ I]), so
+    g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t². The Blelloch backward uses
+    that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
+    same gradients: the cost-model calibration measures the dense products with it).
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's SimpleCell: input only)."""
+
+    input_size: int
+    hidden_size: int
+    nonlinearity: str = "tanh"
+    diagonal: bool = True  # False: ignore the structure and form the matrices (as for GRU/LSTM)
+    input_bias: bool = True
+    hidden_bias: bool = True
+    residual: bool = False
+
+    _activations: ClassVar[tuple[str, ...]] = ("nonlinearity",)
+
+    def __post_init__(self):
+        for name in ("diagonal", "residual"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"RNN: {name} must be True or False; got {getattr(self, name)!r}")
+        super().__post_init__()
+
+    has_adjoint: ClassVar[bool] = True
+
+    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
+        a = gx + self._recurrent(params, h)
+        return ACTIVATIONS[self.nonlinearity][0](a + h if self.residual else a)
+
+    def step_factors(self, params: Any, h: Array, gx: Array) -> tuple[Array, Any]:
+        y = self.step_projected(params, h, gx)
+        return y, (self._dact(y),)
+
+    def _factors(self, params, s_prev, xs, s):
+        return (self._dact(s),)
+
+    def _cotangents(self, factors, g):
+        da = g * factors[0]
+        return da, da, da if self.residual else None
+
+    def _dact(self, s):
+        return ACTIVATIONS[self.nonlinearity][1](s)
+
+    def _wt(self, params):
+        W = params["W_h"].T
+        return W + jnp.eye(self.hidden_size, dtype=W.dtype) if self.residual else W
+
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
+        return self._dact(s)[..., :, None] * self._wt(params)
+
+    @property
+    def has_diagonal_jacobian(self) -> bool:
+        return self.diagonal
+
+    def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array] | None:
+        return (self._dact(s), self._wt(params)) if self.diagonal else None
+
+
+
+@dataclasses.dataclass(frozen=True)
+class GRU(Affine):
+    """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
+
+        r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
+        m = h W_hn + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
+
+    Transposed Jacobian (the paper's fused formula, row convention):
+        M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n r) W_hnᵀ + diag(z),
+        u_n = (1 − z) φ'(n),  u_r = u_n m σ'(r),  u_z = (h − n) σ'(z).
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's GRUCell: input only)."""
+
+    input_size: int
+    hidden_size: int
+    gate: str = "sigmoid"
+    activation: str = "tanh"
+    input_bias: bool = True
+    hidden_bias: bool = True
+
+    gates: ClassVar[int] = 3
+
+    def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (r, z, n)
+        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
+        (x_r, x_z, x_n), (h_r, h_z, m) = gx, split_gates(self._recurrent(params, h), 3)
+        return (r := sigma(x_r + h_r)), sigma(x_z + h_z), m, phi(x_n + r * m)
+
+    has_adjoint: ClassVar[bool] = True
+
+    def step_projected(self, params: Any, h: Array, gx: Any) -> Array:
+        r, z, m, n = self._gates(params, h, gx)
+        return (1.0 - z) * n + z * h
+
+    def _gate_factors(self, h, r, z, m, n):  # (r, z, u_r, u_z, u_n), per unit
+        dsigma = ACTIVATIONS[self.gate][1]
+        u_n = (1.0 - z) * ACTIVATIONS[self.activation][1](n)  # ∂h'/∂(pre-activation of n)
+        return r, z, u_n * m * dsigma(r), (h - n) * dsigma(z), u_n
+
+    def gate_terms(self, params: Any, s_prev: Array, xs: Array) -> tuple[Array, ...]:  # all steps' factors
+        return self._gate_factors(s_prev, *self._gates(params, s_prev, self.project(params, xs)))
+
+    def step_factors(self, params: Any, h: Array, gx: Any) -> tuple[Array, Any]:
+        """The step and (z, u_r, u_z, u_n r, u_n): the loop reads the first four, the input's gradient the last."""
+        r, z, m, n = self._gates(params, h, gx)
+        _, _, u_r, u_z, u_n = self._gate_factors(h, r, z, m, n)
+        return (1.0 - z) * n + z * h, (z, u_r, u_z, u_n * r, u_n)
+
+    def _cotangents(self, factors, g):
+        z, u_r, u_z, u_nr, u_n = factors
+        da_r, da_z = g * u_r, g * u_z
+        return jnp.concatenate([da_r, da_z, g * u_n], -1), jnp.concatenate([da_r, da_z, g * u_nr], -1), g * z
+
+    def adjoint_step(self, params: Any, factors: Any, g: Array) -> tuple[Array, Any]:  # emits h W_h's cotangent only
+        _, dgh, direct = self._cotangents(factors, g)
+        return dgh @ params["W_h"].T + direct, (dgh,)
+
+    def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any
+                      ) -> tuple[Any, Array]:  # the input's cotangent differs from h W_h's in the n gate only
+        dgh = cotangents[0]
+        dgx = jnp.concatenate([dgh[..., :2 * self.hidden_size], gs * factors[4]], -1)
+        return super().adjoint_grads(params, s_prev, xs, factors, gs, (dgx, dgh))
+
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
+        H = self.hidden_size
+        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
+        W = params["W_h"].reshape(H, 3, H)  # (in j, gate, out i)
+        M = jnp.einsum("...gi,jgi->...ij", jnp.stack([u_r, u_z, u_n * r], axis=-2), W)
+        return M + z[..., :, None] * jnp.eye(H, dtype=M.dtype)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTM(Affine):
+    """LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
+    tanh); the state is (h, c), flat s = [h, c] (2H).
+
+        i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),  a = x W_x + b_x + h W_h + b_h,
+        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
+
+    With k = o φ'(c'), P = Σ_{q∈i,f,g} diag(p_q) W_hqᵀ (p_i = g σ'(i), p_f = c σ'(f),
+    p_g = i φ'(g)) and Q = diag(φ(c') σ'(o)) W_hoᵀ, the 2H × 2H transposed Jacobian is
+
+        M = [[diag(k) P + Q, diag(k f)],     rows: ∂L/∂h', ∂L/∂c'
+             [P,             diag(f)  ]]     columns: ∂L/∂h, ∂L/∂c
+    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's LSTM cells: hidden only)."""
+
+    input_size: int
+    hidden_size: int
+    gate: str = "sigmoid"
+    activation: str = "tanh"
+    input_bias: bool = True
+    hidden_bias: bool = True
+
+    gates: ClassVar[int] = 4
+    pair_state: ClassVar[bool] = True
+
+    @property
+    def state_size(self) -> int:
+        return 2 * self.hidden_size
+
+    def flatten_state(self, h: tuple[Array, Array]) -> Array:
+        return jnp.concatenate(h, axis=-1)
+
+    def unflatten_state(self, s: Array) -> tuple[Array, Array]:
+        return tuple(split_gates(s, 2))  # pyright: ignore[reportReturnType]
+
+    def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (i, f, g, o)
+        sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
+        i, f, g, o = (x + r for x, r in zip(gx, split_gates(self._recurrent(params, h), 4), strict=True))
+        return sigma(i), sigma(f), phi(g), sigma(o)
+
+    has_adjoint: ClassVar[bool] = True
+
+    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
+        h, c = state
+        i, f, g, o = self._gates(params, h, gx)
+        c_new = f * c + i * g
+        return o * ACTIVATIONS[self.activation][0](c_new), c_new
+
+    def step_factors(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Any, Any]:
+        """The step and (f, k, p_i, p_f, p_g, q): k = ∂h'/∂c', p = ∂c'/∂a_{i,f,g}, q = ∂h'/∂a_o."""
+        h, c = state
+        i, f, g, o = self._gates(params, h, gx)
+        phi, dphi = ACTIVATIONS[self.activation]
+        dsigma = ACTIVATIONS[self.gate][1]
+        tc = phi(c_new := f * c + i * g)
+        return (o * tc, c_new), (f, o * dphi(tc), g * dsigma(i), c * dsigma(f), i * dphi(g), tc * dsigma(o))
+
+    def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
+        H = self.hidden_size
+        f, k, *p, q = self._factors(params, s_prev, xs, s)
+        W = params["W_h"].reshape(H, 4, H)  # (in j, gate, out m)
+        Uc = jnp.stack(p + [jnp.zeros_like(q)], axis=-2)  # dc'_tot -> dh
+        Uh = jnp.stack([k * pq for pq in p] + [q], axis=-2)  # g_h' -> dh
+        eye = jnp.eye(H, dtype=q.dtype)
+        top = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uh, W), (k * f)[..., :, None] * eye], axis=-1)
+        bottom = jnp.concatenate([jnp.einsum("...gm,jgm->...mj", Uc, W), f[..., :, None] * eye], axis=-1)
+        return jnp.concatenate([top, bottom], axis=-2)
+
+    def _cotangents(self, factors, g):
+        f, k, p_i, p_f, p_g, q = factors
+        g_h, g_c = split_gates(g, 2)
+        dc = g_c + g_h * k
+        da = jnp.concatenate([dc * p_i, dc * p_f, dc * p_g, g_h * q], axis=-1)
+        return da, da, dc * f
