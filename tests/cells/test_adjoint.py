@@ -83,8 +83,13 @@ def test_adjoint_bptt_gradients_match_autodiff_every_combination(name, T, B, met
         _check_gradients(name, T, B, method, hoist)
 
 
-@pytest.mark.parametrize("name", ["rnn-tanh", "gru", "lstm", "flax-lstm"])
-@pytest.mark.parametrize("method", ["adjoint", "adjoint_in_loop"])
+@pytest.mark.parametrize("name, method", [("gru", "adjoint"), ("flax-lstm", "adjoint_in_loop"),
+                                          pytest.param("rnn-tanh", "adjoint", marks=pytest.mark.slow),
+                                          pytest.param("rnn-tanh", "adjoint_in_loop", marks=pytest.mark.slow),
+                                          pytest.param("gru", "adjoint_in_loop", marks=pytest.mark.slow),
+                                          pytest.param("lstm", "adjoint", marks=pytest.mark.slow),
+                                          pytest.param("lstm", "adjoint_in_loop", marks=pytest.mark.slow),
+                                          pytest.param("flax-lstm", "adjoint", marks=pytest.mark.slow)])
 def test_adjoint_bptt_forward_mode_and_hessian_vector_products(name, method):
     cell, params, xs, h0, w = _setup(name, 9, 2, seed=1)
     tangent = jax.tree.map(lambda a: jax.random.normal(jax.random.key(7), a.shape, a.dtype), params)
