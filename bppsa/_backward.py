@@ -51,7 +51,7 @@ __all__ = ["step_elements", "step_diagonal", "forward_states", "bppsa_states", "
 
 
 def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None,
-                   hoist: bool = True, factors: bool = False) -> Any:
+                   hoist: bool = True) -> Array:
     """Flat-state forward: s0 (B, S), xs (T, B, I) -> ss (T, B, S), one ``lax.scan``; BPTT of a cell
     without an analytic adjoint is its autodiff. ``hoist``: the input's part of every step
     (:meth:`bppsa.cells.Cell.project`) is computed for all steps before the loop (one large
@@ -59,11 +59,9 @@ def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | 
     plain ``lax.scan`` of ``cell.step`` does (BPTT's plan decides: :attr:`bppsa.options.Plan.hoist`).
     ``unroll``: the scan's unroll factor (the entry points pass their plan's int); None (default,
     for direct callers) the tuned one for this shape and backend (:func:`bppsa.options.unroll_for`);
-    1 is the plain ``lax.scan``. ``factors``: (ss, the steps' factors), :func:`bppsa.cells.adjoint.factor_states`."""
+    1 is the plain ``lax.scan``."""
     if unroll is None:
         unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
-    if factors:
-        return factor_states(cell, params, xs, s0, unroll, hoist)
     step = cell.step_projected if hoist else cell.step
 
     def body(s, u):
@@ -308,9 +306,12 @@ def bppsa_states(cell: Cell, scan_method: str, chunk_size: int | None, params: A
 @bppsa_states.defjvp
 def _bppsa_jvp(cell, scan_method, chunk_size, precision, unroll, hoist, primals, tangents):
     params, xs, s0 = primals
-    adjoint_ = scan_method.startswith("adjoint")
-    out = forward_states(cell, params, xs, s0, unroll, hoist, factors=adjoint_)
-    ss, factors = out if adjoint_ else (out, None)
+    if not scan_method.startswith("adjoint"):
+        ss = forward_states(cell, params, xs, s0, unroll, hoist)
+        return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents)
+    if unroll is None:
+        unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
+    ss, factors = factor_states(cell, params, xs, s0, unroll, hoist)  # the adjoint reads the steps' factors
     return ss, _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents, (factors, unroll))
 
 

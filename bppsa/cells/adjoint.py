@@ -36,7 +36,7 @@ def factor_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | b
 
 
 def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array, factors: Any,
-                       unroll: int | bool | None = 1, in_loop: bool = False) -> tuple[Array, Any, Array, Array]:
+                       unroll: int | bool = 1, in_loop: bool = False) -> tuple[Array, Any, Array, Array]:
     """BPTT by the cell's analytic adjoint (cells with ``has_adjoint``): one loop over the steps from
     the last, g_{t-1} = (g_t + ct_t) M_t by :meth:`bppsa.cells.Cell.adjoint_step` on the forward's
     ``factors`` (no Jacobian formed; one product with W_hᵀ a step). The parameter gradients
@@ -58,7 +58,6 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
     previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)  # the state before each step
     acc0 = jax.tree.map(jnp.zeros_like, params) if in_loop else None
     inputs = (ct.astype(ss.dtype), factors) + ((previous, xs) if in_loop else ())
-    (g0, acc), (gs, out) = lax.scan(body, (jnp.zeros_like(s0), acc0), inputs, reverse=True,
-                                    unroll=1 if unroll is None else unroll)
+    (g0, acc), (gs, out) = lax.scan(body, (jnp.zeros_like(s0), acc0), inputs, reverse=True, unroll=unroll)
     dparams, dxs = (acc, out) if in_loop else cell.adjoint_grads(params, previous, xs, factors, gs, out)
     return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)
