@@ -62,10 +62,10 @@ def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | 
     1 is the plain ``lax.scan``."""
     if unroll is None:
         unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
-    step = cell.step_projected if hoist else cell.step
+    step, lp = cell.step_projected if hoist else cell.step, cell.loop_params(params)
 
     def body(s, u):
-        s_new = cell.flatten_state(step(params, cell.unflatten_state(s), u))
+        s_new = cell.flatten_state(step(lp, cell.unflatten_state(s), u))
         return s_new, s_new
 
     _, ss = lax.scan(body, s0, cell.project(params, xs) if hoist else xs, unroll=unroll)

@@ -84,7 +84,7 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
     elif plan.backward == "bptt":
         ss = forward_states(cell, params, xs, s0, unroll=plan.unroll, hoist=plan.hoist)
     else:
-        ss = bppsa_states(cell, plan.scan, plan.chunk_size, params, xs, s0, plan.precision, plan.unroll)
+        ss = bppsa_states(cell, plan.scan, plan.chunk_size, params, xs, s0, plan.precision, plan.unroll, plan.hoist)
     out = cell.unflatten_state(ss)
     return (out, info) if return_info else out
 

@@ -132,12 +132,11 @@ def _hidden(cell: Cell, state_size: int | None) -> int:
 
 def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None,
                 state_size: int | None = None) -> int:
-    """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method) for
-    this cell and shape: on CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for
-    tiny problems, T·w <= 2·10⁴; T, no loop, for T <= 16), elsewhere :data:`GPU_UNROLL`; never
-    more than T. Decided at trace time from ``jax.default_backend()``.
-    ``dtype`` is accepted for the rule's signature; float32 and float64 use the same table.
-    ``state_size``: the flat state width, for cells that do not declare their size (``Generic``)."""
+    """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method): on
+    CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for tiny problems, T·w <=
+    2·10⁴; T, no loop, for T <= 16; 1 or 2 for an elementwise step), elsewhere
+    :data:`GPU_UNROLL`; never more than T. ``dtype``: float32 and float64 share the table;
+    ``state_size``: the flat state width of cells that do not declare their size (``Generic``)."""
     if (backend or jax.default_backend()) != "cpu":
         u = GPU_UNROLL
     else:
@@ -147,32 +146,44 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
             u = 1
         elif T <= 16:  # short sequences: no loop at all (the measurements: experiments/results/cpu/bptt-unroll.md)
             u = T
+        elif cell.elementwise_step:
+            u = 2 if B * cell.gates * H <= ELEMENTWISE_UNROLL2_MAX else 1
         else:
             u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and B <= b), 1)
     return max(1, min(u, int(T)))
 
 
-#: BPTT computes the inputs' part of every step before its loop (:func:`bptt_hoist`) on CPU when a
-#: step's projected input, B·G·H numbers, is at most this: one product per step less in the forward
-#: and in the backward, against (T, B, G·H) arrays written and read once more each way, which cost
-#: more than the products save beyond it (measured: experiments/history/flax-parity.md).
+#: The sequential forward computes the inputs' part of every step before its loop (:func:`hoist_inputs`)
+#: for BPTT on CPU when a step's projected input, B·G·H numbers, is at most this (beyond it the
+#: (T, B, G·H) arrays written and read once more cost more than the products save; measured:
+#: experiments/history/flax-parity.md); for a cell whose step is elementwise (``Cell.elementwise_step``)
+#: while its T·B·G·H inputs fit in about a core's L2 cache, :data:`ELEMENTWISE_HOIST_BYTES`. Such a
+#: loop is unrolled twice for tiny steps (B·G·H <= :data:`ELEMENTWISE_UNROLL2_MAX`), else not at all:
+#: larger unrolls make its backward 2-4x slower (measured by experiments/history/elementwise_loop_bench.py).
 HOIST_MAX = 1024
+ELEMENTWISE_HOIST_BYTES = 4 << 20
+ELEMENTWISE_UNROLL2_MAX = 96
 
 
-def bptt_hoist(cell: Cell, B: int, backend: str | None = None, state_size: int | None = None) -> bool:
-    """Whether BPTT's forward computes ``cell.project`` for all steps before its loop (True) or
-    inside each step, as a plain ``lax.scan`` of the cell's step does: on CPU when B·G·H <=
-    :data:`HOIST_MAX`; elsewhere always (one large product beats T small ones)."""
+def hoist_inputs(cell: Cell, T: int, B: int, dtype: Any = None, backward: str = "bptt", backend: str | None = None,
+                 state_size: int | None = None) -> bool:
+    """Whether the sequential forward computes ``cell.project`` for all steps before its loop
+    (True) or inside each step, as a plain ``lax.scan`` of the cell's step does. On CPU: for a
+    ``Cell.elementwise_step`` cell while T·B·G·H numbers of ``dtype`` (default float32) are at most
+    :data:`ELEMENTWISE_HOIST_BYTES`; for other cells with BPTT while B·G·H <= :data:`HOIST_MAX`,
+    with every other ``backward`` always. Elsewhere always (one large product beats T small ones)."""
     if (backend or jax.default_backend()) != "cpu":
         return True
-    return B * cell.gates * _hidden(cell, state_size) <= HOIST_MAX
+    width = B * cell.gates * _hidden(cell, state_size)
+    if cell.elementwise_step:
+        return T * width * np.dtype(dtype or np.float32).itemsize <= ELEMENTWISE_HOIST_BYTES
+    return backward != "bptt" or width <= HOIST_MAX
 
 
 #: BPTT by a cell's analytic adjoint (:func:`bppsa.cells.adjoint.sequential_adjoint`) sums the parameter
-#: gradients step by step in its loop, as autodiff's BPTT does, on CPU from this batch size on when a
-#: step's cotangent (B·G·H numbers) is above :data:`HOIST_MAX`; otherwise its loop writes each step's
-#: cotangents out and the gradients are one product each after it (fewer operations a step, against
-#: (T, B, G·H) arrays written and read back). Measured: experiments/history/analytic-bptt.md.
+#: gradients in its loop, as autodiff's BPTT does, on CPU from this batch size on when B·G·H >
+#: :data:`HOIST_MAX`; otherwise its loop writes each step's cotangents out and each gradient is one
+#: product after it. Measured: experiments/history/analytic-bptt.md.
 ADJOINT_LOOP_MIN_BATCH = 32
 
 

@@ -220,7 +220,7 @@ class Options:
         tol = tolerance(s_dtype, r.tol)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
-        hoist = r.backward != "bptt" or parallel or cost_lib.bptt_hoist(cell, B, backend, S)
+        hoist = parallel or cost_lib.hoist_inputs(cell, T, B, xs.dtype, r.backward, backend, S)
         in_loop = r.backward == "bptt" and not parallel and cost_lib.adjoint_in_loop(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
                     hoist=hoist, gate=gate, weights_in_loop=in_loop)
@@ -249,8 +249,8 @@ class Plan(Options):
       solve_chunk: the parallel forward's chunk length for its linear solves (an int, or None:
         one chunk; None for the sequential forward and with a mesh).
       devices: the size of the mesh axis the time is split over; None: one device, no mesh.
-      hoist: BPTT's forward computes the inputs' part of all steps before its loop
-        (:func:`bppsa.cost.bptt_hoist`); every other forward does (True).
+      hoist: the sequential forward computes the inputs' part of all steps before its loop
+        (:func:`bppsa.cost.hoist_inputs`); the parallel forwards always do (True).
       weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
         loop (:func:`bppsa.cost.adjoint_in_loop`); False: one product each after it.
       gate: ``forward="auto"`` chose the parallel forward on this backend: the most iterations at

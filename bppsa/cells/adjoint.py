@@ -28,8 +28,10 @@ def factor_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | b
     """The sequential forward (xs (T, B, I), s0 (B, S) -> ss (T, B, S)) and each step's
     :meth:`bppsa.cells.Cell.step_factors` (T, B, ...): one ``lax.scan``. ``hoist``: the input's part
     of every step computed before the loop (one product), else inside each step."""
+    lp = cell.loop_params(params)
+
     def body(s, u):
-        new, f = cell.step_factors(params, cell.unflatten_state(s), u if hoist else cell.project(params, u))
+        new, f = cell.step_factors(lp, cell.unflatten_state(s), u if hoist else cell.project(params, u))
         return cell.flatten_state(new), (cell.flatten_state(new), f)
 
     return lax.scan(body, s0, cell.project(params, xs) if hoist else xs, unroll=unroll)[1]
@@ -45,10 +47,12 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
     does (nothing (T, B, G·H) written and read back: :func:`bppsa.cost.adjoint_in_loop` decides).
     Returns what :func:`bppsa._backward.adjoint` does:
     (gs (T, B, S), dparams, dxs (T, B, I), g0 (B, S))."""
+    lp = cell.loop_params(params)
+
     def body(carry, inp):
         g, acc = carry
         g = g + inp[0]
-        g_prev, cotangents = cell.adjoint_step(params, inp[1], g)
+        g_prev, cotangents = cell.adjoint_step(lp, inp[1], g)
         if not in_loop:
             return (g_prev, acc), (g, cotangents)
         one = lambda a: jax.tree.map(lambda v: v[None], a)

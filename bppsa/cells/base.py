@@ -67,6 +67,14 @@ class Cell(abc.ABC):
         """:meth:`step` from ``u = project(params, x)`` (default: ``step(params, h, u)``)."""
         return self.step(params, h, u)
 
+    def loop_params(self, params: Any, /) -> Any:
+        """``params`` as a loop over the steps hands them to :meth:`step`, :meth:`step_projected`,
+        :meth:`step_factors` and :meth:`adjoint_step` (which accept both forms; every other method
+        takes ``params``): rearrangements the steps would otherwise repeat, done once before the
+        loop (XLA fuses a loop-invariant slice into the step's fusion instead of hoisting it).
+        Default: ``params``."""
+        return params
+
     @abc.abstractmethod
     def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
         """s_prev, s: (T, B, S), xs: (T, B, I) -> Ms (T, B, S, S) with g_{t-1} = g_t @ M_t,
@@ -88,6 +96,12 @@ class Cell(abc.ABC):
     @property
     def jacobian_block_size(self) -> int | None:  # k: each M_t block-diagonal, S/k contiguous (k, k)
         return None  # blocks (1: diagonal), the scans then use jacobian_blocks; None: dense
+
+    @property
+    def elementwise_step(self) -> bool:
+        """Whether each unit's next value reads only its own previous units (Jacobian blocks 1 x 1,
+        or 2 x 2 for a pair state (h, c)): a step is then a few elementwise operations."""
+        return self.jacobian_block_size == (2 if self.pair_state else 1)
 
     def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
         """M_t's diagonal blocks (T, B, S/k, k, k); default: the dense M_t as one block."""

@@ -321,6 +321,8 @@ class Masked(_Wrapper):
     def init(self, key, dtype=jnp.float32):
         return self.inner.init(key, dtype)
 
+    def loop_params(self, params): return self.inner.loop_params(params)  # the inner steps get them as is
+
     def project(self, params, xs):  # (the inner cell's projection, the mask)
         return self.inner.project(params, xs[..., :-1]), xs[..., -1:] > 0
 
@@ -357,10 +359,8 @@ def _analytic(flax_cell, carry=None, x_dtype=None):
     promotion); None otherwise."""
     layout = next((k for k, t in _FLAX_TYPES.items() if type(flax_cell) is t), None)
     structured = getattr(flax_cell, "bppsa_cell", None)  # bppsa.nn.structured's cells: their own cell
-    if layout is None and not callable(structured):
-        return None
     fns = [] if layout is None else [flax_cell.activation_fn] + ([] if layout == "simple" else [flax_cell.gate_fn])
-    if not all(f in ACTIVATION_NAMES for f in fns):
+    if (layout is None and not callable(structured)) or not all(f in ACTIVATION_NAMES for f in fns):
         return None
     if carry is not None:
         leaves = jax.tree.leaves(carry) + jax.tree.leaves(cell_params(flax_cell))

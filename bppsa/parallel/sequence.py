@@ -173,10 +173,12 @@ def _forward_body(cell, T, P, seq_axis, params, xs, s0):
     idx = lax.axis_index(seq_axis)
     valid = idx * C + jnp.arange(C) < T
 
+    lp = cell.loop_params(params)
+
     def chunk(s):
         def body(s, inp):
             u, ok = inp
-            s_new = cell.flatten_state(cell.step_projected(params, cell.unflatten_state(s), u))
+            s_new = cell.flatten_state(cell.step_projected(lp, cell.unflatten_state(s), u))
             s_new = jnp.where(ok, s_new, s)  # padded steps carry the state unchanged
             return s_new, s_new
         return lax.scan(body, s, (cell.project(params, xs), valid))[1]

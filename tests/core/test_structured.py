@@ -129,6 +129,36 @@ def test_rnn_gradients_match_autodiff(name, T, B):
     _check(cell, params, xs, h0, backwards=("bppsa", "bptt"))
 
 
+@pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
+def test_elementwise_loop_rules_and_loop_params(name):
+    """At head size 1 a step is elementwise (Cell.elementwise_step): on CPU the sequential
+    forward of BPTT and of BPPSA computes the input product before its loop only while the products
+    are small, and unrolls only tiny steps; the steps read W_h as the gates' rows (Cell.loop_params),
+    equal to the steps on the stored layout; states and gradients (T = 13, odd; B = 3) against
+    float64 autodiff through lax.scan."""
+    cell, params, xs, h0 = _setup(name, 13, 3, seed=7)
+    elementwise = cell.head_size == 1
+    assert cell.elementwise_step is elementwise
+    assert flax_cells.Masked(cell).elementwise_step is elementwise
+    for backward in ("bptt", "bppsa"):  # (T, B, G·H) float32 inputs: <= 96 KiB hoisted, >= 12 MiB in the loop
+        for T, B, hoisted in ((1024, 1, True), (16384, 32, not elementwise)):
+            plan = bppsa.Options(backward=backward).plan(cell, jnp.zeros((T, B, 3)), jnp.zeros((B, cell.state_size)))
+            assert plan.hoist is hoisted, (backward, T, B)  # B·G·H <= HOIST_MAX: BPTT hoists the others' too
+            if elementwise:  # tiny elementwise steps unrolled twice, others not
+                assert plan.unroll == (2 if B == 1 else 1)
+        if elementwise:
+            assert bppsa.cost.hoist_inputs(cell, 4096, 1024, jnp.float32, backward, "gpu")
+            assert bppsa.cost.bptt_unroll(cell, 4096, 32, backend="cpu") == 1
+    lp = cell.loop_params(params)
+    assert (lp["W_h"].shape == (cell.gates, cell.hidden_size)) if elementwise else lp is params
+    masked = flax_cells.Masked(cell)
+    assert jax.tree.map(jnp.shape, masked.loop_params(params)) == jax.tree.map(jnp.shape, lp)
+    u = cell.project(params, xs[0])
+    _close(cell.step_projected(lp, h0, u), cell.step_projected(params, h0, u), 1e-15, 0)
+    _close(cell.step(lp, h0, xs[0]), cell.step(params, h0, xs[0]), 1e-15, 0)
+    _check(cell, params, xs, h0, ("blelloch", "sequential"), backwards=("bppsa", "bptt"))
+
+
 class _DenseLSTM(structured.BlockLSTM):
     """A BlockLSTM that hides its block structure: the backward forms its dense (S, S) matrices."""
 
