@@ -53,12 +53,8 @@ METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequen
 _NFEAT = {"bptt": 3, "bppsa": 4, "bppsa_sequential": 3}
 
 # chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
-# chunk's scan works in cache: chunks of a few thousand steps at B = 1 and a few hundred at B = 16
-# run the BPPSA backward several times faster than one chunk, and the best sizes are flat around
-# this bound (the measurements: experiments/history/scan-optimisation.md). 8 MiB is 5120 steps
-# at B = 1, 320 at B = 16 (RNN H = 20). The RNN (diagonal structure, no Jacobians formed) is far
-# less sensitive; its chunks are sized by its largest array, the first level's products (half the
-# Jacobians' bytes).
+# chunk's scan works in cache (several times faster than one chunk, the best sizes flat around this
+# bound: experiments/history/scan-optimisation.md); 5120 steps at B = 1, 320 at B = 16 (RNN H = 20).
 CHUNK_BYTES = 8 << 20
 
 
@@ -71,8 +67,7 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
     :attr:`bppsa.cells.Cell.has_diagonal_jacobian`) half of that, the first level's products (its
     Jacobians are never formed); ``block`` k: block-diagonal Jacobians, B·S·k per step.
 
-    Decided when the backward is traced, from ``jax.default_backend()`` (not the placement of the
-    arrays) and the shapes the backward sees (per example under ``vmap``).
+    Decided at trace time from ``jax.default_backend()`` and the shapes the backward sees.
     """
     if (backend or jax.default_backend()) != "cpu":
         return None
@@ -108,20 +103,14 @@ def elementwise_plan(T: int, B: int, S: int, itemsize: int, backend: str | None 
 
 UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines try
 
-# BPTT's unroll on CPU by the per-step work w = B·G·H² (multiply-adds of the recurrent product) and
-# the batch B. Measured on the 2-core CPU (jitted jax.grad through lax.scan, float32, every unroll in
-# UNROLLS interleaved; the table: experiments/results/cpu/bptt-unroll.md): cheap steps gain most,
-# where XLA's per-iteration loop overhead dominates (RNN B = 1: 16; GRU / LSTM B = 1: 4); up to
-# B = 8 unroll 2 is best or close to it; from B = 16 on the plain loop is best or within a few
-# percent at every measured cell and shape (unroll 2 costs gated cells 10-30 %: bigger loop bodies).
-# Rows (largest w, largest B, unroll), first match; otherwise 1. Problems of at most _TINY_WORK
-# multiply-adds in all (T·w) run in tens of microseconds: unroll 1, since an unrolled body costs
-# more compile time than thousands of calls would save.
+# BPTT's unroll on CPU by the per-step work w = B·G·H² and the batch B, measured (jax.grad through
+# lax.scan, float32, every unroll in UNROLLS interleaved: experiments/results/cpu/bptt-unroll.md):
+# cheap steps gain most (RNN B = 1: 16; GRU / LSTM B = 1: 4); up to B = 8 unroll 2; from B = 16 the
+# plain loop. Rows (largest w, largest B, unroll), first match; otherwise 1. At most _TINY_WORK
+# multiply-adds in all (T·w): unroll 1 (an unrolled body costs more compile time than it saves).
 _CPU_UNROLL = ((500, 1, 16), (4000, 1, 4), (math.inf, 8, 2))
 _TINY_WORK = 20_000
-# Off CPU no measurement exists: 8, a prior, not measured (on a GPU each loop iteration pays its
-# kernels' launches and the loop's predicate check; unrolling amortises the check and lets XLA
-# fuse across steps).
+# Off CPU: 8, a prior, not measured (each GPU loop iteration pays launches and a predicate check).
 GPU_UNROLL = 8
 
 
@@ -131,12 +120,12 @@ def _hidden(cell: Cell, state_size: int | None) -> int:
 
 
 def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None,
-                state_size: int | None = None) -> int:
+                state_size: int | None = None, backward: str = "bptt") -> int:
     """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method): on
     CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for tiny problems, T·w <=
-    2·10⁴; T, no loop, for T <= 16; 1 or 2 for an elementwise step), elsewhere
-    :data:`GPU_UNROLL`; never more than T. ``dtype``: float32 and float64 share the table;
-    ``state_size``: the flat state width of cells that do not declare their size (``Generic``)."""
+    2·10⁴; T, no loop, for T <= 16; 1 or 2 for an elementwise step, by ``backward``: "bptt" or a
+    forward alone), elsewhere :data:`GPU_UNROLL`; never more than T. ``dtype``: float32 and float64
+    share the table; ``state_size``: the flat state width of cells that do not declare their size."""
     if (backend or jax.default_backend()) != "cpu":
         u = GPU_UNROLL
     else:
@@ -147,7 +136,7 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
         elif T <= 16:  # short sequences: no loop at all (the measurements: experiments/results/cpu/bptt-unroll.md)
             u = T
         elif cell.elementwise_step:
-            u = 2 if B * cell.gates * H <= ELEMENTWISE_UNROLL2_MAX else 1
+            u = _elementwise_loop(cell, T, B, dtype, backward, H)[1]
         else:
             u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and B <= b), 1)
     return max(1, min(u, int(T)))
@@ -156,28 +145,46 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
 #: The sequential forward computes the inputs' part of every step before its loop (:func:`hoist_inputs`)
 #: for BPTT on CPU when a step's projected input, B·G·H numbers, is at most this (beyond it the
 #: (T, B, G·H) arrays written and read once more cost more than the products save; measured:
-#: experiments/history/flax-parity.md); for a cell whose step is elementwise (``Cell.elementwise_step``)
-#: while its T·B·G·H inputs fit in about a core's L2 cache, :data:`ELEMENTWISE_HOIST_BYTES`. Such a
-#: loop is unrolled twice for tiny steps (B·G·H <= :data:`ELEMENTWISE_UNROLL2_MAX`), else not at all:
-#: larger unrolls make its backward 2-4x slower (measured by experiments/history/elementwise_loop_bench.py).
+#: experiments/history/flax-parity.md).
 HOIST_MAX = 1024
-ELEMENTWISE_HOIST_BYTES = 4 << 20
-ELEMENTWISE_UNROLL2_MAX = 96
+#: A loop of elementwise steps (``Cell.elementwise_step``: the structured cells at head size 1) on
+#: CPU, measured per gate count G (experiments/history/elementwise_loop_bench.py): a forward alone
+#: hoists the input product while its T·B·G·H numbers fit in ELEMENTWISE_HOIST_BYTES (beyond, writing
+#: them out and reading them back costs more than a small product in each step), the RNN's (G = 1)
+#: always; BPTT (autodiff) hoists the RNN's, the GRU's (G = 3) for H < 48 and B·G·H <= HOIST_MAX
+#: within twice those bytes, the LSTM's never. Unroll 2 for the LSTM and the RNN's forward, for tiny
+#: steps (B·G·H <= ELEMENTWISE_UNROLL2_MAX) hoisted and, in BPTT, for B = 1 in the loop; else 1.
+ELEMENTWISE_HOIST_BYTES = 2 << 20
+ELEMENTWISE_UNROLL2_MAX = 64
+
+
+def _elementwise_loop(cell: Cell, T: int, B: int, dtype: Any, backward: str, H: int) -> tuple[bool, int]:
+    """(hoist, unroll) of a loop of elementwise steps on CPU: the rule above."""
+    G, width = cell.gates, B * cell.gates * H
+    nbytes = T * width * np.dtype(dtype or np.float32).itemsize
+    if G != 3:  # the RNN hoists, the LSTM hoists only in a forward alone (within the bytes)
+        hoist = G == 1 or (backward != "bptt" and nbytes <= ELEMENTWISE_HOIST_BYTES)
+        return hoist, 1 if G == 1 and backward == "bptt" else 2
+    if backward != "bptt":
+        hoist = nbytes <= ELEMENTWISE_HOIST_BYTES
+        return hoist, 2 if hoist and width <= ELEMENTWISE_UNROLL2_MAX else 1
+    hoist = H < 48 and width <= HOIST_MAX and nbytes <= 2 * ELEMENTWISE_HOIST_BYTES
+    return hoist, 2 if width <= ELEMENTWISE_UNROLL2_MAX or (B == 1 and not hoist) else 1
 
 
 def hoist_inputs(cell: Cell, T: int, B: int, dtype: Any = None, backward: str = "bptt", backend: str | None = None,
                  state_size: int | None = None) -> bool:
     """Whether the sequential forward computes ``cell.project`` for all steps before its loop
     (True) or inside each step, as a plain ``lax.scan`` of the cell's step does. On CPU: for a
-    ``Cell.elementwise_step`` cell while T·B·G·H numbers of ``dtype`` (default float32) are at most
-    :data:`ELEMENTWISE_HOIST_BYTES`; for other cells with BPTT while B·G·H <= :data:`HOIST_MAX`,
-    with every other ``backward`` always. Elsewhere always (one large product beats T small ones)."""
+    ``Cell.elementwise_step`` cell by :data:`ELEMENTWISE_HOIST_BYTES`' rule; for other cells with
+    BPTT while B·G·H <= :data:`HOIST_MAX`, with every other ``backward`` always. Elsewhere always
+    (one large product beats T small ones)."""
     if (backend or jax.default_backend()) != "cpu":
         return True
-    width = B * cell.gates * _hidden(cell, state_size)
+    H = _hidden(cell, state_size)
     if cell.elementwise_step:
-        return T * width * np.dtype(dtype or np.float32).itemsize <= ELEMENTWISE_HOIST_BYTES
-    return backward != "bptt" or width <= HOIST_MAX
+        return _elementwise_loop(cell, T, B, dtype, backward, H)[0]
+    return backward != "bptt" or B * cell.gates * H <= HOIST_MAX
 
 
 #: BPTT by a cell's analytic adjoint (:func:`bppsa.cells.adjoint.sequential_adjoint`) sums the parameter
@@ -273,12 +280,9 @@ class CostModel:
 
     @classmethod
     def fit(cls, features: dict, seconds: dict, meta: dict | None = None) -> "CostModel":
-        """Fit non-negative coefficients, minimising the relative error.
-
-        ``features[k]`` is a list of :func:`cost_features` rows (``cost_features(...)[k]``) and
-        ``seconds[k]`` the measured backward seconds of method k ("bptt", "bppsa", optionally
-        "bppsa_sequential") at each.
-        """
+        """Fit non-negative coefficients, minimising the relative error: ``features[k]``, a list of
+        :func:`cost_features` rows, ``seconds[k]`` the measured backward seconds of method k ("bptt",
+        "bppsa", optionally "bppsa_sequential") at each."""
         keys = [k for k in _NFEAT if k != "bppsa_sequential" or k in features]
         for k in keys:
             if len(features.get(k, ())) != len(seconds.get(k, ())) or not features.get(k):
@@ -440,11 +444,7 @@ def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None,
 
 
 def choose_combine(P: int) -> str:
-    """``combine="auto"`` over P devices: one all-gather for small device counts, log-step rounds
-    beyond (:mod:`bppsa.parallel.sequence`).
-
-    With P ≤ 8 the all-gather moves at most 7 (Π, δ) pairs in a single collective and needs no
-    matrix products; the log-step scan pays ⌈log₂ P⌉ latencies and as many matrix products
-    (see experiments/results/cpu/scaling.md for the measurement behind the threshold).
-    """
+    """``combine="auto"`` over P devices (:mod:`bppsa.parallel.sequence`): P <= 8, one all-gather
+    of at most 7 (Π, δ) pairs, no matrix products; beyond, log-step rounds, ⌈log₂ P⌉ latencies and
+    products (measured: experiments/results/cpu/scaling.md)."""
     return "allgather" if P <= 8 else "logstep"

@@ -191,7 +191,8 @@ class Options:
         parallel = r.forward != "sequential"
         chunk = solve_chunk = None
         if devices is None:
-            unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend)
+            loop = "bptt" if r.backward == "bptt" and not parallel else "forward"  # autodiff through it or not
+            unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend, loop)
             elementwise = cell.jacobian_block_size == 1 and self.scan is None  # elementwise scans: their own rule
             backward_chunk = None
             if elementwise:
@@ -306,12 +307,13 @@ def tolerance(dtype: DTypeLike, tol: float | None = None) -> float:
 
 
 def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state_size: int | None = None,
-               unroll: int | bool | None = None, backend: str | None = None) -> int:
-    """The forward ``lax.scan``'s unroll as an int: ``unroll`` None: tuned for this cell, shape
-    and backend (:func:`bppsa.cost.bptt_unroll`; ``state_size``: the flat state width S); True:
-    every step (T); False: 1; an int: itself (what ``lax.scan`` makes of each)."""
+               unroll: int | bool | None = None, backend: str | None = None, backward: str = "bptt") -> int:
+    """The forward ``lax.scan``'s unroll as an int: ``unroll`` None: tuned for this cell, shape,
+    backend and ``backward`` ("bptt": autodiff differentiates the loop; else a forward alone)
+    (:func:`bppsa.cost.bptt_unroll`; ``state_size``: the flat state width S); True: every step
+    (T); False: 1; an int: itself (what ``lax.scan`` makes of each)."""
     if unroll is None:
-        return cost_lib.bptt_unroll(cell, T, B, dtype, backend, state_size=state_size)
+        return cost_lib.bptt_unroll(cell, T, B, dtype, backend, state_size=state_size, backward=backward)
     if isinstance(unroll, bool):
         return max(int(T), 1) if unroll else 1
     return int(unroll)

@@ -129,26 +129,43 @@ def test_rnn_gradients_match_autodiff(name, T, B):
     _check(cell, params, xs, h0, backwards=("bppsa", "bptt"))
 
 
+# (cell, H, T, B) -> the CPU plan's (hoist, unroll) with BPTT (autodiff through the loop) and with
+# BPPSA (the loop is a forward alone); float32 inputs, the measured rule of bppsa.cost's elementwise loop.
+ELEMENTWISE_RULES = [
+    ("gru", 20, 517, 4, (True, 1), (True, 1)),       # H < 48, B·G·H = 240: hoisted
+    ("gru", 8, 1024, 2, (True, 2), (True, 2)),       # tiny steps (B·G·H = 48): unrolled twice
+    ("gru", 20, 1034, 32, (False, 1), (False, 1)),   # B·G·H = 1920 > HOIST_MAX; 7.6 MiB > 2 MiB
+    ("gru", 64, 4096, 8, (False, 1), (False, 1)),    # H >= 48 (the never-slower issue's point)
+    ("gru", 64, 4096, 1, (False, 2), (False, 1)),    # B = 1 in the loop: BPTT unrolls twice
+    ("gru", 64, 1024, 1, (False, 2), (True, 1)),     # 768 KiB: a forward alone hoists
+    ("lstm", 64, 4096, 8, (False, 2), (False, 2)),
+    ("lstm", 16, 1024, 1, (False, 2), (True, 2)),
+    ("rnn", 64, 4096, 8, (True, 1), (True, 2)),
+]
+
+
+@pytest.mark.parametrize("kind, H, T, B, bptt, forward", ELEMENTWISE_RULES)
+def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
+    cell = {"gru": structured.BlockGRU, "lstm": structured.BlockLSTM, "rnn": structured.BlockRNN}[kind](16, H, 1)
+    assert cell.elementwise_step and flax_cells.Masked(cell).elementwise_step
+    xs, s0 = jnp.zeros((T, B, 16)), jnp.zeros((B, cell.state_size))
+    for backward, want in (("bptt", bptt), ("bppsa", forward)):
+        plan = bppsa.Options(backward=backward).plan(cell, xs, s0)
+        assert (plan.hoist, plan.unroll) == want, (backward, plan.hoist, plan.unroll)
+        assert bppsa.cost.hoist_inputs(cell, T, B, jnp.float32, backward, "gpu")  # off CPU: always
+    parallel = bppsa.Options(backward="bppsa", forward="newton").plan(cell, xs, s0)
+    assert parallel.hoist
+
+
 @pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
-def test_elementwise_loop_rules_and_loop_params(name):
-    """At head size 1 a step is elementwise (Cell.elementwise_step): on CPU the sequential
-    forward of BPTT and of BPPSA computes the input product before its loop only while the products
-    are small, and unrolls only tiny steps; the steps read W_h as the gates' rows (Cell.loop_params),
-    equal to the steps on the stored layout; states and gradients (T = 13, odd; B = 3) against
-    float64 autodiff through lax.scan."""
+def test_elementwise_loop_params(name):
+    """At head size 1 a step is elementwise (Cell.elementwise_step) and reads W_h as the gates' rows
+    (Cell.loop_params), equal to the steps on the stored layout; states and gradients (T = 13, odd;
+    B = 3) against float64 autodiff through lax.scan, under every loop rule."""
     cell, params, xs, h0 = _setup(name, 13, 3, seed=7)
     elementwise = cell.head_size == 1
     assert cell.elementwise_step is elementwise
     assert flax_cells.Masked(cell).elementwise_step is elementwise
-    for backward in ("bptt", "bppsa"):  # (T, B, G·H) float32 inputs: <= 96 KiB hoisted, >= 12 MiB in the loop
-        for T, B, hoisted in ((1024, 1, True), (16384, 32, not elementwise)):
-            plan = bppsa.Options(backward=backward).plan(cell, jnp.zeros((T, B, 3)), jnp.zeros((B, cell.state_size)))
-            assert plan.hoist is hoisted, (backward, T, B)  # B·G·H <= HOIST_MAX: BPTT hoists the others' too
-            if elementwise:  # tiny elementwise steps unrolled twice, others not
-                assert plan.unroll == (2 if B == 1 else 1)
-        if elementwise:
-            assert bppsa.cost.hoist_inputs(cell, 4096, 1024, jnp.float32, backward, "gpu")
-            assert bppsa.cost.bptt_unroll(cell, 4096, 32, backend="cpu") == 1
     lp = cell.loop_params(params)
     assert (lp["W_h"].shape == (cell.gates, cell.hidden_size)) if elementwise else lp is params
     masked = flax_cells.Masked(cell)
@@ -156,7 +173,10 @@ def test_elementwise_loop_rules_and_loop_params(name):
     u = cell.project(params, xs[0])
     _close(cell.step_projected(lp, h0, u), cell.step_projected(params, h0, u), 1e-15, 0)
     _close(cell.step(lp, h0, xs[0]), cell.step(params, h0, xs[0]), 1e-15, 0)
-    _check(cell, params, xs, h0, ("blelloch", "sequential"), backwards=("bppsa", "bptt"))
+    for hoist in (True, False):  # the loop's both forms, whatever the rule picks at this size
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(bppsa.cost, "hoist_inputs", lambda *a, hoist=hoist, **k: hoist)
+            _check(cell, params, xs, h0, ("blelloch", "sequential"), backwards=("bppsa", "bptt"))
 
 
 class _DenseLSTM(structured.BlockLSTM):
