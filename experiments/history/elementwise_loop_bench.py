@@ -1,7 +1,8 @@
 """The structured cells at head size 1 (elementwise recurrences) in the sequential loop, before
-and after: W_h read as the gates' rows (``Cell.loop_params``), the input product left in the loop
-and no unrolling on CPU (``bppsa.cost.hoist_inputs``, ``bppsa.cost.bptt_unroll``); against
-hand-written ``lax.scan``s of BlockGRU's equations.
+and after: W_h read as the gates' rows (``Cell.loop_params``), the input product hoisted before
+the loop or kept in it and the unroll by a rule measured per gate count and per use, BPTT's
+autodiff loop or a forward alone (``bppsa.cost.hoist_inputs``, ``bppsa.cost.bptt_unroll``);
+against hand-written ``lax.scan``s of BlockGRU's equations.
 
 Each tree runs in a child process pinned to one core, XLA single-threaded, float32; within a
 child every variant is timed interleaved (``bppsa.host.time_interleaved``, median of rounds after
@@ -122,7 +123,10 @@ def markdown(record: dict) -> str:
            "through the sequential loop: these cells have no analytic adjoint), bppsa = `backward=\"bppsa\"` "
            "(the sequential forward, the BPPSA backward the plan picks). Hand-written: BlockGRU's equations in a "
            "plain `lax.scan` with autodiff, W_h's gate rows made before the loop, the input product hoisted before "
-           "the loop (the gates split once) or in each step, unroll 1 or 2. Ratio: after / before; "
+           "the loop (the gates split once) or in each step, unroll 1 or 2. The after tree's rule (`bppsa.cost`): "
+           "BPTT keeps the GRU's product in the loop for H >= 48 or B·G·H > 1024, the LSTM's always (unroll 2), "
+           "hoists the RNN's; a forward alone (bppsa's) hoists while the T·B·G·H inputs fit in 2 MiB; B = 1 in "
+           "the loop: BPTT unrolls twice. Ratio: after / before; "
            "best hand: the fastest hand-written variant; bppsa / hand: the after tree's bptt over it.\n",
            "| cell, I, H, T, B | variant | before ms | after ms | after / before | compile s after |",
            "|---|---|---:|---:|---:|---:|"]
@@ -163,7 +167,8 @@ def main():
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(before)], check=True, cwd=REPO)
     rec_after = _run_tree(REPO, a.quick, a.repeats, a.core, hand=True)
-    record = {"provenance": f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+    command = "python experiments/history/elementwise_loop_bench.py " + " ".join(sys.argv[1:])
+    record = {"provenance": f"`{command}` — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
                             f"{platform.processor() or platform.machine()}, one core (core {a.core}), XLA single-threaded, "
                             f"float32, medians of {a.repeats} interleaved rounds per tree; the trees run one after the other",
               "before_commit": before_commit, "after_commit": _commit(REPO), "before": rec_before, "after": rec_after}
