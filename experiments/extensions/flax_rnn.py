@@ -307,16 +307,23 @@ def _ratio(r, n):
 
 
 _CELL_COLUMNS = ["cell", "seq_lengths", "T", "B", "I", "H", "nnx.RNN ms", "bppsa ms", "auto ms", "auto chose",
-                 "identity ms", "nnx.RNN / bppsa", "nnx.RNN / auto", "nnx.RNN / identity", "max grad diff"]
+                 "identity ms", "nnx.RNN / bppsa", "nnx.RNN / auto", "nnx.RNN / identity",
+                 "compile s (nnx.RNN / bppsa / auto / identity)", "compile bppsa / auto", "max grad diff"]
+
+
+def _compile(r) -> list[str]:
+    c = r["compile_s"]
+    return [" / ".join(f"{c[n]:.1f}" if n in c else "—" for n in ("nnx.RNN", "bppsa", "auto", "identity")),
+            f"{c['bppsa'] / c['auto']:.1f}" if "bppsa" in c and "auto" in c else "—"]
 
 
 def _cells_table(rows) -> str:
     return markdown_table(_CELL_COLUMNS, [[r["cell"], "yes" if r["seq_lengths"] else "no", r["T"], r["B"], r["I"],
                                            r["H"], _ms(r, "nnx.RNN"), _ms(r, "bppsa"), _ms(r, "auto"),
                                            r["auto_choice"], _ms(r, "identity"), _ratio(r, "bppsa"),
-                                           _ratio(r, "auto"), _ratio(r, "identity"),
+                                           _ratio(r, "auto"), _ratio(r, "identity"), *_compile(r),
                                            f"{max(r['grad_rel_diff'].values()):.1e}"] for r in rows],
-                          align="ll" + "r" * 7 + "l" + "r" * 5)
+                          align="ll" + "r" * 7 + "l" + "r" * 7)
 
 
 # ---------------------------------------------------------------- the task
@@ -416,6 +423,8 @@ def markdown(record) -> str:
             f"Median ms over {cells['repeats']} interleaved rotated rounds (`bppsa.host`); the machine is "
             "shared, so read the ratios (> 1: bppsa.nn.RNN faster). Outputs equal nnx.RNN's (allclose, rtol "
             "1e-4) in every row; max grad diff: the largest |g − g_nnx.RNN| / max |g_nnx.RNN| over the bppsa layers. "
+            "compile s: each layer's first call (compile and one run; this process, the layers in column order), "
+            "and bppsa's over auto's (auto: BPTT here, the training step BPPSA is an alternative to). "
             f"This part: {cells['wall_s'] / 60:.1f} min, load average {cells['loadavg']['start']} at its start, "
             f"{cells['loadavg']['end']} at its end.",
             "", _cells_table(cells["rows"]), ""]
