@@ -148,7 +148,7 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
 #: experiments/history/flax-parity.md).
 HOIST_MAX = 1024
 #: A loop of elementwise steps (``Cell.elementwise_step``: the structured cells at head size 1) on
-#: CPU, measured per gate count G (experiments/history/elementwise-loop.md): a forward alone
+#: CPU, measured per gate count G (experiments/history/elementwise-rule.md): a forward alone
 #: hoists the input product while its T·B·G·H numbers fit in ELEMENTWISE_HOIST_BYTES (beyond, writing
 #: them out and reading them back costs more than a small product in each step), the RNN's (G = 1)
 #: always; BPTT (autodiff) hoists the RNN's, the GRU's (G = 3) for H < 48 and B·G·H <= HOIST_MAX
