@@ -46,7 +46,7 @@ __all__ = ["CHUNK_BYTES", "auto_chunk_size", "ELEMENTWISE_CHUNK_BYTES", "element
            "cost_features", "CostModel", "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save",
            "default_cost_model", "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll",
            "NEWTON_ITERATIONS", "break_even_iterations", "FORWARD_CONSTANTS", "forward_seconds", "choose_forward",
-           "choose_combine", "adjoint_in_loop", "ADJOINT_LOOP_MIN_BATCH"]
+           "choose_combine", "adjoint_in_loop", "ADJOINT_LOOP_MIN_BATCH", "hoist_inputs", "HOIST_MAX"]
 
 # The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
 METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequential": ("bppsa", "sequential")}
@@ -121,11 +121,10 @@ def _hidden(cell: Cell, state_size: int | None) -> int:
 
 def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | None = None,
                 state_size: int | None = None, backward: str = "bptt") -> int:
-    """The ``lax.scan`` unroll of ``bppsa.rnn``'s BPTT (and of the forward of every method): on
-    CPU by the per-step work w = B·G·H² (``_CPU_UNROLL``, measured; 1 for tiny problems, T·w <=
-    2·10⁴; T, no loop, for T <= 16; 1 or 2 for an elementwise step, by ``backward``: "bptt" or a
-    forward alone), elsewhere :data:`GPU_UNROLL`; never more than T. ``dtype``: float32 and float64
-    share the table; ``state_size``: the flat state width of cells that do not declare their size."""
+    """The ``lax.scan`` unroll of BPTT and of every sequential forward: on CPU by the step's work w =
+    B·G·H² (``_CPU_UNROLL``; 1 if T·w <= 2·10⁴; T if T <= 16; an elementwise step by ``backward``, "bptt"
+    or a forward alone), elsewhere :data:`GPU_UNROLL`; never more than T. ``state_size``: flat width S."""
+    autodiff = _autodiff(backward)
     if (backend or jax.default_backend()) != "cpu":
         u = GPU_UNROLL
     else:
@@ -136,36 +135,41 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
         elif T <= 16:  # short sequences: no loop at all (the measurements: experiments/results/cpu/bptt-unroll.md)
             u = T
         elif cell.elementwise_step:
-            u = _elementwise_loop(cell, T, B, dtype, backward, H)[1]
+            u = _elementwise_loop(cell, T, B, dtype, autodiff, H)[1]
         else:
             u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and B <= b), 1)
     return max(1, min(u, int(T)))
 
 
 #: The sequential forward computes the inputs' part of every step before its loop (:func:`hoist_inputs`)
-#: for BPTT on CPU when a step's projected input, B·G·H numbers, is at most this (beyond it the
-#: (T, B, G·H) arrays written and read once more cost more than the products save; measured:
-#: experiments/history/flax-parity.md).
+#: for BPTT on CPU while B·G·H <= this (beyond, the (T, B, G·H) arrays written and read once more cost
+#: more than the products save; measured: experiments/history/flax-parity.md).
 HOIST_MAX = 1024
-#: A loop of elementwise steps (``Cell.elementwise_step``: the structured cells at head size 1) on
-#: CPU, measured per gate count G (experiments/history/elementwise-rule.md): a forward alone
-#: hoists the input product while its T·B·G·H numbers fit in ELEMENTWISE_HOIST_BYTES (beyond, writing
-#: them out and reading them back costs more than a small product in each step), the RNN's (G = 1)
-#: always; BPTT (autodiff) hoists the RNN's, the GRU's (G = 3) for H < 48 and B·G·H <= HOIST_MAX
-#: within twice those bytes, the LSTM's never. Unroll 2 for the LSTM and the RNN's forward, for tiny
-#: steps (B·G·H <= ELEMENTWISE_UNROLL2_MAX) hoisted and, in BPTT, for B = 1 in the loop; else 1.
+#: A loop of elementwise steps (``Cell.elementwise_step``: structured cells at head size 1) on CPU,
+#: measured per gate count G (experiments/history/elementwise-rule.md): a forward alone hoists the
+#: input product while its T·B·G·H numbers fit in ELEMENTWISE_HOIST_BYTES, the RNN's (G = 1) always;
+#: BPTT hoists the RNN's, the GRU's (G = 3) for H < 48 and B·G·H <= HOIST_MAX within twice those
+#: bytes, the LSTM's never. Unroll 2 for the LSTM, the RNN's forward, tiny steps (B·G·H <=
+#: ELEMENTWISE_UNROLL2_MAX) hoisted and, in BPTT, B = 1 in the loop; else 1.
 ELEMENTWISE_HOIST_BYTES = 2 << 20
 ELEMENTWISE_UNROLL2_MAX = 64
 
 
-def _elementwise_loop(cell: Cell, T: int, B: int, dtype: Any, backward: str, H: int) -> tuple[bool, int]:
+def _autodiff(backward: str) -> bool:
+    """Whether autodiff differentiates the loop (backward "bptt") or it is a forward alone ("bppsa", "forward")."""
+    if backward not in ("bptt", "bppsa", "forward"):
+        raise UsageError(f"backward must be 'bptt' (autodiff through the loop), 'bppsa' or 'forward'; got {backward!r}")
+    return backward == "bptt"
+
+
+def _elementwise_loop(cell: Cell, T: int, B: int, dtype: Any, autodiff: bool, H: int) -> tuple[bool, int]:
     """(hoist, unroll) of a loop of elementwise steps on CPU: the rule above."""
     G, width = cell.gates, B * cell.gates * H
     nbytes = T * width * np.dtype(dtype or np.float32).itemsize
     if G != 3:  # the RNN hoists, the LSTM hoists only in a forward alone (within the bytes)
-        hoist = G == 1 or (backward != "bptt" and nbytes <= ELEMENTWISE_HOIST_BYTES)
-        return hoist, 1 if G == 1 and backward == "bptt" else 2
-    if backward != "bptt":
+        hoist = G == 1 or (not autodiff and nbytes <= ELEMENTWISE_HOIST_BYTES)
+        return hoist, 1 if G == 1 and autodiff else 2
+    if not autodiff:
         hoist = nbytes <= ELEMENTWISE_HOIST_BYTES
         return hoist, 2 if hoist and width <= ELEMENTWISE_UNROLL2_MAX else 1
     hoist = H < 48 and width <= HOIST_MAX and nbytes <= 2 * ELEMENTWISE_HOIST_BYTES
@@ -174,17 +178,16 @@ def _elementwise_loop(cell: Cell, T: int, B: int, dtype: Any, backward: str, H: 
 
 def hoist_inputs(cell: Cell, T: int, B: int, dtype: Any = None, backward: str = "bptt", backend: str | None = None,
                  state_size: int | None = None) -> bool:
-    """Whether the sequential forward computes ``cell.project`` for all steps before its loop
-    (True) or inside each step, as a plain ``lax.scan`` of the cell's step does. On CPU: for a
-    ``Cell.elementwise_step`` cell by :data:`ELEMENTWISE_HOIST_BYTES`' rule; for other cells with
-    BPTT while B·G·H <= :data:`HOIST_MAX`, with every other ``backward`` always. Elsewhere always
-    (one large product beats T small ones)."""
+    """Whether the sequential forward computes ``cell.project`` for all steps before its loop (True)
+    or in each step. On CPU: an elementwise step by :data:`ELEMENTWISE_HOIST_BYTES`' rule, other cells
+    with BPTT while B·G·H <= :data:`HOIST_MAX`, else always. Elsewhere always (one large product)."""
+    autodiff = _autodiff(backward)
     if (backend or jax.default_backend()) != "cpu":
         return True
     H = _hidden(cell, state_size)
     if cell.elementwise_step:
-        return _elementwise_loop(cell, T, B, dtype, backward, H)[0]
-    return backward != "bptt" or B * cell.gates * H <= HOIST_MAX
+        return _elementwise_loop(cell, T, B, dtype, autodiff, H)[0]
+    return not autodiff or B * cell.gates * H <= HOIST_MAX
 
 
 #: BPTT by a cell's analytic adjoint (:func:`bppsa.cells.adjoint.sequential_adjoint`) sums the parameter
@@ -391,11 +394,9 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
     return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]
 
 
-#: The forward model's expected Newton iterations (float32; experiments/results/cpu/parallel-step.md:
-#: newton 3-4 at random weights for every cell and T, 11-27 for the trained IRMAS GRU, mean 5.4;
-#: quasi 4-16 at random weights, mean 11; with 1×1 blocks quasi is newton) and its per-backend constants:
-#: the latency of one dependent step of a ``lax.scan`` and of one level of a parallel scan
-#: (seconds), and the sustained throughput of the scans' batched products (flop/s).
+#: The forward model's expected Newton iterations (experiments/results/cpu/parallel-step.md: newton 3-4
+#: at random weights, 11-27 for the trained IRMAS GRU, mean 5.4; quasi mean 11) and per-backend constants:
+#: a ``lax.scan`` step's and a parallel scan level's latency (s), the batched products' throughput (flop/s).
 NEWTON_ITERATIONS = {"newton": 5, "quasi": 11}
 FORWARD_CONSTANTS = {"cpu": {"step": 2e-6, "level": 2e-5, "flops": 2e10},
                      "gpu": {"step": 1.2e-5, "level": 1.5e-5, "flops": 2e13}}
@@ -429,9 +430,8 @@ def break_even_iterations(cell: Cell, T: int, B: int, backend: str | None = None
 def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None,
                    backend: str | None = None) -> tuple[str, float | None]:
     """What ``forward="auto"`` runs: ("sequential", None) where the parallel forward cannot pay
-    here whatever the recurrence (on this project's 2-core CPU the sequential loop wins at every
-    point of experiments/results/cpu/parallel-step.md, so always; elsewhere where even two
-    iterations, the fewest that confirm a solution, are predicted slower: :func:`break_even_iterations`),
+    here (on CPU always: the sequential loop wins at every point of experiments/results/cpu/parallel-step.md;
+    elsewhere where even two iterations are predicted slower: :func:`break_even_iterations`),
     else ("newton", the break-even iteration count): the solver then estimates the Lyapunov
     exponent at its first iterate and runs on only if it is negative and the iterations it
     predicts (:func:`bppsa.newton.predicted_iterations`) are within the break-even count."""

@@ -157,6 +157,14 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
     assert parallel.hoist
 
 
+def test_loop_rules_name_a_bad_use():
+    cell = structured.BlockGRU(4, 8, 1)
+    with pytest.raises(UsageError, match="backward must be 'bptt' .*'bppsa' or 'forward'; got 'auto'"):
+        bppsa.cost.hoist_inputs(cell, 100, 2, None, "auto")
+    with pytest.raises(UsageError, match="got 'BPTT'"):
+        bppsa.cost.bptt_unroll(cell, 100, 2, backward="BPTT")
+
+
 @pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
 def test_elementwise_loop_params(name):
     """At head size 1 a step is elementwise (Cell.elementwise_step) and reads W_h as the gates' rows
