@@ -37,6 +37,27 @@ POINTS = (("gru", 16, 64, 4096, 8), ("gru", 16, 64, 4096, 1), ("gru", 16, 64, 40
 QUICK_POINTS = (("gru", 4, 8, 64, 2), ("lstm", 4, 8, 64, 2))
 
 
+def hand_gru_states(p, xs, h0, unroll: int, hoist: bool):
+    """BlockGRU(head_size=1)'s states as a JAX user writes its equations: a plain ``lax.scan`` (W_h's
+    gate rows and the gates' biases made before it), the input product hoisted before the loop (split
+    into the three gates once) or computed in each step; ``p`` is the cell's params."""
+    import jax
+    import jax.numpy as jnp
+
+    w, bh = p["W_h"][:, 0, :].T, p["b_h"].reshape(3, -1)
+
+    def gates(g, h):
+        r = jax.nn.sigmoid(g[0] + h * w[0] + bh[0])
+        z = jax.nn.sigmoid(g[1] + h * w[1] + bh[1])
+        return (1 - z) * jnp.tanh(g[2] + r * (h * w[2] + bh[2])) + z * h
+
+    if hoist:
+        step = lambda h, g: (h := gates(g, h), h)  # noqa: E731
+        return jax.lax.scan(step, h0, tuple(jnp.split(xs @ p["W_x"] + p["b_x"], 3, axis=-1)), unroll=unroll)[1]
+    step = lambda h, x: (h := gates(jnp.split(x @ p["W_x"] + p["b_x"], 3, axis=-1), h), h)  # noqa: E731
+    return jax.lax.scan(step, h0, xs, unroll=unroll)[1]
+
+
 def child(tree: str, quick: bool, repeats: int) -> dict:
     """Runs in the child: ``tree`` first on sys.path (its bppsa), the measurements as a dict."""
     sys.path.insert(0, tree)
@@ -61,27 +82,13 @@ def child(tree: str, quick: bool, repeats: int) -> dict:
                                                                                       (T, B, H)))
         h0 = cell.unflatten_state(0.5 * s0)
 
-        def hand_states(p, xs, h0, unroll, hoist):  # BlockGRU's equations, as a JAX user writes them
-            w, bh = p["W_h"][:, 0, :].T, p["b_h"].reshape(3, H)
-
-            def gates(g, h):
-                r = jax.nn.sigmoid(g[0] + h * w[0] + bh[0])
-                z = jax.nn.sigmoid(g[1] + h * w[1] + bh[1])
-                return (1 - z) * jnp.tanh(g[2] + r * (h * w[2] + bh[2])) + z * h
-
-            if hoist:
-                step = lambda h, g: (h := gates(g, h), h)  # noqa: E731
-                return jax.lax.scan(step, h0, tuple(jnp.split(xs @ p["W_x"] + p["b_x"], 3, axis=-1)), unroll=unroll)[1]
-            step = lambda h, x: (h := gates(jnp.split(x @ p["W_x"] + p["b_x"], 3, axis=-1), h), h)  # noqa: E731
-            return jax.lax.scan(step, h0, xs, unroll=unroll)[1]
-
         losses = {f"bppsa {b}": (lambda p, xs, h0, R, b=b: jnp.vdot(cell.hidden(bppsa.rnn(cell, p, xs, h0, backward=b)), R))
                   for b in ("bptt", "bppsa")}
         if kind == "gru" and "hand" in sys.argv[5:]:
             for hoist in (True, False):
                 for u in (1, 2):
                     losses[f"hand {'hoisted' if hoist else 'in-loop'} u{u}"] = (
-                        lambda p, xs, h0, R, u=u, hoist=hoist: jnp.vdot(hand_states(p, xs, h0, u, hoist), R))
+                        lambda p, xs, h0, R, u=u, hoist=hoist: jnp.vdot(hand_gru_states(p, xs, h0, u, hoist), R))
         fns, compile_s = {}, {}
         for name, loss in losses.items():
             for what, f in (("step", jax.jit(jax.value_and_grad(loss))), ("fwd", jax.jit(loss))):

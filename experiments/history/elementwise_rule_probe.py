@@ -17,6 +17,7 @@ One core (``--core``), XLA single-threaded, float32, median of 7 rounds after on
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -49,6 +50,11 @@ def child(points: list) -> list:
     from bppsa import host, structured
 
     warnings.simplefilter("ignore")
+    spec = importlib.util.spec_from_file_location("elementwise_loop_bench", Path(__file__).with_name(
+        "elementwise_loop_bench.py"))  # its hand-written BlockGRU scan
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     make = {"gru": structured.BlockGRU, "lstm": structured.BlockLSTM, "rnn": structured.BlockRNN}
     rows = []
     for mode, kind, I, H, T, B in points:
@@ -59,25 +65,11 @@ def child(points: list) -> list:
                      for s in ((T, B, I), (B, cell.state_size), (T, B, H)))
         h0 = cell.unflatten_state(0.5 * s0)
 
-        def hand(p, xs, h0, unroll, hoist, H=H):
-            w, bh = p["W_h"][:, 0, :].T, p["b_h"].reshape(3, H)
-
-            def gates(g, h):
-                r = jax.nn.sigmoid(g[0] + h * w[0] + bh[0])
-                z = jax.nn.sigmoid(g[1] + h * w[1] + bh[1])
-                return (1 - z) * jnp.tanh(g[2] + r * (h * w[2] + bh[2])) + z * h
-
-            if hoist:
-                step = lambda h, g: (h := gates(g, h), h)  # noqa: E731
-                return jax.lax.scan(step, h0, tuple(jnp.split(xs @ p["W_x"] + p["b_x"], 3, axis=-1)), unroll=unroll)[1]
-            step = lambda h, x: (h := gates(jnp.split(x @ p["W_x"] + p["b_x"], 3, axis=-1), h), h)  # noqa: E731
-            return jax.lax.scan(step, h0, xs, unroll=unroll)[1]
-
         fns = {}
         for hoist in (True, False):
             for u in (1, 2):
                 if mode == "hand":
-                    loss = lambda p, xs, h0, R, u=u, hoist=hoist: jnp.vdot(hand(p, xs, h0, u, hoist), R)  # noqa: E731
+                    loss = lambda p, xs, h0, R, u=u, hoist=hoist: jnp.vdot(bench.hand_gru_states(p, xs, h0, u, hoist), R)  # noqa: E731
                 else:
                     bppsa.cost.hoist_inputs = lambda *a, hoist=hoist, **k: hoist  # read when the plan is made
                     backward = "bptt" if mode == "step" else "bppsa"
