@@ -394,12 +394,12 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
     return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]
 
 
-#: The forward model's expected Newton iterations (experiments/results/cpu/parallel-step.md: newton 3-4
-#: at random weights, 11-27 for the trained IRMAS GRU, mean 5.4; quasi mean 11) and per-backend constants:
-#: a ``lax.scan`` step's and a parallel scan level's latency (s), the batched products' throughput (flop/s).
+#: The forward model's expected Newton iterations (experiments/results/cpu/parallel-step.md: newton 3-4 at random
+#: weights, 11-27 for the trained IRMAS GRU, mean 5.4; quasi mean 11) and per-backend constants: a ``lax.scan``
+#: step's and a scan level's latency (s; GPU's fitted to experiments/results/gpu/h200.md), products' flop/s.
 NEWTON_ITERATIONS = {"newton": 5, "quasi": 11}
 FORWARD_CONSTANTS = {"cpu": {"step": 2e-6, "level": 2e-5, "flops": 2e10},
-                     "gpu": {"step": 1.2e-5, "level": 1.5e-5, "flops": 2e13}}
+                     "gpu": {"step": 2.2e-6, "level": 3e-5, "flops": 2e13}}
 
 
 def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | None = None,

@@ -202,8 +202,12 @@ def _sweep(summary, budget, points, measure):
               + (f" grad_rel_err {point['grad_rel_err']}" if point.get("grad_rel_err") else ""), flush=True)
 
 
-def run_gpu(summary: Summary, pl: dict, deadline: float):
-    """Part ``gpu``: the T and B sweeps (RNN 1 -> 20), the IRMAS GRU shapes, the precision check."""
+GPU_SWEEPS = ("gpu/T", "gpu/B", "gpu/irmas", "gpu/precision")
+
+
+def run_gpu(summary: Summary, pl: dict, deadline: float, only: str | None = None):
+    """Part ``gpu``: the T and B sweeps (RNN 1 -> 20), the IRMAS GRU shapes, the precision check;
+    ``only`` (one of :data:`GPU_SWEEPS`) runs that sweep alone."""
     rnn = cells.RNN(input_size=1, hidden_size=H)
     common = dict(unrolls=pl["unrolls"], repeats=pl["repeats"], cudnn=True)
 
@@ -242,9 +246,13 @@ def run_gpu(summary: Summary, pl: dict, deadline: float):
 
     parts.append(("gpu/precision", [({"part": "gpu", "sweep": "precision", "T": T, "B": 16}, T * 16 * 4,
                                      dict(T=T)) for T in pl["precision_T"]], precision_point))
+    end = time.monotonic()  # each sweep ends where the budgets so far add up to: one's slack is the next's
     for name, points, measure in parts:
+        if only is not None and name != only:
+            continue
+        end += pl["budgets"][name]
         print(f"{name}: {len(points)} points, budget {pl['budgets'][name]} s", flush=True)
-        _sweep(summary, Budget(pl["budgets"][name], deadline), points, measure)
+        _sweep(summary, Budget(end - time.monotonic(), deadline), points, measure)
 
 
 def run_parallel(summary: Summary, pl: dict, deadline: float):
@@ -270,7 +278,7 @@ def run_parallel(summary: Summary, pl: dict, deadline: float):
     points = [({"part": "parallel", "sweep": p[0], "cell": p[1], "head_size": p[2], "T": p[5], "B": p[6]},
                p[4] * p[5] * p[6], dict(zip(keys, p))) for p in pl["parallel"]]
     print(f"parallel: {len(points)} points, budget {pl['budgets']['parallel']} s", flush=True)
-    _sweep(summary, Budget(pl["budgets"]["parallel"], deadline), points, measure)
+    _sweep(summary, Budget(max(pl["budgets"]["parallel"], deadline - time.monotonic()), deadline), points, measure)
 
 
 def run_cpu16(summary: Summary, pl: dict, deadline: float):
@@ -333,7 +341,8 @@ def main(argv=None) -> int:
                                  description=(__doc__ or "").split("\n")[0])
     ap.add_argument("out", help="output folder (summary.json, points.jsonl)")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes on any backend (also: BPPSA_ALLOW_CPU=1)")
-    ap.add_argument("--part", choices=("all", "gpu", "parallel", "cpu16"), default="all")
+    ap.add_argument("--part", choices=("all", "gpu", "parallel", "cpu16", *GPU_SWEEPS), default="all",
+                    help="one part, or one sweep of part gpu (its budget is then the whole run's)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole run (default: the plan's); every part's budget scales with it")
     args = ap.parse_args(argv)
@@ -371,6 +380,9 @@ def main(argv=None) -> int:
     later = {"all": pl["budgets"]["parallel"] + pl["budgets"]["cpu16"], "gpu": 0}
     if args.part in ("all", "gpu"):
         run_gpu(summary, pl, deadline - later[args.part])
+    if args.part in GPU_SWEEPS:
+        pl["budgets"][args.part] = pl["total"]
+        run_gpu(summary, pl, deadline, only=args.part)
     if args.part in ("all", "parallel"):
         run_parallel(summary, pl, deadline - (pl["budgets"]["cpu16"] if args.part == "all" else 0))
     if args.part in ("all", "cpu16"):

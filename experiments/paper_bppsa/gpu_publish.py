@@ -1,0 +1,210 @@
+"""Publish device-machine runs (``experiments/gpu/run.sh``) as one committed result.
+
+    python -m experiments.paper_bppsa.gpu_publish OUT1/summary.json [OUT2/summary.json ...] \\
+        --name h200 [--machine OUT1/machine.txt] [--results experiments/results]
+
+Merges the runs' points (a point measured in two runs keeps the later run's; points are keyed by
+part, sweep, cell, setting, head size, T, B and devices), keeps every run's provenance, and writes
+``<results>/gpu/<name>.json`` (with ``"provenance"``: the first run's, plus ``"runs"``: each run's) and
+``<name>.md``: the RNN T and B sweeps, the IRMAS-shaped GRU table, the float32 precision check, the
+parallel forward's training step, the 16-core CPU part and the roofline comparison. Then run
+``bppsa results`` to regenerate the index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bppsa import cells, cost
+from experiments.extensions import parallel_step, roofline
+from experiments.provenance import current_command, save_json
+from experiments.tables import markdown_table
+
+__all__ = ["merge", "markdown", "main"]
+
+KEY = ("part", "sweep", "cell", "setting", "head_size", "T", "B", "devices")
+BASELINES = ("bptt_plain", "bptt_unrolled", "bptt")
+
+
+def merge(summaries: list[dict]) -> dict:
+    """{"points", "skipped", "runs"} of several GPU-run summaries, later runs winning per point key."""
+    points: dict[tuple, dict] = {}
+    for s in summaries:
+        for p in s.get("points", []):
+            points[tuple(p.get(k) for k in KEY)] = p
+    def measured(label):  # a skip's label names fewer keys than a point (no cell, T or H at times)
+        return any(all(p.get(k) == v for k, v in label.items() if k != "reason") for p in points.values())
+
+    skipped = [k for s in summaries for k in s.get("skipped", []) if not measured(k)]
+    return {"points": list(points.values()), "skipped": skipped, "runs": [s.get("provenance", {}) for s in summaries]}
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _gpu_rows(points, sweep):
+    rows = []
+    for p in sorted((p for p in points if p["part"] == "gpu" and p.get("sweep") == sweep),
+                    key=lambda p: (p["T"], p["B"])):
+        ms = p["ms"]
+        bppsa = ms["bppsa_blelloch"]
+        best = min(ms[k] for k in BASELINES)
+        rows.append([p.get("setting", p["cell"]), p.get("I", 1), p["T"], p["B"], _f(ms["bptt_plain"]),
+                     f"{_f(ms['bptt_unrolled'])} ({p['best_unroll']})", _f(ms["bptt"]), _f(bppsa),
+                     _f(ms.get("bppsa_sequential")), _f(ms.get("cudnn")), f"{ms['bptt_plain'] / bppsa:.2f}",
+                     f"{best / bppsa:.2f}", "-" if "cudnn" not in ms else f"{ms['cudnn'] / bppsa:.2f}"])
+    return rows
+
+
+GPU_HEADER = ["setting / cell", "I", "T", "B", "plain lax.scan", "best unrolled (u)", "bptt tuned", "BPPSA blelloch",
+              "BPPSA seq.", "cuDNN", "plain / BPPSA", "best BPTT / BPPSA", "cuDNN / BPPSA"]
+
+
+def _parallel_rows(points):
+    rows = []
+    for p in (p for p in points if p["part"] == "parallel"):
+        ms, its = p["ms"], p.get("newton") or {}
+        base = ms["sequential/bptt"]
+        rows.append([p["cell"], p.get("head_size", 1), p.get("I", 1), p["H"], p["T"], p["B"]]
+                    + [_f(ms.get(k)) for k in ("sequential/bptt", "sequential/bppsa", "newton/bppsa", "quasi/bppsa")]
+                    + [f"{base / min(ms.values()):.2f}",
+                       " / ".join(str((its.get(k) or {}).get("iterations", "-"))
+                                  for k in ("newton/bppsa", "quasi/bppsa")),
+                       p.get("auto", "-"), _f((p.get("predicted_ms") or {}).get("forward_model/newton"))])
+    return rows
+
+
+def _cell(p):
+    if p["part"] == "parallel":
+        return parallel_step.make_cell(p["cell"].lower(), p["I"], p["H"], p.get("head_size", 1))
+    return (cells.RNN if p["cell"] == "RNN" else cells.GRU)(input_size=p.get("I", 1), hidden_size=p["H"])
+
+
+def _choices(points) -> str:
+    """What ``backward="auto"`` (the shipped GPU cost model) and ``forward="auto"``
+    (:func:`bppsa.cost.choose_forward` on "gpu") pick at each point, against the fastest measured."""
+    model, rows = cost.shipped_cost_model("gpu"), []
+    names = {"bptt": "bptt", "bppsa": "bppsa_blelloch", "bppsa_sequential": "bppsa_sequential"}
+    for p in sorted(points, key=lambda p: p["part"] != "gpu"):
+        ms = p.get("ms") or {}
+        if p["part"] == "gpu" and "bppsa_blelloch" in ms and model is not None:
+            pick = names[model.choose(_cell(p), p["T"], p["B"])]
+            timed = {v: ms[v] for v in names.values()}
+        elif p["part"] == "parallel":
+            fwd, _ = cost.choose_forward(_cell(p), p["T"], p["B"], backend="gpu")
+            pick, timed = f"{fwd}/bppsa", {k: v for k, v in ms.items() if k.endswith("/bppsa")}
+        else:
+            continue
+        fastest = min(timed, key=lambda k: timed[k])
+        rows.append([p["part"], p["cell"], p["T"], p["B"], pick, fastest, f"{timed[pick] / timed[fastest]:.2f}"])
+    right = sum(r[4] == r[5] for r in rows)
+    return (f"The backward's choice (`bppsa/cost_models/gpu.json`) among tuned BPTT and BPPSA's two scans, and "
+            f"the forward's (`bppsa.cost.choose_forward`, as committed when this was published) among the BPPSA "
+            f"pairs: right at {right} of {len(rows)} points; × = the pick's time / the fastest's. A Newton pick "
+            f"carries its break-even iteration count: the solver falls back to the sequential forward when it "
+            f"foresees more iterations than that.\n\n"
+            + markdown_table(["part", "cell", "T", "B", "auto picks", "fastest", "×"], rows, align="llrrllr"))
+
+
+def markdown(record: dict) -> str:
+    pts, prov = record["points"], record["provenance"]
+    runs = record.get("runs", [])
+    lines = [f"# The device-machine run: {prov.get('device_kind', '?')}", "",
+             f"{prov.get('date', '?')}: {prov.get('device_kind')}, driver {prov.get('driver', '?')}, "
+             f"{prov.get('cpu')} ({prov.get('cpu_count')} cores), Python {prov.get('python')}, jax {prov.get('jax')}, "
+             f"flax {prov.get('flax')}, torch {prov.get('torch')}, commit {str(prov.get('git_commit'))[:10]}. "
+             f"Runs: " + "; ".join(f"`{r.get('command')}` ({r.get('date')})" for r in runs) + ".", "",
+             "Every time is the median (ms) of one training-step gradient (forward + backward of a fixed random "
+             "readout of every hidden state), all methods interleaved after compile warm-up. BPTT: autodiff "
+             "through `lax.scan` (plain; the best `unroll` of 1..32; `bppsa.rnn(backward=\"bptt\")`, tuned); "
+             "BPPSA: `bppsa.rnn(backward=\"bppsa\")` with the Blelloch or a sequential scan; cuDNN: torch "
+             "`nn.RNN`/`nn.GRU` on CUDA, same inputs and readout. Ratios > 1: BPPSA faster.", ""]
+    for title, sweep in (("RNN 1 → 20, T sweep (B = 16)", "T"), ("RNN 1 → 20, B sweep (T = 1000)", "B"),
+                         ("IRMAS-shaped GRU → 20 (synthetic inputs)", "irmas")):
+        rows = _gpu_rows(pts, sweep)
+        if rows:
+            lines += [f"## {title}", "", markdown_table(GPU_HEADER, rows, align="lrrrrrrrrrrrr"), ""]
+    prec = [p for p in pts if p.get("sweep") == "precision"]
+    if prec:
+        lines += ["## Float32 gradient error against float64 (RNN, B = 16)", "",
+                  "max |g32 − g64| / max |g64|; BPPSA per `precision=`, BPTT per matmul precision.", "",
+                  markdown_table(["T"] + sorted(prec[0]["grad_rel_err"]) + ["BPPSA ms (highest / high / default)"],
+                                 [[p["T"]] + [f"{p['grad_rel_err'][k]:.2e}" for k in sorted(p["grad_rel_err"])]
+                                  + [" / ".join(_f(p["bppsa_ms_by_precision"].get(k))
+                                                for k in ("highest", "high", "default"))] for p in prec]), ""]
+    rows = _parallel_rows(pts)
+    if rows:
+        lines += ["## The parallel forward's training step", "",
+                  "`bppsa.rnn(..., forward=f, backward=b)`'s jitted parameter gradient; × = tuned BPTT's time / the "
+                  "fastest pair's; iterations of Newton / quasi-Newton; auto = what `forward=\"auto\", "
+                  "backward=\"auto\"` runs; model = `bppsa.cost.forward_seconds`' Newton forward alone.", "",
+                  markdown_table(["cell", "head", "I", "H", "T", "B", "sequential/bptt", "sequential/bppsa",
+                                  "newton/bppsa", "quasi/bppsa", "×", "iterations", "auto at the run", "model ms"],
+                                 rows, align="lrrrrrrrrrrlll"), ""]
+    cpu = [p for p in pts if p["part"] == "cpu16"]
+    if cpu:
+        sizes = [p for p in cpu if p.get("sweep") != "sequence-parallel"]
+        seq = [p for p in cpu if p.get("sweep") == "sequence-parallel"]
+        lines += ["## The host's 16 CPU cores (XLA CPU, 16 host devices)", "",
+                  markdown_table(["T", "B", "plain", "best unrolled", "bptt tuned", "BPPSA blelloch", "BPPSA seq."],
+                                 [[p["T"], p["B"]] + [_f(p["ms"].get(k)) for k in
+                                  ("bptt_plain", "bptt_unrolled", "bptt", "bppsa_blelloch", "bppsa_sequential")]
+                                  for p in sizes]), ""]
+        if seq:
+            lines += ["Sequence-parallel backward and forward (RNN T = 10 000, B = 16) over host devices:", "",
+                      markdown_table(["devices", "sharded backward ms", "sharded forward ms"],
+                                     [[p["devices"], _f(p["ms"].get("bppsa_sharded_backward")),
+                                       _f(p["ms"].get("forward_sharded"))] for p in seq]), ""]
+    if record.get("skipped"):
+        lines += ["Not measured (time budget or failure): " + "; ".join(
+            ", ".join(f"{k}={v}" for k, v in s.items() if k != "reason") + f" ({s.get('reason')})"
+            for s in record["skipped"]) + ".", ""]
+    lines += ["## auto's choices against these measurements", "", _choices(pts), ""]
+    lines += ["## Against the roofline model", "", roofline.compare_table(roofline.compare({"points": pts})), ""]
+    return "\n".join(lines)
+
+
+def _driver(machine: Path | None) -> str | None:
+    if machine is None or not machine.exists():
+        return None
+    for line in machine.read_text().splitlines():
+        if "Driver Version" in line:
+            return line.split("Driver Version:")[1].split()[0] + ", CUDA " + line.split("CUDA Version:")[1].split()[0]
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.paper_bppsa.gpu_publish",
+                                 description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("summaries", nargs="+", help="summary.json files of GPU runs, earliest first")
+    ap.add_argument("--name", required=True, help="the result's name, e.g. h200")
+    ap.add_argument("--machine", default=None, help="nvidia-smi output of the machine (for the driver version)")
+    ap.add_argument("--command", default=None, help="the command(s) that made the runs, as the device ran them")
+    ap.add_argument("--results", default="experiments/results", help="results folder")
+    args = ap.parse_args(argv)
+    summaries = []
+    for path in args.summaries:
+        s = json.loads(Path(path).read_text())
+        if not isinstance(s, dict) or "points" not in s:
+            ap.error(f"{path} is not a GPU run's summary.json (no 'points')")
+        summaries.append(s)
+    record = merge(summaries)
+    prov = dict(record["runs"][0])
+    prov.pop("plan", None)
+    prov.update(driver=_driver(Path(args.machine)) if args.machine else None, published_by=current_command())
+    if args.command:
+        prov["command"] = args.command
+    record = {"provenance": prov, **record}
+    out = Path(args.results) / "gpu"
+    out.mkdir(parents=True, exist_ok=True)
+    save_json(out / f"{args.name}.json", record)
+    (out / f"{args.name}.md").write_text(markdown(record))
+    print(f"wrote {out / args.name}.json and .md ({len(record['points'])} points)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
