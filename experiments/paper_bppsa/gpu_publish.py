@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from bppsa import cells, cost
 from experiments.extensions import parallel_step, roofline
-from experiments.provenance import current_command, save_json
+from experiments.provenance import save_json
 from experiments.tables import markdown_table
 
-__all__ = ["merge", "markdown", "main"]
+__all__ = ["merge", "cell_of", "choices", "markdown", "main"]
 
 KEY = ("part", "sweep", "cell", "setting", "head_size", "T", "B", "devices")
 BASELINES = ("bptt_plain", "bptt_unrolled", "bptt")
@@ -34,10 +35,14 @@ def merge(summaries: list[dict]) -> dict:
     for s in summaries:
         for p in s.get("points", []):
             points[tuple(p.get(k) for k in KEY)] = p
-    def measured(label):  # a skip's label names fewer keys than a point (no cell, T or H at times)
-        return any(all(p.get(k) == v for k, v in label.items() if k != "reason") for p in points.values())
 
-    skipped = [k for s in summaries for k in s.get("skipped", []) if not measured(k)]
+    def measured(label):  # a skip's label names fewer keys than a point (no T or H at times; a parallel
+        return any(all((_kind(p) if k == "cell" and p["part"] == "parallel" else p.get(k)) == v  # one's cell
+                       for k, v in label.items() if k != "reason") for p in points.values())  # is its kind)
+
+    skipped = []
+    for s in summaries:
+        skipped += [k for k in s.get("skipped", []) if not measured(k) and k not in skipped]
     return {"points": list(points.values()), "skipped": skipped, "runs": [s.get("provenance", {}) for s in summaries]}
 
 
@@ -77,36 +82,49 @@ def _parallel_rows(points):
     return rows
 
 
-def _cell(p):
+def _kind(p) -> str:
+    """A parallel point's cell kind (``parallel_step.make_cell``'s): recorded, or read off its label
+    ("RNN", "GRU", "BlockGRU k=16" -> "rnn", "gru", "blockgru")."""
+    return p.get("kind") or p["cell"].split()[0].lower()
+
+
+def cell_of(p):
     if p["part"] == "parallel":
-        return parallel_step.make_cell(p["cell"].lower(), p["I"], p["H"], p.get("head_size", 1))
+        return parallel_step.make_cell(_kind(p), p["I"], p["H"], p.get("head_size", 1))
     return (cells.RNN if p["cell"] == "RNN" else cells.GRU)(input_size=p.get("I", 1), hidden_size=p["H"])
 
 
-def _choices(points) -> str:
+def choices(points) -> str:
     """What ``backward="auto"`` (the shipped GPU cost model) and ``forward="auto"``
     (:func:`bppsa.cost.choose_forward` on "gpu") pick at each point, against the fastest measured."""
-    model, rows = cost.shipped_cost_model("gpu"), []
+    model, rows, gate = cost.shipped_cost_model("gpu"), [], None
     names = {"bptt": "bptt", "bppsa": "bppsa_blelloch", "bppsa_sequential": "bppsa_sequential"}
     for p in sorted(points, key=lambda p: p["part"] != "gpu"):
         ms = p.get("ms") or {}
         if p["part"] == "gpu" and "bppsa_blelloch" in ms and model is not None:
-            pick = names[model.choose(_cell(p), p["T"], p["B"])]
+            pick = names[model.choose(cell_of(p), p["T"], p["B"])]
             timed = {v: ms[v] for v in names.values()}
         elif p["part"] == "parallel":
-            fwd, _ = cost.choose_forward(_cell(p), p["T"], p["B"], backend="gpu")
+            fwd, gate = cost.choose_forward(cell_of(p), p["T"], p["B"], backend="gpu")
+            foreseen = ((p.get("newton") or {}).get("newton/bppsa") or {}).get("predicted")
+            if gate is not None and foreseen is not None and foreseen > gate:
+                fwd = "sequential"  # the solver's own fallback, after its first iterate
             pick, timed = f"{fwd}/bppsa", {k: v for k, v in ms.items() if k.endswith("/bppsa")}
         else:
             continue
         fastest = min(timed, key=lambda k: timed[k])
-        rows.append([p["part"], p["cell"], p["T"], p["B"], pick, fastest, f"{timed[pick] / timed[fastest]:.2f}"])
-    right = sum(r[4] == r[5] for r in rows)
+        rows.append([p["part"], p["cell"], p["T"], p["B"], "-" if gate is None else f"{gate:.1f}", pick, fastest,
+                     f"{timed[pick] / timed[fastest]:.2f}"])
+        gate = None
+    right = sum(r[5] == r[6] for r in rows)
     return (f"The backward's choice (`bppsa/cost_models/gpu.json`) among tuned BPTT and BPPSA's two scans, and "
             f"the forward's (`bppsa.cost.choose_forward`, as committed when this was published) among the BPPSA "
-            f"pairs: right at {right} of {len(rows)} points; × = the pick's time / the fastest's. A Newton pick "
-            f"carries its break-even iteration count: the solver falls back to the sequential forward when it "
-            f"foresees more iterations than that.\n\n"
-            + markdown_table(["part", "cell", "T", "B", "auto picks", "fastest", "×"], rows, align="llrrllr"))
+            f"pairs: right at {right} of {len(rows)} points; × = the pick's time / the fastest's. gate = the "
+            f"break-even Newton iterations: where the solver foresees more at its first iterate (the run's "
+            f"`predicted`) it falls back to the sequential forward, listed so (its first iterate's cost not "
+            f"counted). The forward's constants were fitted to these parallel points: in-sample.\n\n"
+            + markdown_table(["part", "cell", "T", "B", "gate", "auto picks", "fastest", "×"], rows,
+                             align="llrrrllr"))
 
 
 def markdown(record: dict) -> str:
@@ -117,6 +135,7 @@ def markdown(record: dict) -> str:
              f"{prov.get('cpu')} ({prov.get('cpu_count')} cores), Python {prov.get('python')}, jax {prov.get('jax')}, "
              f"flax {prov.get('flax')}, torch {prov.get('torch')}, commit {str(prov.get('git_commit'))[:10]}. "
              f"Runs: " + "; ".join(f"`{r.get('command')}` ({r.get('date')})" for r in runs) + ".", "",
+             *([f"**Note.** {prov['note']}", ""] if prov.get("note") else []),
              "Every time is the median (ms) of one training-step gradient (forward + backward of a fixed random "
              "readout of every hidden state), all methods interleaved after compile warm-up. BPTT: autodiff "
              "through `lax.scan` (plain; the best `unroll` of 1..32; `bppsa.rnn(backward=\"bptt\")`, tuned); "
@@ -140,9 +159,11 @@ def markdown(record: dict) -> str:
         lines += ["## The parallel forward's training step", "",
                   "`bppsa.rnn(..., forward=f, backward=b)`'s jitted parameter gradient; × = tuned BPTT's time / the "
                   "fastest pair's; iterations of Newton / quasi-Newton; auto = what `forward=\"auto\", "
-                  "backward=\"auto\"` runs; model = `bppsa.cost.forward_seconds`' Newton forward alone.", "",
+                  "backward=\"auto\"` runs (at the run: the forward constants of its commit); model = "
+                  "`bppsa.cost.forward_seconds`' Newton forward alone, at the run.", "",
                   markdown_table(["cell", "head", "I", "H", "T", "B", "sequential/bptt", "sequential/bppsa",
-                                  "newton/bppsa", "quasi/bppsa", "×", "iterations", "auto at the run", "model ms"],
+                                  "newton/bppsa", "quasi/bppsa", "×", "iterations", "auto at the run",
+                                  "model ms at the run"],
                                  rows, align="lrrrrrrrrrrlll"), ""]
     cpu = [p for p in pts if p["part"] == "cpu16"]
     if cpu:
@@ -162,7 +183,7 @@ def markdown(record: dict) -> str:
         lines += ["Not measured (time budget or failure): " + "; ".join(
             ", ".join(f"{k}={v}" for k, v in s.items() if k != "reason") + f" ({s.get('reason')})"
             for s in record["skipped"]) + ".", ""]
-    lines += ["## auto's choices against these measurements", "", _choices(pts), ""]
+    lines += ["## auto's choices against these measurements", "", choices(pts), ""]
     lines += ["## Against the roofline model", "", roofline.compare_table(roofline.compare({"points": pts})), ""]
     return "\n".join(lines)
 
@@ -183,6 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--name", required=True, help="the result's name, e.g. h200")
     ap.add_argument("--machine", default=None, help="nvidia-smi output of the machine (for the driver version)")
     ap.add_argument("--command", default=None, help="the command(s) that made the runs, as the device ran them")
+    ap.add_argument("--note", default=None, help="a note printed under the provenance (what it does not say)")
     ap.add_argument("--results", default="experiments/results", help="results folder")
     args = ap.parse_args(argv)
     summaries = []
@@ -194,9 +216,13 @@ def main(argv=None) -> int:
     record = merge(summaries)
     prov = dict(record["runs"][0])
     prov.pop("plan", None)
-    prov.update(driver=_driver(Path(args.machine)) if args.machine else None, published_by=current_command())
+    words = sys.argv[1:] if argv is None else list(argv)
+    prov.update(driver=_driver(Path(args.machine)) if args.machine else None,
+                published_by=" ".join(["python -m experiments.paper_bppsa.gpu_publish", *words]))
     if args.command:
         prov["command"] = args.command
+    if args.note:
+        prov["note"] = args.note
     record = {"provenance": prov, **record}
     out = Path(args.results) / "gpu"
     out.mkdir(parents=True, exist_ok=True)

@@ -236,13 +236,17 @@ def run_gpu(summary: Summary, pl: dict, deadline: float, only: str | None = None
         fns = {prec: gradient.gradient_functions(rnn, params, xs, h0, R, ["bppsa_blelloch"], precision=prec)
                ["bppsa_blelloch"] for prec in PRECISIONS}
         st = host.time_interleaved(fns, repeats=pl["repeats"], warmup=1, block=2)
-        jax.config.update("jax_enable_x64", True)  # the float64 reference; last part of this process
         variants = {f"bppsa:{p}": ("bppsa_blelloch", {"precision": p}) for p in PRECISIONS}
         variants.update({f"bptt:{p}": ("bptt_unroll1", {"matmul_precision": p}) for p in ("default", "highest")})
+        x64 = bool(jax.config.read("jax_enable_x64"))
+        jax.config.update("jax_enable_x64", True)  # the float64 reference, for this point only
+        try:
+            errors = gradient.gradient_errors(rnn, T, 16, variants)
+        finally:  # the parts after this one time float32 programs as a user runs them, x64 off
+            jax.config.update("jax_enable_x64", x64)
         return {"part": "gpu", "sweep": "precision", "cell": "RNN", "T": T, "B": 16, "H": H, "I": 1,
                 "ms": {}, "bppsa_ms_by_precision": {k: v["median"] * 1e3 for k, v in st.items()},
-                "best_unroll": None, "peak_mb": _peak_mb(),
-                "grad_rel_err": gradient.gradient_errors(rnn, T, 16, variants)}
+                "best_unroll": None, "peak_mb": _peak_mb(), "grad_rel_err": errors}
 
     parts.append(("gpu/precision", [({"part": "gpu", "sweep": "precision", "T": T, "B": 16}, T * 16 * 4,
                                      dict(T=T)) for T in pl["precision_T"]], precision_point))
@@ -250,7 +254,7 @@ def run_gpu(summary: Summary, pl: dict, deadline: float, only: str | None = None
     for name, points, measure in parts:
         if only is not None and name != only:
             continue
-        end += pl["budgets"][name]
+        end = max(end, time.monotonic()) + pl["budgets"][name]  # an overrun is not the next sweep's loss
         print(f"{name}: {len(points)} points, budget {pl['budgets'][name]} s", flush=True)
         _sweep(summary, Budget(end - time.monotonic(), deadline), points, measure)
 
@@ -267,7 +271,8 @@ def run_parallel(summary: Summary, pl: dict, deadline: float):
             r = roofline.predict(kind.upper(), T, B, I, Hs)
             pred.update({"roofline/sequential/bptt_plain": r["bptt_plain"] * 1e3,
                          "roofline/sequential/bppsa_blelloch": r["bppsa_blelloch"] * 1e3})
-        return {"part": "parallel", "sweep": sweep, "cell": parallel_step.cell_label(kind, head), "T": T, "B": B,
+        return {"part": "parallel", "sweep": sweep, "cell": parallel_step.cell_label(kind, head), "kind": kind,
+                "T": T, "B": B,
                 "H": Hs, "I": I, "head_size": head, "ms": {k: v["median"] * 1e3 for k, v in m["times"].items()},
                 "spread_ms": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in m["times"].items()},
                 "newton": {k: v for k, v in m["info"].items() if v is not None}, "loss_diff": m["loss_diff"],
@@ -278,7 +283,7 @@ def run_parallel(summary: Summary, pl: dict, deadline: float):
     points = [({"part": "parallel", "sweep": p[0], "cell": p[1], "head_size": p[2], "T": p[5], "B": p[6]},
                p[4] * p[5] * p[6], dict(zip(keys, p))) for p in pl["parallel"]]
     print(f"parallel: {len(points)} points, budget {pl['budgets']['parallel']} s", flush=True)
-    _sweep(summary, Budget(max(pl["budgets"]["parallel"], deadline - time.monotonic()), deadline), points, measure)
+    _sweep(summary, Budget(deadline - time.monotonic(), deadline), points, measure)  # all that is left before cpu16
 
 
 def run_cpu16(summary: Summary, pl: dict, deadline: float):

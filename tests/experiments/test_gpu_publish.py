@@ -40,15 +40,49 @@ def test_the_committed_h200_record_renders_its_tables():
     assert len(irmas) == 9
     for p in irmas:  # each IRMAS row: its times and best BPTT / BPPSA, as the table prints them
         ms = p["ms"]
-        best = min(ms[k] for k in gpu_publish.BASELINES) / ms["bppsa_blelloch"]
+        bppsa = ms["bppsa_blelloch"]
+        best = min(ms["bptt_plain"], ms["bptt_unrolled"], ms["bptt"]) / bppsa
         row = next(line for line in md.splitlines()
                    if line.startswith(f"| {p['setting']} | {p['I']} | {p['T']} | {p['B']} |"))
-        assert f"| {best:.2f} |" in row and f"| {ms['bppsa_blelloch']:.3g} |" in row
+        cols = [c.strip() for c in row.strip("|").split("|")]
+        assert cols[7] == f"{bppsa:.3g}" and cols[9] == f"{ms['cudnn']:.3g}"
+        assert cols[10:13] == [f"{ms['bptt_plain'] / bppsa:.2f}", f"{best:.2f}", f"{ms['cudnn'] / bppsa:.2f}"]
     for title in ("T sweep", "B sweep", "IRMAS", "Float32 gradient error", "parallel forward", "16 CPU cores",
                   "auto's choices", "roofline"):
         assert title in md, title
     choices = md.split("## auto's choices")[1].split("##")[0]
     assert choices.count("| gpu |") == 18 and choices.count("| parallel |") == 6
+
+
+def _parallel(kind, head, T, B, predicted, **ms):
+    from experiments.extensions import parallel_step
+    return {"part": "parallel", "sweep": "T", "cell": parallel_step.cell_label(kind, head), "head_size": head,
+            "T": T, "B": B, "I": 1, "H": 20, "newton": {"newton/bppsa": {"predicted": predicted}},
+            "ms": {"sequential/bptt": 9.0, "sequential/bppsa": 2.0, "newton/bppsa": 1.0, "quasi/bppsa": 3.0, **ms}}
+
+
+def test_parallel_skips_match_their_points_by_kind_and_structured_cells_are_rebuilt():
+    first = {"points": [], "skipped": [
+        {"part": "parallel", "sweep": "T", "cell": "blockgru", "head_size": 16, "T": 64, "B": 2, "reason": "time budget"},
+        {"part": "parallel", "sweep": "T", "cell": "rnn", "head_size": 1, "T": 99, "B": 2, "reason": "time budget"}]}
+    second = {"points": [_parallel("blockgru", 16, 64, 2, 3)], "skipped": first["skipped"][1:]}
+    got = gpu_publish.merge([first, second])
+    assert [(s["cell"], s["T"]) for s in got["skipped"]] == [("rnn", 99)]  # measured later; no duplicate
+    cell = gpu_publish.cell_of({**got["points"][0], "I": 8, "H": 32})
+    assert type(cell).__name__ == "BlockGRU" and cell.head_size == 16
+
+
+def test_a_foreseen_newton_beyond_its_gate_is_listed_as_the_sequential_forward():
+    from bppsa import cost
+    from experiments.extensions import parallel_step
+    T, B = 100_000, 16
+    _, gate = cost.choose_forward(parallel_step.make_cell("rnn", 1, 20, 1), T, B, backend="gpu")
+    assert gate is not None and gate > 2  # a long RNN: the model lets Newton run
+    for predicted, pick in ((int(gate) + 1, "sequential/bppsa"), (2, "newton/bppsa")):
+        row = next(line for line in gpu_publish.choices([_parallel("rnn", 1, T, B, predicted)]).splitlines()
+                   if line.startswith("| parallel"))
+        cols = [c.strip() for c in row.strip("|").split("|")]
+        assert cols[5:7] == [pick, "newton/bppsa"] and cols[7] == f"{2.0 if pick.startswith('seq') else 1.0:.2f}"
 
 
 def test_a_file_that_is_not_a_summary_is_refused(tmp_path, capsys):
