@@ -110,7 +110,7 @@ UNROLLS = (1, 2, 4, 8, 16, 32)  # the lax.scan unroll factors bppsa's baselines 
 # multiply-adds in all (T·w): unroll 1 (an unrolled body costs more compile time than it saves).
 _CPU_UNROLL = ((500, 1, 16), (4000, 1, 4), (math.inf, 8, 2))
 _TINY_WORK = 20_000
-# Off CPU: 8, a prior, not measured (each GPU loop iteration pays launches and a predicate check).
+# Off CPU: 8, a prior (H200: tuned u8 beat every plain unroll, experiments/results/gpu/h200.md; u > 8 unmeasured).
 GPU_UNROLL = 8
 
 

@@ -190,8 +190,8 @@ class Options:
         ss_dtype = jnp.dtype(states_dtype if states_dtype is not None else s_dtype)
         parallel = r.forward != "sequential"
         chunk = solve_chunk = None
+        loop = "bptt" if r.backward == "bptt" and not parallel else "forward"  # autodiff through the loop or not
         if devices is None:
-            loop = "bptt" if r.backward == "bptt" and not parallel else "forward"  # autodiff through it or not
             unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend, loop)
             elementwise = cell.jacobian_block_size == 1 and self.scan is None  # elementwise scans: their own rule
             backward_chunk = None
@@ -221,8 +221,8 @@ class Options:
         tol = tolerance(s_dtype, r.tol)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
-        hoist = parallel or cost_lib.hoist_inputs(cell, T, B, xs.dtype, r.backward, backend, S)
-        in_loop = r.backward == "bptt" and not parallel and cost_lib.adjoint_in_loop(cell, B, backend, S)
+        hoist = parallel or cost_lib.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
+        in_loop = loop == "bptt" and cost_lib.adjoint_in_loop(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
                     hoist=hoist, gate=gate, weights_in_loop=in_loop)
 

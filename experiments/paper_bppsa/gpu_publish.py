@@ -97,10 +97,10 @@ def cell_of(p):
 def choices(points) -> str:
     """What ``backward="auto"`` (the shipped GPU cost model) and ``forward="auto"``
     (:func:`bppsa.cost.choose_forward` on "gpu") pick at each point, against the fastest measured."""
-    model, rows, gate = cost.shipped_cost_model("gpu"), [], None
+    model, rows = cost.shipped_cost_model("gpu"), []
     names = {"bptt": "bptt", "bppsa": "bppsa_blelloch", "bppsa_sequential": "bppsa_sequential"}
     for p in sorted(points, key=lambda p: p["part"] != "gpu"):
-        ms = p.get("ms") or {}
+        ms, gate = p.get("ms") or {}, None
         if p["part"] == "gpu" and "bppsa_blelloch" in ms and model is not None:
             pick = names[model.choose(cell_of(p), p["T"], p["B"])]
             timed = {v: ms[v] for v in names.values()}
@@ -115,7 +115,6 @@ def choices(points) -> str:
         fastest = min(timed, key=lambda k: timed[k])
         rows.append([p["part"], p["cell"], p["T"], p["B"], "-" if gate is None else f"{gate:.1f}", pick, fastest,
                      f"{timed[pick] / timed[fastest]:.2f}"])
-        gate = None
     right = sum(r[5] == r[6] for r in rows)
     return (f"The backward's choice (`bppsa/cost_models/gpu.json`) among tuned BPTT and BPPSA's two scans, and "
             f"the forward's (`bppsa.cost.choose_forward`, as committed when this was published) among the BPPSA "
