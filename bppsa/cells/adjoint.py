@@ -44,24 +44,35 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
     ``factors`` (no Jacobian formed; one product with W_hᵀ a step). The parameter gradients
     (:meth:`bppsa.cells.Cell.adjoint_grads`): after the loop, one product each over all steps from
     the cotangents it wrote out; ``in_loop``: summed step by step in the loop, as autodiff's BPTT
-    does (nothing (T, B, G·H) written and read back: :func:`bppsa.cost.adjoint_in_loop` decides).
+    does (nothing (T, B, G·H) written and read back: :func:`bppsa.cost.adjoint_in_loop` decides),
+    from the inputs :meth:`bppsa.cells.Cell.adjoint_sum_inputs` arranged before it.
     Returns what :func:`bppsa._backward.adjoint` does:
     (gs (T, B, S), dparams, dxs (T, B, I), g0 (B, S))."""
     lp = cell.loop_params(params)
-
-    def body(carry, inp):
-        g, acc = carry
-        g = g + inp[0]
-        g_prev, cotangents = cell.adjoint_step(lp, inp[1], g)
-        if not in_loop:
-            return (g_prev, acc), (g, cotangents)
-        one = lambda a: jax.tree.map(lambda v: v[None], a)
-        dp, dx = cell.adjoint_grads(params, *one((inp[2], inp[3], inp[1], g, cotangents)))
-        return (g_prev, jax.tree.map(jnp.add, acc, dp)), (g, dx[0])
-
     previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)  # the state before each step
-    acc0 = jax.tree.map(jnp.zeros_like, params) if in_loop else None
-    inputs = (ct.astype(ss.dtype), factors) + ((previous, xs) if in_loop else ())
-    (g0, acc), (gs, out) = lax.scan(body, (jnp.zeros_like(s0), acc0), inputs, reverse=True, unroll=unroll)
-    dparams, dxs = (acc, out) if in_loop else cell.adjoint_grads(params, previous, xs, factors, gs, out)
+    ct = ct.astype(ss.dtype)
+
+    def step(inp, g):  # -> (∂L/∂s_t, its part of ∂L/∂s_{t-1}, the step's cotangents)
+        g = g + inp[0]
+        return (g, *cell.adjoint_step(lp, inp[1], g))
+
+    if not in_loop:
+        def written(g, inp):
+            g, g_prev, cotangents = step(inp, g)
+            return g_prev, (g, cotangents)
+
+        g0, (gs, cotangents) = lax.scan(written, jnp.zeros_like(s0), (ct, factors), reverse=True, unroll=unroll)
+        dparams, dxs = cell.adjoint_grads(params, previous, xs, factors, gs, cotangents)
+    else:
+        def summed(carry, inp):  # inp[2]: this step's adjoint_sum_inputs
+            g, g_prev, cotangents = step(inp, carry[0])
+            part, dx = cell.adjoint_sum_step(lp, inp[2], inp[1], g, cotangents)
+            return (g_prev, jax.tree.map(jnp.add, carry[1], part)), (g, dx)
+
+        inputs = (ct, factors, cell.adjoint_sum_inputs(params, previous, xs))
+        first = jax.tree.map(lambda a: a[0], inputs)
+        sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(
+            lambda inp: cell.adjoint_sum_step(lp, inp[2], inp[1], *step(inp, s0)[::2])[0], first))
+        (g0, sums), (gs, dxs) = lax.scan(summed, (jnp.zeros_like(s0), sums0), inputs, reverse=True, unroll=unroll)
+        dparams = cell.adjoint_sum_result(params, sums)
     return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)

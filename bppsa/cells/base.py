@@ -130,6 +130,21 @@ class Cell(abc.ABC):
         """All steps' factors, ∂L/∂s_t and :meth:`adjoint_step` cotangents (T, B, ...) -> (dparams, dxs)."""
         raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
 
+    def adjoint_sum_inputs(self, params: Any, s_prev: Array, xs: Array, /) -> Any:
+        """What BPTT by the adjoint reads at each step to sum the parameter gradients inside its loop
+        (a pytree, leading axis T), arranged once before it (:meth:`adjoint_sum_step` reads it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
+
+    def adjoint_sum_step(self, params: Any, inputs: Any, factors: Any, g: Array, cotangents: Any, /
+                         ) -> tuple[Any, Array]:
+        """One step's part of the parameter-gradient sums (summed over the batch) and its input's
+        cotangent (B, I), from its :meth:`adjoint_sum_inputs`, factors, ∂L/∂s_t and cotangents."""
+        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
+
+    def adjoint_sum_result(self, params: Any, sums: Any, /) -> Any:
+        """The sums of :meth:`adjoint_sum_step` over all steps -> dparams (``params``' structure)."""
+        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
+
     #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
     gates: ClassVar[int] = 1
     #: Whether the state is a pair of (B, H) arrays (LSTM) rather than one array.
@@ -195,6 +210,13 @@ class Affine(Cell):
         gx = gx + params["b_x"] if self.input_bias else gx
         return gx if self.gates == 1 else tuple(split_gates(gx, self.gates))
 
+    def loop_params(self, params: Any) -> Any:
+        """``params`` with W_hᵀ and W_xᵀ, the adjoint step's products (transposed once, not in every step)."""
+        return dict(params, W_hT=params["W_h"].T, W_xT=params["W_x"].T)
+
+    def _w_ht(self, params, name="W_h"):  # W_hᵀ (W_xᵀ): loop_params' copy, else transposed here
+        return params[name + "T"] if name + "T" in params else params[name].T
+
     def _recurrent(self, params, h):
         gh = h @ params["W_h"]
         return gh + params["b_h"] if self.hidden_bias else gh
@@ -212,18 +234,50 @@ class Affine(Cell):
 
     def adjoint_step(self, params: Any, factors: Any, g: Array) -> tuple[Array, Any]:
         dgx, dgh, direct = self._cotangents(factors, g)
-        dh = dgh @ params["W_h"].T
+        dh = dgh @ self._w_ht(params)
         g_prev = jnp.concatenate([dh, direct], axis=-1) if self.pair_state else dh if direct is None else dh + direct
         return g_prev, (dgx,) if dgh is dgx else (dgx, dgh)
 
+    def _dgs(self, factors, gs, cotangents):
+        """:meth:`adjoint_step`'s cotangents -> (dgx, dgh), those of x W_x + b_x and of h W_h + b_h."""
+        return cotangents if len(cotangents) == 2 else cotangents * 2
+
     def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any
                       ) -> tuple[Any, Array]:
-        dgx, dgh = cotangents if len(cotangents) == 2 else cotangents * 2
+        return self._grads(params, s_prev, xs, *self._dgs(factors, gs, cotangents))
+
+    def _grads(self, params, s_prev, xs, dgx, dgh):
         return self._contract(xs, s_prev[..., :self.hidden_size], dgx, dgh), dgx @ params["W_x"].T
 
+    def adjoint_sum_inputs(self, params: Any, s_prev: Array, xs: Array) -> tuple[Array, Array]:
+        """x and h transposed, (T, I, B) and (T, H, B), each with a row of ones where its product has
+        a bias: a step's x_tᵀ dgx and h_tᵀ dgh are then plain products (no transpose in the loop),
+        the bias's gradient their last row."""
+        ones = jnp.ones((xs.shape[0], 1, xs.shape[1]), xs.dtype)
+
+        def rows(a, bias):
+            a = jnp.swapaxes(a, 1, 2)
+            return jnp.concatenate([a, ones.astype(a.dtype)], axis=1) if bias else a
+
+        return rows(xs, self.input_bias), rows(s_prev[..., :self.hidden_size], self.hidden_bias)
+
+    def adjoint_sum_step(self, params: Any, inputs: Any, factors: Any, g: Array, cotangents: Any
+                         ) -> tuple[tuple[Array, Array], Array]:
+        dgx, dgh = self._dgs(factors, g, cotangents)
+        return (inputs[0] @ dgx, inputs[1] @ dgh), dgx @ self._w_ht(params, "W_x")
+
+    def adjoint_sum_result(self, params: Any, sums: Any) -> dict[str, Array]:
+        (sx, sh), I, H = sums, self.input_size, self.hidden_size
+        grads = {"W_x": sx[:I], "W_h": sh[:H]}
+        if self.input_bias:
+            grads["b_x"] = sx[I]
+        if self.hidden_bias:
+            grads["b_h"] = sh[H]
+        return grads
+
     def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
-        dgx, dgh, _ = self._cotangents(factors := self._factors(params, s_prev, xs, s), gs)
-        return Affine.adjoint_grads(self, params, s_prev, xs, factors, gs, (dgx, dgh))
+        dgx, dgh, _ = self._cotangents(self._factors(params, s_prev, xs, s), gs)
+        return self._grads(params, s_prev, xs, dgx, dgh)
 
     def _contract(self, xs, h_prev, dgx, dgh):
         """Parameter gradients of ``(x W_x + b_x, h W_h + b_h)`` from their cotangents (T, B, G)."""

@@ -132,13 +132,11 @@ class GRU(Affine):
 
     def adjoint_step(self, params: Any, factors: Any, g: Array) -> tuple[Array, Any]:  # emits h W_h's cotangent only
         _, dgh, direct = self._cotangents(factors, g)
-        return dgh @ params["W_h"].T + direct, (dgh,)
+        return dgh @ self._w_ht(params) + direct, (dgh,)
 
-    def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any
-                      ) -> tuple[Any, Array]:  # the input's cotangent differs from h W_h's in the n gate only
+    def _dgs(self, factors, gs, cotangents):  # the input's cotangent differs from h W_h's in the n gate only
         dgh = cotangents[0]
-        dgx = jnp.concatenate([dgh[..., :2 * self.hidden_size], gs * factors[4]], -1)
-        return super().adjoint_grads(params, s_prev, xs, factors, gs, (dgx, dgh))
+        return jnp.concatenate([dgh[..., :2 * self.hidden_size], gs * factors[4]], -1), dgh
 
     def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         H = self.hidden_size

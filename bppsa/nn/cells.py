@@ -1,30 +1,27 @@
 """flax's recurrent cells as :class:`bppsa.cells.Cell`s, and the masked step of padded batches.
 
-:func:`plan` decides how :class:`bppsa.nn.RNN` runs a cell that ``nnx.RNN`` can drive (an
-``nnx.RNNCellBase`` or any module with ``__call__``, ``initialize_carry`` and
-``num_feature_axes``); :func:`adapt` is its cell. Gradients flow back to the cell's own
-``nnx.Param`` arrays:
+:func:`plan` decides how :class:`bppsa.nn.RNN` runs a cell that ``nnx.RNN`` can drive (an ``nnx.RNNCellBase``
+or any module with ``__call__``, ``initialize_carry`` and ``num_feature_axes``); :func:`adapt` is its
+cell. Gradients flow back to the cell's own ``nnx.Param`` arrays:
 
-- ``nnx.SimpleCell``, ``nnx.GRUCell``, ``nnx.LSTMCell``, ``nnx.OptimizedLSTMCell`` with
-  activation functions bppsa knows (sigmoid, tanh, relu), computing in one dtype:
-  :class:`Flax`, whose maths is one of :mod:`bppsa.cells` (written once there) with flax's
-  conventions as fields; this module only maps parameters between flax's layout and the cell's
-  (:func:`cell_params`);
+- ``nnx.SimpleCell``, ``nnx.GRUCell``, ``nnx.LSTMCell``, ``nnx.OptimizedLSTMCell`` with activation
+  functions bppsa knows (sigmoid, tanh, relu), computing in one dtype: :class:`Flax`, whose maths is
+  one of :mod:`bppsa.cells` with flax's conventions as fields (parameters mapped: :func:`cell_params`);
 - a cell with a ``bppsa_cell()`` method (:mod:`bppsa.nn.structured`'s, in one dtype): the
   :mod:`bppsa.structured` cell it returns, its ``nnx.Param``s in that cell's layout;
-- any other cell (or one of those four with another activation or in mixed precision):
-  autodiff Jacobians of one example's step, vmapped over the batch and time
-  (:class:`Autodiff`), with the non-Param state a step reads but never changes as constants;
-- a cell whose step changes its own state (draws from an RNG stream, updates batch
-  statistics), reads non-float state or has state scanned over time: no BPPSA backward
-  (:func:`plan` says why; :class:`bppsa.nn.RNN` then runs ``nnx.RNN``'s scan).
+- any other cell (or one of those four with another activation or in mixed precision): autodiff
+  Jacobians of one example's step, vmapped over the batch and time (:class:`Autodiff`), with the
+  non-Param state a step reads but never changes as constants;
+- a cell whose step changes its own state (draws from an RNG stream, updates batch statistics), reads
+  non-float state or has state scanned over time: no BPPSA backward (:func:`plan` says why;
+  :class:`bppsa.nn.RNN` then runs ``nnx.RNN``'s scan).
 
 flax's conventions, row convention (``x @ kernel``), as in ``flax.nnx.nn.recurrent``:
 
 - SimpleCell = ``cells.RNN(hidden_bias=False, residual=...)``: h' = act(x W_i + b_i + h W_h [+ h]).
 - GRUCell = ``cells.GRU(hidden_bias=False)``: the hidden layer has no bias.
-- LSTMCell / OptimizedLSTMCell = ``cells.LSTM(input_bias=False)``: the bias is on the hidden
-  layer; the carry is (c, h) where bppsa's is (h, c); the flat state is s = [h, c] for both.
+- LSTMCell / OptimizedLSTMCell = ``cells.LSTM(input_bias=False)``: the bias is on the hidden layer;
+  the carry is (c, h) where bppsa's is (h, c); the flat state is s = [h, c] for both.
 
 :class:`Masked` wraps any cell for padded batches: a masked step (mask in the last input channel) is
 the identity map (state unchanged, Jacobian I, no parameter gradient)."""
@@ -92,6 +89,16 @@ class _Wrapper(Cell):
         return self.wrapped.state_size
 
 
+_LOOP = "core, loop form"  # the key of Flax.loop_params' dict
+
+
+def _on_core(name, grads=False) -> Any:  # a Flax method: the core's, on its parameters; grads: it returns dparams
+    def method(self, params, *args):  # (or a tuple that starts with them), mapped to flax's layout
+        out, to_flax = getattr(self.core, name)(self.core_params(params), *args), self.flax_grads
+        return out if not grads else to_flax(out) if isinstance(out, dict) else (to_flax(out[0]), *out[1:])
+    return method
+
+
 @dataclasses.dataclass(frozen=True)
 class Flax(_Wrapper):
     """One of flax's four cells: the maths of ``core`` (a :mod:`bppsa.cells` cell with flax's
@@ -114,12 +121,16 @@ class Flax(_Wrapper):
     has_adjoint = property(lambda self: self.core.has_adjoint)  # pyright: ignore[reportAssignmentType]
 
     def core_params(self, params) -> dict:
-        """flax's parameter dict -> the core cell's."""
+        """flax's parameter dict -> the core cell's (:meth:`loop_params`' form: the core's already)."""
+        if _LOOP in params:
+            return params[_LOOP]
         out = {}
         for k, where in LAYOUTS[self.layout].items():
             parts = [params[layer][leaf] for layer, leaf in where]
             out[k] = jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
         return out
+
+    def loop_params(self, params): return {_LOOP: self.core.loop_params(self.core_params(params))}  # mapped once
 
     def flax_grads(self, grads) -> dict:
         """The core cell's parameter gradients -> flax's layout."""
@@ -150,26 +161,18 @@ class Flax(_Wrapper):
         new = self.core.step_projected(self.core_params(params), carry[::-1] if self.pair_state else carry, u)
         return new[::-1] if self.pair_state else new
 
-    def transposed_jacobian(self, params, s_prev, xs, s):
-        return self.core.transposed_jacobian(self.core_params(params), s_prev, xs, s)
-
-    def diagonal_jacobian(self, params, s_prev, xs, s):
-        return self.core.diagonal_jacobian(self.core_params(params), s_prev, xs, s)
-
-    def param_grads(self, params, s_prev, xs, s, gs):
-        dp, dx = self.core.param_grads(self.core_params(params), s_prev, xs, s, gs)
-        return self.flax_grads(dp), dx
-
     def step_factors(self, params, carry, u):
         new, factors = self.core.step_factors(self.core_params(params), carry[::-1] if self.pair_state else carry, u)
         return (new[::-1] if self.pair_state else new), factors
 
-    def adjoint_step(self, params, factors, g):
-        return self.core.adjoint_step(self.core_params(params), factors, g)
-
-    def adjoint_grads(self, params, s_prev, xs, factors, gs, cotangents):
-        dp, dx = self.core.adjoint_grads(self.core_params(params), s_prev, xs, factors, gs, cotangents)
-        return self.flax_grads(dp), dx
+    transposed_jacobian = _on_core("transposed_jacobian")
+    diagonal_jacobian = _on_core("diagonal_jacobian")
+    adjoint_step = _on_core("adjoint_step")
+    adjoint_sum_inputs = _on_core("adjoint_sum_inputs")
+    adjoint_sum_step = _on_core("adjoint_sum_step")
+    param_grads = _on_core("param_grads", grads=True)
+    adjoint_grads = _on_core("adjoint_grads", grads=True)
+    adjoint_sum_result = _on_core("adjoint_sum_result", grads=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,8 +186,7 @@ class Autodiff(Cell):
     before the cell sees it, so the cell computes in its own dtypes, mixed precision included);
     Jacobians and parameter gradients by autodiff of the step on whole batches (so a cell that
     draws random numbers draws them as in the forward; rows must be independent, as for any cell
-    ``nnx.RNN`` runs on a batch of sequences). xs (T, B, I) are
-    the inputs' feature axes flattened (``feature_shape`` restores them).
+    ``nnx.RNN`` runs on a batch of sequences). xs (T, B, I): the inputs' feature axes flattened.
 
     ``params`` (:meth:`read` makes it from the flax cell) is a dict: "params", the cell's
     ``nnx.Param`` state; "consts", float non-Param state a step reads but never changes (eval-mode
@@ -194,8 +196,7 @@ class Autodiff(Cell):
     float arrays of the same bits (:mod:`bppsa.nn._state`). With side state (``indexed``) the
     flat state's last channel counts the steps (its Jacobian is the identity there), so step t
     reads the side state's t-th value: exactly the state ``nnx.RNN``'s scan would hand it.
-    State a step neither reads nor changes (stored ``rngs``) is rebuilt as placeholders.
-    """
+    State a step neither reads nor changes (stored ``rngs``) is rebuilt as placeholders."""
 
     graphdef: Any
     carry_def: Any  # the treedef of the carry

@@ -138,3 +138,28 @@ def test_the_plan_sums_parameter_gradients_in_the_loop_for_large_batches_and_ste
         assert bppsa.Options(backward="bppsa").plan(cell, xs, s0).weights_in_loop is False
         assert bppsa.cost.adjoint_in_loop(cell, B, "cpu") is in_loop
         assert not bppsa.cost.adjoint_in_loop(cell, B, "gpu")
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+def test_the_in_loop_sums_are_the_parameter_gradients(name):
+    """adjoint_sum_step over every step (from adjoint_sum_inputs: x and h transposed, a row of ones
+    for each bias), summed, then adjoint_sum_result = adjoint_grads' dparams; its per-step input
+    cotangents = adjoint_grads' dxs; on the loop form of the parameters (loop_params) as on params."""
+    T, B = 5, 3
+    cell, params, xs, h0, w = _setup(name, T, B, seed=3)
+    ss = _reference(cell)(params, xs, h0)
+    previous = jnp.concatenate([h0[None], ss[:-1]], axis=0)
+    factors = jax.vmap(lambda s, u: cell.step_factors(params, cell.unflatten_state(s), u)[1])(
+        previous, cell.project(params, xs))
+    cots = jax.vmap(lambda f, g: cell.adjoint_step(params, f, g)[1])(factors, w)
+    want_dp, want_dx = cell.adjoint_grads(params, previous, xs, factors, w, cots)
+    inputs = cell.adjoint_sum_inputs(params, previous, xs)
+    assert all(a.shape[:1] == (T,) and a.shape[-1] == B for a in jax.tree.leaves(inputs))
+    for form in (params, cell.loop_params(params)):
+        parts, dxs = zip(*(cell.adjoint_sum_step(form, *jax.tree.map(lambda a: a[t], (inputs, factors)), w[t],
+                                                 jax.tree.map(lambda a: a[t], cots)) for t in range(T)))
+        sums = jax.tree.map(lambda *a: sum(a), *parts)
+        assert _max_diff(cell.adjoint_sum_result(params, sums), want_dp) < 1e-13
+        assert _max_diff(jnp.stack(dxs), want_dx) < 1e-13
+        x, h = xs[0], cell.unflatten_state(h0)
+        assert _max_diff(cell.step_projected(form, h, cell.project(form, x)), cell.step(params, h, x)) < 1e-15
