@@ -101,31 +101,38 @@ def step_child(o: dict) -> dict:
     single-threaded): the layers ``o["layers"]`` at the row ``o["row"]`` ((kind, I, H, T, B,
     classes)), each a fresh classifier from the same seed. Returns per layer the compile seconds
     (the first call), the losses of the first ``o["check_steps"]`` steps and the per-round medians
-    (``o["rounds"]`` rotated rounds of ``o["block"]`` timed calls after one untimed)."""
+    (``o["rounds"]`` rotated rounds of ``block`` timed calls after one untimed: ``o["block"]``, or as many
+    as fill ``o["min_block_s"]`` seconds at the slowest layer's check-step time where that is more;
+    returned)."""
     kind, I, H, T, B, classes = o["row"]
     rng = np.random.default_rng(o["seed"])
     x = jnp.asarray(rng.standard_normal((B, T, I)), jnp.float32)
     y = jnp.asarray(rng.integers(0, classes, B), jnp.int32)
     jax.block_until_ready(jax.jit(lambda a: a * 2)(x))  # JAX's own first-use costs, paid by no layer
-    steps, compile_s, losses = {}, {}, {}
+    steps, compile_s, losses, call_s = {}, {}, {}, 0.0
     for name in o["layers"]:
         step = make_step(LAYERS[name], kind, I, H, classes, o["seed"])
         t0 = time.perf_counter()
         first = float(jax.block_until_ready(step(x, y))[0])
         compile_s[name] = time.perf_counter() - t0
-        losses[name] = [first] + [float(step(x, y)[0]) for _ in range(o["check_steps"] - 1)]
+        losses[name] = [first]
+        for _ in range(o["check_steps"] - 1):
+            t0 = time.perf_counter()
+            losses[name].append(float(step(x, y)[0]))
+            call_s = max(call_s, time.perf_counter() - t0)
         steps[name] = functools.partial(step, x, y)
+    block = max(o["block"], int(np.ceil(o.get("min_block_s", 0.0) / call_s)) if call_s > 0 else 0)
     names, rounds = list(steps), {name: [] for name in steps}
     for r in range(o["rounds"]):
         for name in names[r % len(names):] + names[:r % len(names)]:
             jax.block_until_ready(steps[name]())
             samples = []
-            for _ in range(o["block"]):
+            for _ in range(block):
                 t0 = time.perf_counter()
                 jax.block_until_ready(steps[name]())
                 samples.append(time.perf_counter() - t0)
             rounds[name].append(float(np.median(samples)))
-    return {"compile_s": compile_s, "losses": losses, "rounds": rounds}
+    return {"compile_s": compile_s, "losses": losses, "rounds": rounds, "block": block}
 
 
 _STEP_CHILD = ("import json, os, sys; o = json.loads(sys.argv[1]); os.sched_setaffinity(0, {o['core']}); "
@@ -156,28 +163,28 @@ def step_rows(config) -> list[dict]:
     ref = config.layers[0]
     for shape in config.shapes:
         o = {"row": list(shape), "seed": config.seed, "check_steps": config.check_steps, "core": config.core,
-             "rounds": config.repeats, "block": config.block}
+             "rounds": config.repeats, "block": config.block, "min_block_s": float(config.get("min_block_s", 0.0))}
         row: dict = {"cell": shape[0], "I": shape[1], "H": shape[2], "T": shape[3], "B": shape[4],
                      "classes": shape[5]}
         for mode in config.step_modes:
             if mode == "one":
                 got = _child(dict(o, layers=list(config.layers)))
                 per = {n: got["rounds"][n] for n in config.layers}
-                compile_s, losses = got["compile_s"], got["losses"]
+                compile_s, losses, blocks = got["compile_s"], got["losses"], [got["block"]]
             else:
-                names, per, compile_s, losses = list(config.layers), {n: [] for n in config.layers}, {}, {}
+                names, per, compile_s, losses, blocks = list(config.layers), {n: [] for n in config.layers}, {}, {}, []
                 comp: dict = {n: [] for n in names}
                 for k in range(config.separate_rounds):
                     for n in names[k % len(names):] + names[:k % len(names)]:
                         got = _child(dict(o, layers=[n], rounds=max(1, config.repeats // 2)))
                         per[n].append(float(np.median(got["rounds"][n])))
                         comp[n].append(got["compile_s"][n])
-                        losses[n] = got["losses"][n]
+                        losses[n], blocks = got["losses"][n], blocks + [got["block"]]
                 compile_s = {n: float(np.median(v)) for n, v in comp.items()}
             ratios = {n: (np.asarray(per[n]) / np.asarray(per[ref])).tolist() for n in config.layers}
             gap = max(float(np.max(np.abs(np.asarray(losses[n]) - np.asarray(losses[ref])))) for n in losses)
             row[mode] = {"median_s": {n: float(np.median(v)) for n, v in per.items()}, "samples_s": per,
-                         "compile_s": compile_s,
+                         "compile_s": compile_s, "block": blocks,
                          "ratio": {n: float(np.median(per[n]) / np.median(per[ref])) for n in config.layers},
                          "ratio_spread": {n: _spread(r) for n, r in ratios.items()}, "max_loss_diff": gap}
         rows.append(row)
@@ -350,6 +357,8 @@ def check_flax_rnn(config) -> None:
         require_choices(config, "step_modes", STEP_MODES, many=True)
         for key in ("repeats", "check_steps", "block", "separate_rounds"):
             require_int(config, key)
+        if not (isinstance(m := config.get("min_block_s", 0.0), (int, float)) and 0 <= m <= 60):
+            raise UsageError(f"config.min_block_s must be seconds in [0, 60]; got {m!r}")
         require_int(config, "core", 0)
         if config.core not in os.sched_getaffinity(0):
             raise UsageError(f"config.core must be a core this process may run on, one of "
@@ -404,7 +413,8 @@ def markdown(record) -> str:
             "One training step (forward + backward + Adam, one `nnx.jit`) of a flax classifier: the recurrent "
             "layer over the flax cell, a linear head on the final carry, float32; " + _STEP_LAYERS + " One core "
             f"(core {c['core']}, XLA single-threaded), each measurement in a child process. \"one\": all layers "
-            f"in one process, {c['repeats']} rotated rounds of {c['block']} timed calls (median per round); "
+            f"in one process, {c['repeats']} rotated rounds of {c['block']} timed calls, or as many as fill "
+            f"{c.get('min_block_s', 0.0)} s where that is more (median per round); "
             f"\"separate\": each layer in its own process, {c['separate_rounds']} processes per layer. ms: "
             "median; ratio = layer time / nnx.RNN time (< 1: faster than nnx.RNN), [min, max] over the rounds "
             "(one) or the processes (separate); compile s: the first call (the layers in column order). Max loss "
