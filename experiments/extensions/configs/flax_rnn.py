@@ -39,7 +39,7 @@ def get_config(arg=None):
     c.repeats = 9                   # rounds per process ("separate": half as many, at least 1)
     c.block = 3                     # timed calls per round (after one untimed), at least
     c.min_block_s = 0.1             # ... or as many as fill this many seconds (short steps: more samples)
-    c.separate_rounds = 2           # processes per layer in "separate"
+    c.separate_rounds = 4           # processes per layer in "separate" (2 left one row at the mercy of one slow period)
     c.check_steps = 3
     c.seed = 0
     # part "cells": (T, B, I, H); each cell with seq_lengths no and yes
