@@ -9,7 +9,7 @@
   (T, B, I, H) = (100, 16, 32, 32), the IRMAS GRU's settings "m" and "l" (experiments.data.irmas.SHAPES
   at the grid's B = 16 and 32, hidden 20) and (256, 8, 128, 128).
 
-    bppsa run experiments/extensions/configs/flax_rnn.py          # both parts, full shapes: ~30 min (26 min measured: step 16, cells 10)
+    bppsa run experiments/extensions/configs/flax_rnn.py          # both parts, full shapes: ~30 min (30 min measured: step 24, cells 6)
     bppsa run experiments/extensions/configs/flax_rnn.py:quick    # cells at one tiny shape (T 20, B 4, I 8, H 8), 2 rounds; one small GRU step: ~1-2 min
     bppsa run experiments/extensions/configs/flax_rnn.py:smoke    # both parts at a tiny GRU, one round: seconds (~20 s on the loaded 2-core machine)
     bppsa run experiments/extensions/configs/flax_rnn.py --config.parts=cells   # one part alone
