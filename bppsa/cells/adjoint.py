@@ -64,15 +64,17 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
         g0, (gs, cotangents) = lax.scan(written, jnp.zeros_like(s0), (ct, factors), reverse=True, unroll=unroll)
         dparams, dxs = cell.adjoint_grads(params, previous, xs, factors, gs, cotangents)
     else:
-        def summed(carry, inp):  # inp[2]: this step's adjoint_sum_inputs
-            g, g_prev, cotangents = step(inp, carry[0])
-            part, dx = cell.adjoint_sum_step(lp, inp[2], inp[1], g, cotangents)
-            return (g_prev, jax.tree.map(jnp.add, carry[1], part)), (g, dx)
+        def part(inp, g):  # -> (g_t, g_{t-1}, (this step's part of the sums, its input's cotangent))
+            g, g_prev, cotangents = step(inp, g)  # inp[2]: this step's adjoint_sum_inputs
+            return g, g_prev, cell.adjoint_sum_step(lp, inp[2], inp[1], g, cotangents)
+
+        def summed(carry, inp):
+            g, g_prev, (sums, dx) = part(inp, carry[0])
+            return (g_prev, jax.tree.map(jnp.add, carry[1], sums)), (g, dx)
 
         inputs = (ct, factors, cell.adjoint_sum_inputs(params, previous, xs))
-        first = jax.tree.map(lambda a: a[0], inputs)
-        sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(
-            lambda inp: cell.adjoint_sum_step(lp, inp[2], inp[1], *step(inp, s0)[::2])[0], first))
+        shapes = jax.eval_shape(part, jax.tree.map(lambda a: a[0], inputs), s0)[2][0]
+        sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
         (g0, sums), (gs, dxs) = lax.scan(summed, (jnp.zeros_like(s0), sums0), inputs, reverse=True, unroll=unroll)
         dparams = cell.adjoint_sum_result(params, sums)
     return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)

@@ -214,7 +214,7 @@ class Affine(Cell):
         """``params`` with W_hᵀ and W_xᵀ, the adjoint step's products (transposed once, not in every step)."""
         return dict(params, W_hT=params["W_h"].T, W_xT=params["W_x"].T)
 
-    def _w_ht(self, params, name="W_h"):  # W_hᵀ (W_xᵀ): loop_params' copy, else transposed here
+    def _transposed(self, params, name="W_h"):  # W_hᵀ (or W_xᵀ): loop_params' copy, else transposed here
         return params[name + "T"] if name + "T" in params else params[name].T
 
     def _recurrent(self, params, h):
@@ -234,7 +234,7 @@ class Affine(Cell):
 
     def adjoint_step(self, params: Any, factors: Any, g: Array) -> tuple[Array, Any]:
         dgx, dgh, direct = self._cotangents(factors, g)
-        dh = dgh @ self._w_ht(params)
+        dh = dgh @ self._transposed(params)
         g_prev = jnp.concatenate([dh, direct], axis=-1) if self.pair_state else dh if direct is None else dh + direct
         return g_prev, (dgx,) if dgh is dgx else (dgx, dgh)
 
@@ -253,18 +253,16 @@ class Affine(Cell):
         """x and h transposed, (T, I, B) and (T, H, B), each with a row of ones where its product has
         a bias: a step's x_tᵀ dgx and h_tᵀ dgh are then plain products (no transpose in the loop),
         the bias's gradient their last row."""
-        ones = jnp.ones((xs.shape[0], 1, xs.shape[1]), xs.dtype)
-
         def rows(a, bias):
             a = jnp.swapaxes(a, 1, 2)
-            return jnp.concatenate([a, ones.astype(a.dtype)], axis=1) if bias else a
+            return jnp.concatenate([a, jnp.ones_like(a[:, :1])], axis=1) if bias else a
 
         return rows(xs, self.input_bias), rows(s_prev[..., :self.hidden_size], self.hidden_bias)
 
     def adjoint_sum_step(self, params: Any, inputs: Any, factors: Any, g: Array, cotangents: Any
                          ) -> tuple[tuple[Array, Array], Array]:
         dgx, dgh = self._dgs(factors, g, cotangents)
-        return (inputs[0] @ dgx, inputs[1] @ dgh), dgx @ self._w_ht(params, "W_x")
+        return (inputs[0] @ dgx, inputs[1] @ dgh), dgx @ self._transposed(params, "W_x")
 
     def adjoint_sum_result(self, params: Any, sums: Any) -> dict[str, Array]:
         (sx, sh), I, H = sums, self.input_size, self.hidden_size

@@ -132,7 +132,7 @@ class GRU(Affine):
 
     def adjoint_step(self, params: Any, factors: Any, g: Array) -> tuple[Array, Any]:  # emits h W_h's cotangent only
         _, dgh, direct = self._cotangents(factors, g)
-        return dgh @ self._w_ht(params) + direct, (dgh,)
+        return dgh @ self._transposed(params) + direct, (dgh,)
 
     def _dgs(self, factors, gs, cotangents):  # the input's cotangent differs from h W_h's in the n gate only
         dgh = cotangents[0]
