@@ -21,8 +21,8 @@ right-hand side keeps the analytic gradients: with b = R u, JAX transposes the s
 which measured slower and with more XLA temporaries (the same file).
 Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a rematerialised JVP of the
 step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
-(:mod:`bppsa.parallel.sequence`) and the benchmark's component breakdown (:mod:`experiments.bench`)
-reuse the pieces, and so does the parallel forward (:mod:`bppsa.newton`): its Newton step is the
+(:mod:`bppsa.parallel.sequence`) runs the same rule (:func:`tangent_rule`) with its two solves
+sharded; it and the benchmark's component breakdown reuse the pieces, and so does the parallel forward (:mod:`bppsa.newton`): its Newton step is the
 same kind of linear recurrence, run forwards, on :func:`step_elements` (:func:`newton_step`).
 
 Every setting (the scan, the chunk length, the precision, the unroll) arrives concrete, from the
@@ -47,7 +47,8 @@ from bppsa.scan import block_scan, trust_region_solve
 
 __all__ = ["step_elements", "step_diagonal", "forward_states", "bppsa_states", "solved_states", "adjoint", "to_blocks",
            "block_rows", "steps", "prev_states", "tangent_states", "scan_order", "root_and_offsets",
-           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward", "equal_chunks", "newton_step"]
+           "storage_inputs", "stored_jacobians", "stored_scan", "chunked_backward", "equal_chunks", "newton_step",
+           "tangent_rule"]
 
 
 def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None,
@@ -338,6 +339,27 @@ def _solved_jvp(cell, scan_method, chunk_size, precision, primals, tangents):
 def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tangents, adjoint_inputs=(None, 1)):
     """The states' tangent at the solved states ss, one ``lax.custom_linear_solve`` (see the module
     docstring): solve = the forward tangent scan, transpose_solve = the BPPSA backward."""
+    def tangent_scan(rhs, d0):
+        return tangent_states(cell, params, xs, s0, ss, rhs, d0)
+
+    def adjoint_scan(c1):
+        if scan_method.startswith("adjoint"):
+            return sequential_adjoint(cell, params, xs, s0, ss, c1, *adjoint_inputs,
+                                      in_loop=scan_method == "adjoint_in_loop")
+        return adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, c1)
+
+    return tangent_rule(cell, precision, params, xs, s0, ss, tangents, tangent_scan, adjoint_scan)
+
+
+def tangent_rule(cell: Cell, precision: str, params: Any, xs: Array, s0: Array, ss: Array, tangents: Any,
+                 tangent_scan: Any, adjoint_scan: Any) -> Array:
+    """The tangent of the states ss (T, B, S) solved from (params, xs (T, B, I), s0 (B, S)), for the
+    input ``tangents`` (dparams, dxs, ds0): one ``lax.custom_linear_solve`` of the block system of
+    the module docstring, whose two solves are given: ``tangent_scan(rhs (T, B, S), d0 (B, S))`` the
+    forward tangent recurrence ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 = d0, and ``adjoint_scan(c1 (T,
+    B, S))`` the backward, returning (gs, dparams, dxs, g0). One device passes its scans
+    (:func:`tangent_states`, :func:`adjoint`); a mesh its sharded ones (:mod:`bppsa.parallel.sequence`),
+    so both have reverse mode, forward mode and Hessian-vector products from the same rule."""
     pack, unpack = _packer(ss, params, xs, s0)
 
     def matvec(z):
@@ -346,15 +368,11 @@ def _tangent(cell, scan_method, chunk_size, precision, params, xs, s0, ss, tange
     def solve(_, b):  # K⁻¹: the tangent scan; the right-hand sides of all steps at once
         b1, bp, bx, b0 = unpack(b)
         rhs = jax.jvp(lambda p, x: steps(cell, p, prev_states(s0, ss), x), (params, xs), (bp, bx))[1]
-        return pack(tangent_states(cell, params, xs, s0, ss, rhs + b1, b0), bp, bx, b0)
+        return pack(tangent_scan(rhs + b1, b0), bp, bx, b0)
 
     def transpose_solve(_, c):  # K⁻ᵀ: the BPPSA scan and the cell's analytic gradients
         c1, cp, cx, c0 = unpack(c)
-        if scan_method.startswith("adjoint"):
-            gs, dp, dx, g0 = sequential_adjoint(cell, params, xs, s0, ss, c1, *adjoint_inputs,
-                                                in_loop=scan_method == "adjoint_in_loop")
-        else:
-            gs, dp, dx, g0 = adjoint(cell, scan_method, chunk_size, params, xs, s0, ss, c1)
+        gs, dp, dx, g0 = adjoint_scan(c1)
         return pack(gs, jax.tree.map(jnp.add, cp, dp), cx + dx, c0 + g0)
 
     dp, dxs, ds0 = tangents

@@ -26,7 +26,7 @@ from jax.typing import ArrayLike
 from bppsa import host, newton
 from bppsa import options as options_lib
 from bppsa._backward import bppsa_states, forward_states, solved_states
-from bppsa.cells import Cell
+from bppsa.cells import Cell, closure
 from bppsa.errors import UsageError
 from bppsa.options import Options, Plan
 
@@ -72,7 +72,11 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
     opts = options_lib.make(options, **fields)
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)
-    plan = opts.plan(cell, xs, s0, states_dtype=_states_dtype(cell, params, xs, s0))
+    states_dtype = _states_dtype(cell, params, xs, s0)
+    # arrays the step closes over become operands: no compiled program keeps an old value, and
+    # gradients reach a closed-over traced value (bppsa.cells.closure)
+    cell, params = closure.lift(cell, params, xs, s0.astype(states_dtype))
+    plan = opts.plan(cell, xs, s0, states_dtype=states_dtype)
     if jax.default_backend() == "cpu":
         host.tune_allocator()
     info = None
@@ -97,19 +101,21 @@ def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
         guess = flat_guess(cell, guess, xs.shape[0], s0)
     stop = jax.lax.stop_gradient
     with jax.default_matmul_precision(plan.precision):
-        ss, info = _solver(cell, plan)(stop(params), stop(xs), stop(s0), None if guess is None else stop(guess))
+        solver = _solver(cell, plan, closure.reads_arrays(cell, params, xs, s0))
+        ss, info = solver(stop(params), stop(xs), stop(s0), None if guess is None else stop(guess))
     scan = "sequential" if plan.backward == "bptt" else plan.scan
     return solved_states(cell, scan, plan.chunk_size, params, xs, s0, ss, plan.precision), info
 
 
-def _solver(cell: Cell, plan: Plan) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
+def _solver(cell: Cell, plan: Plan, reads_arrays: bool) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
     """:func:`bppsa.newton.solve` for (cell, plan) under one ``jax.jit`` kept across calls: called
     eagerly the iteration is one compiled program, not hundreds of dispatched operations, and a
     later call with the same cell and options neither retraces nor recompiles; inside a trace it
     is inlined. Run directly: a mesh's plan, ``on_fail="raise"`` (called eagerly
-    it raises :class:`bppsa.newton.NewtonDidNotConverge` itself, not JAX's wrapping of it), and a
-    cell or plan that cannot key a cache."""
-    if plan.devices is None and plan.on_fail != "raise":
+    it raises :class:`bppsa.newton.NewtonDidNotConverge` itself, not JAX's wrapping of it), a
+    cell or plan that cannot key a cache, and a cell whose step ``reads_arrays`` that are not its
+    operands (:func:`bppsa.cells.closure.reads_arrays`: a kept program would keep their values)."""
+    if plan.devices is None and plan.on_fail != "raise" and not reads_arrays:
         try:
             return compiled_solver(cell, plan)
         except TypeError:  # unhashable: a cell holding arrays, a custom cost model
@@ -132,21 +138,25 @@ def _states_dtype(cell, params, xs, s0):
     return jax.eval_shape(step, params, s0, xs[0]).dtype
 
 
-def flat_guess(cell: Cell, guess: Any, T: int, s0: Array) -> Array:
-    """The parallel forward's ``guess``, shaped like :func:`rnn`'s result (an array, or for a
-    pair state a pair of arrays; nested lists are converted), as flat states (T, B, S). A
-    UsageError names what was given and what was expected."""
+def flat_guess(cell: Cell, guess: Any, T: int, s0: Array, name: str = "guess") -> Array:
+    """The parallel forward's ``guess`` (or another argument ``name`` that holds states), shaped
+    like :func:`rnn`'s result (an array, or for a pair state a pair of arrays; nested lists are
+    converted), as flat states (T, B, S). A UsageError names what was given and what was expected."""
     B, S = s0.shape
     want = jax.eval_shape(cell.unflatten_state, jax.ShapeDtypeStruct((T, B, S), s0.dtype))
     single = not isinstance(want, (tuple, list))
     wants = (want,) if single else tuple(want)
     shapes = ", ".join(str(tuple(w.shape)) for w in wants)
-    expected = (f"guess must be shaped like the states rnn returns: a float array of shape (T, B, H) = {shapes}"
-                if single else f"guess must be shaped like the states rnn returns: a pair of float arrays of "
+    expected = (f"{name} must be shaped like the states rnn returns: a float array of shape (T, B, H) = {shapes}"
+                if single else f"{name} must be shaped like the states rnn returns: a pair of float arrays of "
                 f"shapes {shapes}")
-    if (isinstance(guess, (tuple, dict)) if single else not isinstance(guess, (tuple, list))):
-        raise UsageError(f"{expected} ({type(cell).__name__}'s state is {'one array' if single else 'a pair'}); "
-                         f"got {_describe(guess)}")
+    # rnn(..., return_info=True) returns (states, info): a likely mix-up, named in the message
+    info = isinstance(guess, tuple) and len(guess) == 2 and (guess[1] is None
+                                                              or isinstance(guess[1], newton.NewtonInfo))
+    hint = " (rnn(..., return_info=True) returns (states, info): pass its first item)" if info else ""
+    if (isinstance(guess, (tuple, dict)) if single else not isinstance(guess, (tuple, list))) or info:
+        raise UsageError(f"{expected} ({cell.display_name}'s state is {'one array' if single else 'a pair'}); "
+                         f"got {_describe(guess)}{hint}")
     parts = (guess,) if single else tuple(guess)
     try:
         arrays = [jnp.asarray(part) for part in parts]

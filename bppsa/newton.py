@@ -57,6 +57,7 @@ fallback's, ``gate``), made before the solver runs: nothing is decided here.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from typing import Any, Callable, NamedTuple, cast
@@ -65,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
+from jax.core import Tracer
 
 from bppsa._backward import forward_states, newton_step, prev_states, step_diagonal, step_elements, steps
 from bppsa.cells import Cell
@@ -140,7 +142,7 @@ def _report(converged, iterations, residual, error, bad_step, bad_xs, bad_s0, ba
     steps_bad, xs_bad = np.asarray(bad_step)[np.asarray(bad_step) >= 0], np.asarray(bad_xs)[np.asarray(bad_xs) >= 0]
     if steps_bad.size or not np.all(np.isfinite(residual)):  # NaN/inf: more iterations cannot help
         inputs = ([f"xs[{int(xs_bad.min())}]"] if xs_bad.size else []) + (["h0"] if np.any(bad_s0) else []) + [
-            f"params{name}" for i, name in enumerate(param_names) if np.any(np.asarray(bad_params)[..., i])]
+            name for i, name in enumerate(param_names) if np.any(np.asarray(bad_params)[..., i])]
         at = f"the states became NaN/inf at step {int(steps_bad.min())}" if steps_bad.size else \
             "the residual became NaN/inf"
         found = f"the inputs contain NaN/inf: {', '.join(inputs)}" if inputs else \
@@ -161,6 +163,29 @@ def _report(converged, iterations, residual, error, bad_step, bad_xs, bad_s0, ba
     if first:
         warnings.warn(f"{what}; the sequential forward ran instead (counted by bppsa.newton.fallback_count(); "
                       "this warning is shown once)", NewtonFallbackWarning, stacklevel=1)
+
+
+class _DropOwnFailure:
+    """A logging filter: JAX logs an exception a host callback raises ("jax.debug.callback failed",
+    with its traceback) before it re-raises it; the caller gets :class:`NewtonDidNotConverge`
+    itself (wrapped by JAX under ``jax.jit``), so its logged copy is dropped. Other failures stay."""
+
+    def filter(self, record) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, NewtonDidNotConverge)
+
+
+_quiet = _DropOwnFailure()
+
+
+def _quiet_callback_log() -> None:
+    """Install :class:`_DropOwnFailure` on JAX's callback logger, once (at the first traced
+    ``on_fail="raise"``; importing bppsa changes nothing in the process)."""
+    import logging
+
+    logger = logging.getLogger("jax._src.debugging")
+    if _quiet not in logger.filters:
+        logger.addFilter(_quiet)
 
 
 def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[Array, Array, Array, Array]:
@@ -316,7 +341,10 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
             factor = jnp.ones((), dn.dtype)
         errn = jnp.where(dn == 0, 0, dn * factor)
         errn_rel = jnp.where(dn_rel == 0, 0, dn_rel * factor)
-        ok = (jnp.isfinite(mn.over) & (mn.merit < m.merit)) if damped else True
+        # damped: a step is accepted when it lowers the merit, or when its iterate already meets
+        # the residual's tolerance (from a converged guess no step can lower the merit, and its
+        # iterate's error is then that step: a warm start converges in one iteration, as undamped)
+        ok = (jnp.isfinite(mn.over) & ((mn.merit < m.merit) | (mn.over <= 1))) if damped else True
         pick = lambda new, old: jnp.where(ok, new, old)  # damped: a rejected step keeps the iterate
         improved = ok & ((mn.over < best_over) | (mn.front > best_front) | (dn < best_step))
         new_lam = jnp.where(ok, lam / 10, jnp.maximum(10 * lam, 1)) if damped else lam
@@ -340,9 +368,18 @@ def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, conve
     n = len(jax.tree.leaves(inputs[0]))
     finite = lambda: (jnp.int32(-1), jnp.int32(-1), jnp.zeros((), bool), jnp.zeros((n,), bool))
     diagnosis = lax.cond(converged, finite, lambda: _diagnose(cell, H, inputs))
-    names = tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(inputs[0]))
-    jax.debug.callback(_report, converged, k, res, err, *diagnosis, on_fail=plan.on_fail, atol=plan.atol,
-                       rtol=plan.rtol, max_iter=plan.max_iter, cell=type(cell).__name__, param_names=names)
+    names = cell.param_leaf_names(inputs[0])
+    report = (converged, k, res, err, *diagnosis)
+    settings = dict(on_fail=plan.on_fail, atol=plan.atol, rtol=plan.rtol, max_iter=plan.max_iter,
+                    cell=cell.display_name, param_names=names)
+    if any(isinstance(a, Tracer) for a in report):
+        if plan.on_fail == "raise":
+            _quiet_callback_log()
+        jax.debug.callback(functools.partial(_report, **settings), *report)
+    else:
+        # called eagerly: reported here, so NewtonDidNotConverge reaches the caller as it is (a host
+        # callback would log it with a traceback first)
+        _report(*(np.asarray(a) for a in report), **settings)
     if plan.on_fail == "sequential":
         H = lax.cond(converged, lambda: H, sequential)
     fell_back = ~converged if plan.on_fail == "sequential" else jnp.zeros((), bool)

@@ -37,7 +37,7 @@ class Cell(abc.ABC):
     (S = H; LSTM: S = 2H with s = [h, c]), T steps (in any order, as long as the arrays agree).
 
     Subclasses are frozen dataclasses (hashable: :func:`bppsa.rnn` passes them as a static
-    argument of its custom VJP). :meth:`param_spec` is the structure ``params`` must have
+    argument of its ``jax.custom_jvp`` and keys compiled programs on them). :meth:`param_spec` is the structure ``params`` must have
     (:func:`bppsa.rnn` names any leaf that is missing, extra or of another shape); its default
     traces :meth:`init`, so a cell that implements ``init`` is checked."""
 
@@ -162,6 +162,15 @@ class Cell(abc.ABC):
     def unflatten_state(self, s: Array, /) -> Any:
         """(..., S) -> state."""
         return s
+
+    @property
+    def display_name(self) -> str:
+        """The cell's name in messages: its class's (an adapter names the cell it adapts)."""
+        return type(self).__name__
+
+    def param_leaf_names(self, params: Any, /) -> tuple[str, ...]:
+        """How messages name each leaf of ``params``, in ``jax.tree.leaves`` order: ``params['W_h']``."""
+        return tuple("params" + jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
 
     def hidden(self, states: Any, /) -> Array:
         """The hidden states of what :func:`bppsa.rnn` returns: (T, B, H) for every cell

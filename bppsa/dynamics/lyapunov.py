@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa._backward import forward_states, prev_states
-from bppsa.backprop import validate_inputs
+from bppsa.backprop import flat_guess, validate_inputs
 from bppsa.cells import Cell
 from bppsa.errors import UsageError, as_int
 from bppsa.scan import lyapunov_from_jacobians
@@ -48,9 +47,7 @@ def lyapunov(cell: Cell, params: Any, xs: Any, h0: Any, states: Any = None, *, c
     if states is None:
         ss = forward_states(cell, params, xs, s0)
     else:
-        ss = cell.flatten_state(jax.tree.map(jnp.asarray, states))
-        if ss.shape != (T, B, S):
-            raise UsageError(f"states must be the trajectory, flat shape {(T, B, S)}; got {ss.shape}")
+        ss = flat_guess(cell, states, T, s0, name="states")
     ss = lax.stop_gradient(ss.astype(s0.dtype))
     blocks = cell.jacobian_blocks(params, prev_states(s0, ss), xs, ss)  # (T, B, S/k, k, k)
     k = blocks.shape[-1]

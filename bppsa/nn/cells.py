@@ -88,6 +88,10 @@ class _Wrapper(Cell):
     def state_size(self):
         return self.wrapped.state_size
 
+    @property
+    def display_name(self) -> str:
+        return self.wrapped.display_name
+
 
 _LOOP = "core, loop form"  # the key of Flax.loop_params' dict
 
@@ -115,6 +119,10 @@ class Flax(_Wrapper):
     @property
     def wrapped(self) -> Cell:
         return self.core
+
+    @property
+    def display_name(self) -> str:  # the flax cell's class, not this adapter's
+        return _FLAX_TYPES[self.layout].__name__
 
     # the core's structure (properties, where Cell has fields)
     has_diagonal_jacobian = property(lambda self: self.core.has_diagonal_jacobian)  # pyright: ignore[reportIncompatibleMethodOverride]
@@ -213,6 +221,12 @@ class Autodiff(Cell):
 
     def init(self, key, dtype=jnp.float32):
         raise UsageError("an Autodiff cell's parameters are the flax cell's own (Autodiff.read)")
+
+    @property
+    def display_name(self) -> str:  # the flax cell's class, not this adapter's
+        nodes = getattr(self.graphdef, "nodes", None)
+        kind = getattr(nodes[0], "type", None) if nodes else None
+        return kind.__name__ if isinstance(kind, type) else "the flax cell"
 
     def param_spec(self, dtype=jnp.float32):
         return None

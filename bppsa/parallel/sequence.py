@@ -53,6 +53,7 @@ from bppsa import _backward, backprop, host
 from bppsa import _scan as scan_lib
 from bppsa import newton as newton_lib
 from bppsa import options as options_lib
+from bppsa.cells import closure
 from bppsa.errors import UsageError
 from bppsa.options import COMBINES, Options, Plan
 from bppsa.parallel.mesh import check_axes, make_mesh, shard_map
@@ -196,65 +197,136 @@ def _forward_body(cell, T, P, seq_axis, params, xs, s0):
     return ss
 
 
-def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs, s0, ss, ct):
-    """One device's share of the BPPSA backward: (dparams (psum'd), dxs (C, B, I), ds0 (B, S))."""
-    C = xs.shape[0]
-    idx = lax.axis_index(seq_axis)
-    valid = idx * C + jnp.arange(C) < T
+def _boundary_states(ss, s0, idx, P, seq_axis):
+    """The state before this device's first step (B, S): the previous device's last state, s0 on
+    device 0 (one ``ppermute``)."""
     boundary = s0.astype(ss.dtype)
     if P > 1:  # s_{pC}: the previous chunk's last state
         prev_last = lax.ppermute(ss[-1], seq_axis, perm=[(i, i + 1) for i in range(P - 1)])
         boundary = jnp.where(idx == 0, boundary, prev_last)
+    return boundary
+
+
+def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs, s0, ss, ct):
+    """One device's share of the BPPSA backward: (dparams (psum'd), dxs (C, B, I), ds0 (B, S), gs
+    (C, B, S) the adjoint states). A cell with block-diagonal Jacobians (k = its
+    ``jacobian_block_size``; 1: diagonal) scans (k, k) blocks on B·S/k rows, as on one device,
+    never S×S matrices; the combine sends the blocks' (Π, δ)."""
+    C, B, S = ss.shape
+    idx = lax.axis_index(seq_axis)
+    valid = idx * C + jnp.arange(C) < T
+    boundary = _boundary_states(ss, s0, idx, P, seq_axis)
     xr, sr, spr, ctr = _backward.scan_order(xs, ss, boundary, ct)
-    Ms = cell.transposed_jacobian(params, spr, xr, sr)                   # (C, B, S, S)
+    k = cell.jacobian_block_size or S
+    Ms = _backward.block_rows(cell.jacobian_blocks(params, spr, xr, sr))  # (C, B·S/k, k, k)
     Ms = jnp.where(valid[::-1, None, None, None], Ms, jnp.zeros((), Ms.dtype))  # padded steps: zero maps
     c_last, ds = _backward.root_and_offsets(ctr)
+    c_last, ds = _backward.to_blocks(c_last[None], k)[0], _backward.to_blocks(ds, k)
     Pi, delta, state = chunk_aggregate(method, c_last, Ms, ds)
     u = COMBINE_FNS[combine](Pi, delta, seq_axis, P) if P > 1 else jnp.zeros_like(delta)
     gs, total = chunk_finish(method, state, u + c_last, Ms, ds)          # gs[k] = g at step (p+1)C - k
+    gs, total = gs.reshape((C, B, S)), total.reshape((B, S))
     dparams, dxr = cell.param_grads(params, spr, xr, sr, gs)
     axes = (seq_axis,) if batch_axis is None else (seq_axis, batch_axis)
     dparams = jax.tree.map(lambda d: lax.psum(d, axes), dparams)
     ds0 = lax.psum(jnp.where(idx == 0, total, jnp.zeros_like(total)), seq_axis) if P > 1 else total
-    return dparams, dxr[::-1], ds0
+    return dparams, dxr[::-1], ds0, gs[::-1]
+
+
+def _tangent_body(cell, method, T, P, seq_axis, params, xs, s0, ss, rhs, d0):
+    """One device's share of the forward tangent recurrence ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 =
+    d0 (B, S), at the solved states ss (C, B, S): the Newton step's sharded linear solve
+    (:func:`chunk_aggregate`, :func:`_prefix_combine`, :func:`chunk_finish`) on the Jacobians
+    at ss, block-diagonal where the cell's are. Returns ṡ (C, B, S)."""
+    C, B, S = ss.shape
+    idx = lax.axis_index(seq_axis)
+    valid = (idx * C + jnp.arange(C) < T)[:, None, None]
+    sp = jnp.concatenate([_boundary_states(ss, s0, idx, P, seq_axis)[None], ss[:-1]], axis=0)
+    E, _, k = newton_lib.step_elements(cell, "newton", params, sp, xs, ss)  # at solved states f(s_{t-1}) = s_t
+    c = _backward.to_blocks(rhs.astype(E.dtype), k)
+    E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))  # padded steps: identity maps, no input
+    c = jnp.where(valid, c, jnp.zeros((), c.dtype))
+    Pi, delta, state = chunk_aggregate(method, jnp.zeros_like(c[0]), E, c)
+    d0 = _backward.to_blocks(d0.astype(c.dtype)[None], k)[0]
+    u = _prefix_combine(Pi, delta, d0, seq_axis, P) if P > 1 else d0
+    prefixes, total = chunk_finish(method, state, u, E, c)
+    return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
 
 
 @functools.lru_cache(maxsize=None)
 def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, precision="highest"):
-    """(forward, backward, custom-VJP run) on padded arrays, for one configuration (cached); the
-    backward's matrix products at ``precision`` (:data:`bppsa.options.PRECISIONS`)."""
-    P, _ = check_axes(mesh, seq_axis, batch_axis)
+    """(forward, backward, run, solved) for one configuration (cached). ``forward`` and
+    ``backward`` are the shard_map'ed bodies on padded arrays (T to a multiple of the ``seq_axis``
+    size, B of the ``batch_axis`` size): forward (params, xs, s0) -> ss; backward (params, xs, s0,
+    ss, ct) -> (dparams, dxs, ds0, gs). ``run(params, xs (T, B, I), s0 (B, S)) -> ss (T, B, S)``
+    and ``solved(params, xs, s0, ss) -> ss`` (states a parallel forward solved, differentiated at
+    them) take and return unpadded arrays; both are ``jax.custom_jvp`` with the single-device
+    rule (:func:`bppsa._backward.tangent_rule`) on the sharded scans: reverse mode is the sharded
+    BPPSA backward, forward mode the sharded tangent recurrence, and Hessian-vector products
+    differentiate the rule, all with the backward's matrix products at ``precision``."""
+    P, Pb = check_axes(mesh, seq_axis, batch_axis)
     x_spec = PS(seq_axis, batch_axis, None)
     s_spec = PS(batch_axis, None)
     fwd_sm = shard_map(functools.partial(_forward_body, cell, T, P, seq_axis), mesh,
                        in_specs=(PS(), x_spec, s_spec), out_specs=x_spec)
     bwd_sm = shard_map(functools.partial(_backward_body, cell, method, combine, T, P, seq_axis, batch_axis),
                        mesh, in_specs=(PS(), x_spec, s_spec, x_spec, x_spec),
-                       out_specs=(PS(), x_spec, s_spec))
+                       out_specs=(PS(), x_spec, s_spec, x_spec))
+    tan_sm = shard_map(functools.partial(_tangent_body, cell, method, T, P, seq_axis), mesh,
+                       in_specs=(PS(), x_spec, s_spec, x_spec, x_spec, s_spec), out_specs=x_spec)
+    C = -(-T // P)
 
-    @jax.custom_vjp
+    def pad(a, batch_axis_of_a, mode="constant"):
+        """a's time axis (0, where it has one) to P·C steps and its batch axis to a multiple of Pb;
+        ``mode="edge"`` repeats the last step and row (the states and inputs the Jacobians are
+        taken at: finite, as a real step's), else zeros (cotangents, tangents)."""
+        widths = [(0, 0)] * a.ndim
+        if batch_axis_of_a == 1:
+            widths[0] = (0, P * C - a.shape[0])
+        B = a.shape[batch_axis_of_a]
+        widths[batch_axis_of_a] = (0, -(-B // Pb) * Pb - B)
+        return jnp.pad(a, widths, mode=mode) if any(w for _, w in widths) else a
+
+    def forward(params, xs, s0):
+        return fwd_sm(params, pad(xs, 1), pad(s0, 0))[:T, :xs.shape[1]]
+
+    def scans(params, xs, s0, ss):
+        """The sharded (tangent_scan, adjoint_scan) of :func:`bppsa._backward.tangent_rule` at ss."""
+        B = xs.shape[1]
+        xs_e, s0_e, ss_e = pad(xs, 1, "edge"), pad(s0, 0, "edge"), pad(ss, 1, "edge")
+
+        def tangent_scan(rhs, d0):
+            return tan_sm(params, xs_e, s0_e, ss_e, pad(rhs, 1), pad(d0, 0))[:T, :B]
+
+        def adjoint_scan(c1):
+            dparams, dxs, ds0, gs = bwd_sm(params, xs_e, s0_e, ss_e, pad(c1, 1))
+            dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
+            return gs[:T, :B].astype(ss.dtype), dparams, dxs[:T, :B].astype(xs.dtype), ds0[:B].astype(s0.dtype)
+
+        return tangent_scan, adjoint_scan
+
+    @jax.custom_jvp
     def run(params, xs, s0):
-        return fwd_sm(params, xs, s0)
+        return forward(params, xs, s0)
 
-    def fwd(params, xs, s0):
-        ss = fwd_sm(params, xs, s0)
-        return ss, (params, xs, s0, ss)
+    @run.defjvp
+    def _run_jvp(primals, tangents):
+        params, xs, s0 = primals
+        ss = forward(params, xs, s0)
+        return ss, _backward.tangent_rule(cell, precision, params, xs, s0, ss, tangents, *scans(params, xs, s0, ss))
 
-    def bwd(res, ct):
-        params, xs, s0, ss = res
-        with jax.default_matmul_precision(precision):
-            dparams, dxs, ds0 = bwd_sm(params, xs, s0, ss, ct)
-        dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
-        return dparams, dxs.astype(xs.dtype), ds0.astype(s0.dtype)
-
-    run.defvjp(fwd, bwd)
-
-    @jax.custom_vjp
+    @jax.custom_jvp
     def solved(params, xs, s0, ss):  # states solved by the parallel forward, differentiated at them
         return ss
 
-    solved.defvjp(lambda params, xs, s0, ss: (ss, (params, xs, s0, ss)),
-                  lambda res, ct: (*bwd(res, ct), jnp.zeros_like(res[3])))
+    @solved.defjvp
+    def _solved_jvp(primals, tangents):
+        params, xs, s0, ss = primals
+        ss = solved(params, xs, s0, ss)  # differentiated once more (HVPs), as on one device
+        tangent = _backward.tangent_rule(cell, precision, params, xs, s0, ss, tangents[:3],
+                                         *scans(params, xs, s0, ss))
+        return ss, tangent
+
     return fwd_sm, bwd_sm, run, solved
 
 
@@ -335,11 +407,15 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
     method = "sequential" if plan.backward == "bptt" else plan.scan
-    fwd_sm, _, run, solved = sharded_functions(cell, method, plan.combine, mesh, seq_axis, batch_axis, T,
+    # a cell whose step reads arrays that are not its operands: its functions are made anew (kept,
+    # they would keep those arrays' first values; bppsa.cells.closure)
+    make = sharded_functions.__wrapped__ if closure.reads_arrays(cell, params, xs, s0) else sharded_functions
+    fwd_sm, _, run, solved = make(cell, method, plan.combine, mesh, seq_axis, batch_axis, T,
                                                plan.precision)
+    if plan.forward == "sequential" and plan.backward == "bptt":
+        return fwd_sm(params, xs_p, s0_p)[:T, :B], None
     if plan.forward == "sequential":
-        ss = fwd_sm(params, xs_p, s0_p) if plan.backward == "bptt" else run(params, xs_p, s0_p)
-        return ss[:T, :B], None
+        return run(params, xs, s0), None
     x_spec, s_spec = PS(seq_axis, batch_axis, None), PS(batch_axis, None)
     solve_sm = shard_map(functools.partial(_newton_body, cell, plan, T, P, seq_axis, batch_axis), mesh,
                          in_specs=(PS(), x_spec, s_spec, x_spec), out_specs=(x_spec, PS(), PS(), PS(), PS()))
@@ -351,7 +427,7 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
         H, k, res, err, converged = solve_sm(stop(params), stop(xs_p), stop(s0_p), stop(H0))
     inputs = (stop(params), stop(xs_p), stop(s0_p))
     H, info = newton_lib.finish(cell, plan, k, H, res, err, converged, lambda: fwd_sm(*inputs), inputs)
-    return solved(params, xs_p, s0_p, H)[:T, :B], info
+    return solved(params, xs, s0, H[:T, :B]), info
 
 
 def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis="seq", batch_axis=None,
@@ -374,6 +450,8 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
     xs = jnp.asarray(xs)
     s0 = backprop.validate_inputs(cell, params, xs, h0)
+    # arrays the step closes over become operands, as for one device (bppsa.cells.closure)
+    cell, params = closure.lift(cell, params, xs, s0)
     P, _ = check_axes(mesh, seq_axis, batch_axis)
     plan = opts.plan(cell, xs, s0, devices=P)
     if jax.default_backend() == "cpu":

@@ -518,18 +518,45 @@ def _chaos_raise_program():
     return jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", max_iter=3, on_fail="raise"))
 
 
-def test_on_fail_raise_raises_eagerly():
+def test_on_fail_raise_raises_eagerly(capfd, caplog):
+    """The error itself, and nothing printed or logged besides (JAX logs an exception its host
+    callback raises, with a traceback, before re-raising it)."""
     cell, params, xs, h0 = _chaos()
     with pytest.raises(NewtonDidNotConverge, match=r"parallel forward of RNN did not converge after 3 "
                                                    r"iterations \(tol .*; residual .*\); raise max_iter"):
         jax.block_until_ready(bppsa.rnn(cell, params, xs, h0, forward="newton", max_iter=3, on_fail="raise"))
+    assert capfd.readouterr() == ("", "")
+    assert not caplog.records
 
 
-def test_on_fail_raise_raises_under_jit():
-    """Under jax.jit the error reaches the caller (a RuntimeError naming NewtonDidNotConverge)."""
+def test_on_fail_raise_raises_under_jit(capfd, caplog):
+    """Under jax.jit the error reaches the caller (a RuntimeError naming NewtonDidNotConverge), and
+    JAX's log of the callback's failure is not printed besides."""
     _, params, xs, h0 = _chaos()
     with pytest.raises(RuntimeError, match=r"NewtonDidNotConverge: the parallel forward of RNN did not converge"):
         jax.block_until_ready(_chaos_raise_program()(params, xs, h0))
+    assert "jax.debug.callback failed" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
+
+
+@pytest.mark.parametrize("damping", [None, 0.0, 1e-3, 1.0])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_converged_guess_converges_in_one_iteration_with_any_damping(damping, dtype):
+    """The documented warm start: the exact states, or a previous converged result, as guess. With
+    damping a step from them lowered no merit, was rejected ten times (error inf) and fell back."""
+    cell = cells.GRU(I, H)
+    params, xs, h0 = random_params(cell, 1, dtype), normal(2, (57, 3, I), dtype=dtype), normal(3, (3, H), 0.1, dtype)
+    exact = bppsa.rnn(cell, params, xs, h0, backward="bptt")
+    previous = bppsa.rnn(cell, params, xs, h0, forward="newton")
+    tol = newton.DEFAULT_TOL[np.dtype(dtype).name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NewtonFallbackWarning)
+        for guess in (exact, previous):
+            states, info = bppsa.rnn(cell, params, xs, h0, forward="newton", damping=damping, guess=guess,
+                                     return_info=True)
+            assert (int(info.iterations), bool(info.converged), bool(info.fell_back)) == (1, True, False), info
+            assert float(info.error) <= tol and float(info.residual) <= tol
+            np.testing.assert_allclose(states, exact, rtol=0, atol=10 * tol)
 
 
 # --- option checks ---------------------------------------------------------------------------

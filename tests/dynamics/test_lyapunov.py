@@ -121,7 +121,21 @@ def test_bad_input_is_a_one_line_value_error():
     p, xs, h0 = random_params(cell, 1), normal(2, (5, 2, 3)), normal(3, (2, 4))
     with pytest.raises(ValueError, match=r"^chunk must be a positive int or None; got 0$"):
         bppsa.lyapunov(cell, p, xs, h0, chunk=0)
-    with pytest.raises(ValueError, match=r"^states must be the trajectory, flat shape \(5, 2, 4\); got \(4, 2, 4\)$"):
-        bppsa.lyapunov(cell, p, xs, h0, states=jnp.zeros((4, 2, 4)))
+    with pytest.raises(ValueError, match=r"^states must be shaped like the states rnn returns: a float array of "
+                                         r"shape \(T, B, H\) = \(5, 2, 4\); got float32\[4, 2, 4\]$"):
+        bppsa.lyapunov(cell, p, xs, h0, states=jnp.zeros((4, 2, 4), jnp.float32))
+    # rnn(..., return_info=True)'s (states, info) passed whole: named, not an AttributeError
+    out = bppsa.rnn(cell, p, xs, h0, forward="newton", return_info=True)
+    with pytest.raises(UsageError, match=r"^states must be shaped like the states rnn returns: .*; got a tuple of 2 "
+                                         r"items \(rnn\(\.\.\., return_info=True\) returns \(states, info\): "
+                                         r"pass its first item\)$"):
+        bppsa.lyapunov(cell, p, xs, h0, states=out)
+    lstm = cells.LSTM(3, 4)
+    pair = (h0, h0)
+    out = bppsa.rnn(lstm, random_params(lstm, 1), xs, pair, return_info=True)
+    with pytest.raises(UsageError, match=r"\(LSTM's state is a pair\); got a tuple of 2 items \(rnn"):
+        bppsa.lyapunov(lstm, random_params(lstm, 1), xs, pair, states=out)
+    with pytest.raises(UsageError, match=r"^states must be shaped like .* a pair of float arrays"):
+        bppsa.lyapunov(lstm, random_params(lstm, 1), xs, pair, states=out[0][0])
     with pytest.raises(UsageError, match=r"^xs must have at least one time step"):
         bppsa.lyapunov(cell, p, xs[:0], h0)

@@ -3,6 +3,8 @@ through ``lax.scan`` and single-device BPPSA in float64, for RNN/GRU/LSTM, T div
 device count and not, a loss at every step and at the last only, every combine, a 2-D mesh, the
 pmap-style entry point and the BPTT-through-the-mesh path."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -252,3 +254,37 @@ def test_make_mesh_takes_numpy_and_jax_integers():
     assert dict(parallel.make_mesh(jnp.array(4), batch_axis=None).shape) == {"seq": 4}
     with pytest.raises(ValueError, match=r"seq must be a positive int; got np.float64\(4.0\)"):
         parallel.make_mesh(np.float64(4))
+
+
+@pytest.mark.parametrize("cell_name,forward", [("gru", "sequential"), ("block_gru", "sequential"),
+                                               pytest.param("gru", "newton", marks=pytest.mark.slow),
+                                               ("block_gru", "newton"),
+                                               pytest.param("block_gru2", "sequential", marks=pytest.mark.slow),
+                                               pytest.param("lstm", "newton", marks=pytest.mark.slow)])
+def test_forward_mode_and_hvps_through_the_mesh_equal_one_device(cell_name, forward):
+    """One pipeline for one device and a mesh: jax.jvp, the gradient and a Hessian-vector product
+    through ``mesh=`` (4 simulated devices, T = 11 not divisible by 4, B = 3) equal the unsharded
+    ones in float64, for a dense cell (GRU) and structured cells whose diagonal / 2x2-block
+    Jacobians the sharded scans use (BlockGRU); the parallel forward too."""
+    from bppsa import cells, structured
+    cell = {"gru": cells.GRU(3, 5), "block_gru": structured.BlockGRU(3, 6, head_size=1),
+            "block_gru2": structured.BlockGRU(3, 6, head_size=2), "lstm": cells.LSTM(3, 4)}[cell_name]
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape) * 0.5), cell.init(jax.random.key(0)))
+    xs = jnp.asarray(rng.normal(size=(11, 3, 3)))
+    h = jnp.asarray(rng.normal(size=(3, cell.hidden_size)) * 0.1)
+    h0 = (h, h) if cell.pair_state else h
+    mesh = parallel.make_mesh(4, batch_axis=None)
+
+    def loss(p, x, m):
+        return jnp.sum(jnp.sin(cell.hidden(bppsa.rnn(cell, p, x, h0, mesh=m, forward=forward))))
+
+    tp = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape)), params)
+    tx = jnp.asarray(rng.normal(size=xs.shape))
+    sharded, single = (jax.jit(functools.partial(lambda m, p, x: (
+        jax.jvp(lambda p, x: loss(p, x, m), (p, x), (tp, tx))[1],
+        jax.grad(loss)(p, x, m),
+        jax.jvp(lambda p: jax.grad(loss)(p, x, m), (p,), (tp,))[1]), m)) for m in (mesh, None))
+    got, want = sharded(params, xs), single(params, xs)
+    assert abs(float(got[0]) - float(want[0])) <= 1e-12 * max(1.0, abs(float(want[0])))
+    _assert_trees_close(got[1:], want[1:])
