@@ -5,18 +5,18 @@ problem features (:func:`cost_features`), with non-negative coefficients fitted 
 (:meth:`CostModel.fit`; the probe that times the real backward is :func:`experiments.calibrate.calibrate`).
 A calibrated model is cached per device (:func:`cache_path`, :func:`load`, :func:`save`).
 
-:func:`choose_backward` is the whole policy: the model passed in, else the calibration cached
-for this device, else the model shipped with bppsa for this backend (:func:`shipped_cost_model`,
-package data ``bppsa/cost_models/{cpu,gpu}.json``), else tuned BPTT. It chooses among tuned
-BPTT, BPPSA with the Blelloch scan and BPPSA with the sequential scan. Nothing is installed
-globally; ``bppsa.rnn(..., backward="auto", cost_model=model)`` passes a model explicitly.
+:func:`choose_backward` is the whole policy, among tuned BPTT and BPPSA with the Blelloch or the
+sequential scan: on CPU the elementwise BPPSA for cells with 1×1 Jacobian blocks (measured), else
+the model passed in (``bppsa.rnn(..., backward="auto", cost_model=model)``), else the calibration
+cached for this device, else the model shipped with bppsa for this backend
+(:func:`shipped_cost_model`, package data ``bppsa/cost_models/{cpu,gpu}.json``), else tuned BPTT.
+Nothing is installed globally.
 
-BPTT's own tuning, the ``lax.scan`` unroll per shape and backend, is :func:`bptt_unroll`.
-
-The chunk sizing of the BPPSA backward (:func:`auto_chunk_size`) lives here too: the number of
-dependent levels, a cost feature, depends on it; so do ``forward="auto"``'s choice
-(:func:`choose_forward`) and the mesh's cross-device step (:func:`choose_combine`). Every one of
-these is consulted from one place, :meth:`bppsa.options.Options.plan`, before anything runs.
+BPTT's own tuning (the ``lax.scan`` unroll per shape and backend, :func:`bptt_unroll`) and the chunk
+sizing of the BPPSA backward (:func:`auto_chunk_size`: the number of dependent levels, a cost feature,
+depends on it) live here too; so do ``forward="auto"``'s choice (:func:`choose_forward`) and the
+mesh's cross-device step (:func:`choose_combine`). Every one of these is consulted from one place,
+:meth:`bppsa.options.Options.plan`, before anything runs.
 """
 
 from __future__ import annotations
@@ -268,10 +268,9 @@ class CostModel:
     """Predicted backward-pass seconds of each method of :data:`METHODS` from :func:`cost_features`.
 
     ``coef = {"bptt": [a_step, a_batch, a_flop], "bppsa": [b_level, b_dense, b_diag, b_mem],
-    "bppsa_sequential": [c_step, c_jac, c_mem]}`` (seconds per unit; "bppsa_sequential" is
-    optional: a model without it never picks the sequential scan), fitted by :meth:`fit`.
-    ``choose`` picks the method (a :data:`METHODS` key) with the smallest prediction;
-    ``bppsa.rnn(..., backward="auto", cost_model=model)`` uses it.
+    "bppsa_sequential": [c_step, c_jac, c_mem]}`` (seconds per unit; "bppsa_sequential" is optional:
+    a model without it never picks the sequential scan), fitted by :meth:`fit`. ``choose`` picks the
+    method (a :data:`METHODS` key) with the smallest prediction (``backward="auto", cost_model=model``).
     """
 
     def __init__(self, coef: dict, meta: dict | None = None):
@@ -378,18 +377,19 @@ def default_cost_model() -> CostModel | None:
     return load() or shipped_cost_model()
 
 
-def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model: CostModel | None = None) -> tuple:
-    """What ``backward="auto"`` runs for this problem: ``(backward, scan)``, one of
-    ``("bptt", None)`` (tuned BPTT, :func:`bptt_unroll`), ``("bppsa", "blelloch")`` and
-    ``("bppsa", "sequential")`` (:data:`METHODS`).
-
-    ``cost_model`` decides when given; else :func:`default_cost_model` (the calibration cached for
-    this device by ``bppsa bench --calibrate`` or :func:`experiments.calibrate.load_cost_model`, else the
-    model shipped for this backend); with neither (an unknown backend), BPTT. Never probes.
-    """
+def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model: CostModel | None = None,
+                    scan: str | None = None, devices: int | None = None, backend: str | None = None) -> tuple:
+    """What ``backward="auto"`` runs: ``(backward, scan)``, a value of :data:`METHODS`. On CPU, one
+    device (``devices`` None), 1×1 Jacobian blocks (the structured cells at head size 1), ``scan`` open:
+    :func:`elementwise_plan`'s BPPSA, measured not modelled (T·B·S Jacobians and scan work where the
+    model's features count S×S matrices: it picks BPTT, 1.03-3.18x slower there, measured in
+    experiments/history/diagonal-auto.md). Else ``cost_model``, else :func:`default_cost_model`, else BPTT."""
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise UsageError(f"cost_model must be a bppsa.cost.CostModel (e.g. bppsa.cost.default_cost_model()) or "
                          f"None; got {cost_model!r} of type {type(cost_model).__name__}")
+    cpu = (backend or jax.default_backend()) == "cpu"
+    if cpu and devices is None and scan is None and cell.jacobian_block_size == 1:
+        return METHODS["bppsa_sequential"]
     model = default_cost_model() if cost_model is None else cost_model
     return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]
 

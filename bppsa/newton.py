@@ -39,8 +39,9 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   holds). It stops early, not converged, on NaN/inf xs or h0, or after :data:`PATIENCE` idle steps.
 - Predictability: :attr:`NewtonInfo.lle` is the largest Lyapunov exponent along the returned
   states (:func:`lle_at`), :attr:`NewtonInfo.predicted` the iterations it foresees
-  (:func:`predicted_iterations`); ``forward="auto"`` off the CPU tests them on the first
-  :data:`PROBE_STEPS` states (:attr:`bppsa.options.Plan.gate`).
+  (:func:`predicted_iterations`); ``forward="auto"`` off the CPU tests them on
+  :data:`PROBE_WINDOWS` windows of :data:`PROBE_STEPS` steps at the start, the middle and the end of
+  the sequence (:func:`probe_windows`, :attr:`bppsa.options.Plan.gate`).
 - Not converged (``max_iter`` spent, stalled, or NaN/inf inputs): ``on_fail="sequential"`` runs the
   sequential forward instead (a :class:`NewtonFallbackWarning` the first time, every time counted:
   :func:`fallback_count`), ``on_fail="raise"`` raises :class:`NewtonDidNotConverge` (under
@@ -76,13 +77,15 @@ from bppsa.scan import lyapunov_from_jacobians
 # KINDS, ON_FAIL, DEFAULT_TOL, DEFAULT_MAX_ITER, Plan and tolerance are bppsa.options', named here too
 __all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
            "NewtonFallbackWarning", "solve", "tolerance", "fallback_count", "step_elements", "residual", "iterate",
-           "finish", "repair", "bound", "finite_inputs", "PATIENCE", "PROBE_STEPS", "lle_at",
-           "predicted_iterations"]
+           "finish", "repair", "bound", "finite_inputs", "PATIENCE", "PROBE_STEPS", "PROBE_WINDOWS", "probe_windows",
+           "probe", "lle_at", "predicted_iterations"]
 #: The iteration stops (not converged) after this many steps in a row that improved neither the largest
 #: residual, nor the first step whose residual misses the tolerance, nor the step size (:func:`iterate`).
 PATIENCE = 10
-#: forward="auto" (:attr:`bppsa.options.Plan.gate`): the exponent is estimated along this many first states
+#: forward="auto" (:attr:`bppsa.options.Plan.gate`): the exponent is estimated along windows of this many
+#: steps, at most PROBE_WINDOWS of them spread over the sequence (:func:`probe_windows`)
 PROBE_STEPS = 64
+PROBE_WINDOWS = 3
 
 
 class NewtonDidNotConverge(RuntimeError):
@@ -105,9 +108,10 @@ class NewtonInfo(NamedTuple):
     lle: the largest Lyapunov exponent along the returned states (max over the batch;
       :func:`bppsa.lyapunov`): < 0 the recurrence contracts there; NaN on a mesh (not estimated).
     predicted: the iterations :func:`predicted_iterations` foresees from ``lle``
-      (from the first states' where ``forward="auto"`` decided on it), int32; -1 where lle is NaN.
-    chose_sequential: ``forward="auto"`` ran the sequential forward (the exponent along the first
-      states >= 0, or the predicted iterations do not pay here: :attr:`bppsa.options.Plan.gate`).
+      (from the probe windows' exponent where ``forward="auto"`` decided on it: :func:`probe_windows`),
+      int32; -1 where lle is NaN.
+    chose_sequential: ``forward="auto"`` ran the sequential forward (the exponent along the probe
+      windows >= 0, or the predicted iterations do not pay here: :attr:`bppsa.options.Plan.gate`).
     """
 
     iterations: Any
@@ -407,6 +411,27 @@ def lle_at(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, diagonal: Ar
     return jnp.max(lyapunov_from_jacobians(blocks.reshape((H.shape[0], -1, k, k))))
 
 
+def probe_windows(T: int) -> tuple[int, ...]:
+    """The first steps of :func:`probe`'s windows of L = min(T, :data:`PROBE_STEPS`) steps:
+    min(:data:`PROBE_WINDOWS`, ⌈T/L⌉) of them, evenly from 0 to T − L (the start, middle and end)."""
+    L = min(T, PROBE_STEPS)
+    n = min(PROBE_WINDOWS, -(-T // max(L, 1)))
+    return tuple(sorted({round(i * (T - L) / max(1, n - 1)) for i in range(n)}))
+
+
+def probe(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | None = None) -> tuple[Array, Array]:
+    """``forward="auto"``'s probe of xs (T, B, I) from s0 (B, S): (the largest Lyapunov exponent over
+    the batch along the windows of :func:`probe_windows`, the first window's (exact) states (L, B, S)).
+    The windows run side by side in one sequential forward of L steps (``unroll``; None: tuned), each
+    from s0: the states inside the sequence are not known before it, but a contracting cell forgets
+    its start within its memory, and an expanding stretch shows a positive exponent from any start."""
+    L, starts = min(xs.shape[0], PROBE_STEPS), probe_windows(xs.shape[0])
+    xw = jnp.concatenate([xs[a:a + L] for a in starts], axis=1)
+    sw = jnp.concatenate([s0] * len(starts), axis=0)
+    states = forward_states(cell, params, xw, sw, unroll).astype(s0.dtype)
+    return lle_at(cell, params, xw, sw, states), states[:, :s0.shape[0]]
+
+
 def predicted_iterations(lle: Any, T: int, forward: str = "newton") -> Any:
     """The Newton iterations foreseen from the largest Lyapunov exponent ``lle`` of the recurrence
     along its trajectory (:func:`bppsa.lyapunov`; traceable, elementwise):
@@ -437,9 +462,10 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     ``plan`` describes (flat states: :meth:`bppsa.cells.Cell.flatten_state`), and its
     :class:`NewtonInfo`. ``guess`` (T, B, S): the first iterate (None: zeros), e.g. the previous
     training step's states. Not differentiable itself: :func:`bppsa.rnn` differentiates the
-    result at the solved states. With ``plan.gate`` the exponent along the first
-    :data:`PROBE_STEPS` states (sequential: their cost) decides: Newton from there if negative and
-    :func:`predicted_iterations` <= the gate, else the sequential forward (``chose_sequential``)."""
+    result at the solved states. With ``plan.gate`` the exponent along the probe windows
+    (:func:`probe_windows`, run sequentially: :data:`PROBE_STEPS` steps' latency) decides: Newton if
+    negative and :func:`predicted_iterations` <= the gate (from the first window's exact states),
+    else the sequential forward (``chose_sequential``)."""
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     H = jnp.zeros((T, B, S), s0.dtype) if guess is None else guess.astype(s0.dtype)
 
@@ -461,14 +487,12 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
         lle = lax.cond(info.fell_back, lambda: lle_at(cell, params, xs, s0, H),
                        lambda: lle_at(cell, params, xs, s0, H, D))
         return H, info._replace(lle=lle, predicted=_predicted(lle, T, plan.forward))
-    L = min(T, PROBE_STEPS)  # the exponent along the first L states, by the sequential forward
-    prefix = forward_states(cell, params, xs[:L], s0, plan.unroll).astype(H.dtype)
-    lle = lle_at(cell, params, xs[:L], s0, prefix)
+    lle, prefix = probe(cell, params, xs, s0, plan.unroll)
     predicted = _predicted(lle, T, plan.forward)
     go = ((lle < 0) & (predicted <= plan.gate)) | ~ok  # NaN/inf inputs: the iteration reports them
 
     def on():  # the exact prefix is the guess's start
-        return iterate(plan, H.at[:L].set(prefix), evaluate, update, inputs_ok=ok)[:5]
+        return iterate(plan, H.at[:prefix.shape[0]].set(prefix), evaluate, update, inputs_ok=ok)[:5]
 
     def off():
         return jnp.int32(0), sequential().astype(H.dtype), *(jnp.zeros((), H.dtype),) * 2, jnp.ones((), bool)

@@ -70,7 +70,8 @@ class Options:
         analytic adjoint where it has one, :mod:`bppsa.cells.adjoint`, else autodiff through
         ``lax.scan``; its unroll tuned per shape and backend: :func:`bppsa.cost.bptt_unroll`) or
         "auto" (the cost model picks tuned BPTT, BPPSA-blelloch or BPPSA-sequential per cell, T, B, state size,
-        dtype and backend: :meth:`resolve`).
+        dtype and backend: :meth:`resolve`; on CPU, one device, a cell with 1×1 Jacobian blocks and ``scan``
+        left at None: BPPSA by the elementwise plan, measured faster: :func:`bppsa.cost.choose_backward`).
       scan: the BPPSA scan, "blelloch", "associative" or "sequential" (:mod:`bppsa.scan`); None
         (default): "blelloch", or with ``backward="auto"`` the scan the model chose; on CPU, for a
         cell with 1×1 Jacobian blocks, "sequential" over cache-sized chunks where ``chunk_size`` is
@@ -148,14 +149,17 @@ class Options:
         """A copy with ``fields`` changed (checked again)."""
         return make(self, **fields)
 
-    def resolve(self, cell: Cell, T: int, B: int, dtype: DTypeLike | None = None) -> Options:
+    def resolve(self, cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, devices: int | None = None
+                ) -> Options:
         """The options with ``backward`` in ("bppsa", "bptt"), ``forward`` not "auto" and ``scan``
         set: ``"auto"`` asks the cost model (:func:`bppsa.cost.choose_backward`,
-        :func:`bppsa.cost.choose_forward`) for this cell, T, B and dtype; the model's scan is used
-        only where ``scan`` was left at None. The other open choices are :meth:`plan`'s."""
+        :func:`bppsa.cost.choose_forward`) for this cell, T, B, dtype and ``devices`` (the mesh axis
+        the time is split over; None: one device); the model's scan is used only where ``scan`` was
+        left at None. The other open choices are :meth:`plan`'s."""
         backward, scan, forward = self.backward, self.scan, self.forward
         if backward == "auto":
-            backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model)
+            backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model, scan=scan,
+                                                           devices=devices)
             scan = scan or auto_scan
         if forward == "auto":
             forward = cost_lib.choose_forward(cell, T, B, dtype)[0]
@@ -185,7 +189,7 @@ class Options:
                              "already splits the sequence); pass one of them")
         T, B, S = int(xs.shape[0]), int(xs.shape[1]), int(s0.shape[-1])
         backend = jax.default_backend()
-        r = self.resolve(cell, T, B, xs.dtype)
+        r = self.resolve(cell, T, B, xs.dtype, devices)
         s_dtype = jnp.dtype(s0.dtype)
         ss_dtype = jnp.dtype(states_dtype if states_dtype is not None else s_dtype)
         parallel = r.forward != "sequential"

@@ -86,6 +86,51 @@ def test_the_gate_runs_the_sequential_forward_on_a_chaotic_cell():
     np.testing.assert_allclose(states, bppsa.rnn(cell, p, xs, h0), rtol=1e-12, atol=1e-12)
 
 
+def _switching_logistic(T, B, switch):
+    """The logistic map whose rate is the input, h' = x h (1 − h): x = 2.5 for the first ``switch``
+    steps (a fixed point, exponent log 0.5: it contracts), 4 after (chaos, exponent log 2)."""
+    cell = cells.Generic(lambda p, h, x: p["s"] * x * h * (1 - h), hidden_size=1)
+    xs = jnp.where(jnp.arange(T)[:, None, None] < switch, 2.5, 4.0) * jnp.ones((T, B, 1))
+    h0 = jnp.linspace(0.12, 0.31, B)[:, None]
+    return cell, {"s": jnp.float64(1.0)}, xs, h0
+
+
+def test_the_probe_sees_past_its_first_window():
+    """A cell that contracts over the first PROBE_STEPS steps and expands after: the accelerator
+    rule's gate (the GPU constants) and the exponent along the first window alone foresee 5 Newton
+    iterations; Newton then spends max_iter on the chaotic stretch and falls back. The probe's
+    windows at the middle and the end see the chaos: the sequential forward runs, exact."""
+    T, B = 2000, 2
+    cell, p, xs, h0 = _switching_logistic(T, B, newton.PROBE_STEPS)
+    forward, gate = cost.choose_forward(cell, T, B, backend="gpu")
+    assert forward == "newton" and 5 <= gate < 100  # the first window's 5 iterations pass this gate
+    plan = dataclasses.replace(bppsa.Options(forward="newton").plan(cell, xs, h0), gate=float(gate))
+    states, info = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, plan, return_info=True))(p, xs, h0)
+    assert bool(info.chose_sequential) and int(info.iterations) == 0 and not bool(info.fell_back)
+    assert int(info.predicted) == T and float(info.lle) > 0.5
+    np.testing.assert_allclose(states, scan_states(cell, p, xs, h0), rtol=1e-12, atol=1e-12)
+
+
+def test_probe_windows_spread_over_the_sequence():
+    """Windows of PROBE_STEPS (64) at the start, the middle and the end; fewer where T is short."""
+    assert newton.PROBE_STEPS == 64 and newton.PROBE_WINDOWS == 3
+    assert [newton.probe_windows(T) for T in (1, 7, 64, 65, 100, 128, 129, 300, 2000)] == [
+        (0,), (0,), (0,), (0, 1), (0, 36), (0, 64), (0, 32, 65), (0, 118, 236), (0, 968, 1936)]
+
+
+@pytest.mark.parametrize("T", [7, 100, 300])
+def test_the_probe_keeps_newton_where_every_window_contracts(T):
+    """The contracting GRU at one window (T = 7), two (100) and three (300): the probe's prediction
+    is the first window's or close to it, within a gate of 50, so Newton runs as before."""
+    cell, p, xs, h0 = _problem("gru", T, 2)
+    first = newton.predicted_iterations(newton.lle_at(cell, p, xs[:newton.PROBE_STEPS], cell.flatten_state(h0),
+                                                      scan_states(cell, p, xs[:newton.PROBE_STEPS], h0)), T)
+    states, info = bppsa.rnn(cell, p, xs, h0, _gated(cell, xs, h0, 50), return_info=True)
+    assert not bool(info.chose_sequential) and bool(info.converged) and int(info.iterations) > 0
+    assert int(first) <= int(info.predicted) <= int(first) + 1
+    np.testing.assert_allclose(states, scan_states(cell, p, xs, h0), rtol=1e-10, atol=1e-12)
+
+
 def test_gate_under_vmap():
     cell, p, xs, h0 = _problem("gru", 5, 2)
     plan = _gated(cell, xs, h0, 50)

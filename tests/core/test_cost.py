@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa import _backward, cells, cost
+from bppsa import _backward, cells, cost, structured
 from experiments import calibrate
 from bppsa import _scan as scan_lib
 
@@ -183,6 +183,42 @@ def test_auto_uses_the_given_model_and_stays_exact():
         model = cost.CostModel(coef)
         assert cost.choose_backward(cell, 9, 2, jnp.float64, cost_model=model) == cost.METHODS[choice]
         _close(_grads(cell, params, xs, h0, backward="auto", cost_model=model), g_ref)
+
+
+# The diagonal GRU (pararnn's, BlockGRU(head_size=1)) at the points of the pararnn-torch comparison
+# (experiments/extensions/pararnn_peer.py: H = 20, 64, 256) and the shapes measured with them, (H, T, B):
+# the elementwise BPPSA 1.2-1.8x faster than BPTT at each (experiments/history/diagonal-auto.md).
+DIAGONAL_POINTS = [(20, 1034, 32), (64, 1034, 32), (256, 1034, 32), (20, 2048, 8), (64, 2048, 8), (256, 2048, 8)]
+
+
+@pytest.mark.parametrize("H, T, B", DIAGONAL_POINTS)
+def test_auto_runs_the_elementwise_bppsa_for_diagonal_cells_on_cpu(H, T, B):
+    """1×1 Jacobian blocks on the CPU, the scan left open: BPPSA by the elementwise plan, whatever the
+    model (its S³ and S² features describe formed Jacobians); an explicit scan, a mesh or another
+    backend: the model decides, as before."""
+    cell = structured.BlockGRU(12, H, 1, hidden_bias=False)
+    for model in (None, cost.CostModel(FAVOUR_BPTT)):
+        assert cost.choose_backward(cell, T, B, jnp.float32, cost_model=model, backend="cpu") == ("bppsa", "sequential")
+    assert cost.choose_backward(structured.BlockRNN(12, H), T, B, backend="cpu") == ("bppsa", "sequential")
+    shipped = {b: cost.shipped_cost_model(b) for b in ("cpu", "gpu")}
+    for kw, model in (({"scan": "blelloch"}, shipped["cpu"]), ({"devices": 2}, shipped["cpu"]),
+                      ({"backend": "gpu"}, shipped["gpu"])):
+        kw = {"backend": "cpu", **kw}
+        assert cost.choose_backward(cell, T, B, jnp.float32, cost_model=model, **kw) == \
+            cost.METHODS[model.choose(cell, T, B, jnp.float32)]
+
+
+@pytest.mark.parametrize("cell", [cells.RNN(1, 20), cells.GRU(24, 20), cells.LSTM(12, 20),
+                                  structured.BlockGRU(12, 64, 4), structured.BlockLSTM(16, 20, 1),
+                                  structured.BlockRNN(16, 64, 8)],
+                         ids=["rnn", "gru", "lstm", "block-gru-k4", "block-lstm-k1", "block-rnn-k8"])
+def test_auto_keeps_the_models_choice_for_every_other_cell(cell):
+    """Dense Jacobians and blocks larger than 1×1 (the LSTM's (h, c) pairs included): the shipped
+    model's choice, at the points the paper and the pararnn-torch comparison measure."""
+    model = cost.shipped_cost_model("cpu")
+    for T, B in ((1000, 2), (1000, 16), (10_000, 1), (517, 16), (1034, 32), (2048, 8), (64, 1)):
+        assert cost.choose_backward(cell, T, B, jnp.float32, cost_model=model, backend="cpu") == \
+            cost.METHODS[model.choose(cell, T, B, jnp.float32)]
 
 
 def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch):
