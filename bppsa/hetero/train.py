@@ -22,7 +22,6 @@ from functools import partial
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -113,7 +112,9 @@ _JIT: dict = {}
 
 
 def _cached(key, build):
-    """Jitted functions shared across runs (same task, same settings): compile once per sweep."""
+    """Jitted functions shared across runs, for keys that name everything the function reads
+    (settings, not a caller's function: that one's program is made with the object that holds
+    it, so it never outlives what it closed over)."""
     if key not in _JIT:
         _JIT[key] = build()
     return _JIT[key]
@@ -157,9 +158,9 @@ class SimulatedReplicas:
         self.base, self.comm_s, self.jitter = base, comm_s, jitter
         self.reset(seed)
         mesh = data_mesh(self.num_replicas)
-        self.grad_fns = {a: _cached(("spmd", loss_fn, self.num_replicas, a),
-                                    lambda a=a: make_spmd_grad(loss_fn, mesh, average=a))
-                         for a in ("weighted", "mean")}
+        # made with these replicas, not kept in a module-level cache: loss_fn may read arrays it
+        # closes over, and a program kept beyond this object would keep their first values
+        self.grad_fns = {a: make_spmd_grad(loss_fn, mesh, average=a) for a in ("weighted", "mean")}
 
     def reset(self, seed: int):
         """Restart the timing jitter's random stream (each training run calls this)."""
@@ -217,7 +218,6 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
     proportional, average = STRATEGIES[strategy]
     P = replicas.num_replicas
     params = jax.tree.map(lambda a: np.asarray(a), task.init(jax.random.key(seed)))
-    predict = task.logits
     replicas.reset(seed)
 
     models, clipped = None, []
@@ -248,14 +248,14 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
         u, o2 = tx.update(g, o, p)
         return optax.apply_updates(p, u), o2
 
+    # adam_step reads only tx, made from learning_rate: the key names all it reads
     apply = _cached(("adam", learning_rate), lambda: jax.jit(adam_step))
-    accuracy = _cached(("accuracy", predict), lambda: jax.jit(
-        lambda p, x, y: jnp.mean(jnp.argmax(predict(p, x), -1) == y)))
-    x_test, y_test = jnp.asarray(task.x_test), jnp.asarray(task.y_test)
+    # the task's own jitted accuracy (kept by the task, with the test data it reads)
+    accuracy = task.accuracy_fn()
 
     steps_per_epoch = n // batch_size
     clock, step, step_times = 0.0, 0, []
-    history = [{"epoch": 0, "step": 0, "time": 0.0, "accuracy": float(accuracy(params, x_test, y_test)),
+    history = [{"epoch": 0, "step": 0, "time": 0.0, "accuracy": float(accuracy(params)[1]),
                 "loss": None}]
     for epoch in range(1, epochs + 1):
         losses = []
@@ -273,7 +273,7 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
                 log(f"step {step}: re-partition {counts.tolist()} -> {new.tolist()}")
                 counts = new
                 sampler.set_counts(counts)
-        acc = float(accuracy(params, x_test, y_test))
+        acc = float(accuracy(params)[1])
         history.append({"epoch": epoch, "step": step, "time": clock, "accuracy": acc,
                         "loss": float(np.mean(losses))})
         log(f"epoch {epoch}: time {clock:.3f} s, loss {np.mean(losses):.4f}, test accuracy {acc:.4f}")

@@ -1,5 +1,6 @@
 """Heterogeneous data-parallel training: profiling, sampling, re-balancing, the three strategies."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -240,3 +241,21 @@ def test_tables_say_which_times_are_measured_and_which_are_modelled():
     assert "| 1.100 | 1.100 | +0.0 % | 1.82× |" in md and "τ = 4.000 ms" in md
     assert "| every 2 steps | 1000.0 | 2500.0 | 4.00, 10.00 | 6: [4, 12] → [8, 8] | 0.5000 |" in md
     assert "speed-up vs uniform, time model |" in md and "| - |" in md  # the simulated row without uniform
+
+
+def test_replicas_programs_do_not_outlive_what_their_loss_closes_over(toy):
+    """A loss reading an array it closes over, rebound between two SimulatedReplicas: each gets the
+    gradient of its own array (a module-level cache keyed on the loss kept the first one's)."""
+    task, per_sample = toy
+    box = {"scale": jnp.asarray(1.0)}
+    loss_fn = lambda p, x, y: box["scale"] * per_sample(p, x, y)  # noqa: E731
+    params = task.init(jax.random.key(0))
+    x, y = jnp.asarray(task.x_train[:8]), jnp.asarray(task.y_train[:8])
+    mask = jnp.ones((8,), bool)
+    grads = []
+    for scale in (1.0, 3.0):
+        box["scale"] = jnp.asarray(scale)
+        replicas = SimulatedReplicas(loss_fn, [1, 1], TimeModel(0.0, 1e-4), jitter=0.0)
+        grads.append(replicas.grad_fns["weighted"](params, x, y, mask)[0])
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        np.testing.assert_allclose(3.0 * np.asarray(a), b, rtol=1e-5, atol=1e-6)
