@@ -22,8 +22,9 @@ which measured slower and with more XLA temporaries (the same file).
 Hessian-vector products and ``jacfwd`` differentiate K's ``matvec`` (a rematerialised JVP of the
 step); JAX cannot ``jvp`` a ``custom_vjp``, hence the ``custom_jvp``. The sequence-parallel scan
 (:mod:`bppsa.parallel.sequence`) runs the same rule (:func:`tangent_rule`) with its two solves
-sharded; it and the benchmark's component breakdown reuse the pieces, and so does the parallel forward (:mod:`bppsa.newton`): its Newton step is the
-same kind of linear recurrence, run forwards, on :func:`step_elements` (:func:`newton_step`).
+sharded; it and the benchmark's component breakdown reuse the pieces, and so does the parallel
+forward (:mod:`bppsa.newton`): its Newton step is the same kind of linear recurrence, run
+forwards, on :func:`step_elements` (:func:`newton_step`).
 
 Every setting (the scan, the chunk length, the precision, the unroll) arrives concrete, from the
 :class:`bppsa.options.Plan` the entry point made: nothing is decided here.

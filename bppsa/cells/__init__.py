@@ -17,7 +17,7 @@ s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
 
 Optional structure (``diagonal_jacobian``, ``jacobian_blocks``) lets the scans avoid S×S
 matrices; ``project`` lets the sequential forward hoist the input's product out of its loop; an
-analytic adjoint step (``has_adjoint``: ``step_factors``, ``adjoint_step``, ``adjoint_grads``)
+analytic adjoint step (``has_adjoint``; the methods of the protocol :class:`AnalyticAdjoint`)
 lets BPTT run one product with W_hᵀ a step on factors its forward kept, no autodiff.
 
 The contract and the shared maths are in :mod:`bppsa.cells.base`, the published cells (RNN, GRU,
@@ -36,6 +36,8 @@ from __future__ import annotations
 from bppsa.cells.base import (
                               ACTIVATIONS,
                               Affine,
+                              AffineAdjoint,
+                              AnalyticAdjoint,
                               Cell,
                               Generic,
                               autodiff_jacobian,
@@ -45,5 +47,5 @@ from bppsa.cells.base import (
 )
 from bppsa.cells.recurrent import GRU, LSTM, RNN
 
-__all__ = ["Cell", "Affine", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS", "autodiff_jacobian", "flat_outer",
-           "autodiff_param_grads", "split_gates"]
+__all__ = ["Cell", "AnalyticAdjoint", "Affine", "AffineAdjoint", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS",
+           "autodiff_jacobian", "flat_outer", "autodiff_param_grads", "split_gates"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +14,8 @@ from jax import Array
 
 from bppsa.errors import UsageError, as_int
 
-__all__ = ["Cell", "Affine", "Generic", "ACTIVATIONS", "autodiff_jacobian", "autodiff_param_grads", "flat_outer",
-           "split_gates"]
+__all__ = ["Cell", "AnalyticAdjoint", "analytic_adjoint", "Affine", "AffineAdjoint", "Generic", "ACTIVATIONS",
+           "autodiff_jacobian", "autodiff_param_grads", "flat_outer", "split_gates"]
 
 #: Activation functions by name: (function, its derivative written in terms of its output y).
 ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y: 1.0 - y * y),
@@ -37,9 +37,11 @@ class Cell(abc.ABC):
     (S = H; LSTM: S = 2H with s = [h, c]), T steps (in any order, as long as the arrays agree).
 
     Subclasses are frozen dataclasses (hashable: :func:`bppsa.rnn` passes them as a static
-    argument of its ``jax.custom_jvp`` and keys compiled programs on them). :meth:`param_spec` is the structure ``params`` must have
-    (:func:`bppsa.rnn` names any leaf that is missing, extra or of another shape); its default
-    traces :meth:`init`, so a cell that implements ``init`` is checked."""
+    argument of its ``jax.custom_jvp`` and keys compiled programs on them). :meth:`param_spec` is
+    the structure ``params`` must have (:func:`bppsa.rnn` names any leaf that is missing, extra
+    or of another shape); its default traces :meth:`init`, so a cell that implements ``init`` is
+    checked. Optional capabilities are the typed protocol :class:`AnalyticAdjoint` (flag:
+    ``has_adjoint``) and the structure properties below (defaults: none)."""
 
     input_size: Any  # int, or None where a cell does not fix it (Generic)
     hidden_size: Any  # int (Generic: int or None)
@@ -112,38 +114,10 @@ class Cell(abc.ABC):
         d = jnp.diagonal(self.jacobian_blocks(params, s_prev, xs, s), axis1=-2, axis2=-1)
         return d.reshape(d.shape[:-2] + (-1,))  # (T, B, S/k, k) -> (T, B, S)
 
-    #: Whether the cell has an analytic adjoint step (:meth:`step_factors`, :meth:`adjoint_step`,
-    #: :meth:`adjoint_grads`): BPTT then loops over it alone and forms the parameter gradients after.
+    #: Whether the cell has an analytic adjoint step, the methods of :class:`AnalyticAdjoint`
+    #: (checked where the plan uses them): BPTT then loops over it alone and forms the parameter
+    #: gradients after.
     has_adjoint: ClassVar[bool] = False
-
-    def step_factors(self, params: Any, h: Any, u: Any, /) -> tuple[Any, Any]:
-        """(:meth:`step_projected`'s h', the per-unit factors of its Jacobian that :meth:`adjoint_step` reads)."""
-        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
-
-    def adjoint_step(self, params: Any, factors: Any, g: Array, /) -> tuple[Array, Any]:
-        """g (B, S) = ∂L/∂s_t -> (g M_t, the part of ∂L/∂s_{t-1} through this step; the step's
-        cotangents, which :meth:`adjoint_grads` turns into parameter gradients)."""
-        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
-
-    def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any, /
-                      ) -> tuple[Any, Array]:
-        """All steps' factors, ∂L/∂s_t and :meth:`adjoint_step` cotangents (T, B, ...) -> (dparams, dxs)."""
-        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
-
-    def adjoint_sum_inputs(self, params: Any, s_prev: Array, xs: Array, /) -> Any:
-        """What BPTT by the adjoint reads at each step to sum the parameter gradients inside its loop
-        (a pytree, leading axis T), arranged once before it (:meth:`adjoint_sum_step` reads it)."""
-        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
-
-    def adjoint_sum_step(self, params: Any, inputs: Any, factors: Any, g: Array, cotangents: Any, /
-                         ) -> tuple[Any, Array]:
-        """One step's part of the parameter-gradient sums (summed over the batch) and its input's
-        cotangent (B, I), from its :meth:`adjoint_sum_inputs`, factors, ∂L/∂s_t and cotangents."""
-        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
-
-    def adjoint_sum_result(self, params: Any, sums: Any, /) -> Any:
-        """The sums of :meth:`adjoint_sum_step` over all steps -> dparams (``params``' structure)."""
-        raise NotImplementedError(f"{type(self).__name__} has no analytic adjoint step")
 
     #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
     gates: ClassVar[int] = 1
@@ -176,6 +150,54 @@ class Cell(abc.ABC):
         """The hidden states of what :func:`bppsa.rnn` returns: (T, B, H) for every cell
         (for an LSTM, hs of the pair (hs, cs))."""
         return states[0] if self.pair_state else states
+
+
+@runtime_checkable
+class AnalyticAdjoint(Protocol):
+    """The optional capability behind ``has_adjoint``: a cell's analytic adjoint step, which BPTT
+    (:mod:`bppsa.cells.adjoint`) loops over instead of autodiff's. A cell that sets ``has_adjoint``
+    defines these methods (:func:`bppsa.rnn` checks it, naming what is missing); the others do
+    not have them at all. Shapes as :class:`Cell`'s; ``u`` is :meth:`Cell.project`'s output."""
+
+    def step_factors(self, params: Any, h: Any, u: Any, /) -> tuple[Any, Any]:
+        """(:meth:`Cell.step_projected`'s h', the per-unit factors of its Jacobian that :meth:`adjoint_step` reads)."""
+        ...
+
+    def adjoint_step(self, params: Any, factors: Any, g: Array, /) -> tuple[Array, Any]:
+        """g (B, S) = ∂L/∂s_t -> (g M_t, the part of ∂L/∂s_{t-1} through this step; the step's
+        cotangents, which :meth:`adjoint_grads` turns into parameter gradients)."""
+        ...
+
+    def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any, /
+                      ) -> tuple[Any, Array]:
+        """All steps' factors, ∂L/∂s_t and :meth:`adjoint_step` cotangents (T, B, ...) -> (dparams, dxs)."""
+        ...
+
+    def adjoint_sum_inputs(self, params: Any, s_prev: Array, xs: Array, /) -> Any:
+        """What BPTT by the adjoint reads at each step to sum the parameter gradients inside its loop
+        (a pytree, leading axis T), arranged once before it (:meth:`adjoint_sum_step` reads it)."""
+        ...
+
+    def adjoint_sum_step(self, params: Any, inputs: Any, factors: Any, g: Array, cotangents: Any, /
+                         ) -> tuple[Any, Array]:
+        """One step's part of the parameter-gradient sums (summed over the batch) and its input's
+        cotangent (B, I), from its :meth:`adjoint_sum_inputs`, factors, ∂L/∂s_t and cotangents."""
+        ...
+
+    def adjoint_sum_result(self, params: Any, sums: Any, /) -> Any:
+        """The sums of :meth:`adjoint_sum_step` over all steps -> dparams (``params``' structure)."""
+        ...
+
+
+def analytic_adjoint(cell: Cell) -> AnalyticAdjoint:
+    """``cell`` as its :class:`AnalyticAdjoint` (a cell with ``has_adjoint``); a UsageError names
+    the methods a cell that sets ``has_adjoint`` lacks."""
+    if not isinstance(cell, AnalyticAdjoint):
+        missing = [m for m in ("step_factors", "adjoint_step", "adjoint_grads", "adjoint_sum_inputs",
+                               "adjoint_sum_step", "adjoint_sum_result") if not callable(getattr(cell, m, None))]
+        raise UsageError(f"{cell.display_name} sets has_adjoint but lacks {', '.join(missing)} "
+                         f"(bppsa.cells.AnalyticAdjoint); define them or set has_adjoint = False")
+    return cell
 
 
 class Affine(Cell):
@@ -233,10 +255,33 @@ class Affine(Cell):
     def step(self, params: Any, h: Any, x: Array) -> Any:
         return self.step_projected(params, h, self.project(params, x))
 
-    def _cotangents(self, factors, g):
+    def _contract(self, xs, h_prev, dgx, dgh):
+        """Parameter gradients of ``(x W_x + b_x, h W_h + b_h)`` from their cotangents (T, B, G)."""
+        grads = {"W_x": flat_outer(xs, dgx), "W_h": flat_outer(h_prev, dgh)}
+        if self.input_bias:
+            grads["b_x"] = dgx.sum((0, 1))
+        if self.hidden_bias:
+            grads["b_h"] = dgh.sum((0, 1))
+        return grads
+
+
+class AffineAdjoint(Affine):
+    """An :class:`Affine` cell with an analytic adjoint (:class:`AnalyticAdjoint`, ``has_adjoint``):
+    a subclass gives :meth:`step_factors` and ``_cotangents`` (the cotangents of the step's two
+    products from its factors); the adjoint step, the parameter gradients of BPPSA and of BPTT
+    (after the loop or summed in it) are written here once, for the RNN, GRU and LSTM."""
+
+    has_adjoint: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def step_factors(self, params: Any, h: Any, u: Any, /) -> tuple[Any, Any]:
+        """(:meth:`Cell.step_projected`'s h', the per-unit factors of its Jacobian that
+        :meth:`adjoint_step` reads)."""
+
+    @abc.abstractmethod
+    def _cotangents(self, factors, g) -> tuple[Any, Any, Any]:
         """g (..., S) = ∂L/∂s' -> (dgx, dgh, direct): the cotangents of x W_x + b_x and of h W_h + b_h
         (one array where they are equal) and ∂L/∂s not through h W_h (None: nothing; LSTM: c's)."""
-        raise NotImplementedError
 
     def _factors(self, params, s_prev, xs, s):  # all steps' factors at once (default: the steps again)
         return self.step_factors(params, self.unflatten_state(s_prev), self.project(params, xs))[1]
@@ -285,15 +330,6 @@ class Affine(Cell):
     def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array) -> tuple[Any, Array]:
         dgx, dgh, _ = self._cotangents(self._factors(params, s_prev, xs, s), gs)
         return self._grads(params, s_prev, xs, dgx, dgh)
-
-    def _contract(self, xs, h_prev, dgx, dgh):
-        """Parameter gradients of ``(x W_x + b_x, h W_h + b_h)`` from their cotangents (T, B, G)."""
-        grads = {"W_x": flat_outer(xs, dgx), "W_h": flat_outer(h_prev, dgh)}
-        if self.input_bias:
-            grads["b_x"] = dgx.sum((0, 1))
-        if self.hidden_bias:
-            grads["b_h"] = dgh.sum((0, 1))
-        return grads
 
 
 def flat_outer(a: Array, b: Array) -> Array:

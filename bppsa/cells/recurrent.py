@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.cells.base import ACTIVATIONS, Affine, split_gates
+from bppsa.cells.base import ACTIVATIONS, AffineAdjoint, split_gates
 from bppsa.errors import UsageError
 
 __all__ = ["RNN", "GRU", "LSTM"]
 
 
 @dataclasses.dataclass(frozen=True)
-class RNN(Affine):
+class RNN(AffineAdjoint):
     """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h [+ h if residual]), σ = ``nonlinearity``
     ("tanh", "relu" or "sigmoid").
 
@@ -42,8 +42,6 @@ class RNN(Affine):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"RNN: {name} must be True or False; got {getattr(self, name)!r}")
         super().__post_init__()
-
-    has_adjoint: ClassVar[bool] = True
 
     def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
         a = gx + self._recurrent(params, h)
@@ -80,7 +78,7 @@ class RNN(Affine):
 
 
 @dataclasses.dataclass(frozen=True)
-class GRU(Affine):
+class GRU(AffineAdjoint):
     """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
 
         r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
@@ -104,8 +102,6 @@ class GRU(Affine):
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
         (x_r, x_z, x_n), (h_r, h_z, m) = gx, split_gates(self._recurrent(params, h), 3)
         return (r := sigma(x_r + h_r)), sigma(x_z + h_z), m, phi(x_n + r * m)
-
-    has_adjoint: ClassVar[bool] = True
 
     def step_projected(self, params: Any, h: Array, gx: Any) -> Array:
         r, z, m, n = self._gates(params, h, gx)
@@ -148,7 +144,7 @@ class GRU(Affine):
 
 
 @dataclasses.dataclass(frozen=True)
-class LSTM(Affine):
+class LSTM(AffineAdjoint):
     """LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
     tanh); the state is (h, c), flat s = [h, c] (2H).
 
@@ -186,8 +182,6 @@ class LSTM(Affine):
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
         i, f, g, o = (x + r for x, r in zip(gx, split_gates(self._recurrent(params, h), 4), strict=True))
         return sigma(i), sigma(f), phi(g), sigma(o)
-
-    has_adjoint: ClassVar[bool] = True
 
     def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
         h, c = state

@@ -38,6 +38,7 @@ from flax import nnx
 
 from bppsa import cells
 from bppsa.cells import Cell
+from bppsa.cells.base import analytic_adjoint
 from bppsa.errors import UsageError, as_int
 from bppsa.nn import _state as _flax_state
 
@@ -170,7 +171,8 @@ class Flax(_Wrapper):
         return new[::-1] if self.pair_state else new
 
     def step_factors(self, params, carry, u):
-        new, factors = self.core.step_factors(self.core_params(params), carry[::-1] if self.pair_state else carry, u)
+        carry = carry[::-1] if self.pair_state else carry
+        new, factors = analytic_adjoint(self.core).step_factors(self.core_params(params), carry, u)
         return (new[::-1] if self.pair_state else new), factors
 
     transposed_jacobian = _on_core("transposed_jacobian")
