@@ -10,8 +10,10 @@ the names are the config files present (unique across the papers' folders). The 
 Errors: a :class:`bppsa.errors.UsageError` (bad input: a config, a flag, a data folder) from any
 subcommand is printed as one line, ``bppsa COMMAND: error: ...``, with exit code 2; the global
 flag ``--debug`` (``bppsa --debug COMMAND ...``, or anywhere before a ``--``) prints the
-traceback instead (exit code 2 as well). Ctrl-C is one line too (with ``run`` and ``reproduce``:
-run the same command again to resume), exit code 130; ``--debug`` adds the traceback.
+traceback instead (exit code 2 as well). Ctrl-C and SIGTERM are one line too (with ``run`` and
+``reproduce``: run the same command again to resume), exit code 130 and 143, at any moment, the
+imports included (:mod:`experiments.interrupt`); ``--debug`` adds the traceback. This module imports
+nothing heavy at its top: the command handles stop signals before it imports JAX.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from bppsa import host
-from bppsa.errors import UsageError
-from experiments import RunFailed
+from experiments import RunFailed, interrupt
 
 __all__ = ["main", "config_paths", "config_path", "reproduce_names", "reproduce_argv", "split_debug"]
 
@@ -52,6 +53,7 @@ Run `bppsa COMMAND --help` for a command's options."""
 
 def config_paths(root: str | os.PathLike = EXPERIMENTS) -> dict[str, Path]:
     """Every config of the harness, ``{stem: root/<paper>/configs/<stem>.py}`` (stems are unique)."""
+    from bppsa.errors import UsageError
     paths: dict[str, Path] = {}
     for p in sorted(Path(root).glob("*/configs/*.py")):
         if p.name.startswith("_"):
@@ -67,6 +69,7 @@ def config_path(name: str, root: str | os.PathLike = EXPERIMENTS) -> Path:
 
     Raises UsageError naming the unknown NAME and the known ones.
     """
+    from bppsa.errors import UsageError
     path = config_paths(root).get(name.replace("-", "_"))
     if path is None:
         raise UsageError(f"unknown NAME {name!r}; expected one of: {', '.join(reproduce_names(root))}")
@@ -83,6 +86,7 @@ def reproduce_argv(argv: Sequence[str], root: str | os.PathLike = EXPERIMENTS) -
 
     Raises UsageError naming the unknown NAME and the known ones.
     """
+    from bppsa.errors import UsageError
     name, rest = argv[0], list(argv[1:])
     path = config_path(name, root)
     presets = [a[2:] for a in rest if a in ("--quick", "--smoke")]
@@ -100,6 +104,7 @@ def bench(argv: Sequence[str]) -> int:
     import shlex
 
     from bppsa import cost
+    from bppsa.errors import UsageError
     from bppsa.scan import SCANS
     from experiments import bench as bench_lib
     from experiments import runner
@@ -160,9 +165,14 @@ def split_debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
 def _dispatch(cmd: str, rest: list[str]) -> int:
     if cmd == "reproduce":
         if not rest or rest[0] in ("-h", "--help"):
-            print(f"usage: bppsa reproduce NAME [--quick|--smoke] [--config.key=value ...] [--workdir DIR]; "
-                  f"NAME is one of: {', '.join(reproduce_names())}")
-            return 0 if rest else 2
+            usage = (f"usage: bppsa reproduce NAME [--quick|--smoke] [--config.key=value ...] [--workdir DIR]; "
+                     f"NAME is one of: {', '.join(reproduce_names())}")
+            # argparse's convention: asked for, the usage on stdout; missing, usage and error on stderr, exit 2
+            if rest:
+                print(usage)
+                return 0
+            print(f"{usage}\nbppsa reproduce: error: missing NAME", file=sys.stderr)
+            return 2
         return int(_load(COMMANDS["run"])(reproduce_argv(rest)) or 0)
     return int(_load(COMMANDS[cmd])(rest) or 0)
 
@@ -178,10 +188,39 @@ def _report(error: BaseException, debug: bool, template: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     console = argv is None  # the `bppsa` command itself (not a call from Python)
+    if console:
+        # first, before JAX is imported: a stop signal at any moment ends the command the same way
+        interrupt.install()
     debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
+    cmd = argv[0] if argv and (argv[0] == "reproduce" or argv[0] in COMMANDS) else ""
+    hint = "; run the same command again to resume" if cmd in ("run", "reproduce") else ""
+    line = f"bppsa{' ' + cmd if cmd else ''}: interrupted ({{}}){hint}"  # {}: the signal
+    try:
+        code = _main(argv, debug, console)
+    except KeyboardInterrupt as e:
+        if debug:
+            traceback.print_exc()
+        signum = e.signum if isinstance(e, interrupt.Interrupted) else signal.SIGINT
+        print(line.format(interrupt.describe(signum)), file=sys.stderr)
+        if console:
+            # not a return: interpreter shutdown can crash on a compile the signal left running
+            interrupt.leave(128 + signum)
+        return 128 + signum  # as a shell reports it: 130 for SIGINT, 143 for SIGTERM
+    if console:
+        # all done and saved: a stop signal during interpreter shutdown ends the process at once
+        interrupt.stop_at_once(line)
+    return code
+
+
+def _main(argv: list[str], debug: bool, console: bool) -> int:
+    from bppsa import host
+    from bppsa.errors import UsageError
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0 if argv else 2
+        if argv:
+            print(_usage())
+            return 0
+        print(f"{_usage()}\n\nbppsa: error: missing COMMAND", file=sys.stderr)
+        return 2
     cmd, rest = argv[0], argv[1:]
     if cmd != "reproduce" and cmd not in COMMANDS:
         print(f"bppsa: unknown command {cmd!r}\n\n{_usage()}", file=sys.stderr)
@@ -199,16 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if console and e.abandon_threads and not debug:
             # a write failed (disk full): the library's background writers (orbax, tensorstore) failed too
             # and would print their tracebacks as they wind down; everything bppsa wrote is on disk
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+            interrupt.leave(1)
         return 1
-    except KeyboardInterrupt:
-        if debug:
-            traceback.print_exc()
-        hint = "; run the same command again to resume" if cmd in ("run", "reproduce") else ""
-        print(f"bppsa {cmd}: interrupted (Ctrl-C){hint}", file=sys.stderr)
-        return 130  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

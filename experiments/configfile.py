@@ -25,10 +25,13 @@ class ConfigError(UsageError):
 
 
 def split_spec(spec: str) -> tuple[Path, str | None]:
-    """"path/to/cfg.py:arg" -> (Path("path/to/cfg.py"), "arg"); "path/to/cfg.py" -> (path, None)."""
+    """"path/to/cfg.py:arg" -> (Path("path/to/cfg.py"), "arg"); "path/to/cfg.py" -> (path, None).
+
+    "path/to/cfg.py:" -> (path, ""): an empty preset, which :func:`load_config` refuses (never the full run).
+    """
     path, sep, arg = spec.rpartition(":")
     if sep and path.endswith(".py"):
-        return Path(path), (arg or None)
+        return Path(path), arg
     return Path(spec), None
 
 
@@ -57,6 +60,7 @@ def load_config(path: str | os.PathLike, arg: str | None = None) -> ml_collectio
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
         raise ConfigError(f"config file {str(path)!r} must define get_config(arg=None); it does not")
+    _check_preset(path, arg, getattr(module, "PRESETS", None))
     try:
         config = get_config(arg) if arg is not None else get_config()
     except (ValueError, KeyError, TypeError) as e:
@@ -72,6 +76,17 @@ def load_config(path: str | os.PathLike, arg: str | None = None) -> ml_collectio
                           f"got task = {config.get('task')!r}")
     config.lock()
     return config
+
+
+def _check_preset(path: Path, arg: str | None, presets) -> None:
+    """``arg`` is None (the full run) or one of the config's ``PRESETS``; an empty one ("cfg.py:") is refused
+    too when the config declares none (its ``get_config`` checks the others)."""
+    if arg is None or (arg and (presets is None or arg in presets)):
+        return
+    what = "no preset after ':'" if not arg else f"{path.name} has no preset {arg!r}"
+    known = f" with PRESET one of: {', '.join(presets)}" if presets else ""
+    expected = f"{path.name} (the full run)" + (f" or {path.name}:PRESET{known}" if presets != () else "")
+    raise ConfigError(f"CONFIG {str(path) + ':' + arg!r}: {what}; expected {expected}")
 
 
 def _check_text(path: Path) -> None:
@@ -219,7 +234,9 @@ def split_overrides(rest: list[str]) -> list[tuple[str, str]]:
     while i < len(rest):
         tok = rest[i]
         if not tok.startswith("--config."):
-            hint = f" (did you mean --config.{tok[2:].replace('-', '_')}=...?)" if tok.startswith("--") else ""
+            key, sep, value = tok[2:].partition("=")
+            meant = f"--config.{key.replace('-', '_')}={value if sep else '...'}"
+            hint = f" (did you mean {meant}?)" if tok.startswith("--") else ""
             raise ConfigError(f"unexpected argument {short(repr(tok))}; overrides look like --config.key=value{hint}")
         body = tok[len("--config."):]
         if "=" in body:

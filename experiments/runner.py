@@ -11,7 +11,10 @@ first. The runner loads the file by path, locks the config (no new keys), applie
 plus provenance). Re-running the same command on the same work directory resumes: training
 tasks use :func:`experiments.train.fit`, which restores the latest checkpoint. ``--publish`` copies the
 task's result (``<name>.json``, ``.md``, ``.png``, ``<name>_<part>.png``) into ``experiments/results/<device>/``:
-only from a run that ended complete, all of its files or none (:func:`publish_result`).
+only from a run that ended complete, all of its files or none (:func:`publish_result`), under a name no
+preset shares with the full run (:func:`publish_name`: ``rnn_train.py:smoke`` publishes ``rnn_train-smoke``).
+The same command on a work directory whose run ended complete runs nothing again: it keeps the results
+(``--publish`` then publishes them, rewriting no file that already holds the same bytes).
 
 A run tells the truth: it fails (:class:`experiments.RunFailed`, one line, exit status 1, the marker
 "failed") when a part of its task fails (:func:`experiments.part_failed`; ``keep_partial = True`` in
@@ -64,7 +67,7 @@ from experiments.publish import publish_result
 from experiments.workdir import MARKER, WorkDir, check_name, read_marker
 
 __all__ = ["ConfigError", "MARKER", "load_config", "apply_overrides", "resolve_task", "read_marker", "run",
-           "current_command", "main"]
+           "publish_name", "current_command", "main"]
 
 def resolve_task(target: str) -> Callable:
     """"package.module:function" -> the function."""
@@ -112,6 +115,34 @@ def _diff(old: dict, new: dict, prefix="") -> list[str]:
 
 def default_workdir(path: Path, arg: str | None) -> Path:
     return Path("runs") / (path.stem + (f"-{arg}" if arg else ""))
+
+
+def publish_name(path: Path, arg: str | None, config: ml_collections.ConfigDict) -> str:
+    """The name ``--publish`` gives a run's result: ``config.name`` (else the config file's stem), with
+    ``-<preset>`` added when a preset's run would carry the full run's name (``rnn_train.py:smoke``
+    publishes ``rnn_train-smoke``): a smoke or quick run never replaces the full result."""
+    name = str(config.get("name", path.stem))
+    if arg is None:
+        return name
+    full = str(load_config(path).get("name", path.stem))
+    return f"{name}-{arg}" if name == full else name
+
+
+def _finished(wd: WorkDir) -> dict | None:
+    """The summary of the complete run the work directory holds ("done"), else None: the same command
+    again then runs nothing (nothing is measured again); ``--restart`` runs it again."""
+    m = wd.marker or {}
+    if m.get("status") != "done" or "summary.json" not in m.get("written", []):
+        return None
+    try:
+        summary = json.loads((wd.path / "summary.json").read_text())["summary"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable: the run runs again, as a resume
+    if not isinstance(summary, dict):
+        return None
+    print(f"bppsa run: the run in {str(wd.path)!r} finished already; nothing is run again "
+          f"(--restart runs it again)", file=sys.stderr)
+    return summary
 
 
 def _prepare(wd: WorkDir, resolved: dict, restart: bool) -> None:
@@ -174,9 +205,17 @@ def run(config_path: str | os.PathLike, arg: str | None = None,
                                                        overrides.items() if isinstance(overrides, dict)
                                                        else overrides)])
     keep_partial = bool(config.get("keep_partial", False))
+    name = str(config.get("name", path.stem))
+    published_as = publish_name(path, arg, config) if publish else name  # a bad full config: before the run
     background = Background()
     with WorkDir(workdir) as wd, quiet_background(background):
         _prepare(wd, resolved, restart)
+        done = _finished(wd)
+        if done is not None:
+            if publish:  # device_label() starts JAX's backend: only now (a task may set XLA's flags first)
+                done = {**done, "published": publish_result(wd, name, Path(results_root) / device_label(),
+                                                            published_as)}
+            return done
         wd.start(progress=bool(wd.marker and wd.marker.get("progress")))
         status = "failed"
         try:
@@ -238,8 +277,8 @@ def run(config_path: str | os.PathLike, arg: str | None = None,
             raise RunFailed(f"--publish: the run kept partial results ({'; '.join(failed)}); a committed result is "
                             f"only replaced by a complete one: nothing was published")
         if publish:
-            summary = {**summary, "published": publish_result(wd, str(config.get("name", path.stem)),
-                                                              Path(results_root) / device_label())}
+            summary = {**summary, "published": publish_result(wd, name, Path(results_root) / device_label(),
+                                                              published_as)}
     return summary
 
 

@@ -31,7 +31,7 @@ LAYERS = [
     ("experiments.calibrate", "experiments.baselines", "experiments.bench"),
     ("experiments.paper_bppsa", "experiments.paper_hetero", "experiments.paper_sync", "experiments.extensions"),
     ("experiments.index", "experiments.workdir", "experiments.configfile", "experiments.failures",
-     "experiments.publish", "experiments.runner", "experiments.cli"),
+     "experiments.interrupt", "experiments.publish", "experiments.runner", "experiments.cli"),
 ]
 ROOTS = ("bppsa", "experiments")  # the package roots: bppsa re-exports the API, experiments defines entry()
 MAX_TOP_LEVEL_MODULES = 12  # bppsa/*.py: the core stays a few flat modules; concepts are subpackages

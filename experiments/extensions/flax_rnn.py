@@ -58,7 +58,7 @@ from experiments.train import make_train_step
 
 __all__ = ["PARTS", "LAYERS", "CELLS", "STEP_MODES", "FLAX_CELLS", "CELL_LAYERS", "make_step", "step_child",
            "step_rows", "loss", "grad_step", "auto_choice", "cell_point", "cell_rows", "check_flax_rnn", "run",
-           "markdown"]
+           "markdown", "loss_gap"]
 
 PARTS = ("step", "cells")
 
@@ -182,7 +182,7 @@ def step_rows(config) -> list[dict]:
                         losses[n], blocks = got["losses"][n], blocks + [got["block"]]
                 compile_s = {n: float(np.median(v)) for n, v in comp.items()}
             ratios = {n: (np.asarray(per[n]) / np.asarray(per[ref])).tolist() for n in config.layers}
-            gap = max(float(np.max(np.abs(np.asarray(losses[n]) - np.asarray(losses[ref])))) for n in losses)
+            gap = loss_gap(losses, ref)
             row[mode] = {"median_s": {n: float(np.median(v)) for n, v in per.items()}, "samples_s": per,
                          "compile_s": compile_s, "block": blocks,
                          "ratio": {n: float(np.median(per[n]) / np.median(per[ref])) for n in config.layers},
@@ -190,6 +190,12 @@ def step_rows(config) -> list[dict]:
         rows.append(row)
         print(_step_table([row], config.layers, config.step_modes).splitlines()[-1], flush=True)
     return rows
+
+
+def loss_gap(losses: dict, ref: str) -> float | None:
+    """The largest |loss - the reference layer's loss| over the other layers' first steps (None: no other layer)."""
+    others = [n for n in losses if n != ref]
+    return max((float(np.max(np.abs(np.asarray(losses[n]) - np.asarray(losses[ref])))) for n in others), default=None)
 
 
 def _step_table(rows, layers, modes) -> str:
@@ -209,7 +215,8 @@ def _step_table(rows, layers, modes) -> str:
             cells += [f"{m['ratio'][n]:.2f} [{m['ratio_spread'][n][0]:.2f}, {m['ratio_spread'][n][1]:.2f}]"
                       for n in layers[1:]]
             cells += [" / ".join(f"{m['compile_s'][n]:.1f}" for n in layers)]
-        cells += [f"{max(r[mode]['max_loss_diff'] for mode in modes):.1e}"]
+        gaps = [r[mode]["max_loss_diff"] for mode in modes if r[mode]["max_loss_diff"] is not None]
+        cells += [f"{max(gaps):.1e}" if gaps else "—"]
         out.append(cells)
     return markdown_table(cols, out, align="l" + "r" * (len(cols) - 1))
 

@@ -29,7 +29,7 @@ from experiments import entry
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
 
-__all__ = ["MODELS", "train", "run"]
+__all__ = ["MODELS", "train", "summaries", "run"]
 
 MODELS = {"GRU": lambda F, H: cells.GRU(F, H), "BlockGRU k=1": lambda F, H: structured.BlockGRU(F, H, 1)}
 
@@ -98,6 +98,12 @@ def _summary(run: dict, base: dict | None) -> dict:
     return out
 
 
+def summaries(runs: dict) -> dict:
+    """``{forward: run}`` -> the same with each run's ``"summary"``, once every forward has run: the loss
+    difference from the sequential forward's only where that forward ran (in any order)."""
+    return {fwd: {**run, "summary": _summary(run, runs.get("sequential"))} for fwd, run in runs.items()}
+
+
 def _plot(record, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -131,7 +137,8 @@ def markdown(record) -> str:
         for fwd, run in runs.items():
             s = run["summary"]
             rows.append([model, fwd, f"{s['final_loss']:.4f}", f"{s['final_accuracy']:.3f}",
-                         f"{s.get('max_abs_loss_diff_vs_sequential', 0):.1e}", f"{1e3 * s['median_step_s']:.1f}",
+                         f"{s['max_abs_loss_diff_vs_sequential']:.1e}" if "max_abs_loss_diff_vs_sequential" in s
+                         else "—", f"{1e3 * s['median_step_s']:.1f}",
                          *((f"{s['iterations_first']} → {s['iterations_last']} (median {s['iterations_median']:.0f}, "
                             f"max {s['iterations_max']})", f"{s['lle_first']:+.3f} → {s['lle_last']:+.3f}",
                             f"{s['predicted_median']:.0f}", s["fell_back"]) if "iterations_first" in s
@@ -181,8 +188,7 @@ def run(config, workdir: PathLike) -> dict:
         for fwd in config.forwards:
             print(f"== {model}, forward={fwd} ==", flush=True)
             runs[fwd] = train(cell, x, y, fwd, config)
-            runs[fwd]["summary"] = _summary(runs[fwd], runs.get("sequential"))
-        record["runs"][model] = runs
+        record["runs"][model] = summaries(runs)
     record["wall_s"] = time.perf_counter() - t0
     record["provenance"] = provenance()
     save_json(entry(workdir, f"{config.name}.json"), record)

@@ -83,7 +83,7 @@ def rnn_train(config, workdir: PathLike) -> dict:
         finals[method]["param_abs_sum"] = float(sum(np.abs(np.asarray(l, np.float64)).sum() for l in leaves))
 
     methods = list(config.methods)
-    diff, diverge = 0.0, None
+    diff, diverge = None, None  # one method: nothing compared, nothing claimed
     if len(methods) > 1:
         a = curves[methods[0]]
         gaps = [max(abs(r["loss"] - curves[m][i]["loss"]) for m in methods[1:]) for i, r in enumerate(a)]
@@ -120,7 +120,8 @@ def rnn_train(config, workdir: PathLike) -> dict:
     save_json(entry(workdir, f"{config.name}.json"), record)
     entry(workdir, f"{config.name}.md").write_text(rnn_train_table(record))
     plot_rnn_train(record, entry(workdir, f"{config.name}.png"))
-    return {"max_loss_diff": diff, "diverge_step": diverge,
+    compared = {"max_loss_diff": diff, "diverge_step": diverge} if len(methods) > 1 else {}
+    return {**compared,
             **{f"{m}_eval_accuracy": finals[m]["accuracy"] for m in methods},
             **{f"{m}_train_loss": curves[m][-1]["loss"] for m in methods}}
 
@@ -140,14 +141,19 @@ def _stop_if_not_finite(method: str, config):
 def rnn_train_table(record: dict) -> str:
     """Markdown tables of an :func:`rnn_train` record: final metrics and backward-pass times."""
     c = record["config"]
+    diff = record["max_loss_diff"]
+    if diff is None:
+        compared = f"One method ({', '.join(m.upper() for m in record['final'])}): nothing to compare."
+    else:
+        compared = (f"Max |loss difference| between the methods over the run: {diff:.2e}"
+                    + ("; the losses are not finite: nothing is claimed to agree." if not math.isfinite(diff) else
+                       f"; the curves first differ by more than 1e-3 at step {record['diverge_step']}: "
+                       f"{c['dtype']} rounding differences (the two backward passes sum in different orders) are "
+                       f"amplified by training." if record.get("diverge_step") else
+                       "; they agree to 1e-3 throughout."))
     lines = [f"Vanilla RNN(1, {c['hidden_size']}) on bitstreams, T = {c['length']}, B = {c['batch_size']}, "
              f"{c['steps']} Adam steps (lr {c['learning_rate']}), {c['dtype']}, same initial parameters and "
-             f"batches for every method. Max |loss difference| between the methods over the run: "
-             f"{record['max_loss_diff']:.2e}" + ("; the losses are not finite: nothing is claimed to agree."
-                                                 if not math.isfinite(record["max_loss_diff"]) else
-                 f"; the curves first differ by more than 1e-3 at step {record['diverge_step']}: {c['dtype']} "
-                 f"rounding differences (the two backward passes sum in different orders) are amplified by "
-                 f"training." if record.get("diverge_step") else "; they agree to 1e-3 throughout."), "",
+             f"batches for every method. " + compared, "",
              markdown_table(["method", "final train loss", "eval loss", "eval accuracy", "median step (ms)",
                              "training time (s)"],
                             [[m.upper(), f"{f['train_loss']:.4f}", f"{f['loss']:.4f}", f"{f['accuracy']:.3f}",

@@ -127,7 +127,11 @@ def test_a_run_that_never_started_takes_a_corrected_config(tmp_path, capsys):
     assert "never started" in capsys.readouterr().err
     with pytest.raises(UsageError, match="n: 3 -> 4"):  # this one did run: only the same config resumes
         runner.run(cfg, None, {"n": "4"}, workdir=w)
-    (w / "REFUSE").write_text("")  # now the same config is refused by the task (e.g. no intact checkpoint)...
+    (w / "REFUSE").write_text("")
+    assert runner.run(cfg, None, {"n": "3"}, workdir=w) == {"n": 3}  # it finished: the task is not run again
+    marker = json.loads((w / runner.MARKER).read_text())
+    (w / runner.MARKER).write_text(json.dumps({**marker, "status": "running"}))  # as a kill mid-run leaves it
+    # now the same config is refused by the task when it resumes (e.g. no intact checkpoint)...
     with pytest.raises(UsageError, match="n = 0"):
         runner.run(cfg, None, {"n": "3"}, workdir=w)
     with pytest.raises(UsageError, match="n: 3 -> 4"):  # ...which does not make the run "never started"

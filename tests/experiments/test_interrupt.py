@@ -1,10 +1,14 @@
 """Ctrl-C during `bppsa run`, in a real process: one line with the resume hint and exit code 130,
-not a traceback (`--debug` adds the traceback)."""
+not a traceback (`--debug` adds the traceback); SIGTERM the same with exit code 143. At any moment
+(the imports, a compile, a step, the end): never a crash at exit, and the run resumes."""
 
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +49,243 @@ def test_ctrl_c_is_one_line_with_the_resume_hint(tmp_path, debug):
     assert proc.returncode == 130, err
     assert lines[-1] == "bppsa run: interrupted (Ctrl-C); run the same command again to resume", err
     if debug:
-        assert "Traceback" in err and "KeyboardInterrupt" in err
+        assert "Traceback" in err and "Interrupted: SIGINT" in err  # experiments.interrupt's KeyboardInterrupt
     else:
         assert lines == lines[-1:], err
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_the_command_handles_signals_before_it_imports_jax():
+    """experiments.cli imports nothing heavy at its top: its main installs the handlers, then imports
+    JAX (it imported JAX first, and Ctrl-C then was a 30-line traceback and exit code -2)."""
+    proc = _python("import sys, experiments.cli; print(sorted({'jax', 'numpy', 'bppsa'} & set(sys.modules)))")
+    assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    """A shell script's background job (``bppsa run ... &``) ignores SIGINT, as Python leaves it."""
+    proc = _python("import signal\n"
+                   "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                   "from experiments import interrupt\n"
+                   "interrupt.install()\n"
+                   "interrupt.stop_at_once('{}')\n"
+                   "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN,\n"
+                   "      callable(signal.getsignal(signal.SIGTERM)))")
+    assert proc.stdout.strip() == "True True", proc.stderr
+
+
+def test_an_interrupt_python_ignored_in_a_gc_callback_is_raised_again():
+    """JAX's garbage-collection callback took the KeyboardInterrupt of an early Ctrl-C, Python printed
+    "Exception ignored in: <function _xla_gc_callback ...>", and the run went on to exit code 0."""
+    proc = _python("""
+import gc, os, signal, time
+from experiments import interrupt
+interrupt.install()
+
+def callback(phase, info):
+    if phase == "start":
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):  # the handler runs in here, and Python ignores what it raises
+            pass
+
+gc.callbacks.append(callback)
+try:
+    gc.collect()
+    print("collected", flush=True)
+    time.sleep(10)
+    print("not interrupted")
+except interrupt.Interrupted as e:
+    print("interrupted", e.signum)
+""")
+    assert proc.stdout.splitlines() == ["collected", "interrupted 2"] and proc.stderr == "", proc.stderr
+
+
+def test_a_second_signal_does_not_cut_the_clean_up_short():
+    proc = _python("""
+import os, signal
+from experiments import interrupt
+interrupt.install()
+try:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100_000):
+            pass
+    finally:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):
+            pass
+        print("cleaned up", flush=True)
+except interrupt.Interrupted as e:
+    print("interrupted", e.signum)
+""")
+    assert proc.stdout.splitlines() == ["cleaned up", "interrupted 15"], proc.stderr
+
+
+def test_a_signal_during_interpreter_shutdown_is_the_line_and_130():
+    """After the command's work (stop_at_once): at once, without the shutdown that can crash."""
+    proc = _python("""
+import atexit, os, signal, time
+from experiments import interrupt
+interrupt.install()
+interrupt.stop_at_once("bppsa run: interrupted ({}); run the same command again to resume")
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(10)))
+""")
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "bppsa run: interrupted (Ctrl-C); run the same command again to resume\n"
+
+
+# A resumable task that compiles a new XLA program at every step (about half a second each), so that
+# a signal often finds a compile in flight: printed markers tell the test where it is.
+STOPPABLE = """
+import json
+import os
+
+def task(config, workdir):
+    import jax
+    import jax.numpy as jnp
+    state, metrics = workdir.entry("state.json"), workdir.entry("metrics.jsonl")
+    step, x = (json.loads(state.read_text())[k] for k in ("step", "x")) if state.exists() else (0, 1)
+    lines = metrics.read_text().splitlines()[:step] if step else []
+    metrics.write_text("".join(line + "\\n" for line in lines))
+    for s in range(step + 1, config.steps + 1):
+        def body(v, n=config.ops + s):
+            for i in range(n):
+                v = jnp.sin(v) * 0.5 + jnp.cos(v * i)
+            return v
+
+        lowered = jax.jit(body).lower(jnp.zeros(8))
+        print("compiling", s, flush=True)
+        lowered.compile()(jnp.zeros(8)).block_until_ready()
+        x = (3 * x + s) % 1009
+        with metrics.open("a") as f:
+            f.write(json.dumps({"step": s, "x": x}) + "\\n")
+        tmp = workdir.entry("state.tmp")
+        tmp.write_text(json.dumps({"step": s, "x": x}))
+        os.replace(tmp, state)
+        print("step", s, flush=True)
+    print("end", flush=True)
+    workdir.entry("result.json").write_text(json.dumps({"x": x, "steps": config.steps}))
+    return {"x": x}
+"""
+STEPS = 4
+
+
+def _stoppable(tmp_path) -> tuple[list[str], dict]:
+    """(the command of a run of STOPPABLE without its --workdir, its environment: no compilation cache)."""
+    (tmp_path / "stoppable_task.py").write_text(STOPPABLE)
+    config = tmp_path / "stoppable.py"
+    config.write_text("import ml_collections\n"
+                      "def get_config(arg=None):\n"
+                      f"    return ml_collections.ConfigDict({{'task': 'stoppable_task:task', 'steps': {STEPS}, "
+                      "'ops': 400})\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), JAX_PLATFORMS="cpu")
+    return [sys.executable, "-m", "experiments.cli", "run", str(config)], env
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (Linux: /proc/PID/status, SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def _stop(cmd, env, signum, at=None, after=0.0) -> tuple[int | None, str]:
+    """Run ``cmd``; send ``signum`` ``after`` seconds after it prints a line starting with ``at``
+    ("imports": once it handles SIGTERM, i.e. the command began and imports JAX; None: after it
+    starts); return (its exit code, its stderr), exit code None when it had ended before the signal."""
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        if at == "imports":
+            deadline = time.monotonic() + 1  # JAX takes seconds to import
+            while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+                time.sleep(0.002)
+        elif at is not None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith(at):
+                    break
+        time.sleep(after)
+        ended = proc.poll() is not None
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return (None if ended else proc.returncode), err
+
+
+def _check_stopped(code, err, signum) -> None:
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert code == 128 + signum, err
+    assert "Fatal Python error" not in err and "Segmentation fault" not in err, err
+    assert err.strip().splitlines() == [f"bppsa run: interrupted ({name}); run the same command again to resume"], err
+
+
+def _check_ended(code, err, signum) -> None:
+    """A signal as the run ends: the line and 128 + signum while Python still runs; after, in the C++
+    libraries' teardown, ignored (the command's own exit code, 0) or too late (None); never a kill."""
+    if code == 128 + signum:
+        _check_stopped(code, err, signum)
+    else:
+        assert code in (None, 0) and "Fatal Python error" not in err and "Traceback" not in err, (code, err)
+
+
+def _check_resumes(cmd, env, workdir: Path) -> None:
+    """The same command again ends the run, with the result and the metrics of an uninterrupted one."""
+    proc = subprocess.run([*cmd, "--workdir", str(workdir)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    x, logged = 1, []
+    for s in range(1, STEPS + 1):
+        x = (3 * x + s) % 1009
+        logged.append({"step": s, "x": x})
+    assert json.loads((workdir / "result.json").read_text()) == {"x": x, "steps": STEPS}
+    assert [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()] == logged
+
+
+def test_a_stop_signal_at_any_moment_ends_the_run_cleanly_and_it_resumes(tmp_path):
+    """One work directory, stopped during the imports, a compile, the steps (SIGTERM) and at the end,
+    each run resuming the one before: exit codes 130/143, one line, no crash at exit (it was a
+    segfault in about half of the signals during a compile; a traceback during the imports; a
+    signal swallowed by JAX's garbage-collection callback let the run go on to exit code 0)."""
+    cmd, env = _stoppable(tmp_path)
+    workdir = tmp_path / "w"
+    # a compile takes about half a second, after a few tenths in Python (jax's own checks)
+    for at, after, signum in [("imports", 0.0, signal.SIGINT), ("compiling", 0.1, signal.SIGINT),
+                              ("compiling", 0.2, signal.SIGINT), ("step", 0.0, signal.SIGTERM),
+                              ("end", 0.0, signal.SIGINT)]:
+        code, err = _stop([*cmd, "--workdir", str(workdir)], env, signum, at=at, after=after)
+        _check_stopped(code, err, signum)
+    _check_resumes(cmd, env, workdir)
+    # the finished run again (its task does nothing more), signalled as its process ends: it was killed (-2)
+    code, err = _stop([*cmd, "--workdir", str(workdir)], env, signal.SIGINT, at="end", after=0.1)
+    _check_ended(code, err, signal.SIGINT)
+
+
+@pytest.mark.slow
+def test_twenty_ctrl_cs_at_random_moments(tmp_path):
+    """20 runs, each sent SIGINT at a random moment (a random phase, then a random delay within it), then
+    resumed: every one exits 130. (Before the command's own code begins, the interpreter is still
+    starting up, a few tens of milliseconds, and a signal ends it as it ends any program.)"""
+    cmd, env = _stoppable(tmp_path)
+    rng = random.Random(0)
+    phases = {"imports": 3.0, "compiling": 0.6, "step": 0.6, "end": 0.5}  # the longest delay after each marker
+    for i in range(20):
+        workdir = tmp_path / f"w{i}"
+        at = rng.choice(sorted(phases))
+        code, err = _stop([*cmd, "--workdir", str(workdir)], env, signal.SIGINT, at=at,
+                          after=rng.uniform(0.0, phases[at]))
+        if at == "end":
+            _check_ended(code, err, signal.SIGINT)
+        else:
+            _check_stopped(code, err, signal.SIGINT)
+        _check_resumes(cmd, env, workdir)

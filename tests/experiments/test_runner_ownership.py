@@ -450,19 +450,53 @@ def test_fit_handed_the_run_directory_lists_its_entries_first(tmp_path):
     assert (d / "metrics.jsonl").exists() and (d / "checkpoints").is_dir()
 
 
+# Wraps sys.addaudithook to record, for each hook added from Python, the file that added it and the
+# file of the hook's code; a probe's last line is that list as JSON.
+AUDIT_PROBE = """
+import json, os, sys
+added, real = [], sys.addaudithook
+def _add(hook):
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    added.append([os.path.abspath(sys._getframe(1).f_code.co_filename),
+                  os.path.abspath(code.co_filename) if code is not None else ""])
+    real(hook)
+sys.addaudithook = _add
+"""
+
+
+def _audit_hooks(code: str) -> tuple[list, list]:
+    """(every audit hook ``code`` adds, those added by bppsa's own modules): each hook as [the file that
+    added it, the file of its code]; bppsa's when either file lies in bppsa/ or experiments/."""
+    proc = subprocess.run([sys.executable, "-c", AUDIT_PROBE + code + "\nprint(json.dumps(added))\n"], env=ENV,
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    added = json.loads(proc.stdout.strip().splitlines()[-1])
+    ours = [h for h in added if any(Path(f).is_relative_to(ROOT / d) for f in h if f
+                                    for d in ("bppsa", "experiments"))]
+    return added, ours
+
+
 def test_no_audit_hook_anywhere(tmp_path):
     """Ownership is recorded by the writer: bppsa installs no audit hook (one can never be removed from
-    a process, sees every open of it, and is blind to child processes and native writers)."""
+    a process, sees every open of it, and is blind to child processes and native writers). Libraries
+    may add their own (the newest filelock does, on import): only hooks from bppsa's modules count."""
     assert not [p for p in [*(ROOT / "bppsa").rglob("*.py"), *(ROOT / "experiments").rglob("*.py")]
                 if "addaudithook" in p.read_text()]
     cfg = _config(tmp_path, "steps_task", steps=2, name="toy")
-    code = ("import sys; calls = []; real = sys.addaudithook\n"
-            "sys.addaudithook = lambda hook: (calls.append(hook), real(hook))\n"
-            "from experiments import runner\n"
-            f"runner.run({str(cfg)!r}, workdir={str(tmp_path / 'd')!r})\n"
-            "print('hooks added:', len(calls))\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=ENV, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "hooks added: 0"
+    _, ours = _audit_hooks(f"from experiments import runner\n"
+                           f"runner.run({str(cfg)!r}, workdir={str(tmp_path / 'd')!r})\n")
+    assert ours == []
     assert json.loads((tmp_path / "d" / "toy.json").read_text()) == {"x": 14, "steps": 2}
+
+
+def test_the_audit_hook_probe_tells_bppsas_hooks_from_a_librarys():
+    """The probe above counts a hook added from a file of experiments/ and ignores one a library adds
+    (code compiled under those file names stands in for the modules)."""
+    library = "/site-packages/filelock/_core/_fork.py"
+    bppsa_file = str(ROOT / "experiments" / "runner.py")
+    hook = "import sys\nsys.addaudithook(lambda event, args: None)\n"
+    added, ours = _audit_hooks(f"exec(compile({hook!r}, {library!r}, 'exec'))\n"
+                               f"exec(compile({hook!r}, {bppsa_file!r}, 'exec'))\n"
+                               f"import experiments.runner\n")
+    assert added[:2] == [[library, library], [bppsa_file, bppsa_file]]  # then the real libraries' own, if any
+    assert ours == [[bppsa_file, bppsa_file]]

@@ -1,7 +1,8 @@
 """A property of the runner (issue 25): random sequences of run / kill -9 / the user writes a file /
 --restart / resume / a part of the task fails / the work directory is removed under the run, in one
 work directory, never lose a user file (except those removed with the folder), a failed run never
-exits 0, and every run that ends well ends with the results of an uninterrupted run of its config.
+exits 0, every run that ends well ends with the results of an uninterrupted run of its config, and the
+same command on a run that ended well runs nothing and changes nothing.
 
 Two drivers: a toy resumable task (``tests.runner_tasks:steps_task``, a checkpoint every step; the
 default suite, a few examples) and ``experiments/paper_bppsa/configs/rnn_train.py:smoke`` itself (both methods,
@@ -101,7 +102,7 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
     try:
         driver, d = driver_cls(tmp), tmp / "work dir"
         user: dict[str, str] = {}
-        config, kills = None, 0  # the config of the run in d (None: no run yet)
+        config, done, kills = None, False, 0  # the config of the run in d (None: no run yet); done: it ended well
         for op in ops:
             if op[0] == "write":
                 _, name, text = op
@@ -114,13 +115,15 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
             argv = driver.argv(n) + ["--workdir", str(d)] + (["--restart"] if restart else [])
             # refused: a folder of the user's only; a run of another config (or a damaged one) without --restart
             refused = (config is None and bool(user)) or (not restart and config not in (None, n))
+            # the same command on a run that ended well runs nothing (no kill, no fault: the task does not run)
+            finished = done and not restart and not refused
             before = _tree(d)
             if kill is not None:
                 kills += 1
                 cmd, env = driver.kill(kill, argv)
                 proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
                 rc = proc.returncode
-                assert rc in ((2,) if refused else (0, -9)), proc.stderr
+                assert rc in ((2,) if refused else (0,) if finished else (0, -9)), proc.stderr
             else:
                 os.environ.pop("BPPSA_TEST_FAULT", None)
                 if fault:
@@ -129,11 +132,11 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
                     rc = cli.main(argv)
                 finally:
                     os.environ.pop("BPPSA_TEST_FAULT", None)
-                assert rc == (2 if refused else 1 if fault else 0), (op, rc)
-            if refused:
+                assert rc == (2 if refused else 1 if fault and not finished else 0), (op, rc)
+            if refused or finished:
                 assert _tree(d) == before  # nothing changed
-            else:
-                config = n
+            if not refused:
+                config, done = n, rc == 0
                 if rc == 0:
                     assert driver.results(d) == straight[n]
                     assert not (d / workdir.LOCK).exists()

@@ -14,6 +14,8 @@ experiments/results/<device>/). Task: experiments.extensions.bptt_unroll:run.
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 # (cell, I, H, T, B)
 GRID = tuple([("rnn", 1, 20, 1000, B) for B in (1, 2, 4, 8, 16, 32, 64, 128, 256)] +
              [("rnn", 1, 20, T, 1) for T in (100, 10000)] + [("rnn", 1, 20, T, 16) for T in (10, 100, 3000)] +
@@ -26,7 +28,7 @@ QUICK = (("rnn", 1, 20, 1000, 1), ("rnn", 1, 20, 1000, 16), ("gru", 1, 20, 1000,
 
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"bptt_unroll takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.extensions.bptt_unroll:run"

@@ -14,9 +14,11 @@ Task: experiments.extensions.newton_memory:run.
 
 import ml_collections
 
+PRESETS = ("smoke",)  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"newton_memory takes no argument or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.extensions.newton_memory:run"

@@ -11,9 +11,11 @@ experiments/results/<device>/). Task: experiments.extensions.newton_training:run
 
 import ml_collections
 
+PRESETS = ("smoke",)  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"newton_training takes no argument or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.extensions.newton_training:run"

@@ -15,9 +15,11 @@ The trained weights: the IRMAS GRU after a short BPTT training run on the synthe
 
 import ml_collections
 
+PRESETS = ("smoke",)  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"parallel_step takes no argument or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.extensions.parallel_step:run"

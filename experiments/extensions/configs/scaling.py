@@ -12,9 +12,11 @@ shows overheads, per-device work and communication volume, not speed-up. Writes 
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"scaling takes no argument, 'quick' or 'smoke'; got {arg!r}")
     config = ml_collections.ConfigDict()
     config.task = "experiments.extensions.scaling:run_scaling"

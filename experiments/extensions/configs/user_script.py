@@ -13,9 +13,11 @@ experiments/results/<device>/). Task: experiments.extensions.user_script:run.
 
 import ml_collections
 
+PRESETS = ("smoke",)  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"user_script takes no argument or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.extensions.user_script:run"

@@ -12,9 +12,11 @@ bitstreams (experiments.gradient.problem); the reference is float64 autodiff thr
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"core_accuracy takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.paper_bppsa.rnn_sweep:accuracy_task"

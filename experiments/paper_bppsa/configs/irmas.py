@@ -14,9 +14,11 @@ Writes irmas_grid.{json,md,png} and irmas_train.{json,md,png} into the work dire
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"irmas takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.paper_bppsa.irmas:run"

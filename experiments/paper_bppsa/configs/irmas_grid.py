@@ -12,6 +12,8 @@ set). Writes irmas_grid.{json,md,png} into the work directory.
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
@@ -36,6 +38,6 @@ def get_config(arg=None):
         c.settings = ("s",)
         c.batches = (16,)
         c.repeats = 1
-    elif arg not in (None, ""):
+    elif arg is not None:
         raise ValueError(f"unknown config argument {arg!r}; expected nothing, 'quick' or 'smoke'")
     return c

@@ -10,9 +10,11 @@ timed training-step gradient, experiments.gradient), with an optional time budge
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"irmas_timing takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.paper_bppsa.irmas:shapes_task"

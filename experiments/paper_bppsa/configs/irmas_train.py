@@ -12,6 +12,8 @@ irmas_train.{json,md,png} into the work directory.
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
@@ -40,6 +42,6 @@ def get_config(arg=None):
         c.steps = 20
         c.batch_size = 8
         c.eval_every = 10
-    elif arg not in (None, ""):
+    elif arg is not None:
         raise ValueError(f"unknown config argument {arg!r}; expected nothing, 'quick' or 'smoke'")
     return c

@@ -21,10 +21,11 @@ import ml_collections
 # name -> (grid_T, grid_B, repeats, gemm): the committed single-point results rnn-<name>
 POINTS = {"T10000-B1": ((10000,), (1,), 5, False), "T30000-B16": ((30000,), (16,), 3, False),
           "small-batch": ((10000, 1000), (1, 2), 21, True)}
+PRESETS = ("quick", "smoke", "T", "B", *POINTS)  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
 
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke", "T", "B", *POINTS):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"rnn_sweep takes no argument, 'quick', 'smoke', 'T', 'B' or one of {', '.join(POINTS)}; "
                          f"got {arg!r}")
     c = ml_collections.ConfigDict()

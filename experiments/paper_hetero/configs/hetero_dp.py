@@ -20,6 +20,8 @@ locality), where plain averaging's over-weighting of slow replicas biases the mo
 
 import ml_collections
 
+PRESETS = ("quick", "smoke", "real")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 
 def get_config(arg=None):
     c = ml_collections.ConfigDict()
@@ -72,6 +74,6 @@ def get_config(arg=None):
         c.seeds = [0]
         c.profile_repeats = 2
         c.processes.update(enabled=False)
-    elif arg not in (None, ""):
+    elif arg is not None:
         raise ValueError(f"get_config: unknown argument {arg!r}; expected None, 'real', 'quick' or 'smoke'")
     return c

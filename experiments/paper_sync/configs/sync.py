@@ -14,6 +14,8 @@ Results: experiments/results/<device>/sync_models.{json,md,png} (with --publish)
 
 import ml_collections
 
+PRESETS = ("quick", "smoke")  # the arguments get_config takes: `bppsa run CONFIG:PRESET`
+
 POLICIES = (("bsp", {}), ("asp", {}), ("ssp", {"s": 3}), ("ssp", {"s": 6}), ("ssp", {"s": 15}),
             ("dssp", {"s_L": 3, "r_max": 12}),
             ("elasticbsp", {"R": 15}), ("elasticbsp", {"R": 30}), ("elasticbsp", {"R": 60}),
@@ -21,7 +23,7 @@ POLICIES = (("bsp", {}), ("asp", {}), ("ssp", {"s": 3}), ("ssp", {"s": 6}), ("ss
 
 
 def get_config(arg=None):
-    if arg not in (None, "quick", "smoke"):
+    if arg not in (None, *PRESETS):
         raise ValueError(f"sync.py takes no argument, 'quick' or 'smoke'; got {arg!r}")
     c = ml_collections.ConfigDict()
     c.task = "experiments.paper_sync.sync:sync_models"
