@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bppsa import backprop, cells, cost, dynamics, host, newton, options, parallel, scan, structured
-from bppsa.cost import CostModel, choose_backward
-from bppsa.dynamics import lyapunov
-from bppsa.options import BACKWARDS, FORWARDS, Options
+from bppsa import backprop, backward, cells, forward, host, parallel, plan, scan, structured
+from bppsa.forward.info import NewtonInfo
+from bppsa.forward.lyapunov import lyapunov
+from bppsa.plan.cost import CostModel, choose_backward
+from bppsa.plan.options import BACKWARDS, FORWARDS, Options, Plan
 from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
 if TYPE_CHECKING:  # for type checkers; at run time imported on first access (below)
@@ -30,8 +31,8 @@ __version__ = "0.1.0"
 _LAZY = ("nn", "sparse", "tasks", "hetero", "sync")
 
 __all__ = [
-    "rnn", "Options", "lyapunov", "cells", "scan", "cost", "dynamics", "host", "newton", "options", "parallel",
-    "structured", "BACKWARDS",
+    "rnn", "Options", "Plan", "NewtonInfo", "lyapunov", "cells", "scan", "forward", "backward", "plan", "host",
+    "parallel", "structured", "backprop", "BACKWARDS",
     "FORWARDS", "SCANS", "CostModel", "nn", "sparse", "tasks", "hetero", "sync",
     "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
@@ -46,7 +47,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords (``backward``,
     ``forward``, ``scan``, ``chunk_size``, ``precision``, ``tol``, ``atol``, ``rtol``, ``max_iter``, ``damping``,
     ``on_fail``, ``cost_model``, ``combine``, ``unroll``) choose the forward and backward passes;
-    ``guess`` and ``return_info`` are the parallel forward's (:mod:`bppsa.newton`).
+    ``guess`` and ``return_info`` are the parallel forward's (:mod:`bppsa.forward.newton`).
     Without ``mesh``: :func:`bppsa.backprop.rnn` (one device). With a ``jax.sharding.Mesh``:
     :func:`bppsa.parallel.rnn`, the time axis split over ``mesh[seq_axis]`` and the batch over
     ``mesh[batch_axis]``.

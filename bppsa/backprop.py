@@ -1,16 +1,20 @@
-"""``bppsa.rnn`` on one device: forward by ``lax.scan``, backward by BPPSA (a parallel scan) or BPTT.
+"""``bppsa.rnn`` on one device: the entry that resolves one plan and runs what it names.
 
-BPPSA backward (Wang, Bai, Pekhimenko, MLSys 2020): from the saved forward states, generate
-every step's transposed Jacobian at once (parallel over T), solve the gradient recurrence
-g_{t-1} = g_t @ M_t + c_{t-1} with a scan in Θ(log T) levels, then turn all g_t into parameter
-and input gradients with one batched contraction (the pipeline: :mod:`bppsa._backward`). It is a
-``jax.custom_jvp`` whose tangent rule JAX transposes into that backward, so ``jax.grad``/
-``value_and_grad``/``jit``/``vmap`` of any loss of the returned states are exact, and so are
-forward mode (``jax.jvp``, ``jax.jacfwd``) and Hessian-vector products, for every ``backward=``.
-``backward="bptt"`` is the plain ``lax.scan`` differentiated by JAX.
-The method options are one :class:`bppsa.options.Options`; :func:`rnn` makes every choice they
-leave open once, at its entry (:meth:`bppsa.options.Options.plan`), and the pieces below run that
-:class:`bppsa.options.Plan`.
+:func:`rnn` checks the inputs (:mod:`bppsa.forward.inputs`), makes the arrays a step closes over
+operands (:mod:`bppsa.cells.closure`), and resolves every choice the options leave open once
+(:meth:`bppsa.plan.Options.plan`) into one frozen :class:`bppsa.plan.Plan`, which it passes whole
+to what runs:
+
+- the forward: the sequential ``lax.scan`` (:mod:`bppsa.forward.sequential`) or the parallel
+  Newton-family forward (:mod:`bppsa.forward.newton`, one compiled program kept per (cell, plan));
+- the backward, by ``plan.backward``: BPPSA (Wang, Bai, Pekhimenko, MLSys 2020; the scan of
+  transposed Jacobians, :mod:`bppsa.backward.pipeline`), or BPTT, by the cell's analytic adjoint
+  where it has one (:mod:`bppsa.backward.adjoint`), else JAX's autodiff through the forward's
+  ``lax.scan``. BPPSA and the analytic adjoint are the one differentiation rule
+  (:mod:`bppsa.backward.rule`, a ``jax.custom_jvp`` whose tangent rule JAX transposes into the
+  backward), so ``jax.grad``/``value_and_grad``/``jit``/``vmap`` of any loss of the returned
+  states are exact, and so are forward mode (``jax.jvp``, ``jax.jacfwd``) and Hessian-vector
+  products, for every ``backward=``.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from bppsa import host, newton
-from bppsa import options as options_lib
-from bppsa._backward import bppsa_states, forward_states, solved_states
+from bppsa import host
+from bppsa.backward.rule import bppsa_states, solved_states
 from bppsa.cells import Cell, closure
-from bppsa.errors import UsageError
-from bppsa.options import Options, Plan
+from bppsa.forward import newton
+from bppsa.forward.inputs import flat_guess, validate_inputs
+from bppsa.forward.sequential import forward_states
+from bppsa.plan import options as options_lib
+from bppsa.plan.options import Options, Plan
 
-__all__ = ["rnn", "validate_inputs", "validate_params"]  # and flat_guess, for bppsa.parallel
+__all__ = ["rnn", "compiled_solver"]
 
 
 def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None = None, *, guess: Any = None,
@@ -49,7 +55,7 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
         cache-sized chunks on CPU, full float32 products).
       guess: the parallel forward's first iterate, shaped like the result (e.g. the previous
         training step's states; None: zeros). Not differentiated; ignored by ``forward="sequential"``.
-      return_info: also return a :class:`bppsa.newton.NewtonInfo` (iterations, converged,
+      return_info: also return a :class:`bppsa.forward.newton.NewtonInfo` (iterations, converged,
         fell_back, residual; None for the sequential forward).
       **fields: the fields of :class:`bppsa.Options` as keywords (``backward``, ``forward``,
         ``scan``, ``chunk_size``, ``precision``, ``tol``, ``max_iter``, ``damping``, ``on_fail``,
@@ -82,19 +88,16 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
     info = None
     if plan.forward != "sequential":
         ss, info = _parallel_forward(cell, params, xs, s0, plan, guess)
-    elif plan.backward == "bptt" and cell.has_adjoint:  # BPTT by the cell's analytic adjoint step
-        method = "adjoint_in_loop" if plan.weights_in_loop else "adjoint"
-        ss = bppsa_states(cell, method, None, params, xs, s0, plan.precision, plan.unroll, plan.hoist)
-    elif plan.backward == "bptt":
+    elif plan.backward == "bptt" and not cell.has_adjoint:  # BPTT: JAX's autodiff through the lax.scan
         ss = forward_states(cell, params, xs, s0, unroll=plan.unroll, hoist=plan.hoist)
-    else:
-        ss = bppsa_states(cell, plan.scan, plan.chunk_size, params, xs, s0, plan.precision, plan.unroll, plan.hoist)
+    else:  # BPPSA, or BPTT by the cell's analytic adjoint: the one differentiation rule
+        ss = bppsa_states(cell, plan, params, xs, s0)
     out = cell.unflatten_state(ss)
     return (out, info) if return_info else out
 
 
 def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
-    """The states by the parallel forward (:func:`bppsa.newton.solve`, on inputs it does not
+    """The states by the parallel forward (:func:`bppsa.forward.newton.solve`, on inputs it does not
     differentiate), differentiated at those states by the backward ``plan`` names (BPPSA's scan;
     ``backward="bptt"``: its sequential scan). Returns (ss (T, B, S), info)."""
     if guess is not None:
@@ -103,16 +106,15 @@ def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
     with jax.default_matmul_precision(plan.precision):
         solver = _solver(cell, plan, closure.reads_arrays(cell, params, xs, s0))
         ss, info = solver(stop(params), stop(xs), stop(s0), None if guess is None else stop(guess))
-    scan = "sequential" if plan.backward == "bptt" else plan.scan
-    return solved_states(cell, scan, plan.chunk_size, params, xs, s0, ss, plan.precision), info
+    return solved_states(cell, plan, params, xs, s0, ss), info
 
 
 def _solver(cell: Cell, plan: Plan, reads_arrays: bool) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
-    """:func:`bppsa.newton.solve` for (cell, plan) under one ``jax.jit`` kept across calls: called
+    """:func:`bppsa.forward.newton.solve` for (cell, plan) under one ``jax.jit`` kept across calls: called
     eagerly the iteration is one compiled program, not hundreds of dispatched operations, and a
     later call with the same cell and options neither retraces nor recompiles; inside a trace it
     is inlined. Run directly: a mesh's plan, ``on_fail="raise"`` (called eagerly
-    it raises :class:`bppsa.newton.NewtonDidNotConverge` itself, not JAX's wrapping of it), a
+    it raises :class:`bppsa.forward.newton.NewtonDidNotConverge` itself, not JAX's wrapping of it), a
     cell or plan that cannot key a cache, and a cell whose step ``reads_arrays`` that are not its
     operands (:func:`bppsa.cells.closure.reads_arrays`: a kept program would keep their values)."""
     if plan.devices is None and plan.on_fail != "raise" and not reads_arrays:
@@ -125,7 +127,7 @@ def _solver(cell: Cell, plan: Plan, reads_arrays: bool) -> Callable[..., tuple[A
 
 @functools.lru_cache(maxsize=64)
 def compiled_solver(cell: Cell, plan: Plan) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
-    """The jitted :func:`bppsa.newton.solve` for (cell, plan), made once per pair (hashable)."""
+    """The jitted :func:`bppsa.forward.newton.solve` for (cell, plan), made once per pair (hashable)."""
     return jax.jit(functools.partial(newton.solve, cell, plan))
 
 
@@ -136,139 +138,3 @@ def _states_dtype(cell, params, xs, s0):
         return s0.dtype
     step = lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s), x))
     return jax.eval_shape(step, params, s0, xs[0]).dtype
-
-
-def flat_guess(cell: Cell, guess: Any, T: int, s0: Array, name: str = "guess") -> Array:
-    """The parallel forward's ``guess`` (or another argument ``name`` that holds states), shaped
-    like :func:`rnn`'s result (an array, or for a pair state a pair of arrays; nested lists are
-    converted), as flat states (T, B, S). A UsageError names what was given and what was expected."""
-    B, S = s0.shape
-    want = jax.eval_shape(cell.unflatten_state, jax.ShapeDtypeStruct((T, B, S), s0.dtype))
-    single = not isinstance(want, (tuple, list))
-    wants = (want,) if single else tuple(want)
-    shapes = ", ".join(str(tuple(w.shape)) for w in wants)
-    expected = (f"{name} must be shaped like the states rnn returns: a float array of shape (T, B, H) = {shapes}"
-                if single else f"{name} must be shaped like the states rnn returns: a pair of float arrays of "
-                f"shapes {shapes}")
-    # rnn(..., return_info=True) returns (states, info): a likely mix-up, named in the message
-    info = isinstance(guess, tuple) and len(guess) == 2 and (guess[1] is None
-                                                              or isinstance(guess[1], newton.NewtonInfo))
-    hint = " (rnn(..., return_info=True) returns (states, info): pass its first item)" if info else ""
-    if (isinstance(guess, (tuple, dict)) if single else not isinstance(guess, (tuple, list))) or info:
-        raise UsageError(f"{expected} ({cell.display_name}'s state is {'one array' if single else 'a pair'}); "
-                         f"got {_describe(guess)}{hint}")
-    parts = (guess,) if single else tuple(guess)
-    try:
-        arrays = [jnp.asarray(part) for part in parts]
-    except (TypeError, ValueError):
-        raise UsageError(f"{expected}; got {_describe(guess)}, which is not an array of numbers") from None
-    if len(arrays) != len(wants) or any(a.shape != w.shape or not _is_float(a) for a, w in zip(arrays, wants)):
-        raise UsageError(f"{expected}; got {', '.join(f'{a.dtype}{list(a.shape)}' for a in arrays) or 'nothing'}"
-                         + ("" if single else f" ({_describe(guess)})"))
-    return cell.flatten_state(arrays[0] if single else tuple(arrays))
-
-
-def _describe(value: Any) -> str:
-    """A short description of a user's value: 'a list of 3 items', 'a float32 array of shape (5, 2)'."""
-    if isinstance(value, (tuple, list, dict)):
-        return f"a {type(value).__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"a {dtype} array of shape {tuple(shape)}"
-    return f"a {type(value).__name__}"
-
-
-def validate_params(cell: Cell, params: Any) -> None:
-    """Check ``params`` against ``cell.param_spec`` (leaf paths and shapes, at trace time; nothing
-    when the spec is None): a UsageError names the first leaf that is missing, extra or of another
-    shape. Containers are compared by their leaves' paths only (a dict and a flax State with the
-    same keys both pass)."""
-    name = type(cell).__name__
-    if params is None:
-        raise UsageError(f"params must be {name}'s parameter pytree (cell.init(key)); got None")
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    dtypes = [jnp.result_type(leaf) for _, leaf in leaves]
-    dtype = jnp.result_type(*dtypes) if dtypes and all(_is_float(d) for d in dtypes) else jnp.float32
-    spec = cell.param_spec(dtype)
-    if spec is None:
-        return
-    keystr = jax.tree_util.keystr
-    want = {keystr(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(spec)}
-    got = {keystr(path): tuple(jnp.shape(leaf)) for path, leaf in leaves}
-    if got and not set(got) & set(want):
-        raise UsageError(f"params must be like {name}.init's output, a {type(spec).__name__} with "
-                         f"{', '.join('params' + k for k in want)}; got a {type(params).__name__} with "
-                         f"{', '.join('params' + k for k in got)}")
-    for key, shape in want.items():
-        if key not in got:
-            raise UsageError(f"params{key} is missing: {name} expects a leaf of shape {shape} there "
-                             f"(its params: {', '.join('params' + k for k in want)})")
-    for key, shape in got.items():
-        if key not in want:
-            raise UsageError(f"params{key} (shape {shape}) is not a parameter of {name}; expected exactly "
-                             f"{', '.join('params' + k for k in want)}")
-        if shape != want[key]:
-            raise UsageError(f"params{key} has shape {shape}; {name} expects {want[key]}")
-
-
-def _is_float(x) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
-
-
-def validate_inputs(cell: Cell, params: Any, xs: Array, h0: Any) -> Array:
-    """Check params (:func:`validate_params`), shapes and dtypes; return the flat initial state
-    s0 (B, S). Shape checks only: everything here runs at trace time."""
-    name = type(cell).__name__
-    validate_params(cell, params)
-    if xs.ndim != 3:
-        raise UsageError(f"xs must have shape (T, B, I) (rank 3); got rank {xs.ndim} with shape {xs.shape}")
-    T, B, I = xs.shape
-    if T == 0:
-        raise UsageError(f"xs must have at least one time step (T >= 1); got shape {xs.shape}")
-    if not _is_float(xs):
-        raise UsageError(f"xs must have a floating dtype; got {xs.dtype}")
-    if cell.input_size is not None and I != cell.input_size:
-        raise UsageError(f"xs must have shape (T, B, I) with I = {name}.input_size = {cell.input_size}; "
-                         f"got shape {xs.shape}")
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        if not _is_float(leaf):
-            raise UsageError(f"params{jax.tree_util.keystr(path)} must have a floating dtype; "
-                             f"got {jnp.result_type(leaf)}")
-    H = cell.hidden_size
-    expected = (B, H) if H is not None else (B, "H")
-    if cell.pair_state and not (isinstance(h0, (tuple, list)) and len(h0) == 2):
-        raise UsageError(f"h0 for {name} must be a pair (h0, c0) of (B, H) = {expected} arrays; "
-                         f"got {type(h0).__name__}")
-    h0 = tuple(h0) if cell.pair_state else h0
-    parts = h0 if cell.pair_state else (h0,)
-    for label, part in zip(("h0", "c0"), parts):
-        if part is None:
-            raise UsageError(f"{label} must be the initial state, a (B, H) = {expected} array "
-                             f"(e.g. jnp.zeros); got None")
-        part = jnp.asarray(part)
-        if part.ndim != 2 or part.shape[0] != B or (H is not None and part.shape[1] != H):
-            raise UsageError(f"{label} must have shape (B, H) = {expected} to match xs {xs.shape} and "
-                             f"{name}.hidden_size; got {part.shape}")
-        if not _is_float(part):
-            raise UsageError(f"{label} must have a floating dtype; got {part.dtype}")
-    h0 = jax.tree.map(jnp.asarray, h0)
-    _check_step(cell, params, xs, h0)
-    return cell.flatten_state(h0)
-
-
-def _check_step(cell, params, xs, h0):
-    """One step, traced only: it must return the state's shapes and dtypes (lax.scan needs it)."""
-    name = type(cell).__name__
-    out = jax.eval_shape(cell.step, params, h0, xs[0])
-    parts, outs = jax.tree.leaves(jax.eval_shape(lambda h: h, h0)), jax.tree.leaves(out)
-    if jax.tree.structure(out) != jax.tree.structure(h0) or any(o.shape != h.shape for o, h in zip(outs, parts)):
-        raise UsageError(f"{name}.step must return the state's shape {[h.shape for h in parts]}; "
-                         f"it returns {[o.shape for o in outs]} for h0 {[h.shape for h in parts]}")
-    for label, o, h in zip(("h0", "c0"), outs, parts):
-        if o.dtype != h.dtype and not h.weak_type:  # lax.scan promotes a weakly typed h0
-            dtypes = [jnp.result_type(leaf) for leaf in jax.tree.leaves(params)]
-            pdtype = jnp.result_type(*dtypes) if dtypes else None
-            cause = (f"params' dtype {pdtype}" if pdtype is not None and pdtype != h.dtype
-                     else f"xs' dtype {xs.dtype}")
-            raise UsageError(f"{label} has dtype {h.dtype} but {name}.step turns it into {o.dtype} "
-                             f"(from {cause}); pass {label} as {o.dtype}, or params and xs as {h.dtype}")

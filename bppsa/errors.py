@@ -4,7 +4,7 @@
 ``bppsa`` command prints its message as one line and exits with code 2; ``--debug`` shows the
 traceback. Raise it with a message that names what was wrong and what was expected.
 
-A task (``function(config, workdir)``, see :mod:`experiments.runner`) declares the checks of its config
+A task (``function(config, workdir)``, run by the ``bppsa run`` command) declares the checks of its config
 with ``@checked_by(check)``: ``check(config)`` raises :class:`UsageError` on a value of the right
 type but out of range, and the runner calls it before it writes anything. :func:`require_int`,
 :func:`require_ints`, :func:`require_number` and :func:`require_choices` are the usual checks,

@@ -6,7 +6,7 @@ call. The BPPSA backward's temporaries are large (the Jacobians, T·B·S² float
 level), and with glibc's default settings a freed block of more than a few MB is handed back to
 the kernel (``munmap`` or heap trimming), so the next call gets fresh pages and takes one page
 fault per 4 KiB it touches; BPTT's backward barely faults either way (the measurements:
-``experiments/history/scan-optimisation.md``).
+measurements: scan-optimisation).
 
 :func:`tune_allocator` keeps freed memory in the process for reuse: glibc ``mallopt`` with
 ``M_MMAP_MAX = 0`` (large blocks come from the heap, not from fresh mappings),
@@ -32,7 +32,7 @@ with their spread.
    rotation a function mostly follows the same other one: what protects the samples from the
    order effect is step 2's dropped first call, the only call that follows another program (a
    call right after another program's long loop can be much slower than the same call one
-   later; the measurements: ``experiments/history/scan-optimisation.md``, round 4);
+   later; measurements: scan-optimisation, round 4);
 4. each function's samples are summarised by :func:`stats`: median, min and max.
 
 Interleaving makes ratios fair on a noisy machine: every function sees the same load.

@@ -2,10 +2,10 @@
 
 The baselines of bppsa's tables (:func:`experiments.bench.bench_point`, the RNN sweeps, the IRMAS grid):
 
-    bptt_unroll{u}   autodiff through ``lax.scan(..., unroll=u)`` for u in :data:`bppsa.cost.UNROLLS`;
+    bptt_unroll{u}   autodiff through ``lax.scan(..., unroll=u)`` for u in :data:`bppsa.plan.cost.UNROLLS`;
                      ``bptt_unroll1`` is the plain ``lax.scan`` ("bptt_plain" in the tables), the
                      fastest u the best unrolled scan a JAX expert would try ("best_unroll")
-    bptt             ``bppsa.rnn(..., backward="bptt")``: the unroll :func:`bppsa.cost.bptt_unroll` picks
+    bptt             ``bppsa.rnn(..., backward="bptt")``: the unroll :func:`bppsa.plan.cost.bptt_unroll` picks
     bppsa_{scan}     ``bppsa.rnn(..., backward="bppsa", scan=scan)`` for blelloch, associative,
                      sequential (the associative scan only up to ``max_scan_elements`` = T·B)
     cudnn            PyTorch's cuDNN ``nn.RNN`` / ``nn.GRU`` / ``nn.LSTM``, only when ``torch`` imports
@@ -15,16 +15,16 @@ Each is the one timed gradient of :mod:`experiments.gradient` (``jax.grad`` w.r.
 its loss, a fixed random readout of every step, forward included, as a training loop runs it);
 all are timed in one :func:`bppsa.host.time_interleaved` call (steady-state blocks, rotated
 order), so the ratios between them come from the same load. ``auto`` is not timed separately: it
-runs exactly one of the methods above (:func:`bppsa.cost.choose_backward`), whose time it is given.
+runs exactly one of the methods above (:func:`bppsa.plan.cost.choose_backward`), whose time it is given.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from bppsa import backprop
-from bppsa import cost as cost_lib
+from bppsa.forward.inputs import validate_inputs
 from bppsa.host import time_interleaved
+from bppsa.plan import cost as cost_lib
 from experiments import gradient
 from experiments.tables import markdown_table
 
@@ -39,7 +39,7 @@ def baseline_functions(cell, params, xs, h0, *, scans=SCANS, unrolls=cost_lib.UN
     h0 (B, H) [LSTM: (h0, c0)]; the readout R (T, B, H) of :func:`experiments.gradient.readout` (``seed``)."""
     xs = jnp.asarray(xs)
     T, B, _ = xs.shape
-    backprop.validate_inputs(cell, params, xs, h0)
+    validate_inputs(cell, params, xs, h0)
     R = gradient.readout(cell, T, B, xs.dtype, seed)
     scans = [s for s in scans if not (s == "associative" and T * B > max_scan_elements)]
     fns = gradient.gradient_functions(cell, params, xs, h0, R, gradient.method_names(unrolls=unrolls, scans=scans))
@@ -57,7 +57,7 @@ def backward_baselines(cell, params, xs, h0, *, repeats: int = 5, block: int = 3
     Returns ``{"ms": {name: median ms}, "spread": {name: [min ms, max ms]}, "bptt_plain",
     "best_unroll", "bptt_unrolled" (its ms), "tuned_unroll", "fastest", "auto": {"choice": (backward,
     scan), "method", "ms", "ratio_to_fastest"}}``; ``model``: the cost model ``auto`` uses (None:
-    :func:`bppsa.cost.default_cost_model`).
+    :func:`bppsa.plan.cost.default_cost_model`).
     """
     xs = jnp.asarray(xs)
     T, B, _ = xs.shape

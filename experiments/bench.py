@@ -35,20 +35,21 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from bppsa import backprop, cells
-from bppsa._backward import (
-    forward_states,
+from bppsa import cells
+from bppsa.backward.pipeline import (
     root_and_offsets,
     scan_order,
     storage_inputs,
     stored_jacobians,
     stored_scan,
 )
-from bppsa._scan import blelloch_scan_stored, to_storage
-from bppsa.cost import CostModel, default_cost_model
 from bppsa.errors import UsageError
+from bppsa.forward.inputs import validate_inputs
+from bppsa.forward.sequential import forward_states
 from bppsa.host import time_interleaved
+from bppsa.plan.cost import CostModel, default_cost_model
 from bppsa.scan import scan as run_scan
+from bppsa.scan.dense import blelloch_scan_stored, to_storage
 from experiments import baselines as baselines_lib
 from experiments import gradient
 from experiments.tables import markdown_table
@@ -62,7 +63,7 @@ COMPONENTS = ("forward", "jacobian", "bppsa_backward", "param_grads", "bppsa_bac
 
 
 def _bppsa_inputs(ss, s0, xs, ct):
-    """Scan-order arrays, as :mod:`bppsa._backward` builds them: (spr, xr, sr, v, ds)."""
+    """Scan-order arrays, as :mod:`bppsa.backward.pipeline` builds them: (spr, xr, sr, v, ds)."""
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
     return (spr, xr, sr, *root_and_offsets(ctr))
 
@@ -74,7 +75,7 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", seed: i
     (T, B, H) of :func:`experiments.gradient.readout` (``seed``).
     """
     xs = jnp.asarray(xs)
-    s0 = backprop.validate_inputs(cell, params, xs, h0)
+    s0 = validate_inputs(cell, params, xs, h0)
     T, B, _ = xs.shape
     R = gradient.readout(cell, T, B, xs.dtype, seed)
     ct = cell.flatten_state(gradient.out_cotangent(cell, R))  # (T, B, S): dL/d(flat states)
@@ -83,7 +84,7 @@ def component_functions(cell, params, xs, h0, *, scan: str = "blelloch", seed: i
     ss = jax.block_until_ready(fwd(params, xs, s0))
 
     spr, xr, sr, v, ds = jax.jit(_bppsa_inputs)(ss, s0, xs, ct)
-    if scan == "blelloch":  # as bppsa._backward does it: Jacobians generated in storage order
+    if scan == "blelloch":  # as bppsa.backward.pipeline does it: Jacobians generated in storage order
         # (for a cell with diagonal structure, its (A, Wt) factors: the matrices are never formed)
         spr_j, xr_j, sr_j, ds_j = jax.jit(storage_inputs)(spr, xr, sr, ds)
         scan_fn = jax.jit(lambda v, Ms, ds: stored_scan(v, Ms, ds, T))
@@ -221,7 +222,7 @@ def time_scans(v, Ms, ds=None, *, methods=("blelloch", "associative", "sequentia
 def scan_inputs(cell, params, xs, h0, *, seed: int = 0):
     """(v, Ms, ds) exactly as the BPPSA backward builds them for the one timed loss (readout ``seed``)."""
     xs = jnp.asarray(xs)
-    s0 = backprop.validate_inputs(cell, params, xs, h0)
+    s0 = validate_inputs(cell, params, xs, h0)
     R = gradient.readout(cell, xs.shape[0], xs.shape[1], xs.dtype, seed)
     ct = cell.flatten_state(gradient.out_cotangent(cell, R))
 
@@ -255,7 +256,7 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
     """One sweep point: components, speedups, scan variants, peak memory, and with ``baselines``
     every baseline (:func:`experiments.baselines.backward_baselines`: plain and unrolled lax.scan, tuned
     BPTT, BPPSA with each scan, cuDNN when torch has CUDA) with the `auto` choice (``model``, or
-    :func:`bppsa.cost.default_cost_model` when None) and its time over the fastest method's; a
+    :func:`bppsa.plan.cost.default_cost_model` when None) and its time over the fastest method's; a
     dict for ``baselines`` is passed on to it as keywords (e.g. fewer ``unrolls``).
 
     Scan variants are timed only when T·B <= ``max_scan_elements`` (the associative scan is
@@ -341,7 +342,7 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
           *([f"Note: {record['note']}", ""] if record.get("note") else []),
           "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). Every time is of the one "
           "timed loss, `experiments.gradient.loss` (a fixed random readout of every step's hidden state). "
-          "BPTT = `lax.scan` autodiff with the tuned unroll (`bppsa.cost.bptt_unroll`). BPPSA bwd = the whole "
+          "BPTT = `lax.scan` autodiff with the tuned unroll (`bppsa.plan.cost.bptt_unroll`). BPPSA bwd = the whole "
           "BPPSA backward as `bppsa.rnn` runs it by default (FO + scan + contraction, one jit; on "
           "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`; the RNN's Jacobians "
           "are never formed: FO generates only their diagonal factors, and its chunks bound its "

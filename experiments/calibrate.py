@@ -1,4 +1,4 @@
-"""Calibration of the cost model (:mod:`bppsa.cost`) on this device: a short probe that times
+"""Calibration of the cost model (:mod:`bppsa.plan.cost`) on this device: a short probe that times
 the real BPTT and BPPSA backward functions at a few (T, B), fitted with :meth:`CostModel.fit`
 and cached per device (``bppsa bench --calibrate``, or :func:`load_cost_model` from Python).
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from bppsa import cells
-from bppsa import cost as cost_lib
-from bppsa.cost import CostModel
 from bppsa.host import time_interleaved
+from bppsa.plan import cost as cost_lib
+from bppsa.plan.cost import CostModel
 from experiments import gradient
 
 __all__ = ["PROBE_POINTS", "DENSE_PROBE_POINTS", "GATED_PROBE_POINTS", "calibrate", "probe_cells", "load_cost_model"]
@@ -29,7 +29,7 @@ GATED_PROBE_POINTS = ((4096, 1), (1024, 4), (512, 16))
 
 def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, gated_points=GATED_PROBE_POINTS,
               hidden_size: int = 20, repeats: int = 5, dtype=jnp.float32, scan: str = "blelloch") -> CostModel:
-    """Fit :class:`bppsa.cost.CostModel` on this device from a short probe (vanilla RNN, a few
+    """Fit :class:`bppsa.plan.cost.CostModel` on this device from a short probe (vanilla RNN, a few
     (T, B); the ``dense_points`` again with ``cells.RNN(..., diagonal=False)``; the
     ``gated_points`` with ``cells.GRU`` and ``cells.LSTM``: :func:`probe_cells`).
 
@@ -67,7 +67,7 @@ def probe_cells(points, dense_points, gated_points, hidden_size: int) -> list:
 
 
 def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:
-    """The cached :class:`bppsa.cost.CostModel` for this device (:func:`bppsa.cost.load`); probe
+    """The cached :class:`bppsa.plan.cost.CostModel` for this device (:func:`bppsa.plan.cost.load`); probe
     (:func:`calibrate`) and cache it when missing, stale or ``recalibrate``."""
     model = None if recalibrate else cost_lib.load()
     if model is None:

@@ -103,8 +103,8 @@ def bench(argv: Sequence[str]) -> int:
     import argparse
     import shlex
 
-    from bppsa import cost
     from bppsa.errors import UsageError
+    from bppsa.plan import cost
     from bppsa.scan import SCANS
     from experiments import bench as bench_lib
     from experiments import runner

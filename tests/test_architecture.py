@@ -7,6 +7,7 @@ violation fails here even on a code path no other test runs.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ HARNESS = ROOT / "experiments"
 # The library, one subpackage (or core module) a layer; each layer may import only itself and the
 # layers before it (docs/architecture.md). Matched by longest prefix.
 LAYERS = [
-    ("bppsa.errors", "bppsa.host", "bppsa._scan", "bppsa.scan", "bppsa.cells", "bppsa.structured"),
-    ("bppsa.cost",),
-    ("bppsa.options", "bppsa.newton", "bppsa._backward", "bppsa.backprop", "bppsa.dynamics"),
+    ("bppsa.errors", "bppsa.host", "bppsa.scan", "bppsa.cells", "bppsa.structured"),
+    ("bppsa.plan",),
+    ("bppsa.forward",),
+    ("bppsa.backward",),
+    ("bppsa.backprop",),
     ("bppsa.parallel",),
     ("bppsa.nn", "bppsa.sparse"),
     ("bppsa.tasks",),
@@ -173,7 +176,7 @@ def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-# Private modules (``bppsa._scan``, ``bppsa._backward``): the implementation behind a public face,
+# Private modules (``bppsa.nn._state``): the implementation behind a public face,
 # importable inside the package and by tests, but not part of the API (``bppsa.__all__`` and each
 # public module's ``__all__`` are).
 MODULES_PRIVATE = {m for m in MODULES if m.split(".")[-1].startswith("_") and not m.endswith("__init__")}
@@ -250,15 +253,43 @@ def test_every_public_module_lists_its_api(module):
 
 def test_the_package_root_is_the_curated_api():
     import bppsa
-    assert {"rnn", "Options", "cells", "scan", "BACKWARDS", "SCANS", "CostModel"} <= set(bppsa.__all__)
+    assert {"rnn", "Options", "Plan", "NewtonInfo", "lyapunov", "cells", "structured", "scan", "forward", "backward",
+            "plan", "BACKWARDS", "SCANS", "CostModel"} <= set(bppsa.__all__)
     assert not [n for n in bppsa.__all__ if n.startswith("_")]
     import bppsa.backprop
-    assert bppsa.backprop.__all__ == ["rnn", "validate_inputs", "validate_params"]  # the pipeline is bppsa._backward
+    assert bppsa.backprop.__all__ == ["rnn", "compiled_solver"]  # the entry; what it runs is bppsa.forward/backward
+
+
+CORE = ("scan", "plan", "forward", "backward")  # the core's subpackages, by concept
+
+
+@pytest.mark.parametrize("package", CORE)
+def test_the_core_is_subpackages_by_concept(package):
+    """The core is the scan, the plan, the forward and the backward, each a subpackage whose docstring
+    says what lives there and what it may import, and whose ``__init__`` only re-exports its modules."""
+    init = PKG / package / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    assert "May import" in doc, f"bppsa/{package}/__init__.py: say what it may import"
+    defs = [n.name for n in ast.parse(init.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert not defs, f"bppsa/{package}/__init__.py defines {defs}: code lives in its modules"
+    assert not [p.name for p in PKG.glob("_*.py") if p.name != "__init__.py"], "no private flat core modules"
 
 
 # --------------------------------------------------------------------------------------------
 # The library apart from the harness.
 # --------------------------------------------------------------------------------------------
+
+def test_the_library_names_no_path_of_the_harness():
+    """The library's docstrings, comments and data name a measurement by its record's name
+    ("measurements: scan-optimisation", docs/measurements.md links it), never a path into experiments/."""
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in sorted(PKG.rglob("*")) if p.suffix in (".py", ".json")
+           for i, line in enumerate(p.read_text().splitlines(), 1) if "experiments/" in line or "experiments." in line]
+    assert not bad, "paths of the harness inside the library:\n" + "\n".join(bad)
+    records = (ROOT / "docs" / "measurements.md").read_text()
+    named = {n for p in PKG.rglob("*") if p.suffix in (".py", ".json")
+             for n in re.findall(r"measurements: ([A-Za-z0-9_-]+)", p.read_text())}
+    assert named and not [n for n in named if f"[{n}](" not in records], "docs/measurements.md: link every record"
+
 
 def test_the_library_imports_nothing_of_the_harness():
     """No bppsa module names experiments (read from the source, lazy imports included)."""
@@ -312,7 +343,8 @@ def test_the_tests_mirror_the_packages():
 # The core's public API is annotated.
 # --------------------------------------------------------------------------------------------
 
-ANNOTATED = ("cells/base", "cells/recurrent", "structured", "_backward", "_scan", "scan", "newton", "backprop", "options", "host")
+ANNOTATED = ("cells/base", "cells/recurrent", "structured", "scan/*", "plan/options", "forward/*", "backward/*", "backprop",
+             "host")
 
 
 def _unannotated(source: str, where: str) -> list[str]:
@@ -346,7 +378,8 @@ def test_the_core_is_annotated():
     assert _unannotated(probe, "probe") == ["probe:1 f", "probe:2 g", "probe:6 C.m"]
     bad = []
     for name in ANNOTATED:
-        path = PKG / f"{name}.py"
-        assert path.exists(), f"{path.relative_to(ROOT)} is gone: update ANNOTATED"
-        bad += _unannotated(path.read_text(), str(path.relative_to(ROOT)))
+        paths = sorted(PKG.glob(f"{name}.py"))
+        assert paths, f"bppsa/{name}.py is gone: update ANNOTATED"
+        for path in paths:
+            bad += _unannotated(path.read_text(), str(path.relative_to(ROOT)))
     assert not bad, "public functions with unannotated parameters or return:\n" + "\n".join(bad)

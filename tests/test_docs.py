@@ -74,7 +74,7 @@ def candidates(text: str) -> set[str]:
         if has_slash and (first in TOP or first in PACKAGE_DIRS):
             out.add(tok)
         elif _SUFFIX.search(tok) and re.search(r"[A-Za-z_]", tok.rsplit(".", 1)[0]):
-            if "." in tok.rsplit(".", 1)[0] and "/" not in tok:  # bppsa.cost.py-like dotted names: skip
+            if "." in tok.rsplit(".", 1)[0] and "/" not in tok:  # bppsa.plan.cost.py-like dotted names: skip
                 continue
             out.add(tok)
     return out
@@ -128,8 +128,8 @@ def test_every_mentioned_file_exists():
 
 @pytest.mark.parametrize("text, found", [
     ("see `bppsa/hetero/partition.py` and NOTES.md §2", {"bppsa/hetero/partition.py", "NOTES.md"}),
-    ("package data bppsa/cost_models/{cpu,gpu}.json, https://x.org/a/b.md, /tmp/x.py", set()),
-    ("written to experiments/results/<device>/ and ~/.cache/bppsa; bppsa.cost.py", set()),
+    ("package data bppsa/plan/cost_models/{cpu,gpu}.json, https://x.org/a/b.md, /tmp/x.py", set()),
+    ("written to experiments/results/<device>/ and ~/.cache/bppsa; bppsa.plan.cost.py", set()),
     ("the T/P steps, B/P examples and/or a 1/2 split", set()),
     ("[table](results/cpu/bptt-unroll.md), `irmas.py`", {"results/cpu/bptt-unroll.md", "irmas.py"}),
     ("bppsa run experiments/<paper>/configs/NAME.py writes OUT/summary.json, workdir/config.json, runs.json; "
@@ -148,7 +148,7 @@ def test_a_missing_file_is_caught():
 # The front page and the documentation site (`make docs` builds it; .ci/run runs that).
 README = ROOT / "README.md"
 SITE = ROOT / "docs"
-GUIDES = ["backward", "parallel_forward", "flax", "devices", "hetero", "sync", "runner"]
+GUIDES = ["backward", "cells", "parallel_forward", "flax", "devices", "hetero", "sync", "runner"]
 
 
 def _toctree_entries(page: Path) -> set[str]:

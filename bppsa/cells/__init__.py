@@ -22,7 +22,7 @@ lets BPTT run one product with W_hᵀ a step on factors its forward kept, no aut
 
 The contract and the shared maths are in :mod:`bppsa.cells.base`, the published cells (RNN, GRU,
 LSTM) in :mod:`bppsa.cells.recurrent` (every name of both is importable from ``bppsa.cells``), BPTT
-by the analytic adjoint in :mod:`bppsa.cells.adjoint`.
+by the analytic adjoint in :mod:`bppsa.backward.adjoint`.
 
 Each cell's maths is written once, here; conventions in which published cells differ are
 fields (activations by name, :data:`ACTIVATIONS`; input/hidden biases: PyTorch both, flax's GRU

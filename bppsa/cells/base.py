@@ -40,8 +40,15 @@ class Cell(abc.ABC):
     argument of its ``jax.custom_jvp`` and keys compiled programs on them). :meth:`param_spec` is
     the structure ``params`` must have (:func:`bppsa.rnn` names any leaf that is missing, extra
     or of another shape); its default traces :meth:`init`, so a cell that implements ``init`` is
-    checked. Optional capabilities are the typed protocol :class:`AnalyticAdjoint` (flag:
-    ``has_adjoint``) and the structure properties below (defaults: none)."""
+    checked.
+
+    The contract is small: ``input_size``, ``hidden_size``, :meth:`init` and :meth:`step` (the
+    only abstract methods). Everything else has a default: the transposed Jacobians and the
+    parameter gradients the backward needs by autodiff of :meth:`step` (:meth:`transposed_jacobian`,
+    :meth:`param_grads`), no structure (:meth:`diagonal_jacobian`, :attr:`jacobian_block_size`),
+    no loop form (:meth:`project`, :meth:`loop_params`). A cell overrides what it knows better, and
+    the typed protocol :class:`AnalyticAdjoint` (flag: ``has_adjoint``) is the optional analytic
+    adjoint BPTT loops over. The guide "Your own cell" (docs/guides/cells.md) works one example."""
 
     input_size: Any  # int, or None where a cell does not fix it (Generic)
     hidden_size: Any  # int (Generic: int or None)
@@ -77,14 +84,21 @@ class Cell(abc.ABC):
         Default: ``params``."""
         return params
 
-    @abc.abstractmethod
+    def _step_one(self, params: Any, s: Array, x: Array) -> Array:
+        """One example's step on the flat state: s (S,), x (I,) -> (S,) (:meth:`step` on a batch of one)."""
+        return self.flatten_state(self.step(params, self.unflatten_state(s[None]), x[None]))[0]
+
     def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
         """s_prev, s: (T, B, S), xs: (T, B, I) -> Ms (T, B, S, S) with g_{t-1} = g_t @ M_t,
-        M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j]."""
+        M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j]. Default: ``jax.jacrev`` of one example's
+        :meth:`step`, vmapped over T and B (:func:`autodiff_jacobian`); a cell that knows its
+        Jacobian in closed form overrides it (the published cells do)."""
+        return autodiff_jacobian(self._step_one, params, s_prev, xs)
 
-    @abc.abstractmethod
     def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array, /) -> tuple[Any, Array]:
-        """gs (T, B, S) = ∂L/∂s_t -> (dparams, dxs (T, B, I)), summed over t and b."""
+        """gs (T, B, S) = ∂L/∂s_t -> (dparams, dxs (T, B, I)), summed over t and b. Default: one
+        ``jax.vjp`` of one example's :meth:`step`, vmapped over T and B (:func:`autodiff_param_grads`)."""
+        return autodiff_param_grads(self._step_one, params, s_prev, xs, gs)
 
     def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Any:
         """``(A, Wt)`` with A (T, B, S) and M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) Wt,
@@ -155,7 +169,7 @@ class Cell(abc.ABC):
 @runtime_checkable
 class AnalyticAdjoint(Protocol):
     """The optional capability behind ``has_adjoint``: a cell's analytic adjoint step, which BPTT
-    (:mod:`bppsa.cells.adjoint`) loops over instead of autodiff's. A cell that sets ``has_adjoint``
+    (:mod:`bppsa.backward.adjoint`) loops over instead of autodiff's. A cell that sets ``has_adjoint``
     defines these methods (:func:`bppsa.rnn` checks it, naming what is missing); the others do
     not have them at all. Shapes as :class:`Cell`'s; ``u`` is :meth:`Cell.project`'s output."""
 
@@ -334,7 +348,7 @@ class AffineAdjoint(Affine):
 
 def flat_outer(a: Array, b: Array) -> Array:
     """Σ over the leading axes of a[..., :, None] b[..., None, :] -> (m, n): one product of the flattened
-    arrays (the einsum "tbi,tbg->ig" runs 1.4-4.4x slower on XLA's CPU: experiments/history/diagonal-newton.md)."""
+    arrays (the einsum "tbi,tbg->ig" runs 1.4-4.4x slower on XLA's CPU: measurements: diagonal-newton)."""
     return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
 
 

@@ -139,7 +139,9 @@ class Flax(_Wrapper):
             out[k] = jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
         return out
 
-    def loop_params(self, params): return {_LOOP: self.core.loop_params(self.core_params(params))}  # mapped once
+    def loop_params(self, params):
+        """The core's loop parameters, mapped from flax's layout once (before the loop)."""
+        return {_LOOP: self.core.loop_params(self.core_params(params))}
 
     def flax_grads(self, grads) -> dict:
         """The core cell's parameter gradients -> flax's layout."""
@@ -338,7 +340,9 @@ class Masked(_Wrapper):
     def init(self, key, dtype=jnp.float32):
         return self.inner.init(key, dtype)
 
-    def loop_params(self, params): return self.inner.loop_params(params)  # the inner steps get them as is
+    def loop_params(self, params):
+        """The inner cell's loop parameters: the inner steps get them as they are."""
+        return self.inner.loop_params(params)
 
     def project(self, params, xs):  # (the inner cell's projection, the mask)
         return self.inner.project(params, xs[..., :-1]), xs[..., -1:] > 0

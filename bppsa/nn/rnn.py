@@ -14,13 +14,13 @@ import numpy as np
 from flax import nnx
 from flax.nnx.nn.recurrent import flip_sequences
 
-from bppsa import options as options_lib
 from bppsa.backprop import rnn
 from bppsa.cells import Cell
 from bppsa.errors import UsageError
 from bppsa.nn import cells as flax_cells
 from bppsa.nn.structured import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
-from bppsa.options import Options
+from bppsa.plan import options as options_lib
+from bppsa.plan.options import Options
 
 __all__ = ["RNN", "SequenceClassifier", "BPTTFallbackWarning", "BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell"]
 PADDINGS = ("flax", "identity")

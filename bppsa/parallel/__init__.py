@@ -5,9 +5,9 @@ point, and multi-process runs with ``jax.distributed`` (``bppsa launch``).
     hs = bppsa.rnn(cell, params, xs, h0, mesh=mesh, seq_axis="seq", batch_axis="data")
 """
 
-from bppsa.cost import choose_combine
 from bppsa.parallel.mesh import initialize, make_mesh, shard_map
 from bppsa.parallel.sequence import COMBINES, communication_volume, pmap_rnn, rnn
+from bppsa.plan.cost import choose_combine
 
 __all__ = ["make_mesh", "shard_map", "initialize", "rnn", "pmap_rnn", "COMBINES", "choose_combine",
            "communication_volume"]

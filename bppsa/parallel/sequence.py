@@ -49,15 +49,19 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as PS
 
-from bppsa import _backward, backprop, host
-from bppsa import _scan as scan_lib
-from bppsa import newton as newton_lib
-from bppsa import options as options_lib
+from bppsa import host
+from bppsa.backward import pipeline, rule
 from bppsa.cells import closure
 from bppsa.errors import UsageError
-from bppsa.options import COMBINES, Options, Plan
+from bppsa.forward import newton as newton_lib
+from bppsa.forward.elk import trust_region_solve
+from bppsa.forward.inputs import flat_guess, validate_inputs
+from bppsa.forward.sequential import steps
 from bppsa.parallel.mesh import check_axes, make_mesh, shard_map
-from bppsa.scan import trust_region_solve
+from bppsa.plan import options as options_lib
+from bppsa.plan.options import COMBINES, Options, Plan
+from bppsa.scan import dense as scan_lib
+from bppsa.scan.layout import block_rows, to_blocks
 
 __all__ = ["rnn", "pmap_rnn", "COMBINES", "COMBINE_FNS", "communication_volume",
            "sharded_functions", "sequence_parallel_states"]
@@ -216,12 +220,12 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
     idx = lax.axis_index(seq_axis)
     valid = idx * C + jnp.arange(C) < T
     boundary = _boundary_states(ss, s0, idx, P, seq_axis)
-    xr, sr, spr, ctr = _backward.scan_order(xs, ss, boundary, ct)
+    xr, sr, spr, ctr = pipeline.scan_order(xs, ss, boundary, ct)
     k = cell.jacobian_block_size or S
-    Ms = _backward.block_rows(cell.jacobian_blocks(params, spr, xr, sr))  # (C, B·S/k, k, k)
+    Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))  # (C, B·S/k, k, k)
     Ms = jnp.where(valid[::-1, None, None, None], Ms, jnp.zeros((), Ms.dtype))  # padded steps: zero maps
-    c_last, ds = _backward.root_and_offsets(ctr)
-    c_last, ds = _backward.to_blocks(c_last[None], k)[0], _backward.to_blocks(ds, k)
+    c_last, ds = pipeline.root_and_offsets(ctr)
+    c_last, ds = to_blocks(c_last[None], k)[0], to_blocks(ds, k)
     Pi, delta, state = chunk_aggregate(method, c_last, Ms, ds)
     u = COMBINE_FNS[combine](Pi, delta, seq_axis, P) if P > 1 else jnp.zeros_like(delta)
     gs, total = chunk_finish(method, state, u + c_last, Ms, ds)          # gs[k] = g at step (p+1)C - k
@@ -243,11 +247,11 @@ def _tangent_body(cell, method, T, P, seq_axis, params, xs, s0, ss, rhs, d0):
     valid = (idx * C + jnp.arange(C) < T)[:, None, None]
     sp = jnp.concatenate([_boundary_states(ss, s0, idx, P, seq_axis)[None], ss[:-1]], axis=0)
     E, _, k = newton_lib.step_elements(cell, "newton", params, sp, xs, ss)  # at solved states f(s_{t-1}) = s_t
-    c = _backward.to_blocks(rhs.astype(E.dtype), k)
+    c = to_blocks(rhs.astype(E.dtype), k)
     E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))  # padded steps: identity maps, no input
     c = jnp.where(valid, c, jnp.zeros((), c.dtype))
     Pi, delta, state = chunk_aggregate(method, jnp.zeros_like(c[0]), E, c)
-    d0 = _backward.to_blocks(d0.astype(c.dtype)[None], k)[0]
+    d0 = to_blocks(d0.astype(c.dtype)[None], k)[0]
     u = _prefix_combine(Pi, delta, d0, seq_axis, P) if P > 1 else d0
     prefixes, total = chunk_finish(method, state, u, E, c)
     return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
@@ -261,7 +265,7 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     ss, ct) -> (dparams, dxs, ds0, gs). ``run(params, xs (T, B, I), s0 (B, S)) -> ss (T, B, S)``
     and ``solved(params, xs, s0, ss) -> ss`` (states a parallel forward solved, differentiated at
     them) take and return unpadded arrays; both are ``jax.custom_jvp`` with the single-device
-    rule (:func:`bppsa._backward.tangent_rule`) on the sharded scans: reverse mode is the sharded
+    rule (:func:`bppsa.backward.rule.tangent_rule`) on the sharded scans: reverse mode is the sharded
     BPPSA backward, forward mode the sharded tangent recurrence, and Hessian-vector products
     differentiate the rule, all with the backward's matrix products at ``precision``."""
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
@@ -291,7 +295,7 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
         return fwd_sm(params, pad(xs, 1), pad(s0, 0))[:T, :xs.shape[1]]
 
     def scans(params, xs, s0, ss):
-        """The sharded (tangent_scan, adjoint_scan) of :func:`bppsa._backward.tangent_rule` at ss."""
+        """The sharded (tangent_scan, adjoint_scan) of :func:`bppsa.backward.rule.tangent_rule` at ss."""
         B = xs.shape[1]
         xs_e, s0_e, ss_e = pad(xs, 1, "edge"), pad(s0, 0, "edge"), pad(ss, 1, "edge")
 
@@ -313,7 +317,7 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     def _run_jvp(primals, tangents):
         params, xs, s0 = primals
         ss = forward(params, xs, s0)
-        return ss, _backward.tangent_rule(cell, precision, params, xs, s0, ss, tangents, *scans(params, xs, s0, ss))
+        return ss, rule.tangent_rule(cell, precision, params, xs, s0, ss, tangents, *scans(params, xs, s0, ss))
 
     @jax.custom_jvp
     def solved(params, xs, s0, ss):  # states solved by the parallel forward, differentiated at them
@@ -323,7 +327,7 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     def _solved_jvp(primals, tangents):
         params, xs, s0, ss = primals
         ss = solved(params, xs, s0, ss)  # differentiated once more (HVPs), as on one device
-        tangent = _backward.tangent_rule(cell, precision, params, xs, s0, ss, tangents[:3],
+        tangent = rule.tangent_rule(cell, precision, params, xs, s0, ss, tangents[:3],
                                          *scans(params, xs, s0, ss))
         return ss, tangent
 
@@ -368,19 +372,19 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
         return jnp.concatenate([boundary[None], H[:-1]], axis=0)
 
     def evaluate(H):
-        return jnp.where(valid, _backward.steps(cell, params, prev(H), xs), H)
+        return jnp.where(valid, steps(cell, params, prev(H), xs), H)
 
     def update(H, F, lam):
         sp = prev(H)
         E, c, k = newton_lib.step_elements(cell, plan.forward, params, sp, xs, F)
         if lam is not None:  # the trust-region step: one device holds the whole sequence (P = 1)
-            s0b = _backward.to_blocks(s0.astype(c.dtype), k)
-            return trust_region_solve(s0b, E, c, _backward.to_blocks(H, k), lam).reshape((C, B, S))
+            s0b = to_blocks(s0.astype(c.dtype), k)
+            return trust_region_solve(s0b, E, c, to_blocks(H, k), lam).reshape((C, B, S))
         E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))
         c = jnp.where(valid, c, jnp.zeros((), c.dtype))
         Pi, delta, state = chunk_aggregate(plan.scan, jnp.zeros_like(c[0]), E, c)
-        u = _prefix_combine(Pi, delta, _backward.to_blocks(s0.astype(c.dtype), k), seq_axis, P) if P > 1 \
-            else _backward.to_blocks(s0.astype(c.dtype), k)
+        u = _prefix_combine(Pi, delta, to_blocks(s0.astype(c.dtype), k), seq_axis, P) if P > 1 \
+            else to_blocks(s0.astype(c.dtype), k)
         prefixes, total = chunk_finish(plan.scan, state, u, E, c)
         return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
 
@@ -393,7 +397,7 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
 def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis="seq", batch_axis=None,
                              guess=None):
     """Flat-state core: xs (T, B, I), s0 (B, S) -> (ss (T, B, S), info), time sharded over
-    ``seq_axis``; info is the parallel forward's :class:`bppsa.newton.NewtonInfo` (None for the
+    ``seq_axis``; info is the parallel forward's :class:`bppsa.forward.newton.NewtonInfo` (None for the
     sequential one). Inputs are already validated and ``plan`` made for this mesh
     (:meth:`bppsa.Options.plan` with ``devices`` = the ``seq_axis`` size): it is executed as given.
     """
@@ -441,7 +445,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
     exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
 
-    ``forward="newton"``/``"quasi"``: the parallel forward (:mod:`bppsa.newton`) sharded the same
+    ``forward="newton"``/``"quasi"``: the parallel forward (:mod:`bppsa.forward.newton`) sharded the same
     way, each iteration's linear solve split over the devices (aggregate, one ``all_gather`` of
     the devices' maps, finish); ``guess`` and ``return_info`` as for :func:`bppsa.rnn`.
     """
@@ -449,7 +453,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     if mesh is None:
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
     xs = jnp.asarray(xs)
-    s0 = backprop.validate_inputs(cell, params, xs, h0)
+    s0 = validate_inputs(cell, params, xs, h0)
     # arrays the step closes over become operands, as for one device (bppsa.cells.closure)
     cell, params = closure.lift(cell, params, xs, s0)
     P, _ = check_axes(mesh, seq_axis, batch_axis)
@@ -457,7 +461,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     if jax.default_backend() == "cpu":
         host.tune_allocator()
     if guess is not None:
-        guess = backprop.flat_guess(cell, guess, xs.shape[0], s0)
+        guess = flat_guess(cell, guess, xs.shape[0], s0)
     ss, info = sequence_parallel_states(cell, params, xs, s0, mesh, plan, seq_axis=seq_axis, batch_axis=batch_axis,
                                         guess=guess)
     out = cell.unflatten_state(ss)

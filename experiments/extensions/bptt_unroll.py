@@ -1,7 +1,7 @@
-"""The measurements behind ``bppsa.cost.bptt_unroll`` (the task of experiments/extensions/configs/bptt_unroll.py).
+"""The measurements behind ``bppsa.plan.cost.bptt_unroll`` (the task of experiments/extensions/configs/bptt_unroll.py).
 
 BPTT (the one timed gradient of :mod:`experiments.gradient`, through ``lax.scan``) for each unroll
-in ``bppsa.cost.UNROLLS``, interleaved (:func:`bppsa.host.time_interleaved`, blocks of 3 calls, the
+in ``bppsa.plan.cost.UNROLLS``, interleaved (:func:`bppsa.host.time_interleaved`, blocks of 3 calls, the
 first dropped), at every point of ``config.grid`` ((cell, I, H, T, B) rows); the unroll the rule
 picks and its time over the best unroll's. Writes ``<name>``.json (with provenance) and
 ``<name>``.md (:func:`render`'s table, the rule re-evaluated on the rows).
@@ -15,9 +15,10 @@ from os import PathLike
 
 import jax.numpy as jnp
 
-from bppsa import cells, cost
+from bppsa import cells
 from bppsa.errors import UsageError, checked_by, require_int
 from bppsa.host import time_interleaved
+from bppsa.plan import cost
 from experiments import entry, gradient
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
@@ -38,7 +39,7 @@ def rule_columns(r: dict) -> dict:
 
 
 def point(kind: str, I: int, H: int, T: int, B: int, repeats: int) -> dict:
-    """One row: the median ms of BPTT at every unroll of ``bppsa.cost.UNROLLS``, the best, the rule's."""
+    """One row: the median ms of BPTT at every unroll of ``bppsa.plan.cost.UNROLLS``, the best, the rule's."""
     cell = CELLS[kind](I, H)
     p, xs, h0, R = gradient.problem(cell, T, B)
     fns = gradient.gradient_functions(cell, p, xs, h0, R, gradient.method_names(unrolls=cost.UNROLLS, tuned=False,
@@ -57,7 +58,7 @@ def render(rec: dict) -> str:
           "BPTT (the timed training-step gradient of `experiments.gradient` through `lax.scan(..., unroll=u)`, "
           "forward included), "
           f"median ms of {rec.get('repeats', 7)} blocks of 2 timed calls, all unrolls interleaved; rule = "
-          "`bppsa.cost.bptt_unroll` as committed (re-evaluated on the rows); × = time / best unroll's time.", "",
+          "`bppsa.plan.cost.bptt_unroll` as committed (re-evaluated on the rows); × = time / best unroll's time.", "",
           ""]
     rows = []
     for r in rec["rows"]:

@@ -50,7 +50,7 @@ from bppsa.errors import UsageError, checked_by, require_choices, require_int
 from bppsa.host import time_interleaved
 from bppsa.nn import RNN
 from bppsa.nn import cells as flax_cells
-from bppsa.options import Options
+from bppsa.plan.options import Options
 from experiments import entry
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table

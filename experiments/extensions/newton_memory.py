@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from bppsa import backprop, cells
 from bppsa.errors import checked_by, require_choices, require_int
-from bppsa.options import KINDS, Options
+from bppsa.plan.options import KINDS, Options
 from bppsa.scan import SCANS
 from experiments import entry
 from experiments.provenance import provenance, save_json

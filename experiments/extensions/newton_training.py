@@ -5,7 +5,7 @@ experiments/extensions/configs/newton_training.py).
 
 Every run starts from the same initialisation and sees the same batches (Adam, a linear head on the
 last state, cross-entropy). Per step it records the loss, the batch accuracy, the step's seconds and,
-for a parallel forward, :class:`bppsa.newton.NewtonInfo`: the iterations, whether they converged,
+for a parallel forward, :class:`bppsa.forward.newton.NewtonInfo`: the iterations, whether they converged,
 the largest Lyapunov exponent along the batch's states and the iterations it predicts. The summary
 compares each run's losses with the sequential forward's (the parallel forward's states differ by
 rounding, so the runs drift apart only as rounding does). Writes ``<name>``.json, ``.md`` and
@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bppsa import backprop, cells, newton, structured
+from bppsa import backprop, cells, structured
 from bppsa.errors import checked_by, require_choices, require_int, require_number
+from bppsa.forward import newton
 from experiments import entry
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table

@@ -1,11 +1,11 @@
-"""The parallel forward (:mod:`bppsa.newton`) measured: Newton iterations, failure handling and the
+"""The parallel forward (:mod:`bppsa.forward.newton`) measured: Newton iterations, failure handling and the
 whole training step for every forward × backward pair (the task of experiments/extensions/configs/parallel_step.py).
 
 Parts (``config.parts``):
 
 - ``iterations``: iterations to converge against T for each cell of ``config.iter_cells``, forward
   newton and quasi, at random initialisation (:func:`experiments.gradient.problem`). Every run records
-  :class:`bppsa.newton.NewtonInfo` and the largest |states − sequential forward's states|.
+  :class:`bppsa.forward.newton.NewtonInfo` and the largest |states − sequential forward's states|.
 - ``trained``: the same for the IRMAS GRU(F, H) after a short training run (``config.train_steps``
   Adam steps, BPTT, on the synthetic stand-in of :mod:`experiments.data.synth_irmas`, as
   :mod:`experiments.paper_bppsa.irmas` trains it) and before it, on the clips' features concatenated
@@ -40,11 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa import backprop, cells, newton, structured
-from bppsa.cost import forward_seconds
+from bppsa import backprop, cells, structured
 from bppsa.errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
+from bppsa.forward import newton
 from bppsa.host import time_interleaved
-from bppsa.options import Options
+from bppsa.plan.cost import forward_seconds
+from bppsa.plan.options import Options
 from bppsa.scan import SCANS
 from experiments import entry, gradient
 from experiments.extensions.predictability import fit_of, markdown_part, mean_iterations, plot, predictability

@@ -64,7 +64,7 @@ import numpy as np
 from bppsa.backprop import rnn
 from bppsa.errors import UsageError, checked_by, require_choices, require_int
 from bppsa.host import time_interleaved
-from bppsa.options import Options
+from bppsa.plan.options import Options
 from experiments import entry
 from experiments.extensions.pararnn_equations import bppsa_cell, grad_error, make_point, save_point
 from experiments.provenance import current_command, provenance, save_json

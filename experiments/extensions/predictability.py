@@ -6,10 +6,10 @@ expanding), a saturating RNN (radius 10) and slowly forgetting diagonal GRUs, ea
 
 - measured: ``NewtonInfo.iterations`` / ``converged``, the exponent along the returned states
   (``info.lle``) and the iterations it predicts (``info.predicted``,
-  :func:`bppsa.newton.predicted_iterations`);
+  :func:`bppsa.forward.newton.predicted_iterations`);
 - ``forward="auto"``'s choice: on this backend (the plan's), and what the accelerator model would
-  choose (:func:`bppsa.cost.choose_forward` with backend "gpu": the break-even iterations, the
-  exponent along the first :data:`bppsa.newton.PROBE_STEPS` states and its prediction).
+  choose (:func:`bppsa.plan.cost.choose_forward` with backend "gpu": the break-even iterations, the
+  exponent along the first :data:`bppsa.forward.newton.PROBE_STEPS` states and its prediction).
 
 The rows, a table and a scatter plot (``<name>_predictability.png``) go into the parallel-step record.
 """
@@ -23,9 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa import backprop, cells, cost, newton, structured
-from bppsa.dynamics.lyapunov import lyapunov
-from bppsa.options import Options
+from bppsa import backprop, cells, structured
+from bppsa.forward import newton
+from bppsa.forward.lyapunov import lyapunov
+from bppsa.plan import cost
+from bppsa.plan.options import Options
 from experiments import gradient
 from experiments.tables import markdown_table
 

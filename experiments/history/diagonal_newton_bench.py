@@ -120,7 +120,7 @@ def child(tree: str, quick: bool, repeats: int) -> dict:
 
 def _measures(quick: bool, repeats: int) -> list:
     """An iterate's per-step maxima of its residual and its last step, in the tolerance's units
-    (as bppsa.newton's iteration measures them): two max reductions against one variadic one."""
+    (as bppsa.forward.newton's iteration measures them): two max reductions against one variadic one."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -128,7 +128,7 @@ def _measures(quick: bool, repeats: int) -> list:
 
     from bppsa import host
 
-    def over(d, ref):  # bppsa.newton's |d| / (atol + rtol |ref|), 0 where d = 0, inf where NaN
+    def over(d, ref):  # bppsa.forward.newton's |d| / (atol + rtol |ref|), 0 where d = 0, inf where NaN
         r = jnp.where(d == 0, 0.0, jnp.abs(d) / (1e-5 + 1e-5 * jnp.abs(ref)))
         return jnp.where(jnp.isnan(r), jnp.inf, r)
 
@@ -210,7 +210,7 @@ def markdown(record: dict) -> str:
             out.append(f"| {r['shape']} | {r['einsum ms']:.3f} | {r['flat ms']:.3f} | {r['einsum ms'] / r['flat ms']:.2f} |")
     if a.get("measures"):
         out += ["", "## An iterate's per-step maxima (residual and last step), after tree, ms\n",
-                "bppsa.newton's two measures of an iterate: two max reductions (XLA's CPU writes each one's input "
+                "bppsa.forward.newton's two measures of an iterate: two max reductions (XLA's CPU writes each one's input "
                 "out first) against one variadic reduction (its producers fused in).\n",
                 "| (T, B, S) | two reductions | one variadic reduction | ratio |", "|---|---:|---:|---:|"]
         for r in a["measures"]:

@@ -1,6 +1,6 @@
 """Reverse mode before and after forward-mode autodiff came to ``bppsa.rnn`` (issue 24, item 8).
 
-Three implementations of ``bppsa._backward.bppsa_states`` timed on the one timed gradient
+Three implementations of ``bppsa.backward.rule.bppsa_states`` timed on the one timed gradient
 (``experiments.gradient.loss``: the training step's gradient w.r.t. the parameters, forward included,
 jitted), all interleaved in one run (``bppsa.host.time_interleaved``):
 
@@ -24,6 +24,7 @@ and, for the record, forward mode itself: ``jax.jvp`` of ``bppsa.rnn`` w.r.t. th
 import argparse
 import collections
 import functools
+import importlib
 import json
 import re
 import subprocess
@@ -38,7 +39,6 @@ import numpy as np
 from jax import lax
 
 import bppsa
-from bppsa import _backward as new_lib
 from bppsa import cells
 from bppsa.host import time_interleaved
 from experiments import gradient
@@ -46,6 +46,9 @@ from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
 
 OLD_REV = "a834d6a1fb8a78a536811f099bdf5cdecf11a23d"  # the last commit of the custom_vjp backward
+# The script runs at the commits it measured (up to 3771255): the next one moved bppsa/_backward.py into
+# bppsa/backward/ and bppsa/forward/ (git worktree add /tmp/at 3771255, then run it there).
+new_lib = importlib.import_module("bppsa._backward")
 ROOT = Path(__file__).resolve().parents[2]
 CELLS = {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM}
 # (cell, I, H, T, B, scan, chunk_size): the IRMAS shapes (experiments.data.irmas.SHAPES: s (38, 259),
@@ -74,7 +77,7 @@ def _adjoint_states(cell, scan_method, chunk_size, params, xs, s0, ss, ct):
     """The BPPSA adjoint scan alone (chunked as the library does it): gs (T, B, S), g0."""
     xr, sr, spr, ctr = new_lib.scan_order(xs, ss, s0, ct)
     T, B, S = ss.shape
-    C = (bppsa.cost.auto_chunk_size(T, B, S, ss.dtype.itemsize,
+    C = (bppsa.plan.cost.auto_chunk_size(T, B, S, ss.dtype.itemsize,
                                     structured=scan_method == "blelloch" and cell.has_diagonal_jacobian)
          if chunk_size == "auto" else chunk_size) or T
     gsr, u = [], jnp.zeros_like(ctr[0])

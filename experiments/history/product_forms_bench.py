@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-from bppsa import _scan as scan_lib  # the module whose FMA_MIN_PRODUCTS the products read
 from bppsa import cells, host
+from bppsa.scan import dense as scan_lib  # the module whose FMA_MIN_PRODUCTS the products read
 
 THRESHOLDS = {"unrolled": 0, "256": 256, "1024": 1024, "gemm": 10**9}
 PROGRAMS = {  # name: (cell, T, B, forward)

@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from bppsa import cells, cost
+from bppsa import cells
+from bppsa.plan import cost
 from experiments.extensions import parallel_step, roofline
 from experiments.provenance import save_json
 from experiments.tables import markdown_table
@@ -96,7 +97,7 @@ def cell_of(p):
 
 def choices(points) -> str:
     """What ``backward="auto"`` (the shipped GPU cost model) and ``forward="auto"``
-    (:func:`bppsa.cost.choose_forward` on "gpu") pick at each point, against the fastest measured."""
+    (:func:`bppsa.plan.cost.choose_forward` on "gpu") pick at each point, against the fastest measured."""
     model, rows = cost.shipped_cost_model("gpu"), []
     names = {"bptt": "bptt", "bppsa": "bppsa_blelloch", "bppsa_sequential": "bppsa_sequential"}
     for p in sorted(points, key=lambda p: p["part"] != "gpu"):
@@ -116,8 +117,8 @@ def choices(points) -> str:
         rows.append([p["part"], p["cell"], p["T"], p["B"], "-" if gate is None else f"{gate:.1f}", pick, fastest,
                      f"{timed[pick] / timed[fastest]:.2f}"])
     right = sum(r[5] == r[6] for r in rows)
-    return (f"The backward's choice (`bppsa/cost_models/gpu.json`) among tuned BPTT and BPPSA's two scans, and "
-            f"the forward's (`bppsa.cost.choose_forward`, as committed when this was published) among the BPPSA "
+    return (f"The backward's choice (`bppsa/plan/cost_models/gpu.json`) among tuned BPTT and BPPSA's two scans, and "
+            f"the forward's (`bppsa.plan.cost.choose_forward`, as committed when this was published) among the BPPSA "
             f"pairs: right at {right} of {len(rows)} points; × = the pick's time / the fastest's. gate = the "
             f"break-even Newton iterations: where the solver foresees more at its first iterate (the run's "
             f"`predicted`) it falls back to the sequential forward, listed so (its first iterate's cost not "
@@ -159,7 +160,7 @@ def markdown(record: dict) -> str:
                   "`bppsa.rnn(..., forward=f, backward=b)`'s jitted parameter gradient; × = tuned BPTT's time / the "
                   "fastest pair's; iterations of Newton / quasi-Newton; auto = what `forward=\"auto\", "
                   "backward=\"auto\"` runs (at the run: the forward constants of its commit); model = "
-                  "`bppsa.cost.forward_seconds`' Newton forward alone, at the run.", "",
+                  "`bppsa.plan.cost.forward_seconds`' Newton forward alone, at the run.", "",
                   markdown_table(["cell", "head", "I", "H", "T", "B", "sequential/bptt", "sequential/bppsa",
                                   "newton/bppsa", "quasi/bppsa", "×", "iterations", "auto at the run",
                                   "model ms at the run"],

@@ -26,7 +26,7 @@ of a fixed random readout of every step), the methods built by
 :func:`experiments.baselines.baseline_functions` and timed by :func:`bppsa.host.time_interleaved`:
 
     bptt_plain        autodiff through a plain ``lax.scan``
-    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.cost.UNROLLS` ("best_unroll")
+    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.plan.cost.UNROLLS` ("best_unroll")
     bptt              ``bppsa.rnn(..., backward="bptt")`` (tuned BPTT: the unroll bppsa picks)
     bppsa_blelloch    bppsa.rnn, Blelloch scan, full float32 products
     bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
@@ -48,8 +48,8 @@ from pathlib import Path
 import jax
 
 from bppsa import cells, host
-from bppsa.cost import UNROLLS, forward_seconds
-from bppsa.options import PRECISIONS
+from bppsa.plan.cost import UNROLLS, forward_seconds
+from bppsa.plan.options import PRECISIONS
 from experiments import baselines, gradient
 from experiments.data.irmas import SHAPES as IRMAS_SHAPES
 from experiments.extensions import parallel_step, roofline, scaling
@@ -262,7 +262,7 @@ def run_gpu(summary: Summary, pl: dict, deadline: float, only: str | None = None
 def run_parallel(summary: Summary, pl: dict, deadline: float):
     """Part ``parallel``: the training step per forward (:data:`PARALLEL_PAIRS`; sequential/bptt is
     tuned BPTT) at :data:`PARALLEL_POINTS`, Newton iterations, and the predictions: the roofline's
-    (RNN/GRU, sequential forward) and :func:`bppsa.cost.forward_seconds`' (the forward alone)."""
+    (RNN/GRU, sequential forward) and :func:`bppsa.plan.cost.forward_seconds`' (the forward alone)."""
     def measure(sweep, kind, head, I, Hs, T, B):
         cell = parallel_step.make_cell(kind, I, Hs, head)
         m = parallel_step.measure_pairs(cell, T, B, PARALLEL_PAIRS, repeats=pl["repeats"])

@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from bppsa import cells
-from bppsa._scan import batched_matmul, bottom_layout, diagonal_products
-from bppsa.cost import default_cost_model
 from bppsa.errors import UsageError, checked_by, require_int, require_ints
 from bppsa.host import time_interleaved
+from bppsa.plan.cost import default_cost_model
 from bppsa.scan import SCANS
+from bppsa.scan.dense import batched_matmul, bottom_layout, diagonal_products
 from experiments import entry, gradient
 from experiments.bench import CELLS, TABLE_HEADER, bench_point, make_cell, save_record
 from experiments.provenance import provenance, save_json
@@ -47,9 +47,9 @@ def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixe
     ``time_budget_s``: stop starting new points once this much wall time has passed (the
     skipped points are listed in ``record["skipped"]``). ``auto``: time every baseline at each
     point (:mod:`experiments.baselines`) and record ``auto``'s choice by the cost model in use
-    (:func:`bppsa.cost.default_cost_model`: this machine's calibration, else the shipped model;
+    (:func:`bppsa.plan.cost.default_cost_model`: this machine's calibration, else the shipped model;
     no probe). ``unrolls``: the ``lax.scan`` unrolls timed as baselines (None: all of
-    :data:`bppsa.cost.UNROLLS`).
+    :data:`bppsa.plan.cost.UNROLLS`).
     """
     c = make_cell(cell, input_size, hidden_size)
     model = default_cost_model() if auto else None
@@ -196,9 +196,9 @@ def gemm_rates(*, n: int = 4096, S: int = 20, large: int = 1024, repeats: int = 
 def product_rate(T: int, B: int, S: int = 20, *, structured: bool = False, repeats: int = 7,
                  dtype=jnp.float32) -> dict:
     """GFLOP/s of the Blelloch scan's up-sweep matrix products alone, as the scan runs them: the
-    bottom levels of :func:`bppsa._scan.blelloch_scan_stored` (fused multiply-adds on contiguous
+    bottom levels of :func:`bppsa.scan.dense.blelloch_scan_stored` (fused multiply-adds on contiguous
     halves) on random elements in storage order, without offsets, vector products or the top.
-    ``structured``: as :func:`bppsa._scan.blelloch_scan_stored_diag` runs them for elements
+    ``structured``: as :func:`bppsa.scan.dense.blelloch_scan_stored_diag` runs them for elements
     diag(a) Wᵀ (the RNN), level 0 from the vectors (one GEMM and a row scaling), the rest as above;
     the flops counted are the same 2·S³ per product. Returns {"gflops", "flops", "min_s", "levels"}."""
     k, m, N = bottom_layout(T)

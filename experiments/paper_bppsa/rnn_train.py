@@ -20,7 +20,7 @@ from flax import nnx
 from bppsa import cells
 from bppsa.errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
 from bppsa.nn import SequenceClassifier
-from bppsa.options import BACKWARDS
+from bppsa.plan.options import BACKWARDS
 from bppsa.scan import SCANS
 from bppsa.tasks.bitstream import NUM_CLASSES, make_bitstream
 from experiments import entry

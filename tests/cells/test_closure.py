@@ -183,7 +183,7 @@ def test_a_failure_message_names_the_users_cell_and_params(data):
     cell = cells.Generic(lambda p, h, x: jnp.tanh(W @ h + p["U"] @ x), hidden_size=S, input_size=I)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(bppsa.newton.NewtonDidNotConverge, match="the parallel forward of Generic did not"):
+        with pytest.raises(bppsa.forward.newton.NewtonDidNotConverge, match="the parallel forward of Generic did not"):
             bppsa.rnn(cell, params, xs * 20, h0, forward="newton", max_iter=1, on_fail="raise")
     assert not caught
 

@@ -273,7 +273,7 @@ def test_bad_cell_configuration():
 # path, taken from T >= 64 (the scan's first bottom level), exact.
 # ---------------------------------------------------------------------------------------------
 
-from bppsa import _scan as scan_lib  # noqa: E402
+from bppsa.scan import dense as scan_lib  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])
@@ -433,7 +433,7 @@ _HOIST_DEFAULT = {("gru", 7, False), ("block-gru", 7, False), ("gru", 1, True), 
 def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch, name, T, B, hoist):
     """BPTT's forward computes the inputs' part of the steps before its loop (the plan's ``hoist``)
     or inside each step: either way autodiff's float64 gradients through a plain lax.scan."""
-    monkeypatch.setattr(bppsa.cost, "hoist_inputs", lambda *a, **k: hoist)
+    monkeypatch.setattr(bppsa.plan.cost, "hoist_inputs", lambda *a, **k: hoist)
     make = {"block-gru": lambda I, H: bppsa.structured.BlockGRU(I, H, head_size=1),
             "block-lstm-k2": lambda I, H: bppsa.structured.BlockLSTM(I, H, head_size=2)}
     monkeypatch.setitem(CELLS, "block-gru", make["block-gru"])
@@ -449,7 +449,7 @@ def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch,
 
 def test_bptt_hoists_the_input_product_on_cpu_only_for_small_steps():
     small, large = cells.GRU(8, 16), cells.GRU(12, 20)
-    hoist = lambda cell, B, backward="bptt", backend="cpu": bppsa.cost.hoist_inputs(cell, 100, B, jnp.float32,
+    hoist = lambda cell, B, backward="bptt", backend="cpu": bppsa.plan.cost.hoist_inputs(cell, 100, B, jnp.float32,
                                                                                    backward, backend)
     assert hoist(small, 4) and not hoist(large, 32)
     assert hoist(large, 32, backend="gpu") and hoist(large, 32, "bppsa")

@@ -130,7 +130,7 @@ def test_rnn_gradients_match_autodiff(name, T, B):
 
 
 # (cell, H, T, B) -> the CPU plan's (hoist, unroll) with BPTT (autodiff through the loop) and with
-# BPPSA (the loop is a forward alone); float32 inputs, the measured rule of bppsa.cost's elementwise loop.
+# BPPSA (the loop is a forward alone); float32 inputs, the measured rule of bppsa.plan.cost's elementwise loop.
 ELEMENTWISE_RULES = [
     ("gru", 20, 517, 4, (True, 1), (True, 1)),       # H < 48, B·G·H = 240: hoisted
     ("gru", 8, 1024, 2, (True, 2), (True, 2)),       # tiny steps (B·G·H = 48): unrolled twice
@@ -152,7 +152,7 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
     for backward, want in (("bptt", bptt), ("bppsa", forward)):
         plan = bppsa.Options(backward=backward).plan(cell, xs, s0)
         assert (plan.hoist, plan.unroll) == want, (backward, plan.hoist, plan.unroll)
-        assert bppsa.cost.hoist_inputs(cell, T, B, jnp.float32, backward, "gpu")  # off CPU: always
+        assert bppsa.plan.cost.hoist_inputs(cell, T, B, jnp.float32, backward, "gpu")  # off CPU: always
     parallel = bppsa.Options(backward="bppsa", forward="newton").plan(cell, xs, s0)
     assert parallel.hoist
 
@@ -160,9 +160,9 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
 def test_loop_rules_name_a_bad_use():
     cell = structured.BlockGRU(4, 8, 1)
     with pytest.raises(UsageError, match="backward must be 'bptt' .*'bppsa' or 'forward'; got 'auto'"):
-        bppsa.cost.hoist_inputs(cell, 100, 2, None, "auto")
+        bppsa.plan.cost.hoist_inputs(cell, 100, 2, None, "auto")
     with pytest.raises(UsageError, match="got 'BPTT'"):
-        bppsa.cost.bptt_unroll(cell, 100, 2, backward="BPTT")
+        bppsa.plan.cost.bptt_unroll(cell, 100, 2, backward="BPTT")
 
 
 @pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
@@ -183,7 +183,7 @@ def test_elementwise_loop_params(name):
     _close(cell.step(lp, h0, xs[0]), cell.step(params, h0, xs[0]), 1e-15, 0)
     for hoist in (True, False):  # the loop's both forms, whatever the rule picks at this size
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(bppsa.cost, "hoist_inputs", lambda *a, hoist=hoist, **k: hoist)
+            mp.setattr(bppsa.plan.cost, "hoist_inputs", lambda *a, hoist=hoist, **k: hoist)
             _check(cell, params, xs, h0, ("blelloch", "sequential"), backwards=("bppsa", "bptt"))
 
 
@@ -209,7 +209,7 @@ def test_small_chunks(name):
 
 def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
     """A cell with 1×1 Jacobian blocks (k = 1): on CPU its plan is the sequential scan over
-    cache-sized chunks (bppsa.cost.elementwise_plan); with small chunks (3 steps of T = 11, odd)
+    cache-sized chunks (bppsa.plan.cost.elementwise_plan); with small chunks (3 steps of T = 11, odd)
     and in one piece (the solve's own loop), the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
     the solve and the exponent) the states and gradients equal autodiff's, and NewtonInfo.lle the
     exponent along the returned states."""
@@ -280,7 +280,7 @@ def _forward_modes():
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=slow) for n in ("gru-k3", "lstm-k1", "rnn-k2")])
-def test_parallel_forward_modes(name):  # the default run's parallel forward of block cells: tests/core/test_newton.py
+def test_parallel_forward_modes(name):  # the default run's parallel forward of block cells: tests/forward/test_newton.py
     """forward="newton" / "quasi" (where bppsa.Options has them): the same states and gradients."""
     modes = _forward_modes()
     if not modes:

@@ -11,8 +11,9 @@ import pytest
 
 import bppsa
 from experiments import baselines, calibrate, gradient
-from bppsa import cells, cost
-from bppsa._backward import forward_states
+from bppsa import cells
+from bppsa.plan import cost
+from bppsa.forward.sequential import forward_states
 from experiments.tables import markdown_table
 from tests.reference import scan_grads, scan_states
 
@@ -74,7 +75,7 @@ def test_tuned_bptt_is_exact_and_unrolled():
 
 
 def test_shipped_cost_models_are_package_data():
-    root = importlib.resources.files("bppsa").joinpath("cost_models")
+    root = importlib.resources.files("bppsa.plan").joinpath("cost_models")
     for name in ("cpu", "gpu"):
         assert root.joinpath(f"{name}.json").is_file()
     cpu, gpu = cost.shipped_cost_model("cpu"), cost.shipped_cost_model("gpu")
@@ -91,7 +92,7 @@ def test_package_data_is_declared_for_installation():
     globs = conf["tool"]["setuptools"]["package-data"]["bppsa"]
     pkg = Path(bppsa.__file__).parent
     found = {p.relative_to(pkg).as_posix() for g in globs for p in pkg.glob(g)}
-    assert {"cost_models/cpu.json", "cost_models/gpu.json"} <= found
+    assert {"plan/cost_models/cpu.json", "plan/cost_models/gpu.json"} <= found
 
 
 def test_auto_without_calibration_uses_the_shipped_model_and_is_exact(tmp_path, monkeypatch):

@@ -47,16 +47,16 @@ SAME_TASK_AS_ANOTHER = ("rnn_sweep", "irmas_grid", "irmas_train", "irmas_timing"
                         "sync_ray")
 # Configs whose task's pieces another default test runs, kept out of the default run for its time
 # (the suite's budget): bptt_unroll (BPTT's unroll baselines: tests/experiments/test_baselines.py),
-# newton_memory (the Newton training step with return_info: tests/core/test_newton.py), order_effect
+# newton_memory (the Newton training step with return_info: tests/forward/test_newton.py), order_effect
 # (the timing protocol: tests/experiments/test_bench.py). The slow run runs their smoke variants.
 SAME_TASK_AS_ANOTHER += ("bptt_unroll", "newton_memory", "order_effect")
 # newton_training (a jitted training step through bppsa.rnn(forward=..., return_info=True) and the IRMAS stand-in:
-# tests/core/test_auto_forward.py, tests/core/test_newton.py, tests/experiments/test_irmas_experiment.py)
+# tests/forward/test_auto_forward.py, tests/forward/test_newton.py, tests/experiments/test_irmas_experiment.py)
 SAME_TASK_AS_ANOTHER += ("newton_training",)
 # and, for the same budget, configs whose every piece another default test runs at test size: parallel_step
-# (the Newton forward: tests/core/test_newton.py; its config's parts: the notebook 06 is its slow twin),
+# (the Newton forward: tests/forward/test_newton.py; its config's parts: the notebook 06 is its slow twin),
 # sparse_vgg (tests/sparse/test_sparse_vgg.py), flax_rnn (tests/nn/test_flax_dropin.py, test_flax_suite.py),
-# pararnn_peer (bppsa's side: tests/core/test_structured.py), user_script (tests/core/test_cost.py's auto) and
+# pararnn_peer (bppsa's side: tests/core/test_structured.py), user_script (tests/plan/test_cost.py's auto) and
 # scaling (tests/parallel/test_parallel.py). The default run keeps one smoke run per paper folder and kind:
 # rnn_train, core_accuracy, hetero_dp, sync and zipline.
 SAME_TASK_AS_ANOTHER += ("parallel_step", "sparse_vgg", "flax_rnn", "pararnn_peer", "user_script", "scaling",

@@ -73,7 +73,7 @@ def test_parallel_skips_match_their_points_by_kind_and_structured_cells_are_rebu
 
 
 def test_a_foreseen_newton_beyond_its_gate_is_listed_as_the_sequential_forward():
-    from bppsa import cost
+    from bppsa.plan import cost
     from experiments.extensions import parallel_step
     T, B = 100_000, 16
     _, gate = cost.choose_forward(parallel_step.make_cell("rnn", 1, 20, 1), T, B, backend="gpu")

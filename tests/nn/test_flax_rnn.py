@@ -14,7 +14,8 @@ from flax import nnx
 
 import bppsa
 import bppsa.nn
-from bppsa import cells, cost
+from bppsa import cells
+from bppsa.plan import cost
 from bppsa.nn import cells as flax_cells
 from bppsa.errors import UsageError
 from tests.tolerance import assert_close

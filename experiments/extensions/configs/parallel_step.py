@@ -6,7 +6,7 @@ chaotic weights, with the fallback) and the jitted training step for every forwa
 
 Predicted (from the Lyapunov exponent) against measured iterations, with forward="auto"'s choice, for
 random, trained, contracting, edge-of-chaos, expanding, saturating and slowly forgetting cells.
-Forwards sequential / newton / quasi (bppsa.newton) × backwards bptt / bppsa (Blelloch) / bppsa
+Forwards sequential / newton / quasi (bppsa.forward.newton) × backwards bptt / bppsa (Blelloch) / bppsa
 (sequential scan), against tuned BPTT, with forward="auto", backward="auto" and what it chose.
 The trained weights: the IRMAS GRU after a short BPTT training run on the synthetic stand-in
 (generated on first use under synth_dir). Writes parallel-step.{json,md} into the work directory

@@ -1,0 +1,80 @@
+"""BPTT by a cell's analytic adjoint (cells with ``has_adjoint``: the methods of
+:class:`bppsa.cells.AnalyticAdjoint`), what ``backward="bptt"`` runs for them.
+
+The forward keeps, beside the states, the per-unit factors of each step's Jacobian
+(:func:`factor_states`); the backward is one loop from the last step, g_{t-1} = (g_t + ct_t) M_t,
+where M_t is never formed: one product with W_hᵀ and a few elementwise ones a step
+(:func:`sequential_adjoint`). Autodiff's BPTT through ``lax.scan`` runs the same recurrence, but its
+loop also sums every parameter's gradient step by step and stores whatever its tracing kept; here
+the parameter gradients are either one product each after the loop (cuDNN's split of the backward
+into data and weights) or summed in it, whichever the plan chose (:func:`bppsa.plan.cost.adjoint_in_loop`).
+:mod:`bppsa.backward.rule` wraps both into its ``custom_jvp`` (forward mode, Hessian-vector products)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+
+from bppsa.cells.base import Cell, analytic_adjoint
+
+__all__ = ["factor_states", "sequential_adjoint"]
+
+
+def factor_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool = 1, hoist: bool = True
+                  ) -> tuple[Array, Any]:
+    """The sequential forward (xs (T, B, I), s0 (B, S) -> ss (T, B, S)) and each step's
+    :meth:`bppsa.cells.AnalyticAdjoint.step_factors` (T, B, ...): one ``lax.scan``. ``hoist``: the input's part
+    of every step computed before the loop (one product), else inside each step."""
+    lp, adj = cell.loop_params(params), analytic_adjoint(cell)
+
+    def body(s, u):
+        new, f = adj.step_factors(lp, cell.unflatten_state(s), u if hoist else cell.project(params, u))
+        return cell.flatten_state(new), (cell.flatten_state(new), f)
+
+    return lax.scan(body, s0, cell.project(params, xs) if hoist else xs, unroll=unroll)[1]
+
+
+def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array, factors: Any,
+                       unroll: int | bool = 1, in_loop: bool = False) -> tuple[Array, Any, Array, Array]:
+    """BPTT by the cell's analytic adjoint (cells with ``has_adjoint``): one loop over the steps from
+    the last, g_{t-1} = (g_t + ct_t) M_t by :meth:`bppsa.cells.AnalyticAdjoint.adjoint_step` on the forward's
+    ``factors`` (no Jacobian formed; one product with W_hᵀ a step). The parameter gradients
+    (:meth:`bppsa.cells.AnalyticAdjoint.adjoint_grads`): after the loop, one product each over all steps from
+    the cotangents it wrote out; ``in_loop``: summed step by step in the loop, as autodiff's BPTT
+    does (nothing (T, B, G·H) written and read back: :func:`bppsa.plan.cost.adjoint_in_loop` decides),
+    from the inputs :meth:`bppsa.cells.AnalyticAdjoint.adjoint_sum_inputs` arranged before it.
+    Returns what :func:`bppsa.backward.pipeline.adjoint` does:
+    (gs (T, B, S), dparams, dxs (T, B, I), g0 (B, S))."""
+    lp, adj = cell.loop_params(params), analytic_adjoint(cell)
+    previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)  # the state before each step
+    ct = ct.astype(ss.dtype)
+
+    def step(inp, g):  # -> (∂L/∂s_t, its part of ∂L/∂s_{t-1}, the step's cotangents)
+        g = g + inp[0]
+        return (g, *adj.adjoint_step(lp, inp[1], g))
+
+    if not in_loop:
+        def written(g, inp):
+            g, g_prev, cotangents = step(inp, g)
+            return g_prev, (g, cotangents)
+
+        g0, (gs, cotangents) = lax.scan(written, jnp.zeros_like(s0), (ct, factors), reverse=True, unroll=unroll)
+        dparams, dxs = adj.adjoint_grads(params, previous, xs, factors, gs, cotangents)
+    else:
+        def part(inp, g):  # -> (g_t, g_{t-1}, (this step's part of the sums, its input's cotangent))
+            g, g_prev, cotangents = step(inp, g)  # inp[2]: this step's adjoint_sum_inputs
+            return g, g_prev, adj.adjoint_sum_step(lp, inp[2], inp[1], g, cotangents)
+
+        def summed(carry, inp):
+            g, g_prev, (sums, dx) = part(inp, carry[0])
+            return (g_prev, jax.tree.map(jnp.add, carry[1], sums)), (g, dx)
+
+        inputs = (ct, factors, adj.adjoint_sum_inputs(params, previous, xs))
+        shapes = jax.eval_shape(part, jax.tree.map(lambda a: a[0], inputs), s0)[2][0]
+        sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+        (g0, sums), (gs, dxs) = lax.scan(summed, (jnp.zeros_like(s0), sums0), inputs, reverse=True, unroll=unroll)
+        dparams = adj.adjoint_sum_result(params, sums)
+    return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)

@@ -1,0 +1,175 @@
+"""The BPPSA backward pipeline: the gradient recurrence of a chain solved by a scan, chunked.
+
+From the saved forward states, :func:`adjoint` generates every step's transposed Jacobian at once
+(parallel over T), solves the gradient recurrence g_{t-1} = g_t @ M_t + c_{t-1} with a scan from
+:mod:`bppsa.scan` in Θ(log T) levels (dense, or the structured cells' diagonal and (k, k) block
+scans), then turns all g_t into parameter and input gradients with one batched contraction
+(:meth:`bppsa.cells.Cell.param_grads`). Over chunks of ``chunk_size`` steps
+(:func:`chunked_backward`) only one chunk's Jacobians are in memory at a time; the chunks run
+latest first, each one's root the adjoint its successor left. With the Blelloch scan the elements
+are made directly in the scan's storage order (:func:`storage_inputs`, :func:`stored_jacobians`,
+:func:`stored_scan`). :func:`scan_order` and :func:`root_and_offsets` give a mesh's shards the same
+pieces (:mod:`bppsa.parallel.sequence`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from bppsa.cells import Cell
+from bppsa.scan import dense as scan_lib
+from bppsa.scan.layout import block_rows, equal_chunks, to_blocks
+from bppsa.scan.structured import block_scan
+
+__all__ = ["adjoint", "chunked_backward", "scan_order", "root_and_offsets", "storage_inputs", "stored_jacobians",
+           "stored_scan"]
+
+
+def storage_inputs(spr: Array, xr: Array, sr: Array, ds: Array) -> tuple[Array, ...]:
+    """The backward's scan-order (n, ...) inputs in the Blelloch scan's storage order: padding
+    steps get copies of a real step (finite Jacobians; the scan replaces them by the identity)
+    and zero offsets. Returns (spr, xr, sr, ds) with N rows (:func:`bppsa.scan.bottom_layout`)."""
+    n = xr.shape[0]
+    return (*(scan_lib.to_storage(a, n, pad="edge") for a in (spr, xr, sr)), scan_lib.to_storage(ds, n))
+
+
+def stored_jacobians(cell: Cell, params: Any, spr: Array, xr: Array, sr: Array) -> Array | tuple[Array, Array]:
+    """The Jacobians of storage-order steps for the Blelloch scan: the cell's diagonal structure
+    ``(A, Wt)`` where it has one (:meth:`bppsa.cells.Cell.diagonal_jacobian`), else the
+    (N, B, S, S) matrices."""
+    if cell.has_diagonal_jacobian:
+        return cell.diagonal_jacobian(params, spr, xr, sr)
+    return cell.transposed_jacobian(params, spr, xr, sr)
+
+
+def stored_scan(v: Array, jacobians: Array | tuple[Array, Array], ds: Array, n: int) -> tuple[Array, Array]:
+    """The storage-order Blelloch scan of :func:`stored_jacobians`' output (ds zero-padded, as
+    :func:`storage_inputs` makes it). Returns (prefixes in scan order, total)."""
+    if isinstance(jacobians, tuple):
+        A, Wt = jacobians
+        return scan_lib.blelloch_scan_stored_diag(v, A, Wt, ds, n)
+    return scan_lib.blelloch_scan_stored(v, jacobians, ds, n, zero_padded_offsets=True)
+
+
+def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
+    """Generate the Jacobians of one stretch of steps (scan order) and scan them from root v.
+
+    Returns (gs, total): gs[k] the gradient w.r.t. the state of element k, total the gradient
+    the stretch's first step sends to the state before it. For the Blelloch scan the Jacobians
+    are generated directly in the scan's storage order (:func:`bppsa.scan.to_storage` of the
+    (n, B, S) state vectors, never of the (n, B, S, S) matrices), and for a cell with diagonal
+    structure (the RNN) not at all: only its (A, Wt) factors (:func:`stored_jacobians`).
+    """
+    if cell.jacobian_block_size is not None:
+        return _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v)
+    if scan_method == "blelloch":
+        n = xr.shape[0]
+        spr_p, xr_p, sr_p, ds_p = storage_inputs(spr, xr, sr, ds)
+        return stored_scan(v, stored_jacobians(cell, params, spr_p, xr_p, sr_p), ds_p, n)
+    Ms = cell.transposed_jacobian(params, spr, xr, sr)
+    return scan_lib.scan(v, Ms, ds, scan_method)
+
+
+
+def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
+    """:func:`_scan_gradients` for a block-diagonal Jacobian (:attr:`bppsa.cells.Cell.jacobian_block_size`
+    k): each of the S/k blocks of each batch row is an independent (k, k) chain, so the scans run
+    on B·S/k rows of k-vectors (k = 1: elementwise), never on S×S matrices."""
+    k, (n, B, S) = cell.jacobian_block_size, sr.shape
+    if scan_method == "blelloch" and k > 1:
+        spr, xr, sr, ds = storage_inputs(spr, xr, sr, ds)
+        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
+        gs, total = scan_lib.blelloch_scan_stored(to_blocks(v, k), Ms, to_blocks(ds, k), n, zero_padded_offsets=True)
+    else:  # k = 1: elementwise (bppsa.scan.diagonal_scan)
+        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
+        gs, total = block_scan(to_blocks(v, k), Ms, to_blocks(ds, k), scan_method)
+    return gs.reshape((n, B, S)), total.reshape((B, S))
+
+
+def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any, xr: Array, sr: Array, spr: Array,
+                     ctr: Array) -> tuple[Any, Array, Array, Array]:
+    """BPPSA backward over equal chunks of at most ``chunk_size`` steps, latest chunk first (scan order).
+
+    Each chunk generates only its own Jacobians (C, B, S, S), scans them with the gradient
+    flowing in from the later chunks added to its root vector, and passes the scan's total
+    (the gradient its first step sends to the previous state) on as the next chunk's carry.
+    Peak memory is O(C·B·S²) instead of O(T·B·S²); the result is exact.
+
+    All chunks have one length, C = ⌈T / ⌈T / chunk_size⌉⌉, so one chunk program is compiled (a
+    shorter tail chunk would be a second scan of another shape, compiled again). The P = n·C − T
+    < n missing steps are put in front, after the last step in time: copies of the last step's
+    inputs and states with zero cotangent. Their gradients are exactly zero (no loss depends on a
+    step after the last; zero times the last step's own, finite, Jacobian), so the real steps'
+    gradients, and the parameter gradients summed over steps, are those of the unpadded sequence.
+
+    xr (T, B, I), sr, spr, ctr (T, B, S) are in scan order (:func:`scan_order`). Returns
+    (dparams, dxr (T, B, I) in scan order, g0 (B, S) the gradient w.r.t. the initial state,
+    gsr (T, B, S) the gradients w.r.t. the states, scan order).
+    """
+    T = xr.shape[0]
+    n_chunks, C = equal_chunks(T, chunk_size)
+    P = n_chunks * C - T
+    if P:
+        front = lambda a: jnp.concatenate([jnp.broadcast_to(a[:1], (P,) + a.shape[1:]), a], axis=0)
+        xr, sr, spr = front(xr), front(sr), front(spr)
+        ctr = jnp.concatenate([jnp.zeros((P,) + ctr.shape[1:], ctr.dtype), ctr], axis=0)
+
+    def body(carry, c):
+        u, acc = carry
+        xr_c, sr_c, spr_c, ctr_c = c
+        v, ds = root_and_offsets(ctr_c)
+        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u)
+        dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
+        return (total, jax.tree.map(jnp.add, acc, dp)), (dx, gs)
+
+    split = lambda a: a.reshape((n_chunks, C) + a.shape[1:])
+    init = (jnp.zeros_like(ctr[0]), jax.tree.map(jnp.zeros_like, params))
+    (u, acc), outs = jax.lax.scan(body, init, tuple(split(a) for a in (xr, sr, spr, ctr)))
+    dxr, gsr = (a.reshape((n_chunks * C,) + a.shape[2:])[P:] for a in outs)
+    return acc, dxr, u, gsr
+
+
+
+
+def scan_order(xs: Array, ss: Array, s0: Array, ct: Array) -> tuple[Array, Array, Array, Array]:
+    """Time order -> scan order (latest step first), as every BPPSA backward needs it.
+
+    xs (T, B, I), ss (T, B, S) the states after each step, s0 (B, S) the state before the first,
+    ct (T, B, S) the cotangents of ss. Returns (xr, sr, spr, ctr), each reversed along time:
+    element k is step T - k, ``spr[k]`` the state before it (``sr[k + 1]``, and s0 last).
+    """
+    spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
+    return xs[::-1], ss[::-1], spr, ct[::-1].astype(ss.dtype)
+
+
+def root_and_offsets(ctr: Array) -> tuple[Array, Array]:
+    """The scan's root vector v = ctr[0] (B, S) and offsets ds (n, B, S): element k adds ctr[k + 1]
+    (the last element, the first step, adds nothing: the loss on s0 is not the cell's)."""
+    return ctr[0], jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
+
+
+def _cast_grads(dparams, dxr, g0, params, xs, s0):
+    dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
+    return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
+
+
+def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array, ss: Array,
+            ct: Array) -> tuple[Array, Any, Array, Array]:
+    """The BPPSA backward: the adjoint states g_t = ∂L/∂s_t of the cotangent ct (T, B, S) of ss,
+    by the gradient recurrence g_{t-1} = g_t @ M_t + ct_{t-1} with ``scan_method`` over chunks of
+    ``chunk_size`` steps (an int; None: one chunk), and the cell's analytic parameter and input
+    gradients.
+
+    Returns (gs (T, B, S) time order, dparams, dxs (T, B, I), g0 (B, S) = ∂L/∂s0)."""
+    xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
+    if chunk_size is not None and chunk_size < ss.shape[0]:
+        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr)
+    else:
+        v, ds = root_and_offsets(ctr)
+        gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v)  # gsr[k] = g_{T-k}
+        dparams, dxr = cell.param_grads(params, spr, xr, sr, gsr)
+    return (gsr[::-1].astype(ss.dtype), *_cast_grads(dparams, dxr, g0, params, xs, s0))

@@ -1,0 +1,21 @@
+"""What runs: the method options a user gives, the one plan resolved from them, and the rules and
+cost model that resolve it.
+
+- :mod:`bppsa.plan.options`: :class:`Options` (``backward``, ``forward``, ``scan``, ``chunk_size``,
+  the solver's tolerances, ...), checked where they are made, and :class:`Plan`, every choice they
+  leave open resolved once at the entry (:meth:`Options.plan`) and passed down whole;
+- :mod:`bppsa.plan.cost`: the rules (the unroll, hoisting, the chunk length, the elementwise
+  backward) and the cost model of ``backward="auto"`` and ``forward="auto"``, with the shipped
+  models in ``cost_models/``.
+
+May import :mod:`bppsa.scan`, :mod:`bppsa.cells`, :mod:`bppsa.host` and :mod:`bppsa.errors`.
+"""
+
+from __future__ import annotations
+
+from bppsa.plan import cost, options
+from bppsa.plan.cost import CostModel, choose_backward, choose_forward
+from bppsa.plan.options import BACKWARDS, FORWARDS, Options, Plan
+
+__all__ = ["options", "cost", "Options", "Plan", "BACKWARDS", "FORWARDS", "CostModel", "choose_backward",
+           "choose_forward"]

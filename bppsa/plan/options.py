@@ -1,0 +1,381 @@
+"""The one options object of the backward pass, validated once and accepted by every entry point.
+
+    opts = bppsa.Options(backward="auto", chunk_size=256, precision="high")
+    hs = bppsa.rnn(cell, params, xs, h0, options=opts)        # or the same fields as keywords:
+    hs = bppsa.rnn(cell, params, xs, h0, backward="auto", chunk_size=256, precision="high")
+
+:func:`bppsa.rnn`, :func:`bppsa.parallel.rnn`, :func:`bppsa.parallel.pmap_rnn` and
+:class:`bppsa.nn.RNN` take ``options=`` and/or the fields of :class:`Options` as keywords
+(keywords override the fields of ``options``); :func:`make` builds and checks it, and
+:meth:`Options.plan` is the one place where every open choice (``"auto"``, None) is made, once
+per call and before anything is computed: the :class:`Plan` it returns is what the layers below
+execute.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Literal, cast, get_args
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+from jax.typing import DTypeLike
+
+from bppsa.cells import Cell
+from bppsa.errors import UsageError, as_int, as_number
+from bppsa.plan import cost as cost_lib
+from bppsa.scan.dense import SCANS
+
+__all__ = ["Options", "Plan", "make", "tolerance", "unroll_for", "Backward", "Forward", "ParallelForward", "Scan",
+           "Combine", "OnFail", "Precision", "BACKWARDS", "FORWARDS", "KINDS", "PRECISIONS", "COMBINES", "ON_FAIL",
+           "SOLVER_FIELDS", "DEFAULT_TOL", "DEFAULT_MAX_ITER"]
+
+# The method names, each written once: the runtime tuples are read from the Literal types.
+Backward = Literal["bppsa", "bptt", "auto"]
+ParallelForward = Literal["newton", "quasi"]
+Forward = Literal["sequential", ParallelForward, "auto"]
+Scan = Literal["blelloch", "associative", "sequential"]
+Combine = Literal["logstep", "allgather", "chain", "auto"]
+OnFail = Literal["sequential", "raise"]
+Precision = Literal["highest", "high", "default"]  # jax.lax.Precision's members, by name
+
+BACKWARDS: tuple[str, ...] = get_args(Backward)
+FORWARDS: tuple[str, ...] = get_args(Forward)
+KINDS: tuple[str, ...] = get_args(ParallelForward)  # the parallel forwards (bppsa.forward.newton)
+COMBINES: tuple[str, ...] = get_args(Combine)
+ON_FAIL: tuple[str, ...] = get_args(OnFail)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+assert set(get_args(Scan)) == set(SCANS), "options.Scan must name bppsa.scan.SCANS"
+
+#: The parallel forward's relative residual tolerance by dtype name (about 100 ulps; float32's is
+#: the one DEER uses).
+DEFAULT_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
+DEFAULT_MAX_ITER = 100  # DEER's
+
+#: The fields of :class:`Options` that set the parallel forward (:mod:`bppsa.forward.newton`), besides
+#: ``forward`` itself (its kind): :meth:`Options.newton_plan` shows them.
+SOLVER_FIELDS = ("scan", "chunk_size", "tol", "atol", "rtol", "max_iter", "damping", "on_fail")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How :func:`bppsa.rnn` computes the states and their gradients. Checked on construction (a
+    :class:`bppsa.errors.UsageError` names the field, the value and what is allowed).
+
+    Attributes:
+      backward: "bppsa" (parallel-scan backward), "bptt" (the sequential backward: the cell's
+        analytic adjoint where it has one, :mod:`bppsa.backward.adjoint`, else autodiff through
+        ``lax.scan``; its unroll tuned per shape and backend: :func:`bppsa.plan.cost.bptt_unroll`) or
+        "auto" (the cost model picks tuned BPTT, BPPSA-blelloch or BPPSA-sequential per cell, T, B, state size,
+        dtype and backend: :meth:`resolve`; on CPU, one device, a cell with 1×1 Jacobian blocks and ``scan``
+        left at None: BPPSA by the elementwise plan, measured faster: :func:`bppsa.plan.cost.choose_backward`).
+      scan: the BPPSA scan, "blelloch", "associative" or "sequential" (:mod:`bppsa.scan`); None
+        (default): "blelloch", or with ``backward="auto"`` the scan the model chose; on CPU, for a
+        cell with 1×1 Jacobian blocks, "sequential" over cache-sized chunks where ``chunk_size`` is
+        "auto" (:func:`bppsa.plan.cost.elementwise_plan`). An explicit scan is kept: ``auto`` then
+        decides BPTT or BPPSA, and BPPSA runs that scan.
+      chunk_size: BPPSA on one device: run the backward over equal chunks of at most this many steps
+        (an int; numpy and JAX integer scalars are taken as ints), so Jacobian memory is chunk_size·B·S²
+        instead of T·B·S² (exact; None: one chunk). "auto" (default): on CPU, cache-sized chunks
+        (:func:`bppsa.plan.cost.auto_chunk_size`); on accelerators, one chunk. With a mesh each device
+        scans its stretch in one piece: only None and "auto" are accepted there.
+      precision: BPPSA: the precision of every matrix product of the backward (Jacobians, scan,
+        parameter gradients): "highest" (default, full float32), "high" or "default" (TF32 on
+        recent NVIDIA GPUs), or a ``jax.lax.Precision``; stored as its lower-case name.
+      cost_model: ``backward="auto"``: the :class:`bppsa.plan.cost.CostModel` that decides (None: the
+        calibration cached for this device, else the model shipped for this backend).
+      combine: with a mesh, the cross-device step of the sharded backward: "logstep",
+        "allgather", "chain" or "auto" (:func:`bppsa.plan.cost.choose_combine`).
+      unroll: the unroll factor of the sequential forward's ``lax.scan`` (and so of BPTT's): a
+        positive int, True (every step) or False (1), as ``lax.scan`` takes it; None (default):
+        tuned per shape and backend (:func:`bppsa.plan.cost.bptt_unroll`). One device: with a mesh
+        each device's stretch is a plain ``lax.scan`` (unroll 1).
+      forward: how the states are computed: "sequential" (a ``lax.scan``, T dependent steps),
+        "newton" (Newton's method over the whole sequence, each iteration one parallel scan of
+        the exact Jacobians: :mod:`bppsa.forward.newton`), "quasi" (the Jacobians' diagonal in the
+        iterations) or "auto" (the cost model: :func:`bppsa.plan.cost.choose_forward`). Gradients are
+        exact for every forward (the backward linearises at the converged states). With a
+        parallel forward, ``backward="bptt"`` means the sequential scan of the same backward.
+      tol: the parallel forward's tolerance, in (0, 1); None: per dtype (:data:`DEFAULT_TOL`,
+        float32 1e-5, float64 1e-12). The default of both ``atol`` and ``rtol``.
+      atol, rtol: the parallel forward's absolute and relative tolerances (finite, >= 0, rtol < 1,
+        not both 0; None: ``tol``). Converged when every step's residual |h_t − f(h_{t-1}, x_t)|
+        <= atol + rtol·|f(h_{t-1}, x_t)| and the estimated error of every state <= atol + rtol·|h_t|
+        (:mod:`bppsa.forward.newton`).
+      max_iter: the parallel forward's iteration limit (default 100, DEER's).
+      damping: None (plain Newton) or the initial λ of the damped step (:mod:`bppsa.forward.newton`).
+      on_fail: not converged within ``max_iter``: "sequential" (default: the sequential forward
+        runs instead, a warning once, counted) or "raise" (:class:`bppsa.forward.newton.NewtonDidNotConverge`).
+
+    Every choice left open here ("auto", None) is made once per call, before anything is
+    computed: :meth:`plan` returns the :class:`Plan` the layers below execute.
+    """
+
+    backward: Backward = "bppsa"
+    scan: Scan | None = None
+    chunk_size: int | Literal["auto"] | None = "auto"
+    precision: Precision | lax.Precision = "highest"
+    cost_model: cost_lib.CostModel | None = None
+    combine: Combine = "auto"
+    unroll: int | bool | None = None
+    forward: Forward = "sequential"
+    tol: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    max_iter: int = DEFAULT_MAX_ITER
+    damping: float | None = None
+    on_fail: OnFail = "sequential"
+
+    def __post_init__(self):
+        _choice("backward", self.backward, BACKWARDS)
+        _choice("forward", self.forward, FORWARDS)
+        for name, value in zip(("tol", "atol", "rtol", "max_iter", "damping"),
+                               _check_solver_fields(self.tol, self.atol, self.rtol, self.max_iter, self.damping,
+                                                    self.on_fail)):
+            object.__setattr__(self, name, value)
+        if self.scan is not None and not (isinstance(self.scan, str) and self.scan in SCANS):
+            raise UsageError(f"scan must be one of {sorted(SCANS)} or None; got {self.scan!r}")
+        _choice("combine", self.combine, COMBINES)
+        object.__setattr__(self, "chunk_size", _chunk_size(self.chunk_size))
+        object.__setattr__(self, "precision", _precision(self.precision))
+        object.__setattr__(self, "unroll", _unroll(self.unroll))
+        if self.cost_model is not None and not isinstance(self.cost_model, cost_lib.CostModel):
+            raise UsageError(f"cost_model must be a bppsa.CostModel or None; got {type(self.cost_model).__name__}")
+
+    def replace(self, **fields: Any) -> Options:
+        """A copy with ``fields`` changed (checked again)."""
+        return make(self, **fields)
+
+    def resolve(self, cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, devices: int | None = None
+                ) -> Options:
+        """The options with ``backward`` in ("bppsa", "bptt"), ``forward`` not "auto" and ``scan``
+        set: ``"auto"`` asks the cost model (:func:`bppsa.plan.cost.choose_backward`,
+        :func:`bppsa.plan.cost.choose_forward`) for this cell, T, B, dtype and ``devices`` (the mesh axis
+        the time is split over; None: one device); the model's scan is used only where ``scan`` was
+        left at None. The other open choices are :meth:`plan`'s."""
+        backward, scan, forward = self.backward, self.scan, self.forward
+        if backward == "auto":
+            backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model, scan=scan,
+                                                           devices=devices)
+            scan = scan or auto_scan
+        if forward == "auto":
+            forward = cost_lib.choose_forward(cell, T, B, dtype)[0]
+        return dataclasses.replace(self, backward=backward, scan=scan or "blelloch", forward=forward)
+
+    def plan(self, cell: Cell, xs: Array | jax.ShapeDtypeStruct, s0: Array | jax.ShapeDtypeStruct, *,
+             states_dtype: DTypeLike | None = None, devices: int | None = None) -> Plan:
+        """Every choice made for one problem: the :class:`Plan` that runs ``cell`` over xs
+        (T, B, I) from the flat state s0 (B, S) (arrays or ``jax.ShapeDtypeStruct``s: only shapes
+        and dtypes are read). ``states_dtype``: the dtype of the states the forward produces
+        (default s0's; they differ only for a weakly typed s0). ``devices``: the size of the
+        mesh axis the time is split over (None: one device, no mesh).
+
+        This is where the cost model (:mod:`bppsa.plan.cost`) is consulted: ``backward``, ``scan`` and
+        ``forward`` (:meth:`resolve`), the backward's and the parallel forward's chunk lengths
+        (:func:`bppsa.plan.cost.auto_chunk_size`), the forward scan's unroll (:func:`unroll_for`), the
+        tolerance (:func:`tolerance`) and the mesh's combine (:func:`bppsa.plan.cost.choose_combine`),
+        all at ``jax.default_backend()``. A Plan is returned as it is (made already).
+        """
+        if isinstance(self, Plan):
+            if self.devices != devices:
+                raise UsageError(f"this Plan was made for devices={self.devices}; the run has devices={devices}: "
+                                 "pass the Options it was planned from")
+            return self
+        if devices is not None and self.chunk_size is not None and self.chunk_size != "auto":
+            raise UsageError(f"chunk_size={self.chunk_size!r} cannot be combined with mesh (the sharded scan "
+                             "already splits the sequence); pass one of them")
+        T, B, S = int(xs.shape[0]), int(xs.shape[1]), int(s0.shape[-1])
+        backend = jax.default_backend()
+        r = self.resolve(cell, T, B, xs.dtype, devices)
+        s_dtype = jnp.dtype(s0.dtype)
+        ss_dtype = jnp.dtype(states_dtype if states_dtype is not None else s_dtype)
+        parallel = r.forward != "sequential"
+        chunk = solve_chunk = None
+        loop = "bptt" if r.backward == "bptt" and not parallel else "forward"  # autodiff through the loop or not
+        if devices is None:
+            unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend, loop)
+            scan, chunk, solve_chunk = cost_lib.chunk_lengths(
+                cell, T, B, S, backward=r.backward, forward=r.forward, scan=cast(str, r.scan),
+                scan_given=self.scan is not None, chunk_size=r.chunk_size, states_itemsize=ss_dtype.itemsize,
+                solve_itemsize=s_dtype.itemsize, backend=backend)
+            r = dataclasses.replace(r, scan=scan)
+        else:
+            unroll = 1  # each device's stretch is a plain lax.scan, scanned in one piece
+        combine = r.combine if r.combine != "auto" else cost_lib.choose_combine(devices or 1)
+        gate = None  # forward="auto" chose the parallel forward: it runs on only if the LLE predicts it pays
+        if self.forward == "auto" and parallel and devices is None:
+            gate = cost_lib.choose_forward(cell, T, B, xs.dtype, backend)[1]
+        tol = tolerance(s_dtype, r.tol)
+        made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
+                "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
+        hoist = parallel or cost_lib.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
+        in_loop = loop == "bptt" and cost_lib.adjoint_in_loop(cell, B, backend, S)
+        return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
+                    hoist=hoist, gate=gate, weights_in_loop=in_loop)
+
+    def newton_plan(self) -> _SolverSettings:
+        """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
+        of :data:`SOLVER_FIELDS` (``scan``: "blelloch" when unset); before a problem is known, so
+        ``chunk_size``, ``tol``, ``atol`` and ``rtol`` may still be open (:meth:`plan` makes them concrete)."""
+        return _SolverSettings(self.forward, *(getattr(self, f) for f in SOLVER_FIELDS)) \
+            ._replace(scan=self.scan or "blelloch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan(Options):
+    """:class:`Options` with every choice made for one problem (:meth:`Options.plan`): the fields
+    of :class:`Options`, each concrete, and two derived from them. What the layers below
+    (:mod:`bppsa.backward`, :mod:`bppsa.forward.newton`, :mod:`bppsa.parallel.sequence`) execute; they
+    decide nothing.
+
+    ``backward`` is "bppsa" or "bptt"; ``forward`` "sequential", "newton" or "quasi"; ``scan`` a
+    scan's name; ``chunk_size`` the BPPSA backward's chunk length (an int, or None: one chunk;
+    None for BPTT); ``unroll`` the forward scan's unroll (an int); ``tol``, ``atol``, ``rtol`` floats;
+    ``precision`` a name; ``combine`` the mesh's cross-device step.
+
+    Attributes (besides the fields of :class:`Options`):
+      solve_chunk: the parallel forward's chunk length for its linear solves (an int, or None:
+        one chunk; None for the sequential forward and with a mesh).
+      devices: the size of the mesh axis the time is split over; None: one device, no mesh.
+      hoist: the sequential forward computes the inputs' part of all steps before its loop
+        (:func:`bppsa.plan.cost.hoist_inputs`); the parallel forwards always do (True).
+      weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
+        loop (:func:`bppsa.plan.cost.adjoint_in_loop`); False: one product each after it.
+      gate: ``forward="auto"`` chose the parallel forward on this backend: the most iterations at
+        which it is predicted to pay (:func:`bppsa.plan.cost.break_even_iterations`). The solver
+        estimates the Lyapunov exponent at its first iterate and runs the sequential forward
+        instead when it is >= 0 or the predicted iterations exceed this; None: no such test.
+    """
+
+    solve_chunk: int | None = None
+    devices: int | None = None
+    hoist: bool = True
+    gate: float | None = None
+    weights_in_loop: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        concrete = {"backward": self.backward != "auto", "forward": self.forward != "auto",
+                    "scan": self.scan is not None, "chunk_size": self.chunk_size != "auto",
+                    "unroll": type(self.unroll) is int, "tol": isinstance(self.tol, float),
+                    "atol": isinstance(self.atol, float), "rtol": isinstance(self.rtol, float),
+                    "combine": self.combine != "auto",
+                    "solve_chunk": self.solve_chunk is None or type(self.solve_chunk) is int,
+                    "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1),
+                    "hoist": isinstance(self.hoist, bool),
+                    "gate": self.gate is None or isinstance(self.gate, float),
+                    "weights_in_loop": isinstance(self.weights_in_loop, bool)}
+        open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
+        if open_:
+            raise UsageError(f"a Plan has every choice made; open: {', '.join(open_)} (Options.plan makes them)")
+
+    def replace(self, **fields: Any) -> Plan:
+        """A copy with ``fields`` (of :class:`Options` or the plan's own) changed, checked again:
+        every choice stays made."""
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise UsageError(f"unknown plan field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                             f"the fields are {', '.join(f.name for f in dataclasses.fields(self))}")
+        return dataclasses.replace(self, **fields)
+
+
+_SolverSettings = collections.namedtuple("_SolverSettings", ("kind",) + SOLVER_FIELDS)
+_FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+
+
+def make(options: Options | None = None, **fields: Any) -> Options:
+    """``options`` (default: ``Options()``) with ``fields`` overriding it. Unknown field names and
+    bad values raise a UsageError naming them (the keywords of every entry point come here)."""
+    unknown = sorted(set(fields) - set(_FIELDS))
+    if unknown:
+        raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"the options are {', '.join(_FIELDS)}")
+    if options is None:
+        return Options(**fields)
+    if not isinstance(options, Options):
+        raise UsageError(f"options must be a bppsa.Options or None; got {type(options).__name__}")
+    return dataclasses.replace(options, **fields) if fields else options
+
+
+def tolerance(dtype: DTypeLike, tol: float | None = None) -> float:
+    """``tol`` or the default for ``dtype`` (:data:`DEFAULT_TOL`; other dtypes: float32's)."""
+    return float(tol) if tol is not None else DEFAULT_TOL.get(jnp.dtype(dtype).name, DEFAULT_TOL["float32"])
+
+
+def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state_size: int | None = None,
+               unroll: int | bool | None = None, backend: str | None = None, backward: str = "bptt") -> int:
+    """The forward ``lax.scan``'s unroll as an int: ``unroll`` None: tuned for this cell, shape,
+    backend and ``backward`` ("bptt": autodiff differentiates the loop; else a forward alone)
+    (:func:`bppsa.plan.cost.bptt_unroll`; ``state_size``: the flat state width S); True: every step
+    (T); False: 1; an int: itself (what ``lax.scan`` makes of each)."""
+    if unroll is None:
+        return cost_lib.bptt_unroll(cell, T, B, dtype, backend, state_size=state_size, backward=backward)
+    if isinstance(unroll, bool):
+        return max(int(T), 1) if unroll else 1
+    return int(unroll)
+
+
+def _check_solver_fields(tol, atol, rtol, max_iter, damping, on_fail) -> tuple[Any, ...]:
+    """The parallel forward's fields (the only place they are checked); returns (tol, atol, rtol,
+    max_iter, damping) as Python floats (or None) and an int (numpy and JAX scalars are accepted)."""
+    t, n, d = (None if tol is None else as_number(tol)), as_int(max_iter), (None if damping is None else
+                                                                            as_number(damping))
+    if tol is not None and not (t is not None and 0 < t < 1):
+        raise UsageError(f"tol must be a number in (0, 1) or None (per dtype: {DEFAULT_TOL}); got {tol!r}")
+    a, r = (None if v is None else as_number(v) for v in (atol, rtol))
+    if atol is not None and not (a is not None and np.isfinite(a) and a >= 0):
+        raise UsageError(f"atol must be a finite number >= 0 or None (= tol); got {atol!r}")
+    if rtol is not None and not (r is not None and np.isfinite(r) and 0 <= r < 1):
+        raise UsageError(f"rtol must be a number in [0, 1) or None (= tol); got {rtol!r}")
+    if a == 0 and r == 0:
+        raise UsageError("atol and rtol are both 0: no iterate can meet them; give one of them > 0")
+    if n is None or n < 1:
+        raise UsageError(f"max_iter must be a positive int; got {max_iter!r}")
+    if damping is not None and not (d is not None and np.isfinite(d) and d >= 0):
+        raise UsageError(f"damping must be None (plain Newton) or a finite number >= 0 (the initial λ); "
+                         f"got {damping!r}")
+    _choice("on_fail", on_fail, ON_FAIL)
+    return (None if t is None else float(t), None if a is None else float(a), None if r is None else float(r), n,
+            None if d is None else float(d))
+
+
+def _choice(name, value, choices):
+    if not (isinstance(value, str) and value in choices):
+        raise UsageError(f"{name} must be one of {list(choices)}; got {value!r}")
+
+
+def _chunk_size(chunk_size):
+    """An int, None or "auto" (a numpy or JAX integer scalar becomes an int; bools, floats and
+    traced values are refused)."""
+    if chunk_size is None or (isinstance(chunk_size, str) and chunk_size == "auto"):
+        return chunk_size
+    n = as_int(chunk_size)
+    if n is not None and n >= 1:
+        return n
+    if n is None and isinstance(chunk_size, jax.Array) and chunk_size.ndim == 0 and \
+            jnp.issubdtype(chunk_size.dtype, jnp.integer):  # not concrete: the chunking is decided at trace time
+        raise UsageError(f"chunk_size must be a concrete positive int (static under jit); "
+                         f"got a traced {chunk_size.dtype} value")
+    raise UsageError(f"chunk_size must be a positive int, None or 'auto'; got {chunk_size!r}")
+
+
+def _unroll(unroll):
+    """None, a bool, or a positive int (numpy and JAX integer scalars become ints)."""
+    if unroll is None or isinstance(unroll, bool):
+        return unroll
+    n = as_int(unroll)
+    if n is not None and n >= 1:
+        return n
+    raise UsageError(f"unroll must be a positive int, True, False or None (tuned); got {unroll!r}")
+
+
+def _precision(precision) -> str:
+    """A name from :data:`PRECISIONS` (any case) or a ``jax.lax.Precision`` -> its lower-case name."""
+    if isinstance(precision, lax.Precision):
+        return precision.name.lower()
+    if isinstance(precision, str) and precision.lower() in PRECISIONS:
+        return precision.lower()
+    raise UsageError(f"precision must be one of {list(PRECISIONS)} or a jax.lax.Precision; got {precision!r}")

@@ -1,0 +1,28 @@
+"""How a sequence is laid out for a scan: a block-diagonal map's blocks as batch rows, and the
+equal chunks a chunked scan runs over (one chunk program compiled, whatever T)."""
+
+from __future__ import annotations
+
+from jax import Array
+
+__all__ = ["to_blocks", "block_rows", "equal_chunks"]
+
+
+def to_blocks(a: Array, k: int) -> Array:
+    """(..., B, S) -> (..., B·S/k, k): a block-diagonal map's blocks become batch rows."""
+    return a.reshape(a.shape[:-2] + (a.shape[-2] * (a.shape[-1] // k), k))
+
+
+def block_rows(blocks: Array) -> Array:
+    """(..., B, S/k, k, k) Jacobian blocks -> (..., B·S/k, k, k), the scans' batch of matrices."""
+    return blocks.reshape(blocks.shape[:-4] + (-1,) + blocks.shape[-2:])
+
+
+
+def equal_chunks(T: int, chunk_size: int) -> tuple[int, int]:
+    """(n, C): the fewest chunks of at most ``chunk_size`` steps covering T, n of one length C =
+    ⌈T / n⌉ (n·C − T < n steps of padding), so a chunked loop compiles one chunk program."""
+    n = -(-T // chunk_size)
+    return n, -(-T // n)
+
+

@@ -1,0 +1,153 @@
+"""Decisions made once: every entry point makes one Plan, with every choice concrete, before
+anything runs; the layers below it (bppsa.forward, bppsa.backward, parallel.sequence) never consult the cost
+model; the option fields are defined once."""
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import get_args
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import bppsa
+import bppsa.nn
+from bppsa import cells, parallel, structured
+from bppsa.plan import cost, options
+from bppsa.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+# the layers that run a plan: every module of the forward and the backward, and the mesh's
+EXECUTORS = sorted(str(p.relative_to(ROOT)) for d in ("forward", "backward") for p in (ROOT / "bppsa" / d).glob("*.py")) \
+    + ["bppsa/parallel/sequence.py"]
+
+
+def _problem(T=8, B=2, I=2, H=3):
+    cell = cells.GRU(I, H)
+    params = cell.init(jax.random.key(0), jnp.float64)
+    xs = jax.random.normal(jax.random.key(1), (T, B, I), jnp.float64)
+    return cell, params, xs, jnp.zeros((B, H), jnp.float64)
+
+
+def _assert_concrete(plan, devices=None):
+    assert type(plan) is options.Plan and plan.devices == devices
+    assert plan.backward in ("bppsa", "bptt") and plan.forward in ("sequential", "newton", "quasi")
+    assert plan.scan in get_args(options.Scan) and plan.combine in ("logstep", "allgather", "chain")
+    assert plan.chunk_size is None or type(plan.chunk_size) is int
+    assert plan.solve_chunk is None or type(plan.solve_chunk) is int
+    assert type(plan.unroll) is int and type(plan.tol) is float and plan.precision in options.PRECISIONS
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    made = []
+    planner = options.Options.plan
+
+    def recording(self, *args, **kwargs):
+        made.append(planner(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(options.Options, "plan", recording)
+    return made
+
+
+@pytest.mark.parametrize("fields", [{}, {"backward": "auto", "forward": "auto"}, {"forward": "quasi"},
+                                    {"backward": "bptt", "unroll": True}])
+def test_one_device_makes_one_concrete_plan(plans, fields):
+    cell, params, xs, h0 = _problem()
+    jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, **fields)))(params)
+    assert len(plans) == 1
+    _assert_concrete(plans[0])
+
+
+def test_a_mesh_makes_one_concrete_plan(plans):
+    cell, params, xs, h0 = _problem()
+    mesh = parallel.make_mesh(2, batch_axis=None)
+    jax.jit(jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, mesh=mesh, forward="newton"))))(params)  # one compile
+    parallel.pmap_rnn(cell, params, xs.reshape((2, 4) + xs.shape[1:]), h0)
+    assert len(plans) == 2
+    for plan in plans:
+        _assert_concrete(plan, devices=2)
+        assert (plan.chunk_size, plan.solve_chunk, plan.unroll, plan.combine) == (None, None, 1, "allgather")
+    with pytest.raises(UsageError, match="chunk_size=3 cannot be combined with mesh"):
+        bppsa.rnn(cell, params, xs, h0, mesh=mesh, chunk_size=3)
+
+
+def test_nn_rnn_makes_one_concrete_plan(plans):
+    layer = bppsa.nn.RNN(nnx.GRUCell(2, 3, rngs=nnx.Rngs(0), param_dtype=jnp.float64), backward="auto")
+    layer(jnp.ones((2, 5, 2), jnp.float64))
+    assert len(plans) == 1
+    _assert_concrete(plans[0])
+    assert layer.options == bppsa.Options(backward="auto")  # the layer keeps what was asked
+
+
+def test_a_plan_is_kept_and_refuses_open_choices():
+    cell, _, xs, h0 = _problem()
+    plan = bppsa.Options(backward="auto").plan(cell, xs, h0)
+    assert plan.plan(cell, xs, h0) is plan and isinstance(plan, bppsa.Options)
+    with pytest.raises(UsageError, match="open: backward='auto'"):
+        plan.replace(backward="auto")
+    with pytest.raises(UsageError, match="made for devices=None"):
+        plan.plan(cell, xs, h0, devices=2)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the elementwise plan is the CPU's")
+@pytest.mark.parametrize("H, T, B", [(20, 1034, 32), (64, 1034, 32), (256, 1034, 32), (20, 2048, 8), (64, 2048, 8),
+                                     (256, 2048, 8)])
+def test_auto_plans_the_diagonal_bppsa_for_the_diagonal_gru(H, T, B):
+    """BlockGRU(head_size=1) at the diagonal points of the pararnn-torch comparison: backward="auto"
+    makes the plan of backward="bppsa" (the sequential scan over cache-sized chunks of the diagonals),
+    measured 1.2-1.8x faster than BPTT there (experiments/history/diagonal-auto.md); the Newton
+    forward's plan too. With a scan given, the model decides (BPTT here)."""
+    cell = structured.BlockGRU(12, H, 1, hidden_bias=False)
+    xs, s0 = jax.ShapeDtypeStruct((T, B, 12), jnp.float32), jax.ShapeDtypeStruct((B, H), jnp.float32)
+    for fields in ({}, {"forward": "newton"}):
+        auto = bppsa.Options(backward="auto", **fields).plan(cell, xs, s0)
+        assert auto == bppsa.Options(backward="bppsa", **fields).plan(cell, xs, s0)
+        assert (auto.backward, auto.scan) == ("bppsa", "sequential")
+    assert bppsa.Options(backward="auto", scan="blelloch").plan(cell, xs, s0).backward == "bptt"
+
+
+def test_the_cost_model_is_consulted_only_by_the_plan(monkeypatch):
+    callers = []
+    for name in ("choose_backward", "choose_forward", "auto_chunk_size", "bptt_unroll", "choose_combine"):
+        fn = getattr(cost, name)
+
+        def spy(*args, _fn=fn, **kwargs):
+            import inspect
+            callers.append(Path(inspect.stack()[1].filename).name)
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(cost, name, spy)
+    cell, params, xs, h0 = _problem()
+    for fields in ({"backward": "auto", "forward": "newton"}, {"forward": "auto"}, {"backward": "bptt"}):
+        jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, **fields)))(params)
+    assert "options.py" in callers and set(callers) <= {"options.py", "cost.py"}  # cost.py: its own helpers
+
+
+@pytest.mark.parametrize("path", EXECUTORS)
+def test_the_executing_layers_do_not_import_the_cost_model(path):
+    tree = ast.parse((ROOT / path).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {f"{node.module or ''}.{a.name}".lstrip(".") for a in node.names} | {node.module or ""}
+    assert not [n for n in names if n == "cost" or n.endswith(".cost") or n.startswith("cost")], names
+
+
+def test_the_option_fields_are_defined_once():
+    fields = [f.name for f in dataclasses.fields(bppsa.Options)]
+    assert [f.name for f in dataclasses.fields(options.Plan)] == fields + ["solve_chunk", "devices", "hoist", "gate", "weights_in_loop"]
+    assert set(options.SOLVER_FIELDS) <= set(fields)
+    assert options.BACKWARDS == get_args(options.Backward) and options.FORWARDS == ("sequential", "newton", "quasi", "auto")
+    assert bppsa.forward.newton.Plan is options.Plan and bppsa.forward.newton.DEFAULT_TOL is options.DEFAULT_TOL
+    # the solver defines no settings of its own: it reads the Plan's fields
+    tree = ast.parse((ROOT / "bppsa/forward/newton.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.decorator_list]
+    read = {n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "plan"}
+    assert read and read <= set(fields) | {"solve_chunk", "devices", "hoist", "gate"}, read
