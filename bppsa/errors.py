@@ -38,7 +38,14 @@ class UsageError(ValueError):
 def as_int(value: Any) -> int | None:
     """``value`` as a Python int if it is an integer scalar (an int, a numpy integer, a 0-d numpy or
     JAX array of an integer dtype), else None: bools, floats, strings, arrays of other shapes and
-    traced values (not concrete) are not ints."""
+    traced values (not concrete) are not ints.
+
+    Args:
+      value: anything.
+
+    Returns:
+      The Python int, or None.
+    """
     if isinstance(value, (bool, np.bool_)):
         return None
     if isinstance(value, numbers.Integral):
@@ -55,7 +62,14 @@ def as_number(value: Any) -> int | float | None:
     """``value`` as a Python int or float if it is a real scalar (an int or float, a numpy integer
     or floating scalar, a 0-d numpy or JAX array of an integer or float dtype; ints stay ints),
     else None: bools, complex numbers, strings, arrays of other shapes and traced values are not
-    numbers. NaN and inf are numbers: range checks are the caller's."""
+    numbers. NaN and inf are numbers: range checks are the caller's.
+
+    Args:
+      value: anything.
+
+    Returns:
+      The Python int or float, or None.
+    """
     n = as_int(value)
     if n is not None or isinstance(value, (bool, np.bool_)):
         return n
@@ -79,7 +93,14 @@ def _scalar_of(value: Any, kind: type) -> bool:
 
 
 def checked_by(check: Callable[[Any], None]) -> Callable[[T], T]:
-    """Decorator for a task: ``check(config)`` validates its config (the runner calls ``task.check``)."""
+    """Decorator for a task: ``check(config)`` validates its config (the runner calls ``task.check``).
+
+    Args:
+      check: ``check(config)``, raising :class:`UsageError` on a bad value.
+
+    Returns:
+      The decorator, which sets ``task.check = check`` and returns the task itself.
+    """
     def attach(task: T) -> T:
         setattr(task, "check", check)  # a function attribute: the runner reads task.check
         return task
@@ -94,7 +115,20 @@ def _get(config: Any, key: str) -> Any:
 
 
 def require_int(config: Any, key: str, minimum: int = 1, maximum: int | None = None) -> int:
-    """``config.<key>`` (dotted) must be an int in [minimum, maximum]; returns it."""
+    """``config.<key>`` (dotted) must be an int in [minimum, maximum]; returns it.
+
+    Args:
+      config: the task's config (an ``ml_collections.ConfigDict`` or nested dicts).
+      key: the dotted key ("a.b" reads ``config["a"]["b"]``).
+      minimum: the smallest value allowed.
+      maximum: the largest value allowed (None: no bound).
+
+    Returns:
+      The value as a Python int.
+
+    Raises:
+      UsageError: the value is not an int in range.
+    """
     value = _get(config, key)
     n = as_int(value)
     if n is None or n < minimum or (maximum is not None and n > maximum):
@@ -104,7 +138,20 @@ def require_int(config: Any, key: str, minimum: int = 1, maximum: int | None = N
 
 
 def require_ints(config: Any, key: str, minimum: int = 1, *, allow_empty: bool = True) -> tuple:
-    """``config.<key>`` must be a sequence of ints >= minimum (non-empty unless ``allow_empty``); returns it."""
+    """``config.<key>`` must be a sequence of ints >= minimum (non-empty unless ``allow_empty``); returns it.
+
+    Args:
+      config: the task's config (an ``ml_collections.ConfigDict`` or nested dicts).
+      key: the dotted key.
+      minimum: the smallest value allowed.
+      allow_empty: whether an empty sequence passes.
+
+    Returns:
+      The values as a tuple of Python ints.
+
+    Raises:
+      UsageError: the value is not a list or tuple of such ints, or empty when that is not allowed.
+    """
     value = _get(config, key)
     values = tuple(as_int(v) for v in value) if isinstance(value, (list, tuple)) else None
     if values is None or (not values and not allow_empty) or any(v is None or v < minimum for v in values):
@@ -114,7 +161,20 @@ def require_ints(config: Any, key: str, minimum: int = 1, *, allow_empty: bool =
 
 
 def require_number(config: Any, key: str, minimum: float = 0.0, *, strict: bool = True) -> float:
-    """``config.<key>`` must be a number > minimum (>= minimum when not ``strict``); returns it."""
+    """``config.<key>`` must be a number > minimum (>= minimum when not ``strict``); returns it.
+
+    Args:
+      config: the task's config (an ``ml_collections.ConfigDict`` or nested dicts).
+      key: the dotted key.
+      minimum: the bound.
+      strict: the value must exceed ``minimum`` (False: may equal it).
+
+    Returns:
+      The value as a Python int or float.
+
+    Raises:
+      UsageError: the value is not a number beyond the bound.
+    """
     value = _get(config, key)
     x = as_number(value)
     if x is None or not (x > minimum if strict else x >= minimum):
@@ -123,7 +183,20 @@ def require_number(config: Any, key: str, minimum: float = 0.0, *, strict: bool 
 
 
 def require_choices(config: Any, key: str, allowed: Collection[Any], *, many: bool = False) -> Any:
-    """``config.<key>`` must be one of ``allowed`` (``many``: a non-empty sequence of them); returns it."""
+    """``config.<key>`` must be one of ``allowed`` (``many``: a non-empty sequence of them); returns it.
+
+    Args:
+      config: the task's config (an ``ml_collections.ConfigDict`` or nested dicts).
+      key: the dotted key.
+      allowed: the values allowed.
+      many: the value is a non-empty list or tuple of allowed values.
+
+    Returns:
+      The value as given.
+
+    Raises:
+      UsageError: a value not in ``allowed``, or (``many``) an empty sequence.
+    """
     value = _get(config, key)
     values = tuple(value) if many and isinstance(value, (list, tuple)) else (value,)
     bad = [v for v in values if v not in allowed]

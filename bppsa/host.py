@@ -65,6 +65,9 @@ def tune_allocator() -> bool:
     A no-op (False) when ``BPPSA_MALLOC_TUNING=0``, when the user configured glibc's malloc
     through the environment, on a platform other than Linux, or when the C library has no
     ``mallopt`` (not glibc). Safe to call more than once.
+
+    Returns:
+      True when the settings are in force in this process, else False.
     """
     if _STATE["tuned"]:
         return True
@@ -85,18 +88,30 @@ def tune_allocator() -> bool:
 
 
 def user_malloc_settings() -> list[str]:
-    """The environment variables through which the user already configured glibc's malloc."""
+    """The environment variables through which the user already configured glibc's malloc.
+
+    Returns:
+      Their names (``MALLOC_*_``, ``GLIBC_TUNABLES`` with ``glibc.malloc`` entries); empty when none.
+    """
     return [k for k, v in os.environ.items()
             if (k.startswith("MALLOC_") and k.endswith("_")) or (k == "GLIBC_TUNABLES" and "glibc.malloc" in v)]
 
 
 def allocator_tuned() -> bool:
-    """Whether :func:`tune_allocator` has been applied in this process (recorded in provenance)."""
+    """Whether :func:`tune_allocator` has been applied in this process (recorded in provenance).
+
+    Returns:
+      True once the settings were applied.
+    """
     return _STATE["tuned"]
 
 
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, else what the platform module knows)."""
+    """The CPU's model name (/proc/cpuinfo on Linux, else what the platform module knows).
+
+    Returns:
+      The name; where none is known, the processor or machine type (``platform``), possibly "".
+    """
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -107,7 +122,17 @@ def cpu_model() -> str:
 
 
 def stats(samples: npt.ArrayLike) -> dict:
-    """Seconds -> ``{"median", "min", "max", "repeats"}`` (``repeats`` = the number of samples)."""
+    """Seconds -> ``{"median", "min", "max", "repeats"}`` (``repeats`` = the number of samples).
+
+    Args:
+      samples: the measured seconds, a sequence or array.
+
+    Returns:
+      ``{"median": float, "min": float, "max": float, "repeats": int}``.
+
+    Raises:
+      ValueError: no samples.
+    """
     s = np.asarray(samples, dtype=float)
     if s.size == 0:
         raise ValueError("stats needs at least one sample; got none")
@@ -121,6 +146,18 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1, block: int
     Each ``fn()`` must return JAX arrays (a pytree), which are waited for with
     ``jax.block_until_ready``. ``repeats`` rounds of one block per function; ``block`` calls per
     block, the first dropped, so every function gets ``repeats * (block - 1)`` samples.
+
+    Args:
+      fns: ``{name: fn}``, zero-argument callables returning JAX arrays.
+      repeats: the rounds (>= 1).
+      warmup: untimed calls of each function first (>= 0).
+      block: consecutive calls per block (>= 2), the first not counted.
+
+    Returns:
+      ``{name: stats}``, each function's :func:`stats`.
+
+    Raises:
+      ValueError: ``repeats``, ``warmup`` or ``block`` out of range.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1; got {repeats}")
@@ -145,5 +182,18 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1, block: int
 
 
 def time_fn(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1, block: int = 2) -> dict:
-    """:func:`time_interleaved` for one zero-argument function: its stats."""
+    """:func:`time_interleaved` for one zero-argument function: its stats.
+
+    Args:
+      fn: a zero-argument callable returning JAX arrays.
+      repeats: the rounds (>= 1).
+      warmup: untimed calls first (>= 0).
+      block: consecutive calls per block (>= 2), the first not counted.
+
+    Returns:
+      Its :func:`stats`, ``{"median", "min", "max", "repeats"}``.
+
+    Raises:
+      ValueError: ``repeats``, ``warmup`` or ``block`` out of range.
+    """
     return time_interleaved({"fn": fn}, repeats=repeats, warmup=warmup, block=block)["fn"]

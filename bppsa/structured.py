@@ -39,7 +39,14 @@ __all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_mat
 
 
 def block_diagonal(blocks: Array) -> Array:
-    """(..., N, k, k) blocks -> the (..., N k, N k) block-diagonal matrix."""
+    """(..., N, k, k) blocks -> the (..., N k, N k) block-diagonal matrix.
+
+    Args:
+      blocks: (..., N, k, k) the diagonal blocks, e.g. (T, B, S/k, k, k) from ``jacobian_blocks``.
+
+    Returns:
+      (..., N k, N k), block n at rows and columns n k … n k + k − 1, zero elsewhere.
+    """
     N, k = blocks.shape[-3], blocks.shape[-1]
     dense = jnp.einsum("...nab,nm->...namb", blocks, jnp.eye(N, dtype=blocks.dtype))
     return dense.reshape(blocks.shape[:-3] + (N * k, N * k))
@@ -47,7 +54,15 @@ def block_diagonal(blocks: Array) -> Array:
 
 def recurrent_matrix(W_h: Array, gates: int) -> Array:
     """The per-head ``W_h`` (N, k, G·k) as the dense (H, G·H) recurrent weight of :mod:`bppsa.cells`
-    (zero outside the heads' blocks): rec(h) = h @ recurrent_matrix(W_h, G)."""
+    (zero outside the heads' blocks): rec(h) = h @ recurrent_matrix(W_h, G).
+
+    Args:
+      W_h: (N, k, G·k) the per-head recurrent weights.
+      gates: G, the cell's gate count.
+
+    Returns:
+      (H, G·H) with H = N k, gate-major columns.
+    """
     N, k = W_h.shape[:2]
     W = W_h.reshape(N, k, gates, k)
     dense = jnp.einsum("njqa,nm->njqma", W, jnp.eye(N, dtype=W.dtype))
@@ -183,6 +198,19 @@ class BlockRNN(_Block):
 
     Jacobian block of head n (a, j < k): M_n[a, j] = σ'(a_{nk+a}) W_h[n, j, a], i.e.
     M = diag(σ'(a)) blockdiag(W_h[n]ᵀ); its diagonal σ'(a_m) W_h[n, a, a]. For tanh σ' = 1 − h'².
+
+    Args:
+      input_size: I, the input width.
+      hidden_size: H = N k, the state width (S = H).
+      head_size: k, the units of each head (default 1: a diagonal recurrence).
+      nonlinearity: σ, "tanh" (default), "relu" or "sigmoid".
+      input_bias: whether b_x (H,) exists.
+      hidden_bias: whether b_h (H,) exists.
+
+    Raises:
+      bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
+      ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
+      a flag that is not a bool (the message names the field).
     """
 
     input_size: int
@@ -225,7 +253,20 @@ class BlockGRU(_Block):
         M_n[a, j] = u_r[a] W_h[n, j, a] + u_z[a] W_h[n, j, k + a] + u_n[a] r[a] W_h[n, j, 2k + a] + z[a] δ_aj
 
     (units a of head n), cells.GRU's M with W_h block-diagonal; diagonal at j = a.
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's GRUCell: input only).
+
+    Args:
+      input_size: I, the input width.
+      hidden_size: H = N k, the state width (S = H).
+      head_size: k, the units of each head (default 1: a diagonal recurrence).
+      gate: σ, the gates' activation (default "sigmoid").
+      activation: φ, the candidate's activation (default "tanh").
+      input_bias: whether b_x (3H,) exists (flax's GRUCell: yes).
+      hidden_bias: whether b_h (3H,) exists (flax's GRUCell: no).
+
+    Raises:
+      bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
+      ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
+      a flag that is not a bool (the message names the field).
     """
 
     input_size: int
@@ -280,7 +321,20 @@ class BlockLSTM(_Block):
         M_n = [[diag(κ) P_n + Q_n, diag(κ f)],
                [P_n,               diag(f)  ]].
 
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's LSTM cells: hidden only).
+    Args:
+      input_size: I, the input width.
+      hidden_size: H = N k, the width of h and of c (S = 2H).
+      head_size: k, the units of each head (default 1); the Jacobian blocks are (2k, 2k).
+      gate: σ, the gates' activation (default "sigmoid").
+      activation: φ, the activation of g and of c' (default "tanh").
+      input_bias: whether b_x (4H,) exists (flax's LSTM cells: no).
+      hidden_bias: whether b_h (4H,) exists (flax's LSTM cells: yes).
+      flax_carry: whether the state is the pair (c, h), as flax's LSTM cells carry it (default False: (h, c)).
+
+    Raises:
+      bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
+      ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
+      a flag that is not a bool (the message names the field).
     """
 
     input_size: int

@@ -27,7 +27,22 @@ def factor_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | b
                   ) -> tuple[Array, Any]:
     """The sequential forward (xs (T, B, I), s0 (B, S) -> ss (T, B, S)) and each step's
     :meth:`bppsa.cells.AnalyticAdjoint.step_factors` (T, B, ...): one ``lax.scan``. ``hoist``: the input's part
-    of every step computed before the loop (one product), else inside each step."""
+    of every step computed before the loop (one product), else inside each step.
+
+    Args:
+      cell: a cell with ``has_adjoint``.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      unroll: the ``lax.scan`` unroll.
+      hoist: compute the inputs' part of all steps before the loop.
+
+    Returns:
+      (ss, factors), ss (T, B, S) the flat states and factors each step's factors (leading axis T).
+
+    Raises:
+      bppsa.errors.UsageError: the cell lacks the methods of :class:`bppsa.cells.AnalyticAdjoint`.
+    """
     lp, adj = cell.loop_params(params), analytic_adjoint(cell)
 
     def body(s, u):
@@ -46,8 +61,26 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
     the cotangents it wrote out; ``in_loop``: summed step by step in the loop, as autodiff's BPTT
     does (nothing (T, B, G·H) written and read back: :func:`bppsa.plan.cost.adjoint_in_loop` decides),
     from the inputs :meth:`bppsa.cells.AnalyticAdjoint.adjoint_sum_inputs` arranged before it.
-    Returns what :func:`bppsa.backward.pipeline.adjoint` does:
-    (gs (T, B, S), dparams, dxs (T, B, I), g0 (B, S))."""
+    Returns what :func:`bppsa.backward.pipeline.adjoint` does.
+
+    Args:
+      cell: a cell with ``has_adjoint``.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      ss: (T, B, S) the states after each step.
+      ct: (T, B, S) the cotangents of ss.
+      factors: the forward's step factors (:func:`factor_states`).
+      unroll: the ``lax.scan`` unroll.
+      in_loop: sum the parameter gradients in the loop.
+
+    Returns:
+      (gs, dparams, dxs, g0), gs (T, B, S) = ∂L/∂s_t, dparams like ``params``, dxs (T, B, I) and
+      g0 (B, S) = ∂L/∂s0; dparams, dxs and g0 in their primals' dtypes.
+
+    Raises:
+      bppsa.errors.UsageError: the cell lacks the methods of :class:`bppsa.cells.AnalyticAdjoint`.
+    """
     lp, adj = cell.loop_params(params), analytic_adjoint(cell)
     previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)  # the state before each step
     ct = ct.astype(ss.dtype)

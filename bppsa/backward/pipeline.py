@@ -32,7 +32,17 @@ __all__ = ["adjoint", "chunked_backward", "scan_order", "root_and_offsets", "sto
 def storage_inputs(spr: Array, xr: Array, sr: Array, ds: Array) -> tuple[Array, ...]:
     """The backward's scan-order (n, ...) inputs in the Blelloch scan's storage order: padding
     steps get copies of a real step (finite Jacobians; the scan replaces them by the identity)
-    and zero offsets. Returns (spr, xr, sr, ds) with N rows (:func:`bppsa.scan.bottom_layout`)."""
+    and zero offsets. Returns (spr, xr, sr, ds) with N rows (:func:`bppsa.scan.dense.bottom_layout`).
+
+    Args:
+      spr: (n, B, S) the state before each step, scan order.
+      xr: (n, B, I) the steps' inputs, scan order.
+      sr: (n, B, S) the state after each step, scan order.
+      ds: (n, B, S) the scan's offsets.
+
+    Returns:
+      (spr, xr, sr, ds) in storage order, (N, B, S), (N, B, I), (N, B, S) and (N, B, S).
+    """
     n = xr.shape[0]
     return (*(scan_lib.to_storage(a, n, pad="edge") for a in (spr, xr, sr)), scan_lib.to_storage(ds, n))
 
@@ -40,7 +50,18 @@ def storage_inputs(spr: Array, xr: Array, sr: Array, ds: Array) -> tuple[Array, 
 def stored_jacobians(cell: Cell, params: Any, spr: Array, xr: Array, sr: Array) -> Array | tuple[Array, Array]:
     """The Jacobians of storage-order steps for the Blelloch scan: the cell's diagonal structure
     ``(A, Wt)`` where it has one (:meth:`bppsa.cells.Cell.diagonal_jacobian`), else the
-    (N, B, S, S) matrices."""
+    (N, B, S, S) matrices.
+
+    Args:
+      cell: the cell.
+      params: the cell's parameters.
+      spr: (N, B, S) the state before each step, storage order.
+      xr: (N, B, I) the steps' inputs, storage order.
+      sr: (N, B, S) the state after each step, storage order.
+
+    Returns:
+      (A (N, B, S), Wt (S, S)) for a cell with diagonal structure, else Ms (N, B, S, S).
+    """
     if cell.has_diagonal_jacobian:
         return cell.diagonal_jacobian(params, spr, xr, sr)
     return cell.transposed_jacobian(params, spr, xr, sr)
@@ -48,7 +69,17 @@ def stored_jacobians(cell: Cell, params: Any, spr: Array, xr: Array, sr: Array) 
 
 def stored_scan(v: Array, jacobians: Array | tuple[Array, Array], ds: Array, n: int) -> tuple[Array, Array]:
     """The storage-order Blelloch scan of :func:`stored_jacobians`' output (ds zero-padded, as
-    :func:`storage_inputs` makes it). Returns (prefixes in scan order, total)."""
+    :func:`storage_inputs` makes it). Returns (prefixes in scan order, total).
+
+    Args:
+      v: (B, S) the root vector.
+      jacobians: what :func:`stored_jacobians` returns, (A, Wt) or (N, B, S, S).
+      ds: (N, B, S) the offsets in storage order, zero on the padding rows.
+      n: the number of real steps.
+
+    Returns:
+      (prefixes, total), prefixes (n, B, S) in scan order and total (B, S).
+    """
     if isinstance(jacobians, tuple):
         A, Wt = jacobians
         return scan_lib.blelloch_scan_stored_diag(v, A, Wt, ds, n)
@@ -109,6 +140,19 @@ def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any,
     xr (T, B, I), sr, spr, ctr (T, B, S) are in scan order (:func:`scan_order`). Returns
     (dparams, dxr (T, B, I) in scan order, g0 (B, S) the gradient w.r.t. the initial state,
     gsr (T, B, S) the gradients w.r.t. the states, scan order).
+
+    Args:
+      cell: the cell.
+      scan_method: "blelloch", "associative" or "sequential".
+      chunk_size: the most steps a chunk may have.
+      params: the cell's parameters.
+      xr: (T, B, I) the inputs, scan order.
+      sr: (T, B, S) the state after each step, scan order.
+      spr: (T, B, S) the state before each step, scan order.
+      ctr: (T, B, S) the cotangents of the states, scan order.
+
+    Returns:
+      (dparams, dxr, g0, gsr), as above.
     """
     T = xr.shape[0]
     n_chunks, C = equal_chunks(T, chunk_size)
@@ -141,6 +185,15 @@ def scan_order(xs: Array, ss: Array, s0: Array, ct: Array) -> tuple[Array, Array
     xs (T, B, I), ss (T, B, S) the states after each step, s0 (B, S) the state before the first,
     ct (T, B, S) the cotangents of ss. Returns (xr, sr, spr, ctr), each reversed along time:
     element k is step T - k, ``spr[k]`` the state before it (``sr[k + 1]``, and s0 last).
+
+    Args:
+      xs: (T, B, I) inputs.
+      ss: (T, B, S) the states after each step.
+      s0: (B, S) the state before the first step.
+      ct: (T, B, S) the cotangents of ss.
+
+    Returns:
+      (xr, sr, spr, ctr), (T, B, I) and three (T, B, S), ctr in the states' dtype.
     """
     spr = jnp.concatenate([ss[-2::-1], s0[None]], axis=0) if ss.shape[0] > 1 else s0[None]
     return xs[::-1], ss[::-1], spr, ct[::-1].astype(ss.dtype)
@@ -148,7 +201,14 @@ def scan_order(xs: Array, ss: Array, s0: Array, ct: Array) -> tuple[Array, Array
 
 def root_and_offsets(ctr: Array) -> tuple[Array, Array]:
     """The scan's root vector v = ctr[0] (B, S) and offsets ds (n, B, S): element k adds ctr[k + 1]
-    (the last element, the first step, adds nothing: the loss on s0 is not the cell's)."""
+    (the last element, the first step, adds nothing: the loss on s0 is not the cell's).
+
+    Args:
+      ctr: (n, B, S) the cotangents of the states, scan order.
+
+    Returns:
+      (v, ds), v (B, S) and ds (n, B, S).
+    """
     return ctr[0], jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
 
 
@@ -164,7 +224,20 @@ def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, x
     ``chunk_size`` steps (an int; None: one chunk), and the cell's analytic parameter and input
     gradients.
 
-    Returns (gs (T, B, S) time order, dparams, dxs (T, B, I), g0 (B, S) = ∂L/∂s0)."""
+    Args:
+      cell: the cell.
+      scan_method: "blelloch", "associative" or "sequential".
+      chunk_size: the most steps a chunk may have, or None (one chunk).
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      ss: (T, B, S) the states after each step.
+      ct: (T, B, S) the cotangents of ss.
+
+    Returns:
+      (gs, dparams, dxs, g0), gs (T, B, S) the adjoint states in time order, dparams like ``params``,
+      dxs (T, B, I) and g0 (B, S) = ∂L/∂s0, each in its primal's dtype.
+    """
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
     if chunk_size is not None and chunk_size < ss.shape[0]:
         dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr)

@@ -24,7 +24,15 @@ ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y
 
 
 def split_gates(a: Any, n: int) -> list[Array]:
-    """``a``'s last axis in ``n`` parts; not slices, whose transposes (pads) XLA's CPU fuses into slow loops."""
+    """``a``'s last axis in ``n`` parts; not slices, whose transposes (pads) XLA's CPU fuses into slow loops.
+
+    Args:
+      a: (..., n·D) an array; a list or tuple (already the parts) is returned as a list.
+      n: the number of parts (G for the gates' pre-activations, 2 for the LSTM's flat state [h, c]).
+
+    Returns:
+      A list of ``n`` arrays (..., D).
+    """
     return list(a) if isinstance(a, (list, tuple)) else jnp.split(a, n, axis=-1)
 
 
@@ -48,32 +56,79 @@ class Cell(abc.ABC):
     :meth:`param_grads`), no structure (:meth:`diagonal_jacobian`, :attr:`jacobian_block_size`),
     no loop form (:meth:`project`, :meth:`loop_params`). A cell overrides what it knows better, and
     the typed protocol :class:`AnalyticAdjoint` (flag: ``has_adjoint``) is the optional analytic
-    adjoint BPTT loops over. The guide "Your own cell" (docs/guides/cells.md) works one example."""
+    adjoint BPTT loops over. The guide "Your own cell" (docs/guides/cells.md) works one example.
+
+    Attributes:
+      input_size: I, the width of one step's input x (an int; None where a cell does not fix it: Generic).
+      hidden_size: H, the width of the hidden state h (an int; Generic: an int or None).
+    """
 
     input_size: Any  # int, or None where a cell does not fix it (Generic)
     hidden_size: Any  # int (Generic: int or None)
 
     @abc.abstractmethod
     def init(self, key: Array, dtype: jax.typing.DTypeLike = jnp.float32) -> Any:
-        """The parameter pytree for ``key``."""
+        """The parameter pytree for ``key``.
+
+        Args:
+          key: a ``jax.random`` key.
+          dtype: the parameters' dtype.
+
+        Returns:
+          The parameter pytree; for the affine cells a dict of W_x (I, G·H), W_h (H, G·H) and the biases (G·H,).
+        """
 
     def param_spec(self, dtype: jax.typing.DTypeLike = jnp.float32) -> Any:
         """The structure :func:`bppsa.rnn` checks ``params`` against: a pytree of
-        ``jax.ShapeDtypeStruct`` (default: :meth:`init` traced, not computed), or None (unchecked)."""
+        ``jax.ShapeDtypeStruct`` (default: :meth:`init` traced, not computed), or None (unchecked).
+
+        Args:
+          dtype: the parameters' dtype.
+
+        Returns:
+          A pytree of ``jax.ShapeDtypeStruct`` with the structure and shapes of ``init(key, dtype)``, or None.
+        """
         return jax.eval_shape(lambda key: self.init(key, dtype), jax.random.key(0))
 
     @abc.abstractmethod
     def step(self, params: Any, h: Any, x: Array, /) -> Any:
-        """One step: h (B, H) [LSTM: (h, c)], x (B, I) -> the next state, same structure as h."""
+        """One step: h (B, H) [LSTM: (h, c)], x (B, I) -> the next state, same structure as h.
+
+        Args:
+          params: the parameter pytree, or :meth:`loop_params`' form of it.
+          h: (B, H) the state before the step; for an LSTM the pair (h, c), each (B, H).
+          x: (B, I) the step's input.
+
+        Returns:
+          The next state, with the structure and shapes of ``h``.
+        """
 
     def project(self, params: Any, xs: Array, /) -> Any:
         """The part of a step that reads only its input, for any number of steps at once: xs
         (..., I) -> u, which :meth:`step_projected` finishes. The sequential forward computes it for
-        all T steps before its loop (one large product, not T small ones). Default: xs itself."""
+        all T steps before its loop (one large product, not T small ones). Default: xs itself.
+
+        Args:
+          params: the parameter pytree.
+          xs: (..., I) inputs with any leading axes ((T, B, I) for all steps, (B, I) for one).
+
+        Returns:
+          u, with the leading axes of ``xs``; for the affine cells the input's pre-activations (..., G·H), or
+          a tuple of the G gates' (..., H) parts.
+        """
         return xs
 
     def step_projected(self, params: Any, h: Any, u: Any, /) -> Any:
-        """:meth:`step` from ``u = project(params, x)`` (default: ``step(params, h, u)``)."""
+        """:meth:`step` from ``u = project(params, x)`` (default: ``step(params, h, u)``).
+
+        Args:
+          params: the parameter pytree, or :meth:`loop_params`' form of it.
+          h: (B, H) the state before the step [LSTM: (h, c)].
+          u: one step's slice of :meth:`project`'s output, for x (B, I).
+
+        Returns:
+          The next state, with the structure and shapes of ``h``.
+        """
         return self.step(params, h, u)
 
     def loop_params(self, params: Any, /) -> Any:
@@ -81,7 +136,14 @@ class Cell(abc.ABC):
         :meth:`step_factors` and :meth:`adjoint_step` (which accept both forms; every other method
         takes ``params``): rearrangements the steps would otherwise repeat, done once before the
         loop (XLA fuses a loop-invariant slice into the step's fusion instead of hoisting it).
-        Default: ``params``."""
+        Default: ``params``.
+
+        Args:
+          params: the parameter pytree.
+
+        Returns:
+          The parameters in the form the loop's steps read (by default ``params`` itself).
+        """
         return params
 
     def _step_one(self, params: Any, s: Array, x: Array) -> Array:
@@ -92,17 +154,46 @@ class Cell(abc.ABC):
         """s_prev, s: (T, B, S), xs: (T, B, I) -> Ms (T, B, S, S) with g_{t-1} = g_t @ M_t,
         M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j]. Default: ``jax.jacrev`` of one example's
         :meth:`step`, vmapped over T and B (:func:`autodiff_jacobian`); a cell that knows its
-        Jacobian in closed form overrides it (the published cells do)."""
+        Jacobian in closed form overrides it (the published cells do).
+
+        Args:
+          params: the parameter pytree.
+          s_prev: (T, B, S) the flat state before each step.
+          xs: (T, B, I) each step's input.
+          s: (T, B, S) the flat state after each step (s_t = step(s_prev_t, x_t)).
+
+        Returns:
+          Ms (T, B, S, S), M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j].
+        """
         return autodiff_jacobian(self._step_one, params, s_prev, xs)
 
     def param_grads(self, params: Any, s_prev: Array, xs: Array, s: Array, gs: Array, /) -> tuple[Any, Array]:
         """gs (T, B, S) = ∂L/∂s_t -> (dparams, dxs (T, B, I)), summed over t and b. Default: one
-        ``jax.vjp`` of one example's :meth:`step`, vmapped over T and B (:func:`autodiff_param_grads`)."""
+        ``jax.vjp`` of one example's :meth:`step`, vmapped over T and B (:func:`autodiff_param_grads`).
+
+        Args:
+          params: the parameter pytree.
+          s_prev: (T, B, S) the flat state before each step.
+          xs: (T, B, I) each step's input.
+          s: (T, B, S) the flat state after each step.
+          gs: (T, B, S) the total gradient ∂L/∂s_t of each step's state.
+
+        Returns:
+          The pair (dparams, dxs): dparams with the structure of ``params``, summed over t and b; dxs
+          (T, B, I) the gradient ∂L/∂x_t of each step's input.
+        """
         return autodiff_param_grads(self._step_one, params, s_prev, xs, gs)
 
     def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Any:
         """``(A, Wt)`` with A (T, B, S) and M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) Wt,
-        or None (default). The Blelloch scan then never forms the (T, B, S, S) matrices."""
+        or None (default). The Blelloch scan then never forms the (T, B, S, S) matrices.
+
+        Args:
+          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
+
+        Returns:
+          The pair (A (T, B, S), Wt (S, S)), or None for a cell without that structure.
+        """
         return None
 
     @property
@@ -120,11 +211,26 @@ class Cell(abc.ABC):
         return self.jacobian_block_size == (2 if self.pair_state else 1)
 
     def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
-        """M_t's diagonal blocks (T, B, S/k, k, k); default: the dense M_t as one block."""
+        """M_t's diagonal blocks (T, B, S/k, k, k); default: the dense M_t as one block.
+
+        Args:
+          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
+
+        Returns:
+          (T, B, S/k, k, k) with k = :attr:`jacobian_block_size` (k = S, one block, where that is None);
+          block n holds the rows and columns n·k … n·k + k − 1 of M_t[b].
+        """
         return self.transposed_jacobian(params, s_prev, xs, s)[..., None, :, :]
 
     def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
-        """diag(M_t) (T, B, S), the quasi-Newton forward's Jacobian; default: from the blocks."""
+        """diag(M_t) (T, B, S), the quasi-Newton forward's Jacobian; default: from the blocks.
+
+        Args:
+          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
+
+        Returns:
+          (T, B, S), the diagonal of each M_t[b].
+        """
         d = jnp.diagonal(self.jacobian_blocks(params, s_prev, xs, s), axis1=-2, axis2=-1)
         return d.reshape(d.shape[:-2] + (-1,))  # (T, B, S/k, k) -> (T, B, S)
 
@@ -144,11 +250,25 @@ class Cell(abc.ABC):
         return self.hidden_size
 
     def flatten_state(self, h: Any, /) -> Array:
-        """state -> (..., S)."""
+        """state -> (..., S).
+
+        Args:
+          h: the state, (..., H) [LSTM: the pair (h, c), each (..., H)].
+
+        Returns:
+          (..., S), the flat state ([h, c] for an LSTM).
+        """
         return h
 
     def unflatten_state(self, s: Array, /) -> Any:
-        """(..., S) -> state."""
+        """(..., S) -> state.
+
+        Args:
+          s: (..., S) a flat state.
+
+        Returns:
+          The state (..., H); for an LSTM the pair (h, c), each (..., H).
+        """
         return s
 
     @property
@@ -157,12 +277,26 @@ class Cell(abc.ABC):
         return type(self).__name__
 
     def param_leaf_names(self, params: Any, /) -> tuple[str, ...]:
-        """How messages name each leaf of ``params``, in ``jax.tree.leaves`` order: ``params['W_h']``."""
+        """How messages name each leaf of ``params``, in ``jax.tree.leaves`` order: ``params['W_h']``.
+
+        Args:
+          params: the parameter pytree.
+
+        Returns:
+          One name (a str) per leaf of ``params``.
+        """
         return tuple("params" + jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
 
     def hidden(self, states: Any, /) -> Array:
         """The hidden states of what :func:`bppsa.rnn` returns: (T, B, H) for every cell
-        (for an LSTM, hs of the pair (hs, cs))."""
+        (for an LSTM, hs of the pair (hs, cs)).
+
+        Args:
+          states: what :func:`bppsa.rnn` returns for this cell, (T, B, H) [LSTM: the pair (hs, cs)].
+
+        Returns:
+          hs (T, B, H).
+        """
         return states[0] if self.pair_state else states
 
 
@@ -174,38 +308,110 @@ class AnalyticAdjoint(Protocol):
     not have them at all. Shapes as :class:`Cell`'s; ``u`` is :meth:`Cell.project`'s output."""
 
     def step_factors(self, params: Any, h: Any, u: Any, /) -> tuple[Any, Any]:
-        """(:meth:`Cell.step_projected`'s h', the per-unit factors of its Jacobian that :meth:`adjoint_step` reads)."""
+        """(:meth:`Cell.step_projected`'s h', the per-unit factors of its Jacobian that :meth:`adjoint_step` reads).
+
+        Args:
+          params: the parameter pytree, or :meth:`Cell.loop_params`' form of it.
+          h: (B, H) the state before the step [LSTM: (h, c)].
+          u: one step's slice of :meth:`Cell.project`'s output.
+
+        Returns:
+          The pair (h', factors): the next state, with the structure of ``h``, and a tuple of per-unit
+          factors, each (B, H).
+        """
         ...
 
     def adjoint_step(self, params: Any, factors: Any, g: Array, /) -> tuple[Array, Any]:
         """g (B, S) = ∂L/∂s_t -> (g M_t, the part of ∂L/∂s_{t-1} through this step; the step's
-        cotangents, which :meth:`adjoint_grads` turns into parameter gradients)."""
+        cotangents, which :meth:`adjoint_grads` turns into parameter gradients).
+
+        Args:
+          params: the parameter pytree, or :meth:`Cell.loop_params`' form of it.
+          factors: the step's factors from :meth:`step_factors`, each (B, H).
+          g: (B, S) ∂L/∂s_t, the total gradient of the step's flat state.
+
+        Returns:
+          The pair (g_prev, cotangents): g_prev (B, S) = g M_t and the step's cotangents (a tuple of (B, ...)
+          arrays).
+        """
         ...
 
     def adjoint_grads(self, params: Any, s_prev: Array, xs: Array, factors: Any, gs: Array, cotangents: Any, /
                       ) -> tuple[Any, Array]:
-        """All steps' factors, ∂L/∂s_t and :meth:`adjoint_step` cotangents (T, B, ...) -> (dparams, dxs)."""
+        """All steps' factors, ∂L/∂s_t and :meth:`adjoint_step` cotangents (T, B, ...) -> (dparams, dxs).
+
+        Args:
+          params: the parameter pytree.
+          s_prev: (T, B, S) the flat state before each step.
+          xs: (T, B, I) each step's input.
+          factors: every step's :meth:`step_factors` factors, stacked, each (T, B, H).
+          gs: (T, B, S) ∂L/∂s_t.
+          cotangents: every step's :meth:`adjoint_step` cotangents, stacked (T, B, ...).
+
+        Returns:
+          The pair (dparams, dxs): dparams with the structure of ``params``, summed over t and b; dxs
+          (T, B, I).
+        """
         ...
 
     def adjoint_sum_inputs(self, params: Any, s_prev: Array, xs: Array, /) -> Any:
         """What BPTT by the adjoint reads at each step to sum the parameter gradients inside its loop
-        (a pytree, leading axis T), arranged once before it (:meth:`adjoint_sum_step` reads it)."""
+        (a pytree, leading axis T), arranged once before it (:meth:`adjoint_sum_step` reads it).
+
+        Args:
+          params: the parameter pytree.
+          s_prev: (T, B, S) the flat state before each step.
+          xs: (T, B, I) each step's input.
+
+        Returns:
+          A pytree of arrays with leading axis T, step t's slice being what :meth:`adjoint_sum_step` reads.
+        """
         ...
 
     def adjoint_sum_step(self, params: Any, inputs: Any, factors: Any, g: Array, cotangents: Any, /
                          ) -> tuple[Any, Array]:
         """One step's part of the parameter-gradient sums (summed over the batch) and its input's
-        cotangent (B, I), from its :meth:`adjoint_sum_inputs`, factors, ∂L/∂s_t and cotangents."""
+        cotangent (B, I), from its :meth:`adjoint_sum_inputs`, factors, ∂L/∂s_t and cotangents.
+
+        Args:
+          params: the parameter pytree, or :meth:`Cell.loop_params`' form of it.
+          inputs: the step's slice of :meth:`adjoint_sum_inputs` (without the T axis).
+          factors: the step's :meth:`step_factors` factors, each (B, H).
+          g: (B, S) ∂L/∂s_t.
+          cotangents: the step's :meth:`adjoint_step` cotangents.
+
+        Returns:
+          The pair (sums, dx): the step's terms of the parameter-gradient sums (a pytree, the same at every
+          step) and dx (B, I), the gradient of its input.
+        """
         ...
 
     def adjoint_sum_result(self, params: Any, sums: Any, /) -> Any:
-        """The sums of :meth:`adjoint_sum_step` over all steps -> dparams (``params``' structure)."""
+        """The sums of :meth:`adjoint_sum_step` over all steps -> dparams (``params``' structure).
+
+        Args:
+          params: the parameter pytree.
+          sums: the step terms of :meth:`adjoint_sum_step` summed over all steps.
+
+        Returns:
+          dparams, with the structure of ``params``.
+        """
         ...
 
 
 def analytic_adjoint(cell: Cell) -> AnalyticAdjoint:
     """``cell`` as its :class:`AnalyticAdjoint` (a cell with ``has_adjoint``); a UsageError names
-    the methods a cell that sets ``has_adjoint`` lacks."""
+    the methods a cell that sets ``has_adjoint`` lacks.
+
+    Args:
+      cell: a cell that sets ``has_adjoint``.
+
+    Returns:
+      ``cell`` itself, typed as an :class:`AnalyticAdjoint`.
+
+    Raises:
+      bppsa.errors.UsageError: ``cell`` lacks one of the :class:`AnalyticAdjoint` methods (named).
+    """
     if not isinstance(cell, AnalyticAdjoint):
         missing = [m for m in ("step_factors", "adjoint_step", "adjoint_grads", "adjoint_sum_inputs",
                                "adjoint_sum_step", "adjoint_sum_result") if not callable(getattr(cell, m, None))]
@@ -216,7 +422,16 @@ def analytic_adjoint(cell: Cell) -> AnalyticAdjoint:
 
 class Affine(Cell):
     """A cell whose input enters only through x W_x + b_x: that product is its :meth:`project`;
-    ``_recurrent`` is h's, h W_h + b_h (each bias where the cell has it)."""
+    ``_recurrent`` is h's, h W_h + b_h (each bias where the cell has it).
+
+    Attributes:
+      input_bias: whether the cell has the input bias b_x (G·H,).
+      hidden_bias: whether the cell has the hidden bias b_h (G·H,).
+
+    Raises:
+      bppsa.errors.UsageError: on construction, a size that is not a positive int, an activation field not
+      a name in :data:`ACTIVATIONS`, or a bias flag that is not a bool (the message names the field).
+    """
 
     input_bias: bool
     hidden_bias: bool
@@ -348,21 +563,51 @@ class AffineAdjoint(Affine):
 
 def flat_outer(a: Array, b: Array) -> Array:
     """Σ over the leading axes of a[..., :, None] b[..., None, :] -> (m, n): one product of the flattened
-    arrays (the einsum "tbi,tbg->ig" runs 1.4-4.4x slower on XLA's CPU: measurements: diagonal-newton)."""
+    arrays (the einsum "tbi,tbg->ig" runs 1.4-4.4x slower on XLA's CPU: measurements: diagonal-newton).
+
+    Args:
+      a: (..., m), e.g. (T, B, I) inputs.
+      b: (..., n) with the leading axes of ``a``, e.g. (T, B, G·H) cotangents.
+
+    Returns:
+      (m, n), the outer products summed over the leading axes.
+    """
     return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
 
 
 def autodiff_jacobian(step_one: Callable[[Any, Array, Array], Array], params: Any, s_prev: Array, xs: Array) -> Array:
     """Transposed Jacobians by autodiff: ``step_one(params, s (S,), x (I,)) -> (S,)`` is one
     example's step; ``jax.jacrev`` of it, vmapped over T and B -> (T, B, S, S). Batch rows cannot
-    mix: the step never sees the batch axis."""
+    mix: the step never sees the batch axis.
+
+    Args:
+      step_one: one example's step on the flat state, ``step_one(params, s (S,), x (I,)) -> (S,)``.
+      params: the parameter pytree.
+      s_prev: (T, B, S) the flat state before each step.
+      xs: (T, B, I) each step's input.
+
+    Returns:
+      Ms (T, B, S, S), M_t[b, i, j] = ∂s_t[b, i] / ∂s_{t-1}[b, j].
+    """
     one = jax.jacrev(step_one, argnums=1)
     return jax.vmap(jax.vmap(one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))(params, s_prev, xs)
 
 
 def autodiff_param_grads(step_one: Callable[[Any, Array, Array], Array], params: Any, s_prev: Array, xs: Array,
                          gs: Array) -> tuple[Any, Array]:
-    """(dparams, dxs (T, B, I)) by one ``jax.vjp`` of ``step_one`` vmapped over T and B."""
+    """(dparams, dxs (T, B, I)) by one ``jax.vjp`` of ``step_one`` vmapped over T and B.
+
+    Args:
+      step_one: one example's step on the flat state, ``step_one(params, s (S,), x (I,)) -> (S,)``.
+      params: the parameter pytree.
+      s_prev: (T, B, S) the flat state before each step.
+      xs: (T, B, I) each step's input.
+      gs: (T, B, S) ∂L/∂s_t, the total gradient of each step's state.
+
+    Returns:
+      The pair (dparams, dxs): dparams with the structure of ``params``, summed over t and b; dxs
+      (T, B, I).
+    """
     steps = jax.vmap(jax.vmap(step_one, in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
     _, vjp = jax.vjp(lambda p, x: steps(p, s_prev, x), params, xs)
     return vjp(gs)
@@ -374,16 +619,20 @@ class Generic(Cell):
 
     bppsa vmaps ``step_fn`` over the batch (``step`` takes h (B, S), x (B, I)) and, in the
     backward, over time too, so a step cannot couple batch rows (it never sees the batch axis);
-    something like ``h.mean(0)`` inside it is a mean over the state's S entries. Optional:
-
-    - ``jacobian_fn(params, h, x) -> (S, S)``: M[i, j] = ∂h'[i]/∂h[j] for one example and step;
-      without it, ``jax.jacrev`` of ``step_fn`` (:func:`autodiff_jacobian`).
-    - ``hidden_size``/``input_size``: checked against h0 and xs when given.
-    - ``init_fn(key, dtype) -> params``: supplies ``init``, and ``param_spec`` (so
-      :func:`bppsa.rnn` checks ``params`` against its structure); without it params are not checked.
+    something like ``h.mean(0)`` inside it is a mean over the state's S entries.
 
     Parameter gradients come from one ``jax.vjp`` of ``step_fn`` vmapped over T and B
-    (:func:`autodiff_param_grads`)."""
+    (:func:`autodiff_param_grads`).
+
+    Args:
+      step_fn: ``step_fn(params, h, x) -> h'``, one example's step: h, h' (S,), x (I,).
+      jacobian_fn: optional ``jacobian_fn(params, h, x) -> (S, S)``: M[i, j] = ∂h'[i]/∂h[j] for one
+        example and step; without it, ``jax.jacrev`` of ``step_fn`` (:func:`autodiff_jacobian`).
+      hidden_size: optional S, checked against h0 when given.
+      input_size: optional I, checked against xs when given.
+      init_fn: optional ``init_fn(key, dtype) -> params``: supplies ``init``, and ``param_spec`` (so
+        :func:`bppsa.rnn` checks ``params`` against its structure); without it params are not checked.
+    """
 
     step_fn: Callable[[Any, jax.Array, jax.Array], jax.Array]
     jacobian_fn: Callable[[Any, jax.Array, jax.Array], jax.Array] | None = None

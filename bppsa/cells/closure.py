@@ -93,7 +93,12 @@ def _trace(fn: Callable, name: str, cell: Cell, params: Any, h: Array, x: Array)
 class Lifted(Generic):
     """A :class:`bppsa.cells.Generic` whose step (and Jacobian) read no closure: made by
     :func:`lift`. Its params are ``(params, step_operands, jacobian_operands)``: the user's
-    params and the floating-point arrays the functions closed over, in their jaxprs' order."""
+    params and the floating-point arrays the functions closed over, in their jaxprs' order.
+
+    Attributes:
+      step_traced: ``step_fn`` traced to a jaxpr (its integer and boolean constants kept by value).
+      jacobian_traced: ``jacobian_fn`` traced likewise; None where the Generic had none.
+    """
 
     step_traced: _Traced | None = None
     jacobian_traced: _Traced | None = None
@@ -131,8 +136,12 @@ def lift(cell: Cell, params: Any, xs: Array, s0: Array) -> tuple[Cell, Any]:
     Args:
       cell: the cell :func:`bppsa.rnn` was given.
       params: its parameters.
-      xs: (T, B, I) inputs; s0: (B, S) the flat initial state in the states' dtype. Only their
-        shapes and dtypes are read (one example's step is traced).
+      xs: (T, B, I) inputs. Only its shape and dtype are read (one example's step is traced).
+      s0: (B, S) the flat initial state in the states' dtype; only its shape and dtype are read.
+
+    Returns:
+      The pair (cell, params) to run: a :class:`Lifted` cell and ``(params, step_operands,
+      jacobian_operands)``, or the arguments unchanged.
 
     Raises:
       bppsa.errors.UsageError: the step closes over a traced integer or boolean array.
@@ -159,7 +168,15 @@ def reads_arrays(cell: Cell, params: Any, xs: Array, s0: Array) -> bool:
 
     Args:
       cell: any cell (a :class:`Lifted` or closure-free cell reads none).
-      params: its parameters; xs: (T, B, I); s0: (B, S) the flat initial state.
+      params: its parameters.
+      xs: (T, B, I) inputs (step 0's is traced).
+      s0: (B, S) the flat initial state.
+
+    Returns:
+      True where the step's jaxpr has constants (arrays it reads besides its arguments).
+
+    Raises:
+      bppsa.errors.UsageError: one of those arrays is a traced value.
     """
     if isinstance(cell, Lifted):
         return False

@@ -25,7 +25,20 @@ class RNN(AffineAdjoint):
     g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t². The Blelloch backward uses
     that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
     same gradients: the cost-model calibration measures the dense products with it).
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's SimpleCell: input only)."""
+
+    Args:
+      input_size: I, the input width.
+      hidden_size: H, the state width (S = H).
+      nonlinearity: σ, "tanh" (default), "relu" or "sigmoid".
+      diagonal: whether the Blelloch backward uses the diagonal structure (default True).
+      input_bias: whether b_x (H,) exists (flax's SimpleCell: yes).
+      hidden_bias: whether b_h (H,) exists (flax's SimpleCell: no).
+      residual: whether h is added to the pre-activation (flax's SimpleCell ``residual``).
+
+    Raises:
+      bppsa.errors.UsageError: on construction, a size that is not a positive int, an activation that is not
+      a name in :data:`bppsa.cells.ACTIVATIONS`, or a flag that is not a bool (the message names the field).
+    """
 
     input_size: int
     hidden_size: int
@@ -87,7 +100,19 @@ class GRU(AffineAdjoint):
     Transposed Jacobian (the paper's fused formula, row convention):
         M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n r) W_hnᵀ + diag(z),
         u_n = (1 − z) φ'(n),  u_r = u_n m σ'(r),  u_z = (h − n) σ'(z).
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's GRUCell: input only)."""
+
+    Args:
+      input_size: I, the input width.
+      hidden_size: H, the state width (S = H).
+      gate: σ, the gates' activation (default "sigmoid").
+      activation: φ, the candidate's activation (default "tanh").
+      input_bias: whether b_x (3H,) exists (flax's GRUCell: yes).
+      hidden_bias: whether b_h (3H,) exists (flax's GRUCell: no).
+
+    Raises:
+      bppsa.errors.UsageError: on construction, a size that is not a positive int, an activation that is not
+      a name in :data:`bppsa.cells.ACTIVATIONS`, or a flag that is not a bool (the message names the field).
+    """
 
     input_size: int
     hidden_size: int
@@ -113,6 +138,16 @@ class GRU(AffineAdjoint):
         return r, z, u_n * m * dsigma(r), (h - n) * dsigma(z), u_n
 
     def gate_terms(self, params: Any, s_prev: Array, xs: Array) -> tuple[Array, ...]:  # all steps' factors
+        """The gates and the Jacobian's per-unit factors of every step at once.
+
+        Args:
+          params: the parameter pytree.
+          s_prev: (T, B, H) the state before each step.
+          xs: (T, B, I) each step's input.
+
+        Returns:
+          (r, z, u_r, u_z, u_n), each (T, B, H), as in the class docstring.
+        """
         return self._gate_factors(s_prev, *self._gates(params, s_prev, self.project(params, xs)))
 
     def step_factors(self, params: Any, h: Array, gx: Any) -> tuple[Array, Any]:
@@ -156,7 +191,19 @@ class LSTM(AffineAdjoint):
 
         M = [[diag(k) P + Q, diag(k f)],     rows: ∂L/∂h', ∂L/∂c'
              [P,             diag(f)  ]]     columns: ∂L/∂h, ∂L/∂c
-    ``input_bias``/``hidden_bias``: whether b_x / b_h exist (flax's LSTM cells: hidden only)."""
+
+    Args:
+      input_size: I, the input width.
+      hidden_size: H, the width of h and of c (S = 2H).
+      gate: σ, the gates' activation (default "sigmoid").
+      activation: φ, the activation of g and of c' (default "tanh").
+      input_bias: whether b_x (4H,) exists (flax's LSTM cells: no).
+      hidden_bias: whether b_h (4H,) exists (flax's LSTM cells: yes).
+
+    Raises:
+      bppsa.errors.UsageError: on construction, a size that is not a positive int, an activation that is not
+      a name in :data:`bppsa.cells.ACTIVATIONS`, or a flag that is not a bool (the message names the field).
+    """
 
     input_size: int
     hidden_size: int

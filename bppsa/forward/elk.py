@@ -65,7 +65,18 @@ def trust_region_solve(v: Array, Ms: Array, ds: Array, y: Array, lam: float | Ar
     process noise, y_t an observation of h_t with noise variance 1/λ), computed exactly by a Kalman
     filter and a Rauch–Tung–Striebel smoother, each one ``lax.associative_scan`` (Θ(log n) levels)
     of Särkkä and García-Fernández's elements; k = 1 (diagonal, quasi) is elementwise. Work Θ(n·R·k³)
-    (a few (k, k) solves per element), so the dense step costs more than Newton's scan."""
+    (a few (k, k) solves per element), so the dense step costs more than Newton's scan.
+
+    Args:
+      v: (R, k) the initial state h_0.
+      Ms: (n, R, k, k) the maps' matrices M_t (row-vector convention), earliest first.
+      ds: (n, R, k) their offsets d_t.
+      y: (n, R, k) the iterate the step stays near.
+      lam: λ >= 0, a scalar.
+
+    Returns:
+      (n, R, k) the states h_1 … h_n.
+    """
     n, R, k = ds.shape
     dtype = ds.dtype
     lam = jnp.asarray(lam, dtype)

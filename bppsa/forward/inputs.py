@@ -20,8 +20,23 @@ __all__ = ["validate_inputs", "validate_params", "flat_guess"]
 
 def flat_guess(cell: Cell, guess: Any, T: int, s0: Array, name: str = "guess") -> Array:
     """The parallel forward's ``guess`` (or another argument ``name`` that holds states), shaped
-    like :func:`rnn`'s result (an array, or for a pair state a pair of arrays; nested lists are
-    converted), as flat states (T, B, S). A UsageError names what was given and what was expected."""
+    like :func:`bppsa.rnn`'s result (an array, or for a pair state a pair of arrays; nested lists are
+    converted), as flat states (T, B, S). A UsageError names what was given and what was expected.
+
+    Args:
+      cell: the cell.
+      guess: the states, hs (T, B, H); for an LSTM the pair (hs, cs), each (T, B, H).
+      T: the number of steps.
+      s0: (B, S) the flat initial state (the batch, width and dtype expected).
+      name: the argument's name in the messages.
+
+    Returns:
+      (T, B, S) the flat states.
+
+    Raises:
+      bppsa.errors.UsageError: ``guess`` not a float array (or pair) of those shapes, e.g. the
+      ``(states, info)`` pair of ``return_info=True``.
+    """
     B, S = s0.shape
     want = jax.eval_shape(cell.unflatten_state, jax.ShapeDtypeStruct((T, B, S), s0.dtype))
     single = not isinstance(want, (tuple, list))
@@ -62,7 +77,16 @@ def validate_params(cell: Cell, params: Any) -> None:
     """Check ``params`` against ``cell.param_spec`` (leaf paths and shapes, at trace time; nothing
     when the spec is None): a UsageError names the first leaf that is missing, extra or of another
     shape. Containers are compared by their leaves' paths only (a dict and a flax State with the
-    same keys both pass)."""
+    same keys both pass).
+
+    Args:
+      cell: the cell.
+      params: the cell's parameter pytree (``cell.init(key)``).
+
+    Raises:
+      bppsa.errors.UsageError: ``params`` None, of another structure, or a leaf missing, extra or
+      misshapen.
+    """
     name = type(cell).__name__
     if params is None:
         raise UsageError(f"params must be {name}'s parameter pytree (cell.init(key)); got None")
@@ -97,7 +121,21 @@ def _is_float(x) -> bool:
 
 def validate_inputs(cell: Cell, params: Any, xs: Array, h0: Any) -> Array:
     """Check params (:func:`validate_params`), shapes and dtypes; return the flat initial state
-    s0 (B, S). Shape checks only: everything here runs at trace time."""
+    s0 (B, S). Shape checks only: everything here runs at trace time.
+
+    Args:
+      cell: the cell.
+      params: the cell's parameter pytree (``cell.init(key)``).
+      xs: (T, B, I) inputs, time-major.
+      h0: (B, H) initial state; for an LSTM the pair (h0, c0), each (B, H).
+
+    Returns:
+      s0 (B, S), the flat initial state.
+
+    Raises:
+      bppsa.errors.UsageError: params :func:`validate_params` refuses, xs or h0 of the wrong shape or
+      a non-float dtype, T = 0, or a step that changes the state's shape or dtype.
+    """
     name = type(cell).__name__
     validate_params(cell, params)
     if xs.ndim != 3:

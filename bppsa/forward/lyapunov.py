@@ -35,7 +35,18 @@ def lyapunov_from_jacobians(blocks: Array, chunk: int | None = None) -> Array:
     """The largest Lyapunov exponent of each independent product in ``blocks`` (T, R, k, k), the
     Jacobians J_t of R systems (batch rows, or blocks of a block-diagonal Jacobian): (R,), the
     average log growth per step of J_T ⋯ J_1 v from v = (1, …, 1)/√k. ``chunk``: the steps per
-    chunk (None: ⌈√T⌉)."""
+    chunk (None: ⌈√T⌉).
+
+    Args:
+      blocks: (T, R, k, k) the Jacobians J_t, R independent systems of size k.
+      chunk: the steps per chunk (None: ⌈√T⌉).
+
+    Returns:
+      (R,) the exponents, in nats per step (-inf where the product annihilates v).
+
+    Raises:
+      bppsa.errors.UsageError: T = 0.
+    """
     T, R, k = blocks.shape[0], blocks.shape[1], blocks.shape[-1]
     if T == 0:
         raise UsageError("a Lyapunov exponent needs at least one step; got T = 0")
@@ -81,7 +92,24 @@ def lyapunov(cell: Cell, params: Any, xs: Any, h0: Any, states: Any = None, *, c
     forward's. ``chunk``: steps per chunk (None: ⌈√T⌉).
 
     Negative: the recurrence contracts along this trajectory (predictable; the parallel forward
-    pays); positive: it is chaotic there (the sequential forward is the right choice)."""
+    pays); positive: it is chaotic there (the sequential forward is the right choice).
+
+    Args:
+      cell: a cell from :mod:`bppsa.cells`.
+      params: the cell's parameter pytree.
+      xs: (T, B, I) inputs, time-major.
+      h0: (B, H) initial state; for an LSTM the pair (h0, c0), each (B, H).
+      states: the trajectory, shaped like :func:`bppsa.rnn`'s result (hs (T, B, H); for an LSTM the
+        pair (hs, cs)), or None (the sequential forward's).
+      chunk: the steps per chunk (None: ⌈√T⌉).
+
+    Returns:
+      (B,) the largest exponent of each sequence, in nats per step.
+
+    Raises:
+      bppsa.errors.UsageError: inputs :func:`bppsa.forward.inputs.validate_inputs` refuses, ``states`` of
+      the wrong shape, or ``chunk`` not a positive int.
+    """
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)
     if chunk is not None and ((c := as_int(chunk)) is None or c < 1):

@@ -96,7 +96,11 @@ _fallbacks = [0]
 
 
 def fallback_count() -> int:
-    """How many parallel forwards in this process fell back to the sequential forward."""
+    """How many parallel forwards in this process fell back to the sequential forward.
+
+    Returns:
+      The count, an int (each sequence of a vmapped batch counted).
+    """
     return _fallbacks[0]
 
 
@@ -176,14 +180,29 @@ def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[A
 def residual(H: Array, F: Array) -> Array:
     """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H; +inf
     where anything is NaN (XLA's max on CPU can skip NaNs: an overflowed iterate must never look
-    converged); 0 for no states (a batch of 0: nothing to solve)."""
+    converged); 0 for no states (a batch of 0: nothing to solve).
+
+    Args:
+      H: (T, B, S) the iterate.
+      F: (T, B, S) the steps at H, f(h_{t-1}, x_t).
+
+    Returns:
+      The residual, a scalar array.
+    """
     r = jnp.abs(H - F) / (1 + jnp.abs(F))
     return jnp.max(jnp.where(jnp.isnan(r), jnp.inf, r), initial=0.0)
 
 
 def bound(dtype: Any) -> float:
     """The magnitude an iterate is clipped to (:func:`repair`): sqrt of the dtype's largest finite
-    value (float32 1.8e19, float64 1.3e154), so that a product of two clipped values stays finite."""
+    value (float32 1.8e19, float64 1.3e154), so that a product of two clipped values stays finite.
+
+    Args:
+      dtype: a floating dtype.
+
+    Returns:
+      The bound, a Python float.
+    """
     return float(np.sqrt(np.finfo(dtype).max))
 
 
@@ -195,7 +214,15 @@ def repair(H: Array, F: Array | None = None) -> Array:
     Where the scan's products of Jacobians overflow (an expanding stretch) the solve gives inf/NaN
     although the states are finite; the fixed-point step at those entries keeps Newton's guarantee
     (a step from an iterate whose first j states are exact makes the first j + 1 exact), so the
-    iteration goes on from the repaired iterate."""
+    iteration goes on from the repaired iterate.
+
+    Args:
+      H: (T, B, S) the new iterate.
+      F: (T, B, S) the steps at the previous iterate, or None.
+
+    Returns:
+      (T, B, S) the repaired iterate, finite.
+    """
     b = bound(H.dtype)
     keep = jnp.zeros((), H.dtype) if F is None else jnp.where(jnp.isfinite(F), F, jnp.zeros((), H.dtype))
     return jnp.clip(jnp.where(jnp.isfinite(H), H, keep), -b, b)
@@ -270,7 +297,22 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     after :data:`PATIENCE` steps in a row that improved neither the largest residual, nor the first
     step whose residual misses the tolerance (the converged front), nor the step size. Returns (iterations, H, residual
     (max |h − f| / (1 + |f|)), error (the estimate, in the units of ``residual``), converged, ``evaluate(H)``
-    (None for no states))."""
+    (None for no states)).
+
+    Args:
+      plan: the :class:`bppsa.plan.options.Plan` (``forward``, ``damping``, ``atol``, ``rtol``, ``max_iter``).
+      H: (T, B, S) the first iterate (on a mesh this device's stretch).
+      evaluate: ``evaluate(H)``, the steps F (T, B, S) at H, or a tuple (F, D).
+      update: ``update(H, F, lam)``, the next iterate (T, B, S); lam None for the undamped step.
+      inputs_ok: False stops before the first step (:func:`finite_inputs`).
+      axes: the mesh axes H is split over, or None (one device).
+      offset: the time index of H's first step.
+      length: the number of real steps (None: all).
+
+    Returns:
+      (iterations, H, residual, error, converged, F), scalars but for the final iterate H (T, B, S)
+      and F, ``evaluate(H)`` at it.
+    """
     damped, atol, rtol = plan.damping is not None, cast(float, plan.atol), cast(float, plan.rtol)  # a Plan: floats
     linear = damped or plan.forward == "quasi"
     if H.size == 0:  # no states (a batch of 0): nothing to solve, and the body's shapes may not exist
@@ -352,7 +394,28 @@ def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, conve
     """Report (:class:`NewtonFallbackWarning` / :class:`NewtonDidNotConverge`, naming the NaN/inf
     in H and in ``inputs`` = (params, xs, s0) when there is one) and apply ``plan.on_fail``:
     ``sequential()`` computes the sequential forward's states, run only when the iteration did
-    not converge. Returns (states, :class:`NewtonInfo`)."""
+    not converge. Returns (states, :class:`NewtonInfo`).
+
+    Args:
+      cell: the cell (its name and parameter names in the messages).
+      plan: the :class:`bppsa.plan.options.Plan` (``on_fail``, ``atol``, ``rtol``, ``max_iter``).
+      k: the iterations taken.
+      H: (T, B, S) the final iterate.
+      res: its residual.
+      err: its estimated error.
+      converged: whether the iteration converged.
+      sequential: a zero-argument function computing the sequential forward's states (T, B, S).
+      inputs: (params, xs (T, B, I), s0 (B, S)).
+
+    Returns:
+      (states, info), states (T, B, S) the iterate or, not converged with ``on_fail="sequential"``,
+      the sequential forward's; info the :class:`NewtonInfo` (``lle`` NaN and ``predicted`` -1, for the
+      caller to fill in).
+
+    Raises:
+      NewtonDidNotConverge: not converged with ``on_fail="raise"`` (under ``jax.jit``
+      JAX's ``jax.errors.JaxRuntimeError`` naming it).
+    """
     converged = converged & jnp.all(jnp.isfinite(H))
     n = len(jax.tree.leaves(inputs[0]))
     finite = lambda: (jnp.int32(-1), jnp.int32(-1), jnp.zeros((), bool), jnp.zeros((n,), bool))
@@ -379,14 +442,34 @@ def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, conve
 def finite_inputs(xs: Array, s0: Array) -> Array:
     """Whether xs and s0 are finite (NaN/inf there: no iteration can converge, so none is run). The
     params are not tested here (a flax cell's non-float state rides in them as float bits); NaN in
-    them stops the iteration by the :data:`PATIENCE` rule, and the report names them."""
+    them stops the iteration by the :data:`PATIENCE` rule, and the report names them.
+
+    Args:
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+
+    Returns:
+      A boolean scalar array.
+    """
     return jnp.all(jnp.isfinite(xs)) & jnp.all(jnp.isfinite(s0))
 
 
 def lle_at(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, diagonal: Array | None = None) -> Array:
     """The largest Lyapunov exponent (max over the batch) of the Jacobians at (h_{t-1}, x_t) along
     the iterate H (T, B, S) (:func:`bppsa.forward.lyapunov.lyapunov_from_jacobians`); -inf for no states.
-    ``diagonal``: those Jacobians (T, B, S) where they are diagonal and already at hand."""
+    ``diagonal``: those Jacobians (T, B, S) where they are diagonal and already at hand.
+
+    Args:
+      cell: the cell.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      H: (T, B, S) the states.
+      diagonal: (T, B, S) the Jacobians' diagonals at H, or None (computed here).
+
+    Returns:
+      The exponent, a scalar array, in nats per step.
+    """
     if H.size == 0:
         return jnp.asarray(-jnp.inf, H.dtype)
     sp = prev_states(s0, H)
@@ -398,7 +481,14 @@ def lle_at(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, diagonal: Ar
 
 def probe_windows(T: int) -> tuple[int, ...]:
     """The first steps of :func:`probe`'s windows of L = min(T, :data:`PROBE_STEPS`) steps:
-    min(:data:`PROBE_WINDOWS`, ⌈T/L⌉) of them, evenly from 0 to T − L (the start, middle and end)."""
+    min(:data:`PROBE_WINDOWS`, ⌈T/L⌉) of them, evenly from 0 to T − L (the start, middle and end).
+
+    Args:
+      T: the number of steps.
+
+    Returns:
+      The windows' first steps, distinct ints in increasing order.
+    """
     L = min(T, PROBE_STEPS)
     n = min(PROBE_WINDOWS, -(-T // max(L, 1)))
     return tuple(sorted({round(i * (T - L) / max(1, n - 1)) for i in range(n)}))
@@ -409,7 +499,18 @@ def probe(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | None = No
     the batch along the windows of :func:`probe_windows`, the first window's (exact) states (L, B, S)).
     The windows run side by side in one sequential forward of L steps (``unroll``; None: tuned), each
     from s0: the states inside the sequence are not known before it, but a contracting cell forgets
-    its start within its memory, and an expanding stretch shows a positive exponent from any start."""
+    its start within its memory, and an expanding stretch shows a positive exponent from any start.
+
+    Args:
+      cell: the cell.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      unroll: the windows' forward's unroll (None: tuned).
+
+    Returns:
+      (lle, states), lle a scalar array and states (L, B, S) the first window's states.
+    """
     L, starts = min(xs.shape[0], PROBE_STEPS), probe_windows(xs.shape[0])
     xw = jnp.concatenate([xs[a:a + L] for a in starts], axis=1)
     sw = jnp.concatenate([s0] * len(starts), axis=0)
@@ -430,7 +531,16 @@ def predicted_iterations(lle: Any, T: int, forward: str = "newton") -> Any:
     forecast is Newton's bound, T. ``forward="quasi"`` (linear convergence) doubles the count. The
     constant 3 is fitted to an Elman RNN's counts over spectral radii 0.5 … 1.3 (4 … 11 iterations,
     λ from −0.95 to −0.15, T = 100 and 1000); the parallel-step experiment records it against every
-    cell's. It ignores how nonlinear the cell is: it over-predicts nearly linear, slow cells."""
+    cell's. It ignores how nonlinear the cell is: it over-predicts nearly linear, slow cells.
+
+    Args:
+      lle: the exponent(s), an array of any shape.
+      T: the number of steps.
+      forward: "newton" or "quasi".
+
+    Returns:
+      The iteration counts, int32, shaped like ``lle``.
+    """
     lle = jnp.asarray(lle)
     memory = jnp.minimum(T, 1 / -jnp.expm1(jnp.minimum(lle, -1e-12)))
     k = jnp.floor(3 + memory) * (2 if forward == "quasi" else 1)
@@ -450,7 +560,24 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     result at the solved states. With ``plan.gate`` the exponent along the probe windows
     (:func:`probe_windows`, run sequentially: :data:`PROBE_STEPS` steps' latency) decides: Newton if
     negative and :func:`predicted_iterations` <= the gate (from the first window's exact states),
-    else the sequential forward (``chose_sequential``)."""
+    else the sequential forward (``chose_sequential``).
+
+    Args:
+      cell: the cell.
+      plan: the :class:`bppsa.plan.options.Plan` with a parallel ``forward`` (``scan``, ``solve_chunk``, the
+        tolerances, ``max_iter``, ``damping``, ``on_fail``, ``unroll``, ``gate``).
+      params: the cell's parameters.
+      xs: (T, B, I) inputs, time-major.
+      s0: (B, S) the flat initial state.
+      guess: (T, B, S) the first iterate, or None (zeros).
+
+    Returns:
+      (ss, info), ss (T, B, S) the flat states and info the :class:`NewtonInfo`.
+
+    Raises:
+      NewtonDidNotConverge: not converged with ``plan.on_fail == "raise"`` (under ``jax.jit`` JAX's
+      ``jax.errors.JaxRuntimeError`` naming it).
+    """
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     H = jnp.zeros((T, B, S), s0.dtype) if guess is None else guess.astype(s0.dtype)
 

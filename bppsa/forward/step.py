@@ -28,7 +28,19 @@ __all__ = ["step_diagonal", "step_elements", "newton_step"]
 
 def step_diagonal(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, f: Array) -> Array | None:
     """diag(J_t) (n, B, S) where the Newton-family step is elementwise (``kind="quasi"``, or a cell
-    whose Jacobian blocks are 1×1), at the previous states sp with f = f(sp, xs); else None."""
+    whose Jacobian blocks are 1×1), at the previous states sp with f = f(sp, xs); else None.
+
+    Args:
+      cell: the cell.
+      kind: the parallel forward, "newton" or "quasi".
+      params: the cell's parameters.
+      sp: (n, B, S) the flat state before each step.
+      xs: (n, B, I) the steps' inputs.
+      f: (n, B, S) the steps at sp, f(sp, xs).
+
+    Returns:
+      (n, B, S) the Jacobians' diagonals, or None where the step is not elementwise.
+    """
     if kind == "quasi" and cell.has_diagonal_jacobian:  # M = diag(A) Wt: diag(M) = A ⊙ diag(Wt), no S×S
         A, Wt = cell.diagonal_jacobian(params, sp, xs, f)
         return A * jnp.diagonal(Wt)
@@ -43,7 +55,20 @@ def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, 
     (n, B, S) with f = f(sp, xs), as block rows (:func:`bppsa.scan.layout.to_blocks`): E (n, B·S/k,
     k, k) = J_tᵀ's diagonal blocks (elementwise, k = 1: :func:`step_diagonal`, or ``diagonal`` where
     the caller has it; a block-diagonal cell's (k, k) blocks; else dense, k = S) and c (n, B·S/k,
-    k) = f_t − sp_t @ E_t. Returns (E, c, k)."""
+    k) = f_t − sp_t @ E_t. Returns (E, c, k).
+
+    Args:
+      cell: the cell.
+      kind: the parallel forward, "newton" or "quasi".
+      params: the cell's parameters.
+      sp: (n, B, S) the flat state before each step.
+      xs: (n, B, I) the steps' inputs.
+      f: (n, B, S) the steps at sp, f(sp, xs).
+      diagonal: (n, B, S) the Jacobians' diagonals where the caller has them (elementwise steps), or None.
+
+    Returns:
+      (E, c, k), E (n, B·S/k, k, k) the maps' matrices, c (n, B·S/k, k) their offsets and k the block size.
+    """
     d = step_diagonal(cell, kind, params, sp, xs, f) if diagonal is None else diagonal
     if d is not None:  # elementwise maps: no 1×1 matrix products
         return to_blocks(d, 1)[..., None], to_blocks(f - sp * d, 1), 1
@@ -58,11 +83,26 @@ def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, 
 
 def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Array, F: Array,
                 lam: Array | None = None, D: Array | None = None) -> Array:
-    """One Newton (or quasi) step of :mod:`bppsa.newton`: the states solving the linearised
+    """One Newton (or quasi) step of :mod:`bppsa.forward.newton`: the states solving the linearised
     recurrence at the guess H (T, B, S) (with F = f at H and, for an elementwise step, D its
     Jacobians' diagonals, :func:`step_diagonal`), by ``plan.scan`` over equal chunks of at most
     ``plan.solve_chunk`` steps, earliest first; with ``lam`` (damping) the trust-region step around
-    H, over the whole sequence."""
+    H, over the whole sequence.
+
+    Args:
+      cell: the cell.
+      plan: the :class:`bppsa.plan.options.Plan` (``forward``, ``scan``, ``solve_chunk``).
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      H: (T, B, S) the guess.
+      F: (T, B, S) the steps at H, f(h_{t-1}, x_t).
+      lam: the damping λ (a scalar), or None (the undamped step).
+      D: (T, B, S) the Jacobians' diagonals at H for an elementwise step, or None.
+
+    Returns:
+      (T, B, S) the next iterate.
+    """
     T, B, S = H.shape
     chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
     if D is not None and lam is None and method == "sequential" and (chunk is None or chunk >= T):

@@ -47,12 +47,23 @@ def partition(speeds: Sequence[float] | np.ndarray, batch_size: int, min_per_rep
 
     Only the ratios of the speeds matter, and all arithmetic is on integers (each double speed is an
     exact ratio of integers), so the split is exact for any magnitudes (1e-308 to 1e308) and any
-    integer B (2**60 + 1 included). Returns b: (P,) int64 (object, of Python ints, when B does not
-    fit in an int64) with Σ b = B, b_i ≥ min_per_replica, faster replicas never getting fewer
-    samples, and |b_i − q_i| < 1 for the unpinned replicas' quotas q_i (all of them when
-    ``min_per_replica = 0``, the plain proportional rule, where a slow replica may get 0).
-    Raises ValueError for speeds that are empty, NaN, infinite, zero or negative, and when
-    B < P·min_per_replica.
+    integer B (2**60 + 1 included).
+
+    Args:
+      speeds: (P,) each replica's speed s_i (samples/s or any other unit: only the ratios matter);
+        finite and > 0.
+      batch_size: B, the number of samples to split: an int >= 0 (numpy and JAX integer scalars too).
+      min_per_replica: the fewest samples any replica gets, an int >= 0.
+
+    Returns:
+      b (P,) int64 (object, of Python ints, when B does not fit in an int64) with Σ b = B,
+      b_i ≥ min_per_replica, faster replicas never getting fewer samples, and |b_i − q_i| < 1 for the
+      unpinned replicas' quotas q_i (all of them when ``min_per_replica = 0``, the plain
+      proportional rule, where a slow replica may get 0).
+
+    Raises:
+      ValueError: for speeds that are empty, not 1-D, NaN, infinite, zero or negative, a batch_size or
+      min_per_replica that is not an int >= 0, and when B < P·min_per_replica.
     """
     s = _check_speeds(speeds)
     B, m, P = as_int(batch_size), as_int(min_per_replica), s.size  # numpy and JAX integer scalars too
@@ -108,6 +119,17 @@ def weighted_mean(grads: Sequence, counts: Sequence[float]):
     """g = Σ_i (b_i / Σb)·g_i over a list of gradient pytrees g_i (each a mean over b_i samples).
 
     Replicas with b_i = 0 contribute nothing (their g_i may be anything finite, e.g. zeros).
+
+    Args:
+      grads: the P replicas' gradient pytrees g_i, all of one structure (leaves array-like).
+      counts: (P,) b_i, the number of samples each g_i is the mean over (finite, >= 0, not all 0).
+
+    Returns:
+      The pytree Σ_i (b_i / Σb)·g_i, of the gradients' structure, with JAX arrays as leaves.
+
+    Raises:
+      ValueError: for an empty ``grads``, and for counts that are not of shape (P,), finite and >= 0,
+      or are all zero.
     """
     grads = list(grads)
     if not grads:
@@ -121,6 +143,19 @@ def plain_mean(grads: Sequence, counts: Sequence[float] | None = None):
     """(1/P)·Σ_i g_i: the plain average data-parallel frameworks use (biased for unequal b_i).
 
     With ``counts``, replicas holding no samples are left out (P counts the non-empty ones).
+
+    Args:
+      grads: the P replicas' gradient pytrees g_i, all of one structure (leaves array-like).
+      counts: None (every replica counts), or (P,) b_i, the samples each replica holds (finite,
+        >= 0, not all 0).
+
+    Returns:
+      The pytree (1/P)·Σ_i g_i over the counted replicas, of the gradients' structure, with JAX
+      arrays as leaves.
+
+    Raises:
+      ValueError: for an empty ``grads``, and for counts that are not of shape (P,), finite and >= 0,
+      or are all zero.
     """
     grads = list(grads)
     if not grads:
@@ -136,6 +171,17 @@ def sample_weights(counts, average: str = "weighted") -> np.ndarray:
 
     "weighted": 1/B for everyone; "mean": 1/(P'·b_i) with P' the number of non-empty replicas
     (0 where b_i = 0).
+
+    Args:
+      counts: (P,) b_i, the samples each replica holds (finite, >= 0, not all 0); B = Σ b_i.
+      average: "weighted" (:func:`weighted_mean`) or "mean" (:func:`plain_mean`).
+
+    Returns:
+      (P,) float64, the weight of one sample on each replica.
+
+    Raises:
+      ValueError: for counts that are not 1-D, finite and >= 0, or are all zero, and for an unknown
+      ``average``.
     """
     c = _check_counts(counts, len(np.asarray(counts)))
     if average == "weighted":

@@ -45,12 +45,23 @@ def _sleep_until(deadline: float):
 class ProcessReplicas:
     """This process's replica of a multi-process job (see the module docstring).
 
-    slowdowns: (P,) factors f_i (speed ∝ 1/f_i; :func:`~bppsa.hetero.profile.slowdowns_from_mix`),
-    or a schedule [(step, (P,)), ...] for speeds that drift; ``schedule`` may be replaced between
-    runs. emulation: ``"sleep"`` or ``"stretch"``. tau: seconds of sleep per sample at f = 1
-    (``"sleep"`` only); None: :meth:`calibrate` sets it. After :meth:`calibrate`,
-    ``calibration`` holds τ, the compute time per sample and the all-reduce time; after
-    :meth:`profile`, ``profile_log`` holds every replica's timings.
+    After :meth:`calibrate`, ``calibration`` holds τ, the compute time per sample and the
+    all-reduce time; after :meth:`profile`, ``profile_log`` holds every replica's timings.
+    Construct it after ``jax.distributed`` is initialised, in every process.
+
+    Args:
+      loss_fn: the per-sample loss, ``loss_fn(params, x, y) -> (b,)``.
+      slowdowns: (P,) factors f_i (speed ∝ 1/f_i; :func:`~bppsa.hetero.profile.slowdowns_from_mix`),
+        one per process, or a schedule [(step, (P,)), ...] for speeds that drift; ``schedule`` may be
+        replaced between runs.
+      emulation: ``"sleep"`` or ``"stretch"`` (:data:`EMULATIONS`).
+      tau: seconds of sleep per sample at f = 1 (``"sleep"`` only), >= 0; None: :meth:`calibrate`
+        sets it.
+      sleep_scale: τ = sleep_scale × the compute time per sample, where :meth:`calibrate` sets τ (> 0).
+
+    Raises:
+      ValueError: for an unknown emulation, a tau below 0, a sleep_scale not above 0, or slowdowns
+      that are not positive factors, one per process.
     """
 
     def __init__(self, loss_fn: Callable, slowdowns, *, emulation: str = "sleep", tau: float | None = None,

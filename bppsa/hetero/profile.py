@@ -24,7 +24,17 @@ __all__ = ["TimeModel", "fit_time_model", "robust_median", "profile_replica", "n
 
 
 def slowdowns_from_mix(mix) -> list[float]:
-    """Speed ratios (e.g. 1:1:2:4) -> slowdown factors relative to the fastest (4, 4, 2, 1)."""
+    """Speed ratios (e.g. 1:1:2:4) -> slowdown factors relative to the fastest (4, 4, 2, 1).
+
+    Args:
+      mix: (P,) the replicas' speed ratios, one per replica, > 0.
+
+    Returns:
+      A list of P floats, max(mix) / mix_i for replica i (1.0 for the fastest).
+
+    Raises:
+      ValueError: when ``mix`` is not a non-empty 1-D sequence of positive numbers.
+    """
     s = np.asarray(mix, np.float64)
     if s.ndim != 1 or s.size == 0 or (s <= 0).any():
         raise ValueError(f"a speed mix must be positive ratios, one per replica; got {mix!r}")
@@ -33,7 +43,12 @@ def slowdowns_from_mix(mix) -> list[float]:
 
 @dataclass(frozen=True)
 class TimeModel:
-    """t(b) = alpha + beta·b seconds for a step on b > 0 samples (0 for b = 0)."""
+    """t(b) = alpha + beta·b seconds for a step on b > 0 samples (0 for b = 0).
+
+    Attributes:
+      alpha: α, the fixed cost of a step (seconds).
+      beta: β, the cost per sample (seconds).
+    """
     alpha: float
     beta: float
 
@@ -51,7 +66,21 @@ class TimeModel:
 
 
 def fit_time_model(batch_sizes: Sequence[float] | np.ndarray, times: Sequence[float] | np.ndarray) -> TimeModel:
-    """Least-squares fit of t = α + β·b with α ≥ 0 and β > 0 (b: (n,), times: (n,) seconds)."""
+    """Least-squares fit of t = α + β·b with α ≥ 0 and β > 0.
+
+    Args:
+      batch_sizes: (n,) the batch sizes b timed (> 0).
+      times: (n,) the step time at each (seconds, finite and > 0).
+
+    Returns:
+      The fitted :class:`TimeModel`. With a single distinct batch size, α = 0 and β = mean(t/b); a
+      fitted β ≤ 0 (timing noise swamping the per-sample cost) falls back to α = 0, β = median(t/b),
+      and a fitted α < 0 to the least-squares line through the origin.
+
+    Raises:
+      ValueError: for arrays that are not 1-D of one non-zero length, or values that are not > 0 (or
+      times that are not finite).
+    """
     b = np.asarray(batch_sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     if b.shape != t.shape or b.ndim != 1 or b.size == 0:
@@ -73,9 +102,19 @@ def robust_median(samples, k: float = 3.0) -> dict:
     """Median of ``samples`` after dropping outliers, with its spread.
 
     An outlier lies more than ``k`` scaled MADs (1.4826·median |x − median|, the normal-consistent
-    spread) from the median; with a MAD of 0 nothing is dropped. Returns {"median", "spread"
-    (the scaled MAD of the kept samples, relative to their median), "kept", "rejected"
-    (counts)}: a step that hit a busy host is dropped instead of moving the estimate.
+    spread) from the median; with a MAD of 0 nothing is dropped. A step that hit a busy host is
+    dropped instead of moving the estimate.
+
+    Args:
+      samples: the measurements, e.g. step times in seconds (any shape: flattened; finite).
+      k: the rejection threshold, in scaled MADs.
+
+    Returns:
+      A dict with "median" (of the kept samples), "spread" (the scaled MAD of the kept samples,
+      relative to their median; 0 for a median of 0), "kept" and "rejected" (counts).
+
+    Raises:
+      ValueError: for no samples or a non-finite one.
     """
     x = np.asarray(samples, np.float64).ravel()
     if x.size == 0 or not np.all(np.isfinite(x)):
@@ -92,6 +131,17 @@ def profile_replica(step_time: Callable[[int], float], probe_batches: Sequence[i
     """Time ``step_time(b)`` (seconds for one warmed-up step at batch b) and fit a :class:`TimeModel`.
 
     Takes the outlier-rejecting median (:func:`robust_median`) of ``repeats`` timings per probe size.
+
+    Args:
+      step_time: ``step_time(b) -> seconds``, one timed step at batch size b (an int).
+      probe_batches: the batch sizes to time (each >= 1; two distinct ones or more to fit α).
+      repeats: timings per probe size (>= 1).
+
+    Returns:
+      The :class:`TimeModel` fitted (:func:`fit_time_model`) to the median time at each probe size.
+
+    Raises:
+      ValueError: for no probe sizes, a size < 1, repeats < 1, or a step time that is not finite and > 0.
     """
     if not probe_batches or min(probe_batches) < 1:
         raise ValueError(f"probe_batches must be a non-empty list of sizes >= 1; got {list(probe_batches)}")
@@ -102,7 +152,18 @@ def profile_replica(step_time: Callable[[int], float], probe_batches: Sequence[i
 
 
 def nominal_speeds(models: Sequence[TimeModel], batch_size: int) -> np.ndarray:
-    """Each replica's throughput (samples/s) at the nominal batch B/P — the paper's speed estimate."""
+    """Each replica's throughput (samples/s) at the nominal batch B/P — the paper's speed estimate.
+
+    Args:
+      models: the P replicas' :class:`TimeModel`.
+      batch_size: B, the global batch size.
+
+    Returns:
+      (P,) float64, ``models[i].speed(max(B / P, 1))`` for each replica i.
+
+    Raises:
+      ValueError: for an empty ``models``.
+    """
     if not models:
         raise ValueError("models must be a non-empty list of TimeModel")
     b = max(batch_size / len(models), 1.0)
@@ -115,6 +176,17 @@ def bound_speeds(speeds, max_ratio: float = 16.0) -> tuple[np.ndarray, list[int]
     A sanity bound: an estimate that far from the other replicas' is more likely a measurement
     gone wrong (a replica profiled while the host was busy) than a real device, and left alone it
     would push the split to an extreme.
+
+    Args:
+      speeds: (P,) the speed estimates (finite and > 0).
+      max_ratio: the largest factor allowed between a speed and the median (>= 1).
+
+    Returns:
+      A pair (the (P,) float64 clipped speeds, the list of the indices of the replicas clipped).
+
+    Raises:
+      ValueError: for speeds that are not a non-empty 1-D sequence of finite numbers > 0, or a
+      max_ratio below 1.
     """
     s = np.asarray(speeds, np.float64)
     if s.ndim != 1 or s.size == 0 or not np.all(np.isfinite(s)) or (s <= 0).any():
@@ -130,8 +202,20 @@ def balanced_speeds(models: Sequence[TimeModel], batch_size: int, iters: int = 2
     """Speeds s_i (samples/s) such that ``partition(s, B)`` roughly equalises the step times.
 
     Starts from the throughput at B/P and re-evaluates each replica's throughput at its
-    assigned size until the partition stops changing; returns the speeds of the iterate with
-    the smallest slowest-replica time.
+    assigned size until the partition stops changing (a partition seen before), for at most
+    ``iters`` rounds.
+
+    Args:
+      models: the P replicas' :class:`TimeModel`.
+      batch_size: B, the global batch size (>= P: :func:`partition` gives every replica a sample).
+      iters: the most partition rounds.
+
+    Returns:
+      (P,) float64 speeds (samples/s), those of the iterate with the smallest slowest-replica time
+      max_i t_i(b_i).
+
+    Raises:
+      ValueError: for an empty ``models``, and (from :func:`partition`) a batch_size below P.
     """
     speeds = nominal_speeds(models, batch_size)
     best, best_time, seen = speeds, np.inf, set()
@@ -160,6 +244,16 @@ class Rebalancer:
     ``tolerance`` (hysteresis against timing noise), else None. A switch is logged in ``log``
     and starts a fresh window. So a replica that slows down is noticed within K steps.
     Replicas that held no samples keep their previous estimate. ``every = 0`` disables it.
+
+    Attributes:
+      speeds: (P,) the current speed estimates (samples/s); replaced at each switch.
+      every: K, the window (in steps) the speeds are re-estimated from, and so the fewest steps between
+        two switches; 0 disables re-balancing.
+      tolerance: the fraction by which a new partition's predicted step time must beat the current
+        one's.
+      min_per_replica: the fewest samples a new partition gives any replica (:func:`partition`).
+      log: one dict per switch, with "step", "from" and "to" (the counts) and "speeds" (the new
+        estimates).
     """
     speeds: np.ndarray
     every: int = 0

@@ -31,7 +31,19 @@ AVERAGES = ("weighted", "mean")
 
 
 def data_mesh(num_replicas: int | None = None, axis: str = "data", devices=None) -> Mesh:
-    """A 1-D mesh over the first ``num_replicas`` devices (all of ``jax.devices()`` by default)."""
+    """A 1-D mesh over the first ``num_replicas`` devices (all of ``jax.devices()`` by default).
+
+    Args:
+      num_replicas: how many devices, 1 to the number available; None: all of them.
+      axis: the mesh axis's name.
+      devices: the devices to take them from, in order (None: ``jax.devices()``).
+
+    Returns:
+      A ``jax.sharding.Mesh`` of shape (num_replicas,) with the one axis ``axis``.
+
+    Raises:
+      ValueError: when num_replicas is not in 1 to the number of devices.
+    """
     devs = list(jax.devices() if devices is None else devices)
     n = len(devs) if num_replicas is None else num_replicas
     if not 1 <= n <= len(devs):
@@ -47,7 +59,19 @@ def _check_counts(counts) -> np.ndarray:
 
 
 def pad_local_batch(x, y, size: int):
-    """Pad one replica's batch x: (b, ...), y: (b,) to ``size`` rows; returns (x, y, mask (size,))."""
+    """Pad one replica's batch to ``size`` rows (zeros after its b rows).
+
+    Args:
+      x: (b, ...) the replica's inputs.
+      y: (b,) its labels.
+      size: the padded number of rows (>= b).
+
+    Returns:
+      numpy arrays (x (size, ...), y (size,), mask (size,) bool), mask True on the first b rows.
+
+    Raises:
+      ValueError: when x and y differ in length, or b > size.
+    """
     x, y = np.asarray(x), np.asarray(y)
     b = len(x)
     if len(y) != b:
@@ -65,10 +89,20 @@ def pad_local_batch(x, y, size: int):
 def replica_batches(x, y, counts, b_max: int | None = None):
     """Cut a global batch into consecutive replica batches of sizes ``counts``, each padded.
 
-    x: (B, ...), y: (B,), counts: (P,) with Σ counts = B. Returns x: (P·b_max, ...),
-    y: (P·b_max,), mask: (P·b_max,) with b_max = max(max(counts), 1) unless given (a fixed
-    b_max keeps shapes, and so compiled code, constant across partitions); rows
-    [i·b_max, i·b_max + b_i) belong to replica i.
+    Args:
+      x: (B, ...) the global batch's inputs (numpy).
+      y: (B,) its labels.
+      counts: (P,) ints >= 0, the replica batch sizes b_i, with Σ counts = B.
+      b_max: the rows per replica (>= max(counts)); None: max(max(counts), 1). A fixed b_max keeps
+        shapes, and so compiled code, constant across partitions.
+
+    Returns:
+      numpy arrays (x (P·b_max, ...), y (P·b_max,), mask (P·b_max,) bool); rows
+      [i·b_max, i·b_max + b_i) belong to replica i, and mask is True on those.
+
+    Raises:
+      ValueError: for counts that are not a non-empty 1-D sequence of ints >= 0 or do not sum to B,
+      and for a b_max below the largest count.
     """
     c = _check_counts(counts)
     if c.sum() != len(x):
@@ -83,7 +117,20 @@ def replica_batches(x, y, counts, b_max: int | None = None):
 
 
 def local_grad_sum(loss_fn: Callable, params, x, y, mask):
-    """(∇ Σ_j mask_j·ℓ_j, Σ_j mask_j·ℓ_j, Σ_j mask_j) for one replica's padded batch."""
+    """(∇ Σ_j mask_j·ℓ_j, Σ_j mask_j·ℓ_j, Σ_j mask_j) for one replica's padded batch.
+
+    Args:
+      loss_fn: the per-sample loss, ``loss_fn(params, x, y) -> (b,)``.
+      params: the parameter pytree.
+      x: (b, ...) the padded inputs.
+      y: (b,) the padded labels.
+      mask: (b,) bool, True on the real rows.
+
+    Returns:
+      The triple (grads, loss_sum, count), grads the gradient of the masked loss sum (a pytree like
+      params), loss_sum that sum (a scalar) and count the number of real rows (a scalar in the
+      dtype of params' first leaf).
+    """
     dtype = jax.tree.leaves(params)[0].dtype
 
     def masked_sum(p):
@@ -106,6 +153,19 @@ def make_spmd_grad(loss_fn: Callable, mesh: Mesh, *, average: str = "weighted", 
     ``average="mean"``: grads = (1/P')·Σ_i g_i, the plain average of the per-replica mean
     gradients over the P' replicas that hold samples (biased when the b_i differ).
     mean_loss is always the true mean over all samples; count = Σ b_i.
+
+    Args:
+      loss_fn: the per-sample loss, ``loss_fn(params, x, y) -> (b,)``.
+      mesh: the data mesh (:func:`data_mesh`), one replica per device along ``axis``.
+      average: "weighted" or "mean" (:data:`AVERAGES`; above).
+      axis: the mesh axis the batch is split over (None: the mesh's first).
+
+    Returns:
+      The jitted ``grad_fn(params, x, y, mask) -> (grads, mean_loss, count)``, its outputs replicated
+      (grads a pytree like params, mean_loss and count scalars).
+
+    Raises:
+      ValueError: for an unknown ``average``.
     """
     if average not in AVERAGES:
         raise ValueError(f"average must be one of {AVERAGES}; got {average!r}")
@@ -129,6 +189,15 @@ def global_batch(mesh: Mesh, *local_arrays, axis: str | None = None):
 
     Each process passes its own padded arrays (same shapes on every process, e.g. from
     :func:`pad_local_batch`); single-process, this is a plain sharded ``device_put``.
+
+    Args:
+      mesh: the data mesh.
+      *local_arrays: this process's arrays, each (n, ...) with n the same on every process.
+      axis: the mesh axis the rows are split over (None: the mesh's first).
+
+    Returns:
+      One global ``jax.Array`` per local array, (processes·n, ...) with the processes' rows in
+      process order; a tuple, or the array itself when one was passed.
     """
     axis = axis or mesh.axis_names[0]
     sharding = NamedSharding(mesh, P(axis))
@@ -141,6 +210,16 @@ def make_allreduce(mesh: Mesh, axis: str | None = None):
 
     Each process passes its local values; every process gets the global sum as numpy arrays.
     This is the collective alone, for callers that time local compute separately.
+
+    Args:
+      mesh: the mesh over the processes (:func:`data_mesh` under ``jax.distributed``).
+      axis: its axis (None: the mesh's first).
+
+    Returns:
+      The function ``allreduce(tree) -> tree``, which returns the sum over the processes of every
+      leaf as a numpy array of the leaf's shape (float leaves keep their dtype; other leaves come
+      back in the dtype all the leaves and float32 promote to). Every process must call it with a
+      tree of the same structure and shapes.
     """
     axis = axis or mesh.axis_names[0]
     n_local = len(mesh.local_devices)

@@ -44,12 +44,30 @@ TRAINING_KEYS = ("batch_size", "epochs", "learning_rate")
 
 def task_options(config) -> dict:
     """The task's options in one entry of an experiment's ``tasks`` config (a mapping): its keys other
-    than :data:`TRAINING_KEYS` (which are the trainer's)."""
+    than :data:`TRAINING_KEYS` (which are the trainer's).
+
+    Args:
+      config: one entry of the ``tasks`` config, a mapping of task options and training keys.
+
+    Returns:
+      A new dict of the task's options.
+    """
     return {k: v for k, v in dict(config).items() if k not in TRAINING_KEYS}
 
 
 def task_from_config(name: str, config) -> Task:
-    """:func:`bppsa.tasks.make_task` from one entry of an experiment's ``tasks`` config (:func:`task_options`)."""
+    """:func:`bppsa.tasks.make_task` from one entry of an experiment's ``tasks`` config (:func:`task_options`).
+
+    Args:
+      name: the task's name (one of :data:`bppsa.tasks.TASKS`).
+      config: the entry, a mapping of the task's options and :data:`TRAINING_KEYS`.
+
+    Returns:
+      The :class:`~bppsa.tasks.task.Task` (cached per name and options within the process).
+
+    Raises:
+      ValueError: for an unknown task name or option.
+    """
     return make_task(name, **task_options(config))
 
 
@@ -60,6 +78,15 @@ class ShardSampler:
     every sample about once. placement="iid": random shards; "label": shards cut from the
     label-sorted data (data locality — replicas hold different classes), where plain averaging's
     over-weighting of slow replicas becomes a bias towards their classes.
+
+    Args:
+      y: (N,) the training labels (their number, and for "label" their values, are read).
+      counts: (P,) the replica batch sizes b_i (``set_counts`` changes them and cuts new shards).
+      placement: "iid" or "label" (:data:`PLACEMENTS`).
+      seed: seeds the shards and the order each replica draws its shard in.
+
+    Raises:
+      ValueError: for an unknown placement.
     """
 
     def __init__(self, y: np.ndarray, counts, placement: str = "iid", seed: int = 0):
@@ -98,7 +125,19 @@ class ShardSampler:
 
 def measure_time_model(loss_fn: Callable, params, x: np.ndarray, y: np.ndarray, probe_batches: Sequence[int],
                        repeats: int = 5) -> TimeModel:
-    """Fit t(b) = α + β·b to real timings of one replica's local gradient on this machine."""
+    """Fit t(b) = α + β·b to real timings of one replica's local gradient on this machine.
+
+    Args:
+      loss_fn: the per-sample loss, ``loss_fn(params, x, y) -> (b,)``.
+      params: the parameter pytree.
+      x: (N, ...) inputs; the first b rows are timed at batch size b.
+      y: (N,) their labels.
+      probe_batches: the batch sizes to time (each in 1..N; two distinct ones or more to fit α).
+      repeats: timings per batch size (their median is taken: :func:`bppsa.host.time_fn`).
+
+    Returns:
+      The fitted :class:`~bppsa.hetero.profile.TimeModel`.
+    """
     fn = jax.jit(partial(local_grad_sum, loss_fn))
 
     def step_time(b):
@@ -121,7 +160,18 @@ def _cached(key, build):
 
 
 def as_schedule(slowdowns) -> list:
-    """(P,) slowdown factors, or already a schedule [(start_step, (P,) factors), ...] -> a schedule."""
+    """(P,) slowdown factors, or already a schedule [(start_step, (P,) factors), ...] -> a schedule.
+
+    Args:
+      slowdowns: (P,) slowdown factors f_i (finite, > 0; speed ∝ 1/f_i), or a schedule
+        [(start_step, (P,) factors), ...].
+
+    Returns:
+      The schedule, a list [(start_step, list of P factors), ...]; [(0, slowdowns)] for plain factors.
+
+    Raises:
+      ValueError: for factors that are not finite and > 0, or entries of different lengths.
+    """
     drift = isinstance(slowdowns[0], (tuple, list)) and len(slowdowns[0]) == 2 and np.ndim(slowdowns[0][1]) == 1
     schedule = [(int(a), list(f)) for a, f in slowdowns] if drift else [(0, list(slowdowns))]
     for _, f in schedule:
@@ -133,7 +183,16 @@ def as_schedule(slowdowns) -> list:
 
 
 def slowdowns_at(schedule, step):
-    """The slowdown factors in force at ``step`` of a schedule [(start_step, (P,) factors), ...]."""
+    """The slowdown factors in force at ``step`` of a schedule [(start_step, (P,) factors), ...].
+
+    Args:
+      schedule: the schedule (:func:`as_schedule`), its entries in order of start_step.
+      step: the training step.
+
+    Returns:
+      (P,) float64, the factors of the last entry with start_step ≤ step (the first entry's before
+      any has started).
+    """
     current = schedule[0][1]
     for start, f in schedule:
         if step >= start:
@@ -144,11 +203,22 @@ def slowdowns_at(schedule, step):
 class SimulatedReplicas:
     """P replicas on P devices of one process; the clock is a time model (for fast sweeps).
 
-    slowdowns: (P,) factors f_i ≥ some positive value (speed ∝ 1/f_i), or a schedule
-    [(step, (P,)), ...] for speeds that drift. base: the fitted time model of one replica
-    (from :func:`measure_time_model`); replica i's step on b_i samples takes
-    f_i·base.time(b_i)·ε (ε log-normal jitter), and a step takes the slowest replica's time
-    plus ``comm_s`` for the all-reduce.
+    Replica i's step on b_i samples takes f_i·base.time(b_i)·ε (ε log-normal jitter), and a step
+    takes the slowest replica's time plus ``comm_s`` for the all-reduce. The gradients are real:
+    :func:`~bppsa.hetero.spmd.make_spmd_grad` on a mesh of P local devices.
+
+    Args:
+      loss_fn: the per-sample loss, ``loss_fn(params, x, y) -> (b,)``.
+      slowdowns: (P,) factors f_i > 0 (speed ∝ 1/f_i), or a schedule [(step, (P,)), ...] for speeds
+        that drift (:func:`as_schedule`).
+      base: the fitted time model of one replica (from :func:`measure_time_model`).
+      comm_s: the all-reduce's seconds, added to every step.
+      jitter: σ of ε = exp(σ·z), z ~ N(0, 1) (0: no jitter).
+      seed: seeds the jitter (``reset`` restarts it).
+
+    Raises:
+      ValueError: for slowdowns that are not positive factors, one per replica, or more replicas than
+      devices.
     """
 
     def __init__(self, loss_fn: Callable, slowdowns, base: TimeModel, *, comm_s: float = 0.0,
@@ -201,9 +271,39 @@ def train(task: Task, replicas, *, strategy: str, batch_size: int, epochs: int, 
     fixed point; profiled speeds more than ``max_speed_ratio``× from the replicas' median are
     clipped (and logged). Every replica gets at least ``min_per_replica`` samples.
     ``rebalance_every`` K > 0 re-estimates speeds from the step times of the last K steps and
-    re-partitions when that pays by more than ``rebalance_tolerance`` (logged). Returns a
-    JSON-able record: per-epoch history (clock time, test accuracy, train loss), per-step times,
-    final accuracy, time per epoch, partitions, switches and the profile.
+    re-partitions when that pays by more than ``rebalance_tolerance`` (logged).
+
+    Args:
+      task: the :class:`~bppsa.tasks.task.Task` to train (N = its number of training samples).
+      replicas: a :class:`SimulatedReplicas` or :class:`~bppsa.hetero.processes.ProcessReplicas`
+        (P = its ``num_replicas``).
+      strategy: "uniform", "proportional-mean" or "proportional-weighted" (:data:`STRATEGIES`).
+      batch_size: B, the global batch size, in 1..N.
+      epochs: the number of epochs (>= 1).
+      learning_rate: Adam's learning rate.
+      seed: seeds the initial parameters, the sampler and the replicas' jitter.
+      placement: "iid" or "label", the data placement (:class:`ShardSampler`).
+      probe_batches: the batch sizes replicas are profiled at (those above N are skipped).
+      profile_repeats: timings per probe size.
+      speeds: (P,) given speeds (no profiling); None: profiled. Ignored by "uniform".
+      speed_rule: "nominal" or "balanced" (:data:`SPEED_RULES`).
+      min_per_replica: the fewest samples any replica gets.
+      max_speed_ratio: the factor from the median beyond which profiled speeds are clipped.
+      rebalance_every: K, re-balance from the last K steps' times (proportional strategies only);
+        0: never.
+      rebalance_tolerance: the predicted relative gain a re-partition must exceed.
+      log: called with each line of progress (None: silent).
+
+    Returns:
+      A JSON-able record (a dict) with the per-epoch ``history`` (epoch, step, clock time, test
+      accuracy, train loss; epoch 0 before training), ``step_times``, ``final_accuracy``,
+      ``time_per_epoch`` and ``total_time`` (clock seconds), ``speeds``, ``initial_partition`` and
+      ``final_partition``, ``repartitions`` (the switches), ``speeds_clipped``, the profile
+      (``time_models`` and ``profile``: None unless profiled) and the run's settings.
+
+    Raises:
+      ValueError: for an unknown strategy or speed_rule, a batch_size outside 1..N, epochs < 1, speeds
+      that are not one per replica, or a batch_size below P·min_per_replica.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {list(STRATEGIES)}; got {strategy!r}")

@@ -24,11 +24,31 @@ __all__ = ["modelled_epoch", "main"]
 
 
 def modelled_epoch(models, counts, steps: int, comm_s: float) -> float:
-    """The time model's seconds per epoch: steps × (slowest replica's t_i(b_i) + the all-reduce)."""
+    """The time model's seconds per epoch: steps × (slowest replica's t_i(b_i) + the all-reduce).
+
+    Args:
+      models: the P replicas' :class:`~bppsa.hetero.profile.TimeModel`.
+      counts: (P,) the replica batch sizes b_i.
+      steps: the steps per epoch.
+      comm_s: the all-reduce's seconds per step.
+
+    Returns:
+      The modelled seconds per epoch, a float.
+    """
     return steps * (max(float(m.time(b)) for m, b in zip(models, counts)) + comm_s)
 
 
 def main(argv=None) -> int:
+    """Run this process's replica of the experiment the spec describes (see the module docstring).
+
+    Args:
+      argv: the command line's arguments after the program name, the spec's path first (None or
+        empty: ``sys.argv[1:]``).
+
+    Returns:
+      0, the exit status, after ``jax.distributed`` is shut down (process 0 first writes
+      ``runs.json`` next to the spec).
+    """
     from bppsa.parallel.mesh import initialize
 
     spec_path = Path((argv or sys.argv[1:])[0])

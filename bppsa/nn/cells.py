@@ -64,7 +64,14 @@ _FLAX_TYPES = {"simple": nnx.SimpleCell, "gru": nnx.GRUCell, "lstm": nnx.LSTMCel
 
 
 def cell_params(cell: nnx.Module) -> dict:
-    """The flax cell's ``nnx.Param`` arrays as a plain nested dict (``nnx.state(cell, nnx.Param)``)."""
+    """The flax cell's ``nnx.Param`` arrays as a plain nested dict (``nnx.state(cell, nnx.Param)``).
+
+    Args:
+      cell: an ``nnx.Module``.
+
+    Returns:
+      A nested dict of arrays, keyed by layer and leaf (``{"dense_i": {"kernel": ...}, ...}``).
+    """
     return nnx.to_pure_dict(nnx.state(cell, nnx.Param))
 
 
@@ -108,7 +115,15 @@ def _on_core(name, grads=False) -> Any:  # a Flax method: the core's, on its par
 class Flax(_Wrapper):
     """One of flax's four cells: the maths of ``core`` (a :mod:`bppsa.cells` cell with flax's
     conventions as its fields), the parameters in flax's layout ``layout`` (a key of
-    :data:`LAYOUTS`). Gradients are the core's, mapped back to flax's leaves."""
+    :data:`LAYOUTS`). Gradients are the core's, mapped back to flax's leaves.
+
+    Args:
+      core: the :mod:`bppsa.cells` cell (RNN, GRU or LSTM) with flax's conventions as its fields.
+      layout: "simple", "gru", "lstm" or "optimized_lstm", the flax cell's type and parameter layout.
+
+    Raises:
+      bppsa.errors.UsageError: ``layout`` is not a key of :data:`LAYOUTS`.
+    """
 
     core: Cell
     layout: str
@@ -130,7 +145,14 @@ class Flax(_Wrapper):
     has_adjoint = property(lambda self: self.core.has_adjoint)  # pyright: ignore[reportAssignmentType]
 
     def core_params(self, params) -> dict:
-        """flax's parameter dict -> the core cell's (:meth:`loop_params`' form: the core's already)."""
+        """flax's parameter dict -> the core cell's (:meth:`loop_params`' form: the core's already).
+
+        Args:
+          params: the flax cell's parameters (:func:`cell_params`), or :meth:`loop_params`' form.
+
+        Returns:
+          The core cell's parameter dict (W_x (I, G·H), W_h (H, G·H) and its bias), or its loop form.
+        """
         if _LOOP in params:
             return params[_LOOP]
         out = {}
@@ -144,7 +166,15 @@ class Flax(_Wrapper):
         return {_LOOP: self.core.loop_params(self.core_params(params))}
 
     def flax_grads(self, grads) -> dict:
-        """The core cell's parameter gradients -> flax's layout."""
+        """The core cell's parameter gradients -> flax's layout.
+
+        Args:
+          grads: gradients in the core cell's layout (a dict of W_x, W_h and the bias).
+
+        Returns:
+          The same gradients as a nested dict in flax's layout (per layer, per leaf), split per gate
+          where flax keeps one layer per gate.
+        """
         out: dict = {}
         for k, where in LAYOUTS[self.layout].items():
             for (a, b), part in zip(where, jnp.split(grads[k], len(where), axis=-1)):
@@ -208,7 +238,23 @@ class Autodiff(Cell):
     float arrays of the same bits (:mod:`bppsa.nn._state`). With side state (``indexed``) the
     flat state's last channel counts the steps (its Jacobian is the identity there), so step t
     reads the side state's t-th value: exactly the state ``nnx.RNN``'s scan would hand it.
-    State a step neither reads nor changes (stored ``rngs``) is rebuilt as placeholders."""
+    State a step neither reads nor changes (stored ``rngs``) is rebuilt as placeholders.
+
+    Made by :func:`plan`, not by hand.
+
+    Attributes:
+      graphdef: the flax cell's ``nnx.GraphDef``.
+      carry_def: the treedef of the carry.
+      carry_shapes: each carry leaf's shape without the batch axis.
+      carry_dtypes: each carry leaf's dtype.
+      input_size: I, the inputs' feature axes flattened.
+      hidden_size: S, the carry's size per example, plus the step channel when ``indexed``.
+      feature_shape: the inputs' feature axes (default: (input_size,)).
+      rest_def: the treedef of the non-Param state (None: no non-Param state).
+      rest_slots: per non-Param leaf, how it is rebuilt: ("zero", shape, dtype), ("const",), ("fixed",
+        how) or ("side", how).
+      indexed: whether the flat state's last channel counts the steps (side state present).
+    """
 
     graphdef: Any
     carry_def: Any  # the treedef of the carry
@@ -242,12 +288,26 @@ class Autodiff(Cell):
     write_back = _flax_state.write_back
 
     def initial(self, carry):
-        """The flat initial state of a carry (with the step channel at 0 when indexed)."""
+        """The flat initial state of a carry (with the step channel at 0 when indexed).
+
+        Args:
+          carry: the flax carry, leaves (B, ...).
+
+        Returns:
+          s0 (B, S).
+        """
         s = self.flat(carry)
         return jnp.concatenate([s, jnp.zeros_like(s[..., :1])], axis=-1) if self.indexed else s
 
     def carry(self, s):
-        """(..., S) -> the flax carry, each leaf (..., *shape) in its own dtype."""
+        """(..., S) -> the flax carry, each leaf (..., *shape) in its own dtype.
+
+        Args:
+          s: (..., S) flat states (a step channel at the end, when indexed, is ignored).
+
+        Returns:
+          The carry, with the structure ``carry_def``.
+        """
         leaves, start = [], 0
         for shape, dtype in zip(self.carry_shapes, self.carry_dtypes):
             size = math.prod(shape)
@@ -256,12 +316,29 @@ class Autodiff(Cell):
         return jax.tree.unflatten(self.carry_def, leaves)
 
     def flat(self, carry, batch_ndim=1):
+        """The carry's leaves flattened per example and concatenated, in their promoted dtype.
+
+        Args:
+          carry: the flax carry, leaves (*batch, ...).
+          batch_ndim: the number of leading batch axes kept.
+
+        Returns:
+          (*batch, S') with S' the carry's size per example (no step channel).
+        """
         dtype = jnp.result_type(*self.carry_dtypes)
         return jnp.concatenate([leaf.reshape(leaf.shape[:batch_ndim] + (-1,)).astype(dtype)
                                 for leaf in jax.tree.leaves(carry)], axis=-1)
 
     def module(self, params, t=None):
-        """The flax cell with these parameters (and the state step ``t`` reads) merged in."""
+        """The flax cell with these parameters (and the state step ``t`` reads) merged in.
+
+        Args:
+          params: the dict :meth:`read` makes ("params", and "consts", "fixed", "side" with non-Param state).
+          t: the step whose side state the module reads (an int scalar; None without side state).
+
+        Returns:
+          The ``nnx.Module``.
+        """
         if self.rest_def is None:
             return nnx.merge(self.graphdef, params["params"])
         it = {k: iter(params[k]) for k in ("consts", "fixed", "side")}
@@ -278,7 +355,16 @@ class Autodiff(Cell):
         return nnx.merge(self.graphdef, params["params"], jax.tree.unflatten(self.rest_def, rest))
 
     def call(self, params, s, x):
-        """The flax cell on flat state s (B, S), x (B, I) -> (flat new state, output)."""
+        """The flax cell on flat state s (B, S), x (B, I) -> (flat new state, output).
+
+        Args:
+          params: the dict :meth:`read` makes.
+          s: (B, S) the flat state.
+          x: (B, I) the step's input, its feature axes flattened.
+
+        Returns:
+          The pair (s' (B, S), y), the flat new state and the cell's output (B, ...).
+        """
         shape = self.feature_shape or (self.input_size,)
         # the step count: every row still running is at the same step (rows of a padded batch stop counting)
         t = jnp.max(s[..., -1]).astype(jnp.int32) if self.indexed else None
@@ -290,7 +376,16 @@ class Autodiff(Cell):
         return self.call(params, s, x)[0]
 
     def outputs(self, params, s_prev, xs):
-        """The cell's outputs y_t (T, B, ...) from the states before each step (one parallel pass)."""
+        """The cell's outputs y_t (T, B, ...) from the states before each step (one parallel pass).
+
+        Args:
+          params: the dict :meth:`read` makes.
+          s_prev: (T, B, S) the flat state before each step.
+          xs: (T, B, I) each step's input.
+
+        Returns:
+          The outputs y_t (T, B, ...), a pytree where the cell's output is one.
+        """
         return jax.vmap(lambda s, x: self.call(params, s, x)[1])(s_prev, xs)
 
     def transposed_jacobian(self, params, s_prev, xs, s):
@@ -316,7 +411,11 @@ class Autodiff(Cell):
 class Masked(_Wrapper):
     """``inner`` with a step mask m in the last input channel (xs: (T, B, I + 1), m ∈ {0, 1}):
     s_t = f(s_{t-1}, x_t) where m_t = 1, s_{t-1} where m_t = 0, so a padded step's transposed
-    Jacobian is the identity and it adds nothing to the parameter or input gradients."""
+    Jacobian is the identity and it adds nothing to the parameter or input gradients.
+
+    Args:
+      inner: the cell run at the unmasked steps (its input size I; this cell's is I + 1).
+    """
 
     inner: Cell
 
@@ -408,13 +507,23 @@ def plan(flax_cell, carry, x, *, steps: int, autodiff=False, broadcast_rngs=None
     parameters come from :meth:`Autodiff.read`), or a string saying why no exact BPPSA backward
     exists for it (then ``nnx.RNN``'s scan runs).
 
-    ``carry``: the initial carry (leaves (B, ...)); ``x``: one step's input (B, *features);
-    ``steps``: T; ``broadcast_rngs``, ``state_axes``: as for ``nnx.RNN``. Non-Param state:
-    broadcast state (``broadcast_rngs``, ``state_axes`` entries None) is the same at every step;
-    other state a step reads but never changes is a constant; state a step changes independently
-    of the carry, inputs and Params (an RNG stream's count, a counter) is computed ahead of the
-    scan. No BPPSA backward: state a step updates from the carry, inputs or Params (batch
-    statistics in training), state scanned over time (an int in ``state_axes``).
+    Non-Param state: broadcast state (``broadcast_rngs``, ``state_axes`` entries None) is the same
+    at every step; other state a step reads but never changes is a constant; state a step changes
+    independently of the carry, inputs and Params (an RNG stream's count, a counter) is computed
+    ahead of the scan. No BPPSA backward: state a step updates from the carry, inputs or Params
+    (batch statistics in training), state scanned over time (an int in ``state_axes``).
+
+    Args:
+      flax_cell: the cell ``nnx.RNN`` would drive.
+      carry: the initial carry, leaves (B, ...).
+      x: one step's input (B, *features).
+      steps: T, the number of steps.
+      autodiff: use the :class:`Autodiff` cell even for one of flax's four cells.
+      broadcast_rngs: as for ``nnx.RNN``.
+      state_axes: as for ``nnx.RNN``.
+
+    Returns:
+      ``(cell, params)``, or a str saying why there is no BPPSA backward.
     """
     cell = None if autodiff else _analytic(flax_cell, carry, jnp.result_type(x))
     if cell is not None:
@@ -455,9 +564,22 @@ def plan(flax_cell, carry, x, *, steps: int, autodiff=False, broadcast_rngs=None
 
 def adapt(flax_cell, carry, x, *, autodiff: bool = False, steps: int = 1) -> Cell:
     """The :class:`bppsa.cells.Cell` that runs ``flax_cell`` (:func:`plan`'s; a UsageError with
-    its reason where there is none). ``carry``: an example carry (leaves (B, ...); None is
-    enough for flax's four cells), ``x``: an example step input (B, *features), or the input
-    size (then x is zeros of shape (B, I))."""
+    its reason where there is none).
+
+    Args:
+      flax_cell: the cell ``nnx.RNN`` would drive.
+      carry: an example carry, leaves (B, ...); None is enough for flax's four cells.
+      x: an example step input (B, *features), or the input size I (then x is zeros of shape (B, I)).
+      autodiff: use the :class:`Autodiff` cell even for one of flax's four cells.
+      steps: T, the number of steps the cell will run (it bounds a step count kept in the carry's dtype).
+
+    Returns:
+      The :class:`bppsa.cells.Cell`: a :class:`Flax` or :class:`Autodiff` cell, or for a module with a
+      ``bppsa_cell()`` method the :mod:`bppsa.structured` cell it returns.
+
+    Raises:
+      bppsa.errors.UsageError: no exact BPPSA backward exists for ``flax_cell`` (the message says why).
+    """
     if carry is None and not autodiff:
         cell = _analytic(flax_cell)
         if cell is not None:

@@ -41,11 +41,18 @@ def _is_var(x):
 class SequenceClassifier(nnx.Module):
     """The paper's classifier: :class:`RNN` -> linear head on the last (valid) hidden state.
 
-    ``cell``: a cell from :mod:`bppsa.cells` (its parameters come from ``rngs``) or a flax
-    ``nnx.RNNCellBase`` (its own parameters); ``options`` and option keywords as for :class:`RNN`.
-    ``__call__(x, seq_lengths=None)``: x (B, T, I)
-    batch-major (as datasets store it), seq_lengths (B,) the valid steps of a padded batch ->
-    logits (B, num_classes).
+    ``__call__(x, seq_lengths=None)``: x (B, T, I) batch-major (as datasets store it), seq_lengths
+    (B,) the valid steps of a padded batch -> logits (B, num_classes); a ValueError where x is not
+    of rank 3.
+
+    Args:
+      cell: a cell from :mod:`bppsa.cells` (its parameters come from ``rngs``) or a flax
+        ``nnx.RNNCellBase`` (its own parameters).
+      num_classes: the width of the linear head's output.
+      options: a :class:`bppsa.Options`, as for :class:`RNN`.
+      rngs: the ``nnx.Rngs`` of the head's parameters (and of a :mod:`bppsa.cells` cell's), as for :class:`RNN`.
+      dtype: the dtype of the head's parameters and of a :mod:`bppsa.cells` cell's.
+      **fields: :class:`bppsa.Options` fields as keywords, as for :class:`RNN`.
     """
 
     def __init__(self, cell, num_classes, *, options: Options | None = None, rngs: nnx.Rngs, dtype=jnp.float32,
@@ -126,6 +133,8 @@ class RNN(nnx.Module):
         runs only max(seq_lengths) steps (faster for ragged batches). Valid outputs and the
         final carry of rows of length >= 1, and the gradients of any loss of those, agree.
       autodiff: use autodiff Jacobians even for a cell with analytic ones.
+      param_dtype: the dtype of a :mod:`bppsa.cells` cell's parameters (flax cells keep their own).
+      **fields: :class:`bppsa.Options` fields as keywords, overriding ``options``'s.
 
     ``__call__(inputs, *, initial_carry=None, seq_lengths=None, return_carry=None,
     time_major=None, reverse=None, keep_order=None, rngs=None)``: as ``nnx.RNN``'s. inputs
@@ -133,6 +142,12 @@ class RNN(nnx.Module):
     included) and the cell's ``num_feature_axes`` feature axes; seq_lengths (*batch) integers in
     [0, T]; returns outputs (*batch, T, ...) (time_major: (T, *batch, ...)), or (final carry,
     outputs) with ``return_carry``.
+
+    Raises:
+      bppsa.errors.UsageError: on construction, an unknown option or ``padding``, a ``cell`` that is
+      neither a :mod:`bppsa.cells` cell nor a module ``nnx.RNN`` can drive, or ``rngs`` of the wrong kind;
+      on a call, inputs without a time step or feature axes, ``seq_lengths`` or ``initial_carry`` that do
+      not fit the inputs.
     """
 
     def __init__(self, cell, *, options: Options | None = None, time_major=False, return_carry=False, reverse=False,
@@ -165,7 +180,14 @@ class RNN(nnx.Module):
             raise UsageError(f"rngs must be an nnx.Rngs or a bool; got {type(rngs).__name__}")
 
     def hidden(self, carry):
-        """The hidden state h (B, H) of a final carry."""
+        """The hidden state h (B, H) of a final carry.
+
+        Args:
+          carry: a final carry, as this RNN's ``__call__`` returns it with ``return_carry``.
+
+        Returns:
+          h (B, H) (for an LSTM carry, its h).
+        """
         if isinstance(self.cell, Cell):
             return carry[0] if self.cell.pair_state else carry
         return carry[1] if isinstance(self.cell, (nnx.LSTMCell, nnx.OptimizedLSTMCell, BlockLSTMCell)) else carry

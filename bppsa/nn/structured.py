@@ -37,7 +37,16 @@ _PARAMS = ("W_x", "W_h", "b_x", "b_h")
 
 def head_uniform(key, shape, dtype=jnp.float32):
     """The default recurrent-kernel initializer: U(±1/√k) for ``W_h`` (N, k, G·k) (each unit's
-    recurrent fan-in is its head's k units; :meth:`bppsa.structured.BlockRNN.init`'s)."""
+    recurrent fan-in is its head's k units; :meth:`bppsa.structured.BlockRNN.init`'s).
+
+    Args:
+      key: a ``jax.random`` key.
+      shape: (N, k, G·k), the shape of ``W_h``.
+      dtype: the parameters' dtype.
+
+    Returns:
+      An array of ``shape`` drawn from U(±1/√k).
+    """
     bound = float(shape[-2]) ** -0.5
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
@@ -78,14 +87,30 @@ class _BlockCell(nnx.RNNCellBase):
     def bppsa_cell(self) -> Cell:
         """The :mod:`bppsa.structured` cell whose step this module computes, on parameters in the
         same layout (``nnx.state(self, nnx.Param)`` as a dict): what :func:`bppsa.nn.cells.plan`
-        runs it with."""
+        runs it with.
+
+        Returns:
+          The :mod:`bppsa.structured` cell (BlockRNN, BlockGRU or BlockLSTM) of this module's sizes and
+          activations.
+
+        Raises:
+          bppsa.errors.UsageError: a size or activation the cell does not accept (the message names it).
+        """
         raise NotImplementedError
 
     def _params(self) -> dict[str, Any]:
         return {k: getattr(self, k)[...] for k in _PARAMS if hasattr(self, k)}
 
     def __call__(self, carry, inputs):  # pyright: ignore[reportIncompatibleMethodOverride]  (flax's own cells do the same)
-        """One step: carry (*batch, H) [the LSTM cell: (c, h)], inputs (*batch, I) -> (new carry, h')."""
+        """One step: carry (*batch, H) [the LSTM cell: (c, h)], inputs (*batch, I) -> (new carry, h').
+
+        Args:
+          carry: (*batch, H) the state [the LSTM cell: the pair (c, h), each (*batch, H)].
+          inputs: (*batch, I) the step's input.
+
+        Returns:
+          The pair (new carry, h'), the new carry with the structure of ``carry`` and h' (*batch, H).
+        """
         params, leaves = self._params(), jax.tree.leaves(carry)
         dtype = self.dtype or jnp.result_type(inputs, *leaves, *params.values())
         cast = lambda a: jnp.asarray(a).astype(dtype)
@@ -95,7 +120,20 @@ class _BlockCell(nnx.RNNCellBase):
 
     def initialize_carry(self, input_shape, rngs=None, carry_init=None):  # pyright: ignore[reportIncompatibleMethodOverride]
         """Zeros (or ``carry_init``'s draws) of shape (*batch, H), batch = input_shape[:-1]
-        [the LSTM cell: the pair (c, h)], in ``param_dtype``; as flax's cells."""
+        [the LSTM cell: the pair (c, h)], in ``param_dtype``; as flax's cells.
+
+        Args:
+          input_shape: (*batch, I), the shape of one step's input.
+          rngs: an ``nnx.Rngs`` (its ``carry`` stream) or a stream, needed with a ``carry_init``.
+          carry_init: an initializer ``init(key, shape, dtype)`` overriding the module's; None: the
+            module's (zeros without one).
+
+        Returns:
+          The carry (*batch, H); for the LSTM cell the pair (c, h), each (*batch, H).
+
+        Raises:
+          ValueError: an initializer is set but ``rngs`` is None.
+        """
         init = carry_init or self.carry_init
         if isinstance(rngs, nnx.Rngs):
             rngs = rngs.carry
@@ -113,7 +151,26 @@ class _BlockCell(nnx.RNNCellBase):
 
 class BlockSimpleCell(_BlockCell):
     """:class:`bppsa.structured.BlockRNN` (input bias only, as ``nnx.SimpleCell``):
-    h' = activation_fn(x W_x + b_x + rec(h)), rec per head (``head_size``). Carry and output h (*batch, H)."""
+    h' = activation_fn(x W_x + b_x + rec(h)), rec per head (``head_size``). Carry and output h (*batch, H).
+
+    Args:
+      in_features: I, the input width.
+      hidden_features: H, the state width (a multiple of ``head_size``).
+      head_size: k, the units of each head (default 1: a diagonal recurrence).
+      activation_fn: the activation, ``jnp.tanh`` (default), ``jax.nn.sigmoid`` or ``jax.nn.relu``, or its
+        name.
+      kernel_init: the initializer of ``W_x`` (I, G·H) (default LeCun normal).
+      recurrent_kernel_init: the initializer of ``W_h`` (H/k, k, G·k) (default :func:`head_uniform`).
+      bias_init: the initializer of the bias (G·H,) (default zeros).
+      dtype: the dtype the step computes in; None: from the inputs, carry and parameters.
+      param_dtype: the parameters' dtype (and the initial carry's).
+      carry_init: an initializer of the carry for ``initialize_carry``; None: zeros.
+      rngs: the ``nnx.Rngs`` the parameters are drawn from.
+
+    Raises:
+      bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
+      divide, or an activation function bppsa does not know (the message names it).
+    """
 
     def __init__(self, in_features: int, hidden_features: int, *, head_size: int = 1, activation_fn=jnp.tanh,
                  kernel_init=initializers.lecun_normal(), recurrent_kernel_init=head_uniform,
@@ -143,7 +200,26 @@ class _GatedCell(_BlockCell):
 class BlockGRUCell(_GatedCell):
     """:class:`bppsa.structured.BlockGRU` (input bias only, as ``nnx.GRUCell``; gates r, z, n):
     r, z = gate_fn(x W_x + b_x + rec(h)) per gate, n = activation_fn(x W_xn + b_xn + r ⊙ rec_n(h)),
-    h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h (*batch, H)."""
+    h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h (*batch, H).
+
+    Args:
+      in_features: I, the input width.
+      hidden_features: H, the state width (a multiple of ``head_size``).
+      head_size: k, the units of each head (default 1: a diagonal recurrence).
+      gate_fn: the gates' activation (default ``jax.nn.sigmoid``), one of the three bppsa knows or its name.
+      activation_fn: the activation (default ``jnp.tanh``), likewise.
+      kernel_init: the initializer of ``W_x`` (I, G·H) (default LeCun normal).
+      recurrent_kernel_init: the initializer of ``W_h`` (H/k, k, G·k) (default :func:`head_uniform`).
+      bias_init: the initializer of the bias (G·H,) (default zeros).
+      dtype: the dtype the step computes in; None: from the inputs, carry and parameters.
+      param_dtype: the parameters' dtype (and the initial carry's).
+      carry_init: an initializer of the carry for ``initialize_carry``; None: zeros.
+      rngs: the ``nnx.Rngs`` the parameters are drawn from.
+
+    Raises:
+      bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
+      divide, or an activation function bppsa does not know (the message names it).
+    """
 
     _gates = 3
 
@@ -155,7 +231,26 @@ class BlockGRUCell(_GatedCell):
 
 class BlockLSTMCell(_GatedCell):
     """:class:`bppsa.structured.BlockLSTM` (hidden bias only, as ``nnx.LSTMCell``; gates i, f, g, o):
-    c' = f ⊙ c + i ⊙ g, h' = o ⊙ activation_fn(c'). Carry (c, h), output h (*batch, H), as flax's."""
+    c' = f ⊙ c + i ⊙ g, h' = o ⊙ activation_fn(c'). Carry (c, h), output h (*batch, H), as flax's.
+
+    Args:
+      in_features: I, the input width.
+      hidden_features: H, the state width (a multiple of ``head_size``).
+      head_size: k, the units of each head (default 1: a diagonal recurrence).
+      gate_fn: the gates' activation (default ``jax.nn.sigmoid``), one of the three bppsa knows or its name.
+      activation_fn: the activation (default ``jnp.tanh``), likewise.
+      kernel_init: the initializer of ``W_x`` (I, G·H) (default LeCun normal).
+      recurrent_kernel_init: the initializer of ``W_h`` (H/k, k, G·k) (default :func:`head_uniform`).
+      bias_init: the initializer of the bias (G·H,) (default zeros).
+      dtype: the dtype the step computes in; None: from the inputs, carry and parameters.
+      param_dtype: the parameters' dtype (and the initial carry's).
+      carry_init: an initializer of the carry for ``initialize_carry``; None: zeros.
+      rngs: the ``nnx.Rngs`` the parameters are drawn from.
+
+    Raises:
+      bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
+      divide, or an activation function bppsa does not know (the message names it).
+    """
 
     _gates = 4
     _input_bias, _hidden_bias = False, True

@@ -56,7 +56,11 @@ _FRAME = re.compile(r"^\s*@\s+0x")  # a line of a native (absl) stack trace
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Returns:
+      The port number (another process may take it before it is used).
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -192,7 +196,31 @@ class _Handlers:
 def launch(command: Sequence[str], n: int, *, devices_per_process: int | None = None, timeout: float = 600.0,
            grace: float = 30.0, kill_after: float = 5.0, port: int | None = None, out: TextIO | None = None,
            err: TextIO | None = None) -> int:
-    """Run ``command`` (a list) as ``n`` processes of one JAX job; return the exit code (see module)."""
+    """Run ``command`` (a list) as ``n`` processes of one JAX job; return the exit code (see module).
+
+    Args:
+      command: the program and its arguments, run as it is by every process.
+      n: the number of processes.
+      devices_per_process: simulated CPU devices per process (sets ``XLA_FLAGS`` and ``JAX_PLATFORMS=cpu``);
+        None: the environment's setting.
+      timeout: seconds before every process is stopped (finite: it bounds the whole job).
+      grace: seconds the others may run on after one process has exited.
+      kill_after: seconds between the stop signal and SIGKILL.
+      port: the coordinator's TCP port on 127.0.0.1; None: a free one (:func:`free_port`).
+      out: where the processes' prefixed output goes (default ``sys.stdout``).
+      err: where the failure report goes (default ``sys.stderr``).
+
+    Returns:
+      The exit code: 0 when every process exited 0; 1 when one failed, or exited while the others kept
+      running past ``grace``; 124 on ``timeout``; 128 + the signal's number on SIGTERM, SIGINT or SIGHUP.
+
+    Raises:
+      ValueError: an empty ``command``, an ``n`` or ``devices_per_process`` that is not a positive int, a
+      ``timeout`` that is not > 0, or a negative ``grace`` or ``kill_after``.
+
+      bppsa.errors.UsageError: an infinite ``timeout``, a ``port`` outside 1..65535, or a ``command``
+      that cannot be started.
+    """
     stdout: TextIO = sys.stdout if out is None else out
     stderr: TextIO = sys.stderr if err is None else err
     if not command:
@@ -317,6 +345,21 @@ def _watch(procs, start, timeout, grace, received):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``bppsa launch``: parse the command line and :func:`launch` the COMMAND after ``--``.
+
+    Args:
+      argv: the arguments after ``bppsa launch`` (default ``sys.argv[1:]``): ``-n N``,
+        ``--devices-per-process K``, ``--timeout S``, ``--grace S``, ``--kill-after S``, ``--port P``,
+        then ``--`` and COMMAND (a leading ``python`` is replaced by this interpreter).
+
+    Returns:
+      :func:`launch`'s exit code.
+
+    Raises:
+      SystemExit: (exit code 2, argparse's) a missing COMMAND or ``-n``, or a value out of range.
+
+      bppsa.errors.UsageError: an infinite ``--timeout`` or a ``--port`` outside 1..65535.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" in argv:
         cut = argv.index("--")

@@ -31,7 +31,17 @@ ENV = {
 def shard_map(f: Callable, mesh: Mesh, in_specs: Any, out_specs: Any) -> Callable:
     """``jax.shard_map`` over ``mesh`` with replication (varying-manual-axes) checking off: the
     bodies here mix device-varying control flow (a ``cond`` on the axis index) with replicated
-    values, and every replicated output is made so by a ``psum``."""
+    values, and every replicated output is made so by a ``psum``.
+
+    Args:
+      f: the per-device body.
+      mesh: the ``jax.sharding.Mesh`` to map over.
+      in_specs: a ``PartitionSpec`` per argument of ``f`` (a pytree of them), as ``jax.shard_map`` takes.
+      out_specs: a ``PartitionSpec`` per output of ``f`` (a pytree of them).
+
+    Returns:
+      The mapped function, taking and returning global arrays.
+    """
     return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
 
 
@@ -40,15 +50,25 @@ def make_mesh(seq: int | None = None, data: int = 1, *, devices: Sequence[Any] |
     """``jax.make_mesh`` for sequence parallelism: a (data, seq) mesh over ``devices`` (default:
     all of ``jax.devices()``, every process's), with bppsa's axis names and argument checks.
 
+    The axes are ``AxisType.Auto`` (as ``jax.sharding.Mesh`` makes them), not ``jax.make_mesh``'s
+    default ``Explicit``: the sharded backward places its arrays itself, inside ``shard_map``.
+
     Args:
       seq: devices along the time axis (default: all devices // data).
       data: devices along the batch axis; with ``data == 1`` and ``batch_axis=None`` the mesh is
         1-D with the single axis ``seq_axis``.
       devices: the first data × seq of them are used, in ``jax.make_mesh``'s order (as given on
         CPU; by device id on GPU; topology-aware on TPU).
+      seq_axis: the name of the time axis (default "seq").
+      batch_axis: the name of the batch axis (default "data"); None: a 1-D mesh (``data`` must be 1).
 
-    The axes are ``AxisType.Auto`` (as ``jax.sharding.Mesh`` makes them), not ``jax.make_mesh``'s
-    default ``Explicit``: the sharded backward places its arrays itself, inside ``shard_map``.
+    Returns:
+      A ``jax.sharding.Mesh`` of shape (data, seq) with axes (``batch_axis``, ``seq_axis``), or (seq,) with
+      the one axis ``seq_axis``.
+
+    Raises:
+      ValueError: ``seq`` or ``data`` is not a positive int, data × seq exceeds the devices, ``data`` > 1
+      without a ``batch_axis``, or ``batch_axis`` equals ``seq_axis``.
     """
     devices = list(jax.devices() if devices is None else devices)
     if (n := as_int(data)) is None or n < 1:
@@ -74,11 +94,36 @@ def make_mesh(seq: int | None = None, data: int = 1, *, devices: Sequence[Any] |
 
 
 def axis_size(mesh: Mesh, name: str) -> int:
+    """The number of devices along one axis of a mesh.
+
+    Args:
+      mesh: a ``jax.sharding.Mesh``.
+      name: one of its axis names.
+
+    Returns:
+      The axis's size.
+
+    Raises:
+      KeyError: ``name`` is not an axis of ``mesh``.
+    """
     return int(dict(zip(mesh.axis_names, mesh.devices.shape))[name])
 
 
 def check_axes(mesh: Mesh, seq_axis: str, batch_axis: str | None) -> tuple[int, int]:
-    """Validate a mesh and its axis names; return (P_seq, P_batch)."""
+    """Validate a mesh and its axis names; return (P_seq, P_batch).
+
+    Args:
+      mesh: a ``jax.sharding.Mesh``.
+      seq_axis: the axis the time axis is split over.
+      batch_axis: the axis the batch is split over, or None.
+
+    Returns:
+      The pair (P_seq, P_batch) of the two axes' sizes (P_batch = 1 without a ``batch_axis``).
+
+    Raises:
+      ValueError: ``mesh`` is not a ``jax.sharding.Mesh``, an axis name is not one of its axes, or
+      ``batch_axis`` equals ``seq_axis``.
+    """
     if not isinstance(mesh, Mesh):
         raise ValueError(f"mesh must be a jax.sharding.Mesh; got {type(mesh).__name__}")
     names = tuple(mesh.axis_names)
@@ -100,6 +145,17 @@ def initialize(*, timeout: int | None = None, heartbeat_timeout: int | None = No
     detects SLURM (``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_STEP_NODELIST``), Open MPI and
     Kubernetes by itself; it also honours ``JAX_COORDINATOR_ADDRESS``. Cross-process collectives
     on CPU use gloo. A peer that never joins makes this raise (or JAX abort) after ``timeout`` s.
+
+    Args:
+      timeout: seconds to wait for every peer to join (default: ``BPPSA_INIT_TIMEOUT``, else 300).
+      heartbeat_timeout: seconds without a peer's heartbeat before the job fails (default: ``timeout``
+        clipped to [10, 100]).
+
+    Returns:
+      True where a multi-process job was joined, False for a single process.
+
+    Raises:
+      ValueError: ``BPPSA_NUM_PROCESSES`` is set but ``JAX_COORDINATOR_ADDRESS`` is not.
     """
     timeout = int(timeout if timeout is not None else os.environ.get(ENV["timeout"], 300))
     heartbeat = int(heartbeat_timeout if heartbeat_timeout is not None else min(100, max(10, timeout)))

@@ -23,7 +23,23 @@ CELLS = ("rnn", "gru", "lstm")
 
 
 def problem(cell_name: str = "gru", T: int = 7, B: int = 2, I: int = 3, H: int = 4, seed: int = 0) -> tuple:
-    """(cell, params, xs (T, B, I), h0) as float64 NumPy arrays, the same in every process."""
+    """(cell, params, xs (T, B, I), h0) as float64 NumPy arrays, the same in every process.
+
+    Args:
+      cell_name: "rnn", "gru" (default) or "lstm".
+      T: steps.
+      B: batch size.
+      I: input size.
+      H: hidden size.
+      seed: the NumPy random seed.
+
+    Returns:
+      The tuple (cell, params, xs, h0): the :mod:`bppsa.cells` cell, its params (W_x (I, G·H), W_h (H, G·H),
+      b_x and b_h (G·H,)), xs (T, B, I) and h0 (B, H) (the LSTM: the pair (h0, c0), each (B, H)).
+
+    Raises:
+      ValueError: ``cell_name`` is not one of the three.
+    """
     from bppsa import cells
     if cell_name not in CELLS:
         raise ValueError(f"cell must be one of {CELLS}; got {cell_name!r}")
@@ -40,13 +56,31 @@ def problem(cell_name: str = "gru", T: int = 7, B: int = 2, I: int = 3, H: int =
 
 
 def loss_of_states(cell: Any, states: Any) -> Any:
-    """A loss at every step of the hidden states h = ``cell.hidden(states)``: Σ_t Σ_b Σ_i w_i sin(h_t[b, i])."""
+    """A loss at every step of the hidden states h = ``cell.hidden(states)``: Σ_t Σ_b Σ_i w_i sin(h_t[b, i]).
+
+    Args:
+      cell: the cell that computed ``states``.
+      states: what :func:`bppsa.rnn` returns for it, hs (T, B, H) [LSTM: the pair (hs, cs)].
+
+    Returns:
+      The scalar loss, with weights w_i = i (i = 1 … H).
+    """
     import jax.numpy as jnp
     h = cell.hidden(states)
     return jnp.sum(jnp.sin(h) * jnp.arange(1, h.shape[-1] + 1, dtype=h.dtype))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The self-check: join the job, compute the gradients of :func:`loss_of_states` over the mesh of
+    every process's devices, and save them (process 0) with the loss.
+
+    Args:
+      argv: the command line (default ``sys.argv[1:]``): ``--out`` the .npz file process 0 writes,
+        ``--cell``, ``--T``, ``--B``, ``--combine`` and ``--init-timeout`` (seconds to wait for the peers).
+
+    Returns:
+      0 (a failure raises).
+    """
     ap = argparse.ArgumentParser(prog="python -m bppsa.parallel.selfcheck", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", required=True, help="where process 0 writes the gradients (.npz)")
     ap.add_argument("--cell", default="gru", choices=CELLS)

@@ -72,6 +72,20 @@ def communication_volume(P: int, B: int, S: int, itemsize: int, combine: str) ->
 
     ``levels`` is a list of (what, bytes sent per device); the boundary-state shift that rebuilds
     s_{pC} (B·S numbers) and the final ``psum`` of parameter gradients are listed separately.
+
+    Args:
+      P: devices along the time axis.
+      B: the batch size (each device's share where the batch is split too).
+      S: the flat state size.
+      itemsize: bytes per number (4 for float32).
+      combine: "logstep", "allgather" or "chain".
+
+    Returns:
+      A dict: "levels", the list of (what, bytes sent per device); "combine_bytes", their sum;
+      "boundary_bytes", the B·S numbers of the boundary-state shift (0 for P = 1).
+
+    Raises:
+      bppsa.errors.UsageError: ``combine`` is not one of the three (checked for P > 1).
     """
     mat, vec = B * S * S * itemsize, B * S * itemsize
     if P == 1:
@@ -267,7 +281,24 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     them) take and return unpadded arrays; both are ``jax.custom_jvp`` with the single-device
     rule (:func:`bppsa.backward.rule.tangent_rule`) on the sharded scans: reverse mode is the sharded
     BPPSA backward, forward mode the sharded tangent recurrence, and Hessian-vector products
-    differentiate the rule, all with the backward's matrix products at ``precision``."""
+    differentiate the rule, all with the backward's matrix products at ``precision``.
+
+    Args:
+      cell: the cell (hashable: the cache's key).
+      method: the backward's scan, "blelloch", "associative" or "sequential" (BPTT).
+      combine: the backward's cross-device step, "logstep", "allgather" or "chain".
+      mesh: a ``jax.sharding.Mesh`` with the axis ``seq_axis`` (and ``batch_axis``).
+      seq_axis: the mesh axis the time axis is split over.
+      batch_axis: the mesh axis the batch is split over, or None (the batch replicated).
+      T: the number of steps (unpadded).
+      precision: the backward's matrix-product precision ("highest", "high" or "default").
+
+    Returns:
+      The tuple (forward, backward, run, solved) described above.
+
+    Raises:
+      ValueError: ``mesh`` is not a ``jax.sharding.Mesh`` or the axis names are not two of its axes.
+    """
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
     x_spec = PS(seq_axis, batch_axis, None)
     s_spec = PS(batch_axis, None)
@@ -400,6 +431,26 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     ``seq_axis``; info is the parallel forward's :class:`bppsa.forward.newton.NewtonInfo` (None for the
     sequential one). Inputs are already validated and ``plan`` made for this mesh
     (:meth:`bppsa.Options.plan` with ``devices`` = the ``seq_axis`` size): it is executed as given.
+
+    Args:
+      cell: the cell (after :func:`bppsa.cells.closure.lift`).
+      params: its parameter pytree.
+      xs: (T, B, I) inputs, time-major.
+      s0: (B, S) the flat initial state.
+      mesh: a ``jax.sharding.Mesh`` with the axis ``seq_axis`` (and ``batch_axis``).
+      plan: the :class:`bppsa.plan.options.Plan` to execute.
+      seq_axis: the mesh axis the time axis is split over.
+      batch_axis: the mesh axis the batch is split over, or None.
+      guess: (T, B, S) the parallel forward's first iterate as flat states, or None (zeros).
+
+    Returns:
+      The pair (ss, info): ss (T, B, S) the flat states, ss[t] = s_{t+1}; info the parallel forward's
+      :class:`bppsa.forward.newton.NewtonInfo`, or None for the sequential forward.
+
+    Raises:
+      bppsa.errors.UsageError: a parallel forward with ``damping`` on more than one device.
+
+      ValueError: ``mesh`` is not a ``jax.sharding.Mesh`` or the axis names are not two of its axes.
     """
     P, Pb = check_axes(mesh, seq_axis, batch_axis)
     if plan.forward != "sequential" and plan.damping is not None and P > 1:
@@ -442,12 +493,37 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     :func:`bppsa.rnn`; ``combine`` picks the cross-device step ("logstep", "allgather", "chain" or
     "auto"). Each device scans its stretch in one piece, so ``chunk_size`` must be None or "auto".
 
-    xs: (T, B, I); h0: (B, H) [LSTM: (h0, c0)] -> hs: (T, B, H) [LSTM: (hs, cs)]. Gradients are
-    exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for any T and B.
+    Gradients are exact (equal to single-device BPPSA and to autodiff through ``lax.scan``) for
+    any T and B.
 
     ``forward="newton"``/``"quasi"``: the parallel forward (:mod:`bppsa.forward.newton`) sharded the same
     way, each iteration's linear solve split over the devices (aggregate, one ``all_gather`` of
     the devices' maps, finish); ``guess`` and ``return_info`` as for :func:`bppsa.rnn`.
+
+    Args:
+      cell: a cell from :mod:`bppsa.cells`.
+      params: the cell's parameter pytree (``cell.init(key)``).
+      xs: (T, B, I) inputs, time-major.
+      h0: (B, H) initial state; for an LSTM the pair (h0, c0), each (B, H).
+      options: a :class:`bppsa.Options` (default ``Options()``).
+      mesh: a ``jax.sharding.Mesh`` (:func:`bppsa.parallel.make_mesh`); None: a 1-D mesh over all devices.
+      seq_axis: the mesh axis the time axis is split over (default "seq").
+      batch_axis: the mesh axis the batch is split over; None (default): the batch is not split.
+      guess: the parallel forward's first iterate, shaped like the result (None: zeros).
+      return_info: also return the parallel forward's :class:`bppsa.forward.newton.NewtonInfo` (None
+        for the sequential forward).
+      **fields: the fields of :class:`bppsa.Options` as keywords (``combine`` among them), overriding
+        ``options``'s.
+
+    Returns:
+      hs (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
+      With ``return_info``: (states, info).
+
+    Raises:
+      bppsa.errors.UsageError: as for :func:`bppsa.rnn`; also a ``chunk_size`` other than None or "auto",
+      and ``damping`` with the time axis split over more than one device.
+
+      ValueError: ``mesh`` is not a ``jax.sharding.Mesh`` or the axis names are not two of its axes.
     """
     opts = options_lib.make(options, **fields)
     if mesh is None:
@@ -471,10 +547,24 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
 def pmap_rnn(cell, params, xs, h0, options: Options | None = None, *, devices=None, **fields: Any):
     """pmap-style entry point: the leading axis of ``xs`` is mapped over devices, as with ``jax.pmap``.
 
-    xs: (P, C, B, I) — chunk p (steps pC+1 … (p+1)C) on ``devices[p]`` (default: the first P
-    local devices); h0: (B, H) [LSTM: (h0, c0)], broadcast. Returns hs: (P, C, B, H) [LSTM: a pair].
     The same code as :func:`rnn` (a 1-D ``shard_map`` mesh over those devices), with the same
     ``options`` and option keywords; differentiable.
+
+    Args:
+      cell: a cell from :mod:`bppsa.cells`.
+      params: the cell's parameter pytree.
+      xs: (P, C, B, I) inputs, chunk p (steps pC+1 … (p+1)C) on ``devices[p]``.
+      h0: (B, H) initial state, broadcast to every device; for an LSTM the pair (h0, c0).
+      options: a :class:`bppsa.Options` (default ``Options()``).
+      devices: the P devices, in chunk order (default: the first P of ``jax.local_devices()``).
+      **fields: the fields of :class:`bppsa.Options` as keywords, overriding ``options``'s.
+
+    Returns:
+      hs (P, C, B, H); for an LSTM the pair (hs, cs), each (P, C, B, H).
+
+    Raises:
+      bppsa.errors.UsageError: ``xs`` is not of rank 4, or the number of devices is not P; otherwise as
+      for :func:`rnn`.
     """
     opts = options_lib.make(options, **fields)
     xs = jnp.asarray(xs)

@@ -45,7 +45,15 @@ __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_sca
 
 def vecmat(v: Array, M: Array) -> Array:
     """(..., B, S) @ (..., B, S, S) -> (..., B, S): one row vector times one matrix per batch row
-    (the reference product; :func:`batched_vecmat` is the tuned one)."""
+    (the reference product; :func:`batched_vecmat` is the tuned one).
+
+    Args:
+      v: (..., B, S) row vectors.
+      M: (..., B, S, S) matrices, one per row of ``v`` (leading axes broadcast).
+
+    Returns:
+      (..., B, S), each row of ``v`` times its matrix.
+    """
     return jnp.einsum("...i,...ij->...j", v, M)
 
 
@@ -66,7 +74,20 @@ def _check(v, Ms, ds):
 # --------------------------------------------------------------------------------------------
 
 def sequential_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, Array]:
-    """The reference: a ``lax.scan`` over the elements. Work Θ(n·B·S²), depth Θ(n)."""
+    """The reference: a ``lax.scan`` over the elements. Work Θ(n·B·S²), depth Θ(n).
+
+    Args:
+      v: (B, S) the root vector.
+      Ms: (n, B, S, S) the matrices of e_1 … e_n, in scan order.
+      ds: (n, B, S) their offsets, or None (all zero).
+
+    Returns:
+      (prefixes, total), prefixes (n, B, S) the exclusive prefixes (prefixes[0] = v) and total (B, S)
+      v ∘ e_1 ∘ … ∘ e_n, as the module docstring says.
+
+    Raises:
+      ValueError: shapes other than the module docstring's, or n = 0.
+    """
     _check(v, Ms, ds)
 
     def step(x, e):
@@ -87,6 +108,17 @@ def associative_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Arra
 
     Work Θ(n·B·S³) (matrix–matrix products, about 2n of them in XLA's odd/even recursion),
     depth Θ(log n) combine levels, plus one parallel level of vector–matrix products.
+
+    Args:
+      v: (B, S) the root vector.
+      Ms: (n, B, S, S) the matrices of e_1 … e_n, in scan order.
+      ds: (n, B, S) their offsets, or None (all zero).
+
+    Returns:
+      (prefixes, total), prefixes (n, B, S) and total (B, S) as :func:`sequential_scan`.
+
+    Raises:
+      ValueError: shapes other than the module docstring's, or n = 0.
     """
     _check(v, Ms, ds)
     if ds is None:
@@ -112,14 +144,16 @@ def associative_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Arra
 class Products(NamedTuple):
     """The products a sweep is made of, and the sequences it stores elements and vectors in.
 
-    compose(L, R):   equal-length sequences of elements -> the compositions "L_j then R_j"
-    push(x, M):      one vector through one element (block 0 absorbing block 1)
-    push_all(X, M):  a sequence of vectors, each through its element
-    concat(parts):   one sequence from a list of sequences
-    interleave(a, b): [a_0, b_0, a_1, b_1, ...]
-    one(v):          the sequence holding just v
     Offsets (``ds``) are added with ``+``. :data:`DENSE` and :data:`FUSED` work on stacked arrays
     (leading axis = sequence); :func:`bppsa.sparse.products` on Python lists of sparse matrices.
+
+    Attributes:
+      compose: ``compose(L, R)``, equal-length sequences of elements -> the compositions "L_j then R_j".
+      push: ``push(x, M)``, one vector through one element (block 0 absorbing block 1).
+      push_all: ``push_all(X, M)``, a sequence of vectors, each through its element.
+      concat: ``concat(parts)``, one sequence from a list of sequences (default: concatenated along axis 0).
+      interleave: ``interleave(a, b)``, the sequence [a_0, b_0, a_1, b_1, ...] (default: of stacked arrays).
+      one: ``one(v)``, the sequence holding just v (default: ``v[None]``).
     """
     compose: Callable
     push: Callable
@@ -142,6 +176,17 @@ def up_sweep(v: Any, Ms: Any, ds: Any = None, *, products: Products | None = Non
     (B, S) is block 0's value and ``Ms`` (N_L - 1, B, S, S), ``ds`` (N_L - 1, B, S) or None hold
     blocks 1 .. N_L - 1. With all levels (``levels=None``) the last record is the root: its
     ``vec`` is the total v ∘ e_1 ∘ … ∘ e_n. ``products`` (default :data:`DENSE`) does the products.
+
+    Args:
+      v: (B, S) the root vector.
+      Ms: (n, B, S, S) the matrices of e_1 … e_n in scan order (or the sequence ``products`` stores).
+      ds: (n, B, S) their offsets, or None (all zero).
+      products: the :class:`Products` of the sweep (None: :data:`DENSE`).
+      levels: build at most this many levels above level 0 (None: all, up to the root).
+
+    Returns:
+      The records ``(vec, Ms, ds)``, level 0 (the inputs) first, each with vec (B, S),
+      Ms (N_L - 1, B, S, S) and ds (N_L - 1, B, S) or None.
     """
     pr = DENSE if products is None else products
     records = [(v, Ms, ds)]
@@ -170,6 +215,16 @@ def down_sweep(levels: Sequence[tuple[Any, Any, Any]], incoming: Any = None, *,
     non-empty prefix starts with v, so it is a vector and every product here is vector @ matrix;
     the empty prefix of the leftmost path is never built (the right child of block 0 just copies
     block 0's vector). Returns (n, B, S): the exclusive prefix of e_1 … e_n.
+
+    Args:
+      levels: the records of :func:`up_sweep`, bottom first; the last is the top level.
+      incoming: (m - 1, B, S) the exclusive prefixes of the top level's blocks 1 … m - 1 (m blocks),
+        or None (the top level is the root).
+      products: the :class:`Products` of the sweep (None: :data:`DENSE`).
+
+    Returns:
+      (n, B, S) the exclusive prefixes of e_1 … e_n in scan order (prefixes[0] = v), in the sequence
+      type of ``products``.
     """
     pr = DENSE if products is None else products
     if incoming is None:
@@ -217,7 +272,15 @@ def _use_fma(M: Array, dtype) -> bool:
 # (scan-optimisation.md): the GEMM forms below flatten every leading dimension into one.
 
 def batched_matmul(L: Array, R: Array) -> Array:
-    """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S and many products, one flat GEMM otherwise."""
+    """Batched (..., S, S) @ (..., S, S): fused multiply-adds for small S and many products, one flat GEMM otherwise.
+
+    Args:
+      L: (..., S, S) the left factors.
+      R: (..., S, S) the right factors, the same leading shape.
+
+    Returns:
+      (..., S, S), L @ R for each leading index.
+    """
     S = L.shape[-1]
     if not _use_fma(L, jnp.result_type(L, R)):
         return jnp.matmul(L.reshape((-1, S, S)), R.reshape((-1, S, S))).reshape(L.shape)
@@ -229,7 +292,15 @@ def batched_matmul(L: Array, R: Array) -> Array:
 
 def batched_vecmat(v: Array, M: Array) -> Array:
     """(..., S) @ (..., S, S) -> (..., S): S fused multiply-adds for small S and many products (a
-    multiply-and-sum reduction measured far slower with a batch axis of 1), one flat GEMM otherwise."""
+    multiply-and-sum reduction measured far slower with a batch axis of 1), one flat GEMM otherwise.
+
+    Args:
+      v: (..., S) row vectors.
+      M: (..., S, S) matrices, the same leading shape.
+
+    Returns:
+      (..., S), v @ M for each leading index.
+    """
     S = M.shape[-1]
     if not _use_fma(M, jnp.result_type(v, M)):
         return jnp.einsum("ni,nij->nj", v.reshape((-1, S)), M.reshape((-1, S, S))).reshape(v.shape)
@@ -247,6 +318,15 @@ def bottom_layout(n: int) -> tuple[int, int, int]:
 
     n is padded with N - n < 2^k <= n / _TOP identity elements (at most ~3 % extra work) so that
     the k bottom levels pair everything; short scans (n < 2·_TOP) have k = 0.
+
+    Args:
+      n: the number of scan elements, a static Python int >= 1.
+
+    Returns:
+      (k, m, N), the number of bottom levels, the blocks left above them and the padded length N >= n.
+
+    Raises:
+      ValueError: n is not a static int, or n < 1.
     """
     try:
         n = operator.index(n)
@@ -267,6 +347,16 @@ def bottom_order(n: int) -> tuple[np.ndarray, np.ndarray]:
     Element i = c·2^k + r (r < 2^k) goes to position m·bitrev_k(r) + c. Then at every bottom
     level the pairs (2j, 2j + 1) are (position q, position q + half): left operands are the first
     half, right operands the second, and the products land in the order the next level needs.
+
+    Args:
+      n: the number of scan elements, a static Python int >= 1.
+
+    Returns:
+      (order, inverse), numpy int arrays, order (N,) the scan-order element at each storage position
+      and inverse (n,) each real element's storage position (N from :func:`bottom_layout`).
+
+    Raises:
+      ValueError: n is not a static int, or n < 1.
     """
     k, m, N = bottom_layout(n)
     order = np.arange(N).reshape((m,) + (2,) * k).transpose(tuple(range(k, -1, -1))).reshape(N)
@@ -283,6 +373,17 @@ def to_storage(x: Array, n: int, pad: str = "zeros") -> Array:
     (``pad="edge"``: real states, so that a cell's Jacobian at a padding step is finite; the scan
     replaces it by the identity anyway). A reshape and one transpose, no gather (XLA CPU's gather
     measured several times slower).
+
+    Args:
+      x: (n, ...) or (N, ...) rows in scan order, e.g. (n, B, S) states or (n, B, S, S) matrices.
+      n: the number of scan elements (real rows).
+      pad: "zeros" or "edge", what the N - n appended rows hold.
+
+    Returns:
+      (N, ...) the rows in storage order (:func:`bottom_order`).
+
+    Raises:
+      ValueError: x has neither n nor N rows, or ``pad`` is neither "zeros" nor "edge".
     """
     k, m, N = bottom_layout(n)
     if x.ndim < 1 or x.shape[0] not in (n, N):
@@ -297,7 +398,18 @@ def to_storage(x: Array, n: int, pad: str = "zeros") -> Array:
 
 
 def from_storage(y: Array, n: int) -> Array:
-    """The inverse of :func:`to_storage`: storage order (N rows) -> scan order (the first n rows)."""
+    """The inverse of :func:`to_storage`: storage order (N rows) -> scan order (the first n rows).
+
+    Args:
+      y: (N, ...) rows in storage order (N from :func:`bottom_layout`).
+      n: the number of scan elements (real rows).
+
+    Returns:
+      (n, ...) the real rows in scan order (the padding rows dropped).
+
+    Raises:
+      ValueError: y does not have N rows.
+    """
     k, m, N = bottom_layout(n)
     if y.ndim < 1 or y.shape[0] != N:
         raise ValueError(f"y must have N = {N} rows (storage order for n = {n}); got shape {y.shape}")
@@ -323,6 +435,19 @@ def blelloch_scan_stored(v: Array, Ms: Array, ds: Array | None, n: int, *,
 
     ``zero_padded_offsets=True`` promises that the padding rows of ds are already zero (as
     ``to_storage(ds, n)`` makes them) and skips masking them; :mod:`bppsa.backprop` uses it.
+
+    Args:
+      v: (B, S) the root vector.
+      Ms: (N, B, S, S) the matrices in storage order.
+      ds: (N, B, S) the offsets in storage order, or None (all zero).
+      n: the number of real (scan-order) elements; N from :func:`bottom_layout`.
+      zero_padded_offsets: the padding rows of ``ds`` are zero already (not masked here).
+
+    Returns:
+      (prefixes, total), prefixes (n, B, S) in scan order and total (B, S).
+
+    Raises:
+      ValueError: Ms does not have N rows or square matrices, or v, ds do not match it.
     """
     k, m, N = bottom_layout(n)
     if Ms.ndim != 4 or Ms.shape[0] != N or Ms.shape[-1] != Ms.shape[-2]:
@@ -340,7 +465,16 @@ def blelloch_scan_stored(v: Array, Ms: Array, ds: Array | None, n: int, *,
 
 def diagonal_products(aL: Array, aR: Array, Wt: Array) -> Array:
     """(diag(aL) Wt) @ (diag(aR) Wt) for (..., S) vectors aL, aR: diag(aL) · (aR @ K) with
-    K[l, (i, j)] = Wt[i, l] Wt[l, j], one (·, S) @ (S, S²) GEMM for the whole batch of products."""
+    K[l, (i, j)] = Wt[i, l] Wt[l, j], one (·, S) @ (S, S²) GEMM for the whole batch of products.
+
+    Args:
+      aL: (..., S) the left factors' diagonals.
+      aR: (..., S) the right factors' diagonals, the same shape.
+      Wt: (S, S) the shared factor.
+
+    Returns:
+      (..., S, S), (diag(aL) Wt) @ (diag(aR) Wt) for each leading index.
+    """
     S = Wt.shape[-1]
     K = (Wt.T[:, :, None] * Wt[:, None, :]).reshape((S, S * S))
     return aL[..., None] * jnp.dot(aR.reshape((-1, S)), K).reshape(aR.shape + (S,))
@@ -362,6 +496,19 @@ def blelloch_scan_stored_diag(v: Array, A: Array, Wt: Array, ds: Array | None, n
     (the padding elements are the latest in scan order, so no real prefix depends on them, and
     ``total`` is recomputed from the last real element). Same result as
     ``blelloch_scan_stored(v, A[..., None] * Wt, ds, n)``; any n >= 1.
+
+    Args:
+      v: (B, S) the root vector.
+      A: (N, B, S) the diagonals A_k in storage order.
+      Wt: (S, S) the shared factor.
+      ds: (N, B, S) the offsets in storage order, or None (all zero).
+      n: the number of real (scan-order) elements; N from :func:`bottom_layout`.
+
+    Returns:
+      (prefixes, total), prefixes (n, B, S) in scan order and total (B, S).
+
+    Raises:
+      ValueError: A does not have N rows, or Wt, v, ds do not match it.
     """
     k, m, N = bottom_layout(n)
     if A.ndim != 3 or A.shape[0] != N:
@@ -434,6 +581,17 @@ def blelloch_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, 
     that every bottom level pairs the first half of its array with the second half — no strided
     slices — and its products are fused multiply-adds; the top ~32–64 blocks, with the vector
     root, go through :func:`up_sweep` and :func:`down_sweep`.
+
+    Args:
+      v: (B, S) the root vector.
+      Ms: (n, B, S, S) the matrices of e_1 … e_n, in scan order.
+      ds: (n, B, S) their offsets, or None (all zero).
+
+    Returns:
+      (prefixes, total), prefixes (n, B, S) and total (B, S) as :func:`sequential_scan`.
+
+    Raises:
+      ValueError: shapes other than the module docstring's, or n = 0.
     """
     _check(v, Ms, ds)
     n = Ms.shape[0]
@@ -444,7 +602,20 @@ SCANS = {"blelloch": blelloch_scan, "associative": associative_scan, "sequential
 
 
 def scan(v: Array, Ms: Array, ds: Array | None = None, method: str = "blelloch") -> tuple[Array, Array]:
-    """Dispatch to one of :data:`SCANS` by name; see the module docstring for shapes."""
+    """Dispatch to one of :data:`SCANS` by name; see the module docstring for shapes.
+
+    Args:
+      v: (B, S) the root vector.
+      Ms: (n, B, S, S) the matrices of e_1 … e_n, in scan order.
+      ds: (n, B, S) their offsets, or None (all zero).
+      method: "blelloch", "associative" or "sequential".
+
+    Returns:
+      (prefixes, total), prefixes (n, B, S) and total (B, S) as :func:`sequential_scan`.
+
+    Raises:
+      ValueError: an unknown ``method``, shapes other than the module docstring's, or n = 0.
+    """
     try:
         fn = SCANS[method]
     except KeyError:

@@ -17,10 +17,22 @@ DIAGONAL = Products(compose=jnp.multiply, push=jnp.multiply, push_all=jnp.multip
 
 
 def diagonal_scan(v: Array, a: Array, d: Array | None = None, method: str = "blelloch") -> tuple[Array, Array]:
-    """:func:`scan` of diagonal maps: v (R,), a (n, R) the diagonals, d (n, R) or None the offsets
-    -> (prefixes (n, R), total (R,)), elementwise: Θ(n·R) work. "blelloch": :func:`up_sweep` and
+    """:func:`scan` of diagonal maps, elementwise: Θ(n·R) work. "blelloch": :func:`up_sweep` and
     :func:`down_sweep` with :data:`DIAGONAL`; "associative": ``lax.associative_scan``;
-    "sequential": a ``lax.scan``."""
+    "sequential": a ``lax.scan``.
+
+    Args:
+      v: (R,) the root vector.
+      a: (n, R) the maps' diagonals, in scan order.
+      d: (n, R) their offsets, or None (all zero).
+      method: "blelloch", "associative" or "sequential".
+
+    Returns:
+      (prefixes, total), prefixes (n, R) the exclusive prefixes (prefixes[0] = v) and total (R,).
+
+    Raises:
+      ValueError: an unknown ``method``.
+    """
     if method == "blelloch":
         levels = up_sweep(v, a, d, products=DIAGONAL)
         return down_sweep(levels, products=DIAGONAL), levels[-1][0]
@@ -36,8 +48,21 @@ def diagonal_scan(v: Array, a: Array, d: Array | None = None, method: str = "ble
 
 
 def block_scan(v: Array, Ms: Array, ds: Array | None = None, method: str = "blelloch") -> tuple[Array, Array]:
-    """:func:`scan` for batches of (k, k) blocks, Ms (n, R, k, k), v (R, k), ds (n, R, k): k = 1
-    goes to :func:`diagonal_scan` (no 1×1 matrix products), larger k to :func:`scan`."""
+    """:func:`scan` for batches of (k, k) blocks: k = 1 goes to :func:`diagonal_scan` (no 1×1 matrix
+    products), larger k to :func:`scan`.
+
+    Args:
+      v: (R, k) the root vectors, one per row.
+      Ms: (n, R, k, k) the blocks, in scan order.
+      ds: (n, R, k) their offsets, or None (all zero).
+      method: "blelloch", "associative" or "sequential".
+
+    Returns:
+      (prefixes, total), prefixes (n, R, k) the exclusive prefixes (prefixes[0] = v) and total (R, k).
+
+    Raises:
+      ValueError: an unknown ``method``; for k > 1 also shapes that do not match (:func:`scan`).
+    """
     if Ms.shape[-1] != 1:
         return scan(v, Ms, ds, method)
     prefixes, total = diagonal_scan(v[..., 0], Ms[..., 0, 0], None if ds is None else ds[..., 0], method)

@@ -93,7 +93,22 @@ def _float_array(name, x):
 
 def conv2d_output_shape(w_shape: Sequence[int], in_shape: Sequence[int], stride: int = 1,
                         padding: int = 1) -> tuple[int, int, int, int]:
-    """(B, C_out, H_out, W_out) of a convolution; raises ValueError on unsupported shapes."""
+    """(B, C_out, H_out, W_out) of a convolution; raises ValueError on unsupported shapes.
+
+    Args:
+      w_shape: (C_out, C_in, kh, kw), the kernel's shape.
+      in_shape: (C_in, H, W) or (B, C_in, H, W), the input's shape.
+      stride: the stride of both spatial axes.
+      padding: the zero padding on each side of both spatial axes.
+
+    Returns:
+      (B, C_out, H_out, W_out) with B = 1 for a rank-3 ``in_shape``.
+
+    Raises:
+      ValueError: a ``w_shape`` not of rank 4, an ``in_shape`` not (C, H, W) or (B, C, H, W) of positive
+      sizes, a non-positive stride or negative padding, channels that differ from C_in, or a kernel
+      larger than the padded input.
+    """
     if len(w_shape) != 4:
         raise ValueError(f"w must have shape (C_out, C_in, kh, kw); got shape {tuple(w_shape)}")
     B, C, H, W = _image_shape("in_shape", in_shape)
@@ -114,10 +129,21 @@ def conv2d_transposed_jacobian(w: jax.Array, in_shape: Sequence[int], stride: in
                                padding: int = 1) -> jsparse.BCOO:
     """Jᵀ of y = conv2d(x, w) (cross-correlation, zero padding, no bias; NCHW / OIHW).
 
-    w: (C_out, C_in, kh, kw); in_shape: (C_in, H, W) or (B, C_in, H, W).
-    Returns BCOO (B·C_in·H·W, B·C_out·H_out·W_out) with
+    The result is BCOO (B·C_in·H·W, B·C_out·H_out·W_out) with
     Jᵀ[(b, ci, oh·s + a − p, ow·s + c − p), (b, co, oh, ow)] = w[co, ci, a, c] for every tap that
     lands inside the input (taps on the zero padding are not stored). Static pattern: jittable.
+
+    Args:
+      w: (C_out, C_in, kh, kw) the kernel, floating point.
+      in_shape: (C_in, H, W) or (B, C_in, H, W), the input's shape.
+      stride: the stride of both spatial axes.
+      padding: the zero padding on each side of both spatial axes.
+
+    Returns:
+      The BCOO matrix Jᵀ (B·C_in·H·W, B·C_out·H_out·W_out) described above.
+
+    Raises:
+      ValueError: ``w`` is not floating point, or the shapes do not fit (:func:`conv2d_output_shape`).
     """
     w = _float_array("w", w)
     B, C_out, H_out, W_out = conv2d_output_shape(w.shape, in_shape, stride, padding)
@@ -149,6 +175,15 @@ def relu_transposed_jacobian(x: jax.Array) -> jsparse.BCOO:
 
     The derivative at 0 is 0, as for ``jax.nn.relu``. All x.size diagonal entries are stored
     (zeros included) so the pattern is static; ``prune_zeros`` keeps only the active ones.
+
+    Args:
+      x: the ReLU's input, floating point, of any shape with at least one axis.
+
+    Returns:
+      The diagonal BCOO matrix (x.size, x.size), entry i = 1 where x_i > 0, else 0.
+
+    Raises:
+      ValueError: ``x`` is not floating point or is a scalar.
     """
     x = _float_array("x", x)
     if x.ndim < 1:
@@ -161,9 +196,20 @@ def relu_transposed_jacobian(x: jax.Array) -> jsparse.BCOO:
 def maxpool2d_transposed_jacobian(x: jax.Array, window: int = 2) -> jsparse.BCOO:
     """Jᵀ of non-overlapping max-pooling (window × window, stride = window) of x.
 
-    x: (C, H, W) or (B, C, H, W) with H and W multiples of ``window``. Returns BCOO
-    (x.size, x.size / window²) with one 1 per output: at the window's maximum, the first one in
-    row-major window order on ties (the element ``lax.reduce_window``'s gradient picks).
+    The result is BCOO (x.size, x.size / window²) with one 1 per output: at the window's maximum,
+    the first one in row-major window order on ties (the element ``lax.reduce_window``'s gradient
+    picks).
+
+    Args:
+      x: (C, H, W) or (B, C, H, W) the pooling's input, floating point, H and W multiples of ``window``.
+      window: the window's side and stride.
+
+    Returns:
+      The BCOO matrix (x.size, x.size / window²), with one 1 per column.
+
+    Raises:
+      ValueError: ``x`` is not floating point or not of rank 3 or 4, ``window`` is not a positive int, or it
+      does not divide H and W.
     """
     x = _float_array("x", x)
     window = _positive_int("window", window)
@@ -185,8 +231,17 @@ def maxpool2d_transposed_jacobian(x: jax.Array, window: int = 2) -> jsparse.BCOO
 def linear_transposed_jacobian(W: jax.Array, in_shape: Sequence[int] | None = None) -> jsparse.BCOO:
     """Jᵀ of y = W x (+ b): Wᵀ, shape (in, out). W: (out, in).
 
-    in_shape: None or (in,) for one sample, (B, in) for the block-diagonal batch Jacobian.
     Every weight is stored (static pattern); ``prune_zeros`` drops pruned ones.
+
+    Args:
+      W: (out, in) the weight, floating point.
+      in_shape: None or (in,) for one sample, (B, in) for the block-diagonal batch Jacobian.
+
+    Returns:
+      The BCOO matrix (B·in, B·out), B copies of Wᵀ on the diagonal (B = 1 for one sample).
+
+    Raises:
+      ValueError: ``W`` is not a floating-point matrix, or ``in_shape`` does not fit it.
     """
     W = _float_array("W", W)
     if W.ndim != 2:
@@ -202,7 +257,18 @@ def linear_transposed_jacobian(W: jax.Array, in_shape: Sequence[int] | None = No
 
 
 def flatten_transposed_jacobian(in_shape: Sequence[int], dtype: Any = jnp.float32) -> jsparse.BCOO:
-    """Jᵀ of flattening (C, H, W) -> C·H·W (row-major, so the identity), shape (size, size)."""
+    """Jᵀ of flattening (C, H, W) -> C·H·W (row-major, so the identity), shape (size, size).
+
+    Args:
+      in_shape: the input's shape, e.g. (C, H, W) or (B, C, H, W).
+      dtype: the entries' dtype.
+
+    Returns:
+      The identity as a BCOO matrix (size, size), size = prod(in_shape).
+
+    Raises:
+      ValueError: ``in_shape`` is empty or has a size < 1.
+    """
     in_shape = tuple(int(s) for s in in_shape)
     if len(in_shape) < 1 or min(in_shape) < 1:
         raise ValueError(f"in_shape must be a non-empty shape of positive sizes; got {in_shape}")
@@ -212,7 +278,18 @@ def flatten_transposed_jacobian(in_shape: Sequence[int], dtype: Any = jnp.float3
 
 
 def block_diag(J: jsparse.BCOO, B: int) -> jsparse.BCOO:
-    """The (B·m, B·n) block-diagonal matrix with B copies of the (m, n) BCOO ``J``."""
+    """The (B·m, B·n) block-diagonal matrix with B copies of the (m, n) BCOO ``J``.
+
+    Args:
+      J: (m, n) a 2-D BCOO matrix.
+      B: the number of copies.
+
+    Returns:
+      The BCOO matrix (B·m, B·n), copy b at rows b·m … and columns b·n ….
+
+    Raises:
+      ValueError: ``B`` is not a positive int.
+    """
     B = _positive_int("B", B)
     m, n = J.shape
     idx = np.asarray(J.indices)
@@ -223,7 +300,14 @@ def block_diag(J: jsparse.BCOO, B: int) -> jsparse.BCOO:
 
 
 def prune_zeros(J: jsparse.BCOO) -> jsparse.BCOO:
-    """Drop stored zeros of a 2-D BCOO (eager: the result's size depends on the values)."""
+    """Drop stored zeros of a 2-D BCOO (eager: the result's size depends on the values).
+
+    Args:
+      J: a 2-D BCOO matrix.
+
+    Returns:
+      The same matrix (same shape) storing only its non-zero entries.
+    """
     data = np.asarray(J.data)
     keep = data != 0
     return jsparse.BCOO((jnp.asarray(data[keep]), jnp.asarray(np.asarray(J.indices)[keep])), shape=J.shape,
@@ -250,6 +334,16 @@ def spgemm(A: jsparse.BCOO, B: jsparse.BCOO) -> jsparse.BCOO:
     Every stored a_il meets the stored entries of row l of B (np.repeat over B's row
     pointers); np.unique merges equal (i, j) and a weighted bincount sums their products.
     Returns a BCOO with sorted unique indices; runs eagerly.
+
+    Args:
+      A: (m, k) a 2-D BCOO matrix.
+      B: (k, n) a 2-D BCOO matrix.
+
+    Returns:
+      C (m, n) as a BCOO matrix with sorted unique indices.
+
+    Raises:
+      ValueError: an argument that is not a 2-D BCOO without batch or dense axes, or inner sizes that differ.
     """
     ia, la = _coo(A)
     lb, jb = _coo(B)
@@ -272,7 +366,18 @@ def spgemm(A: jsparse.BCOO, B: jsparse.BCOO) -> jsparse.BCOO:
 
 
 def spmv(A: jsparse.BCOO, x: jax.Array) -> jax.Array:
-    """A @ x for a 2-D BCOO A (m, n) and a dense vector x (n,); eager, like :func:`spgemm`."""
+    """A @ x for a 2-D BCOO A (m, n) and a dense vector x (n,); eager, like :func:`spgemm`.
+
+    Args:
+      A: (m, n) a 2-D BCOO matrix.
+      x: (n,) a dense vector.
+
+    Returns:
+      (m,) the dense product, in the promoted dtype of A and x.
+
+    Raises:
+      ValueError: ``x`` is not of shape (n,), or ``A`` is not a 2-D BCOO without batch or dense axes.
+    """
     if x.shape != (A.shape[1],):
         raise ValueError(f"spmv: x must have shape ({A.shape[1]},) for A of shape {A.shape}; got {x.shape}")
     rows, cols = _coo(A)
@@ -282,7 +387,15 @@ def spmv(A: jsparse.BCOO, x: jax.Array) -> jax.Array:
 
 
 def spgemm_flops(A: jsparse.BCOO, B: jsparse.BCOO) -> int:
-    """Floating-point operations of A @ B with sparse products: 2 per pair a_il·b_lj."""
+    """Floating-point operations of A @ B with sparse products: 2 per pair a_il·b_lj.
+
+    Args:
+      A: (m, k) a 2-D BCOO matrix.
+      B: (k, n) a 2-D BCOO matrix.
+
+    Returns:
+      The FLOP count, an int (stored entries count, zeros included).
+    """
     _, la = _coo(A)
     lb, _ = _coo(B)
     k = A.shape[1]
@@ -299,13 +412,28 @@ def spgemm_flops(A: jsparse.BCOO, B: jsparse.BCOO) -> int:
 # sparse by default; the FLOP analysis passes pattern-only versions of the same two.
 
 def scan_depth(n: int) -> int:
-    """Levels of the full up-sweep for n matrices: ⌈log₂(n + 1)⌉."""
+    """Levels of the full up-sweep for n matrices: ⌈log₂(n + 1)⌉.
+
+    Args:
+      n: the number of matrices in the chain.
+
+    Returns:
+      ⌈log₂(n + 1)⌉ (0 for n = 0).
+    """
     return math.ceil(math.log2(n + 1)) if n > 0 else 0
 
 
 def products(matmat: Callable = spgemm, matvec: Callable = spmv) -> scan_lib.Products:
     """The sweep's products over Python lists of matrices (:class:`bppsa.scan.Products`), from
-    ``matmat(later, earlier)`` and ``matvec(M, x)`` (column convention: A_k acts on the left)."""
+    ``matmat(later, earlier)`` and ``matvec(M, x)`` (column convention: A_k acts on the left).
+
+    Args:
+      matmat: ``matmat(later, earlier)`` -> later @ earlier (default :func:`spgemm`).
+      matvec: ``matvec(M, x)`` -> M @ x (default :func:`spmv`).
+
+    Returns:
+      The :class:`bppsa.scan.Products` the sweeps of :func:`chain_scan` use.
+    """
     return scan_lib.Products(
         compose=lambda L, R: [matmat(r, l) for l, r in zip(L, R)],
         push=lambda x, M: matvec(M, x),
@@ -319,6 +447,15 @@ def sequential_middle(vec: Any, Ms: Sequence[Any], *, matvec: Callable = spmv) -
     """Sequential exclusive scan of the blocks left at the top: prefix of block j ≥ 1, and the total.
 
     Block 1's prefix is ``vec`` (block 0's value); block j + 1's is M_j applied to block j's.
+
+    Args:
+      vec: block 0's value, a vector.
+      Ms: the matrices of blocks 1, 2, …, in scan order.
+      matvec: ``matvec(M, x)`` -> M @ x (default :func:`spmv`).
+
+    Returns:
+      The pair (incoming, total): the list of the prefixes of blocks 1 … len(Ms), and the product of
+      every block applied to ``vec``.
     """
     incoming = []
     x = vec
@@ -332,12 +469,22 @@ def chain_scan(v: Any, As: Sequence, levels: int | None = None, *, matmat: Calla
                matvec: Callable = spmv) -> tuple[list, Any]:
     """BPPSA over a chain: all exclusive prefixes of [v, A_1, …, A_n] and the total.
 
-    v: (S_n,) the root vector ∂L/∂h_n; As: n matrices in scan order, A_k of shape
-    (S_{n-k}, S_{n-k+1}) — layer n − k + 1's transposed Jacobian. ``levels`` is the paper's L_m:
-    L_m levels of up-sweep and down-sweep, the top blocks scanned sequentially (0: plain
-    back-propagation; None or ≥ ⌈log₂(n + 1)⌉: the full modified Blelloch scan).
-    Returns ``(prefixes, total)``: prefixes[k] = A_k ⋯ A_1 v = g_{n-k} (k = 0 … n − 1),
-    total = g_0.
+    Args:
+      v: (S_n,) the root vector ∂L/∂h_n.
+      As: n matrices in scan order, A_k of shape (S_{n-k}, S_{n-k+1}) — layer n − k + 1's transposed
+        Jacobian.
+      levels: the paper's L_m: L_m levels of up-sweep and down-sweep, the top blocks scanned
+        sequentially (0: plain back-propagation; None or ≥ ⌈log₂(n + 1)⌉: the full modified Blelloch scan).
+      matmat: ``matmat(later, earlier)`` -> later @ earlier (default :func:`spgemm`).
+      matvec: ``matvec(M, x)`` -> M @ x (default :func:`spmv`).
+
+    Returns:
+      ``(prefixes, total)``: prefixes[k] = A_k ⋯ A_1 v = g_{n-k} (k = 0 … n − 1), each (S_{n-k},);
+      total = g_0 (S_0,).
+
+    Raises:
+      ValueError: ``levels`` is not an int >= 0, ``As`` is empty, or a matrix's columns do not match the
+      previous element's size.
     """
     if levels is not None:
         levels = _positive_int("levels (L_m)", levels, minimum=0)
@@ -362,9 +509,18 @@ def conv2d_weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strid
                        padding: int = 1) -> tuple[jax.Array, jax.Array]:
     """∂L/∂w and ∂L/∂b of y = conv2d(x, w) + b from g = ∂L/∂y.
 
-    x: (B, C_in, H, W), g: (B, C_out, H_out, W_out), w_shape: (C_out, C_in, kh, kw).
     ∂L/∂w[co, ci, a, c] = Σ_{b, oh, ow} g[b, co, oh, ow] · x_pad[b, ci, oh·s + a, ow·s + c]: one
     patch extraction and one contraction. ∂L/∂b = Σ_{b, oh, ow} g.
+
+    Args:
+      x: (B, C_in, H, W) the convolution's input.
+      g: (B, C_out, H_out, W_out) ∂L/∂y.
+      w_shape: (C_out, C_in, kh, kw), the kernel's shape.
+      stride: the stride of both spatial axes.
+      padding: the zero padding on each side of both spatial axes.
+
+    Returns:
+      The pair (dw (C_out, C_in, kh, kw), db (C_out,)).
     """
     C_out, C_in, kh, kw = w_shape
     patches = jax.lax.conv_general_dilated_patches(
@@ -374,5 +530,13 @@ def conv2d_weight_grad(x: jax.Array, g: jax.Array, w_shape: Sequence[int], strid
 
 
 def linear_weight_grad(x: jax.Array, g: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """∂L/∂W (out, in) and ∂L/∂b (out,) of y = x Wᵀ + b from x (B, in) and g = ∂L/∂y (B, out)."""
+    """∂L/∂W (out, in) and ∂L/∂b (out,) of y = x Wᵀ + b from x (B, in) and g = ∂L/∂y (B, out).
+
+    Args:
+      x: (B, in) the layer's input.
+      g: (B, out) ∂L/∂y.
+
+    Returns:
+      The pair (dW (out, in), db (out,)).
+    """
     return jnp.einsum("bo,bi->oi", g, x, precision="highest"), g.sum(axis=0)

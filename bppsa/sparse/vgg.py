@@ -33,7 +33,18 @@ VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """One layer of a chain: kind in {"conv", "relu", "maxpool", "flatten", "linear"}."""
+    """One layer of a chain: kind in {"conv", "relu", "maxpool", "flatten", "linear"}.
+
+    Attributes:
+      kind: "conv" (params {"w": (C_out, C_in, kh, kw), "b": (C_out,)}), "relu", "maxpool", "flatten" or
+        "linear" (params {"w": (out, in), "b": (out,)}).
+      stride: the convolution's stride.
+      padding: the convolution's zero padding on each side.
+      window: the max-pooling's window side and stride.
+
+    Raises:
+      ValueError: on construction, an unknown ``kind``.
+    """
     kind: str
     stride: int = 1
     padding: int = 1
@@ -49,9 +60,24 @@ def make_vgg(key: jax.Array, cfg: Sequence[Any] = VGG11, in_shape: Sequence[int]
              dtype: Any = jnp.float32) -> tuple[tuple[Layer, ...], list[dict]]:
     """Layers and He-initialised parameters of a VGG-style network.
 
-    cfg: channel counts and "M" (max-pool) as in :data:`VGG11`; every conv is kernel×kernel,
-    stride 1, padding kernel // 2, followed by a ReLU. Then flatten, ``hidden`` linear+ReLU
-    layers and a linear classifier. in_shape: (C, H, W). Returns ``(layers, params)``.
+    Every conv is kernel×kernel, stride 1, padding kernel // 2, followed by a ReLU. Then flatten,
+    ``hidden`` linear+ReLU layers and a linear classifier.
+
+    Args:
+      key: the ``jax.random`` key of the weights.
+      cfg: channel counts and "M" (max-pool) as in :data:`VGG11`.
+      in_shape: (C, H, W), one sample's input shape.
+      hidden: the widths of the hidden linear layers.
+      num_classes: the classifier's width.
+      kernel: the convolutions' kernel side.
+      dtype: the parameters' dtype.
+
+    Returns:
+      ``(layers, params)``: the tuple of :class:`Layer` and the list of their parameters ({} for a layer
+      without).
+
+    Raises:
+      ValueError: an "M" at an odd spatial size.
     """
     C, H, W = in_shape
     layers, params = [], []
@@ -100,7 +126,16 @@ def _apply(layer, p, x):
 
 
 def forward(layers: Sequence[Layer], params: Sequence[dict], x: jax.Array) -> list[jax.Array]:
-    """All activations [h_0 = x, h_1, ..., h_n]; x: (B, C, H, W), h_n: (B, num_classes)."""
+    """All activations [h_0 = x, h_1, ..., h_n]; x: (B, C, H, W), h_n: (B, num_classes).
+
+    Args:
+      layers: the chain's :class:`Layer` specs.
+      params: one dict per layer ({} for a parameter-free layer).
+      x: (B, C, H, W) the inputs.
+
+    Returns:
+      The list [h_0, …, h_n] of n + 1 activations, h_n (B, num_classes) the logits.
+    """
     hs = [x]
     for layer, p in zip(layers, params):
         hs.append(_apply(layer, p, hs[-1]))
@@ -108,7 +143,17 @@ def forward(layers: Sequence[Layer], params: Sequence[dict], x: jax.Array) -> li
 
 
 def loss(layers: Sequence[Layer], params: Sequence[dict], x: jax.Array, y: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy of the logits h_n against integer labels y: (B,)."""
+    """Mean softmax cross-entropy of the logits h_n against integer labels y: (B,).
+
+    Args:
+      layers: the chain's :class:`Layer` specs.
+      params: one dict per layer.
+      x: (B, C, H, W) the inputs.
+      y: (B,) integer labels.
+
+    Returns:
+      The scalar loss.
+    """
     logits = forward(layers, params, x)[-1]
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
 
@@ -124,7 +169,15 @@ def transposed_jacobians(layers: Sequence[Layer], params: Sequence[dict], hs: Se
     """[J_1ᵀ, …, J_nᵀ] of the whole batch (block-diagonal over samples), analytic and sparse.
 
     J_iᵀ has shape (|h_{i-1}|, |h_i|) with activations flattened row-major over (B, C, H, W).
-    ``drop_zeros`` removes stored zeros (pruned weights, inactive ReLUs).
+
+    Args:
+      layers: the chain's :class:`Layer` specs.
+      params: one dict per layer.
+      hs: the activations [h_0, …, h_n] (:func:`forward`); h_n is not read.
+      drop_zeros: remove stored zeros (pruned weights, inactive ReLUs).
+
+    Returns:
+      The list of n BCOO matrices, layer order.
     """
     Js = []
     for layer, p, h in zip(layers, params, hs[:-1]):
@@ -146,9 +199,15 @@ def bppsa_value_and_grad(layers: Sequence[Layer], params: Sequence[dict], x: jax
                          levels: int | None = None) -> tuple[jax.Array, list[dict], jax.Array]:
     """Loss and parameter gradients with the BPPSA backward pass (sparse chain scan).
 
-    x: (B, C, H, W), y: (B,) int; ``levels``: the hybrid knob L_m (None: full Blelloch scan,
-    0: sequential back-propagation). Returns ``(loss, grads, dx)``: grads mirrors params,
-    dx = ∂L/∂x (B, C, H, W).
+    Args:
+      layers: the chain's :class:`Layer` specs.
+      params: one dict per layer.
+      x: (B, C, H, W) the inputs.
+      y: (B,) integer labels.
+      levels: the hybrid knob L_m (None: full Blelloch scan, 0: sequential back-propagation).
+
+    Returns:
+      ``(loss, grads, dx)``: the scalar loss of :func:`loss`, grads mirroring params, dx = ∂L/∂x (B, C, H, W).
     """
     hs = forward(layers, params, x)
     logits = hs[-1]
@@ -176,7 +235,17 @@ def bppsa_value_and_grad(layers: Sequence[Layer], params: Sequence[dict], x: jax
 def magnitude_prune(params: Sequence[dict], sparsity: float) -> tuple[list[dict], list[dict]]:
     """Zero the fraction ``sparsity`` of smallest-magnitude weights in each conv/linear layer.
 
-    Biases are kept. Returns ``(pruned_params, masks)``; masks mirror params (1 = kept).
+    Biases are kept.
+
+    Args:
+      params: one dict per layer (:func:`make_vgg`'s).
+      sparsity: the fraction of each weight's entries to zero, in [0, 1).
+
+    Returns:
+      ``(pruned_params, masks)``; masks mirror params (1 = kept; biases all 1).
+
+    Raises:
+      ValueError: ``sparsity`` is not in [0, 1).
     """
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1); got {sparsity}")
@@ -197,7 +266,15 @@ def magnitude_prune(params: Sequence[dict], sparsity: float) -> tuple[list[dict]
 
 
 def apply_masks(tree: Any, masks: Any) -> Any:
-    """Multiply every leaf of ``tree`` (params or grads) by its mask."""
+    """Multiply every leaf of ``tree`` (params or grads) by its mask.
+
+    Args:
+      tree: params or grads, one dict per layer.
+      masks: :func:`magnitude_prune`'s masks, the same structure.
+
+    Returns:
+      ``tree`` with every leaf multiplied by its mask.
+    """
     return jax.tree.map(lambda a, m: a * m, tree, masks)
 
 
@@ -219,7 +296,15 @@ def flop_analysis(Js: Sequence[Any], levels: int | None = None) -> dict:
     ``levels``: per up-sweep level one SpMV (block 0) and SpGEMMs (2 FLOPs per pair a_il·b_lj),
     then the sequential middle, then per down-sweep level SpMVs; levels run their products in
     parallel, so the critical path adds each level's largest product. Patterns only (scipy).
-    Returns a dict of FLOP counts and per-level records.
+
+    Args:
+      Js: [J_1ᵀ, …, J_nᵀ] in layer order, 2-D BCOO matrices (:func:`transposed_jacobians`).
+      levels: L_m (None: the full Blelloch scan; capped at :func:`bppsa.sparse.jacobians.scan_depth`).
+
+    Returns:
+      A dict of FLOP counts and per-level records: "n", "levels" (the depth used), "bp_flops",
+      "bp_critical", "bppsa_flops", "bppsa_critical", "jacobian_nnz" and "jacobian_shape" (per matrix,
+      layer order), "records" (per phase and level: "phase", "level", "ops", "flops", "critical", "nnz").
     """
     As = [_pattern(J) for J in Js[::-1]]
     bp = [2 * A.nnz for A in As]

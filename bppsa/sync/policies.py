@@ -41,7 +41,16 @@ PROCEED, WAIT, BARRIER = "proceed", "wait", "barrier"
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """What the worker that caused the event does next, and which waiting workers go on now."""
+    """What the worker that caused the event does next, and which waiting workers go on now.
+
+    Attributes:
+      kind: "proceed" (pull and go on), "wait" or "barrier".
+      until: for "wait", the slowest worker's clock the worker waits for; else None.
+      at: for "barrier", the barrier's number (BSP) or its predicted time (ElasticBSP; None while a
+        worker has no measured interval yet); else None.
+      release: the waiting workers (ids, ascending) that may go on now; it may hold the worker
+        itself.
+    """
     kind: str = PROCEED  # "proceed" | "wait" | "barrier"
     until: int | None = None  # wait: the slowest worker's clock to wait for
     at: float | None = None  # barrier: its number (BSP) or its predicted time (ElasticBSP)
@@ -53,6 +62,9 @@ class Policy:
 
     Args:
       num_workers: the workers 0 … num_workers−1 active from the start (others may ``join``).
+
+    Raises:
+      ValueError: for a num_workers that is not an int >= 1.
     """
 
     name = "policy"
@@ -121,7 +133,11 @@ class Policy:
 
 
 class ASP(Policy):
-    """Asynchronous parallel: every push is applied on arrival and no worker ever waits."""
+    """Asynchronous parallel: every push is applied on arrival and no worker ever waits.
+
+    Args:
+      num_workers: the workers active from the start (:class:`Policy`).
+    """
 
     name = "ASP"
 
@@ -131,6 +147,13 @@ class SSP(Policy):
 
     On a push: if t_p − t_slowest ≤ s the worker proceeds, else it waits until the slowest worker's
     clock reaches t_p − s (so it blocks exactly when it would be s + 1 ahead).
+
+    Args:
+      num_workers: the workers active from the start (:class:`Policy`).
+      s: the staleness threshold, the most iterations a worker may run ahead of the slowest (an int >= 0).
+
+    Raises:
+      ValueError: for a num_workers that is not an int >= 1 or an s that is not an int >= 0.
     """
 
     name = "SSP"
@@ -165,6 +188,16 @@ def dssp_controller(latest_p, previous_p, latest_slow, previous_slow, r_max: int
     Predicts the fastest worker p's pushes P_i = latest_p + i·I_p (i = 0 … r_max) and the slowest
     worker's S_k = latest_slow + (k + 1)·I_slow (k = 0 … r_max), with I = latest − previous, and
     returns the i minimising min_k |S_k − P_i| (the smallest on a tie).
+
+    Args:
+      latest_p: the fastest worker's latest push time.
+      previous_p: its push time before that.
+      latest_slow: the slowest worker's latest push time.
+      previous_slow: its push time before that.
+      r_max: the largest allowance, an int >= 0.
+
+    Returns:
+      The allowance r* in 0 … r_max (an int), the extra iterations the fastest worker may run.
     """
     I_p, I_s = latest_p - previous_p, latest_slow - previous_slow
     P = latest_p + np.arange(r_max + 1) * I_p
@@ -181,6 +214,14 @@ class DSSP(SSP):
     :func:`dssp_controller` (from each worker's last two push times) and p proceeds if r_p > 0;
     otherwise p waits until t_p − t_slowest ≤ s_L. The fastest worker may thus run up to about
     s_L + r_max iterations ahead of the slowest, by an allowance the controller picks per push.
+
+    Args:
+      num_workers: the workers active from the start (:class:`Policy`).
+      s_L: the staleness threshold below which a worker always proceeds, an int >= 0.
+      r_max: the largest allowance the controller may grant, an int >= 0.
+
+    Raises:
+      ValueError: for a num_workers that is not an int >= 1, or an s_L or r_max that is not an int >= 0.
     """
 
     name = "DSSP"
@@ -235,6 +276,9 @@ class BSP(Policy):
 
     The barrier after clock k opens when every active worker has pushed k times; everyone then
     pulls the same parameters.
+
+    Args:
+      num_workers: the workers active from the start (:class:`Policy`).
     """
 
     name = "BSP"
@@ -265,6 +309,15 @@ class ElasticBSP(Policy):
     is the compute time of p's latest iteration (push time − the time it last started), so time
     spent waiting does not count. Before every worker has one measured interval, barriers come after
     every push (as BSP).
+
+    Args:
+      num_workers: the workers active from the start (:class:`Policy`).
+      R: the prediction horizon, each worker's next pushes predicted per barrier (an int >= 1).
+      method: the :func:`~bppsa.sync.zipline` solver (a key of
+        :data:`~bppsa.sync.zipline.ZIPLINE_METHODS`); not checked until the first planned barrier.
+
+    Raises:
+      ValueError: for a num_workers or R that is not an int >= 1.
     """
 
     name = "ElasticBSP"
@@ -329,7 +382,20 @@ POLICIES = {"bsp": BSP, "asp": ASP, "ssp": SSP, "dssp": DSSP, "elasticbsp": Elas
 
 
 def make_policy(name: str, num_workers: int, **kwargs) -> Policy:
-    """A policy by name: "bsp" | "asp" | "ssp" (s) | "dssp" (s_L, r_max) | "elasticbsp" (R, method)."""
+    """A policy by name: "bsp" | "asp" | "ssp" (s) | "dssp" (s_L, r_max) | "elasticbsp" (R, method).
+
+    Args:
+      name: the policy's name (:data:`POLICIES`; case, "-" and "_" ignored).
+      num_workers: the workers active from the start.
+      **kwargs: the policy's options (above).
+
+    Returns:
+      The new :class:`Policy`.
+
+    Raises:
+      ValueError: for an unknown name, an option the policy does not take, or a bad num_workers or
+      option value.
+    """
     key = str(name).lower().replace("-", "").replace("_", "")
     if key not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; expected one of {sorted(POLICIES)}")

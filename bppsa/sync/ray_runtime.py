@@ -43,7 +43,19 @@ def _to_numpy(tree):
 
 
 class ParameterServer:
-    """The server actor's logic (wrapped with ``ray.remote`` by :func:`run_ray`)."""
+    """The server actor's logic (wrapped with ``ray.remote`` by :func:`run_ray`).
+
+    Args:
+      task_spec: the task's spec ``{"name": ..., **options}`` (:func:`bppsa.tasks.task_from_spec`).
+      policy: the policy's name (:func:`bppsa.sync.make_policy`).
+      policy_options: its options (None: none).
+      num_workers: the workers 0 … num_workers − 1.
+      learning_rate: the server's SGD learning rate.
+      seed: seeds the initial parameters.
+      dead_timeout: seconds after which a worker that is not waiting and has neither pushed nor
+        pulled is declared dead.
+      eval_every: seconds between test evaluations.
+    """
 
     def __init__(self, task_spec, policy, policy_options, num_workers, learning_rate, seed,
                  dead_timeout, eval_every):
@@ -225,7 +237,19 @@ class ParameterServer:
 
 
 class Worker:
-    """A worker actor's logic: pull, compute a real gradient, sleep the injected slowdown, push."""
+    """A worker actor's logic: pull, compute a real gradient, sleep the injected slowdown, push.
+
+    Args:
+      worker: this worker's id.
+      task_spec: the task's spec ``{"name": ..., **options}`` (:func:`bppsa.tasks.task_from_spec`).
+      server: the :class:`ParameterServer` actor's handle.
+      batch_size: samples per gradient, drawn with replacement from the training set.
+      seed: seeds the batch draws (with the worker's id).
+      delay: seconds slept per iteration (the injected slowdown).
+      slowdowns: tuples (worker, start_s, end_s, extra_s) of every worker: this worker's add extra_s
+        seconds to each iteration that ends its compute in [start_s, end_s) (seconds since the run
+        started).
+    """
 
     def __init__(self, worker, task_spec, server, batch_size, seed, delay, slowdowns):
         import jax
@@ -273,6 +297,10 @@ def init_ray(address: str | None = None, *, num_cpus: int = 2) -> None:
 
     A local Ray's worker processes get this bppsa first on their PYTHONPATH, so the actors import
     the same code as the driver.
+
+    Args:
+      address: the cluster's address ("auto" or "ray://host:port"); None starts a local Ray.
+      num_cpus: the local Ray's CPUs (not used with an address).
     """
     import ray
 
@@ -292,16 +320,34 @@ def run_ray(task_spec, policy: str, *, num_workers: int = 3, policy_options: dic
     """Train ``task_spec`` for ``duration_s`` wall-clock seconds with a PS on Ray; return the server's log.
 
     Args:
+      task_spec: the task's spec ``{"name": ..., **options}`` (:func:`bppsa.tasks.task_from_spec`).
       policy, policy_options: as :func:`bppsa.sync.make_policy`.
-      delays: (num_workers,) seconds each worker sleeps per iteration (its injected slowdown).
+      num_workers: the number of worker actors.
+      duration_s: wall-clock seconds of training, after setup (> 0).
+      delays: (num_workers,) seconds each worker sleeps per iteration (its injected slowdown;
+        None: zeros).
       slowdowns: tuples (worker, start_s, end_s, extra_s): transient stragglers.
       kill: (worker, at_s): ``ray.kill`` that worker at that time (a failure test).
-      dead_timeout: a worker that is computing but silent this long is declared dead.
+      dead_timeout: a worker that is computing but silent this long is declared dead (> 0).
+      learning_rate: the server's SGD learning rate.
+      batch_size: samples per gradient.
+      seed: seeds the initial parameters and the workers' batch draws.
+      eval_every: seconds between the server's test evaluations.
+      max_iterations: each worker stops after this many pushes.
       address: an existing Ray cluster ("auto" or "ray://host:port"); None starts a local Ray with
         ``num_cpus`` CPUs (stopped again at the end unless ``shutdown=False``).
+      num_cpus: the local Ray's CPUs (None: 2).
+      shutdown: stop Ray at the end; None: only a Ray this call started.
+      log: called with each line of progress (default ``print``).
 
-    Returns the server's ``stats()`` plus ``workers`` (each worker's own count of acknowledged
-    pushes, or the error that ended it), ``detect_delay`` (kill → detection, seconds) and timing.
+    Returns:
+      The server's ``stats()`` (a dict) plus ``workers`` (each worker's own count of acknowledged
+      pushes, or the error that ended it), ``detect_delay`` (kill → detection, seconds), timing
+      (``wall_s``, ``setup_s``, ``killed_at``) and the policy and its options.
+
+    Raises:
+      ValueError: for an unknown policy or option, delays that are not one per worker, a duration_s
+      or dead_timeout not above 0, or a malformed ``kill``.
     """
     import ray
     from ray.exceptions import RayError

@@ -80,6 +80,11 @@ class ComputeModel:
       deaths: tuples (worker, time): the worker dies then; its in-flight update never arrives and
         the server notices after ``detect_timeout``.
       detect_timeout: how long after a death the server drops the worker.
+
+    Raises:
+      ValueError: naming the field, for means that are not finite and > 0, a sigma, comm or
+      detect_timeout that is not a finite number >= 0, join_times that are not one finite time >= 0
+      per worker with the workers joining at 0 numbered first, or a malformed straggler or death.
     """
     means: tuple
     sigma: float = 0.1
@@ -132,13 +137,32 @@ class ComputeModel:
 
 
 def heterogeneous(num_workers: int = 4, ratio: float = 2.5, base: float = 1.0, **kwargs) -> ComputeModel:
-    """Mixed GPUs: the first half of the workers take ``base``, the rest ``ratio·base`` per iteration."""
+    """Mixed GPUs: the first half of the workers take ``base``, the rest ``ratio·base`` per iteration.
+
+    Args:
+      num_workers: n; the first (n + 1) // 2 are the fast ones.
+      ratio: how many times longer a slow worker's iteration takes.
+      base: a fast worker's mean iteration time (virtual seconds).
+      **kwargs: the other fields of :class:`ComputeModel` (sigma, stragglers, join_times, comm,
+        deaths, detect_timeout).
+
+    Returns:
+      The :class:`ComputeModel`.
+    """
     fast = (num_workers + 1) // 2
     return ComputeModel(means=tuple([base] * fast + [ratio * base] * (num_workers - fast)), **kwargs)
 
 
 def policy_label(name: str, options: dict | None = None) -> str:
-    """Table label: "BSP", "ASP", "SSP s=3", "DSSP(3,12)", "ElasticBSP R=15"."""
+    """Table label: "BSP", "ASP", "SSP s=3", "DSSP(3,12)", "ElasticBSP R=15".
+
+    Args:
+      name: the policy's name (case, "-" and "_" ignored).
+      options: its options (s, s_L, r_max, R; a missing one shows its default). None: none.
+
+    Returns:
+      The label, a str; an unknown name as given.
+    """
     o = options or {}
     key = name.lower().replace("_", "").replace("-", "")
     if key == "ssp":
@@ -154,7 +178,14 @@ _SGD: dict = {}
 
 
 def sgd(learning_rate):
-    """One optax.sgd per learning rate, so a task's jitted server step is reused across runs."""
+    """One optax.sgd per learning rate, so a task's jitted server step is reused across runs.
+
+    Args:
+      learning_rate: SGD's learning rate (a hashable number).
+
+    Returns:
+      The ``optax.sgd(learning_rate)`` made by the first call with that rate.
+    """
     if learning_rate not in _SGD:
         _SGD[learning_rate] = optax.sgd(learning_rate)
     return _SGD[learning_rate]
@@ -173,6 +204,19 @@ def check_simulation(compute: ComputeModel, *, max_time: float, eval_every: floa
     evaluations (max_time / eval_every); unless ``max_pushes`` bounds them, the expected number of
     updates, max_time · Σ_p 1 / (means_p + comm) (a renewal rate: the noise is mean-preserving),
     must be at most :data:`MAX_PUSHES`.
+
+    Args:
+      compute: the workers' :class:`ComputeModel`.
+      max_time: virtual seconds to simulate.
+      eval_every: virtual seconds between test evaluations.
+      batch_size: samples per gradient, an int >= 1.
+      max_pushes: a bound on the number of updates (an int >= 1) that replaces the expected-updates
+        check; None: no bound.
+
+    Raises:
+      ValueError: for a compute that is not a :class:`ComputeModel`, a max_time or eval_every that
+      is not finite and > 0, more than :data:`MAX_EVALUATIONS` evaluations, a batch_size or
+      max_pushes that is not an int >= 1, or more than :data:`MAX_PUSHES` expected updates.
     """
     if not isinstance(compute, ComputeModel):
         raise ValueError(f"compute must be a ComputeModel; got {type(compute).__name__}")
@@ -202,22 +246,34 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
              target: float | None = None, stop_at_target: bool = False, max_pushes: int | None = None) -> dict:
     """Simulate PS training of ``task`` under ``policy``; return a JSON-able log.
 
+    Runs that cannot end, or not in reasonable time, are refused first (:func:`check_simulation`).
+
     Args:
       task: a :class:`~bppsa.tasks.task.Task` or its spec ``{"name": ..., **options}`` for
         :func:`bppsa.tasks.task_from_spec`.
-      policy: "bsp" | "asp" | "ssp" | "dssp" | "elasticbsp"; ``policy_options`` its arguments.
+      policy: "bsp" | "asp" | "ssp" | "dssp" | "elasticbsp" (:func:`~bppsa.sync.policies.make_policy`).
       compute: the workers' :class:`ComputeModel`.
+      policy_options: the policy's arguments (s; s_L, r_max; R, method).
       optimizer: the server's optax optimizer (default: SGD with ``learning_rate``).
-      max_time: virtual seconds to simulate; eval_every: virtual seconds between test evaluations.
+      learning_rate: the default optimizer's learning rate.
+      batch_size: samples per gradient, drawn with replacement from the training set.
+      max_time: virtual seconds to simulate.
+      eval_every: virtual seconds between test evaluations.
+      seed: seeds the initial parameters and every worker's batch and iteration-time draws.
       target: test accuracy whose first reaching time is reported (and ends the run if
         ``stop_at_target``).
+      stop_at_target: end the run at the first evaluation that reaches ``target``.
       max_pushes: end the run after this many updates (None: only max_time ends it).
 
-    Runs that cannot end, or not in reasonable time, are refused first (:func:`check_simulation`).
+    Returns:
+      A dict with ``curve`` (time, pushes, test loss, test accuracy), ``wait`` per worker,
+      ``pushes`` per worker, ``total_pushes``, ``staleness_hist`` (staleness -> count), ``barriers``,
+      ``time_to_target``, ``final_accuracy``, ``end_time``, ``deaths_detected``, the run's settings,
+      and ``dssp_controller`` / ``elastic_barriers`` records for DSSP / ElasticBSP.
 
-    Returns a dict with ``curve`` (time, pushes, test loss, test accuracy), ``wait`` per worker,
-    ``pushes`` per worker, ``staleness_hist`` (staleness -> count), ``barriers``,
-    ``time_to_target``, ``final_accuracy``, ``dssp_controller`` / ``elastic_barriers`` records.
+    Raises:
+      ValueError: for a run :func:`check_simulation` refuses, an unknown policy or option, a bad task
+      spec, or a run past the event backstop (:data:`MAX_EVALUATIONS` and :data:`MAX_PUSHES`).
     """
     check_simulation(compute, max_time=max_time, eval_every=eval_every, batch_size=batch_size,
                      max_pushes=max_pushes)
@@ -364,7 +420,15 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
 
 
 def time_to_accuracy(curve, target: float):
-    """The first time in ``curve`` (list of {"time", "accuracy"}) with accuracy >= target, or None."""
+    """The first time in ``curve`` (list of {"time", "accuracy"}) with accuracy >= target, or None.
+
+    Args:
+      curve: the records, in time order (:func:`simulate`'s ``curve``).
+      target: the test accuracy to reach.
+
+    Returns:
+      The time of the first record with accuracy >= target, or None when none reaches it.
+    """
     for r in curve:
         if r["accuracy"] >= target:
             return r["time"]

@@ -54,7 +54,15 @@ def _check(times) -> np.ndarray:
 
 
 def selection_range(times, indices) -> float:
-    """max − min of ``times[p, indices[p]]`` over the rows p."""
+    """max − min of ``times[p, indices[p]]`` over the rows p.
+
+    Args:
+      times: (n, R) predicted push times.
+      indices: (n,) ints, the column chosen in each row.
+
+    Returns:
+      The range, a float.
+    """
     t = np.asarray(times, dtype=np.float64)
     sel = t[np.arange(t.shape[0]), np.asarray(indices)]
     return float(sel.max() - sel.min())
@@ -74,13 +82,32 @@ def zipline_paper(times):
     Each incoming point (the largest time so far) is appended on the right after the same worker's
     older point is found by a linear search of the window and removed; once the window holds every
     worker, its range is the new point minus the window's leftmost point.
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min).
+
+    Raises:
+      ValueError: for times that are not (n, R) with n, R >= 1, not finite, or a row not sorted.
     """
     return _zipline_list(times, skip_leftmost=False)
 
 
 def zipline_opt(times):
     """ZipLineOpt: as :func:`zipline_paper`, but the linear search is skipped when the incoming
-    point's worker holds the window's leftmost point (it is removed from the left end directly)."""
+    point's worker holds the window's leftmost point (it is removed from the left end directly).
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min).
+
+    Raises:
+      ValueError: for times that are not (n, R) with n, R >= 1, not finite, or a row not sorted.
+    """
     return _zipline_list(times, skip_leftmost=True)
 
 
@@ -108,7 +135,17 @@ def _zipline_list(times, skip_leftmost):
 
 
 def zipline_bsearch(times):
-    """Binary-search ZipLine, O(R·n·log n) comparisons: the window's times kept sorted."""
+    """Binary-search ZipLine, O(R·n·log n) comparisons: the window's times kept sorted.
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min).
+
+    Raises:
+      ValueError: for times that are not (n, R) with n, R >= 1, not finite, or a row not sorted.
+    """
     t = _check(times)
     n = t.shape[0]
     vals, wks, cols = _merged(t)
@@ -128,7 +165,17 @@ def zipline_bsearch(times):
 
 
 def zipline_window(times):
-    """Count-per-worker sliding window over the merged points (two pointers), O(n·R·log(n·R)) for the sort."""
+    """Count-per-worker sliding window over the merged points (two pointers), O(n·R·log(n·R)) for the sort.
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min).
+
+    Raises:
+      ValueError: for times that are not (n, R) with n, R >= 1, not finite, or a row not sorted.
+    """
     t = _check(times)
     n, R = t.shape
     vals, wks, cols = _merged(t)
@@ -156,7 +203,19 @@ def zipline_window(times):
 
 
 def brute_force(times, max_combinations: int = 2_000_000):
-    """Enumerate every choice of one column per row (the test oracle); refuses more than ``max_combinations``."""
+    """Enumerate every choice of one column per row (the test oracle); refuses more than ``max_combinations``.
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+      max_combinations: the most choices (R**n) it enumerates.
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min).
+
+    Raises:
+      ValueError: for times that are not (n, R) with n, R >= 1, not finite, or a row not sorted, and
+      when R**n exceeds ``max_combinations``.
+    """
     t = _check(times)
     n, R = t.shape
     if R ** n > max_combinations:
@@ -172,7 +231,20 @@ def brute_force(times, max_combinations: int = 2_000_000):
 
 
 def grid_scan(times):
-    """Heuristic: barrier candidates on the slowest worker's grid; each worker takes its latest push ≤ it."""
+    """Heuristic: barrier candidates on the slowest worker's grid; each worker takes its latest push ≤ it.
+
+    The slowest worker is the one whose R pushes span the longest time (with R = 1, the latest).
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min) of
+      the best candidate (not always optimal).
+
+    Raises:
+      ValueError: for times that are not (n, R) with n, R >= 1, not finite, or a row not sorted.
+    """
     t = _check(times)
     n, R = t.shape
     slow = int(np.argmax(t[:, -1] - t[:, 0])) if R > 1 else int(np.argmax(t[:, 0]))
@@ -187,7 +259,18 @@ def grid_scan(times):
 
 
 def full_grid_scan(times):
-    """Heuristic: every point is a barrier candidate; each worker takes the push nearest to it."""
+    """Heuristic: every point is a barrier candidate; each worker takes the push nearest to it.
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min) of
+      the best candidate (not always optimal).
+
+    Raises:
+      ValueError: for times that are not (n, R) with n, R >= 1, not finite, or a row not sorted.
+    """
     t = _check(times)
     n, R = t.shape
     rows = np.arange(n)
@@ -218,6 +301,18 @@ def zipline(times, method: str = "window"):
 
     ``method``: "window" (default, fastest) | "zipline" | "zipline_opt" | "bsearch" (exact), or
     "grid_scan" | "full_grid_scan" (heuristics) | "brute_force" (tiny inputs only).
+
+    Args:
+      times: (n, R) each worker's next R predicted push times, every row sorted ascending (finite).
+      method: the solver, a key of :data:`ZIPLINE_METHODS`.
+
+    Returns:
+      The pair (indices (n,) int64, the chosen column of each row; range, their times' max − min); worker p runs
+      ``indices[p] + 1`` iterations before the barrier.
+
+    Raises:
+      ValueError: for an unknown method, times that are not (n, R) with n, R >= 1, not finite, or a
+      row not sorted, and (brute_force) too many choices.
     """
     if method not in ZIPLINE_METHODS:
         raise ValueError(f"method must be one of {sorted(ZIPLINE_METHODS)}; got {method!r}")

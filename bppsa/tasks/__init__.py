@@ -51,6 +51,20 @@ def nnx_task(name: str, x_train, y_train, x_test, y_test, make_model: Callable[[
 
     ``init(key)`` builds the module with ``nnx.Rngs(key)`` and returns its state (the parameter
     pytree, an ``nnx.State``); ``logits`` merges that state back into the module's graph and calls it.
+
+    Args:
+      name: the task's name.
+      x_train: (N, ...) training inputs (numpy).
+      y_train: (N,) int training labels.
+      x_test: (M, ...) test inputs.
+      y_test: (M,) int test labels.
+      make_model: ``make_model(rngs) -> nnx.Module``, called once here (with ``nnx.Rngs(0)``, for
+        the graph) and by every ``init``.
+      description: a line describing the task.
+      spec: the spec it was built from (None: ``{"name": name}``).
+
+    Returns:
+      The :class:`~bppsa.tasks.task.Task`.
     """
     from flax import nnx  # here, not at the top: processes that train only the digits CNN never import flax
 
@@ -74,7 +88,17 @@ def _positive_int(name, value):
 
 
 def cnn_init(key, channels=(8, 16), num_classes: int = 10) -> dict:
-    """Parameters of :func:`cnn_logits` (He-normal weights, zero biases, the head's weights halved)."""
+    """Parameters of :func:`cnn_logits` (He-normal weights, zero biases, the head's weights halved).
+
+    Args:
+      key: a JAX PRNG key.
+      channels: (C₁, C₂), the two convolutions' output channels.
+      num_classes: C, the classes (the head's outputs).
+
+    Returns:
+      A dict of float32 arrays, "conv1" with w (3, 3, 1, C₁) and b (C₁,), "conv2" with
+      w (3, 3, C₁, C₂) and b (C₂,), "dense" with w (16·C₂, C) and b (C,).
+    """
     k1, k2, k3 = jax.random.split(key, 3)
     c1, c2 = channels
 
@@ -92,7 +116,15 @@ def _conv(x, p, stride):
 
 
 def cnn_logits(params, x):
-    """The digits CNN: conv 3×3 (C₁) → ReLU → conv 3×3 stride 2 (C₂) → ReLU → linear; x (B, 8, 8, 1) → (B, classes)."""
+    """The digits CNN: conv 3×3 (C₁) → ReLU → conv 3×3 stride 2 (C₂) → ReLU → linear; x (B, 8, 8, 1) → (B, classes).
+
+    Args:
+      params: the parameters (:func:`cnn_init`).
+      x: (B, 8, 8, 1) images, NHWC.
+
+    Returns:
+      (B, C) logits.
+    """
     h = _conv(x, params["conv1"], 1)          # (B, 8, 8, C1)
     h = _conv(h, params["conv2"], 2)          # (B, 4, 4, C2)
     return h.reshape(h.shape[0], -1) @ params["dense"]["w"] + params["dense"]["b"]
@@ -100,7 +132,19 @@ def cnn_logits(params, x):
 
 def digits_task(*, channels=(8, 16), test_fraction: float = 0.25, data_seed: int = 0) -> Task:
     """The digits CNN (:func:`cnn_logits`, channels (C₁, C₂)) on the digits, pixels in [0, 1]; the test
-    set is the first ``test_fraction`` of a ``data_seed``-seeded permutation."""
+    set is the first ``test_fraction`` of a ``data_seed``-seeded permutation.
+
+    Args:
+      channels: (C₁, C₂), two positive ints.
+      test_fraction: the test set's share, in [0, 1).
+      data_seed: seeds the split.
+
+    Returns:
+      The "digits_cnn" :class:`~bppsa.tasks.task.Task`, x (N, 8, 8, 1) float32 and y (N,) int32.
+
+    Raises:
+      ValueError: for channels that are not two positive ints, or a test_fraction outside [0, 1).
+    """
     channels = tuple(channels)
     if len(channels) != 2:
         raise ValueError(f"channels must be two positive integers (C1, C2); got {channels!r}")
@@ -123,6 +167,26 @@ def gru_task(*, data: str = "bitstream", num_samples: int = 2000, length: int = 
     ≤ 10; num_features and noise do not apply). data = "sequences": the modulated templates of
     :mod:`bppsa.tasks.sequences`, x: (N, T, num_features) (default 12) with Gaussian ``noise``
     (default 1.0). The test set is drawn per class.
+
+    Args:
+      data: "bitstream" or "sequences".
+      num_samples: N, training and test samples together.
+      length: T, the steps of a sequence.
+      hidden_size: H, the GRU's hidden size (a positive int).
+      num_classes: the classes (1..10 for "bitstream", at least 2 for "sequences").
+      num_features: F for "sequences" (None: 12); None or 1 for "bitstream".
+      noise: σ of the Gaussian noise for "sequences" (None: 1.0); None for "bitstream".
+      backward: the backward of :func:`bppsa.rnn` (:class:`bppsa.Options`' ``backward``).
+      test_fraction: the test set's share, in [0, 1).
+      data_seed: seeds the data and the split.
+
+    Returns:
+      The "gru" :class:`~bppsa.tasks.task.Task`, x (N, T, F) float32 and y (N,) int32; its params
+      an ``nnx.State``.
+
+    Raises:
+      ValueError: for an unknown data, a hidden_size that is not a positive int, num_features or
+      noise given for "bitstream", or bad data sizes or test_fraction.
     """
     from bppsa import cells
     from bppsa.nn import SequenceClassifier
@@ -154,7 +218,16 @@ _CACHE: dict = {}
 
 def check_task(name: str, **options) -> None:
     """Refuse an unknown task name or option (ValueError listing the known ones) without building the
-    task: nothing here starts JAX, so a config check can run before a task sets up its devices."""
+    task: nothing here starts JAX, so a config check can run before a task sets up its devices.
+
+    Args:
+      name: the task's name.
+      **options: its builder's keyword arguments.
+
+    Raises:
+      ValueError: for a name not in :data:`TASKS` (naming the new name of a renamed task), or an
+      option its builder does not take. Option values are not checked.
+    """
     if name not in TASKS:
         hint = f" (it is now called {_RENAMED[name]})" if name in _RENAMED else ""
         raise ValueError(f"task name must be one of {sorted(TASKS)}; got {name!r}{hint}")
@@ -169,7 +242,17 @@ def make_task(name: str, **options) -> Task:
     :func:`digits_task`, :func:`gru_task`); cached per (name, options) within the process (numpy and
     JAX scalars count as the Python numbers they equal).
 
-    An unknown name or option raises ValueError listing the known ones (:func:`check_task`).
+    Args:
+      name: the task's name, a key of :data:`TASKS`.
+      **options: its builder's keyword arguments.
+
+    Returns:
+      The :class:`~bppsa.tasks.task.Task`, its ``spec`` ``{"name": name, **options}`` (as JSON reads it
+      back).
+
+    Raises:
+      ValueError: for an unknown name or option, listing the known ones (:func:`check_task`), or an
+      option value the builder refuses.
     """
     check_task(name, **options)
     spec = {"name": name, **options}
@@ -180,7 +263,17 @@ def make_task(name: str, **options) -> Task:
 
 
 def task_from_spec(spec: Mapping) -> Task:
-    """:func:`make_task` from a spec ``{"name": ..., **options}`` (a mapping, e.g. parsed JSON)."""
+    """:func:`make_task` from a spec ``{"name": ..., **options}`` (a mapping, e.g. parsed JSON).
+
+    Args:
+      spec: a mapping with "name" (a key of :data:`TASKS`) and that task's options.
+
+    Returns:
+      The :class:`~bppsa.tasks.task.Task` (:func:`make_task`'s, cached).
+
+    Raises:
+      ValueError: for a spec that is not a mapping with a "name", or an unknown name or option.
+    """
     if not isinstance(spec, Mapping) or "name" not in spec:
         raise ValueError(f"a task spec must be a mapping with a 'name' (one of {sorted(TASKS)}) and that task's "
                          f"options; got {spec!r}")

@@ -14,12 +14,32 @@ NUM_CLASSES = 10
 
 
 def class_rates(num_classes: int = NUM_CLASSES) -> np.ndarray:
-    """p_k = 0.05 + 0.1·k, shape (num_classes,)."""
+    """p_k = 0.05 + 0.1·k, shape (num_classes,).
+
+    Args:
+      num_classes: K, the number of classes.
+
+    Returns:
+      (K,) float64, class k's Bernoulli rate.
+    """
     return 0.05 + 0.1 * np.arange(num_classes)
 
 
 def make_bitstream(num_samples: int, length: int, seed: int = 0, num_classes: int = NUM_CLASSES):
-    """Return x (N, T, 1) float32 bits and y (N,) int32 labels, balanced over the classes."""
+    """Return x (N, T, 1) float32 bits and y (N,) int32 labels, balanced over the classes.
+
+    Args:
+      num_samples: N (>= 1).
+      length: T, the bits per sample (>= 1).
+      seed: seeds the labels' order and the bits.
+      num_classes: K, in 1..10.
+
+    Returns:
+      The pair (x (N, T, 1) float32 of 0s and 1s, y (N,) int32 in 0..K−1).
+
+    Raises:
+      ValueError: for num_samples or length below 1, or num_classes outside 1..10.
+    """
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1; got {num_samples}")
     if length < 1:

@@ -24,6 +24,9 @@ def load_digits_arrays():
 
     Reads ``digits.csv.gz``, the file ``sklearn.datasets.load_digits`` reads; falls back to
     ``load_digits`` itself where that file is not found.
+
+    Returns:
+      The pair (images (1797, 8, 8) float64 in [0, 16], target (1797,) int64).
     """
     spec = importlib.util.find_spec("sklearn")
     path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
@@ -42,6 +45,19 @@ def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, *, stratif
     ``stratify=False``: the first round(test_fraction·N) entries of a seeded permutation are the
     test set (train and test keep the permutation's order). ``stratify=True``: round(test_fraction·n_c)
     test samples drawn per class c; both sets keep the original order.
+
+    Args:
+      x: (N, ...) inputs (numpy).
+      y: (N,) labels.
+      test_fraction: the test set's share, in [0, 1).
+      seed: seeds the permutation or the per-class draws.
+      stratify: draw the test set per class.
+
+    Returns:
+      (x_train (N − M, ...), y_train (N − M,), x_test (M, ...), y_test (M,)), rows of x and y.
+
+    Raises:
+      ValueError: for a test_fraction outside [0, 1), or x and y of different lengths.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1); got {test_fraction!r}")
@@ -63,8 +79,18 @@ def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, *, stratif
 def load_digits(*, size: int = 8, test_fraction: float = 0.2, seed: int = 0, stratify: bool = False):
     """The digits split into (x_train (N, size, size) float32 in [0, 1], y_train (N,) int32, x_test, y_test).
 
-    size: 8 (native) or 16 (each pixel repeated 2×2). seed, test_fraction, stratify: as
-    :func:`train_test_split`.
+    Args:
+      size: 8 (native) or 16 (each pixel repeated 2×2).
+      test_fraction: the test set's share, in [0, 1) (:func:`train_test_split`).
+      seed: seeds the split (:func:`train_test_split`).
+      stratify: draw the test set per class (:func:`train_test_split`).
+
+    Returns:
+      (x_train (N, size, size) float32 in [0, 1], y_train (N,) int32, x_test (M, size, size),
+      y_test (M,)), N + M = 1797.
+
+    Raises:
+      ValueError: for a size other than 8 or 16, or a test_fraction outside [0, 1).
     """
     if size not in (8, 16):
         raise ValueError(f"size must be 8 or 16; got {size!r}")

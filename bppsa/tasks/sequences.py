@@ -16,7 +16,22 @@ __all__ = ["make_sequences"]
 
 def make_sequences(num_samples: int, length: int, num_features: int = 12, num_classes: int = 8,
                    noise: float = 1.0, seed: int = 0):
-    """x (N, T, F) float32, y (N,) int32 (balanced over the classes): the data set of the module docstring."""
+    """x (N, T, F) float32, y (N,) int32 (balanced over the classes): the data set of the module docstring.
+
+    Args:
+      num_samples: N (>= 1).
+      length: T, the frames per sample (>= 1).
+      num_features: F, the features per frame (>= 1).
+      num_classes: K (>= 2).
+      noise: σ, the Gaussian noise's standard deviation (>= 0).
+      seed: seeds the templates, the labels' order and every sample.
+
+    Returns:
+      The pair (x (N, T, F) float32, y (N,) int32 in 0..K−1).
+
+    Raises:
+      ValueError: for a size below its minimum or a negative (or NaN) noise.
+    """
     for name, v, lo in (("num_samples", num_samples, 1), ("length", length, 1),
                         ("num_features", num_features, 1), ("num_classes", num_classes, 2)):
         if int(v) < lo:

@@ -30,6 +30,23 @@ class Task:
     ``per_sample_loss`` and ``loss`` (softmax cross-entropy of the logits, per sample and its mean)
     are fixed functions of the task, so jitted code built from them is built once per task.
     ``spec`` is the dict the task was built from (when it was built from one).
+
+    Attributes:
+      name: the task's name.
+      x_train: (N, ...) training inputs (numpy).
+      y_train: (N,) int training labels.
+      x_test: (M, ...) test inputs.
+      y_test: (M,) int test labels.
+      init: ``init(key) -> params``, a fresh parameter pytree from a JAX PRNG key.
+      logits: ``logits(params, x) -> (B, C)`` for x (B, ...).
+      description: a line describing the task.
+      spec: the dict the task was built from (empty when it was not).
+      per_sample_loss: ``per_sample_loss(params, x, y) -> (B,)``, the softmax cross-entropy of the
+        logits against the int labels y (B,) (set on construction).
+      loss: ``loss(params, x, y)``, their mean, a scalar (set on construction).
+
+    Raises:
+      ValueError: when x and y of the training or the test set differ in length.
     """
     name: str
     x_train: np.ndarray
