@@ -108,9 +108,13 @@ def checked_by(check: Callable[[Any], None]) -> Callable[[T], T]:
 
 
 def _get(config: Any, key: str) -> Any:
+    """``config.<key>`` (dotted); a missing key is a UsageError naming it."""
     node = config
-    for part in key.split("."):
-        node = node[part]
+    for i, part in enumerate(parts := key.split(".")):
+        try:
+            node = node[part]
+        except (KeyError, TypeError, IndexError):
+            raise UsageError(f"config.{key}: the config has no {'.'.join(parts[:i + 1])!r}") from None
     return node
 
 

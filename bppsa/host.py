@@ -157,7 +157,7 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1, block: int
       ``{name: stats}``, each function's :func:`stats`.
 
     Raises:
-      ValueError: ``repeats``, ``warmup`` or ``block`` out of range.
+      ValueError: ``repeats``, ``warmup`` or ``block`` out of range, or no function in ``fns``.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1; got {repeats}")
@@ -165,6 +165,8 @@ def time_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1, block: int
         raise ValueError(f"warmup must be >= 0; got {warmup}")
     if block < 2:
         raise ValueError(f"block must be >= 2 (its first call is dropped); got {block}")
+    if not fns:
+        raise ValueError("fns must name at least one function to time; got none")
     for fn in fns.values():  # the first call compiles
         for _ in range(warmup):
             jax.block_until_ready(fn())

@@ -31,7 +31,7 @@ import dataclasses
 import numpy as np
 
 from bppsa.errors import as_int
-from bppsa.sync.zipline import zipline
+from bppsa.sync.zipline import ZIPLINE_METHODS, zipline
 
 __all__ = ["Decision", "Policy", "BSP", "ASP", "SSP", "DSSP", "ElasticBSP", "make_policy", "POLICIES",
            "dssp_controller"]
@@ -317,7 +317,7 @@ class ElasticBSP(Policy):
         :data:`~bppsa.sync.zipline.ZIPLINE_METHODS`); not checked until the first planned barrier.
 
     Raises:
-      ValueError: for a num_workers or R that is not an int >= 1.
+      ValueError: for a num_workers or R that is not an int >= 1, or an unknown method.
     """
 
     name = "ElasticBSP"
@@ -326,6 +326,8 @@ class ElasticBSP(Policy):
         super().__init__(num_workers)
         if (n := as_int(R)) is None or n < 1:
             raise ValueError(f"R (prediction horizon) must be an int >= 1; got {R!r}")
+        if method not in ZIPLINE_METHODS:  # checked here, not at the first barrier mid-run
+            raise ValueError(f"method must be one of {sorted(ZIPLINE_METHODS)}; got {method!r}")
         self.R, self.method = n, method
         self.start = {p: 0.0 for p in self.clock}  # when each worker started its current iteration
         self.interval = {p: None for p in self.clock}

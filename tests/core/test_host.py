@@ -64,3 +64,10 @@ print(json.dumps(results))
 """
     got = json.loads(_in_subprocess(code)[-1])
     assert got == [[want, want] for _, want in ENV_CASES], list(zip([env for env, _ in ENV_CASES], got))
+
+
+def test_timing_nothing_is_a_clear_error():
+    """time_interleaved({}) was ZeroDivisionError (the rotation over no names)."""
+    from bppsa import host
+    with pytest.raises(ValueError, match="fns must name at least one function to time"):
+        host.time_interleaved({})

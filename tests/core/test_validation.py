@@ -188,3 +188,15 @@ def test_cell_sizes_take_integer_scalars():
         cell = cls(np.int64(I), jnp.int32(H))
         assert cell == cls(I, H) and hash(cell) == hash(cls(I, H)) and type(cell.input_size) is int
     _raises(r"^GRU: hidden_size must be a positive int; got np.float64\(4.0\)", lambda: cells.GRU(I, np.float64(4)))
+
+
+def test_a_missing_config_key_is_named():
+    """require_int and the others on a key the config lacks: a UsageError naming it (was a bare KeyError)."""
+    from bppsa.errors import require_choices, require_int, require_ints, require_number
+    config = {"model": {"hidden": 3}}
+    assert require_int(config, "model.hidden") == 3
+    for check, key in ((require_int, "model.depth"), (require_ints, "sizes"), (require_number, "model.lr.max")):
+        with pytest.raises(UsageError, match=rf"config.{key}: the config has no"):
+            check(config, key)
+    with pytest.raises(UsageError, match=r"config.mode: the config has no 'mode'"):
+        require_choices(config, "mode", ("a", "b"))

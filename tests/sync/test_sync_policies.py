@@ -179,3 +179,9 @@ def test_numpy_and_jax_integers_are_ints():
     assert sync.make_policy("elasticbsp", np.int64(2), R=jnp.int32(4)).R == 4
     with pytest.raises(ValueError, match="num_workers must be an int >= 1; got True"):
         sync.BSP(True)
+
+
+def test_elastic_bsp_refuses_an_unknown_solver_when_built():
+    """An unknown ZipLine method was a ValueError at the first planned barrier, mid-run."""
+    with pytest.raises(ValueError, match=r"method must be one of \[.*'window'.*\]; got 'nope'"):
+        sync.ElasticBSP(2, method="nope")
