@@ -41,16 +41,34 @@ __all__ = [
 def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis: str = "seq",
         batch_axis: str | None = None, guess=None, return_info: bool = False,
         **fields: Any) -> Any:
-    """Run ``cell`` over a sequence: xs (T, B, I), h0 (B, H) [LSTM: (h0, c0)] -> the state
-    sequence hs (T, B, H) [LSTM: (hs, cs)]; ``cell.hidden(out)`` is hs for every cell.
+    """Run ``cell`` over a sequence; differentiable w.r.t. ``params``, ``xs`` and ``h0`` (``jax.grad``,
+    ``jax.jvp``, Hessian-vector products), exactly for every choice of the options.
 
-    ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords (``backward``,
-    ``forward``, ``scan``, ``chunk_size``, ``precision``, ``tol``, ``atol``, ``rtol``, ``max_iter``, ``damping``,
-    ``on_fail``, ``cost_model``, ``combine``, ``unroll``) choose the forward and backward passes;
-    ``guess`` and ``return_info`` are the parallel forward's (:mod:`bppsa.forward.newton`).
     Without ``mesh``: :func:`bppsa.backprop.rnn` (one device). With a ``jax.sharding.Mesh``:
     :func:`bppsa.parallel.rnn`, the time axis split over ``mesh[seq_axis]`` and the batch over
     ``mesh[batch_axis]``.
+
+    Args:
+      cell: a cell (:mod:`bppsa.cells`, :mod:`bppsa.structured`, or your own: docs/guides/cells.md).
+      params: the cell's parameter pytree (``cell.init(key)``).
+      xs: (T, B, I) inputs, time-major.
+      h0: (B, H) the initial state; for an LSTM the pair (h0, c0), each (B, H).
+      options: a :class:`bppsa.Options` (default ``Options()``).
+      mesh: a ``jax.sharding.Mesh`` to split the sequence over (None: one device).
+      seq_axis: the mesh axis the time is split over.
+      batch_axis: the mesh axis the batch is split over (None: not split).
+      guess: the parallel forward's first iterate, shaped like the result (:mod:`bppsa.forward.newton`).
+      return_info: also return the parallel forward's :class:`bppsa.NewtonInfo`.
+      **fields: :class:`bppsa.Options` fields as keywords (``backward``, ``forward``, ``scan``,
+        ``chunk_size``, ``precision``, ``tol``, ``atol``, ``rtol``, ``max_iter``, ``damping``,
+        ``on_fail``, ``cost_model``, ``combine``, ``unroll``, ``kernels``), overriding ``options``'s.
+
+    Returns:
+      The state sequence hs (T, B, H), hs[t] = h_{t+1} [LSTM: the pair (hs, cs)];
+      ``cell.hidden(out)`` is hs for every cell. With ``return_info``: (states, info).
+
+    Raises:
+      bppsa.errors.UsageError: bad input, one line naming the argument and what was expected.
     """
     if mesh is None:
         return backprop.rnn(cell, params, xs, h0, options, guess=guess, return_info=return_info, **fields)

@@ -59,7 +59,7 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
         fell_back, residual; None for the sequential forward).
       **fields: the fields of :class:`bppsa.Options` as keywords (``backward``, ``forward``,
         ``scan``, ``chunk_size``, ``precision``, ``tol``, ``max_iter``, ``damping``, ``on_fail``,
-        ``cost_model``, ``combine``, ``unroll``), overriding ``options``'s.
+        ``cost_model``, ``combine``, ``unroll``, ``kernels``), overriding ``options``'s.
 
     Returns:
       The cell's state sequence: hs (T, B, H), hs[t] = h_{t+1}; for an LSTM the pair (hs, cs).
@@ -127,7 +127,19 @@ def _solver(cell: Cell, plan: Plan, reads_arrays: bool) -> Callable[..., tuple[A
 
 @functools.lru_cache(maxsize=64)
 def compiled_solver(cell: Cell, plan: Plan) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
-    """The jitted :func:`bppsa.forward.newton.solve` for (cell, plan), made once per pair (hashable)."""
+    """The jitted :func:`bppsa.forward.newton.solve` for (cell, plan), made once per pair (hashable).
+
+    Args:
+      cell: the cell (hashable).
+      plan: the :class:`bppsa.plan.options.Plan` of a parallel forward (hashable).
+
+    Returns:
+      ``solver(params, xs, s0, guess) -> (ss, info)``, xs (T, B, I), s0 (B, S), guess (T, B, S) or None,
+      ss (T, B, S) and info a :class:`bppsa.forward.newton.NewtonInfo`.
+
+    Raises:
+      TypeError: the cell or the plan cannot be hashed (e.g. a cell holding arrays).
+    """
     return jax.jit(functools.partial(newton.solve, cell, plan))
 
 

@@ -19,7 +19,7 @@ HARNESS = ROOT / "experiments"
 # The library, one subpackage (or core module) a layer; each layer may import only itself and the
 # layers before it (docs/architecture.md). Matched by longest prefix.
 LAYERS = [
-    ("bppsa.errors", "bppsa.host", "bppsa.scan", "bppsa.cells", "bppsa.structured"),
+    ("bppsa.errors", "bppsa.host", "bppsa.scan", "bppsa.cells", "bppsa.structured", "bppsa.kernels"),
     ("bppsa.plan",),
     ("bppsa.forward",),
     ("bppsa.backward",),
@@ -368,6 +368,46 @@ def _unannotated(source: str, where: str) -> list[str]:
 
     visit(ast.parse(source).body, None)
     return out
+
+
+def _undocumented(source: str, where: str) -> list[str]:
+    """The functions and classes of a module's ``__all__`` whose docstring lacks their sections: a
+    function with parameters ``Args:``, one that returns something ``Returns:``; a class with
+    fields or a constructor ``Args:`` or ``Attributes:``."""
+    tree = ast.parse(source)
+    names = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)), [])
+    out = []
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name not in names:
+            continue
+        doc = ast.get_docstring(node) or ""
+        if isinstance(node, ast.FunctionDef):
+            a = node.args
+            has_params = bool([*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] != [None, None])
+            returns = not (node.returns is not None and ast.unparse(node.returns) == "None")
+            ok = (not has_params or "Args:" in doc) and (not returns or "Returns:" in doc or "Yields:" in doc)
+        else:
+            fields = [b for b in node.body if (isinstance(b, ast.AnnAssign) and "ClassVar" not in ast.unparse(b.annotation))
+                      or (isinstance(b, ast.FunctionDef) and b.name == "__init__")]
+            ok = not fields or "Args:" in doc or "Attributes:" in doc
+        if not ok:
+            out.append(f"{where}:{node.lineno} {node.name}")
+    return out
+
+
+def test_the_public_api_says_its_arguments_and_results():
+    """Every public function and class of the library (its module's ``__all__``) documents its
+    arguments and result in Args/Returns sections (with shapes where arrays are involved)."""
+    probe = ('__all__ = ["f", "g", "C", "D"]\n'
+             'def f(a):\n    """Args:\n      a: x.\n\n    Returns:\n      y.\n    """\n'
+             'def g(a):\n    """Does g."""\n'
+             'class C:\n    """Attributes:\n      n: x.\n    """\n    n: int\n'
+             'class D:\n    """A D."""\n    n: int\n'
+             'def _h(a): ...\n')
+    assert _undocumented(probe, "probe") == ["probe:9 g", "probe:16 D"]
+    bad = [b for m, p in MODULES.items() if m in LIBRARY for b in _undocumented(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not bad, "public functions and classes without Args/Returns:\n" + "\n".join(bad)
 
 
 def test_the_core_is_annotated():

@@ -40,7 +40,7 @@ from jax import Array, lax
 from bppsa.backward.adjoint import factor_states, sequential_adjoint
 from bppsa.backward.pipeline import adjoint
 from bppsa.cells import Cell
-from bppsa.forward.sequential import flat_step, forward_states, prev_states, steps
+from bppsa.forward.sequential import flat_step, planned_states, prev_states, steps
 from bppsa.plan.options import Plan
 
 __all__ = ["tangent_states", "bppsa_states", "solved_states", "tangent_rule"]
@@ -48,7 +48,20 @@ __all__ = ["tangent_states", "bppsa_states", "solved_states", "tangent_rule"]
 
 def tangent_states(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, rhs: Array, d0: Array) -> Array:
     """The forward tangent scan: ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 = d0 (B, S), one
-    ``lax.scan`` of Jacobian-vector products of the step at the saved states; rhs (T, B, S)."""
+    ``lax.scan`` of Jacobian-vector products of the step at the saved states; rhs (T, B, S).
+
+    Args:
+      cell: the cell.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      ss: (T, B, S) the states after each step (the Jacobians J_t are taken at s_{t-1}).
+      rhs: (T, B, S) the right-hand sides rhs_t.
+      d0: (B, S) the initial tangent ṡ_0.
+
+    Returns:
+      (T, B, S) the tangents ṡ_1 … ṡ_T.
+    """
 
     def body(d, inp):
         sp, x, r = inp
@@ -109,14 +122,19 @@ def bppsa_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> A
       ss (T, B, S). Forward mode is the tangent scan (:func:`tangent_states`), reverse mode its
       transpose, the backward above. Inputs are not validated (see :func:`bppsa.rnn`).
     """
-    return forward_states(cell, params, xs, s0, plan.unroll, plan.hoist)
+    return planned_states(cell, plan, params, xs, s0)
 
 
 @bppsa_states.defjvp
 def _bppsa_jvp(cell, plan, primals, tangents):
     params, xs, s0 = primals
+    if plan.backward != "bptt" and plan.kernels != "xla":
+        # the fused kernel's states through this rule again: differentiated once more (HVPs), JAX
+        # differentiates the rule, not the kernel (a pallas_call has no JVP of its own)
+        ss = bppsa_states(cell, plan, params, xs, s0)
+        return ss, _tangent(cell, plan, params, xs, s0, ss, tangents)
     if plan.backward != "bptt":
-        ss = forward_states(cell, params, xs, s0, plan.unroll, plan.hoist)
+        ss = planned_states(cell, plan, params, xs, s0)
         return ss, _tangent(cell, plan, params, xs, s0, ss, tangents)
     ss, factors = factor_states(cell, params, xs, s0, plan.unroll, plan.hoist)  # the adjoint reads the steps' factors
     return ss, _tangent(cell, plan, params, xs, s0, ss, tangents, factors)
@@ -129,7 +147,19 @@ def solved_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, ss:
     the solution of the recurrence at those states, the same linear solve at the same Jacobians.
     Reverse mode is the BPPSA backward with ``plan.scan`` (``plan.backward == "bptt"``: its
     sequential scan, the same recurrence solved step by step). ``ss`` must carry no gradient of its
-    own (computed from ``lax.stop_gradient``-ed inputs): its tangent is not used."""
+    own (computed from ``lax.stop_gradient``-ed inputs): its tangent is not used.
+
+    Args:
+      cell: the cell (static).
+      plan: the resolved :class:`bppsa.plan.options.Plan` (static).
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      ss: (T, B, S) the solved states.
+
+    Returns:
+      ss (T, B, S) itself, differentiable w.r.t. (params, xs, s0).
+    """
     return ss
 
 
@@ -167,7 +197,22 @@ def tangent_rule(cell: Cell, precision: str, params: Any, xs: Array, s0: Array, 
     forward tangent recurrence ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 = d0, and ``adjoint_scan(c1 (T,
     B, S))`` the backward, returning (gs, dparams, dxs, g0). One device passes its scans
     (:func:`tangent_states`, :func:`adjoint`); a mesh its sharded ones (:mod:`bppsa.parallel.sequence`),
-    so both have reverse mode, forward mode and Hessian-vector products from the same rule."""
+    so both have reverse mode, forward mode and Hessian-vector products from the same rule.
+
+    Args:
+      cell: the cell.
+      precision: the matrix products' precision, a name of :data:`bppsa.plan.options.PRECISIONS`.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      ss: (T, B, S) the solved states.
+      tangents: (dparams, dxs (T, B, I), ds0 (B, S)), the input tangents.
+      tangent_scan: ``tangent_scan(rhs, d0) -> (T, B, S)``, the forward tangent recurrence.
+      adjoint_scan: ``adjoint_scan(c1) -> (gs, dparams, dxs, g0)``, the backward.
+
+    Returns:
+      (T, B, S) the states' tangent ṡ.
+    """
     pack, unpack = _packer(ss, params, xs, s0)
 
     def matvec(z):

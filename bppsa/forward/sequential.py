@@ -17,9 +17,10 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa.cells import Cell
-from bppsa.plan.options import unroll_for
+from bppsa.kernels import fused_states
+from bppsa.plan.options import Plan, unroll_for
 
-__all__ = ["forward_states", "flat_step", "steps", "prev_states"]
+__all__ = ["forward_states", "planned_states", "flat_step", "steps", "prev_states"]
 
 
 def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool | None = None,
@@ -28,10 +29,22 @@ def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | 
     without an analytic adjoint is its autodiff. ``hoist``: the input's part of every step
     (:meth:`bppsa.cells.Cell.project`) is computed for all steps before the loop (one large
     product); False: inside each step, as a
-    plain ``lax.scan`` of ``cell.step`` does (BPTT's plan decides: :attr:`bppsa.options.Plan.hoist`).
+    plain ``lax.scan`` of ``cell.step`` does (BPTT's plan decides: :attr:`bppsa.plan.options.Plan.hoist`).
     ``unroll``: the scan's unroll factor (the entry points pass their plan's int); None (default,
-    for direct callers) the tuned one for this shape and backend (:func:`bppsa.options.unroll_for`);
-    1 is the plain ``lax.scan``."""
+    for direct callers) the tuned one for this shape and backend (:func:`bppsa.plan.options.unroll_for`);
+    1 is the plain ``lax.scan``.
+
+    Args:
+      cell: the cell.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs, time-major.
+      s0: (B, S) the flat initial state.
+      unroll: the scan's unroll: an int, a bool as ``lax.scan`` takes it, or None (tuned).
+      hoist: compute the inputs' part of all steps before the loop.
+
+    Returns:
+      ss (T, B, S), the flat states after each step (ss[t] = s_{t+1}).
+    """
     if unroll is None:
         unroll = unroll_for(cell, xs.shape[0], xs.shape[1], xs.dtype, state_size=s0.shape[-1])
     step, lp = cell.step_projected if hoist else cell.step, cell.loop_params(params)
@@ -45,18 +58,66 @@ def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | 
 
 
 
+def planned_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> Array:
+    """The sequential forward as ``plan`` runs it: :func:`forward_states` with ``plan.unroll`` and
+    ``plan.hoist`` (``plan.kernels == "xla"``), or the fused kernel (:func:`bppsa.kernels.fused_states`,
+    compiled, or interpreted where ``plan.kernels == "interpret"``).
+
+    Args:
+      cell: the cell.
+      plan: the resolved :class:`bppsa.plan.Plan`.
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+
+    Returns:
+      ss (T, B, S), the flat states after each step.
+    """
+    if plan.kernels == "xla":
+        return forward_states(cell, params, xs, s0, plan.unroll, plan.hoist)
+    return fused_states(cell, params, xs, s0, interpret=plan.kernels == "interpret")
+
+
 def flat_step(cell: Cell, params: Any, s: Array, x: Array) -> Array:
-    """One step on the flat state: s (B, S), x (B, I) -> (B, S)."""
+    """One step on the flat state: s (B, S), x (B, I) -> (B, S).
+
+    Args:
+      cell: the cell.
+      params: the cell's parameters.
+      s: (B, S) the flat state before the step.
+      x: (B, I) the step's input.
+
+    Returns:
+      (B, S) the flat state after the step.
+    """
     return cell.flatten_state(cell.step(params, cell.unflatten_state(s), x))
 
 
 def steps(cell: Cell, params: Any, spr: Array, xs: Array) -> Array:
-    """Every step at once (parallel over T): spr, xs (T, B, ·) -> (T, B, S)."""
+    """Every step at once (parallel over T): spr, xs (T, B, ·) -> (T, B, S).
+
+    Args:
+      cell: the cell.
+      params: the cell's parameters.
+      spr: (T, B, S) the flat state before each step (:func:`prev_states`).
+      xs: (T, B, I) the steps' inputs.
+
+    Returns:
+      (T, B, S) each step's flat state, f(spr[t], xs[t]).
+    """
     return jax.vmap(functools.partial(flat_step, cell), in_axes=(None, 0, 0))(params, spr, xs)
 
 
 def prev_states(s0: Array, ss: Array) -> Array:
-    """The state before each step: s0 (B, S), ss (T, B, S) -> (T, B, S)."""
+    """The state before each step: s0 (B, S), ss (T, B, S) -> (T, B, S).
+
+    Args:
+      s0: (B, S) the initial state.
+      ss: (T, B, S) the states after each step.
+
+    Returns:
+      (T, B, S), s0 followed by ``ss[:-1]``.
+    """
     return jnp.concatenate([s0[None], ss[:-1]], axis=0)
 
 

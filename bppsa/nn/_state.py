@@ -133,6 +133,9 @@ def write_back(cell, flax_cell, final):
       flax_cell: the flax cell, updated in place.
       final: {leaf index: value}, the side state after the scan (:func:`read`'s second result);
         the other non-Param leaves keep their values.
+
+    Returns:
+      None: ``flax_cell`` is updated in place.
     """
     _, _, rest = nnx.split(flax_cell, nnx.Param, ...)
     leaves = jax.tree.leaves(rest)

@@ -47,7 +47,7 @@ __all__ = ["CHUNK_BYTES", "auto_chunk_size", "chunk_lengths", "ELEMENTWISE_CHUNK
            "cost_features", "CostModel", "COST_MODEL_VERSION", "device_key", "cache_path", "load", "save",
            "default_cost_model", "shipped_cost_model", "choose_backward", "METHODS", "UNROLLS", "bptt_unroll",
            "NEWTON_ITERATIONS", "break_even_iterations", "FORWARD_CONSTANTS", "forward_seconds", "choose_forward",
-           "choose_combine", "adjoint_in_loop", "ADJOINT_LOOP_MIN_BATCH", "hoist_inputs", "HOIST_MAX"]
+           "choose_combine", "choose_kernels", "adjoint_in_loop", "ADJOINT_LOOP_MIN_BATCH", "hoist_inputs", "HOIST_MAX"]
 
 # The methods a CostModel predicts and backward="auto" chooses among: name -> (backward, scan).
 METHODS = {"bptt": ("bptt", None), "bppsa": ("bppsa", "blelloch"), "bppsa_sequential": ("bppsa", "sequential")}
@@ -69,6 +69,18 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
     Jacobians are never formed); ``block`` k: block-diagonal Jacobians, B·S·k per step.
 
     Decided at trace time from ``jax.default_backend()`` and the shapes the backward sees.
+
+    Args:
+      T: the number of steps.
+      B: the batch size.
+      S: the flat state size.
+      itemsize: the bytes of one state entry.
+      backend: the backend (None: ``jax.default_backend()``).
+      structured: the cell has diagonal structure (its first level's products are what is stored).
+      block: k, the size of the Jacobians' diagonal blocks (None: dense, k = S).
+
+    Returns:
+      The chunk length (an int < T), or None for one chunk.
     """
     if (backend or jax.default_backend()) != "cpu":
         return None
@@ -95,7 +107,18 @@ def elementwise_plan(T: int, B: int, S: int, itemsize: int, backend: str | None 
     the BPPSA backward, chunks of the largest power of two of steps (at least 16) whose (chunk, B,
     S) array fits in :data:`ELEMENTWISE_CHUNK_BYTES` (None: one chunk, when T fits); the Newton
     solves stream in one piece (they make no intermediates to keep in cache, and a chunked solve
-    pays its padding and loop: 5x slower measured). Elsewhere ("blelloch", None)."""
+    pays its padding and loop: 5x slower measured). Elsewhere ("blelloch", None).
+
+    Args:
+      T: the number of steps.
+      B: the batch size.
+      S: the flat state size.
+      itemsize: the bytes of one state entry.
+      backend: the backend (None: ``jax.default_backend()``).
+
+    Returns:
+      (scan, chunk_size), the scan's name and the BPPSA backward's chunk length, or None for one chunk.
+    """
     if (backend or jax.default_backend()) != "cpu":
         return "blelloch", None
     c = max(16, 1 << max(0, (ELEMENTWISE_CHUNK_BYTES // max(1, B * S * itemsize)).bit_length() - 1))
@@ -168,7 +191,23 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
                 state_size: int | None = None, backward: str = "bptt") -> int:
     """The ``lax.scan`` unroll of BPTT and of every sequential forward: on CPU by the step's work w =
     B·G·H² (``_CPU_UNROLL``; 1 if T·w <= 2·10⁴; T if T <= 16; an elementwise step by ``backward``, "bptt"
-    or a forward alone), elsewhere :data:`GPU_UNROLL`; never more than T. ``state_size``: flat width S."""
+    or a forward alone), elsewhere :data:`GPU_UNROLL`; never more than T. ``state_size``: flat width S.
+
+    Args:
+      cell: the cell the loop steps.
+      T: the number of steps.
+      B: the batch size.
+      dtype: the inputs' dtype (None: float32).
+      backend: the backend (None: ``jax.default_backend()``).
+      state_size: the flat state width S (read where the cell has no hidden size, ``Generic``).
+      backward: "bptt" (autodiff differentiates the loop), "bppsa" or "forward" (a forward alone).
+
+    Returns:
+      The unroll factor, an int in [1, T].
+
+    Raises:
+      bppsa.errors.UsageError: ``backward`` none of "bptt", "bppsa", "forward".
+    """
     autodiff = _autodiff(backward)
     if (backend or jax.default_backend()) != "cpu":
         u = GPU_UNROLL
@@ -225,7 +264,23 @@ def hoist_inputs(cell: Cell, T: int, B: int, dtype: Any = None, backward: str = 
                  state_size: int | None = None) -> bool:
     """Whether the sequential forward computes ``cell.project`` for all steps before its loop (True)
     or in each step. On CPU: an elementwise step by :data:`ELEMENTWISE_HOIST_BYTES`' rule, other cells
-    with BPTT while B·G·H <= :data:`HOIST_MAX`, else always. Elsewhere always (one large product)."""
+    with BPTT while B·G·H <= :data:`HOIST_MAX`, else always. Elsewhere always (one large product).
+
+    Args:
+      cell: the cell the loop steps.
+      T: the number of steps.
+      B: the batch size.
+      dtype: the inputs' dtype (None: float32).
+      backward: "bptt" (autodiff differentiates the loop), "bppsa" or "forward" (a forward alone).
+      backend: the backend (None: ``jax.default_backend()``).
+      state_size: the flat state width S (read where the cell has no hidden size, ``Generic``).
+
+    Returns:
+      True to hoist the input products out of the loop.
+
+    Raises:
+      bppsa.errors.UsageError: ``backward`` none of "bptt", "bppsa", "forward".
+    """
     autodiff = _autodiff(backward)
     if (backend or jax.default_backend()) != "cpu":
         return True
@@ -245,7 +300,17 @@ ADJOINT_LOOP_MIN_BATCH = 32
 def adjoint_in_loop(cell: Cell, B: int, backend: str | None = None, state_size: int | None = None) -> bool:
     """Whether BPTT by a cell's analytic adjoint sums the parameter gradients inside its loop: on
     CPU when B >= :data:`ADJOINT_LOOP_MIN_BATCH` and B·G·H > :data:`HOIST_MAX`; elsewhere never (one
-    large product each after the loop)."""
+    large product each after the loop).
+
+    Args:
+      cell: the cell (its gate count G and hidden size H).
+      B: the batch size.
+      backend: the backend (None: ``jax.default_backend()``).
+      state_size: the flat state width S (read where the cell has no hidden size, ``Generic``).
+
+    Returns:
+      True to sum the parameter gradients in the loop.
+    """
     if (backend or jax.default_backend()) != "cpu":
         return False
     return B >= ADJOINT_LOOP_MIN_BATCH and B * cell.gates * _hidden(cell, state_size) > HOIST_MAX
@@ -253,7 +318,18 @@ def adjoint_in_loop(cell: Cell, B: int, backend: str | None = None, state_size: 
 
 def backward_levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structured: bool = False) -> int:
     """Dependent levels of the BPPSA backward: 2⌈log₂(C + 1)⌉ per chunk of C steps (up-sweep +
-    down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend."""
+    down-sweep), times the number of chunks ``chunk_size="auto"`` makes on this backend.
+
+    Args:
+      T: the number of steps.
+      B: the batch size.
+      S: the flat state size.
+      itemsize: the bytes of one state entry.
+      structured: the cell has diagonal structure (:func:`auto_chunk_size`).
+
+    Returns:
+      The number of dependent levels, an int.
+    """
     C = auto_chunk_size(T, B, S, itemsize, structured=structured) or T
     return -(-T // C) * 2 * max(1, int(C).bit_length())
 
@@ -272,6 +348,16 @@ def cost_features(cell: Cell, T: int, B: int, itemsize: int = 4) -> dict:
     explain (what the probe measured is kept in ``cost_models/cpu.json``).
     BPPSA, sequential scan: t = c_step · T + c_jac · T·B·S² + c_mem · T·B·G·S²  (T dependent
     vector–matrix products over the (T, B, S, S) Jacobians, which are always formed).
+
+    Args:
+      cell: the cell (S, G and its Jacobian structure).
+      T: the number of steps.
+      B: the batch size.
+      itemsize: the bytes of one state entry (the chunking of the levels).
+
+    Returns:
+      The features by method, ``{"bptt": [3 floats], "bppsa": [4 floats], "bppsa_sequential": [3 floats]}``,
+      each list in the order of its formula's terms above.
     """
     S, G = cell.state_size, cell.gates
     diag = cell.has_diagonal_jacobian
@@ -316,6 +402,14 @@ class CostModel:
     "bppsa_sequential": [c_step, c_jac, c_mem]}`` (seconds per unit; "bppsa_sequential" is optional:
     a model without it never picks the sequential scan), fitted by :meth:`fit`. ``choose`` picks the
     method (a :data:`METHODS` key) with the smallest prediction (``backward="auto", cost_model=model``).
+
+    Args:
+      coef: the coefficients by method, as above: 3 numbers for "bptt", 4 for "bppsa", optionally 3 for
+        "bppsa_sequential" (other keys are dropped).
+      meta: what the model was fitted on (``meta["device"]``: the :func:`device_key` it is valid for).
+
+    Raises:
+      ValueError: a method's coefficients missing or of the wrong count.
     """
 
     def __init__(self, coef: dict, meta: dict | None = None):
@@ -329,7 +423,20 @@ class CostModel:
     def fit(cls, features: dict, seconds: dict, meta: dict | None = None) -> "CostModel":
         """Fit non-negative coefficients, minimising the relative error: ``features[k]``, a list of
         :func:`cost_features` rows, ``seconds[k]`` the measured backward seconds of method k ("bptt",
-        "bppsa", optionally "bppsa_sequential") at each."""
+        "bppsa", optionally "bppsa_sequential") at each.
+
+        Args:
+          features: ``{method: [feature rows]}``, rows of :func:`cost_features` for "bptt" and "bppsa"
+            (and "bppsa_sequential" to fit it).
+          seconds: ``{method: [seconds]}``, one measurement per row of ``features[method]``.
+          meta: the new model's ``meta``.
+
+        Returns:
+          The fitted :class:`CostModel`.
+
+        Raises:
+          ValueError: a method's features and seconds empty or of different lengths.
+        """
         keys = [k for k in _NFEAT if k != "bppsa_sequential" or k in features]
         for k in keys:
             if len(features.get(k, ())) != len(seconds.get(k, ())) or not features.get(k):
@@ -338,21 +445,48 @@ class CostModel:
         return cls({k: _nnls(features[k], seconds[k]).tolist() for k in keys}, meta)
 
     def predict(self, cell: Cell, T: int, B: int, dtype: Any = None) -> dict:
+        """The predicted backward seconds of each method the model has, for one problem.
+
+        Args:
+          cell: the cell.
+          T: the number of steps.
+          B: the batch size.
+          dtype: the states' dtype (None: float32).
+
+        Returns:
+          ``{method: seconds}`` for the keys of ``coef``.
+        """
         f = cost_features(cell, T, B, 4 if dtype is None else jnp.dtype(dtype).itemsize)
         return {k: float(np.dot(c, f[k])) for k, c in self.coef.items()}
 
     def choose(self, cell: Cell, T: int, B: int, dtype: Any = None) -> str:
-        """The :data:`METHODS` key predicted fastest (ties: the earlier key)."""
+        """The :data:`METHODS` key predicted fastest (ties: the earlier key).
+
+        Args:
+          cell: the cell.
+          T: the number of steps.
+          B: the batch size.
+          dtype: the states' dtype (None: float32).
+
+        Returns:
+          "bptt", "bppsa" or "bppsa_sequential".
+        """
         p = self.predict(cell, T, B, dtype)
         return min(p, key=lambda k: (p[k], list(METHODS).index(k)))
 
     __call__ = choose
 
     def to_json(self) -> dict:
+        """The model as a JSON-serialisable dict ``{"coef": ..., "meta": ...}`` (:meth:`from_json` reads it)."""
         return {"coef": self.coef, "meta": self.meta}
 
     @classmethod
     def from_json(cls, rec: dict) -> "CostModel":
+        """The model a :meth:`to_json` dict ``rec`` describes (``meta`` optional).
+
+        Raises:
+          ValueError: coefficients missing or of the wrong count (:class:`CostModel`).
+        """
         return cls(rec["coef"], rec.get("meta"))
 
 
@@ -363,13 +497,21 @@ COST_MODEL_VERSION = 6  # 2: storage-order Blelloch scan, chunk_size="auto"; 3: 
 
 def device_key() -> str:
     """Backend, device kind (the CPU model on CPU), jax version and :data:`COST_MODEL_VERSION`:
-    a model calibrated under another key (older backward implementation) is not used."""
+    a model calibrated under another key (older backward implementation) is not used.
+
+    Returns:
+      The key, ``"backend|device kind|jax version|model version"``.
+    """
     kind = jax.devices()[0].device_kind if jax.default_backend() != "cpu" else cpu_model()
     return f"{jax.default_backend()}|{kind}|jax {jax.__version__}|model {COST_MODEL_VERSION}"
 
 
 def cache_path() -> Path:
-    """Where the calibrated model is cached: $BPPSA_CACHE_DIR or ~/.cache/bppsa, one file per device."""
+    """Where the calibrated model is cached: $BPPSA_CACHE_DIR or ~/.cache/bppsa, one file per device.
+
+    Returns:
+      The path of this device's file, ``cost_model-<hash of device_key()>.json`` in that folder.
+    """
     root = Path(os.environ.get("BPPSA_CACHE_DIR") or Path.home() / ".cache" / "bppsa")
     digest = hashlib.sha1(device_key().encode()).hexdigest()[:12]
     return root / f"cost_model-{digest}.json"
@@ -377,7 +519,14 @@ def cache_path() -> Path:
 
 def load(path: str | os.PathLike | None = None) -> CostModel | None:
     """The cached :class:`CostModel` for this device (default: :func:`cache_path`), or None when
-    there is none, it is unreadable or it was calibrated under another :func:`device_key`."""
+    there is none, it is unreadable or it was calibrated under another :func:`device_key`.
+
+    Args:
+      path: the JSON file to read (None: :func:`cache_path`).
+
+    Returns:
+      The :class:`CostModel`, or None.
+    """
     try:
         rec = json.loads(Path(path or cache_path()).read_text())
         if rec.get("meta", {}).get("device") == device_key():
@@ -388,7 +537,16 @@ def load(path: str | os.PathLike | None = None) -> CostModel | None:
 
 
 def save(model: CostModel, path: str | os.PathLike | None = None) -> Path:
-    """Write ``model`` to ``path`` (default: :func:`cache_path`); returns the path."""
+    """Write ``model`` to ``path`` (default: :func:`cache_path`); returns the path.
+
+    Args:
+      model: the :class:`CostModel` (its ``meta["device"]`` should be :func:`device_key` for :func:`load`
+        to take it).
+      path: the JSON file to write (None: :func:`cache_path`); its folder is created.
+
+    Returns:
+      The path written. :func:`default_cost_model` looks again at its next call.
+    """
     path = Path(path or cache_path())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(model.to_json(), indent=1) + "\n")
@@ -400,7 +558,14 @@ def shipped_cost_model(backend: str | None = None) -> CostModel | None:
     """The model shipped with bppsa for ``backend`` (default: ``jax.default_backend()``): package
     data ``bppsa/plan/cost_models/cpu.json`` (fitted from a calibration on a 2-core x86 CPU) or
     ``gpu.json`` (a prior from published H200 figures, not measured: its ``meta["measured"]`` is
-    false); None for other backends or a file written for another :data:`COST_MODEL_VERSION`."""
+    false); None for other backends or a file written for another :data:`COST_MODEL_VERSION`.
+
+    Args:
+      backend: "cpu", or "gpu", "cuda" or "rocm" (None: ``jax.default_backend()``).
+
+    Returns:
+      The shipped :class:`CostModel`, or None.
+    """
     backend = backend or jax.default_backend()
     name = "cpu" if backend == "cpu" else "gpu" if backend in ("gpu", "cuda", "rocm") else None
     if name is None:
@@ -418,7 +583,11 @@ def shipped_cost_model(backend: str | None = None) -> CostModel | None:
 @functools.lru_cache(maxsize=None)
 def default_cost_model() -> CostModel | None:
     """The calibration cached for this device (:func:`load`), else :func:`shipped_cost_model`;
-    looked up once per process (``default_cost_model.cache_clear()`` looks again)."""
+    looked up once per process (``default_cost_model.cache_clear()`` looks again).
+
+    Returns:
+      The :class:`CostModel`, or None when there is neither.
+    """
     return load() or shipped_cost_model()
 
 
@@ -428,7 +597,24 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
     device (``devices`` None), 1×1 Jacobian blocks (the structured cells at head size 1), ``scan`` open:
     :func:`elementwise_plan`'s BPPSA, measured not modelled (T·B·S Jacobians and scan work where the
     model's features count S×S matrices: it picks BPTT, 1.03-3.18x slower there, measured in
-    measurements: diagonal-auto). Else ``cost_model``, else :func:`default_cost_model`, else BPTT."""
+    measurements: diagonal-auto). Else ``cost_model``, else :func:`default_cost_model`, else BPTT.
+
+    Args:
+      cell: the cell.
+      T: the number of steps.
+      B: the batch size.
+      dtype: the states' dtype (None: float32).
+      cost_model: the :class:`CostModel` that decides (None: :func:`default_cost_model`).
+      scan: the scan the user named (None: open).
+      devices: the size of the mesh axis the time is split over; None: one device.
+      backend: the backend (None: ``jax.default_backend()``).
+
+    Returns:
+      (backward, scan), ("bptt", None), ("bppsa", "blelloch") or ("bppsa", "sequential").
+
+    Raises:
+      bppsa.errors.UsageError: ``cost_model`` neither a :class:`CostModel` nor None.
+    """
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise UsageError(f"cost_model must be a bppsa.CostModel (e.g. bppsa.plan.cost.default_cost_model()) or "
                          f"None; got {cost_model!r} of type {type(cost_model).__name__}")
@@ -453,7 +639,20 @@ def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | Non
     its work (B·G·S·(I + S) multiply-adds) at the backend's throughput; "newton"/"quasi" =
     ``iterations`` (None: :data:`NEWTON_ITERATIONS`) × (2⌈log₂ T⌉ scan levels' latency + the
     iteration's work: the steps, their Jacobians (B·S²·G) and the scan's block products (about
-    2·B·S·k² per step for k×k blocks: k = S dense, the cell's block size, 1 for quasi))."""
+    2·B·S·k² per step for k×k blocks: k = S dense, the cell's block size, 1 for quasi)).
+
+    Args:
+      cell: the cell (S, G, I and its Jacobian block size).
+      T: the number of steps.
+      B: the batch size.
+      forward: "sequential", "newton" or "quasi".
+      backend: the backend whose :data:`FORWARD_CONSTANTS` apply (None: ``jax.default_backend()``;
+        unknown ones: the GPU's).
+      iterations: the Newton iterations (None: :data:`NEWTON_ITERATIONS`).
+
+    Returns:
+      The predicted seconds, a float.
+    """
     c = FORWARD_CONSTANTS.get(backend or jax.default_backend(), FORWARD_CONSTANTS["gpu"])
     S, G, I = cell.state_size, getattr(cell, "gates", 1), cell.input_size or cell.state_size
     step_work = 2.0 * B * G * S * (I + S)
@@ -468,7 +667,17 @@ def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | Non
 def break_even_iterations(cell: Cell, T: int, B: int, backend: str | None = None) -> float:
     """The most Newton iterations at which the parallel forward is predicted faster than the
     sequential one (:func:`forward_seconds`) on ``backend``: ``forward="auto"``'s limit for the
-    iterations :func:`bppsa.forward.newton.predicted_iterations` foresees."""
+    iterations :func:`bppsa.forward.newton.predicted_iterations` foresees.
+
+    Args:
+      cell: the cell.
+      T: the number of steps.
+      B: the batch size.
+      backend: the backend (None: ``jax.default_backend()``).
+
+    Returns:
+      The break-even iteration count, a float (the sequential forward's seconds over one iteration's).
+    """
     return forward_seconds(cell, T, B, "sequential", backend) / forward_seconds(cell, T, B, "newton", backend, 1)
 
 
@@ -479,7 +688,18 @@ def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None,
     elsewhere where even two iterations are predicted slower: :func:`break_even_iterations`),
     else ("newton", the break-even iteration count): the solver then estimates the Lyapunov
     exponent at its first iterate and runs on only if it is negative and the iterations it
-    predicts (:func:`bppsa.forward.newton.predicted_iterations`) are within the break-even count."""
+    predicts (:func:`bppsa.forward.newton.predicted_iterations`) are within the break-even count.
+
+    Args:
+      cell: the cell.
+      T: the number of steps.
+      B: the batch size.
+      dtype: the states' dtype (not used: the constants are float32's).
+      backend: the backend (None: ``jax.default_backend()``).
+
+    Returns:
+      (forward, gate), ("sequential", None) or ("newton", the break-even iteration count).
+    """
     del dtype  # the constants are float32's; the choice does not hinge on it
     backend = backend or jax.default_backend()
     if backend == "cpu":  # measured, not modelled: the sequential forward at every CPU point
@@ -488,8 +708,31 @@ def choose_forward(cell: Cell, T: int, B: int, dtype: Any = None,
     return ("newton", gate) if gate >= 2 else ("sequential", None)
 
 
+def choose_kernels(cell: Cell, backend: str | None = None) -> str:
+    """What ``kernels="auto"`` runs: the fused kernels (:mod:`bppsa.kernels`) only where a committed
+    GPU measurement shows them the fastest path for this cell; none has been measured yet, so XLA's
+    kernels ("xla") everywhere, and on the CPU always.
+
+    Args:
+      cell: the cell.
+      backend: the backend (default: ``jax.default_backend()``).
+
+    Returns:
+      "xla".
+    """
+    del cell, backend  # the rule reads them once a GPU measurement exists
+    return "xla"
+
+
 def choose_combine(P: int) -> str:
     """``combine="auto"`` over P devices (:mod:`bppsa.parallel.sequence`): P <= 8, one all-gather
     of at most 7 (Π, δ) pairs, no matrix products; beyond, log-step rounds, ⌈log₂ P⌉ latencies and
-    products (measurements: scaling)."""
+    products (measurements: scaling).
+
+    Args:
+      P: the number of devices along the mesh's sequence axis.
+
+    Returns:
+      "allgather" or "logstep".
+    """
     return "allgather" if P <= 8 else "logstep"

@@ -24,6 +24,7 @@ import numpy as np
 from jax import Array, lax
 from jax.typing import DTypeLike
 
+from bppsa import kernels as kernel_lib
 from bppsa.cells import Cell
 from bppsa.errors import UsageError, as_int, as_number
 from bppsa.plan import cost as cost_lib
@@ -41,6 +42,7 @@ Scan = Literal["blelloch", "associative", "sequential"]
 Combine = Literal["logstep", "allgather", "chain", "auto"]
 OnFail = Literal["sequential", "raise"]
 Precision = Literal["highest", "high", "default"]  # jax.lax.Precision's members, by name
+Kernels = Literal["auto", "xla", "pallas", "interpret"]  # bppsa.kernels
 
 BACKWARDS: tuple[str, ...] = get_args(Backward)
 FORWARDS: tuple[str, ...] = get_args(Forward)
@@ -48,6 +50,7 @@ KINDS: tuple[str, ...] = get_args(ParallelForward)  # the parallel forwards (bpp
 COMBINES: tuple[str, ...] = get_args(Combine)
 ON_FAIL: tuple[str, ...] = get_args(OnFail)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+KERNELS: tuple[str, ...] = get_args(Kernels)
 assert set(get_args(Scan)) == set(SCANS), "options.Scan must name bppsa.scan.SCANS"
 
 #: The parallel forward's relative residual tolerance by dtype name (about 100 ulps; float32's is
@@ -109,6 +112,11 @@ class Options:
       damping: None (plain Newton) or the initial λ of the damped step (:mod:`bppsa.forward.newton`).
       on_fail: not converged within ``max_iter``: "sequential" (default: the sequential forward
         runs instead, a warning once, counted) or "raise" (:class:`bppsa.forward.newton.NewtonDidNotConverge`).
+      kernels: the fused Pallas kernels (:mod:`bppsa.kernels`): "xla" none; "pallas" the kernels,
+        compiled for a GPU (a UsageError elsewhere, or where they do not run the problem);
+        "interpret" the same kernels in Pallas's interpret mode on any backend (tests, debugging);
+        "auto" (default) a kernel only where a GPU measurement shows it fastest
+        (:func:`bppsa.plan.cost.choose_kernels`: none yet, so "xla").
 
     Every choice left open here ("auto", None) is made once per call, before anything is
     computed: :meth:`plan` returns the :class:`Plan` the layers below execute.
@@ -128,9 +136,11 @@ class Options:
     max_iter: int = DEFAULT_MAX_ITER
     damping: float | None = None
     on_fail: OnFail = "sequential"
+    kernels: Kernels = "auto"
 
     def __post_init__(self):
         _choice("backward", self.backward, BACKWARDS)
+        _choice("kernels", self.kernels, KERNELS)
         _choice("forward", self.forward, FORWARDS)
         for name, value in zip(("tol", "atol", "rtol", "max_iter", "damping"),
                                _check_solver_fields(self.tol, self.atol, self.rtol, self.max_iter, self.damping,
@@ -146,7 +156,17 @@ class Options:
             raise UsageError(f"cost_model must be a bppsa.CostModel or None; got {type(self.cost_model).__name__}")
 
     def replace(self, **fields: Any) -> Options:
-        """A copy with ``fields`` changed (checked again)."""
+        """A copy with ``fields`` changed (checked again).
+
+        Args:
+          **fields: fields of :class:`Options` and their new values.
+
+        Returns:
+          The new :class:`Options`.
+
+        Raises:
+          bppsa.errors.UsageError: an unknown field name or a bad value.
+        """
         return make(self, **fields)
 
     def resolve(self, cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, devices: int | None = None
@@ -155,7 +175,18 @@ class Options:
         set: ``"auto"`` asks the cost model (:func:`bppsa.plan.cost.choose_backward`,
         :func:`bppsa.plan.cost.choose_forward`) for this cell, T, B, dtype and ``devices`` (the mesh axis
         the time is split over; None: one device); the model's scan is used only where ``scan`` was
-        left at None. The other open choices are :meth:`plan`'s."""
+        left at None. The other open choices are :meth:`plan`'s.
+
+        Args:
+          cell: the cell to be run.
+          T: the number of steps.
+          B: the batch size.
+          dtype: the inputs' dtype (None: float32's costs).
+          devices: the size of the mesh axis the time is split over; None: one device.
+
+        Returns:
+          The :class:`Options` with ``backward``, ``forward`` and ``scan`` chosen.
+        """
         backward, scan, forward = self.backward, self.scan, self.forward
         if backward == "auto":
             backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model, scan=scan,
@@ -178,6 +209,19 @@ class Options:
         (:func:`bppsa.plan.cost.auto_chunk_size`), the forward scan's unroll (:func:`unroll_for`), the
         tolerance (:func:`tolerance`) and the mesh's combine (:func:`bppsa.plan.cost.choose_combine`),
         all at ``jax.default_backend()``. A Plan is returned as it is (made already).
+
+        Args:
+          cell: the cell to be run.
+          xs: (T, B, I) the inputs, or their ``jax.ShapeDtypeStruct``.
+          s0: (B, S) the flat initial state, or its ``jax.ShapeDtypeStruct``.
+          states_dtype: the dtype of the states the forward produces (None: s0's).
+          devices: the size of the mesh axis the time is split over; None: one device.
+
+        Returns:
+          The :class:`Plan`, every field concrete.
+
+        Raises:
+          bppsa.errors.UsageError: a Plan made for another ``devices``, or an int ``chunk_size`` with a mesh.
         """
         if isinstance(self, Plan):
             if self.devices != devices:
@@ -209,8 +253,9 @@ class Options:
         if self.forward == "auto" and parallel and devices is None:
             gate = cost_lib.choose_forward(cell, T, B, xs.dtype, backend)[1]
         tol = tolerance(s_dtype, r.tol)
+        kernels = _kernels(self.kernels, cell, r.backward, r.forward, devices, backend)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
-                "rtol": tol if r.rtol is None else r.rtol, "combine": combine}
+                "rtol": tol if r.rtol is None else r.rtol, "combine": combine, "kernels": kernels}
         hoist = parallel or cost_lib.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
         in_loop = loop == "bptt" and cost_lib.adjoint_in_loop(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
@@ -219,7 +264,11 @@ class Options:
     def newton_plan(self) -> _SolverSettings:
         """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
         of :data:`SOLVER_FIELDS` (``scan``: "blelloch" when unset); before a problem is known, so
-        ``chunk_size``, ``tol``, ``atol`` and ``rtol`` may still be open (:meth:`plan` makes them concrete)."""
+        ``chunk_size``, ``tol``, ``atol`` and ``rtol`` may still be open (:meth:`plan` makes them concrete).
+
+        Returns:
+          The named tuple (kind, scan, chunk_size, tol, atol, rtol, max_iter, damping, on_fail).
+        """
         return _SolverSettings(self.forward, *(getattr(self, f) for f in SOLVER_FIELDS)) \
             ._replace(scan=self.scan or "blelloch")
 
@@ -236,7 +285,9 @@ class Plan(Options):
     None for BPTT); ``unroll`` the forward scan's unroll (an int); ``tol``, ``atol``, ``rtol`` floats;
     ``precision`` a name; ``combine`` the mesh's cross-device step.
 
-    Attributes (besides the fields of :class:`Options`):
+    The fields of :class:`Options`, each concrete, and
+
+    Attributes:
       solve_chunk: the parallel forward's chunk length for its linear solves (an int, or None:
         one chunk; None for the sequential forward and with a mesh).
       devices: the size of the mesh axis the time is split over; None: one device, no mesh.
@@ -262,7 +313,7 @@ class Plan(Options):
                     "scan": self.scan is not None, "chunk_size": self.chunk_size != "auto",
                     "unroll": type(self.unroll) is int, "tol": isinstance(self.tol, float),
                     "atol": isinstance(self.atol, float), "rtol": isinstance(self.rtol, float),
-                    "combine": self.combine != "auto",
+                    "combine": self.combine != "auto", "kernels": self.kernels != "auto",
                     "solve_chunk": self.solve_chunk is None or type(self.solve_chunk) is int,
                     "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1),
                     "hoist": isinstance(self.hoist, bool),
@@ -274,7 +325,17 @@ class Plan(Options):
 
     def replace(self, **fields: Any) -> Plan:
         """A copy with ``fields`` (of :class:`Options` or the plan's own) changed, checked again:
-        every choice stays made."""
+        every choice stays made.
+
+        Args:
+          **fields: fields of the plan and their new values.
+
+        Returns:
+          The new :class:`Plan`.
+
+        Raises:
+          bppsa.errors.UsageError: an unknown field name, a bad value or a choice left open.
+        """
         unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise UsageError(f"unknown plan field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
@@ -288,7 +349,18 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 
 def make(options: Options | None = None, **fields: Any) -> Options:
     """``options`` (default: ``Options()``) with ``fields`` overriding it. Unknown field names and
-    bad values raise a UsageError naming them (the keywords of every entry point come here)."""
+    bad values raise a UsageError naming them (the keywords of every entry point come here).
+
+    Args:
+      options: an :class:`Options` (or a :class:`Plan`), or None (``Options()``).
+      **fields: fields of :class:`Options` and their values, overriding those of ``options``.
+
+    Returns:
+      The checked :class:`Options` (``options`` itself when no ``fields`` are given).
+
+    Raises:
+      bppsa.errors.UsageError: an unknown field name, a bad value, or ``options`` not an :class:`Options`.
+    """
     unknown = sorted(set(fields) - set(_FIELDS))
     if unknown:
         raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
@@ -301,7 +373,15 @@ def make(options: Options | None = None, **fields: Any) -> Options:
 
 
 def tolerance(dtype: DTypeLike, tol: float | None = None) -> float:
-    """``tol`` or the default for ``dtype`` (:data:`DEFAULT_TOL`; other dtypes: float32's)."""
+    """``tol`` or the default for ``dtype`` (:data:`DEFAULT_TOL`; other dtypes: float32's).
+
+    Args:
+      dtype: the states' dtype.
+      tol: the tolerance asked for, or None (the dtype's default).
+
+    Returns:
+      The tolerance as a Python float.
+    """
     return float(tol) if tol is not None else DEFAULT_TOL.get(jnp.dtype(dtype).name, DEFAULT_TOL["float32"])
 
 
@@ -310,7 +390,24 @@ def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state
     """The forward ``lax.scan``'s unroll as an int: ``unroll`` None: tuned for this cell, shape,
     backend and ``backward`` ("bptt": autodiff differentiates the loop; else a forward alone)
     (:func:`bppsa.plan.cost.bptt_unroll`; ``state_size``: the flat state width S); True: every step
-    (T); False: 1; an int: itself (what ``lax.scan`` makes of each)."""
+    (T); False: 1; an int: itself (what ``lax.scan`` makes of each).
+
+    Args:
+      cell: the cell the loop steps.
+      T: the number of steps.
+      B: the batch size.
+      dtype: the inputs' dtype (None: float32).
+      state_size: the flat state width S (read where the cell has no hidden size, ``Generic``).
+      unroll: the unroll asked for: None (tuned), a bool or a positive int.
+      backend: the backend the loop runs on (None: ``jax.default_backend()``).
+      backward: "bptt" (autodiff through the loop), or "bppsa" / "forward" (a forward alone).
+
+    Returns:
+      The unroll factor, an int.
+
+    Raises:
+      bppsa.errors.UsageError: ``unroll`` None and ``backward`` none of "bptt", "bppsa", "forward".
+    """
     if unroll is None:
         return cost_lib.bptt_unroll(cell, T, B, dtype, backend, state_size=state_size, backward=backward)
     if isinstance(unroll, bool):
@@ -340,6 +437,33 @@ def _check_solver_fields(tol, atol, rtol, max_iter, damping, on_fail) -> tuple[A
     _choice("on_fail", on_fail, ON_FAIL)
     return (None if t is None else float(t), None if a is None else float(a), None if r is None else float(r), n,
             None if d is None else float(d))
+
+
+def _kernels(kernels: str, cell: Cell, backward: str, forward: str, devices: int | None, backend: str) -> str:
+    """``kernels`` made concrete for this problem: "auto" by :func:`bppsa.plan.cost.choose_kernels`;
+    "pallas" and "interpret" only where the fused kernels run this problem (:mod:`bppsa.kernels`),
+    "pallas" only on a GPU: else a UsageError naming why (nothing runs another path silently)."""
+    if kernels == "auto":
+        return cost_lib.choose_kernels(cell, backend)
+    if kernels == "xla":
+        return kernels
+    if kernels == "pallas" and backend not in ("gpu", "cuda"):
+        raise UsageError(f"kernels='pallas' needs a GPU (Pallas's Triton backend); this backend is {backend}: "
+                         "kernels='interpret' runs the same kernels here (slowly), kernels='xla' none")
+    got = []
+    if backward != "bppsa":
+        got.append(f"backward={backward!r}")
+    if forward != "sequential":
+        got.append(f"forward={forward!r}")
+    if devices is not None:
+        got.append("a mesh")
+    if not kernel_lib.supports(cell):
+        got.append(f"{cell.display_name} with hidden_size {cell.hidden_size}")
+    if got:
+        raise UsageError(f"kernels={kernels!r} runs the fused forward of backward='bppsa' with forward='sequential' "
+                         f"on one device, for bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
+                         f"{kernel_lib.recurrence.MAX_HIDDEN}; got {', '.join(got)} (kernels='xla' runs it)")
+    return kernels
 
 
 def _choice(name, value, choices):

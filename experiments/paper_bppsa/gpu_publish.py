@@ -51,18 +51,27 @@ def _f(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _gpu_rows(points, sweep):
+def _gpu_rows(points, sweep, fused=False):
     rows = []
     for p in sorted((p for p in points if p["part"] == "gpu" and p.get("sweep") == sweep),
                     key=lambda p: (p["T"], p["B"])):
         ms = p["ms"]
         bppsa = ms["bppsa_blelloch"]
         best = min(ms[k] for k in BASELINES)
-        rows.append([p.get("setting", p["cell"]), p.get("I", 1), p["T"], p["B"], _f(ms["bptt_plain"]),
-                     f"{_f(ms['bptt_unrolled'])} ({p['best_unroll']})", _f(ms["bptt"]), _f(bppsa),
-                     _f(ms.get("bppsa_sequential")), _f(ms.get("cudnn")), f"{ms['bptt_plain'] / bppsa:.2f}",
-                     f"{best / bppsa:.2f}", "-" if "cudnn" not in ms else f"{ms['cudnn'] / bppsa:.2f}"])
+        row = [p.get("setting", p["cell"]), p.get("I", 1), p["T"], p["B"], _f(ms["bptt_plain"]),
+               f"{_f(ms['bptt_unrolled'])} ({p['best_unroll']})", _f(ms["bptt"]), _f(bppsa),
+               _f(ms.get("bppsa_sequential")), _f(ms.get("cudnn")), f"{ms['bptt_plain'] / bppsa:.2f}",
+               f"{best / bppsa:.2f}", "-" if "cudnn" not in ms else f"{ms['cudnn'] / bppsa:.2f}"]
+        if fused:  # the fused forward (bppsa.kernels) with the Blelloch backward, and cuDNN against it
+            f = ms.get("bppsa_fused")
+            row += [_f(f), "-" if f is None or "cudnn" not in ms else f"{ms['cudnn'] / f:.2f}"]
+        rows.append(row)
     return rows
+
+
+def _has_fused(points) -> bool:
+    """Whether any GPU point timed the fused kernels (runs before them did not): their columns then."""
+    return any("bppsa_fused" in p.get("ms", {}) for p in points if p["part"] == "gpu")
 
 
 GPU_HEADER = ["setting / cell", "I", "T", "B", "plain lax.scan", "best unrolled (u)", "bptt tuned", "BPPSA blelloch",
@@ -143,9 +152,11 @@ def markdown(record: dict) -> str:
              "`nn.RNN`/`nn.GRU` on CUDA, same inputs and readout. Ratios > 1: BPPSA faster.", ""]
     for title, sweep in (("RNN 1 → 20, T sweep (B = 16)", "T"), ("RNN 1 → 20, B sweep (T = 1000)", "B"),
                          ("IRMAS-shaped GRU → 20 (synthetic inputs)", "irmas")):
-        rows = _gpu_rows(pts, sweep)
+        fused = _has_fused(pts)
+        rows = _gpu_rows(pts, sweep, fused)
         if rows:
-            lines += [f"## {title}", "", markdown_table(GPU_HEADER, rows, align="lrrrrrrrrrrrr"), ""]
+            header = GPU_HEADER + (["BPPSA fused", "cuDNN / fused"] if fused else [])
+            lines += [f"## {title}", "", markdown_table(header, rows, align="l" + "r" * (len(header) - 1)), ""]
     prec = [p for p in pts if p.get("sweep") == "precision"]
     if prec:
         lines += ["## Float32 gradient error against float64 (RNN, B = 16)", "",

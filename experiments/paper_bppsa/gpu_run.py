@@ -62,6 +62,11 @@ BLOCKED = ("ml_collections", "librosa", "soundfile", "ray")  # absent on the dev
 H = 20  # hidden size of every paper model
 
 
+def _fused() -> str:
+    """The fused kernels' option (bppsa.kernels): compiled on the GPU; the dry run on a CPU interprets them."""
+    return "pallas" if jax.default_backend() == "gpu" else "interpret"
+
+
 def plan(dry: bool) -> dict:
     """Sizes and time budgets (seconds) of a full run, or of the tiny dry run."""
     if dry:
@@ -167,6 +172,14 @@ def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=Fa
                 fns["cudnn"] = fn
         except Exception as e:  # noqa: BLE001
             cudnn_error = f"{type(e).__name__}: {str(e)[:200]}"
+    fused_error = None
+    try:  # the fused forward (bppsa.kernels) with the Blelloch backward; its failure costs its column only
+        fn = gradient.gradient_functions(cell, params, xs, h0, R, ["bppsa_blelloch"],
+                                         kernels=_fused())["bppsa_blelloch"]
+        jax.block_until_ready(fn())
+        fns["bppsa_fused"] = fn
+    except Exception as e:  # noqa: BLE001
+        fused_error = f"{type(e).__name__}: {str(e)[:200]}"
     st = host.time_interleaved(fns, repeats=repeats, warmup=1, block=2)
     ms = {k: v["median"] * 1e3 for k, v in st.items()}
     spread = {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in st.items()}
@@ -176,10 +189,13 @@ def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=Fa
               "bppsa_blelloch": ms["bppsa_blelloch"], "bppsa_sequential": ms["bppsa_sequential"]}
     if "cudnn" in ms:
         out_ms["cudnn"] = ms["cudnn"]
+    if "bppsa_fused" in ms:
+        out_ms["bppsa_fused"] = ms["bppsa_fused"]
     return {"part": part, "cell": kind, "T": T, "B": B, "H": H, "I": cell.input_size, "ms": out_ms,
             "best_unroll": best, "ms_by_unroll": {u: ms[f"bptt_unroll{u}"] for u in unrolls},
             "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {},
-            **({"cudnn_error": cudnn_error} if cudnn_error else {}), **(extra or {})}
+            **({"cudnn_error": cudnn_error} if cudnn_error else {}),
+            **({"fused_error": fused_error} if fused_error else {}), **(extra or {})}
 
 
 def _sweep(summary, budget, points, measure):

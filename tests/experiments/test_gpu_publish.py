@@ -100,4 +100,5 @@ def test_one_gpu_sweep_alone(tmp_path):
                     only="gpu/irmas")
     got = s.write()
     assert [(p["sweep"], p["setting"]) for p in got["points"]] == [("irmas", "s")] and got["skipped"] == []
-    assert set(got["points"][0]["ms"]) == {"bptt_plain", "bptt_unrolled", "bptt", "bppsa_blelloch", "bppsa_sequential"}
+    assert set(got["points"][0]["ms"]) == {"bptt_plain", "bptt_unrolled", "bptt", "bppsa_blelloch", "bppsa_sequential",
+                                               "bppsa_fused"}  # the fused forward, interpreted on the CPU

@@ -1,0 +1,181 @@
+"""The fused sequential recurrence: the whole time loop of an RNN, GRU or LSTM in one Pallas kernel.
+
+An XLA ``lax.scan`` launches its step's kernels once per time step (about 3 µs each on a GPU, whatever
+they compute); this kernel runs all T steps in one launch. Each program owns a tile of
+:data:`BATCH_TILE` batch rows: it loads the recurrent matrices W_h (one (H, H) block per gate) and
+their biases once, keeps them resident for the whole loop, and per step multiplies the state by
+them, applies the cell's gates and writes the new state out. The input's part of every step,
+x W_x + b_x, is one large product before the kernel (:meth:`bppsa.cells.Affine.project`), as the
+sequential forward hoists it.
+
+The kernel is the forward of the BPPSA training step (:func:`bppsa.backward.rule.bppsa_states`):
+its states are what the backward linearises at, and the backward is the same rule as without it,
+so the gradients are exact (``jax.grad`` does not linearise a ``pallas_call``; it never has to).
+
+Backend: Pallas's Triton backend (``jax.experimental.pallas.triton``). Mosaic GPU, the default GPU
+backend from JAX 0.11, has no float32 register matrix product (``dot_general`` does not lower; its
+``wgmma`` takes 16-bit operands), which a float32 recurrence needs every step; the Triton backend
+is deprecated from JAX 0.11 but present in 0.11 and 0.12. Triton's shapes are powers of two and
+its products at least 16 wide: H is padded to :func:`padded_size` (zero rows and columns, which
+leave the real units alone) and B to a multiple of :data:`BATCH_TILE`; the products are float32
+(``Precision.HIGHEST``: IEEE, not TF32). ``interpret=True`` runs the same kernel in Pallas's
+interpret mode on any backend (tests, debugging; float64 too).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, cast
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from bppsa.cells import ACTIVATIONS, GRU, LSTM, RNN, Affine, Cell, split_gates
+
+__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "supports", "padded_size", "fused_states"]
+
+#: Batch rows a program owns (Triton's products need at least 16 rows).
+BATCH_TILE = 16
+#: The smallest padded hidden size (Triton's products need at least 16 columns).
+MIN_SIZE = 16
+#: The largest hidden size the kernel takes: G resident (H, H) blocks of W_h per program (an LSTM at
+#: H = 64: 64 KiB of float32), beyond which they no longer fit a program's registers and shared memory.
+MAX_HIDDEN = 64
+_CELLS = (RNN, GRU, LSTM)
+
+
+def supports(cell: Cell) -> bool:
+    """Whether :func:`fused_states` runs ``cell``: a :class:`bppsa.cells.RNN`, ``GRU`` or ``LSTM``
+    (not a subclass: its step could differ) with ``hidden_size`` <= :data:`MAX_HIDDEN`.
+
+    Args:
+      cell: any cell.
+
+    Returns:
+      True where the kernel computes exactly ``cell``'s steps.
+    """
+    return type(cell) in _CELLS and cell.hidden_size <= MAX_HIDDEN
+
+
+def padded_size(n: int) -> int:
+    """The hidden size the kernel computes with: the next power of two, at least :data:`MIN_SIZE`.
+
+    Args:
+      n: the cell's hidden size H.
+
+    Returns:
+      Hp >= max(H, MIN_SIZE), a power of two.
+    """
+    return max(MIN_SIZE, 1 << max(0, math.ceil(math.log2(n))))
+
+
+def _dot(a: Array, b: Array) -> Array:
+    """a @ b with full-precision products and accumulation (IEEE float32 on the GPU, not TF32)."""
+    return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=a.dtype)
+
+
+def _rnn_step(cell: RNN, ws, bs, us, state):
+    (h,), (w,), (b,), (u,) = state, ws, bs, us
+    a = u + _dot(h, w) + b
+    return (ACTIVATIONS[cell.nonlinearity][0](a + h if cell.residual else a),)
+
+
+def _gru_step(cell: GRU, ws, bs, us, state):
+    (h,) = state
+    sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
+    (w_r, w_z, w_n), (b_r, b_z, b_n), (u_r, u_z, u_n) = ws, bs, us
+    r = sigma(u_r + _dot(h, w_r) + b_r)
+    z = sigma(u_z + _dot(h, w_z) + b_z)
+    n = phi(u_n + r * (_dot(h, w_n) + b_n))
+    return ((1.0 - z) * n + z * h,)
+
+
+def _lstm_step(cell: LSTM, ws, bs, us, state):
+    h, c = state
+    sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
+    i, f, g, o = (u + _dot(h, w) + b for u, w, b in zip(us, ws, bs, strict=True))
+    c_new = sigma(f) * c + sigma(i) * phi(g)
+    return sigma(o) * phi(c_new), c_new
+
+
+_STEPS: dict[type, Callable[..., tuple[Array, ...]]] = {RNN: _rnn_step, GRU: _gru_step, LSTM: _lstm_step}
+
+
+def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
+    """One program: the refs are the G projected inputs (T, bt, Hp), the G blocks of W_h (Hp, Hp),
+    their biases (Hp,), the initial state's parts (bt, Hp) [h; LSTM: h, c], then the outputs, the
+    states' parts (T, bt, Hp)."""
+    u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
+    s0_refs, out_refs = refs[3 * gates:3 * gates + parts], refs[3 * gates + parts:]
+    ws = tuple(r[...] for r in w_refs)  # resident for the whole loop
+    bs = tuple(r[...] for r in b_refs)
+    step = _STEPS[type(cell)]
+
+    def body(t, state):
+        state = step(cell, ws, bs, tuple(r[t] for r in u_refs), state)
+        for ref, part in zip(out_refs, state, strict=True):
+            ref[t] = part
+        return state
+
+    lax.fori_loop(0, T, body, tuple(r[...] for r in s0_refs))
+
+
+def _pad(a: Array, shape: tuple[int, ...]) -> Array:
+    """``a`` padded with zeros at the end of each axis to ``shape``."""
+    return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape, strict=True)])
+
+
+@functools.partial(jax.jit, static_argnames=("cell", "interpret", "num_warps"))
+def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bool = False,
+                 num_warps: int = 4) -> Array:
+    """The flat states of ``cell`` over xs from s0, as the sequential forward computes them, by one
+    fused kernel (see the module docstring).
+
+    Args:
+      cell: a cell :func:`supports` accepts.
+      params: its parameters (``cell.init``'s structure).
+      xs: (T, B, I) inputs, time-major.
+      s0: (B, S) the flat initial state (S = H; LSTM: S = 2H, [h, c]).
+      interpret: run the kernel in Pallas's interpret mode (any backend) instead of compiling it
+        for the GPU.
+      num_warps: Triton warps per program.
+
+    Returns:
+      ss (T, B, S), ss[t] the flat state after step t + 1, in s0's dtype.
+
+    Raises:
+      ValueError: a cell the kernel does not run (:func:`supports`).
+    """
+    if not supports(cell):
+        raise ValueError(f"the fused recurrence runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
+                         f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
+    T, B, _ = xs.shape
+    H, G, dtype = cell.hidden_size, cell.gates, s0.dtype
+    Hp, Bp = padded_size(H), BATCH_TILE * -(-B // BATCH_TILE)
+    gx = cell.project(params, xs)
+    us = [_pad(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
+    ws = [_pad(w.astype(dtype), (Hp, Hp)) for w in split_gates(params["W_h"], G)]
+    b_h = params["b_h"] if cast(Affine, cell).hidden_bias else jnp.zeros((G * H,), dtype)
+    bs = [_pad(b.astype(dtype), (Hp,)) for b in split_gates(b_h, G)]
+    state = cell.unflatten_state(s0)
+    parts = [_pad(p, (Bp, Hp)) for p in (state if cell.pair_state else (state,))]
+
+    seq_spec = pl.BlockSpec((T, BATCH_TILE, Hp), lambda i: (0, i, 0))
+    specs = ([seq_spec] * G + [pl.BlockSpec((Hp, Hp), lambda i: (0, 0))] * G
+             + [pl.BlockSpec((Hp,), lambda i: (0,))] * G
+             + [pl.BlockSpec((BATCH_TILE, Hp), lambda i: (i, 0))] * len(parts))
+    out = pl.pallas_call(
+        functools.partial(_kernel, cell=cell, T=T, gates=G, parts=len(parts)),
+        out_shape=[jax.ShapeDtypeStruct((T, Bp, Hp), dtype)] * len(parts),
+        grid=(Bp // BATCH_TILE,),
+        in_specs=specs,
+        out_specs=[seq_spec] * len(parts),
+        interpret=interpret,
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
+    )(*us, *ws, *bs, *parts)
+    states = [o[:, :B, :H] for o in out]
+    return cell.flatten_state(tuple(states) if cell.pair_state else states[0])

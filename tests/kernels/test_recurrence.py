@@ -1,0 +1,143 @@
+"""The fused recurrence (bppsa.kernels.recurrence): in Pallas's interpret mode it computes the
+sequential forward's states (float32 and float64, T = 1, odd T, B = 1, B over two tiles, H not a
+power of two, every activation and bias convention); its Triton lowering for CUDA is checked on this
+CPU for every cell it runs; through bppsa.rnn(kernels="interpret") the gradients, forward-mode
+derivatives and Hessian-vector products are autodiff's through a plain lax.scan in float64."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import bppsa
+from bppsa import cells
+from bppsa.errors import UsageError
+from bppsa.forward.sequential import forward_states
+from bppsa.kernels import cuda_module, fused_states, lowering, recurrence, supports
+from tests.reference import scan_grads
+
+# JAX >= 0.11 warns that the Triton backend is deprecated: chosen anyway, for its float32 products
+# (bppsa.kernels.recurrence says why); the warning is expected, not a finding
+pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+
+CELLS = {
+    "rnn": lambda I, H: cells.RNN(I, H),
+    "rnn-relu-residual": lambda I, H: cells.RNN(I, H, nonlinearity="relu", residual=True, hidden_bias=False),
+    "rnn-sigmoid": lambda I, H: cells.RNN(I, H, nonlinearity="sigmoid", input_bias=False),
+    "gru": lambda I, H: cells.GRU(I, H),
+    "gru-flax-biases": lambda I, H: cells.GRU(I, H, hidden_bias=False),
+    "lstm": lambda I, H: cells.LSTM(I, H),
+    "lstm-flax-biases": lambda I, H: cells.LSTM(I, H, input_bias=False),
+}
+
+
+def _problem(name, T, B, I=3, H=5, dtype=jnp.float64, seed=0):
+    cell = CELLS[name](I, H)
+    k = jax.random.split(jax.random.key(seed), 3)
+    params = cell.init(k[0], dtype)
+    xs = jax.random.normal(k[1], (T, B, I), dtype)
+    s0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), dtype)
+    return cell, params, xs, s0
+
+
+@pytest.mark.parametrize("name", sorted(CELLS))
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_interpret_mode_equals_the_sequential_forward(name, dtype):
+    for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:  # B = 17: two batch tiles; H: padded to 16, 32, 64
+        cell, params, xs, s0 = _problem(name, T, B, H=H, dtype=dtype)
+        want = forward_states(cell, params, xs, s0)
+        got = fused_states(cell, params, xs, s0, interpret=True)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        tol = 1e-13 if dtype == jnp.float64 else 2e-6
+        assert float(jnp.max(jnp.abs(got - want))) <= tol, (name, T, B, H)
+
+
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
+def test_the_kernel_lowers_for_cuda_here(name):
+    """The Triton lowering runs on this CPU (jax.export for CUDA): a kernel that cannot lower fails here."""
+    cell = CELLS[name](3, 20)
+    params = cell.init(jax.random.key(0))
+    xs, s0 = jnp.zeros((9, 5, 3)), jnp.zeros((5, cell.state_size))
+    module = cuda_module(lambda p, x, s: fused_states(cell, p, x, s), params, xs, s0)
+    assert module.count(lowering.TRITON_CALL) >= 1
+
+
+def test_a_kernel_that_cannot_lower_fails_the_check():
+    """The check can fail: a kernel with a primitive Triton does not lower (a sort) raises at export."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pl_triton
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.sort(x_ref[...], axis=0)
+
+    f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),  # noqa: E731
+                                 compiler_params=pl_triton.CompilerParams(num_warps=4))(x)
+    with pytest.raises(NotImplementedError, match="Pallas Triton lowering: sort"):
+        cuda_module(f, jnp.zeros((16, 16)))
+
+
+def test_supported_cells_and_sizes():
+    assert supports(cells.GRU(3, recurrence.MAX_HIDDEN)) and not supports(cells.GRU(3, recurrence.MAX_HIDDEN + 1))
+    assert not supports(cells.Generic(lambda p, h, x: jnp.tanh(h + x)))
+    assert [recurrence.padded_size(n) for n in (1, 16, 17, 20, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    with pytest.raises(ValueError, match="the fused recurrence runs bppsa.cells.RNN, GRU and LSTM"):
+        fused_states(cells.GRU(3, 80), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 80)), interpret=True)
+
+
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
+def test_gradients_through_the_kernel_equal_autodiff(name):
+    """bppsa.rnn(kernels="interpret"): the forward is the kernel, the backward BPPSA's rule at its
+    states; float64 against autodiff through a plain lax.scan, T = 1, 7 and 12, B = 1 and 3."""
+    for T, B in [(1, 1), (7, 1), (12, 3)]:
+        cell, params, xs, s0 = _problem(name, T, B, seed=T)
+        h0 = cell.unflatten_state(s0)
+        w = jnp.cos(jnp.arange(T * B * cell.hidden_size, dtype=jnp.float64)).reshape(T, B, cell.hidden_size)
+        loss = lambda states: jnp.sum(jnp.sin(cell.hidden(states)) * w)  # noqa: E731
+        want = scan_grads(cell, params, xs, h0, loss)
+        got = jax.grad(lambda p, x, h: loss(bppsa.rnn(cell, p, x, h, kernels="interpret")),
+                       argnums=(0, 1, 2))(params, xs, h0)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert jnp.allclose(a, b, rtol=1e-10, atol=1e-11), (name, T, B)
+
+
+def test_forward_mode_and_hvps_through_the_kernel():
+    cell, params, xs, s0 = _problem("gru", 9, 2, seed=3)
+    tangent = jax.tree.map(lambda a: jax.random.normal(jax.random.key(7), a.shape, a.dtype), params)
+    ref = lambda p: jnp.sum(jnp.sin(bppsa.rnn(cell, p, xs, s0, backward="bptt")))  # noqa: E731
+    ours = lambda p: jnp.sum(jnp.sin(bppsa.rnn(cell, p, xs, s0, kernels="interpret")))  # noqa: E731
+    jvp = lambda f: jax.jvp(f, (params,), (tangent,))[1]  # noqa: E731
+    assert abs(float(jvp(ours) - jvp(ref))) < 1e-11
+    hvp = lambda f: jax.jvp(jax.grad(f), (params,), (tangent,))[1]  # noqa: E731
+    for a, b in zip(jax.tree.leaves(hvp(ours)), jax.tree.leaves(hvp(ref)), strict=True):
+        assert jnp.allclose(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_the_kernels_option():
+    """"auto" never picks a kernel on the CPU (nor, until a GPU measurement says so, anywhere);
+    "pallas" without a GPU, or where the kernels do not run, is a one-line error naming why."""
+    cell, params, xs, s0 = _problem("gru", 6, 2)
+    assert bppsa.Options().plan(cell, xs, s0).kernels == "xla"
+    assert bppsa.Options(kernels="interpret").plan(cell, xs, s0).kernels == "interpret"
+    with pytest.raises(UsageError, match=r"kernels='pallas' needs a GPU.*kernels='interpret'"):
+        bppsa.rnn(cell, params, xs, s0, kernels="pallas")
+    with pytest.raises(UsageError, match=r"kernels must be one of"):
+        bppsa.Options(kernels="triton")
+    with pytest.raises(UsageError, match=r"kernels='interpret' runs the fused forward of backward='bppsa'"):
+        bppsa.rnn(cell, params, xs, s0, kernels="interpret", backward="bptt")
+    with pytest.raises(UsageError, match=r"kernels='interpret' runs .* bppsa.cells.RNN, GRU and LSTM"):
+        bppsa.rnn(cells.Generic(lambda p, h, x: jnp.tanh(p["w"] * h)), {"w": jnp.ones(())}, xs, s0,
+                  kernels="interpret")
+    with pytest.raises(UsageError, match=r"kernels='interpret' .* forward='sequential'"):
+        bppsa.rnn(cell, params, xs, s0, kernels="interpret", forward="newton")
+
+
+def test_the_flax_drop_in_takes_the_option():
+    """bppsa.nn.RNN(kernels=...): "xla" runs as before; "interpret" on flax's cells (adapted, not
+    bppsa's own cells) is refused by name, not run another way."""
+    from flax import nnx
+    x = jax.random.normal(jax.random.key(0), (2, 5, 3))
+    out = bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), kernels="xla")(x)
+    assert out.shape == (2, 5, 4)
+    with pytest.raises(UsageError, match=r"kernels='interpret' runs .*; got .*GRUCell"):
+        bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), kernels="interpret")(x)
