@@ -41,7 +41,8 @@ def _problem(name, T, B, I=3, H=5, dtype=jnp.float64, seed=0):
     return cell, params, xs, s0
 
 
-@pytest.mark.parametrize("name", sorted(CELLS))
+@pytest.mark.parametrize("name", [n if n in ("rnn", "gru", "lstm") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(CELLS)])  # the activation and bias variants: make test-all
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_interpret_mode_equals_the_sequential_forward(name, dtype):
     for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:  # B = 17: two batch tiles; H: padded to 16, 32, 64
