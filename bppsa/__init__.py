@@ -22,18 +22,18 @@ from bppsa.plan.options import BACKWARDS, FORWARDS, Options, Plan
 from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 
 if TYPE_CHECKING:  # for type checkers; at run time imported on first access (below)
-    from bppsa import hetero, nn, sparse, sync, tasks  # noqa: F401
+    from bppsa import hetero, kernels, nn, sparse, sync, tasks  # noqa: F401
 
 __version__ = "0.1.0"
 
 # Subpackages reachable as attributes after a plain ``import bppsa``, imported on first use
 # (PEP 562): flax, the feed-forward chains and the distributed parts stay out of ``import bppsa``.
-_LAZY = ("nn", "sparse", "tasks", "hetero", "sync")
+_LAZY = ("nn", "sparse", "tasks", "hetero", "sync", "kernels")
 
 __all__ = [
     "rnn", "Options", "Plan", "NewtonInfo", "lyapunov", "cells", "scan", "forward", "backward", "plan", "host",
     "parallel", "structured", "backprop", "BACKWARDS",
-    "FORWARDS", "SCANS", "CostModel", "nn", "sparse", "tasks", "hetero", "sync",
+    "FORWARDS", "SCANS", "CostModel", "nn", "sparse", "tasks", "hetero", "sync", "kernels",
     "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
 

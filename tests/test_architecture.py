@@ -312,6 +312,19 @@ def test_importing_the_library_loads_no_harness_and_no_extra():
     assert r.stdout.strip() == "[]", f"importing the library loaded {r.stdout.strip()}"
 
 
+def test_import_loads_no_pallas():
+    """``import bppsa`` (and a plain bppsa.rnn) leaves Pallas unloaded: the kernels load where asked for."""
+    import subprocess
+    import sys
+    code = ("import sys, jax.numpy as jnp, bppsa; from bppsa import cells; c = cells.GRU(2, 3); "
+            "bppsa.rnn(c, c.init(__import__('jax').random.key(0)), jnp.ones((4, 1, 2)), jnp.zeros((1, 3))); "
+            "print('jax.experimental.pallas' in sys.modules, bppsa.kernels.__name__, "
+            "'jax.experimental.pallas' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "bppsa.kernels", "True"]
+
+
 def test_the_library_layout():
     """bppsa/ is the library: a few flat core modules, concepts as subpackages, no experiments folder."""
     top = sorted(p.name for p in PKG.glob("*.py"))

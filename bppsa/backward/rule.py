@@ -128,13 +128,11 @@ def bppsa_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> A
 @bppsa_states.defjvp
 def _bppsa_jvp(cell, plan, primals, tangents):
     params, xs, s0 = primals
-    if plan.backward != "bptt" and plan.kernels != "xla":
-        # the fused kernel's states through this rule again: differentiated once more (HVPs), JAX
-        # differentiates the rule, not the kernel (a pallas_call has no JVP of its own)
-        ss = bppsa_states(cell, plan, params, xs, s0)
-        return ss, _tangent(cell, plan, params, xs, s0, ss, tangents)
     if plan.backward != "bptt":
-        ss = planned_states(cell, plan, params, xs, s0)
+        # a fused kernel's states through this rule again: differentiated once more (HVPs), JAX
+        # differentiates the rule, not the kernel (a pallas_call has no JVP of its own)
+        fused = plan.kernels != "xla"
+        ss = bppsa_states(cell, plan, params, xs, s0) if fused else planned_states(cell, plan, params, xs, s0)
         return ss, _tangent(cell, plan, params, xs, s0, ss, tangents)
     ss, factors = factor_states(cell, params, xs, s0, plan.unroll, plan.hoist)  # the adjoint reads the steps' factors
     return ss, _tangent(cell, plan, params, xs, s0, ss, tangents, factors)

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa.cells import Cell
-from bppsa.kernels import fused_states
 from bppsa.plan.options import Plan, unroll_for
 
 __all__ = ["forward_states", "planned_states", "flat_step", "steps", "prev_states"]
@@ -75,6 +74,7 @@ def planned_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) ->
     """
     if plan.kernels == "xla":
         return forward_states(cell, params, xs, s0, plan.unroll, plan.hoist)
+    from bppsa.kernels import fused_states  # Pallas loads only where a kernel is asked for, not on import
     return fused_states(cell, params, xs, s0, interpret=plan.kernels == "interpret")
 
 

@@ -24,7 +24,6 @@ import numpy as np
 from jax import Array, lax
 from jax.typing import DTypeLike
 
-from bppsa import kernels as kernel_lib
 from bppsa.cells import Cell
 from bppsa.errors import UsageError, as_int, as_number
 from bppsa.plan import cost as cost_lib
@@ -450,6 +449,7 @@ def _kernels(kernels: str, cell: Cell, backward: str, forward: str, devices: int
     if kernels == "pallas" and backend not in ("gpu", "cuda"):
         raise UsageError(f"kernels='pallas' needs a GPU (Pallas's Triton backend); this backend is {backend}: "
                          "kernels='interpret' runs the same kernels here (slowly), kernels='xla' none")
+    from bppsa import kernels as kernel_lib  # Pallas loads only where a kernel is asked for, not on import
     got = []
     if backward != "bppsa":
         got.append(f"backward={backward!r}")
