@@ -36,7 +36,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import ACTIVATIONS, GRU, LSTM, RNN, Affine, Cell, split_gates
 
-__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "supports", "padded_size", "fused_states"]
+__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "STEPS", "supports", "padded_size", "fused_states"]
 
 #: Batch rows a program owns (Triton's products need at least 16 rows).
 BATCH_TILE = 16
@@ -102,7 +102,11 @@ def _lstm_step(cell: LSTM, ws, bs, us, state):
     return sigma(o) * phi(c_new), c_new
 
 
-_STEPS: dict[type, Callable[..., tuple[Array, ...]]] = {RNN: _rnn_step, GRU: _gru_step, LSTM: _lstm_step}
+#: Each cell's step inside the kernels, ``step(cell, ws, bs, us, state) -> state``: ws and bs the
+#: G padded blocks of W_h and b_h, us the G projected inputs of one step, state the tuple of the
+#: state's parts (h; LSTM: h, c), each (bt, Hp). The forward runs it; the adjoint kernel
+#: (:mod:`bppsa.kernels.adjoint`) pulls cotangents back through it.
+STEPS: dict[type, Callable[..., tuple[Array, ...]]] = {RNN: _rnn_step, GRU: _gru_step, LSTM: _lstm_step}
 
 
 def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
@@ -113,7 +117,7 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
     s0_refs, out_refs = refs[3 * gates:3 * gates + parts], refs[3 * gates + parts:]
     ws = tuple(r[...] for r in w_refs)  # resident for the whole loop
     bs = tuple(r[...] for r in b_refs)
-    step = _STEPS[type(cell)]
+    step = STEPS[type(cell)]
 
     def body(t, state):
         state = step(cell, ws, bs, tuple(r[t] for r in u_refs), state)

@@ -1,0 +1,350 @@
+"""The scan of affine maps as three fused Pallas kernels, whatever the sequence length: BPPSA's
+backward scan and the Newton forward's linear solve without ~2·log₂ n levels of separate kernels.
+
+The maps are those of :mod:`bppsa.scan`: element k acts on a row vector as g ↦ g @ M_k + d_k, in
+scan order; the result is the exclusive prefixes (prefixes[0] = v, prefixes[k + 1] = prefixes[k] @
+M_k + d_k) and the total. Because the root v is a vector, only the chunks' own maps ever multiply
+matrices. Over equal chunks of C elements:
+
+1. **reduce** (one program per chunk and row): the chunk's product M_first ⋯ M_last and its
+   offset (the chunk's maps applied to 0), sequentially, in registers;
+2. **carry** (one program per row): the chunks' aggregates applied in order from v: the vector
+   entering each chunk, and the total (n/C vector–matrix products);
+3. **apply** (one program per chunk and row): each chunk's maps applied from the vector entering
+   it, every prefix written out.
+
+Three launches whatever n is, against ~2·log₂ n levels of a few kernels each for the Blelloch scan
+in XLA. Work: phase 1 is C·k³ a chunk for (k, k) matrices (the BPPSA price, as in the Blelloch
+scan's up-sweep), phases 2 and 3 vector–matrix products only. :func:`chunk_length` balances the
+sequential lengths of phases 1–3 (C ≈ √n).
+
+Three forms of the matrices:
+
+- :func:`chunked_scan` with (k, k) blocks, k <= :data:`LANE_BLOCK` (the structured cells'
+  diagonal, k = 1, and small blocks; the quasi-Newton forward): rows sit in the lanes of a program
+  (:data:`ROW_TILE` rows each) and the k² products of a block are unrolled elementwise; no matrix
+  unit, which such small blocks could not fill;
+- :func:`chunked_scan` with larger blocks, up to :data:`MAX_BLOCK` (a dense cell's S × S
+  Jacobians: GRU, LSTM, any cell): one program per row, (Kp, Kp) products (Kp = k padded to a
+  power of two >= 16, Triton's smallest product; the padding is zero and leaves the real entries
+  alone);
+- :func:`chunked_scan_factored` for M_k = diag(A_k) @ Wt (an Elman RNN's transposed Jacobians,
+  :meth:`bppsa.cells.Cell.diagonal_jacobian`): the matrices are formed inside the kernels from A_k
+  and the one resident Wt, so memory carries (n, B, S) vectors instead of (n, B, S, S) matrices.
+
+Elements past n (the last chunk's padding) are masked: they leave the carried values alone.
+Products are IEEE float32 on the GPU (``Precision.HIGHEST``, not TF32). Backend: Pallas's Triton
+backend, as for :mod:`bppsa.kernels.recurrence` (which says why). ``interpret=True`` runs the same
+kernels in Pallas's interpret mode on any backend (tests, debugging; float64 too).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from bppsa.kernels.recurrence import padded_size
+
+__all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "chunk_length", "chunked_scan", "chunked_scan_factored"]
+
+#: The largest block size scanned in lanes (elementwise, k³ products unrolled a step).
+LANE_BLOCK = 8
+#: The largest block (or dense state) size the kernels take: an LSTM's S = 2H at H = 64. A (128,
+#: 128) float32 product in a program is 64 KiB; beyond that it no longer fits one program.
+MAX_BLOCK = 128
+#: Rows a program of the lane kernels owns (a power of two).
+ROW_TILE = 128
+
+
+def chunk_length(n: int) -> int:
+    """The chunk length C for n elements: ⌈√n⌉, which balances phase 1's and 3's C sequential steps
+    against phase 2's ⌈n / C⌉.
+
+    Args:
+      n: the number of elements (>= 1).
+
+    Returns:
+      C, 1 <= C <= n.
+    """
+    return max(1, math.ceil(math.sqrt(n)))
+
+
+def _params(num_warps: int = 4):
+    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
+
+
+def _dot(a: Array, b: Array) -> Array:
+    return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=a.dtype)
+
+
+def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
+    """``a`` zero-padded at the end of each axis to ``shape``."""
+    return jnp.pad(a, [(0, m - s) for s, m in zip(a.shape, shape, strict=True)])
+
+
+# -- lanes: (k, k) blocks with k <= LANE_BLOCK, rows in the lanes -----------------------------------
+# A block is k² planes of ROW_TILE lanes: Mp[t, i, j] (ROW_TILE,) = M_t[row, i, j] over the tile's rows.
+
+
+def _lane_vecmat(g, M):
+    """(g @ M) per lane: g a tuple of k lane vectors, M a tuple of k tuples of k."""
+    k = len(g)
+    return tuple(sum((g[i] * M[i][j] for i in range(1, k)), g[0] * M[0][j]) for j in range(k))
+
+
+def _lane_load(m_ref, d_ref, t):
+    k = d_ref.shape[1]
+    return tuple(tuple(m_ref[t, i, j] for j in range(k)) for i in range(k)), tuple(d_ref[t, i] for i in range(k))
+
+
+def _lane_reduce(m_ref, d_ref, p_ref, l_ref, *, C: int, n: int):
+    k, c = d_ref.shape[1], pl.program_id(0)
+    zero = jnp.zeros(d_ref.shape[2:], d_ref.dtype)
+    one = jnp.ones_like(zero)
+    eye = tuple(tuple(one if i == j else zero for j in range(k)) for i in range(k))
+
+    def body(t, carry):
+        P, loc = carry
+        M, d = _lane_load(m_ref, d_ref, t)
+        keep = c * C + t < n
+        P2 = tuple(_lane_vecmat(row, M) for row in P)
+        loc2 = tuple(a + b for a, b in zip(_lane_vecmat(loc, M), d, strict=True))
+        pick = lambda new, old: jnp.where(keep, new, old)  # noqa: E731
+        return (tuple(tuple(map(pick, r2, r)) for r2, r in zip(P2, P, strict=True)), tuple(map(pick, loc2, loc)))
+
+    P, loc = lax.fori_loop(0, C, body, (eye, (zero,) * k))
+    for i in range(k):
+        l_ref[i] = loc[i]
+        for j in range(k):
+            p_ref[i, j] = P[i][j]
+
+
+def _lane_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
+    k = v_ref.shape[0]
+
+    def body(c, g):
+        for i in range(k):
+            c_ref[c, i] = g[i]
+        P, loc = _lane_load(p_ref, l_ref, c)
+        return tuple(a + b for a, b in zip(_lane_vecmat(g, P), loc, strict=True))
+
+    g = lax.fori_loop(0, chunks, body, tuple(v_ref[i] for i in range(k)))
+    for i in range(k):
+        total_ref[i] = g[i]
+
+
+def _lane_apply(m_ref, d_ref, g_ref, out_ref, *, C: int, n: int):
+    k, c = d_ref.shape[1], pl.program_id(0)
+
+    def body(t, g):
+        for i in range(k):
+            out_ref[t, i] = g[i]
+        M, d = _lane_load(m_ref, d_ref, t)
+        keep = c * C + t < n
+        return tuple(jnp.where(keep, a + b, x) for a, b, x in zip(_lane_vecmat(g, M), d, g, strict=True))
+
+    lax.fori_loop(0, C, body, tuple(g_ref[i] for i in range(k)))
+
+
+def _lane_scan(v, Ms, ds, C, interpret, num_warps):
+    n, R, k, _ = Ms.shape
+    chunks, Rp, dtype = -(-n // C), ROW_TILE * -(-R // ROW_TILE), v.dtype
+    N, tiles = chunks * C, Rp // ROW_TILE
+    Mp = _pad_to(jnp.transpose(Ms, (0, 2, 3, 1)), (N, k, k, Rp))  # (N, k, k, Rp) planes
+    dp = _pad_to(jnp.transpose(ds, (0, 2, 1)), (N, k, Rp))
+    vp = _pad_to(v.T, (k, Rp))
+    m_chunk = pl.BlockSpec((C, k, k, ROW_TILE), lambda c, r: (c, 0, 0, r))
+    d_chunk = pl.BlockSpec((C, k, ROW_TILE), lambda c, r: (c, 0, r))
+    p_one = pl.BlockSpec((None, k, k, ROW_TILE), lambda c, r: (c, 0, 0, r))
+    l_one = pl.BlockSpec((None, k, ROW_TILE), lambda c, r: (c, 0, r))
+    P, L = pl.pallas_call(
+        functools.partial(_lane_reduce, C=C, n=n), grid=(chunks, tiles), in_specs=[m_chunk, d_chunk],
+        out_specs=[p_one, l_one], out_shape=[jax.ShapeDtypeStruct((chunks, k, k, Rp), dtype),
+                                             jax.ShapeDtypeStruct((chunks, k, Rp), dtype)],
+        interpret=interpret, compiler_params=_params(num_warps))(Mp, dp)
+    row = pl.BlockSpec((k, ROW_TILE), lambda r: (0, r))
+    carries, total = pl.pallas_call(
+        functools.partial(_lane_carry, chunks=chunks), grid=(tiles,),
+        in_specs=[pl.BlockSpec((chunks, k, k, ROW_TILE), lambda r: (0, 0, 0, r)),
+                  pl.BlockSpec((chunks, k, ROW_TILE), lambda r: (0, 0, r)), row],
+        out_specs=[pl.BlockSpec((chunks, k, ROW_TILE), lambda r: (0, 0, r)), row],
+        out_shape=[jax.ShapeDtypeStruct((chunks, k, Rp), dtype), jax.ShapeDtypeStruct((k, Rp), dtype)],
+        interpret=interpret, compiler_params=_params(num_warps))(P, L, vp)
+    out = pl.pallas_call(
+        functools.partial(_lane_apply, C=C, n=n), grid=(chunks, tiles), in_specs=[m_chunk, d_chunk, l_one],
+        out_specs=d_chunk, out_shape=jax.ShapeDtypeStruct((N, k, Rp), dtype),
+        interpret=interpret, compiler_params=_params(num_warps))(Mp, dp, carries)
+    return jnp.transpose(out[:n, :, :R], (0, 2, 1)), total[:, :R].T
+
+
+# -- dense: one row a program, (Kp, Kp) matrices or diag(A) @ Wt formed in the kernel ------------------
+
+
+def _vecmat(g, M):
+    """g (Kp,) @ M (Kp, Kp), as a broadcast product and a reduction (one row: no matrix unit)."""
+    return jnp.sum(g[:, None] * M, axis=0)
+
+
+def _times(g, m_ref, t, wt):
+    """g @ M_t: the stored matrix, or (g ⊙ A_t) @ Wt = g @ diag(A_t) Wt from the stored A_t and the
+    resident Wt (the matrix never formed)."""
+    return _vecmat(g, m_ref[t]) if wt is None else _vecmat(g * m_ref[t], wt)
+
+
+def _dense_reduce(*refs, C: int, n: int, factored: bool):
+    (m_ref, w_ref, d_ref, p_ref, l_ref) = refs if factored else (refs[0], None, *refs[1:])
+    c, Kp = pl.program_id(0), d_ref.shape[-1]
+    wt = None if w_ref is None else w_ref[...]
+    rows, cols = lax.broadcasted_iota(jnp.int32, (Kp, Kp), 0), lax.broadcasted_iota(jnp.int32, (Kp, Kp), 1)
+    eye = jnp.where(rows == cols, 1.0, 0.0).astype(d_ref.dtype)
+
+    def body(t, carry):
+        P, loc = carry
+        keep = c * C + t < n
+        # P diag(a) Wt = (P ⊙ a) Wt: the matrix never formed
+        P2 = _dot(P, m_ref[t]) if wt is None else _dot(P * m_ref[t][None, :], wt)
+        loc2 = _times(loc, m_ref, t, wt) + d_ref[t]
+        return jnp.where(keep, P2, P), jnp.where(keep, loc2, loc)
+
+    P, loc = lax.fori_loop(0, C, body, (eye, jnp.zeros((Kp,), d_ref.dtype)))
+    p_ref[...] = P
+    l_ref[...] = loc
+
+
+def _dense_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
+    def body(c, g):
+        c_ref[c] = g
+        return _vecmat(g, p_ref[c]) + l_ref[c]
+
+    total_ref[...] = lax.fori_loop(0, chunks, body, v_ref[...])
+
+
+def _dense_apply(*refs, C: int, n: int, factored: bool):
+    (m_ref, w_ref, d_ref, g_ref, out_ref) = refs if factored else (refs[0], None, *refs[1:])
+    c = pl.program_id(0)
+    wt = None if w_ref is None else w_ref[...]
+
+    def body(t, g):
+        out_ref[t] = g
+        new = _times(g, m_ref, t, wt) + d_ref[t]
+        return jnp.where(c * C + t < n, new, g)
+
+    lax.fori_loop(0, C, body, g_ref[...])
+
+
+def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
+    """Ms (n, R, k, k), or with ``Wt`` (k, k) the diagonals A (n, R, k) of diag(A) @ Wt."""
+    n, R, k = ds.shape
+    chunks, Kp, dtype = -(-n // C), padded_size(k), v.dtype
+    N, factored = chunks * C, Wt is not None
+    m_shape = (N, R, Kp) if factored else (N, R, Kp, Kp)
+    Mp, dp, vp = _pad_to(Ms, m_shape), _pad_to(ds, (N, R, Kp)), _pad_to(v, (R, Kp))
+    extra = [_pad_to(Wt, (Kp, Kp))] if factored else []
+    w_spec = [pl.BlockSpec((Kp, Kp), lambda c, r: (0, 0))] if factored else []
+    m_chunk = (pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0)) if factored
+               else pl.BlockSpec((C, None, Kp, Kp), lambda c, r: (c, r, 0, 0)))
+    d_chunk = pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))
+    p_one = pl.BlockSpec((None, None, Kp, Kp), lambda c, r: (c, r, 0, 0))
+    l_one = pl.BlockSpec((None, None, Kp), lambda c, r: (c, r, 0))
+    P, L = pl.pallas_call(
+        functools.partial(_dense_reduce, C=C, n=n, factored=factored), grid=(chunks, R),
+        in_specs=[m_chunk, *w_spec, d_chunk], out_specs=[p_one, l_one],
+        out_shape=[jax.ShapeDtypeStruct((chunks, R, Kp, Kp), dtype), jax.ShapeDtypeStruct((chunks, R, Kp), dtype)],
+        interpret=interpret, compiler_params=_params(num_warps))(Mp, *extra, dp)
+    row = pl.BlockSpec((None, Kp), lambda r: (r, 0))
+    carries, total = pl.pallas_call(
+        functools.partial(_dense_carry, chunks=chunks), grid=(R,),
+        in_specs=[pl.BlockSpec((chunks, None, Kp, Kp), lambda r: (0, r, 0, 0)),
+                  pl.BlockSpec((chunks, None, Kp), lambda r: (0, r, 0)), row],
+        out_specs=[pl.BlockSpec((chunks, None, Kp), lambda r: (0, r, 0)), row],
+        out_shape=[jax.ShapeDtypeStruct((chunks, R, Kp), dtype), jax.ShapeDtypeStruct((R, Kp), dtype)],
+        interpret=interpret, compiler_params=_params(num_warps))(P, L, vp)
+    out = pl.pallas_call(
+        functools.partial(_dense_apply, C=C, n=n, factored=factored), grid=(chunks, R),
+        in_specs=[m_chunk, *w_spec, d_chunk, l_one], out_specs=d_chunk,
+        out_shape=jax.ShapeDtypeStruct((N, R, Kp), dtype),
+        interpret=interpret, compiler_params=_params(num_warps))(Mp, *extra, dp, carries)
+    return out[:n, :, :k], total[:, :k]
+
+
+def _check(v: Array, ds: Array | None, n: int, R: int, k: int) -> None:
+    if n == 0:
+        raise ValueError("the scan needs at least one element (n >= 1); got n = 0")
+    if v.shape != (R, k):
+        raise ValueError(f"v must have shape (R, k) = {(R, k)}; got {v.shape}")
+    if ds is not None and ds.shape != (n, R, k):
+        raise ValueError(f"ds must have shape (n, R, k) = {(n, R, k)}; got {ds.shape}")
+    if k > MAX_BLOCK:
+        raise ValueError(f"the fused scan takes blocks of at most {MAX_BLOCK} (k = {k}): a larger "
+                         "matrix no longer fits one program; kernels='xla' scans it")
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
+def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | None = None,
+                 interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
+    """The scan of the maps g ↦ g @ Ms[k] + ds[k] from v, in three fused kernels (the module
+    docstring): the same result as :func:`bppsa.scan.structured.block_scan` (and, for R = B rows
+    of k = S, :func:`bppsa.scan.dense.scan`).
+
+    Args:
+      v: (R, k) the root vectors, one per row.
+      Ms: (n, R, k, k) the maps' matrices, in scan order; k <= :data:`MAX_BLOCK`.
+      ds: (n, R, k) their offsets, or None (all zero).
+      chunk: the chunk length C (default :func:`chunk_length`).
+      interpret: run the kernels in Pallas's interpret mode (any backend).
+      num_warps: Triton warps per program.
+
+    Returns:
+      (prefixes, total), prefixes (n, R, k) the exclusive prefixes (prefixes[0] = v) and total
+      (R, k), in v's dtype.
+
+    Raises:
+      ValueError: shapes that do not match, n = 0, or k > :data:`MAX_BLOCK`.
+    """
+    n, R, k = Ms.shape[0], Ms.shape[1], Ms.shape[-1]
+    if Ms.ndim != 4 or Ms.shape[-2] != k:
+        raise ValueError(f"Ms must have shape (n, R, k, k); got {Ms.shape}")
+    _check(v, ds, n, R, k)
+    ds = jnp.zeros((n, R, k), v.dtype) if ds is None else ds
+    C = min(n, chunk or chunk_length(n))
+    Ms, ds = Ms.astype(v.dtype), ds.astype(v.dtype)
+    if k <= LANE_BLOCK:
+        return _lane_scan(v, Ms, ds, C, interpret, num_warps)
+    return _dense_scan(v, Ms, ds, C, interpret, num_warps)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
+def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None, *, chunk: int | None = None,
+                          interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
+    """:func:`chunked_scan` for matrices with a shared factor, M_k = diag(A_k) @ Wt (an Elman RNN's
+    transposed Jacobians), formed inside the kernels: the same result as
+    ``chunked_scan(v, A[..., None] * Wt, ds)`` without the (n, R, S, S) matrices in memory.
+
+    Args:
+      v: (R, S) the root vectors.
+      A: (n, R, S) the diagonals A_k, in scan order.
+      Wt: (S, S) the shared factor; S <= :data:`MAX_BLOCK`.
+      ds: (n, R, S) the offsets, or None (all zero).
+      chunk: the chunk length C (default :func:`chunk_length`).
+      interpret: run the kernels in Pallas's interpret mode (any backend).
+      num_warps: Triton warps per program.
+
+    Returns:
+      (prefixes, total), prefixes (n, R, S) and total (R, S), in v's dtype.
+
+    Raises:
+      ValueError: shapes that do not match, n = 0, or S > :data:`MAX_BLOCK`.
+    """
+    n, R, S = A.shape
+    if Wt.shape != (S, S):
+        raise ValueError(f"Wt must have shape (S, S) = {(S, S)}; got {Wt.shape}")
+    _check(v, ds, n, R, S)
+    ds = jnp.zeros((n, R, S), v.dtype) if ds is None else ds
+    C = min(n, chunk or chunk_length(n))
+    return _dense_scan(v, A.astype(v.dtype), ds.astype(v.dtype), C, interpret, num_warps, Wt=Wt.astype(v.dtype))
