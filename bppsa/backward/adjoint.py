@@ -20,7 +20,7 @@ from jax import Array, lax
 
 from bppsa.cells.base import Cell, analytic_adjoint
 
-__all__ = ["factor_states", "sequential_adjoint"]
+__all__ = ["factor_states", "sequential_adjoint", "fused_sequential_adjoint"]
 
 
 def factor_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | bool = 1, hoist: bool = True
@@ -110,4 +110,31 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
         sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
         (g0, sums), (gs, dxs) = lax.scan(summed, (jnp.zeros_like(s0), sums0), inputs, reverse=True, unroll=unroll)
         dparams = adj.adjoint_sum_result(params, sums)
+    return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)
+
+
+def fused_sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array, *,
+                             interpret: bool = False) -> tuple[Array, Any, Array, Array]:
+    """BPTT with the adjoint loop as one fused kernel (:func:`bppsa.kernels.adjoint.fused_adjoint`:
+    the gates recomputed from the saved states, no step factors kept by the forward), then the
+    parameter and input gradients as one batched contraction over all steps
+    (:meth:`bppsa.cells.Cell.param_grads`). Returns what :func:`sequential_adjoint` does.
+
+    Args:
+      cell: a cell the fused kernels run (:func:`bppsa.kernels.supports`).
+      params: the cell's parameters.
+      xs: (T, B, I) inputs.
+      s0: (B, S) the flat initial state.
+      ss: (T, B, S) the states after each step.
+      ct: (T, B, S) the cotangents of ss.
+      interpret: run the kernel in Pallas's interpret mode.
+
+    Returns:
+      (gs, dparams, dxs, g0), as :func:`sequential_adjoint`.
+    """
+    from bppsa.kernels.adjoint import fused_adjoint  # Pallas loads only where a kernel is asked for
+
+    gs, g0 = fused_adjoint(cell, params, xs, s0, ss, ct, interpret=interpret)
+    previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)
+    dparams, dxs = cell.param_grads(params, previous.astype(ss.dtype), xs, ss, gs)
     return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)

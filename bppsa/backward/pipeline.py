@@ -25,7 +25,8 @@ from bppsa.scan import dense as scan_lib
 from bppsa.scan.layout import block_rows, equal_chunks, to_blocks
 from bppsa.scan.structured import block_scan
 
-__all__ = ["adjoint", "chunked_backward", "scan_order", "root_and_offsets", "storage_inputs", "stored_jacobians",
+__all__ = ["adjoint", "chunked_backward", "fused_scan_gradients",
+           "scan_order", "root_and_offsets", "storage_inputs", "stored_jacobians",
            "stored_scan"]
 
 
@@ -86,15 +87,18 @@ def stored_scan(v: Array, jacobians: Array | tuple[Array, Array], ds: Array, n: 
     return scan_lib.blelloch_scan_stored(v, jacobians, ds, n, zero_padded_offsets=True)
 
 
-def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
+def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, kernels="xla"):
     """Generate the Jacobians of one stretch of steps (scan order) and scan them from root v.
 
     Returns (gs, total): gs[k] the gradient w.r.t. the state of element k, total the gradient
     the stretch's first step sends to the state before it. For the Blelloch scan the Jacobians
     are generated directly in the scan's storage order (:func:`bppsa.scan.to_storage` of the
     (n, B, S) state vectors, never of the (n, B, S, S) matrices), and for a cell with diagonal
-    structure (the RNN) not at all: only its (A, Wt) factors (:func:`stored_jacobians`).
+    structure (the RNN) not at all: only its (A, Wt) factors (:func:`stored_jacobians`). With
+    ``kernels`` "pallas" or "interpret" the scan is the fused one (:func:`fused_scan_gradients`).
     """
+    if kernels != "xla":
+        return fused_scan_gradients(cell, params, xr, sr, spr, ds, v, interpret=kernels == "interpret")
     if cell.jacobian_block_size is not None:
         return _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v)
     if scan_method == "blelloch":
@@ -104,6 +108,39 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v):
     Ms = cell.transposed_jacobian(params, spr, xr, sr)
     return scan_lib.scan(v, Ms, ds, scan_method)
 
+
+
+def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Array, ds: Array, v: Array, *,
+                         interpret: bool = False) -> tuple[Array, Array]:
+    """The backward's scan by the fused kernels (:mod:`bppsa.kernels.scan`), in scan order: a
+    block-diagonal cell's (k, k) blocks as rows (:attr:`bppsa.cells.Cell.jacobian_block_size`); a
+    cell with diagonal structure's (A, Wt) factors, its matrices formed inside the kernels
+    (:meth:`bppsa.cells.Cell.diagonal_jacobian`); else the dense (n, B, S, S) Jacobians.
+
+    Args:
+      cell: the cell (its blocks, or its state, of at most :data:`bppsa.kernels.scan.MAX_BLOCK`).
+      params: the cell's parameters.
+      xr: (n, B, I) the steps' inputs, scan order.
+      sr: (n, B, S) the state after each step, scan order.
+      spr: (n, B, S) the state before each step, scan order.
+      ds: (n, B, S) the scan's offsets.
+      v: (B, S) the root vector.
+      interpret: run the kernels in Pallas's interpret mode.
+
+    Returns:
+      (gs, total), gs (n, B, S) the gradients w.r.t. each element's state and total (B, S).
+    """
+    from bppsa.kernels import scan as kernel_scan  # Pallas loads only where a kernel is asked for
+
+    (n, B, S), k = sr.shape, cell.jacobian_block_size
+    if k is not None:
+        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
+        gs, total = kernel_scan.chunked_scan(to_blocks(v, k), Ms, to_blocks(ds, k), interpret=interpret)
+        return gs.reshape((n, B, S)), total.reshape((B, S))
+    if cell.has_diagonal_jacobian:
+        A, Wt = cell.diagonal_jacobian(params, spr, xr, sr)
+        return kernel_scan.chunked_scan_factored(v, A, Wt, ds, interpret=interpret)
+    return kernel_scan.chunked_scan(v, cell.transposed_jacobian(params, spr, xr, sr), ds, interpret=interpret)
 
 
 def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
@@ -122,7 +159,7 @@ def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
 
 
 def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any, xr: Array, sr: Array, spr: Array,
-                     ctr: Array) -> tuple[Any, Array, Array, Array]:
+                     ctr: Array, kernels: str = "xla") -> tuple[Any, Array, Array, Array]:
     """BPPSA backward over equal chunks of at most ``chunk_size`` steps, latest chunk first (scan order).
 
     Each chunk generates only its own Jacobians (C, B, S, S), scans them with the gradient
@@ -150,6 +187,7 @@ def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any,
       sr: (T, B, S) the state after each step, scan order.
       spr: (T, B, S) the state before each step, scan order.
       ctr: (T, B, S) the cotangents of the states, scan order.
+      kernels: "xla", or "pallas"/"interpret": each chunk's scan by the fused kernels.
 
     Returns:
       (dparams, dxr, g0, gsr), as above.
@@ -166,7 +204,7 @@ def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any,
         u, acc = carry
         xr_c, sr_c, spr_c, ctr_c = c
         v, ds = root_and_offsets(ctr_c)
-        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u)
+        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u, kernels)
         dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
         return (total, jax.tree.map(jnp.add, acc, dp)), (dx, gs)
 
@@ -218,7 +256,7 @@ def _cast_grads(dparams, dxr, g0, params, xs, s0):
 
 
 def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array, ss: Array,
-            ct: Array) -> tuple[Array, Any, Array, Array]:
+            ct: Array, kernels: str = "xla") -> tuple[Array, Any, Array, Array]:
     """The BPPSA backward: the adjoint states g_t = ∂L/∂s_t of the cotangent ct (T, B, S) of ss,
     by the gradient recurrence g_{t-1} = g_t @ M_t + ct_{t-1} with ``scan_method`` over chunks of
     ``chunk_size`` steps (an int; None: one chunk), and the cell's analytic parameter and input
@@ -233,6 +271,8 @@ def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, x
       s0: (B, S) the flat initial state.
       ss: (T, B, S) the states after each step.
       ct: (T, B, S) the cotangents of ss.
+      kernels: "xla" (``scan_method``), or "pallas"/"interpret": the scan by the fused kernels
+        (:func:`fused_scan_gradients`; ``scan_method`` unused).
 
     Returns:
       (gs, dparams, dxs, g0), gs (T, B, S) the adjoint states in time order, dparams like ``params``,
@@ -240,9 +280,9 @@ def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, x
     """
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
     if chunk_size is not None and chunk_size < ss.shape[0]:
-        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr)
+        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr, kernels)
     else:
         v, ds = root_and_offsets(ctr)
-        gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v)  # gsr[k] = g_{T-k}
+        gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, kernels)  # gsr[k] = g_{T-k}
         dparams, dxr = cell.param_grads(params, spr, xr, sr, gsr)
     return (gsr[::-1].astype(ss.dtype), *_cast_grads(dparams, dxr, g0, params, xs, s0))

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
-from bppsa.backward.adjoint import factor_states, sequential_adjoint
+from bppsa.backward.adjoint import factor_states, fused_sequential_adjoint, sequential_adjoint
 from bppsa.backward.pipeline import adjoint
 from bppsa.cells import Cell
 from bppsa.forward.sequential import flat_step, planned_states, prev_states, steps
@@ -128,10 +128,11 @@ def bppsa_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> A
 @bppsa_states.defjvp
 def _bppsa_jvp(cell, plan, primals, tangents):
     params, xs, s0 = primals
-    if plan.backward != "bptt":
+    fused = plan.kernels != "xla"
+    if plan.backward != "bptt" or fused:
         # a fused kernel's states through this rule again: differentiated once more (HVPs), JAX
-        # differentiates the rule, not the kernel (a pallas_call has no JVP of its own)
-        fused = plan.kernels != "xla"
+        # differentiates the rule, not the kernel (a pallas_call has no JVP of its own); the fused
+        # BPTT recomputes its steps from the states (no factors kept)
         ss = bppsa_states(cell, plan, params, xs, s0) if fused else planned_states(cell, plan, params, xs, s0)
         return ss, _tangent(cell, plan, params, xs, s0, ss, tangents)
     ss, factors = factor_states(cell, params, xs, s0, plan.unroll, plan.hoist)  # the adjoint reads the steps' factors
@@ -181,8 +182,10 @@ def _tangent(cell, plan, params, xs, s0, ss, tangents, factors=None):
         if factors is not None:
             return sequential_adjoint(cell, params, xs, s0, ss, c1, factors, plan.unroll,
                                       in_loop=plan.weights_in_loop)
+        if plan.backward == "bptt" and plan.kernels != "xla":  # BPTT's adjoint loop, one fused kernel
+            return fused_sequential_adjoint(cell, params, xs, s0, ss, c1, interpret=plan.kernels == "interpret")
         scan = "sequential" if plan.backward == "bptt" else cast(str, plan.scan)  # a Plan's scan is named
-        return adjoint(cell, scan, plan.chunk_size, params, xs, s0, ss, c1)
+        return adjoint(cell, scan, plan.chunk_size, params, xs, s0, ss, c1, plan.kernels)
 
     return tangent_rule(cell, plan.precision, params, xs, s0, ss, tangents, tangent_scan, adjoint_scan)
 

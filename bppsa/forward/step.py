@@ -86,8 +86,9 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
     """One Newton (or quasi) step of :mod:`bppsa.forward.newton`: the states solving the linearised
     recurrence at the guess H (T, B, S) (with F = f at H and, for an elementwise step, D its
     Jacobians' diagonals, :func:`step_diagonal`), by ``plan.scan`` over equal chunks of at most
-    ``plan.solve_chunk`` steps, earliest first; with ``lam`` (damping) the trust-region step around
-    H, over the whole sequence.
+    ``plan.solve_chunk`` steps, earliest first (``plan.kernels`` "pallas" or "interpret": by the
+    fused chunked scan, :func:`bppsa.kernels.scan.chunked_scan`); with ``lam`` (damping) the
+    trust-region step around H, over the whole sequence (XLA's kernels).
 
     Args:
       cell: the cell.
@@ -105,7 +106,8 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
     """
     T, B, S = H.shape
     chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
-    if D is not None and lam is None and method == "sequential" and (chunk is None or chunk >= T):
+    fused = plan.kernels != "xla"
+    if D is not None and lam is None and method == "sequential" and (chunk is None or chunk >= T) and not fused:
         # elementwise, one piece: h'_t = D_t (h'_{t-1} − h_{t-1}) + f_t, the guess's states read in
         # the loop (no offsets c_t or previous states written out first)
         def step(carry, e):
@@ -121,7 +123,12 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
         return trust_region_solve(to_blocks(s0, k), E, c, to_blocks(H, k), lam).reshape(H.shape)
 
     def piece(h_in, sp_c, x_c, f_c, d_c):
-        if method == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
+        if fused:  # the fused chunked scan (bppsa.kernels.scan): three launches whatever the length
+            from bppsa.kernels.scan import chunked_scan  # Pallas loads only where a kernel is asked for
+
+            E, c, _ = step_elements(cell, plan.forward, params, sp_c, x_c, f_c, d_c)
+            prefixes, total = chunked_scan(to_blocks(h_in, k), E, c, interpret=plan.kernels == "interpret")
+        elif method == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
             n = sp_c.shape[0]  # the backward makes them: only the (n, B, S) vectors are permuted
             sp_s, x_s, f_s = (scan_lib.to_storage(a, n, pad="edge") for a in (sp_c, x_c, f_c))
             E, c, _ = step_elements(cell, plan.forward, params, sp_s, x_s, f_s)

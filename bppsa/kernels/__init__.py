@@ -1,24 +1,77 @@
 """Fused Pallas kernels behind the core's seams, chosen by the plan (``kernels=``).
 
 - :mod:`bppsa.kernels.recurrence`: the sequential recurrence of an RNN, GRU or LSTM, the whole time
-  loop in one kernel (:func:`fused_states`): the forward of the BPPSA training step;
+  loop in one kernel (:func:`fused_states`): the forward of the BPPSA and BPTT training steps;
+- :mod:`bppsa.kernels.adjoint`: BPTT's adjoint loop of the same cells in one kernel
+  (:func:`fused_adjoint`);
+- :mod:`bppsa.kernels.scan`: the scan of affine maps in three kernels whatever the length
+  (:func:`chunked_scan`, :func:`chunked_scan_factored`): BPPSA's backward scan and the Newton
+  forward's linear solve, for dense, diagonal and block-diagonal Jacobians;
 - :mod:`bppsa.kernels.lowering`: a kernel's CUDA lowering, checked on any machine
   (:func:`cuda_module`).
 
 ``bppsa.Options(kernels=...)``: "xla" (no kernel), "pallas" (the kernels, on a GPU; elsewhere a
 clear error), "interpret" (the same kernels in Pallas's interpret mode, any backend: tests and
 debugging), "auto" (the default: a kernel only where a committed GPU measurement shows it fastest;
-none yet, so "xla" everywhere until one does). May import :mod:`bppsa.cells` and
+none yet, so "xla" everywhere until one does). Which stage runs which kernel, and what a problem
+needs for all of its stages to have one: :func:`unsupported`. May import :mod:`bppsa.cells` and
 :mod:`bppsa.errors`; the forward and the backward import it, never the reverse.
 """
 
 from __future__ import annotations
 
-from bppsa.kernels import lowering, recurrence
+from bppsa.cells import Cell
+from bppsa.kernels import adjoint, lowering, recurrence, scan
+from bppsa.kernels.adjoint import fused_adjoint
 from bppsa.kernels.lowering import cuda_module
 from bppsa.kernels.recurrence import fused_states, supports
+from bppsa.kernels.scan import chunked_scan, chunked_scan_factored
 
-__all__ = ["KERNELS", "recurrence", "lowering", "fused_states", "supports", "cuda_module"]
+__all__ = ["KERNELS", "recurrence", "adjoint", "scan", "lowering", "fused_states", "fused_adjoint", "chunked_scan",
+           "chunked_scan_factored", "supports", "unsupported", "cuda_module"]
 
 #: The values of ``Options.kernels``.
 KERNELS = ("auto", "xla", "pallas", "interpret")
+
+
+def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: bool = False) -> list[str]:
+    """Why the fused kernels cannot run every stage of a problem; empty where they can. The stages:
+
+    - ``forward="sequential"``: :func:`fused_states` (RNN, GRU, LSTM with hidden_size <=
+      :data:`bppsa.kernels.recurrence.MAX_HIDDEN`);
+    - ``forward="newton"`` or ``"quasi"``: each iteration's linear solve by :func:`chunked_scan`
+      (blocks of at most :data:`bppsa.kernels.scan.MAX_BLOCK`: the quasi step's diagonal, a
+      block-diagonal cell's blocks, else the dense state); the steps and their Jacobians at the
+      guess stay one parallel XLA pass, and a damped step's solve stays XLA's;
+    - ``backward="bppsa"``: the scan by :func:`chunked_scan` or :func:`chunked_scan_factored` (the
+      same block limit);
+    - ``backward="bptt"``: the adjoint loop by :func:`fused_adjoint` (the cells of the forward kernel);
+    - a mesh: none (the sequence-parallel scan has no kernel).
+
+    Args:
+      cell: the cell.
+      backward: the resolved backward, "bppsa" or "bptt".
+      forward: the resolved forward, "sequential", "newton" or "quasi".
+      state_size: S, the flat state's size (a shape-agnostic cell's is the initial state's).
+      mesh: whether the problem runs over a mesh.
+
+    Returns:
+      One phrase per stage that has no kernel for this problem.
+    """
+    why = []
+    cells_ = f"RNN, GRU and LSTM with hidden_size <= {recurrence.MAX_HIDDEN}"
+    if mesh:
+        why.append("a mesh (the sequence-parallel scan has no kernel)")
+    if forward == "sequential" and not supports(cell):
+        why.append(f"forward='sequential' of {cell.display_name} with hidden_size {cell.hidden_size} (the fused "
+                   f"recurrence runs {cells_}; forward='newton' runs the fused scan for other cells)")
+    block = cell.jacobian_block_size or state_size
+    if forward == "newton" and block > scan.MAX_BLOCK:  # quasi: the diagonal, any size
+        why.append(f"forward={forward!r} with Jacobian blocks of {block} (the fused scan takes at most "
+                   f"{scan.MAX_BLOCK})")
+    if backward == "bppsa" and block > scan.MAX_BLOCK:
+        why.append(f"backward='bppsa' with Jacobian blocks of {block} (the fused scan takes at most {scan.MAX_BLOCK})")
+    if backward == "bptt" and not supports(cell):
+        why.append(f"backward='bptt' of {cell.display_name} with hidden_size {cell.hidden_size} (the fused adjoint "
+                   f"loop runs {cells_})")
+    return why

@@ -245,7 +245,7 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
     N, factored = chunks * C, Wt is not None
     m_shape = (N, R, Kp) if factored else (N, R, Kp, Kp)
     Mp, dp, vp = _pad_to(Ms, m_shape), _pad_to(ds, (N, R, Kp)), _pad_to(v, (R, Kp))
-    extra = [_pad_to(Wt, (Kp, Kp))] if factored else []
+    extra = [] if Wt is None else [_pad_to(Wt, (Kp, Kp))]
     w_spec = [pl.BlockSpec((Kp, Kp), lambda c, r: (0, 0))] if factored else []
     m_chunk = (pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0)) if factored
                else pl.BlockSpec((C, None, Kp, Kp), lambda c, r: (c, r, 0, 0)))

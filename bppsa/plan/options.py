@@ -252,7 +252,7 @@ class Options:
         if self.forward == "auto" and parallel and devices is None:
             gate = cost_lib.choose_forward(cell, T, B, xs.dtype, backend)[1]
         tol = tolerance(s_dtype, r.tol)
-        kernels = _kernels(self.kernels, cell, r.backward, r.forward, devices, backend)
+        kernels = _kernels(self.kernels, cell, r.backward, r.forward, S, devices, backend)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine, "kernels": kernels}
         hoist = parallel or cost_lib.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
@@ -438,7 +438,7 @@ def _check_solver_fields(tol, atol, rtol, max_iter, damping, on_fail) -> tuple[A
             None if d is None else float(d))
 
 
-def _kernels(kernels: str, cell: Cell, backward: str, forward: str, devices: int | None, backend: str) -> str:
+def _kernels(kernels: str, cell: Cell, backward: str, forward: str, S: int, devices: int | None, backend: str) -> str:
     """``kernels`` made concrete for this problem: "auto" by :func:`bppsa.plan.cost.choose_kernels`;
     "pallas" and "interpret" only where the fused kernels run this problem (:mod:`bppsa.kernels`),
     "pallas" only on a GPU: else a UsageError naming why (nothing runs another path silently)."""
@@ -450,19 +450,10 @@ def _kernels(kernels: str, cell: Cell, backward: str, forward: str, devices: int
         raise UsageError(f"kernels='pallas' needs a GPU (Pallas's Triton backend); this backend is {backend}: "
                          "kernels='interpret' runs the same kernels here (slowly), kernels='xla' none")
     from bppsa import kernels as kernel_lib  # Pallas loads only where a kernel is asked for, not on import
-    got = []
-    if backward != "bppsa":
-        got.append(f"backward={backward!r}")
-    if forward != "sequential":
-        got.append(f"forward={forward!r}")
-    if devices is not None:
-        got.append("a mesh")
-    if not kernel_lib.supports(cell):
-        got.append(f"{cell.display_name} with hidden_size {cell.hidden_size}")
-    if got:
-        raise UsageError(f"kernels={kernels!r} runs the fused forward of backward='bppsa' with forward='sequential' "
-                         f"on one device, for bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
-                         f"{kernel_lib.recurrence.MAX_HIDDEN}; got {', '.join(got)} (kernels='xla' runs it)")
+    why = kernel_lib.unsupported(cell, backward, forward, S, mesh=devices is not None)
+    if why:
+        raise UsageError(f"kernels={kernels!r} needs a fused kernel for every stage of the problem; none for "
+                         f"{'; '.join(why)}. kernels='xla' runs it")
     return kernels
 
 

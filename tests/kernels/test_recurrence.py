@@ -14,6 +14,8 @@ import bppsa
 from bppsa import cells
 from bppsa.errors import UsageError
 from bppsa.forward.sequential import forward_states
+import bppsa.structured
+from bppsa import kernels as kernel_lib
 from bppsa.kernels import cuda_module, fused_states, lowering, recurrence, supports
 from tests.reference import scan_grads
 
@@ -124,13 +126,25 @@ def test_the_kernels_option():
         bppsa.rnn(cell, params, xs, s0, kernels="pallas")
     with pytest.raises(UsageError, match=r"kernels must be one of"):
         bppsa.Options(kernels="triton")
-    with pytest.raises(UsageError, match=r"kernels='interpret' runs the fused forward of backward='bppsa'"):
-        bppsa.rnn(cell, params, xs, s0, kernels="interpret", backward="bptt")
-    with pytest.raises(UsageError, match=r"kernels='interpret' runs .* bppsa.cells.RNN, GRU and LSTM"):
-        bppsa.rnn(cells.Generic(lambda p, h, x: jnp.tanh(p["w"] * h)), {"w": jnp.ones(())}, xs, s0,
-                  kernels="interpret")
-    with pytest.raises(UsageError, match=r"kernels='interpret' .* forward='sequential'"):
-        bppsa.rnn(cell, params, xs, s0, kernels="interpret", forward="newton")
+    # every stage needs a kernel, or the option is an error naming the stages that have none
+    assert bppsa.Options(kernels="interpret", backward="bptt").plan(cell, xs, s0).kernels == "interpret"
+    assert bppsa.Options(kernels="interpret", forward="newton").plan(cell, xs, s0).kernels == "interpret"
+    generic = cells.Generic(lambda p, h, x: jnp.tanh(p["w"] * h))
+    with pytest.raises(UsageError, match=r"kernels='interpret' needs a fused kernel for every stage .* none for "
+                                         r"forward='sequential' of .*forward='newton' runs the fused scan"):
+        bppsa.rnn(generic, {"w": jnp.ones(())}, xs, s0, kernels="interpret")
+    assert bppsa.Options(kernels="interpret", forward="newton").plan(generic, xs, s0).kernels == "interpret"
+    big = cells.GRU(3, 200)
+    with pytest.raises(UsageError, match=r"forward='newton' with Jacobian blocks of 200 .*backward='bppsa' with "
+                                         r"Jacobian blocks of 200.*kernels='xla' runs it"):
+        bppsa.Options(kernels="interpret", forward="newton").plan(big, xs, jnp.zeros((2, 200)))
+    with pytest.raises(UsageError, match=r"backward='bptt' of BlockGRU"):
+        block = bppsa.structured.BlockGRU(3, 8, head_size=2)
+        bppsa.Options(kernels="interpret", forward="newton", backward="bptt").plan(block, xs, jnp.zeros((2, 8)))
+    assert kernel_lib.unsupported(cell, "bppsa", "sequential", cell.state_size, mesh=True) == [
+        "a mesh (the sequence-parallel scan has no kernel)"]
+    assert kernel_lib.unsupported(big, "bppsa", "quasi", 200) == [
+        "backward='bppsa' with Jacobian blocks of 200 (the fused scan takes at most 128)"]
 
 
 def test_the_flax_drop_in_takes_the_option():
@@ -140,5 +154,5 @@ def test_the_flax_drop_in_takes_the_option():
     x = jax.random.normal(jax.random.key(0), (2, 5, 3))
     out = bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), kernels="xla")(x)
     assert out.shape == (2, 5, 4)
-    with pytest.raises(UsageError, match=r"kernels='interpret' runs .*; got .*GRUCell"):
+    with pytest.raises(UsageError, match=r"kernels='interpret' needs a fused kernel .* of GRUCell"):
         bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), kernels="interpret")(x)
