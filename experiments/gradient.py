@@ -39,7 +39,8 @@ from bppsa.cells import Cell
 from bppsa.scan import SCANS
 
 __all__ = ["loss", "readout", "problem", "out_cotangent", "forward_fn", "gradient_fn", "gradient_functions",
-           "backward_functions", "cudnn_function", "gradient_errors", "method_names"]
+           "backward_functions", "forward_functions", "cudnn_function", "cudnn_parts", "gradient_errors",
+           "method_names"]
 
 
 def loss(cell: Cell, out: Any, R: jax.Array) -> jax.Array:
@@ -131,6 +132,68 @@ def backward_functions(cell: Cell, params: Any, xs: jax.Array, h0: Any, R: jax.A
         _, vjp = jax.vjp(forward_fn(cell, m, **opts), params, xs, h0)
         fns[m] = functools.partial(_apply, vjp, ct)
     return fns
+
+
+def forward_functions(cell: Cell, params: Any, xs: jax.Array, h0: Any, methods: Iterable[str],
+                      **opts: Any) -> dict[str, Callable]:
+    """``{method: zero-argument function}``: the forward alone, jitted, of each method's program.
+
+    Args:
+      cell: the cell.
+      params, xs, h0: the arrays of :func:`problem`.
+      methods: names of the module docstring but cudnn (bptt_unroll{u} runs ``lax.scan``; bptt,
+        bppsa_* and auto run :func:`bppsa.rnn`'s primal forward: its sequential forward, or the
+        fused kernel with ``kernels=``).
+      **opts: options of :func:`bppsa.rnn` (e.g. ``kernels``), as :func:`forward_fn` takes them.
+
+    Returns:
+      ``{method: f}`` with ``f()`` running ``jax.jit(forward_fn(cell, method, **opts))(params, xs, h0)``.
+    """
+    return {m: functools.partial(jax.jit(forward_fn(cell, m, **opts)), params, xs, h0) for m in methods}
+
+
+def cudnn_parts(cell: Cell, xs: jax.Array, R: jax.Array) -> dict[str, Callable] | None:
+    """PyTorch's cuDNN training step split: ``{"step", "forward", "backward"}`` zero-argument functions.
+
+    ``step`` is :func:`cudnn_function`'s forward + backward; ``forward`` the forward with autograd
+    recording (as a training step runs it, cuDNN's training kernels); ``backward`` only
+    ``loss.backward(retain_graph=True)`` of one forward run here, the graph kept between calls.
+    Each synchronises CUDA before it returns.
+
+    Args:
+      cell: an RNN, GRU or LSTM cell (others: None).
+      xs: inputs (T, B, I).
+      R: the readout (T, B, H).
+
+    Returns:
+      The dict, or None where :func:`cudnn_function` is None (no torch, no CUDA, no counterpart).
+    """
+    step = cudnn_function(cell, xs, R)
+    if step is None:
+        return None
+    import torch  # pyright: ignore[reportMissingImports] -- present: cudnn_function found it
+
+    kind = type(cell).__name__
+    kw = {"nonlinearity": getattr(cell, "nonlinearity")} if kind == "RNN" and hasattr(cell, "nonlinearity") else {}
+    x = torch.from_numpy(np.array(xs)).to("cuda")
+    r = torch.from_numpy(np.array(R)).to("cuda")
+    mod = getattr(torch.nn, kind)(cell.input_size, cell.hidden_size, **kw).to("cuda", x.dtype)
+
+    def forward():
+        out, _ = mod(x)
+        loss = (out * r).sum()
+        torch.cuda.synchronize()
+        return loss
+
+    graph = [forward()]  # the one forward whose graph the backward replays
+
+    def backward():
+        mod.zero_grad(set_to_none=True)
+        graph[0].backward(retain_graph=True)
+        torch.cuda.synchronize()
+        return ()
+
+    return {"step": step, "forward": lambda: (forward(), ())[1], "backward": backward}
 
 
 def cudnn_function(cell: Cell, xs: jax.Array, R: jax.Array) -> Callable | None:

@@ -5,8 +5,9 @@
 #   experiments/gpu/run.sh OUTDIR              # needs a visible GPU; < 8 min on an H200
 #   experiments/gpu/run.sh OUTDIR --dry-run    # tiny sizes on the CPU (also: BPPSA_ALLOW_CPU=1)
 #
-# Installs nothing and imports none of ml_collections, librosa, soundfile, ray: uses $PYTHON
-# (default python3) with jax, numpy (and torch, optional, for the cuDNN baseline).
+# Installs nothing (but the pararnn-torch wheel of experiments/gpu/fetch_wheels.sh, when carried, into a
+# temporary folder) and imports none of ml_collections, librosa, soundfile, ray: uses $PYTHON
+# (default python3) with jax, numpy (and torch, optional, for the cuDNN baseline and the pararnn peer).
 set -euo pipefail
 OUT="${1:?usage: experiments/gpu/run.sh OUTDIR [--dry-run]}"
 shift

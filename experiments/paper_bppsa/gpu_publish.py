@@ -24,7 +24,7 @@ from experiments.extensions import parallel_step, roofline
 from experiments.provenance import save_json
 from experiments.tables import markdown_table
 
-__all__ = ["merge", "cell_of", "choices", "markdown", "main"]
+__all__ = ["merge", "cell_of", "choices", "detail_tables", "markdown", "main"]
 
 KEY = ("part", "sweep", "cell", "setting", "head_size", "T", "B", "devices")
 BASELINES = ("bptt_plain", "bptt_unrolled", "bptt")
@@ -51,7 +51,7 @@ def _f(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _gpu_rows(points, sweep, fused=False):
+def _gpu_rows(points, sweep, fused=False, bptt_fused=False):
     rows = []
     for p in sorted((p for p in points if p["part"] == "gpu" and p.get("sweep") == sweep),
                     key=lambda p: (p["T"], p["B"])):
@@ -65,27 +65,113 @@ def _gpu_rows(points, sweep, fused=False):
         if fused:  # the fused forward (bppsa.kernels) with the Blelloch backward, and cuDNN against it
             f = ms.get("bppsa_fused")
             row += [_f(f), "-" if f is None or "cudnn" not in ms else f"{ms['cudnn'] / f:.2f}"]
+        if bptt_fused:  # tuned BPTT with the fused kernels (its adjoint loop)
+            row.append(_f(ms.get("bptt_fused")))
         rows.append(row)
     return rows
 
 
-def _has_fused(points) -> bool:
-    """Whether any GPU point timed the fused kernels (runs before them did not): their columns then."""
-    return any("bppsa_fused" in p.get("ms", {}) for p in points if p["part"] == "gpu")
+def _has_fused(points, column: str = "bppsa_fused") -> bool:
+    """Whether any GPU point timed ``column`` (runs before the fused kernels did not): its columns then."""
+    return any(column in p.get("ms", {}) for p in points if p["part"] == "gpu")
+
+
+#: The columns of the backward-alone, forward-alone and launch tables, in order: key -> header.
+DETAIL_COLUMNS = {"bptt_plain": "plain lax.scan", "bptt": "bptt tuned", "bptt_fused": "bptt fused",
+                  "bppsa_blelloch": "BPPSA blelloch", "bppsa_fused": "BPPSA fused", "cudnn": "cuDNN"}
+FORWARD_COLUMNS = {"bptt_plain": "lax.scan", "bppsa_blelloch": "bppsa sequential (XLA)",
+                   "bppsa_fused": "bppsa fused kernel", "cudnn": "cuDNN (training forward)"}
+
+
+def _detail_points(points, key):
+    return sorted((p for p in points if p["part"] == "gpu" and p.get(key)),
+                  key=lambda p: (str(p.get("sweep")), str(p.get("setting", "")), p["T"], p["B"]))
+
+
+def _label(p) -> list:
+    return [p.get("sweep", ""), p.get("setting", p["cell"]), p["T"], p["B"]]
+
+
+def detail_tables(points) -> list[str]:
+    """Markdown of where the time goes (runs that measured it; none else): the backward alone, the
+    forward alone and the kernels launched per training step, one column per method measured.
+
+    Args:
+      points: the merged points.
+
+    Returns:
+      The section's lines (empty where no point has ``backward_ms``, ``forward_ms`` or ``launches``).
+    """
+    lines: list[str] = []
+    bwd = _detail_points(points, "backward_ms")
+    if bwd:
+        cols = [k for k in DETAIL_COLUMNS if any(k in p["backward_ms"] for p in bwd)]
+        rows = []
+        for p in bwd:
+            b = p["backward_ms"]
+            ratio = lambda k: "-" if k not in b or "bppsa_blelloch" not in b else f"{b[k] / b['bppsa_blelloch']:.2f}"
+            step = (p.get("ms") or {}).get("bppsa_blelloch")
+            share = "-" if step is None or "bppsa_blelloch" not in b else f"{b['bppsa_blelloch'] / step:.2f}"
+            rows.append(_label(p) + [_f(b.get(k)) for k in cols] + [ratio("bptt_plain"), ratio("bptt"), share])
+        header = ["sweep", "setting / cell", "T", "B", *(DETAIL_COLUMNS[k] for k in cols), "plain / BPPSA",
+                  "tuned / BPPSA", "BPPSA backward / step"]
+        lines += ["## The backward alone", "",
+                  "ms of the pullback only: the forward and `jax.vjp` run once outside the timing, then the jitted "
+                  "vjp function at ∂L/∂out (`experiments.gradient.backward_functions`); for BPPSA its Jacobians, "
+                  "scan and parameter gradients; cuDNN: `loss.backward(retain_graph=True)` after one forward, CUDA "
+                  "synchronised. plain / BPPSA at T = 30 000 is the paper's backward speed-up metric. BPPSA "
+                  "backward / step: its share of the whole training step (the T and B sweep tables).", "",
+                  markdown_table(header, rows, align="llrr" + "r" * (len(header) - 4)), ""]
+    fwd = _detail_points(points, "forward_ms")
+    if fwd:
+        cols = [k for k in FORWARD_COLUMNS if any(k in p["forward_ms"] for p in fwd)]
+        rows = [_label(p) + [_f(p["forward_ms"].get(k)) for k in cols] for p in fwd]
+        header = ["sweep", "setting / cell", "T", "B", *(FORWARD_COLUMNS[k] for k in cols)]
+        lines += ["## The forward alone", "",
+                  "ms of the jitted forward (states only): `lax.scan` over `cell.step`, `bppsa.rnn`'s sequential "
+                  "forward by XLA and by the fused kernel (`kernels=`); cuDNN's forward as a training step runs it "
+                  "(autograd recording).", "",
+                  markdown_table(header, rows, align="llrr" + "r" * (len(header) - 4)), ""]
+    lau = _detail_points(points, "launches")
+    if lau:
+        cols = [k for k in DETAIL_COLUMNS if any(k in p["launches"] for p in lau)]
+
+        def n(p, k):
+            c = p["launches"].get(k)
+            return "-" if c is None else f"{c['total']}" + ("" if c.get("exact", True) else "+")
+        rows = [_label(p) + [n(p, k) for k in cols] for p in lau]
+        header = ["sweep", "setting / cell", "T", "B", *(DETAIL_COLUMNS[k] for k in cols)]
+        lines += ["## Kernels launched per training step", "",
+                  "Counted from the compiled program (`experiments.paper_bppsa.launches`): fusions, custom calls "
+                  "(cuBLAS, Triton/Pallas) and other computing instructions, a `while` loop's body times its trip "
+                  "count (XLA's `known_trip_count`; + where a loop had none: a lower bound). Memcpys are not "
+                  "counted.", "", markdown_table(header, rows, align="llrr" + "r" * (len(header) - 4)), ""]
+    return lines
 
 
 GPU_HEADER = ["setting / cell", "I", "T", "B", "plain lax.scan", "best unrolled (u)", "bptt tuned", "BPPSA blelloch",
               "BPPSA seq.", "cuDNN", "plain / BPPSA", "best BPTT / BPPSA", "cuDNN / BPPSA"]
 
 
+PAIRS = ("sequential/bptt", "sequential/bppsa", "newton/bppsa", "quasi/bppsa")
+#: The parallel part's extra columns, where a run has them: the fused Newton pair and pararnn-torch's step.
+PARALLEL_EXTRA = {"newton/bppsa fused": "newton/bppsa fused", "pararnn_torch_fused": "pararnn-torch fused"}
+
+
+def _parallel_extra(points) -> list[str]:
+    return [k for k in PARALLEL_EXTRA if any(k in p.get("ms", {}) for p in points if p["part"] == "parallel")]
+
+
 def _parallel_rows(points):
     rows = []
+    extra = _parallel_extra(points)
     for p in (p for p in points if p["part"] == "parallel"):
         ms, its = p["ms"], p.get("newton") or {}
         base = ms["sequential/bptt"]
+        ours = [v for k, v in ms.items() if k in PAIRS or k == "newton/bppsa fused"]  # bppsa's programs only
         rows.append([p["cell"], p.get("head_size", 1), p.get("I", 1), p["H"], p["T"], p["B"]]
-                    + [_f(ms.get(k)) for k in ("sequential/bptt", "sequential/bppsa", "newton/bppsa", "quasi/bppsa")]
-                    + [f"{base / min(ms.values()):.2f}",
+                    + [_f(ms.get(k)) for k in PAIRS] + [_f(ms.get(k)) for k in extra]
+                    + [f"{base / min(ours):.2f}",
                        " / ".join(str((its.get(k) or {}).get("iterations", "-"))
                                   for k in ("newton/bppsa", "quasi/bppsa")),
                        p.get("auto", "-"), _f((p.get("predicted_ms") or {}).get("forward_model/newton"))])
@@ -152,10 +238,11 @@ def markdown(record: dict) -> str:
              "`nn.RNN`/`nn.GRU` on CUDA, same inputs and readout. Ratios > 1: BPPSA faster.", ""]
     for title, sweep in (("RNN 1 → 20, T sweep (B = 16)", "T"), ("RNN 1 → 20, B sweep (T = 1000)", "B"),
                          ("IRMAS-shaped GRU → 20 (synthetic inputs)", "irmas")):
-        fused = _has_fused(pts)
-        rows = _gpu_rows(pts, sweep, fused)
+        fused, bptt_fused = _has_fused(pts), _has_fused(pts, "bptt_fused")
+        rows = _gpu_rows(pts, sweep, fused, bptt_fused)
         if rows:
-            header = GPU_HEADER + (["BPPSA fused", "cuDNN / fused"] if fused else [])
+            header = GPU_HEADER + (["BPPSA fused", "cuDNN / fused"] if fused else []) \
+                + (["bptt fused"] if bptt_fused else [])
             lines += [f"## {title}", "", markdown_table(header, rows, align="l" + "r" * (len(header) - 1)), ""]
     prec = [p for p in pts if p.get("sweep") == "precision"]
     if prec:
@@ -165,17 +252,24 @@ def markdown(record: dict) -> str:
                                  [[p["T"]] + [f"{p['grad_rel_err'][k]:.2e}" for k in sorted(p["grad_rel_err"])]
                                   + [" / ".join(_f(p["bppsa_ms_by_precision"].get(k))
                                                 for k in ("highest", "high", "default"))] for p in prec]), ""]
+    lines += detail_tables(pts)
     rows = _parallel_rows(pts)
     if rows:
+        extra = [PARALLEL_EXTRA[k] for k in _parallel_extra(pts)]
         lines += ["## The parallel forward's training step", "",
                   "`bppsa.rnn(..., forward=f, backward=b)`'s jitted parameter gradient; × = tuned BPTT's time / the "
                   "fastest pair's; iterations of Newton / quasi-Newton; auto = what `forward=\"auto\", "
                   "backward=\"auto\"` runs (at the run: the forward constants of its commit); model = "
-                  "`bppsa.plan.cost.forward_seconds`' Newton forward alone, at the run.", "",
+                  "`bppsa.plan.cost.forward_seconds`' Newton forward alone, at the run."
+                  + (" newton/bppsa fused: the same pair with the fused kernels (`kernels=`)." if "newton/bppsa fused"
+                     in _parallel_extra(pts) else "")
+                  + (" pararnn-torch fused: its fused Triton Newton step (K = 3) and eq. 2.6 backward for its "
+                     "diagonal GRU at the BlockGRU k=1 shape (`experiments.paper_bppsa.pararnn_gpu`; not in ×)."
+                     if "pararnn_torch_fused" in _parallel_extra(pts) else ""), "",
                   markdown_table(["cell", "head", "I", "H", "T", "B", "sequential/bptt", "sequential/bppsa",
-                                  "newton/bppsa", "quasi/bppsa", "×", "iterations", "auto at the run",
+                                  "newton/bppsa", "quasi/bppsa", *extra, "×", "iterations", "auto at the run",
                                   "model ms at the run"],
-                                 rows, align="lrrrrrrrrrrlll"), ""]
+                                 rows, align="lrrrrrrrrr" + "r" * len(extra) + "rlll"), ""]
     cpu = [p for p in pts if p["part"] == "cpu16"]
     if cpu:
         sizes = [p for p in cpu if p.get("sweep") != "sequence-parallel"]

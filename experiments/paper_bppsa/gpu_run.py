@@ -31,6 +31,17 @@ of a fixed random readout of every step), the methods built by
     bppsa_blelloch    bppsa.rnn, Blelloch scan, full float32 products
     bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
     cudnn             torch nn.RNN / nn.GRU forward + backward on CUDA (when torch and CUDA are there)
+    bppsa_fused       bppsa_blelloch with ``kernels=`` the fused Pallas kernels (:mod:`bppsa.kernels`)
+    bptt_fused        bptt with ``kernels=`` the fused kernels (a variant the kernels do not cover yet
+                      is a reason in the point's ``errors``, never a lost point)
+
+Where the time goes (:func:`measure_detail`, at the plan's ``detail_T``, ``detail_B`` and
+``detail_irmas_B`` points, most wanted first, where the budget allows it): ``backward_ms`` (the
+pullback alone), ``forward_ms`` (the forward alone) and ``launches`` (kernels per training step,
+:mod:`experiments.paper_bppsa.launches`), keyed by the columns above. At the ``parallel`` part's
+structured points also "newton/bppsa fused", and at BlockGRU heads of 1 pararnn-torch's fused
+Triton Newton step (:mod:`experiments.paper_bppsa.pararnn_gpu`, from the wheel carried in
+experiments/gpu/wheels) as ``ms["pararnn_torch_fused"]``.
 
 ``--dry-run`` (or BPPSA_ALLOW_CPU=1) runs tiny sizes on the CPU in about two minutes.
 """
@@ -38,6 +49,7 @@ of a fixed random readout of every step), the methods built by
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -46,17 +58,19 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
-from bppsa import cells, host
+from bppsa import backprop, cells, host
 from bppsa.plan.cost import UNROLLS, forward_seconds
 from bppsa.plan.options import PRECISIONS
 from experiments import baselines, gradient
 from experiments.data.irmas import SHAPES as IRMAS_SHAPES
 from experiments.extensions import parallel_step, roofline, scaling
+from experiments.paper_bppsa import launches
 from experiments.provenance import provenance, save_json
 
-__all__ = ["BLOCKED", "PARALLEL_POINTS", "PARALLEL_PAIRS", "plan", "Summary", "Budget", "measure_point", "run_gpu",
-           "run_parallel", "run_cpu16", "main"]
+__all__ = ["BLOCKED", "PARALLEL_POINTS", "PARALLEL_PAIRS", "plan", "Summary", "Budget", "sweep", "measure_point",
+           "run_gpu", "run_parallel", "run_cpu16", "main"]
 
 BLOCKED = ("ml_collections", "librosa", "soundfile", "ray")  # absent on the device machine
 H = 20  # hidden size of every paper model
@@ -71,13 +85,17 @@ def plan(dry: bool) -> dict:
     """Sizes and time budgets (seconds) of a full run, or of the tiny dry run."""
     if dry:
         return dict(T_sweep=(12,), B_sweep=(3,), B_sweep_T=12, irmas=(("s", 16),), irmas_T=8, precision_T=(16,),
+                    detail_T=(12,), detail_B=(), detail_irmas_B=(),
                     unrolls=(1, 4), repeats=1, cpu16_points=((12, 2),), cpu16_devices=(1, 2),
                     cpu16_device_count=2, scaling=(16, 2),
-                    parallel=(("T", "rnn", 1, 1, H, 12, 3), ("structured", "blockgru", 2, 4, 8, 16, 2)),
-                    budgets={"gpu/T": 10, "gpu/B": 7, "gpu/irmas": 7, "gpu/precision": 10, "parallel": 20, "cpu16": 20},
-                    total=77)
+                    parallel=(("T", "rnn", 1, 1, H, 12, 3), ("structured", "blockgru", 1, 4, 8, 16, 2),
+                              ("structured", "blockgru", 2, 4, 8, 16, 2)),
+                    budgets={"gpu/T": 25, "gpu/B": 7, "gpu/irmas": 7, "gpu/precision": 10, "parallel": 40, "cpu16": 20},
+                    total=115)
     return dict(T_sweep=(30000, 1000, 10000, 100, 3000, 10), B_sweep=(2, 256, 16, 64, 4, 128, 8, 32), B_sweep_T=1000,
                 irmas=tuple((s, b) for s in IRMAS_SHAPES for b in (16, 32, 64)), irmas_T=None,
+                # backward alone, forward alone, launches (measure_detail), most wanted first, where the budget allows
+                detail_T=(30000, 1000, 10000), detail_B=(2, 256), detail_irmas_B=(16,),
                 precision_T=(1000, 10000, 30000), unrolls=UNROLLS, repeats=3,
                 cpu16_points=((1000, 16), (10000, 16), (1000, 64)), cpu16_devices=(1, 2, 4, 8, 16),
                 cpu16_device_count=16, scaling=(10000, 16),
@@ -94,6 +112,11 @@ PARALLEL_POINTS = (("T", "rnn", 1, 1, H, 10000, 16), _irmas("m"), ("structured",
                    ("T", "rnn", 1, 1, H, 1000, 16), _irmas("s"), _irmas("l"), ("T", "rnn", 1, 1, H, 100, 16),
                    ("T", "rnn", 1, 1, H, 30000, 16))
 PARALLEL_PAIRS = ("sequential/bptt", "sequential/bppsa", "newton/bppsa", "quasi/bppsa")
+#: At the structured points: newton/bppsa with the fused kernels (the fused scan of the Newton solve).
+PARALLEL_FUSED = "newton/bppsa fused"
+#: At the structured points of head size 1: pararnn-torch's fused Triton Newton step (its diagonal GRU).
+PARARNN = "pararnn_torch_fused"
+PARARNN_TIMEOUT = 90  # seconds: torch's import, Triton's first compile of pararnn's kernels, the timing
 
 
 class Summary:
@@ -157,29 +180,122 @@ def _peak_mb():
     return None if not stats or "peak_bytes_in_use" not in stats else stats["peak_bytes_in_use"] / 2 ** 20
 
 
-def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=False, extra=None) -> dict:
-    """One point: every method interleaved; ms are medians of one training-step gradient."""
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+#: The columns timed with the fused kernels (bppsa.kernels): name -> the method of experiments.gradient.
+FUSED = {"bppsa_fused": "bppsa_blelloch", "bptt_fused": "bptt"}
+#: The methods of the backward-alone, forward-alone and launch measurements: column -> (method, fused).
+DETAIL = {"bptt_plain": ("bptt_unroll1", False), "bptt": ("bptt", False), "bppsa_blelloch": ("bppsa_blelloch", False),
+          "bppsa_fused": ("bppsa_blelloch", True), "bptt_fused": ("bptt", True)}
+FORWARD_DETAIL = ("bptt_plain", "bppsa_blelloch", "bppsa_fused")  # lax.scan, bppsa's sequential forward xla / fused
+
+
+def _ready(fns: dict, errors: dict, prefix: str) -> dict:
+    """The functions of ``fns`` whose first call (the compile) succeeds; a failure costs its column
+    only and is recorded in ``errors`` under ``prefix + name``."""
+    ok = {}
+    for name, fn in fns.items():
+        try:
+            jax.block_until_ready(fn())
+            ok[name] = fn
+        except Exception as e:  # noqa: BLE001 -- a missing kernel variant (UsageError) or a failed compile
+            errors[prefix + name] = _error(e)
+    return ok
+
+
+def measure_detail(cell, params, xs, h0, R, steps: dict, *, repeats: int, cudnn_parts: dict | None = None) -> dict:
+    """Where a training step's time goes: the backward alone, the forward alone, and the kernels launched.
+
+    Args:
+      cell, params, xs, h0, R: the point's problem (:func:`experiments.gradient.problem`).
+      steps: ``{column: zero-argument training-step gradient}`` as timed (their launches are counted
+        from the programs already compiled; cudnn has none).
+      repeats: rounds of :func:`bppsa.host.time_interleaved`.
+      cudnn_parts: :func:`experiments.gradient.cudnn_parts` or None.
+
+    Returns:
+      ``{"backward_ms": {column: median ms}, "forward_ms": {...}, "launches": {column:
+      launches.count's dict}, "errors": {"backward/" | "forward/" | "launches/" + column: message}}``.
+      Backward alone: the pullback (``jax.vjp``'s function at ∂L/∂out, the forward run once
+      outside the timing; :func:`experiments.gradient.backward_functions`), for bppsa its
+      Jacobians, scan and parameter gradients; cuDNN: ``loss.backward(retain_graph=True)``.
+      Forward alone: the jitted forward (``lax.scan``; ``bppsa.rnn``'s sequential forward, XLA or
+      fused); cuDNN: the forward with autograd recording.
+    """
+    errors: dict = {}
+    bwd: dict = {}
+    for col, (method, fused) in DETAIL.items():
+        try:
+            opts = {"kernels": _fused()} if fused else {}
+            bwd[col] = gradient.backward_functions(cell, params, xs, h0, R, [method], **opts)[method]
+        except Exception as e:  # noqa: BLE001 -- the forward run by jax.vjp failed: this column only
+            errors["backward/" + col] = _error(e)
+    fwd: dict = {}
+    for col in FORWARD_DETAIL:
+        method, fused = DETAIL[col]
+        fwd[col] = gradient.forward_functions(cell, params, xs, h0, [method],
+                                              **({"kernels": _fused()} if fused else {}))[method]
+    if cudnn_parts is not None:
+        bwd["cudnn"], fwd["cudnn"] = cudnn_parts["backward"], cudnn_parts["forward"]
+    out: dict = {"backward_ms": {}, "forward_ms": {}, "launches": {}, "errors": errors}
+    for key, fns in (("backward_ms", bwd), ("forward_ms", fwd)):
+        ok = _ready(fns, errors, key.split("_")[0] + "/")
+        if ok:
+            st = host.time_interleaved(ok, repeats=repeats, warmup=1, block=2)
+            out[key] = {k: v["median"] * 1e3 for k, v in st.items()}
+    for col, fn in steps.items():
+        if col == "cudnn":
+            continue
+        try:
+            out["launches"][col] = launches.count(fn)
+        except Exception as e:  # noqa: BLE001 -- an HLO text this parser does not know costs the count only
+            errors["launches/" + col] = _error(e)
+    return out
+
+
+def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=False, extra=None,
+                  detail: bool = False) -> dict:
+    """One point: every method interleaved; ms are medians of one training-step gradient.
+
+    Args:
+      part: the part's name ("gpu", "cpu16").
+      cell: the cell (RNN or GRU, hidden size :data:`H`).
+      T, B: sequence length and batch size.
+      unrolls: the unrolls of ``lax.scan`` tried (bptt_unrolled: the fastest).
+      repeats: rounds of :func:`bppsa.host.time_interleaved`.
+      cudnn: time torch's cuDNN too (where torch sees CUDA).
+      extra: keys added to the record.
+      detail: also :func:`measure_detail` (backward alone, forward alone, launches).
+
+    Returns:
+      The point's record: ``ms`` by column (those of the module docstring, plus bppsa_fused and
+      bptt_fused where the fused kernels run this problem), ``best_unroll``, ``ms_by_unroll``,
+      ``spread_ms``, ``peak_mb``; with ``detail`` ``backward_ms``, ``forward_ms``, ``launches``;
+      ``fused_error`` (bppsa_fused) and ``errors`` ({column: message}) for the columns that failed.
+    """
     params, xs, h0, R = gradient.problem(cell, T, B)
     fns = baselines.baseline_functions(cell, params, xs, h0, scans=("blelloch", "sequential"), unrolls=unrolls,
                                        cudnn=False)
     kind = type(cell).__name__
-    cudnn_error = None
+    cudnn_error, parts = None, None
     if cudnn:
         try:  # a torch failure costs the cuDNN column, not the point
-            fn = gradient.cudnn_function(cell, xs, R)
+            parts = gradient.cudnn_parts(cell, xs, R) if detail else None
+            fn = parts["step"] if parts is not None else gradient.cudnn_function(cell, xs, R)
             if fn is not None:
                 fn()
                 fns["cudnn"] = fn
         except Exception as e:  # noqa: BLE001
-            cudnn_error = f"{type(e).__name__}: {str(e)[:200]}"
-    fused_error = None
-    try:  # the fused forward (bppsa.kernels) with the Blelloch backward; its failure costs its column only
-        fn = gradient.gradient_functions(cell, params, xs, h0, R, ["bppsa_blelloch"],
-                                         kernels=_fused())["bppsa_blelloch"]
-        jax.block_until_ready(fn())
-        fns["bppsa_fused"] = fn
-    except Exception as e:  # noqa: BLE001
-        fused_error = f"{type(e).__name__}: {str(e)[:200]}"
+            cudnn_error, parts = _error(e), None
+    errors: dict = {}
+    fused = {col: gradient.gradient_functions(cell, params, xs, h0, R, [m], kernels=_fused())[m]
+             for col, m in FUSED.items()}
+    # the fused forward (bppsa.kernels) with the Blelloch backward, and tuned BPTT with the fused kernels
+    # (its adjoint loop); a kernel variant not there yet (UsageError) costs its column only
+    fns.update(_ready(fused, errors, ""))
+    fused_error = errors.pop("bppsa_fused", None)
     st = host.time_interleaved(fns, repeats=repeats, warmup=1, block=2)
     ms = {k: v["median"] * 1e3 for k, v in st.items()}
     spread = {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in st.items()}
@@ -187,27 +303,52 @@ def measure_point(part: str, cell, T: int, B: int, *, unrolls, repeats, cudnn=Fa
     # the names of every table (experiments.baselines): bptt = tuned BPTT, bptt_plain = the plain scan
     out_ms = {"bptt_plain": ms["bptt_unroll1"], "bptt_unrolled": ms[f"bptt_unroll{best}"], "bptt": ms["bptt"],
               "bppsa_blelloch": ms["bppsa_blelloch"], "bppsa_sequential": ms["bppsa_sequential"]}
-    if "cudnn" in ms:
-        out_ms["cudnn"] = ms["cudnn"]
-    if "bppsa_fused" in ms:
-        out_ms["bppsa_fused"] = ms["bppsa_fused"]
+    out_ms.update({k: ms[k] for k in ("cudnn", *FUSED) if k in ms})
+    more: dict = {}
+    if detail:
+        steps = {col: fns[name] for col, name in (("bptt_plain", "bptt_unroll1"), ("bptt", "bptt"),
+                                                  ("bppsa_blelloch", "bppsa_blelloch"), *((c, c) for c in FUSED))
+                 if name in fns}
+        d = measure_detail(cell, params, xs, h0, R, steps, repeats=repeats, cudnn_parts=parts)
+        errors.update(d.pop("errors"))
+        more.update(d)
     return {"part": part, "cell": kind, "T": T, "B": B, "H": H, "I": cell.input_size, "ms": out_ms,
             "best_unroll": best, "ms_by_unroll": {u: ms[f"bptt_unroll{u}"] for u in unrolls},
-            "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {},
+            "spread_ms": spread, "repeats": repeats, "peak_mb": _peak_mb(), "grad_rel_err": {}, **more,
             **({"cudnn_error": cudnn_error} if cudnn_error else {}),
-            **({"fused_error": fused_error} if fused_error else {}), **(extra or {})}
+            **({"fused_error": fused_error} if fused_error else {}), **({"errors": errors} if errors else {}),
+            **(extra or {})}
 
 
-def _sweep(summary, budget, points, measure):
-    """Measure ``points`` [(label, work, kwargs)] in order while the budget allows."""
+#: A point's detail (:func:`measure_detail`) taken as this many times its work: about twice its time
+#: by :class:`Budget`'s square-root rule (a second compile of every method, two more timings).
+DETAIL_WORK = 4
+
+
+def sweep(summary: "Summary", budget: "Budget", points, measure) -> None:
+    """Measure ``points`` in order while the budget allows; a point asking for ``detail`` gets it
+    only where the budget allows :data:`DETAIL_WORK` times its work.
+
+    Args:
+      summary: where each point (or skipped point) is written as it finishes.
+      budget: the sweep's time budget.
+      points: [(label, work, kwargs)]: the point's label, its work in the budget's units, and the
+        keyword arguments of ``measure``.
+      measure: ``measure(**kwargs) -> dict``, one point's record.
+    """
     for label, work, kw in points:
         if not budget.allows(work):
             summary.add(skipped={**label, "reason": "time budget"})
             print(f"  skipped {label}: time budget", flush=True)
             continue
+        dropped = bool(kw.get("detail")) and not budget.allows(work * DETAIL_WORK)
+        if dropped:
+            kw = {**kw, "detail": False}
         t0 = time.monotonic()
         try:
             point = measure(**kw)
+            if dropped:
+                point["detail_skipped"] = "time budget"
         except Exception as e:  # noqa: BLE001 -- one failed point must not lose the run
             summary.add(skipped={**label, "reason": f"{type(e).__name__}: {str(e)[:300]}"})
             print(f"  failed {label}: {type(e).__name__}: {e}", flush=True)
@@ -216,6 +357,14 @@ def _sweep(summary, budget, points, measure):
         summary.add(point)
         print(f"  {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in point.get("ms", {}).items())
               + (f" grad_rel_err {point['grad_rel_err']}" if point.get("grad_rel_err") else ""), flush=True)
+        for key in ("backward_ms", "forward_ms"):
+            if point.get(key):
+                print(f"    {key}: " + ", ".join(f"{k} {v:.3g}" for k, v in point[key].items()), flush=True)
+        if point.get("launches"):
+            print("    launches: " + ", ".join(f"{k} {v['total']}" + ("" if v["exact"] else "+")
+                                          for k, v in point["launches"].items()), flush=True)
+        if point.get("errors"):
+            print(f"    column errors: {sorted(point['errors'])}", flush=True)
 
 
 GPU_SWEEPS = ("gpu/T", "gpu/B", "gpu/irmas", "gpu/precision")
@@ -227,25 +376,26 @@ def run_gpu(summary: Summary, pl: dict, deadline: float, only: str | None = None
     rnn = cells.RNN(input_size=1, hidden_size=H)
     common = dict(unrolls=pl["unrolls"], repeats=pl["repeats"], cudnn=True)
 
-    def rnn_point(sweep, T, B):
-        return measure_point("gpu", rnn, T, B, extra={"sweep": sweep}, **common)
+    def rnn_point(sweep, T, B, detail=False):
+        return measure_point("gpu", rnn, T, B, extra={"sweep": sweep}, detail=detail, **common)
 
     parts = [
-        ("gpu/T", [({"part": "gpu", "sweep": "T", "T": T, "B": 16}, T * 16, dict(sweep="T", T=T, B=16))
-                   for T in pl["T_sweep"]], rnn_point),
+        ("gpu/T", [({"part": "gpu", "sweep": "T", "T": T, "B": 16}, T * 16,
+                    dict(sweep="T", T=T, B=16, detail=T in pl["detail_T"])) for T in pl["T_sweep"]], rnn_point),
         ("gpu/B", [({"part": "gpu", "sweep": "B", "T": pl["B_sweep_T"], "B": B}, pl["B_sweep_T"] * B,
-                    dict(sweep="B", T=pl["B_sweep_T"], B=B)) for B in pl["B_sweep"]], rnn_point),
+                    dict(sweep="B", T=pl["B_sweep_T"], B=B, detail=B in pl["detail_B"])) for B in pl["B_sweep"]],
+         rnn_point),
     ]
 
-    def irmas_point(setting, B):
+    def irmas_point(setting, B, detail=False):
         I, T = IRMAS_SHAPES[setting]
         T = pl["irmas_T"] or T
         return measure_point("gpu", cells.GRU(input_size=I, hidden_size=H), T, B,
-                             extra={"sweep": "irmas", "setting": setting}, **common)
+                             extra={"sweep": "irmas", "setting": setting}, detail=detail, **common)
 
     parts.append(("gpu/irmas", [({"part": "gpu", "sweep": "irmas", "setting": s, "B": B},
-                                 IRMAS_SHAPES[s][1] * B * 3, dict(setting=s, B=B)) for s, B in pl["irmas"]],
-                  irmas_point))
+                                 IRMAS_SHAPES[s][1] * B * 3, dict(setting=s, B=B, detail=B in pl["detail_irmas_B"]))
+                                for s, B in pl["irmas"]], irmas_point))
 
     def precision_point(T):
         params, xs, h0, R = gradient.problem(rnn, T, 16)
@@ -272,34 +422,122 @@ def run_gpu(summary: Summary, pl: dict, deadline: float, only: str | None = None
             continue
         end = max(end, time.monotonic()) + pl["budgets"][name]  # an overrun is not the next sweep's loss
         print(f"{name}: {len(points)} points, budget {pl['budgets'][name]} s", flush=True)
-        _sweep(summary, Budget(end - time.monotonic(), deadline), points, measure)
+        sweep(summary, Budget(end - time.monotonic(), deadline), points, measure)
+
+
+def measure_pairs_fused(cell, T: int, B: int, *, repeats: int, seed: int = 0) -> tuple[dict, dict]:
+    """:func:`experiments.extensions.parallel_step.measure_pairs` of :data:`PARALLEL_PAIRS` plus
+    :data:`PARALLEL_FUSED` (``forward="newton", backward="bppsa", kernels=`` the fused kernels),
+    all timed in one interleaved call.
+
+    Args:
+      cell: the cell.
+      T, B: sequence length and batch size.
+      repeats: rounds of :func:`bppsa.host.time_interleaved`.
+      seed: :func:`experiments.gradient.problem`'s seed.
+
+    Returns:
+      ``(measure_pairs' record, {PARALLEL_FUSED: message} where the fused pair failed, else {})``.
+    """
+    params, xs, h0, R = gradient.problem(cell, T, B, seed=seed)
+    fns = parallel_step.step_functions(cell, params, xs, h0, R, PARALLEL_PAIRS)
+
+    def loss(p, x, h, r):
+        out, info = backprop.rnn(cell, p, x, h, return_info=True, forward="newton", backward="bppsa", scan="blelloch",
+                                 kernels=_fused())  # parallel_step.BACKWARDS["bppsa"], fused
+        return gradient.loss(cell, out, r), info
+
+    fns[PARALLEL_FUSED] = functools.partial(jax.jit(jax.value_and_grad(loss, has_aux=True)), params, xs, h0, R)
+    first, errors = {}, {}
+    for name, fn in fns.items():  # compiles; the warm-up
+        try:
+            first[name] = jax.block_until_ready(fn())
+        except Exception as e:  # noqa: BLE001 -- only the fused pair may fail (a kernel not there yet)
+            if name != PARALLEL_FUSED:
+                raise
+            errors[name] = _error(e)
+    fns = {k: v for k, v in fns.items() if k in first}
+    losses = {name: float(v[0][0]) for name, v in first.items()}
+    times = host.time_interleaved(fns, repeats=repeats, warmup=0, block=2)
+    info = {name: None if v[0][1] is None else {k: np.asarray(x).item() for k, x in v[0][1]._asdict().items()}
+            for name, v in first.items()}
+    return {"times": times, "info": info, "loss_diff": max(losses.values()) - min(losses.values())}, errors
+
+
+def pararnn_point(I: int, Hs: int, T: int, B: int, *, repeats: int, seconds: float) -> dict:
+    """pararnn-torch's fused Newton step at this shape (:mod:`experiments.paper_bppsa.pararnn_gpu`),
+    in a subprocess given ``seconds`` at most.
+
+    Args:
+      I, Hs, T, B: the shape (the diagonal GRU I -> Hs, sequence length, batch).
+      repeats: timed calls.
+      seconds: the subprocess's time limit.
+
+    Returns:
+      pararnn_gpu's record, or ``{"skipped": reason}`` (no GPU: the dry run; no time; a failure).
+    """
+    if jax.default_backend() not in ("gpu", "cuda"):
+        return {"skipped": f"no CUDA device (JAX backend {jax.default_backend()}): pararnn-torch's fused "
+                           "Newton step is CUDA/Triton only"}
+    if seconds < 15:
+        return {"skipped": "time budget"}
+    cmd = [sys.executable, "-m", "experiments.paper_bppsa.pararnn_gpu", "--I", str(I), "--H", str(Hs), "--T", str(T),
+           "--B", str(B), "--repeats", str(repeats)]
+    try:
+        root = Path(__file__).resolve().parents[2]  # the child imports experiments.* wherever this was started
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, cwd=root,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"timed out after {seconds:.0f} s"}
+    lines = r.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"skipped": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
 
 
 def run_parallel(summary: Summary, pl: dict, deadline: float):
     """Part ``parallel``: the training step per forward (:data:`PARALLEL_PAIRS`; sequential/bptt is
     tuned BPTT) at :data:`PARALLEL_POINTS`, Newton iterations, and the predictions: the roofline's
-    (RNN/GRU, sequential forward) and :func:`bppsa.plan.cost.forward_seconds`' (the forward alone)."""
+    (RNN/GRU, sequential forward) and :func:`bppsa.plan.cost.forward_seconds`' (the forward alone).
+    At the structured points also :data:`PARALLEL_FUSED`, and at those of head size 1 :data:`PARARNN`
+    (``ms[PARARNN]``, its record under ``pararnn``); a failed column is a reason in ``errors``."""
     def measure(sweep, kind, head, I, Hs, T, B):
         cell = parallel_step.make_cell(kind, I, Hs, head)
-        m = parallel_step.measure_pairs(cell, T, B, PARALLEL_PAIRS, repeats=pl["repeats"])
+        errors, more = {}, {}
+        if sweep == "structured":
+            m, errors = measure_pairs_fused(cell, T, B, repeats=pl["repeats"])
+        else:
+            m = parallel_step.measure_pairs(cell, T, B, PARALLEL_PAIRS, repeats=pl["repeats"])
         pred = {f"forward_model/{f}": forward_seconds(cell, T, B, f, "gpu") * 1e3 for f in parallel_step.FORWARDS}
         if kind in ("rnn", "gru"):
             r = roofline.predict(kind.upper(), T, B, I, Hs)
             pred.update({"roofline/sequential/bptt_plain": r["bptt_plain"] * 1e3,
                          "roofline/sequential/bppsa_blelloch": r["bppsa_blelloch"] * 1e3})
+        ms = {k: v["median"] * 1e3 for k, v in m["times"].items()}
+        if sweep == "structured" and kind == "blockgru" and head == 1:
+            rec = pararnn_point(I, Hs, T, B, repeats=pl["repeats"],
+                                seconds=min(PARARNN_TIMEOUT, deadline - time.monotonic() - 5))
+            if "ms" in rec:
+                ms[PARARNN] = rec["ms"]
+                more["pararnn"] = rec
+            else:
+                errors[PARARNN] = rec.get("skipped", "no record")
         return {"part": "parallel", "sweep": sweep, "cell": parallel_step.cell_label(kind, head), "kind": kind,
                 "T": T, "B": B,
-                "H": Hs, "I": I, "head_size": head, "ms": {k: v["median"] * 1e3 for k, v in m["times"].items()},
+                "H": Hs, "I": I, "head_size": head, "ms": ms,
                 "spread_ms": {k: [v["min"] * 1e3, v["max"] * 1e3] for k, v in m["times"].items()},
                 "newton": {k: v for k, v in m["info"].items() if v is not None}, "loss_diff": m["loss_diff"],
                 "auto": parallel_step.auto_pair(cell, T, B), "predicted_ms": pred, "best_unroll": None,
-                "repeats": pl["repeats"], "peak_mb": _peak_mb(), "grad_rel_err": {}}
+                "repeats": pl["repeats"], "peak_mb": _peak_mb(), "grad_rel_err": {}, **more,
+                **({"errors": errors} if errors else {})}
 
     keys = ("sweep", "kind", "head", "I", "Hs", "T", "B")
     points = [({"part": "parallel", "sweep": p[0], "cell": p[1], "head_size": p[2], "T": p[5], "B": p[6]},
                p[4] * p[5] * p[6], dict(zip(keys, p))) for p in pl["parallel"]]
     print(f"parallel: {len(points)} points, budget {pl['budgets']['parallel']} s", flush=True)
-    _sweep(summary, Budget(deadline - time.monotonic(), deadline), points, measure)  # all that is left before cpu16
+    sweep(summary, Budget(deadline - time.monotonic(), deadline), points, measure)  # all that is left before cpu16
 
 
 def run_cpu16(summary: Summary, pl: dict, deadline: float):
@@ -307,7 +545,7 @@ def run_cpu16(summary: Summary, pl: dict, deadline: float):
     sequence-parallel BPPSA (bppsa.parallel) over 1, 2, 4, ... host devices."""
     rnn = cells.RNN(input_size=1, hidden_size=H)
     budget = Budget(0.55 * pl["budgets"]["cpu16"], deadline)  # the rest is the scaling's
-    _sweep(summary, budget, [({"part": "cpu16", "T": T, "B": B}, T * B, dict(T=T, B=B)) for T, B in pl["cpu16_points"]],
+    sweep(summary, budget, [({"part": "cpu16", "T": T, "B": B}, T * B, dict(T=T, B=B)) for T, B in pl["cpu16_points"]],
            lambda T, B: measure_point("cpu16", rnn, T, B, unrolls=pl["unrolls"], repeats=pl["repeats"],
                                       extra={"sweep": "sizes", "threads": os.cpu_count()}))
     T, B = pl["scaling"]
@@ -320,7 +558,7 @@ def run_cpu16(summary: Summary, pl: dict, deadline: float):
                                      "forward_sharded": row["forward_s"] * 1e3},
                 "best_unroll": None, "peak_mb": _peak_mb(), "grad_rel_err": {}}
 
-    _sweep(summary, Budget(pl["budgets"]["cpu16"], deadline),
+    sweep(summary, Budget(pl["budgets"]["cpu16"], deadline),
            [({"part": "cpu16", "sweep": "sequence-parallel", "devices": P}, T * B, dict(P=P))
             for P in pl["cpu16_devices"]], scaling_point)
 
@@ -346,7 +584,7 @@ def _table(summary: dict) -> str:
     for p in summary["points"]:
         ms = p.get("ms") or {}
         if p["part"] == "parallel":
-            its = {k.split("/")[0]: v["iterations"] for k, v in p["newton"].items()}
+            its = {k.replace("/bppsa", ""): v["iterations"] for k, v in p["newton"].items()}
             rows.append(f"parallel {p['sweep']:<15} {p['cell']:<5} {p['T']:>6} {p['B']:>4}    tuned BPTT / "
                         + ", ".join(f"{k}: {ms['sequential/bptt'] / v:.2f}" for k, v in ms.items()) + f"; its {its}")
         if "bppsa_blelloch" not in ms:
@@ -355,6 +593,23 @@ def _table(summary: dict) -> str:
         rows.append(f"{p['part']:<5} {str(p.get('sweep', '')):<18} {p['cell']:<5} {p['T']:>6} {p['B']:>4}"
                     f"    {r('bptt_plain'):>8}    {r('bptt_unrolled'):>10}     {r('cudnn'):>8}")
     return "\n".join(rows)
+
+
+def _detail_table(summary: dict) -> str:
+    """Where the time goes, per point that measured it: backward-alone ratios and launches per step."""
+    rows = ["sweep  cell    T      B    backward plain/bppsa  tuned/bppsa   forward bppsa/lax.scan   "
+            "launches per step (plain lax.scan, tuned BPTT, bppsa, bppsa fused)"]
+    for p in summary["points"]:
+        b, f, n = p.get("backward_ms") or {}, p.get("forward_ms") or {}, p.get("launches") or {}
+        if not (b or n):
+            continue
+        r = lambda d, k, ref: f"{d[k] / d[ref]:.2f}" if k in d and ref in d else "-"
+        c = lambda k: "-" if k not in n else f"{n[k]['total']}" + ("" if n[k]["exact"] else "+")
+        rows.append(f"{str(p.get('sweep', '')):<6} {p['cell']:<5} {p['T']:>6} {p['B']:>4}    "
+                    f"{r(b, 'bptt_plain', 'bppsa_blelloch'):>18}  {r(b, 'bptt', 'bppsa_blelloch'):>11}   "
+                    f"{r(f, 'bppsa_blelloch', 'bptt_plain'):>22}   "
+                    + ", ".join(c(k) for k in ("bptt_plain", "bptt", "bppsa_blelloch", "bppsa_fused")))
+    return "\n".join(rows) if len(rows) > 1 else ""
 
 
 def main(argv=None) -> int:
@@ -413,6 +668,9 @@ def main(argv=None) -> int:
     present = [m for m in BLOCKED if m in sys.modules]
     print(f"\n{len(final['points'])} points, {len(final['skipped'])} skipped -> {out / 'summary.json'}")
     print("times relative to bppsa (> 1: BPPSA faster):\n" + _table(final))
+    detail = _detail_table(final)
+    if detail:
+        print("\nwhere the time goes (backward alone, forward alone, kernels launched per training step):\n" + detail)
     if present:
         print(f"warning: imported {present}", file=sys.stderr)
     return 0

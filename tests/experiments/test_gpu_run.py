@@ -1,16 +1,21 @@
 """The device-machine run (experiments/gpu/run.sh -> experiments.paper_bppsa.gpu_run): it refuses to run
 without a GPU unless asked for a dry run, and its dry run works with ml_collections, librosa,
-soundfile and ray unimportable (as on the device machine), writing summary.json's schema."""
+soundfile and ray unimportable (as on the device machine), writing summary.json's schema; where the
+time goes (backward alone, forward alone, kernel launches: experiments.paper_bppsa.launches); the
+pararnn-torch peer's wheel carried and its column skipped with a reason without CUDA."""
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 
-from experiments.paper_bppsa import gpu_run
+from experiments.paper_bppsa import gpu_run, launches, pararnn_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "gpu" / "run.sh"
@@ -55,7 +60,11 @@ def _check_point(p):
     if p["part"] == "parallel":
         _check_parallel_point(p)
     elif p.get("sweep") in ("T", "B", "irmas", "sizes"):
-        assert set(p["ms"]) == METHODS | {"bppsa_fused"}  # no cuDNN without CUDA; the fused kernel interpreted
+        # no cuDNN without CUDA; the fused kernels interpreted; a fused variant not there yet costs its column only
+        assert METHODS | {"bppsa_fused"} <= set(p["ms"]) <= METHODS | set(gpu_run.FUSED)
+        assert all(k in p["ms"] or k in p["errors"] for k in gpu_run.FUSED)
+        if "backward_ms" in p:
+            _check_detail(p)
         assert p["ms"]["bptt_unrolled"] == min(p["ms_by_unroll"].values())
         assert p["ms"]["bptt_unrolled"] == p["ms_by_unroll"][str(p["best_unroll"])]
         assert p["ms"]["bptt_plain"] == p["ms_by_unroll"]["1"]
@@ -66,11 +75,30 @@ def _check_point(p):
         assert set(p["ms"]) == {"bppsa_sharded_backward", "forward_sharded"}
 
 
+def _check_detail(p):
+    """A point with :func:`gpu_run.measure_detail`'s records (on the CPU: no cuDNN)."""
+    assert {"bptt_plain", "bptt", "bppsa_blelloch", "bppsa_fused"} <= set(p["backward_ms"])
+    assert set(gpu_run.FORWARD_DETAIL) == set(p["forward_ms"])
+    assert all(v > 0 for v in [*p["backward_ms"].values(), *p["forward_ms"].values()])
+    assert set(p["launches"]) == set(p["ms"]) - {"bptt_unrolled", "bppsa_sequential"}  # every timed training step
+    for c in p["launches"].values():
+        assert c["exact"] and c["total"] >= 1
+    # the plain scan's forward and backward loops each launch their bodies T times
+    assert p["launches"]["bptt_plain"]["total"] >= 2 * p["T"]
+    assert sum(loop["trip_count"] for loop in p["launches"]["bptt_plain"]["loops"]) >= 2 * p["T"]
+
+
 def _check_parallel_point(p):
-    assert set(p["ms"]) == set(gpu_run.PARALLEL_PAIRS)  # tuned BPTT = sequential/bptt
+    extra = {gpu_run.PARALLEL_FUSED} | ({gpu_run.PARARNN} if p["cell"] == "BlockGRU k=1" else set())
+    assert set(gpu_run.PARALLEL_PAIRS) <= set(p["ms"]) <= set(gpu_run.PARALLEL_PAIRS) | extra  # tuned BPTT = seq/bptt
+    if p.get("sweep") == "structured":  # each extra column: timed, or its failure's reason
+        assert all(k in p["ms"] or k in p["errors"] for k in extra)
+    if p["cell"] == "BlockGRU k=1" and gpu_run.jax.default_backend() == "cpu":
+        assert "no CUDA" in p["errors"][gpu_run.PARARNN]
     for key, (lo, hi) in p["spread_ms"].items():
         assert lo <= p["ms"][key] <= hi
-    assert set(p["newton"]) == {"newton/bppsa", "quasi/bppsa"}  # NewtonInfo of the parallel forwards only
+    assert {"newton/bppsa", "quasi/bppsa"} <= set(p["newton"]) <= {"newton/bppsa", "quasi/bppsa",
+                                                                   gpu_run.PARALLEL_FUSED}  # the parallel forwards
     for info in p["newton"].values():
         assert info["converged"] and not info["fell_back"] and 1 <= info["iterations"] <= 50
     assert abs(p["loss_diff"]) < 1e-3  # every forward computes the same loss
@@ -82,11 +110,13 @@ def _check_parallel_point(p):
 def test_parallel_part_times_every_forward_with_its_newton_info(tmp_path):
     """Part ``parallel`` in this process at the dry run's sizes, one point of each kind of cell."""
     pl = gpu_run.plan(True)
-    pl["parallel"] = (("structured", "blockgru", 2, 3, 4, 6, 2),)  # the T sweep's points: the slow dry run
+    # the T sweep's points: the slow dry run; head size 1 is where the pararnn-torch peer is (skipped: no CUDA)
+    pl["parallel"] = (("structured", "blockgru", 2, 3, 4, 6, 2), ("structured", "blockgru", 1, 3, 4, 6, 2))
     s = gpu_run.Summary(tmp_path / "out")
     gpu_run.run_parallel(s, {**pl, "budgets": {**pl["budgets"], "parallel": 600}}, deadline=gpu_run.time.monotonic() + 600)
     got = s.write()
-    assert got["skipped"] == [] and [(p["sweep"], p["cell"]) for p in got["points"]] == [("structured", "BlockGRU k=2")]
+    assert got["skipped"] == [] and [(p["sweep"], p["cell"]) for p in got["points"]] == [
+        ("structured", "BlockGRU k=2"), ("structured", "BlockGRU k=1")]
     for p in got["points"]:
         _check_point(p)
 
@@ -121,8 +151,8 @@ def test_gpu_script_dry_run_with_blocked_imports(tmp_path):
     assert set(s["provenance"]["parts"]) == {"gpu", "cpu16"}
     sweeps = [(p["part"], p["sweep"]) for p in s["points"]]
     assert sweeps == [("gpu", "T"), ("gpu", "B"), ("gpu", "irmas"), ("gpu", "precision"), ("parallel", "T"),
-                      ("parallel", "structured"), ("cpu16", "sizes"), ("cpu16", "sequence-parallel"),
-                      ("cpu16", "sequence-parallel")]
+                      ("parallel", "structured"), ("parallel", "structured"), ("cpu16", "sizes"),
+                      ("cpu16", "sequence-parallel"), ("cpu16", "sequence-parallel")]
     for p in s["points"]:
         _check_point(p)
     prec = s["points"][3]
@@ -130,7 +160,9 @@ def test_gpu_script_dry_run_with_blocked_imports(tmp_path):
                                          "bptt:highest"}
     assert all(0 < e < 1e-4 for e in prec["grad_rel_err"].values())  # float32 against float64
     assert s["points"][2]["cell"] == "GRU" and s["points"][2]["setting"] == "s"
-    assert s["points"][5]["cell"] == "BlockGRU k=2" and s["points"][5]["head_size"] == 2
+    assert s["points"][5]["cell"] == "BlockGRU k=1" and "no CUDA" in s["points"][5]["errors"][gpu_run.PARARNN]
+    assert s["points"][6]["cell"] == "BlockGRU k=2" and s["points"][6]["head_size"] == 2
+    assert "backward_ms" in s["points"][0] and "launches" in s["points"][0]  # the T sweep's point: where time goes
     assert "times relative to bppsa" in r.stdout
 
 
@@ -155,3 +187,124 @@ def test_budget_skips_a_point_that_would_not_fit_and_summary_keeps_every_record(
     assert got == {"provenance": {"backend": "gpu", "parts": {"gpu": {"backend": "gpu"}, "cpu16": {"backend": "cpu"}}},
                    "points": [{"part": "gpu", "T": 1}], "skipped": [{"part": "gpu", "T": 2, "reason": "time budget"}]}
     assert not (tmp_path / "out" / "summary.json.tmp").exists()
+
+
+def test_the_dry_runs_t_sweep_point_says_where_the_time_goes(tmp_path):
+    """The T sweep of the dry run (the plan's detail_T): backward alone, forward alone and launches
+    per method next to the training step, the fused columns timed or their failure recorded."""
+    pl = gpu_run.plan(True)
+    assert pl["T_sweep"][0] in pl["detail_T"]
+    s = gpu_run.Summary(tmp_path / "out")
+    gpu_run.run_gpu(s, {**pl, "budgets": {**pl["budgets"], "gpu/T": 600}}, gpu_run.time.monotonic() + 600,
+                    only="gpu/T")
+    got = s.write()
+    assert got["skipped"] == [] and len(got["points"]) == 1
+    p = got["points"][0]
+    assert {"backward_ms", "forward_ms", "launches"} <= set(p) and "detail_skipped" not in p
+    _check_point(p)
+
+
+def test_a_point_asking_for_detail_drops_it_when_the_budget_is_short(tmp_path, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(gpu_run.time, "monotonic", lambda: clock[0])
+    b = gpu_run.Budget(100, deadline=1e9)
+    b.record(10, 60.0)  # 10 units took 60 s; 100 s left: the point fits, twice its time (DETAIL_WORK) does not
+    seen = []
+
+    def measure(detail):
+        seen.append(detail)
+        return {"part": "gpu", "ms": {}}
+    s = gpu_run.Summary(tmp_path / "out")
+    gpu_run.sweep(s, b, [({"part": "gpu", "T": 1}, 10, {"detail": True})], measure)
+    assert seen == [False] and s.write()["points"] == [{"part": "gpu", "ms": {}, "detail_skipped": "time budget"}]
+
+
+def _scan(T):
+    def f(x):
+        return jax.lax.scan(lambda c, a: (jnp.tanh(c * a + 1.0), c), x[0], x)[1]
+    return f
+
+
+def test_launches_of_a_scan_grow_with_its_length():
+    counts = {T: launches.count(_scan(T), jnp.ones((T, 4))) for T in (10, 100)}
+    for T, c in counts.items():
+        (loop,) = c["loops"]
+        assert loop["trip_count"] == T and loop["body"] >= 1 and c["exact"]
+        assert c["total"] >= T * loop["body"]  # every trip launches the body's kernels
+    assert counts[100]["total"] - counts[10]["total"] == 90 * counts[10]["loops"][0]["body"]
+
+
+def test_one_fusion_counts_one_launch_and_a_jitted_partial_is_lowered_as_it_is():
+    c = launches.count(lambda x: jnp.tanh(x * 2.0 + 1.0), jnp.ones(8))
+    assert c["total"] == 1 and c["loops"] == [] and c["by_kind"] == {"fusion": 1}
+    f = jax.jit(lambda a, b: jnp.tanh(a @ b))
+    a = jnp.ones((4, 4))
+    f(a, a)
+    assert launches.count(functools.partial(f, a), a)["total"] >= 1
+
+
+_GPU_HLO = """HloModule jit_step, entry_computation_layout={(f32[16,20]{1,0})->f32[16,20]{1,0}}
+
+%fused_computation (param_0: f32[16,20]) -> f32[16,20] {
+  %param_0 = f32[16,20]{1,0} parameter(0)
+  ROOT %tanh.1 = f32[16,20]{1,0} tanh(f32[16,20]{1,0} %param_0)
+}
+
+%body (p: (s32[], f32[16,20])) -> (s32[], f32[16,20]) {
+  %p = (s32[], f32[16,20]{1,0}) parameter(0)
+  %gte.0 = s32[] get-tuple-element((s32[], f32[16,20]{1,0}) %p), index=0
+  %gte.1 = f32[16,20]{1,0} get-tuple-element((s32[], f32[16,20]{1,0}) %p), index=1
+  %gemm = (f32[16,20]{1,0}, s8[0]{0}) custom-call(f32[16,20]{1,0} %gte.1, f32[16,20]{1,0} %gte.1), custom_call_target="__cublas$gemm"
+  %gte.2 = f32[16,20]{1,0} get-tuple-element((f32[16,20]{1,0}, s8[0]{0}) %gemm), index=0
+  %fusion = f32[16,20]{1,0} fusion(f32[16,20]{1,0} %gte.2), kind=kLoop, calls=%fused_computation
+  %copy.1 = f32[16,20]{1,0} copy(f32[16,20]{1,0} %fusion)
+  ROOT %t = (s32[], f32[16,20]{1,0}) tuple(s32[] %gte.0, f32[16,20]{1,0} %copy.1)
+}
+
+%cond (p.1: (s32[], f32[16,20])) -> pred[] {
+  %p.1 = (s32[], f32[16,20]{1,0}) parameter(0)
+  %gte.3 = s32[] get-tuple-element((s32[], f32[16,20]{1,0}) %p.1), index=0
+  %c = s32[] constant(1000)
+  ROOT %lt = pred[] compare(s32[] %gte.3, s32[] %c), direction=LT
+}
+
+%command_buffer (q: f32[16,20]) -> f32[16,20] {
+  %q = f32[16,20]{1,0} parameter(0)
+  ROOT %k = f32[16,20]{1,0} custom-call(f32[16,20]{1,0} %q), custom_call_target="__gpu$xla.gpu.triton"
+}
+
+ENTRY %main (x: f32[16,20]) -> f32[16,20] {
+  %x = f32[16,20]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[16,20]{1,0}) tuple(s32[] %zero, f32[16,20]{1,0} %x)
+  %w1 = (s32[], f32[16,20]{1,0}) while((s32[], f32[16,20]{1,0}) %init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"1000"},"known_init_step":{"init":"0","step":"1"}}
+  %w2 = (s32[], f32[16,20]{1,0}) while((s32[], f32[16,20]{1,0}) %w1), condition=%cond, body=%body
+  %g = f32[16,20]{1,0} get-tuple-element((s32[], f32[16,20]{1,0}) %w2), index=1
+  ROOT %call = f32[16,20]{1,0} call(f32[16,20]{1,0} %g), to_apply=%command_buffer
+}
+"""
+
+
+def test_launches_from_gpu_hlo_text_count_gemms_triton_and_loop_trips():
+    c = launches.count_text(_GPU_HLO)
+    # w1: 1000 trips of (gemm + fusion); w2: no trip count, its body once; then one Triton kernel in a call
+    assert c["by_kind"] == {"gemm": 1001, "fusion": 1001, "triton": 1} and c["total"] == 2003
+    assert c["loops"] == [{"trip_count": 1000, "body": 2}, {"trip_count": None, "body": 2}]
+    assert c["unknown_trip_counts"] == 1 and not c["exact"] and c["copies"] == 1001 and c["top_level"] == 0
+    with pytest.raises(ValueError, match="ENTRY"):
+        launches.count_text("HloModule empty")
+
+
+def test_the_pararnn_wheel_is_small_and_installs_offline_where_it_is_carried(tmp_path):
+    """experiments/gpu/fetch_wheels.sh puts the wheel there (git-ignored); without it, or without
+    torch and CUDA (here), the peer's column is a recorded reason, never a failure."""
+    none = pararnn_gpu.ensure_pararnn(tmp_path)
+    assert none[0] is None or none[1] == "installed"
+    wheels = sorted(pararnn_gpu.WHEELS.glob("pararnn_torch-*.whl"))
+    if wheels:
+        assert sum(w.stat().st_size for w in pararnn_gpu.WHEELS.iterdir()) < 10 * 2 ** 20
+    r = subprocess.run([sys.executable, "-m", "experiments.paper_bppsa.pararnn_gpu", "--I", "4", "--H", "8", "--T",
+                        "16", "--B", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rec = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and ("skipped" in rec or rec["scan_backend"] == "fused"), rec
