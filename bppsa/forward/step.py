@@ -86,8 +86,10 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
     """One Newton (or quasi) step of :mod:`bppsa.forward.newton`: the states solving the linearised
     recurrence at the guess H (T, B, S) (with F = f at H and, for an elementwise step, D its
     Jacobians' diagonals, :func:`step_diagonal`), by ``plan.scan`` over equal chunks of at most
-    ``plan.solve_chunk`` steps, earliest first (``plan.kernels`` "pallas" or "interpret": by the
-    fused chunked scan, :func:`bppsa.kernels.scan.chunked_scan`); with ``lam`` (damping) the
+    ``plan.solve_chunk`` steps, earliest first. ``plan.kernels`` "pallas" or "interpret": a
+    diagonal cell's whole step by :func:`bppsa.kernels.newton.fused_newton_step` (the steps and
+    their Jacobians evaluated inside the scan's kernels; F and D unused), any other cell's solve by
+    the fused chunked scan (:func:`bppsa.kernels.scan.chunked_scan`). With ``lam`` (damping) the
     trust-region step around H, over the whole sequence (XLA's kernels).
 
     Args:
@@ -107,6 +109,11 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
     T, B, S = H.shape
     chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
     fused = plan.kernels != "xla"
+    if fused and lam is None:
+        from bppsa.kernels import newton as kernel_newton  # Pallas loads only where a kernel is asked for
+
+        if kernel_newton.supports(cell):  # a diagonal cell: the steps, their Jacobians and the scan fused
+            return kernel_newton.fused_newton_step(cell, params, xs, s0, H, interpret=plan.kernels == "interpret")
     if D is not None and lam is None and method == "sequential" and (chunk is None or chunk >= T) and not fused:
         # elementwise, one piece: h'_t = D_t (h'_{t-1} − h_{t-1}) + f_t, the guess's states read in
         # the loop (no offsets c_t or previous states written out first)

@@ -7,6 +7,8 @@
 - :mod:`bppsa.kernels.scan`: the scan of affine maps in three kernels whatever the length
   (:func:`chunked_scan`, :func:`chunked_scan_factored`): BPPSA's backward scan and the Newton
   forward's linear solve, for dense, diagonal and block-diagonal Jacobians;
+- :mod:`bppsa.kernels.newton`: a diagonal cell's whole Newton step (the steps, their Jacobians
+  and the scan) in three kernels (:func:`fused_newton_step`);
 - :mod:`bppsa.kernels.lowering`: a kernel's CUDA lowering, checked on any machine
   (:func:`cuda_module`).
 
@@ -21,14 +23,15 @@ needs for all of its stages to have one: :func:`unsupported`. May import :mod:`b
 from __future__ import annotations
 
 from bppsa.cells import Cell
-from bppsa.kernels import adjoint, lowering, recurrence, scan
+from bppsa.kernels import adjoint, lowering, newton, recurrence, scan
 from bppsa.kernels.adjoint import fused_adjoint
 from bppsa.kernels.lowering import cuda_module
+from bppsa.kernels.newton import fused_newton_step
 from bppsa.kernels.recurrence import fused_states, supports
 from bppsa.kernels.scan import chunked_scan, chunked_scan_factored
 
-__all__ = ["KERNELS", "recurrence", "adjoint", "scan", "lowering", "fused_states", "fused_adjoint", "chunked_scan",
-           "chunked_scan_factored", "supports", "unsupported", "cuda_module"]
+__all__ = ["KERNELS", "recurrence", "adjoint", "scan", "newton", "lowering", "fused_states", "fused_adjoint",
+           "chunked_scan", "chunked_scan_factored", "fused_newton_step", "supports", "unsupported", "cuda_module"]
 
 #: The values of ``Options.kernels``.
 KERNELS = ("auto", "xla", "pallas", "interpret")
@@ -39,10 +42,12 @@ def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: 
 
     - ``forward="sequential"``: :func:`fused_states` (RNN, GRU, LSTM with hidden_size <=
       :data:`bppsa.kernels.recurrence.MAX_HIDDEN`);
-    - ``forward="newton"`` or ``"quasi"``: each iteration's linear solve by :func:`chunked_scan`
-      (blocks of at most :data:`bppsa.kernels.scan.MAX_BLOCK`: the quasi step's diagonal, a
-      block-diagonal cell's blocks, else the dense state); the steps and their Jacobians at the
-      guess stay one parallel XLA pass, and a damped step's solve stays XLA's;
+    - ``forward="newton"`` or ``"quasi"``: a diagonal cell's (:func:`bppsa.kernels.newton.supports`)
+      whole Newton step by :func:`fused_newton_step`; any other cell's linear solve by
+      :func:`chunked_scan` (blocks of at most :data:`bppsa.kernels.scan.MAX_BLOCK`: the quasi
+      step's diagonal, a block-diagonal cell's blocks, else the dense state), its steps and
+      Jacobians at the guess one parallel XLA pass. The convergence test stays XLA's (one pass an
+      iteration), and so does a damped step's solve;
     - ``backward="bppsa"``: the scan by :func:`chunked_scan` or :func:`chunked_scan_factored` (the
       same block limit);
     - ``backward="bptt"``: the adjoint loop by :func:`fused_adjoint` (the cells of the forward kernel);

@@ -78,34 +78,36 @@ def _dot(a: Array, b: Array) -> Array:
     return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=a.dtype)
 
 
-def _rnn_step(cell: RNN, ws, bs, us, state):
+def _rnn_step(cell: RNN, ws, bs, us, state, product=_dot):
     (h,), (w,), (b,), (u,) = state, ws, bs, us
-    a = u + _dot(h, w) + b
-    return (ACTIVATIONS[cell.nonlinearity][0](a + h if cell.residual else a),)
+    a = u + product(h, w) + b
+    return (ACTIVATIONS[cell.nonlinearity][0](a + h if getattr(cell, "residual", False) else a),)
 
 
-def _gru_step(cell: GRU, ws, bs, us, state):
+def _gru_step(cell: GRU, ws, bs, us, state, product=_dot):
     (h,) = state
     sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
     (w_r, w_z, w_n), (b_r, b_z, b_n), (u_r, u_z, u_n) = ws, bs, us
-    r = sigma(u_r + _dot(h, w_r) + b_r)
-    z = sigma(u_z + _dot(h, w_z) + b_z)
-    n = phi(u_n + r * (_dot(h, w_n) + b_n))
+    r = sigma(u_r + product(h, w_r) + b_r)
+    z = sigma(u_z + product(h, w_z) + b_z)
+    n = phi(u_n + r * (product(h, w_n) + b_n))
     return ((1.0 - z) * n + z * h,)
 
 
-def _lstm_step(cell: LSTM, ws, bs, us, state):
+def _lstm_step(cell: LSTM, ws, bs, us, state, product=_dot):
     h, c = state
     sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
-    i, f, g, o = (u + _dot(h, w) + b for u, w, b in zip(us, ws, bs, strict=True))
+    i, f, g, o = (u + product(h, w) + b for u, w, b in zip(us, ws, bs, strict=True))
     c_new = sigma(f) * c + sigma(i) * phi(g)
     return sigma(o) * phi(c_new), c_new
 
 
-#: Each cell's step inside the kernels, ``step(cell, ws, bs, us, state) -> state``: ws and bs the
-#: G padded blocks of W_h and b_h, us the G projected inputs of one step, state the tuple of the
-#: state's parts (h; LSTM: h, c), each (bt, Hp). The forward runs it; the adjoint kernel
-#: (:mod:`bppsa.kernels.adjoint`) pulls cotangents back through it.
+#: Each cell's step inside the kernels, ``step(cell, ws, bs, us, state, product=...) -> state``: ws
+#: and bs the G padded blocks of W_h and b_h, us the G projected inputs of one step, state the
+#: tuple of the state's parts (h; LSTM: h, c), each (bt, Hp); ``product(h, w)`` the recurrent
+#: product (default a matrix product; the diagonal cells' kernel passes an elementwise one, w a
+#: (Hp,) vector). The forward runs it; the adjoint kernel (:mod:`bppsa.kernels.adjoint`) pulls
+#: cotangents back through it; the Newton kernel (:mod:`bppsa.kernels.newton`) differentiates it.
 STEPS: dict[type, Callable[..., tuple[Array, ...]]] = {RNN: _rnn_step, GRU: _gru_step, LSTM: _lstm_step}
 
 

@@ -1,8 +1,11 @@
-"""The parallel Newton forward with its linear solves by the fused chunked scan
-(bppsa.rnn(forward="newton" or "quasi", kernels="interpret")): the states and iteration counts are
-the XLA scans', the gradients (the BPPSA backward, its scan fused too) autodiff's through a plain
-lax.scan in float64, for the diagonal GRU (ParaRNN's cell), block heads, a block LSTM and a dense
-cell; the kernels are what runs (pallas_call in the program)."""
+"""The parallel Newton forward with fused kernels (bppsa.rnn(forward="newton" or "quasi",
+kernels="interpret")): a diagonal cell's whole step (bppsa.kernels.newton: the steps, their
+Jacobians and the scan in three kernels) equals the XLA step (float64 and float32, T = 1, odd and
+non-power-of-two T, B = 1 and over two tiles, H not a power of two, chunks that do not divide T)
+and lowers for CUDA; through bppsa.rnn the states and iteration counts are the XLA forward's and
+the gradients (the BPPSA backward, its scan fused too) autodiff's through a plain lax.scan in
+float64, for the diagonal GRU (ParaRNN's cell), block heads, a block LSTM and a dense cell; the
+kernels are what runs (pallas_call in the program)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,10 @@ import pytest
 
 import bppsa
 from bppsa import cells, structured
+from bppsa.forward.sequential import prev_states, steps
+from bppsa.forward.step import newton_step
+from bppsa.kernels import cuda_module, fused_newton_step, lowering
+from bppsa.kernels import newton as kernel_newton
 from tests.reference import scan_grads
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
@@ -54,3 +61,49 @@ def test_newton_with_fused_solves_equals_autodiff(name):
         want = scan_grads(cell, params, xs, h0, loss)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             assert jnp.allclose(a, b, rtol=1e-10, atol=1e-11), (name, T, B)
+
+
+DIAGONAL = {"gru": lambda H: structured.BlockGRU(3, H), "rnn": lambda H: structured.BlockRNN(3, H),
+            "gru-no-hidden-bias": lambda H: structured.BlockGRU(3, H, hidden_bias=False),
+            "rnn-relu": lambda H: structured.BlockRNN(3, H, nonlinearity="relu")}
+
+
+@pytest.mark.parametrize("name, dtype", [(n, d) if n in ("gru", "rnn") and d == jnp.float64 else
+                                         pytest.param(n, d, marks=pytest.mark.slow)  # make test-all
+                                         for n in DIAGONAL for d in (jnp.float64, jnp.float32)])
+def test_the_fused_newton_step_equals_the_xla_step(name, dtype):
+    for T, B, H, chunk in [(1, 1, 5, None), (7, 3, 20, None), (30, 17, 33, 4)]:
+        cell = DIAGONAL[name](H)
+        k = jax.random.split(jax.random.key(T), 4)
+        params = cell.init(k[0], dtype)
+        xs = jax.random.normal(k[1], (T, B, 3), dtype)
+        s0 = 0.5 * jax.random.normal(k[2], (B, H), dtype)
+        guess = 0.3 * jax.random.normal(k[3], (T, B, H), dtype)
+        plan = bppsa.Options(forward="newton", scan="sequential").plan(cell, xs, s0)
+        want = newton_step(cell, plan, params, xs, s0, guess, steps(cell, params, prev_states(s0, guess), xs))
+        got = fused_newton_step(cell, params, xs, s0, guess, chunk=chunk, interpret=True)
+        tol = 1e-13 if dtype == jnp.float64 else 3e-6
+        assert got.dtype == dtype and float(jnp.max(jnp.abs(got - want))) <= tol, (name, T, B, H)
+
+
+@pytest.mark.parametrize("name", ["gru", "rnn"])
+def test_the_fused_newton_step_lowers_for_cuda_here(name):
+    cell = DIAGONAL[name](20)
+    module = cuda_module(lambda p, x, s, h: fused_newton_step(cell, p, x, s, h), cell.init(jax.random.key(0)),
+                         jnp.zeros((37, 5, 3)), jnp.zeros((5, 20)), jnp.zeros((37, 5, 20)))
+    assert module.count(lowering.TRITON_CALL) == 3
+
+
+def test_which_cells_the_fused_newton_step_runs():
+    assert kernel_newton.supports(structured.BlockGRU(3, 8)) and kernel_newton.supports(structured.BlockRNN(3, 8))
+    assert not kernel_newton.supports(structured.BlockGRU(3, 8, head_size=2))  # blocks: the chunked scan
+    assert not kernel_newton.supports(structured.BlockLSTM(3, 8))  # (h, c): 2×2 blocks
+    assert not kernel_newton.supports(cells.GRU(3, 8))
+    with pytest.raises(ValueError, match="the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU"):
+        fused_newton_step(cells.GRU(3, 8), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 8)), jnp.zeros((2, 1, 8)))
+    # through bppsa.rnn the diagonal GRU's step is this kernel, not the generic solve
+    cell = structured.BlockGRU(3, 8)
+    program = str(jax.make_jaxpr(lambda p: bppsa.rnn(cell, p, jnp.ones((5, 2, 3)), jnp.zeros((2, 8)),
+                                                     forward="newton", kernels="interpret"))(
+        cell.init(jax.random.key(0))))
+    assert "fused_newton_step" in program

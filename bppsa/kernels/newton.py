@@ -1,0 +1,171 @@
+"""One Newton iteration of a diagonal cell as three fused Pallas kernels, ParaRNN-style: the steps
+at the guess, their Jacobians and the scan of the linearised recurrence inside the same kernels.
+
+For a cell whose recurrence is diagonal (:class:`bppsa.structured.BlockRNN` and
+:class:`~bppsa.structured.BlockGRU` with ``head_size=1``: each unit sees only its own previous
+value), one Newton step from the guess H solves h'_t = d_t (h'_{t-1} − h_{t-1}) + f_t, with f_t =
+f(h_{t-1}, x_t) and d_t = ∂f/∂h at the guess's previous state h_{t-1}: an elementwise affine
+recurrence. :mod:`bppsa.kernels.scan`'s three phases solve it, and here the maps are never stored:
+phases 1 and 3 evaluate the step and its derivative themselves, per element, from the guess and
+the projected inputs (x_t W_x + b_x, one product before the kernels), the derivative by JAX's
+forward mode of the very step function the recurrence kernel runs
+(:data:`bppsa.kernels.recurrence.STEPS` with an elementwise recurrent product). Memory carries
+the guess, the inputs and the new iterate; nothing (T, B, S) more. As in ParaRNN's CUDA kernel, a
+program owns a tile of batch rows and all units, and runs a chunk of steps in registers.
+
+The Newton loop itself (the convergence test: the residual and step size of each iterate, and
+their reductions) stays :func:`bppsa.forward.newton.iterate`'s, one parallel XLA pass an
+iteration, which also decides when to stop: the kernels replace its solve.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array, lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from bppsa.cells import GRU, RNN, Cell, split_gates
+from bppsa.kernels.recurrence import BATCH_TILE, STEPS, padded_size
+from bppsa.kernels.scan import chunk_length
+from bppsa.structured import BlockGRU, BlockRNN
+
+__all__ = ["MAX_UNITS", "supports", "fused_newton_step"]
+
+#: The largest hidden size the kernels take (a program holds a (BATCH_TILE, H) tile of each of a
+#: few arrays in registers).
+MAX_UNITS = 1024
+_SAME_STEP = {BlockRNN: RNN, BlockGRU: GRU}  # the dense cell whose step equations each one shares
+
+
+def supports(cell: Cell) -> bool:
+    """Whether :func:`fused_newton_step` runs ``cell``: a :class:`bppsa.structured.BlockRNN` or
+    ``BlockGRU`` (not a subclass) with ``head_size=1`` and ``hidden_size`` <= :data:`MAX_UNITS`.
+
+    Args:
+      cell: any cell.
+
+    Returns:
+      True where the kernels compute exactly ``cell``'s Newton step.
+    """
+    return (type(cell) in _SAME_STEP and getattr(cell, "head_size", None) == 1
+            and cell.hidden_size <= MAX_UNITS)
+
+
+def _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0):
+    """The step at the guess's state before step ``idx`` (s0 before the first), its derivative
+    (elementwise: the recurrence is diagonal) and that previous state."""
+    prev = jnp.where(idx == 0, s0, h_ref[jnp.maximum(idx - 1, 0)])
+    us = tuple(r[jnp.minimum(idx, T - 1)] for r in u_refs)  # past T: masked by the caller
+    step = STEPS[_SAME_STEP[type(cell)]]
+    f, d = jax.jvp(lambda h: step(cell, ws, bs, us, (h,), product=jnp.multiply)[0], (prev,), (jnp.ones_like(prev),))
+    return f, d, prev
+
+
+def _reduce(*refs, cell, T: int, C: int, gates: int):
+    u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
+    h_ref, s0_ref, a_ref, l_ref = refs[3 * gates:]
+    ws, bs, s0, c = tuple(r[...] for r in w_refs), tuple(r[...] for r in b_refs), s0_ref[...], pl.program_id(0)
+
+    def body(t, carry):
+        a, loc = carry
+        idx = c * C + t
+        f, d, prev = _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0)
+        keep = idx < T
+        return jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc)
+
+    a, loc = lax.fori_loop(0, C, body, (jnp.ones_like(s0), jnp.zeros_like(s0)))
+    a_ref[...] = a
+    l_ref[...] = loc
+
+
+def _carry(a_ref, l_ref, s0_ref, g_ref, *, chunks: int):
+    def body(c, g):
+        g_ref[c] = g
+        return g * a_ref[c] + l_ref[c]
+
+    lax.fori_loop(0, chunks, body, s0_ref[...])
+
+
+def _apply(*refs, cell, T: int, C: int, gates: int):
+    u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
+    h_ref, s0_ref, g_ref, out_ref = refs[3 * gates:]
+    ws, bs, s0, c = tuple(r[...] for r in w_refs), tuple(r[...] for r in b_refs), s0_ref[...], pl.program_id(0)
+
+    def body(t, g):
+        idx = c * C + t
+        f, d, prev = _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0)
+        g = jnp.where(idx < T, d * (g - prev) + f, g)
+        out_ref[t] = g
+        return g
+
+    lax.fori_loop(0, C, body, g_ref[...])
+
+
+def _pad(a: Array, shape: tuple[int, ...]) -> Array:
+    return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape, strict=True)])
+
+
+@functools.partial(jax.jit, static_argnames=("cell", "chunk", "interpret", "num_warps"))
+def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *, chunk: int | None = None,
+                      interpret: bool = False, num_warps: int = 4) -> Array:
+    """One undamped Newton step of ``cell``'s chain from the guess H, by three fused kernels (the
+    module docstring): what :func:`bppsa.forward.step.newton_step` computes.
+
+    Args:
+      cell: a cell :func:`supports` accepts.
+      params: its parameters.
+      xs: (T, B, I) inputs, time-major.
+      s0: (B, H) the initial state.
+      H: (T, B, H) the guess, H[t] the state after step t + 1.
+      chunk: the chunk length (default :func:`bppsa.kernels.scan.chunk_length`).
+      interpret: run the kernels in Pallas's interpret mode (any backend).
+      num_warps: Triton warps per program.
+
+    Returns:
+      (T, B, H) the next iterate, in H's dtype.
+
+    Raises:
+      ValueError: a cell the kernels do not run.
+    """
+    if not supports(cell):
+        raise ValueError(f"the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU with head_size=1 "
+                         f"and hidden_size <= {MAX_UNITS}; got {cell.display_name}")
+    T, B, _ = xs.shape
+    Hs, G, dtype = cell.hidden_size, cell.gates, H.dtype
+    Hp, Bp = padded_size(Hs), BATCH_TILE * -(-B // BATCH_TILE)
+    C = min(T, chunk or chunk_length(T))
+    chunks, tiles = -(-T // C), Bp // BATCH_TILE
+    gx = cell.project(params, xs)
+    us = [_pad(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
+    w = cell.loop_params(params)["W_h"]  # (G, H) at head_size 1: each gate's diagonal
+    ws = [_pad(w[q].astype(dtype), (Hp,)) for q in range(G)]
+    b_h = params["b_h"] if getattr(cell, "hidden_bias", False) else jnp.zeros((G * Hs,), dtype)
+    bs = [_pad(b.astype(dtype), (Hp,)) for b in split_gates(b_h, G)]
+    Hg, s0p = _pad(H, (T, Bp, Hp)), _pad(s0.astype(dtype), (Bp, Hp))
+
+    whole = pl.BlockSpec((T, BATCH_TILE, Hp), lambda c, i: (0, i, 0))  # indexed by step inside the kernels
+    vec = pl.BlockSpec((Hp,), lambda c, i: (0,))
+    tile = pl.BlockSpec((BATCH_TILE, Hp), lambda c, i: (i, 0))
+    one = pl.BlockSpec((None, BATCH_TILE, Hp), lambda c, i: (c, i, 0))
+    specs = [whole] * G + [vec] * G + [vec] * G + [whole, tile]
+    params_ = pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
+    per_chunk = jax.ShapeDtypeStruct((chunks, Bp, Hp), dtype)
+    kw = dict(cell=cell, T=T, C=C, gates=G)
+    A, L = pl.pallas_call(functools.partial(_reduce, **kw), grid=(chunks, tiles), in_specs=specs,
+                          out_specs=[one, one], out_shape=[per_chunk, per_chunk], interpret=interpret,
+                          compiler_params=params_)(*us, *ws, *bs, Hg, s0p)
+    every = pl.BlockSpec((chunks, BATCH_TILE, Hp), lambda i: (0, i, 0))
+    carries = pl.pallas_call(functools.partial(_carry, chunks=chunks), grid=(tiles,),
+                             in_specs=[every, every, pl.BlockSpec((BATCH_TILE, Hp), lambda i: (i, 0))],
+                             out_specs=every, out_shape=per_chunk, interpret=interpret,
+                             compiler_params=params_)(A, L, s0p)
+    out = pl.pallas_call(functools.partial(_apply, **kw), grid=(chunks, tiles), in_specs=[*specs, one],
+                         out_specs=pl.BlockSpec((C, BATCH_TILE, Hp), lambda c, i: (c, i, 0)),
+                         out_shape=jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype), interpret=interpret,
+                         compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries)
+    return out[:T, :B, :Hs]
