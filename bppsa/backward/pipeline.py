@@ -114,8 +114,8 @@ def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Arr
                          interpret: bool = False) -> tuple[Array, Array]:
     """The backward's scan by the fused kernels (:mod:`bppsa.kernels.scan`), in scan order: a
     block-diagonal cell's (k, k) blocks as rows (:attr:`bppsa.cells.Cell.jacobian_block_size`); a
-    cell with diagonal structure's (A, Wt) factors, its matrices formed inside the kernels
-    (:meth:`bppsa.cells.Cell.diagonal_jacobian`); else the dense (n, B, S, S) Jacobians.
+    cell with factored Jacobians (the RNN, GRU, LSTM) their factors, the matrices formed inside the
+    kernels (:meth:`bppsa.cells.Cell.factored_jacobian`); else the dense (n, B, S, S) Jacobians.
 
     Args:
       cell: the cell (its blocks, or its state, of at most :data:`bppsa.kernels.scan.MAX_BLOCK`).
@@ -137,9 +137,9 @@ def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Arr
         Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
         gs, total = kernel_scan.chunked_scan(to_blocks(v, k), Ms, to_blocks(ds, k), interpret=interpret)
         return gs.reshape((n, B, S)), total.reshape((B, S))
-    if cell.has_diagonal_jacobian:
-        A, Wt = cell.diagonal_jacobian(params, spr, xr, sr)
-        return kernel_scan.chunked_scan_factored(v, A, Wt, ds, interpret=interpret)
+    factored = cell.factored_jacobian(params, spr, xr, sr)
+    if factored is not None:  # formed inside the kernels, never written out
+        return kernel_scan.chunked_scan_factored(v, *factored, ds, interpret=interpret)
     return kernel_scan.chunked_scan(v, cell.transposed_jacobian(params, spr, xr, sr), ds, interpret=interpret)
 
 

@@ -200,6 +200,24 @@ class Cell(abc.ABC):
     def has_diagonal_jacobian(self) -> bool:  # whether diagonal_jacobian returns it (default no)
         return False
 
+    def factored_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Any:
+        """``(A, Wt)`` with A (Q, T, B, S) and Wt (Q, S, S) such that M_t[b] = Σ_q diag(A[q, t, b]) @
+        Wt[q]: Q per-unit factors per step and Q matrices shared by all steps, or None. The fused
+        scan (:func:`bppsa.kernels.chunked_scan_factored`) then forms each M_t inside its kernels,
+        reading Q·S numbers a step instead of S². Default: :meth:`diagonal_jacobian` as one factor
+        (Q = 1) where the cell has it, else None.
+
+        Args:
+          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
+
+        Returns:
+          The pair (A (Q, T, B, S), Wt (Q, S, S)), or None.
+        """
+        if not self.has_diagonal_jacobian:
+            return None
+        A, Wt = self.diagonal_jacobian(params, s_prev, xs, s)
+        return A[None], Wt[None]
+
     @property
     def jacobian_block_size(self) -> int | None:  # k: each M_t block-diagonal, S/k contiguous (k, k)
         return None  # blocks (1: diagonal), the scans then use jacobian_blocks; None: dense

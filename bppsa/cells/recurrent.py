@@ -169,6 +169,15 @@ class GRU(AffineAdjoint):
         dgh = cotangents[0]
         return jnp.concatenate([dgh[..., :2 * self.hidden_size], gs * factors[4]], -1), dgh
 
+    def factored_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array]:
+        """M = Σ_q diag(U_q) W_hqᵀ + diag(z) (the class docstring) as Q = 4 factors: the three
+        gates' (U_r, U_z, U_n r) with W_hrᵀ, W_hzᵀ, W_hnᵀ, and z with the identity."""
+        H = self.hidden_size
+        r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
+        W = params["W_h"].reshape(H, 3, H)  # (in j, gate, out i)
+        Wt = jnp.concatenate([jnp.transpose(W, (1, 2, 0)), jnp.eye(H, dtype=W.dtype)[None]], axis=0)
+        return jnp.stack([u_r, u_z, u_n * r, z]), Wt
+
     def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         H = self.hidden_size
         r, z, u_r, u_z, u_n = self.gate_terms(params, s_prev, xs)
@@ -244,6 +253,23 @@ class LSTM(AffineAdjoint):
         dsigma = ACTIVATIONS[self.gate][1]
         tc = phi(c_new := f * c + i * g)
         return (o * tc, c_new), (f, o * dphi(tc), g * dsigma(i), c * dsigma(f), i * dphi(g), tc * dsigma(o))
+
+    def factored_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array]:
+        """M (the class docstring) as Q = 5 factors over the 2H flat state: for each gate q of i,
+        f, g the rows' factors [k p_q; p_q] with [[W_hqᵀ, 0], [W_hqᵀ, 0]], for o [q; 0] with W_hoᵀ
+        the same way, and [k f; f] with [[0, I], [0, I]] (the cell state's own path)."""
+        H = self.hidden_size
+        f, k, *p, q = self._factors(params, s_prev, xs, s)
+        W = params["W_h"].reshape(H, 4, H)  # (in j, gate, out m)
+        zero = jnp.zeros_like(q)
+        A = jnp.stack([jnp.concatenate([k * pq, pq], axis=-1) for pq in p]
+                      + [jnp.concatenate([q, zero], axis=-1), jnp.concatenate([k * f, f], axis=-1)])
+        Wq = jnp.transpose(W, (1, 2, 0))  # (gate, out m, in j): W_hqᵀ
+        left = jnp.concatenate([Wq, Wq], axis=1)  # (4, 2H, H): both row halves read h's columns
+        gates = jnp.concatenate([left, jnp.zeros_like(left)], axis=2)  # (4, 2H, 2H)
+        eye = jnp.eye(H, dtype=W.dtype)
+        own = jnp.concatenate([jnp.zeros((2 * H, H), W.dtype), jnp.concatenate([eye, eye], axis=0)], axis=1)
+        return A, jnp.concatenate([gates, own[None]], axis=0)
 
     def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         H = self.hidden_size

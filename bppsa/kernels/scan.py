@@ -28,9 +28,11 @@ Three forms of the matrices:
   Jacobians: GRU, LSTM, any cell): one program per row, (Kp, Kp) products (Kp = k padded to a
   power of two >= 16, Triton's smallest product; the padding is zero and leaves the real entries
   alone);
-- :func:`chunked_scan_factored` for M_k = diag(A_k) @ Wt (an Elman RNN's transposed Jacobians,
-  :meth:`bppsa.cells.Cell.diagonal_jacobian`): the matrices are formed inside the kernels from A_k
-  and the one resident Wt, so memory carries (n, B, S) vectors instead of (n, B, S, S) matrices.
+- :func:`chunked_scan_factored` for M_k = Σ_q diag(A_{q,k}) @ Wt_q (an Elman RNN's transposed
+  Jacobians, Q = 1; a GRU's, Q = 4; an LSTM's, Q = 5: :meth:`bppsa.cells.Cell.factored_jacobian`):
+  the matrices are formed inside the kernels from the step's factors and the Q resident matrices,
+  so memory carries Q·S numbers a step instead of the S² of a matrix (and XLA never writes the
+  (n, B, S, S) Jacobians), for Q products a step in phase 1 instead of one.
 
 Elements past n (the last chunk's padding) are masked: they leave the carried values alone.
 Products are IEEE float32 on the GPU (``Precision.HIGHEST``, not TF32). Backend: Pallas's Triton
@@ -191,25 +193,36 @@ def _vecmat(g, M):
     return jnp.sum(g[:, None] * M, axis=0)
 
 
-def _times(g, m_ref, t, wt):
-    """g @ M_t: the stored matrix, or (g ⊙ A_t) @ Wt = g @ diag(A_t) Wt from the stored A_t and the
-    resident Wt (the matrix never formed)."""
-    return _vecmat(g, m_ref[t]) if wt is None else _vecmat(g * m_ref[t], wt)
+def _split(refs, factors: int):
+    """The kernel's input refs: the stored matrices (factors = 0), or the Q factors' A_q refs and
+    their Q resident matrices (loaded); then the offsets' ref and the rest."""
+    if not factors:
+        return (refs[0],), None, refs[1], refs[2:]
+    return refs[:factors], tuple(r[...] for r in refs[factors:2 * factors]), refs[2 * factors], refs[2 * factors + 1:]
 
 
-def _dense_reduce(*refs, C: int, n: int, factored: bool):
-    (m_ref, w_ref, d_ref, p_ref, l_ref) = refs if factored else (refs[0], None, *refs[1:])
+def _times(g, m_refs, t, wts):
+    """g @ M_t: the stored matrix, or Σ_q (g ⊙ A_{q,t}) @ Wt_q = g @ Σ_q diag(A_{q,t}) Wt_q from the
+    stored factors and the resident matrices (M_t never formed)."""
+    if wts is None:
+        return _vecmat(g, m_refs[0][t])
+    return functools.reduce(jnp.add, [_vecmat(g * r[t], wt) for r, wt in zip(m_refs, wts, strict=True)])
+
+
+def _dense_reduce(*refs, C: int, n: int, factors: int):
+    m_refs, wts, d_ref, (p_ref, l_ref) = _split(refs, factors)
     c, Kp = pl.program_id(0), d_ref.shape[-1]
-    wt = None if w_ref is None else w_ref[...]
     rows, cols = lax.broadcasted_iota(jnp.int32, (Kp, Kp), 0), lax.broadcasted_iota(jnp.int32, (Kp, Kp), 1)
     eye = jnp.where(rows == cols, 1.0, 0.0).astype(d_ref.dtype)
 
     def body(t, carry):
         P, loc = carry
         keep = c * C + t < n
-        # P diag(a) Wt = (P ⊙ a) Wt: the matrix never formed
-        P2 = _dot(P, m_ref[t]) if wt is None else _dot(P * m_ref[t][None, :], wt)
-        loc2 = _times(loc, m_ref, t, wt) + d_ref[t]
+        if wts is None:
+            P2 = _dot(P, m_refs[0][t])
+        else:  # P Σ_q diag(a_q) Wt_q = Σ_q (P ⊙ a_q) Wt_q: the matrix never formed
+            P2 = functools.reduce(jnp.add, [_dot(P * r[t][None, :], wt) for r, wt in zip(m_refs, wts, strict=True)])
+        loc2 = _times(loc, m_refs, t, wts) + d_ref[t]
         return jnp.where(keep, P2, P), jnp.where(keep, loc2, loc)
 
     P, loc = lax.fori_loop(0, C, body, (eye, jnp.zeros((Kp,), d_ref.dtype)))
@@ -225,38 +238,40 @@ def _dense_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
     total_ref[...] = lax.fori_loop(0, chunks, body, v_ref[...])
 
 
-def _dense_apply(*refs, C: int, n: int, factored: bool):
-    (m_ref, w_ref, d_ref, g_ref, out_ref) = refs if factored else (refs[0], None, *refs[1:])
+def _dense_apply(*refs, C: int, n: int, factors: int):
+    m_refs, wts, d_ref, (g_ref, out_ref) = _split(refs, factors)
     c = pl.program_id(0)
-    wt = None if w_ref is None else w_ref[...]
 
     def body(t, g):
         out_ref[t] = g
-        new = _times(g, m_ref, t, wt) + d_ref[t]
+        new = _times(g, m_refs, t, wts) + d_ref[t]
         return jnp.where(c * C + t < n, new, g)
 
     lax.fori_loop(0, C, body, g_ref[...])
 
 
 def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
-    """Ms (n, R, k, k), or with ``Wt`` (k, k) the diagonals A (n, R, k) of diag(A) @ Wt."""
+    """Ms (n, R, k, k), or with ``Wt`` (Q, k, k) the factors A (Q, n, R, k) of Σ_q diag(A_q) @ Wt_q."""
     n, R, k = ds.shape
     chunks, Kp, dtype = -(-n // C), padded_size(k), v.dtype
-    N, factored = chunks * C, Wt is not None
-    m_shape = (N, R, Kp) if factored else (N, R, Kp, Kp)
-    Mp, dp, vp = _pad_to(Ms, m_shape), _pad_to(ds, (N, R, Kp)), _pad_to(v, (R, Kp))
-    extra = [] if Wt is None else [_pad_to(Wt, (Kp, Kp))]
-    w_spec = [pl.BlockSpec((Kp, Kp), lambda c, r: (0, 0))] if factored else []
-    m_chunk = (pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0)) if factored
-               else pl.BlockSpec((C, None, Kp, Kp), lambda c, r: (c, r, 0, 0)))
+    N, factors = chunks * C, 0 if Wt is None else Wt.shape[0]
+    if Wt is None:
+        ms, extra = [_pad_to(Ms, (N, R, Kp, Kp))], []
+    else:
+        ms = [_pad_to(a, (N, R, Kp)) for a in Ms]
+        extra = [_pad_to(w, (Kp, Kp)) for w in Wt]
+    dp, vp = _pad_to(ds, (N, R, Kp)), _pad_to(v, (R, Kp))
+    w_spec = [pl.BlockSpec((Kp, Kp), lambda c, r: (0, 0))] * factors
+    m_chunk = ([pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))] * factors if factors
+               else [pl.BlockSpec((C, None, Kp, Kp), lambda c, r: (c, r, 0, 0))])
     d_chunk = pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))
     p_one = pl.BlockSpec((None, None, Kp, Kp), lambda c, r: (c, r, 0, 0))
     l_one = pl.BlockSpec((None, None, Kp), lambda c, r: (c, r, 0))
     P, L = pl.pallas_call(
-        functools.partial(_dense_reduce, C=C, n=n, factored=factored), grid=(chunks, R),
-        in_specs=[m_chunk, *w_spec, d_chunk], out_specs=[p_one, l_one],
+        functools.partial(_dense_reduce, C=C, n=n, factors=factors), grid=(chunks, R),
+        in_specs=[*m_chunk, *w_spec, d_chunk], out_specs=[p_one, l_one],
         out_shape=[jax.ShapeDtypeStruct((chunks, R, Kp, Kp), dtype), jax.ShapeDtypeStruct((chunks, R, Kp), dtype)],
-        interpret=interpret, compiler_params=_params(num_warps))(Mp, *extra, dp)
+        interpret=interpret, compiler_params=_params(num_warps))(*ms, *extra, dp)
     row = pl.BlockSpec((None, Kp), lambda r: (r, 0))
     carries, total = pl.pallas_call(
         functools.partial(_dense_carry, chunks=chunks), grid=(R,),
@@ -266,10 +281,10 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
         out_shape=[jax.ShapeDtypeStruct((chunks, R, Kp), dtype), jax.ShapeDtypeStruct((R, Kp), dtype)],
         interpret=interpret, compiler_params=_params(num_warps))(P, L, vp)
     out = pl.pallas_call(
-        functools.partial(_dense_apply, C=C, n=n, factored=factored), grid=(chunks, R),
-        in_specs=[m_chunk, *w_spec, d_chunk, l_one], out_specs=d_chunk,
+        functools.partial(_dense_apply, C=C, n=n, factors=factors), grid=(chunks, R),
+        in_specs=[*m_chunk, *w_spec, d_chunk, l_one], out_specs=d_chunk,
         out_shape=jax.ShapeDtypeStruct((N, R, Kp), dtype),
-        interpret=interpret, compiler_params=_params(num_warps))(Mp, *extra, dp, carries)
+        interpret=interpret, compiler_params=_params(num_warps))(*ms, *extra, dp, carries)
     return out[:n, :, :k], total[:, :k]
 
 
@@ -322,14 +337,16 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
 def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None, *, chunk: int | None = None,
                           interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
-    """:func:`chunked_scan` for matrices with a shared factor, M_k = diag(A_k) @ Wt (an Elman RNN's
-    transposed Jacobians), formed inside the kernels: the same result as
-    ``chunked_scan(v, A[..., None] * Wt, ds)`` without the (n, R, S, S) matrices in memory.
+    """:func:`chunked_scan` for matrices made of per-step factors and shared matrices, M_k =
+    Σ_q diag(A_{q,k}) @ Wt_q (an Elman RNN's transposed Jacobians: Q = 1; a GRU's, an LSTM's:
+    :meth:`bppsa.cells.Cell.factored_jacobian`), formed inside the kernels: the same result as
+    ``chunked_scan(v, einsum("qnri,qij->nrij", A, Wt), ds)`` without the (n, R, S, S) matrices in
+    memory (Q·S numbers a step instead of S²).
 
     Args:
       v: (R, S) the root vectors.
-      A: (n, R, S) the diagonals A_k, in scan order.
-      Wt: (S, S) the shared factor; S <= :data:`MAX_BLOCK`.
+      A: (Q, n, R, S) the factors A_{q,k}, in scan order; or (n, R, S), one factor.
+      Wt: (Q, S, S) the shared matrices; or (S, S) with a 3-axis ``A``. S <= :data:`MAX_BLOCK`.
       ds: (n, R, S) the offsets, or None (all zero).
       chunk: the chunk length C (default :func:`chunk_length`).
       interpret: run the kernels in Pallas's interpret mode (any backend).
@@ -341,9 +358,11 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
     Raises:
       ValueError: shapes that do not match, n = 0, or S > :data:`MAX_BLOCK`.
     """
-    n, R, S = A.shape
-    if Wt.shape != (S, S):
-        raise ValueError(f"Wt must have shape (S, S) = {(S, S)}; got {Wt.shape}")
+    if A.ndim == 3:
+        A, Wt = A[None], Wt[None]
+    Q, n, R, S = A.shape
+    if Wt.shape != (Q, S, S):
+        raise ValueError(f"Wt must have shape (Q, S, S) = {(Q, S, S)} (or (S, S) with one factor); got {Wt.shape}")
     _check(v, ds, n, R, S)
     ds = jnp.zeros((n, R, S), v.dtype) if ds is None else ds
     C = min(n, chunk or chunk_length(n))

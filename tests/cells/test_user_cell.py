@@ -66,7 +66,7 @@ def test_the_contract_is_init_step_and_the_sizes():
 
 
 @pytest.mark.parametrize("cls", [MinGRU, DiagonalMinGRU])
-@pytest.mark.parametrize("T, B", [(1, 1), (7, 1), (12, 3)])
+@pytest.mark.parametrize("T, B", [(1, 1), (7, 1), pytest.param(12, 3, marks=pytest.mark.slow)])  # B > 1: test-all
 def test_a_user_cell_has_autodiffs_gradients_every_backward_and_forward(cls, T, B):
     cell = cls(2, 3)
     k = jax.random.split(jax.random.key(T * 10 + B), 3)

@@ -32,7 +32,7 @@ def _problem(name, T, B, H, dtype, seed=0):
     return cell, params, xs, s0, ct
 
 
-@pytest.mark.parametrize("name, dtype", [(n, d) if d == jnp.float64 or n == "rnn" else
+@pytest.mark.parametrize("name, dtype", [(n, d) if (n, d) == ("lstm", jnp.float64) else
                                          pytest.param(n, d, marks=pytest.mark.slow)  # make test-all
                                          for n in sorted(CELLS) for d in (jnp.float64, jnp.float32)])
 def test_interpret_mode_equals_reverse_mode(name, dtype):
@@ -64,7 +64,7 @@ def test_the_kernel_lowers_for_cuda_here(name):
     assert module.count(lowering.TRITON_CALL) == 1
 
 
-@pytest.mark.parametrize("name", sorted(CELLS))
+@pytest.mark.parametrize("name", [n if n != "lstm" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CELLS)])
 def test_fused_bptt_gradients_equal_autodiff(name):
     """The fused forward and the fused adjoint loop (the whole BPTT step in two kernels), float64."""
     for T, B in [(1, 1), (7, 2)]:

@@ -52,7 +52,7 @@ def test_interpret_mode_equals_the_xla_scan(n, R, k, dtype):
     _close(chunked_scan(v, Ms, ds, interpret=True), block_scan(v, Ms, ds, "sequential"), dtype)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize("dtype", [jnp.float64, pytest.param(jnp.float32, marks=pytest.mark.slow)])
 def test_the_factored_form_equals_the_scan_of_the_formed_matrices(dtype):
     for n, R, S in [(1, 1, 5), (11, 3, 20), (17, 2, 33)]:
         v, Ms, ds = _maps(n, R, S, dtype, seed=S)
@@ -61,14 +61,35 @@ def test_the_factored_form_equals_the_scan_of_the_formed_matrices(dtype):
         _close(chunked_scan_factored(v, A, Wt, ds, interpret=True), want, dtype)
 
 
+@pytest.mark.parametrize("name", ["gru", "lstm"])
+def test_the_cells_factored_jacobians_scan_as_their_matrices(name):
+    """A GRU's four factors and an LSTM's five (bppsa.cells.Cell.factored_jacobian): the factored
+    scan equals the scan of the dense transposed Jacobians, which the factors reproduce exactly."""
+    from bppsa import cells
+    from bppsa.forward.sequential import forward_states, prev_states
+
+    cell = cells.GRU(3, 6) if name == "gru" else cells.LSTM(3, 5)
+    k = jax.random.split(jax.random.key(1), 4)
+    params = cell.init(k[0], jnp.float64)
+    xs = jax.random.normal(k[1], (9, 2, 3), jnp.float64)
+    s0 = jax.random.normal(k[2], (2, cell.state_size), jnp.float64)
+    ss = forward_states(cell, params, xs, s0)
+    Ms = cell.transposed_jacobian(params, prev_states(s0, ss), xs, ss)
+    A, Wt = cell.factored_jacobian(params, prev_states(s0, ss), xs, ss)
+    assert A.shape[0] == Wt.shape[0] == (4 if name == "gru" else 5)
+    assert float(jnp.max(jnp.abs(jnp.einsum("qnri,qij->nrij", A, Wt) - Ms))) <= 1e-14
+    v, ds = jax.random.normal(k[3], (2, cell.state_size), jnp.float64), jnp.cos(ss)
+    _close(chunked_scan_factored(v, A, Wt, ds, interpret=True), dense.scan(v, Ms, ds, "sequential"), jnp.float64)
+
+
 def test_any_chunk_length_gives_the_same_scan():
     """Chunks that divide n, that do not (the last chunk's padding masked), of one element, of all n."""
     v, Ms, ds = _maps(10, 2, 2, jnp.float64)
     want = block_scan(v, Ms, ds, "sequential")
-    for chunk in (1, 3, 4, 5, 10, 64):
+    for chunk in (1, 3, 10, 64):
         _close(chunked_scan(v, Ms, ds, chunk=chunk, interpret=True), want, jnp.float64)
     v, Ms, ds = _maps(10, 2, 17, jnp.float64)
-    for chunk in (3, 10):
+    for chunk in (3,):
         _close(chunked_scan(v, Ms, ds, chunk=chunk, interpret=True), block_scan(v, Ms, ds, "sequential"),
                jnp.float64)
 
@@ -91,9 +112,10 @@ def test_every_form_lowers_for_cuda_here(k):
     assert module.count(lowering.TRITON_CALL) == 3
 
 
-def test_the_factored_form_lowers_for_cuda_here():
+@pytest.mark.parametrize("Q", [1, 4])
+def test_the_factored_form_lowers_for_cuda_here(Q):
     module = cuda_module(lambda v, A, W, d: chunked_scan_factored(v, A, W, d), jnp.zeros((4, 20)),
-                         jnp.zeros((37, 4, 20)), jnp.zeros((20, 20)), jnp.zeros((37, 4, 20)))
+                         jnp.zeros((Q, 37, 4, 20)), jnp.zeros((Q, 20, 20)), jnp.zeros((37, 4, 20)))
     assert module.count(lowering.TRITON_CALL) == 3
 
 
@@ -107,5 +129,5 @@ def test_bad_shapes_are_clear_errors():
         chunked_scan(v, Ms[:0], ds[:0], interpret=True)
     with pytest.raises(ValueError, match=r"blocks of at most 128"):
         chunked_scan(jnp.zeros((1, 129)), jnp.zeros((2, 1, 129, 129)), interpret=True)
-    with pytest.raises(ValueError, match=r"Wt must have shape \(S, S\) = \(3, 3\)"):
+    with pytest.raises(ValueError, match=r"Wt must have shape \(Q, S, S\) = \(1, 3, 3\)"):
         chunked_scan_factored(v, ds, jnp.zeros((3, 4)), ds, interpret=True)
