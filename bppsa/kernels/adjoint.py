@@ -18,7 +18,7 @@ cotangents and stay zero (their weights are zero), so the real gradients are exa
 from __future__ import annotations
 
 import functools
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +26,8 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import Affine, Cell, split_gates
-from bppsa.kernels.recurrence import BATCH_TILE, MAX_HIDDEN, STEPS, padded_size, supports
+from bppsa.cells import Cell
+from bppsa.kernels.recurrence import BATCH_TILE, MAX_HIDDEN, STEPS, operands, pad_to, supports
 
 __all__ = ["fused_adjoint"]
 
@@ -59,10 +59,6 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
         ref[...] = part
 
 
-def _pad(a: Array, shape: tuple[int, ...]) -> Array:
-    return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape, strict=True)])
-
-
 @functools.partial(jax.jit, static_argnames=("cell", "interpret", "num_warps"))
 def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array, *,
                   interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
@@ -92,16 +88,11 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
                          f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
     T, B, _ = xs.shape
     H, G, dtype = cell.hidden_size, cell.gates, ss.dtype
-    Hp, Bp = padded_size(H), BATCH_TILE * -(-B // BATCH_TILE)
-    gx = cell.project(params, xs)
-    us = [_pad(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
-    ws = [_pad(w.astype(dtype), (Hp, Hp)) for w in split_gates(params["W_h"], G)]
-    b_h = params["b_h"] if cast(Affine, cell).hidden_bias else jnp.zeros((G * H,), dtype)
-    bs = [_pad(b.astype(dtype), (Hp,)) for b in split_gates(b_h, G)]
+    Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
 
     def parts(flat):  # (..., S) flat states -> the padded (..., Bp, Hp) parts [h; LSTM: h, c]
         state = cell.unflatten_state(flat)
-        return [_pad(p, p.shape[:-2] + (Bp, Hp)) for p in (state if cell.pair_state else (state,))]
+        return [pad_to(p, p.shape[:-2] + (Bp, Hp)) for p in (state if cell.pair_state else (state,))]
 
     sp = parts(jnp.concatenate([s0[None], ss[:-1]], axis=0).astype(dtype))
     cts = parts(ct.astype(dtype))

@@ -29,8 +29,8 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import GRU, RNN, Cell, split_gates
-from bppsa.kernels.recurrence import BATCH_TILE, STEPS, padded_size
+from bppsa.cells import GRU, RNN, Cell
+from bppsa.kernels.recurrence import BATCH_TILE, STEPS, operands, pad_to
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
@@ -106,10 +106,6 @@ def _apply(*refs, cell, T: int, C: int, gates: int):
     lax.fori_loop(0, C, body, g_ref[...])
 
 
-def _pad(a: Array, shape: tuple[int, ...]) -> Array:
-    return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape, strict=True)])
-
-
 @functools.partial(jax.jit, static_argnames=("cell", "chunk", "interpret", "num_warps"))
 def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *, chunk: int | None = None,
                       interpret: bool = False, num_warps: int = 4) -> Array:
@@ -137,16 +133,10 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
                          f"and hidden_size <= {MAX_UNITS}; got {cell.display_name}")
     T, B, _ = xs.shape
     Hs, G, dtype = cell.hidden_size, cell.gates, H.dtype
-    Hp, Bp = padded_size(Hs), BATCH_TILE * -(-B // BATCH_TILE)
+    Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True)
     C = min(T, chunk or chunk_length(T))
     chunks, tiles = -(-T // C), Bp // BATCH_TILE
-    gx = cell.project(params, xs)
-    us = [_pad(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
-    w = cell.loop_params(params)["W_h"]  # (G, H) at head_size 1: each gate's diagonal
-    ws = [_pad(w[q].astype(dtype), (Hp,)) for q in range(G)]
-    b_h = params["b_h"] if getattr(cell, "hidden_bias", False) else jnp.zeros((G * Hs,), dtype)
-    bs = [_pad(b.astype(dtype), (Hp,)) for b in split_gates(b_h, G)]
-    Hg, s0p = _pad(H, (T, Bp, Hp)), _pad(s0.astype(dtype), (Bp, Hp))
+    Hg, s0p = pad_to(H, (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
 
     whole = pl.BlockSpec((T, BATCH_TILE, Hp), lambda c, i: (0, i, 0))  # indexed by step inside the kernels
     vec = pl.BlockSpec((Hp,), lambda c, i: (0,))

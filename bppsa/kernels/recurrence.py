@@ -36,7 +36,8 @@ from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import ACTIVATIONS, GRU, LSTM, RNN, Affine, Cell, split_gates
 
-__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "STEPS", "supports", "padded_size", "fused_states"]
+__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "STEPS", "supports", "padded_size", "pad_to", "operands",
+           "fused_states"]
 
 #: Batch rows a program owns (Triton's products need at least 16 rows).
 BATCH_TILE = 16
@@ -130,9 +131,49 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
     lax.fori_loop(0, T, body, tuple(r[...] for r in s0_refs))
 
 
-def _pad(a: Array, shape: tuple[int, ...]) -> Array:
-    """``a`` padded with zeros at the end of each axis to ``shape``."""
+def pad_to(a: Array, shape: tuple[int, ...]) -> Array:
+    """``a`` padded with zeros at the end of each axis to ``shape`` (the kernels' padded sizes).
+
+    Args:
+      a: any array.
+      shape: a shape at least as large as ``a``'s along every axis.
+
+    Returns:
+      ``a`` zero-padded to ``shape``.
+    """
     return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape, strict=True)])
+
+
+def operands(cell: Cell, params: Any, xs: Array, dtype: Any, diagonal: bool = False
+             ) -> tuple[int, int, list[Array], list[Array], list[Array]]:
+    """What every cell kernel reads, padded: the G projected inputs x W_x + b_x (one product for all
+    steps, before the kernel), the G blocks of the recurrent weight and the G hidden biases.
+
+    Args:
+      cell: an affine cell (:class:`bppsa.cells.Affine`).
+      params: its parameters.
+      xs: (T, B, I) inputs.
+      dtype: the kernel's dtype.
+      diagonal: the recurrent weight as the G gates' diagonals ((Hp,) vectors; a diagonal cell's
+        ``loop_params``), not (Hp, Hp) blocks.
+
+    Returns:
+      (Hp, Bp, us, ws, bs): the padded hidden size and batch, us the G (T, Bp, Hp) inputs, ws the
+      G (Hp, Hp) blocks (or (Hp,) diagonals) of W_h and bs the G (Hp,) biases (zero without one).
+    """
+    T, B, _ = xs.shape
+    H, G = cell.hidden_size, cell.gates
+    Hp, Bp = padded_size(H), BATCH_TILE * -(-B // BATCH_TILE)
+    gx = cell.project(params, xs)
+    us = [pad_to(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
+    if diagonal:
+        w = cell.loop_params(params)["W_h"]  # (G, H): each gate's diagonal
+        ws = [pad_to(w[q].astype(dtype), (Hp,)) for q in range(G)]
+    else:
+        ws = [pad_to(w.astype(dtype), (Hp, Hp)) for w in split_gates(params["W_h"], G)]
+    b_h = params["b_h"] if cast(Affine, cell).hidden_bias else jnp.zeros((G * H,), dtype)
+    bs = [pad_to(b.astype(dtype), (Hp,)) for b in split_gates(b_h, G)]
+    return Hp, Bp, us, ws, bs
 
 
 @functools.partial(jax.jit, static_argnames=("cell", "interpret", "num_warps"))
@@ -161,14 +202,9 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
                          f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
     T, B, _ = xs.shape
     H, G, dtype = cell.hidden_size, cell.gates, s0.dtype
-    Hp, Bp = padded_size(H), BATCH_TILE * -(-B // BATCH_TILE)
-    gx = cell.project(params, xs)
-    us = [_pad(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
-    ws = [_pad(w.astype(dtype), (Hp, Hp)) for w in split_gates(params["W_h"], G)]
-    b_h = params["b_h"] if cast(Affine, cell).hidden_bias else jnp.zeros((G * H,), dtype)
-    bs = [_pad(b.astype(dtype), (Hp,)) for b in split_gates(b_h, G)]
+    Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
     state = cell.unflatten_state(s0)
-    parts = [_pad(p, (Bp, Hp)) for p in (state if cell.pair_state else (state,))]
+    parts = [pad_to(p, (Bp, Hp)) for p in (state if cell.pair_state else (state,))]
 
     seq_spec = pl.BlockSpec((T, BATCH_TILE, Hp), lambda i: (0, i, 0))
     specs = ([seq_spec] * G + [pl.BlockSpec((Hp, Hp), lambda i: (0, 0))] * G

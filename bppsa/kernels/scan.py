@@ -51,7 +51,7 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.kernels.recurrence import padded_size
+from bppsa.kernels.recurrence import pad_to, padded_size
 
 __all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "chunk_length", "chunked_scan", "chunked_scan_factored"]
 
@@ -83,11 +83,6 @@ def _params(num_warps: int = 4):
 
 def _dot(a: Array, b: Array) -> Array:
     return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=a.dtype)
-
-
-def _pad_to(a: Array, shape: tuple[int, ...]) -> Array:
-    """``a`` zero-padded at the end of each axis to ``shape``."""
-    return jnp.pad(a, [(0, m - s) for s, m in zip(a.shape, shape, strict=True)])
 
 
 # -- lanes: (k, k) blocks with k <= LANE_BLOCK, rows in the lanes -----------------------------------
@@ -158,9 +153,9 @@ def _lane_scan(v, Ms, ds, C, interpret, num_warps):
     n, R, k, _ = Ms.shape
     chunks, Rp, dtype = -(-n // C), ROW_TILE * -(-R // ROW_TILE), v.dtype
     N, tiles = chunks * C, Rp // ROW_TILE
-    Mp = _pad_to(jnp.transpose(Ms, (0, 2, 3, 1)), (N, k, k, Rp))  # (N, k, k, Rp) planes
-    dp = _pad_to(jnp.transpose(ds, (0, 2, 1)), (N, k, Rp))
-    vp = _pad_to(v.T, (k, Rp))
+    Mp = pad_to(jnp.transpose(Ms, (0, 2, 3, 1)), (N, k, k, Rp))  # (N, k, k, Rp) planes
+    dp = pad_to(jnp.transpose(ds, (0, 2, 1)), (N, k, Rp))
+    vp = pad_to(v.T, (k, Rp))
     m_chunk = pl.BlockSpec((C, k, k, ROW_TILE), lambda c, r: (c, 0, 0, r))
     d_chunk = pl.BlockSpec((C, k, ROW_TILE), lambda c, r: (c, 0, r))
     p_one = pl.BlockSpec((None, k, k, ROW_TILE), lambda c, r: (c, 0, 0, r))
@@ -256,11 +251,11 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
     chunks, Kp, dtype = -(-n // C), padded_size(k), v.dtype
     N, factors = chunks * C, 0 if Wt is None else Wt.shape[0]
     if Wt is None:
-        ms, extra = [_pad_to(Ms, (N, R, Kp, Kp))], []
+        ms, extra = [pad_to(Ms, (N, R, Kp, Kp))], []
     else:
-        ms = [_pad_to(a, (N, R, Kp)) for a in Ms]
-        extra = [_pad_to(w, (Kp, Kp)) for w in Wt]
-    dp, vp = _pad_to(ds, (N, R, Kp)), _pad_to(v, (R, Kp))
+        ms = [pad_to(a, (N, R, Kp)) for a in Ms]
+        extra = [pad_to(w, (Kp, Kp)) for w in Wt]
+    dp, vp = pad_to(ds, (N, R, Kp)), pad_to(v, (R, Kp))
     w_spec = [pl.BlockSpec((Kp, Kp), lambda c, r: (0, 0))] * factors
     m_chunk = ([pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))] * factors if factors
                else [pl.BlockSpec((C, None, Kp, Kp), lambda c, r: (c, r, 0, 0))])
