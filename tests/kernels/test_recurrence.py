@@ -104,6 +104,18 @@ def test_gradients_through_the_kernel_equal_autodiff(name):
             assert jnp.allclose(a, b, rtol=1e-10, atol=1e-11), (name, T, B)
 
 
+def test_the_memory_chunked_backward_scans_each_chunk_with_the_kernels():
+    """chunk_size < T: the backward's chunks (latest first, each one's root its successor's total),
+    each scanned by the fused kernels; 7 steps in chunks of 3 (one padded step), float64."""
+    cell, params, xs, s0 = _problem("gru", 7, 2, seed=5)
+    h0 = cell.unflatten_state(s0)
+    loss = lambda states: jnp.sum(jnp.sin(cell.hidden(states)))  # noqa: E731
+    want = scan_grads(cell, params, xs, h0, loss)
+    got = jax.grad(lambda p: loss(bppsa.rnn(cell, p, xs, h0, kernels="interpret", chunk_size=3)))(params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want[0]), strict=True):
+        assert jnp.allclose(a, b, rtol=1e-10, atol=1e-11)
+
+
 def test_forward_mode_and_hvps_through_the_kernel():
     cell, params, xs, s0 = _problem("gru", 9, 2, seed=3)
     tangent = jax.tree.map(lambda a: jax.random.normal(jax.random.key(7), a.shape, a.dtype), params)
