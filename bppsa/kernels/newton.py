@@ -11,7 +11,8 @@ the projected inputs (x_t W_x + b_x, one product before the kernels), the deriva
 forward mode of the very step function the recurrence kernel runs
 (:data:`bppsa.kernels.recurrence.STEPS` with an elementwise recurrent product). Memory carries
 the guess, the inputs and the new iterate; nothing (T, B, S) more. As in ParaRNN's CUDA kernel, a
-program owns a tile of batch rows and all units, and runs a chunk of steps in registers.
+program owns a tile of batch rows and all units (:func:`row_tile`: fewer rows where H is large),
+and runs a chunk of steps in registers.
 
 The Newton loop itself (the convergence test: the residual and step size of each iterate, and
 their reductions) stays :func:`bppsa.forward.newton.iterate`'s, one parallel XLA pass an
@@ -34,11 +35,14 @@ from bppsa.kernels.recurrence import BATCH_TILE, STEPS, operands, pad_to
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
-__all__ = ["MAX_UNITS", "supports", "fused_newton_step"]
+__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "supports", "row_tile", "fused_newton_step"]
 
-#: The largest hidden size the kernels take (a program holds a (BATCH_TILE, H) tile of each of a
-#: few arrays in registers).
+#: The largest hidden size the kernels take.
 MAX_UNITS = 1024
+#: The most elements of one array a program's tile holds: a step keeps about fifteen such arrays
+#: live (the G inputs, weights and biases, the state, the step, its derivative, the carried map),
+#: so a (16, 256) tile would be ~60 registers a thread for each of them at four warps.
+TILE_ELEMENTS = 2048
 _SAME_STEP = {BlockRNN: RNN, BlockGRU: GRU}  # the dense cell whose step equations each one shares
 
 
@@ -54,6 +58,20 @@ def supports(cell: Cell) -> bool:
     """
     return (type(cell) in _SAME_STEP and getattr(cell, "head_size", None) == 1
             and cell.hidden_size <= MAX_UNITS)
+
+
+def row_tile(Hp: int) -> int:
+    """The batch rows a program owns at padded hidden size Hp: :data:`BATCH_TILE` (16) where a
+    (16, Hp) tile has at most :data:`TILE_ELEMENTS` elements, else fewer (a power of two, at
+    least 1). The kernels are elementwise: no product needs 16 rows.
+
+    Args:
+      Hp: the padded hidden size (a power of two).
+
+    Returns:
+      The rows of a tile, dividing :data:`BATCH_TILE`.
+    """
+    return max(1, min(BATCH_TILE, TILE_ELEMENTS // Hp))
 
 
 def _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0):
@@ -135,13 +153,14 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
     Hs, G, dtype = cell.hidden_size, cell.gates, H.dtype
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True)
     C = min(T, chunk or chunk_length(T))
-    chunks, tiles = -(-T // C), Bp // BATCH_TILE
+    bt = row_tile(Hp)
+    chunks, tiles = -(-T // C), Bp // bt
     Hg, s0p = pad_to(H, (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
 
-    whole = pl.BlockSpec((T, BATCH_TILE, Hp), lambda c, i: (0, i, 0))  # indexed by step inside the kernels
+    whole = pl.BlockSpec((T, bt, Hp), lambda c, i: (0, i, 0))  # indexed by step inside the kernels
     vec = pl.BlockSpec((Hp,), lambda c, i: (0,))
-    tile = pl.BlockSpec((BATCH_TILE, Hp), lambda c, i: (i, 0))
-    one = pl.BlockSpec((None, BATCH_TILE, Hp), lambda c, i: (c, i, 0))
+    tile = pl.BlockSpec((bt, Hp), lambda c, i: (i, 0))
+    one = pl.BlockSpec((None, bt, Hp), lambda c, i: (c, i, 0))
     specs = [whole] * G + [vec] * G + [vec] * G + [whole, tile]
     params_ = pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
     per_chunk = jax.ShapeDtypeStruct((chunks, Bp, Hp), dtype)
@@ -149,13 +168,13 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
     A, L = pl.pallas_call(functools.partial(_reduce, **kw), grid=(chunks, tiles), in_specs=specs,
                           out_specs=[one, one], out_shape=[per_chunk, per_chunk], interpret=interpret,
                           compiler_params=params_)(*us, *ws, *bs, Hg, s0p)
-    every = pl.BlockSpec((chunks, BATCH_TILE, Hp), lambda i: (0, i, 0))
+    every = pl.BlockSpec((chunks, bt, Hp), lambda i: (0, i, 0))
     carries = pl.pallas_call(functools.partial(_carry, chunks=chunks), grid=(tiles,),
-                             in_specs=[every, every, pl.BlockSpec((BATCH_TILE, Hp), lambda i: (i, 0))],
+                             in_specs=[every, every, pl.BlockSpec((bt, Hp), lambda i: (i, 0))],
                              out_specs=every, out_shape=per_chunk, interpret=interpret,
                              compiler_params=params_)(A, L, s0p)
     out = pl.pallas_call(functools.partial(_apply, **kw), grid=(chunks, tiles), in_specs=[*specs, one],
-                         out_specs=pl.BlockSpec((C, BATCH_TILE, Hp), lambda c, i: (c, i, 0)),
+                         out_specs=pl.BlockSpec((C, bt, Hp), lambda c, i: (c, i, 0)),
                          out_shape=jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype), interpret=interpret,
                          compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries)
     return out[:T, :B, :Hs]

@@ -94,6 +94,18 @@ def test_the_fused_newton_step_lowers_for_cuda_here(name):
     assert module.count(lowering.TRITON_CALL) == 3
 
 
+def test_a_wide_cell_runs_fewer_rows_a_program():
+    """H = 200 (padded to 256): 8 rows a program, two tiles over B = 9; the step is still the XLA one."""
+    assert [kernel_newton.row_tile(h) for h in (16, 128, 256, 1024)] == [16, 16, 8, 2]
+    cell = structured.BlockGRU(3, 200)
+    k = jax.random.split(jax.random.key(2), 4)
+    params, xs = cell.init(k[0], jnp.float64), jax.random.normal(k[1], (5, 9, 3), jnp.float64)
+    s0, guess = jax.random.normal(k[2], (9, 200), jnp.float64), jax.random.normal(k[3], (5, 9, 200), jnp.float64)
+    plan = bppsa.Options(forward="newton", scan="sequential").plan(cell, xs, s0)
+    want = newton_step(cell, plan, params, xs, s0, guess, steps(cell, params, prev_states(s0, guess), xs))
+    assert float(jnp.max(jnp.abs(fused_newton_step(cell, params, xs, s0, guess, interpret=True) - want))) <= 1e-13
+
+
 def test_which_cells_the_fused_newton_step_runs():
     assert kernel_newton.supports(structured.BlockGRU(3, 8)) and kernel_newton.supports(structured.BlockRNN(3, 8))
     assert not kernel_newton.supports(structured.BlockGRU(3, 8, head_size=2))  # blocks: the chunked scan
