@@ -1,0 +1,42 @@
+"""The whole training step with kernels="pallas", exported for CUDA on this CPU: every kernel
+lowers inside the real program (the custom derivative rule, the plan's chunking, the parameter
+gradients around them), and the step's time loop is gone: a fixed number of Triton kernels whatever
+T, and no ``while`` loop left outside them, where XLA's step loops over time."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import bppsa
+from bppsa import cells
+from bppsa.kernels import cuda_module, lowering
+
+pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+
+
+def _step_module(cell, T, kernels, **options):
+    """The CUDA module of one training-step gradient (a readout of every step's hidden state)."""
+    B = 16
+    params = cell.init(jax.random.key(0))
+    xs, s0 = jnp.zeros((T, B, cell.input_size)), jnp.zeros((B, cell.state_size))
+    # the plan is made here, on the CPU, where "pallas" is refused; the kernels then run as on a GPU
+    plan = bppsa.Options(kernels="interpret" if kernels == "pallas" else kernels, chunk_size=None,
+                         **options).plan(cell, xs, s0).replace(kernels=kernels)
+    loss = lambda p, x, h: jnp.sum(cell.hidden(bppsa.rnn(cell, p, x, h, plan)))  # noqa: E731
+    return cuda_module(jax.grad(loss), params, xs, cell.unflatten_state(s0))
+
+
+@pytest.mark.parametrize("name, backward, kernels", [
+    ("rnn", "bppsa", 4),  # the fused forward and the scan's three (its Jacobians formed inside)
+    ("gru", "bppsa", 4),
+    ("rnn", "bptt", 2),   # the fused forward and the fused adjoint loop
+])
+def test_the_fused_step_has_no_time_loop_and_a_fixed_number_of_kernels(name, backward, kernels):
+    cell = cells.RNN(1, 20) if name == "rnn" else cells.GRU(12, 20)
+    for T in (100, 1000):
+        fused = _step_module(cell, T, "pallas", backward=backward)
+        assert fused.count(lowering.TRITON_CALL) == kernels, (name, T)
+        assert fused.count("stablehlo.while") == 0, (name, T)
+    assert _step_module(cell, 1000, "xla", backward=backward).count("stablehlo.while") >= 1  # XLA's step loops
