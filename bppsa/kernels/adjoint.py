@@ -87,6 +87,8 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
         raise ValueError(f"the fused adjoint runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
                          f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
     T, B, _ = xs.shape
+    if B == 0:  # no rows: no program to run
+        return jnp.zeros(ss.shape, ss.dtype), jnp.zeros(s0.shape, ss.dtype)
     H, G, dtype = cell.hidden_size, cell.gates, ss.dtype
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
 

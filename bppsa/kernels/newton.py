@@ -150,6 +150,8 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
         raise ValueError(f"the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU with head_size=1 "
                          f"and hidden_size <= {MAX_UNITS}; got {cell.display_name}")
     T, B, _ = xs.shape
+    if B == 0:  # no rows: nothing to solve
+        return H
     Hs, G, dtype = cell.hidden_size, cell.gates, H.dtype
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True)
     C = min(T, chunk or chunk_length(T))

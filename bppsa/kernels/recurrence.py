@@ -201,6 +201,8 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
         raise ValueError(f"the fused recurrence runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
                          f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
     T, B, _ = xs.shape
+    if B == 0:  # no rows: no program to run
+        return jnp.zeros((T, 0, s0.shape[-1]), s0.dtype)
     H, G, dtype = cell.hidden_size, cell.gates, s0.dtype
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
     state = cell.unflatten_state(s0)

@@ -321,6 +321,8 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
     if Ms.ndim != 4 or Ms.shape[-2] != k:
         raise ValueError(f"Ms must have shape (n, R, k, k); got {Ms.shape}")
     _check(v, ds, n, R, k)
+    if R == 0:  # no rows: no program to run
+        return jnp.zeros((n, 0, k), v.dtype), v
     ds = jnp.zeros((n, R, k), v.dtype) if ds is None else ds
     C = min(n, chunk or chunk_length(n))
     Ms, ds = Ms.astype(v.dtype), ds.astype(v.dtype)
@@ -359,6 +361,8 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
     if Wt.shape != (Q, S, S):
         raise ValueError(f"Wt must have shape (Q, S, S) = {(Q, S, S)} (or (S, S) with one factor); got {Wt.shape}")
     _check(v, ds, n, R, S)
+    if R == 0:  # no rows: no program to run
+        return jnp.zeros((n, 0, S), v.dtype), v
     ds = jnp.zeros((n, R, S), v.dtype) if ds is None else ds
     C = min(n, chunk or chunk_length(n))
     return _dense_scan(v, A.astype(v.dtype), ds.astype(v.dtype), C, interpret, num_warps, Wt=Wt.astype(v.dtype))

@@ -40,3 +40,19 @@ def test_the_fused_step_has_no_time_loop_and_a_fixed_number_of_kernels(name, bac
         assert fused.count(lowering.TRITON_CALL) == kernels, (name, T)
         assert fused.count("stablehlo.while") == 0, (name, T)
     assert _step_module(cell, 1000, "xla", backward=backward).count("stablehlo.while") >= 1  # XLA's step loops
+
+
+@pytest.mark.parametrize("options", [{}, {"backward": "bptt"}, {"forward": "newton"}], ids=["bppsa", "bptt", "newton"])
+def test_an_empty_batch_runs_every_kernel_path(options):
+    """B = 0: no program to launch; the states and gradients are XLA's (empty states, zero gradients)."""
+    from bppsa import structured
+
+    for cell in (cells.GRU(3, 5), structured.BlockGRU(3, 8)):
+        if cell.hidden_size == 8 and "forward" not in options:
+            continue  # the fused recurrence and BPTT's adjoint loop run the dense cells
+        params, xs = cell.init(jax.random.key(0)), jnp.ones((4, 0, 3))
+        h0 = cell.unflatten_state(jnp.zeros((0, cell.state_size)))
+        run = lambda p, k: bppsa.rnn(cell, p, xs, h0, kernels=k, **options)  # noqa: E731
+        assert run(params, "interpret").shape == run(params, "xla").shape == (4, 0, cell.hidden_size)
+        grads = jax.grad(lambda p: jnp.sum(run(p, "interpret")))(params)
+        assert all(float(jnp.max(jnp.abs(g), initial=0.0)) == 0.0 for g in jax.tree.leaves(grads))
