@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import Cell
-from bppsa.kernels.recurrence import BATCH_TILE, MAX_HIDDEN, STEPS, operands, pad_to, supports
+from bppsa.kernels.recurrence import BATCH_TILE, MAX_HIDDEN, STEPS, compute_dtype, operands, pad_to, supports
 
 __all__ = ["fused_adjoint"]
 
@@ -89,7 +89,7 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
     T, B, _ = xs.shape
     if B == 0:  # no rows: no program to run
         return jnp.zeros(ss.shape, ss.dtype), jnp.zeros(s0.shape, ss.dtype)
-    H, G, dtype = cell.hidden_size, cell.gates, ss.dtype
+    H, G, dtype = cell.hidden_size, cell.gates, compute_dtype(ss.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
 
     def parts(flat):  # (..., S) flat states -> the padded (..., Bp, Hp) parts [h; LSTM: h, c]
@@ -112,5 +112,5 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
     )(*us, *ws, *bs, *sp, *cts)
     gs, g0 = [o[:, :B, :H] for o in out[:P]], [o[:B, :H] for o in out[P:]]
-    flat = lambda p: cell.flatten_state(tuple(p) if cell.pair_state else p[0])  # noqa: E731
+    flat = lambda p: cell.flatten_state(tuple(p) if cell.pair_state else p[0]).astype(ss.dtype)  # noqa: E731
     return flat(gs), flat(g0)

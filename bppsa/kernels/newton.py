@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import GRU, RNN, Cell
-from bppsa.kernels.recurrence import BATCH_TILE, STEPS, operands, pad_to
+from bppsa.kernels.recurrence import BATCH_TILE, STEPS, compute_dtype, operands, pad_to
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
@@ -152,12 +152,12 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
     T, B, _ = xs.shape
     if B == 0:  # no rows: nothing to solve
         return H
-    Hs, G, dtype = cell.hidden_size, cell.gates, H.dtype
+    Hs, G, dtype = cell.hidden_size, cell.gates, compute_dtype(H.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True)
     C = min(T, chunk or chunk_length(T))
     bt = row_tile(Hp)
     chunks, tiles = -(-T // C), Bp // bt
-    Hg, s0p = pad_to(H, (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
+    Hg, s0p = pad_to(H.astype(dtype), (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
 
     whole = pl.BlockSpec((T, bt, Hp), lambda c, i: (0, i, 0))  # indexed by step inside the kernels
     vec = pl.BlockSpec((Hp,), lambda c, i: (0,))
@@ -179,4 +179,4 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
                          out_specs=pl.BlockSpec((C, bt, Hp), lambda c, i: (c, i, 0)),
                          out_shape=jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype), interpret=interpret,
                          compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries)
-    return out[:T, :B, :Hs]
+    return out[:T, :B, :Hs].astype(H.dtype)

@@ -37,7 +37,7 @@ from jax.experimental.pallas import triton as pl_triton
 from bppsa.cells import ACTIVATIONS, GRU, LSTM, RNN, Affine, Cell, split_gates
 
 __all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "STEPS", "supports", "padded_size", "pad_to", "operands",
-           "fused_states"]
+           "compute_dtype", "dot", "fused_states"]
 
 #: Batch rows a program owns (Triton's products need at least 16 rows).
 BATCH_TILE = 16
@@ -74,18 +74,43 @@ def padded_size(n: int) -> int:
     return max(MIN_SIZE, 1 << max(0, math.ceil(math.log2(n))))
 
 
-def _dot(a: Array, b: Array) -> Array:
-    """a @ b with full-precision products and accumulation (IEEE float32 on the GPU, not TF32)."""
-    return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=a.dtype)
+def compute_dtype(dtype: Any) -> Any:
+    """The dtype a kernel computes in for arrays of ``dtype``: float32 for 16-bit floats (Triton
+    lowers neither their divisions nor their transcendentals; cuDNN's 16-bit RNNs compute in
+    float32 too), else ``dtype`` itself. Results are rounded back to ``dtype``.
+
+    Args:
+      dtype: the dtype of the caller's arrays.
+
+    Returns:
+      ``jnp.promote_types(dtype, float32)``.
+    """
+    return jnp.promote_types(dtype, jnp.float32)
 
 
-def _rnn_step(cell: RNN, ws, bs, us, state, product=_dot):
+def dot(a: Array, b: Array) -> Array:
+    """a @ b with full-precision products (IEEE float32 on the GPU, not TF32), accumulated in at
+    least float32 (16-bit operands too: Triton's products of them accumulate in float32) and
+    rounded back to ``a``'s dtype.
+
+    Args:
+      a: (m, k) the left operand.
+      b: (k, n) the right operand.
+
+    Returns:
+      (m, n), in ``a``'s dtype.
+    """
+    acc = jnp.promote_types(a.dtype, jnp.float32)
+    return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=acc).astype(a.dtype)
+
+
+def _rnn_step(cell: RNN, ws, bs, us, state, product=dot):
     (h,), (w,), (b,), (u,) = state, ws, bs, us
     a = u + product(h, w) + b
     return (ACTIVATIONS[cell.nonlinearity][0](a + h if getattr(cell, "residual", False) else a),)
 
 
-def _gru_step(cell: GRU, ws, bs, us, state, product=_dot):
+def _gru_step(cell: GRU, ws, bs, us, state, product=dot):
     (h,) = state
     sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
     (w_r, w_z, w_n), (b_r, b_z, b_n), (u_r, u_z, u_n) = ws, bs, us
@@ -95,7 +120,7 @@ def _gru_step(cell: GRU, ws, bs, us, state, product=_dot):
     return ((1.0 - z) * n + z * h,)
 
 
-def _lstm_step(cell: LSTM, ws, bs, us, state, product=_dot):
+def _lstm_step(cell: LSTM, ws, bs, us, state, product=dot):
     h, c = state
     sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
     i, f, g, o = (u + product(h, w) + b for u, w, b in zip(us, ws, bs, strict=True))
@@ -192,7 +217,8 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
       num_warps: Triton warps per program.
 
     Returns:
-      ss (T, B, S), ss[t] the flat state after step t + 1, in s0's dtype.
+      ss (T, B, S), ss[t] the flat state after step t + 1, in s0's dtype (computed in
+      :func:`compute_dtype`'s).
 
     Raises:
       ValueError: a cell the kernel does not run (:func:`supports`).
@@ -203,9 +229,9 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
     T, B, _ = xs.shape
     if B == 0:  # no rows: no program to run
         return jnp.zeros((T, 0, s0.shape[-1]), s0.dtype)
-    H, G, dtype = cell.hidden_size, cell.gates, s0.dtype
+    H, G, dtype = cell.hidden_size, cell.gates, compute_dtype(s0.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
-    state = cell.unflatten_state(s0)
+    state = cell.unflatten_state(s0.astype(dtype))
     parts = [pad_to(p, (Bp, Hp)) for p in (state if cell.pair_state else (state,))]
 
     seq_spec = pl.BlockSpec((T, BATCH_TILE, Hp), lambda i: (0, i, 0))
@@ -222,4 +248,4 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
         compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
     )(*us, *ws, *bs, *parts)
     states = [o[:, :B, :H] for o in out]
-    return cell.flatten_state(tuple(states) if cell.pair_state else states[0])
+    return cell.flatten_state(tuple(states) if cell.pair_state else states[0]).astype(s0.dtype)

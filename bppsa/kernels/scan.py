@@ -35,7 +35,8 @@ Three forms of the matrices:
   (n, B, S, S) Jacobians), for Q products a step in phase 1 instead of one.
 
 Elements past n (the last chunk's padding) are masked: they leave the carried values alone.
-Products are IEEE float32 on the GPU (``Precision.HIGHEST``, not TF32). Backend: Pallas's Triton
+Products are IEEE float32 on the GPU (``Precision.HIGHEST``, not TF32); 16-bit inputs are computed
+in float32 (:func:`bppsa.kernels.recurrence.compute_dtype`) and rounded back. Backend: Pallas's Triton
 backend, as for :mod:`bppsa.kernels.recurrence` (which says why). ``interpret=True`` runs the same
 kernels in Pallas's interpret mode on any backend (tests, debugging; float64 too).
 """
@@ -51,7 +52,7 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.kernels.recurrence import pad_to, padded_size
+from bppsa.kernels.recurrence import compute_dtype, dot, pad_to, padded_size
 
 __all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "chunk_length", "chunked_scan", "chunked_scan_factored"]
 
@@ -79,10 +80,6 @@ def chunk_length(n: int) -> int:
 
 def _params(num_warps: int = 4):
     return pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
-
-
-def _dot(a: Array, b: Array) -> Array:
-    return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=a.dtype)
 
 
 # -- lanes: (k, k) blocks with k <= LANE_BLOCK, rows in the lanes -----------------------------------
@@ -214,9 +211,9 @@ def _dense_reduce(*refs, C: int, n: int, factors: int):
         P, loc = carry
         keep = c * C + t < n
         if wts is None:
-            P2 = _dot(P, m_refs[0][t])
+            P2 = dot(P, m_refs[0][t])
         else:  # P Σ_q diag(a_q) Wt_q = Σ_q (P ⊙ a_q) Wt_q: the matrix never formed
-            P2 = functools.reduce(jnp.add, [_dot(P * r[t][None, :], wt) for r, wt in zip(m_refs, wts, strict=True)])
+            P2 = functools.reduce(jnp.add, [dot(P * r[t][None, :], wt) for r, wt in zip(m_refs, wts, strict=True)])
         loc2 = _times(loc, m_refs, t, wts) + d_ref[t]
         return jnp.where(keep, P2, P), jnp.where(keep, loc2, loc)
 
@@ -323,12 +320,12 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
     _check(v, ds, n, R, k)
     if R == 0:  # no rows: no program to run
         return jnp.zeros((n, 0, k), v.dtype), v
-    ds = jnp.zeros((n, R, k), v.dtype) if ds is None else ds
+    dtype = compute_dtype(v.dtype)
+    ds = jnp.zeros((n, R, k), dtype) if ds is None else ds
     C = min(n, chunk or chunk_length(n))
-    Ms, ds = Ms.astype(v.dtype), ds.astype(v.dtype)
-    if k <= LANE_BLOCK:
-        return _lane_scan(v, Ms, ds, C, interpret, num_warps)
-    return _dense_scan(v, Ms, ds, C, interpret, num_warps)
+    w, Ms, ds = v.astype(dtype), Ms.astype(dtype), ds.astype(dtype)
+    out = (_lane_scan if k <= LANE_BLOCK else _dense_scan)(w, Ms, ds, C, interpret, num_warps)
+    return out[0].astype(v.dtype), out[1].astype(v.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
@@ -363,6 +360,9 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
     _check(v, ds, n, R, S)
     if R == 0:  # no rows: no program to run
         return jnp.zeros((n, 0, S), v.dtype), v
-    ds = jnp.zeros((n, R, S), v.dtype) if ds is None else ds
+    dtype = compute_dtype(v.dtype)
+    ds = jnp.zeros((n, R, S), dtype) if ds is None else ds
     C = min(n, chunk or chunk_length(n))
-    return _dense_scan(v, A.astype(v.dtype), ds.astype(v.dtype), C, interpret, num_warps, Wt=Wt.astype(v.dtype))
+    out = _dense_scan(v.astype(dtype), A.astype(dtype), ds.astype(dtype), C, interpret, num_warps,
+                      Wt=Wt.astype(dtype))
+    return out[0].astype(v.dtype), out[1].astype(v.dtype)

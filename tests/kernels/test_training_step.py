@@ -16,11 +16,11 @@ from bppsa.kernels import cuda_module, lowering
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
 
 
-def _step_module(cell, T, kernels, **options):
+def _step_module(cell, T, kernels, dtype=jnp.float32, **options):
     """The CUDA module of one training-step gradient (a readout of every step's hidden state)."""
     B = 16
-    params = cell.init(jax.random.key(0))
-    xs, s0 = jnp.zeros((T, B, cell.input_size)), jnp.zeros((B, cell.state_size))
+    params = cell.init(jax.random.key(0), dtype)
+    xs, s0 = jnp.zeros((T, B, cell.input_size), dtype), jnp.zeros((B, cell.state_size), dtype)
     # the plan is made here, on the CPU, where "pallas" is refused; the kernels then run as on a GPU
     plan = bppsa.Options(kernels="interpret" if kernels == "pallas" else kernels, chunk_size=None,
                          **options).plan(cell, xs, s0).replace(kernels=kernels)
@@ -56,3 +56,23 @@ def test_an_empty_batch_runs_every_kernel_path(options):
         assert run(params, "interpret").shape == run(params, "xla").shape == (4, 0, cell.hidden_size)
         grads = jax.grad(lambda p: jnp.sum(run(p, "interpret")))(params)
         assert all(float(jnp.max(jnp.abs(g), initial=0.0)) == 0.0 for g in jax.tree.leaves(grads))
+
+
+def test_16_bit_inputs_compute_in_float32_and_lower():
+    """bfloat16 arrays: the kernels compute in float32 (Triton lowers no 16-bit division) and round
+    back; the states and gradients are float32's rounded, and the bfloat16 step lowers for CUDA."""
+    cell = cells.GRU(3, 20)
+    k = jax.random.split(jax.random.key(3), 2)
+    params = cell.init(k[0])
+    xs, h0 = jax.random.normal(k[1], (9, 2, 3)), jnp.zeros((2, 20))
+    half = lambda t: jax.tree.map(lambda a: a.astype(jnp.bfloat16), t)  # noqa: E731
+    loss = lambda p, x, h, kernels: jnp.sum(bppsa.rnn(cell, p, x, h, kernels=kernels)).astype(jnp.float32)  # noqa: E731
+    want = jax.grad(loss)(half(params), half(xs), half(h0), "xla")
+    exact = jax.grad(loss)(params, xs, h0, "xla")
+    got = jax.grad(loss)(half(params), half(xs), half(h0), "interpret")
+    for g, w, e in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(exact), strict=True):
+        assert g.dtype == jnp.bfloat16
+        scale = float(jnp.max(jnp.abs(e)))
+        assert float(jnp.max(jnp.abs(g.astype(jnp.float32) - e))) <= 0.03 * scale  # bfloat16's rounding
+        assert float(jnp.max(jnp.abs(w.astype(jnp.float32) - e))) <= 0.05 * scale  # XLA's, for scale
+    assert _step_module(cell, 100, "pallas", dtype=jnp.bfloat16).count(lowering.TRITON_CALL) == 4
