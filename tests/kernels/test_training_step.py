@@ -47,9 +47,8 @@ def test_an_empty_batch_runs_every_kernel_path(options):
     """B = 0: no program to launch; the states and gradients are XLA's (empty states, zero gradients)."""
     from bppsa import structured
 
-    for cell in (cells.GRU(3, 5), structured.BlockGRU(3, 8)):
-        if cell.hidden_size == 8 and "forward" not in options:
-            continue  # the fused recurrence and BPTT's adjoint loop run the dense cells
+    # the fused recurrence and BPTT's adjoint loop run the dense cells; Newton's step the diagonal ones
+    for cell in [structured.BlockGRU(3, 8) if "forward" in options else cells.GRU(3, 5)]:
         params, xs = cell.init(jax.random.key(0)), jnp.ones((4, 0, 3))
         h0 = cell.unflatten_state(jnp.zeros((0, cell.state_size)))
         run = lambda p, k: bppsa.rnn(cell, p, xs, h0, kernels=k, **options)  # noqa: E731
