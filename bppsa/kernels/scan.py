@@ -292,6 +292,20 @@ def _check(v: Array, ds: Array | None, n: int, R: int, k: int) -> None:
                          "matrix no longer fits one program; kernels='xla' scans it")
 
 
+def _run(kernels, v, Ms, ds, n, chunk, interpret, num_warps):
+    """What both entry points do around their kernels: no launch for no rows, the arrays in the
+    compute dtype (:func:`bppsa.kernels.recurrence.compute_dtype`), the chunk length, the results
+    back in v's dtype. ``Ms``: the matrices or the factors; n: the number of elements."""
+    R, k = v.shape
+    if R == 0:  # no rows: no program to run
+        return jnp.zeros((n, 0, k), v.dtype), v
+    dtype = compute_dtype(v.dtype)
+    ds = jnp.zeros((n, R, k), dtype) if ds is None else ds
+    C = min(n, chunk or chunk_length(n))
+    prefixes, total = kernels(v.astype(dtype), Ms.astype(dtype), ds.astype(dtype), C, interpret, num_warps)
+    return prefixes.astype(v.dtype), total.astype(v.dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
 def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | None = None,
                  interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
@@ -318,14 +332,7 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
     if Ms.ndim != 4 or Ms.shape[-2] != k:
         raise ValueError(f"Ms must have shape (n, R, k, k); got {Ms.shape}")
     _check(v, ds, n, R, k)
-    if R == 0:  # no rows: no program to run
-        return jnp.zeros((n, 0, k), v.dtype), v
-    dtype = compute_dtype(v.dtype)
-    ds = jnp.zeros((n, R, k), dtype) if ds is None else ds
-    C = min(n, chunk or chunk_length(n))
-    w, Ms, ds = v.astype(dtype), Ms.astype(dtype), ds.astype(dtype)
-    out = (_lane_scan if k <= LANE_BLOCK else _dense_scan)(w, Ms, ds, C, interpret, num_warps)
-    return out[0].astype(v.dtype), out[1].astype(v.dtype)
+    return _run(_lane_scan if k <= LANE_BLOCK else _dense_scan, v, Ms, ds, n, chunk, interpret, num_warps)
 
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
@@ -358,11 +365,5 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
     if Wt.shape != (Q, S, S):
         raise ValueError(f"Wt must have shape (Q, S, S) = {(Q, S, S)} (or (S, S) with one factor); got {Wt.shape}")
     _check(v, ds, n, R, S)
-    if R == 0:  # no rows: no program to run
-        return jnp.zeros((n, 0, S), v.dtype), v
-    dtype = compute_dtype(v.dtype)
-    ds = jnp.zeros((n, R, S), dtype) if ds is None else ds
-    C = min(n, chunk or chunk_length(n))
-    out = _dense_scan(v.astype(dtype), A.astype(dtype), ds.astype(dtype), C, interpret, num_warps,
-                      Wt=Wt.astype(dtype))
-    return out[0].astype(v.dtype), out[1].astype(v.dtype)
+    kernels = functools.partial(_dense_scan, Wt=Wt.astype(compute_dtype(v.dtype)))
+    return _run(kernels, v, A, ds, n, chunk, interpret, num_warps)
