@@ -64,7 +64,7 @@ def test_the_kernel_lowers_for_cuda_here(name):
     assert module.count(lowering.TRITON_CALL) == 1
 
 
-@pytest.mark.parametrize("name", [n if n != "lstm" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CELLS)])
+@pytest.mark.parametrize("name", [n if n == "rnn" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CELLS)])
 def test_fused_bptt_gradients_equal_autodiff(name):
     """The fused forward and the fused adjoint loop (the whole BPTT step in two kernels), float64."""
     for T, B in [(1, 1), (7, 2)]:

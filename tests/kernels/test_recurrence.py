@@ -88,7 +88,8 @@ def test_supported_cells_and_sizes():
         fused_states(cells.GRU(3, 80), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 80)), interpret=True)
 
 
-@pytest.mark.parametrize("name", ["rnn", "gru", pytest.param("lstm", marks=pytest.mark.slow)])  # lstm: test-all
+@pytest.mark.parametrize("name", ["rnn", pytest.param("gru", marks=pytest.mark.slow),  # make test-all
+                                  pytest.param("lstm", marks=pytest.mark.slow)])
 def test_gradients_through_the_kernel_equal_autodiff(name):
     """bppsa.rnn(kernels="interpret"): the forward is the kernel, the backward BPPSA's rule at its
     states; float64 against autodiff through a plain lax.scan, T = 1, 7 and 12, B = 1 and 3."""

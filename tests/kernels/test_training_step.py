@@ -57,9 +57,15 @@ def test_an_empty_batch_runs_every_kernel_path(options):
         assert all(float(jnp.max(jnp.abs(g), initial=0.0)) == 0.0 for g in jax.tree.leaves(grads))
 
 
-def test_16_bit_inputs_compute_in_float32_and_lower():
-    """bfloat16 arrays: the kernels compute in float32 (Triton lowers no 16-bit division) and round
-    back; the states and gradients are float32's rounded, and the bfloat16 step lowers for CUDA."""
+def test_the_16_bit_step_lowers_for_cuda():
+    """bfloat16 arrays: the kernels compute in float32 (Triton lowers no 16-bit division)."""
+    assert _step_module(cells.GRU(3, 20), 100, "pallas", dtype=jnp.bfloat16).count(lowering.TRITON_CALL) == 4
+
+
+@pytest.mark.slow  # make test-all; the lowering above stays in the default run
+def test_16_bit_inputs_compute_in_float32():
+    """bfloat16 arrays: the kernels compute in float32 and round back; the states and gradients are
+    float32's rounded."""
     cell = cells.GRU(3, 20)
     k = jax.random.split(jax.random.key(3), 2)
     params = cell.init(k[0])
@@ -74,4 +80,3 @@ def test_16_bit_inputs_compute_in_float32_and_lower():
         scale = float(jnp.max(jnp.abs(e)))
         assert float(jnp.max(jnp.abs(g.astype(jnp.float32) - e))) <= 0.03 * scale  # bfloat16's rounding
         assert float(jnp.max(jnp.abs(w.astype(jnp.float32) - e))) <= 0.05 * scale  # XLA's, for scale
-    assert _step_module(cell, 100, "pallas", dtype=jnp.bfloat16).count(lowering.TRITON_CALL) == 4
