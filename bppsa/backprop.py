@@ -104,34 +104,38 @@ def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
         guess = flat_guess(cell, guess, xs.shape[0], s0)
     stop = jax.lax.stop_gradient
     with jax.default_matmul_precision(plan.precision):
-        solver = _solver(cell, plan, closure.reads_arrays(cell, params, xs, s0))
+        solver = _solver(cell, plan, closure.program_key(cell, params, xs, s0))
         ss, info = solver(stop(params), stop(xs), stop(s0), None if guess is None else stop(guess))
     return solved_states(cell, plan, params, xs, s0, ss), info
 
 
-def _solver(cell: Cell, plan: Plan, reads_arrays: bool) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
+def _solver(cell: Cell, plan: Plan, key: tuple | None) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
     """:func:`bppsa.forward.newton.solve` for (cell, plan) under one ``jax.jit`` kept across calls: called
     eagerly the iteration is one compiled program, not hundreds of dispatched operations, and a
-    later call with the same cell and options neither retraces nor recompiles; inside a trace it
-    is inlined. Run directly: a mesh's plan, ``on_fail="raise"`` (called eagerly
-    it raises :class:`bppsa.forward.newton.NewtonDidNotConverge` itself, not JAX's wrapping of it), a
-    cell or plan that cannot key a cache, and a cell whose step ``reads_arrays`` that are not its
-    operands (:func:`bppsa.cells.closure.reads_arrays`: a kept program would keep their values)."""
-    if plan.devices is None and plan.on_fail != "raise" and not reads_arrays:
+    later call with the same cell, options and step neither retraces nor recompiles; inside a trace
+    it is inlined. ``key`` (:func:`bppsa.cells.closure.program_key`) is what the cell's functions
+    read besides their operands, by value (a Python scalar a step reads: a new value, a new program).
+    Run directly: a mesh's plan, ``on_fail="raise"`` (called eagerly it raises
+    :class:`bppsa.forward.newton.NewtonDidNotConverge` itself, not JAX's wrapping of it), a cell or
+    plan that cannot key a cache, and a cell whose functions read arrays that are not their operands
+    (``key`` None: a kept program would keep their values)."""
+    if plan.devices is None and plan.on_fail != "raise" and key is not None:
         try:
-            return compiled_solver(cell, plan)
+            return compiled_solver(cell, plan, key)
         except TypeError:  # unhashable: a cell holding arrays, a custom cost model
             pass
     return functools.partial(newton.solve, cell, plan)
 
 
 @functools.lru_cache(maxsize=64)
-def compiled_solver(cell: Cell, plan: Plan) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
-    """The jitted :func:`bppsa.forward.newton.solve` for (cell, plan), made once per pair (hashable).
+def compiled_solver(cell: Cell, plan: Plan, key: tuple = ()) -> Callable[..., tuple[Array, newton.NewtonInfo]]:
+    """The jitted :func:`bppsa.forward.newton.solve` for (cell, plan), made once per (cell, plan, key).
 
     Args:
       cell: the cell (hashable).
       plan: the :class:`bppsa.plan.options.Plan` of a parallel forward (hashable).
+      key: what the cell's functions read besides their operands (:func:`bppsa.cells.closure.program_key`):
+        only part of the cache's key, so a program is never reused for another value of it.
 
     Returns:
       ``solver(params, xs, s0, guess) -> (ss, info)``, xs (T, B, I), s0 (B, S), guess (T, B, S) or None,

@@ -214,6 +214,8 @@ def tangent_rule(cell: Cell, precision: str, params: Any, xs: Array, s0: Array, 
     Returns:
       (T, B, S) the states' tangent ṡ.
     """
+    # a Python scalar differentiated (``jax.grad(loss)(0.7)``) reaches the rule as a scalar, not an array
+    params, tangents = jax.tree.map(jnp.asarray, (params, tangents))
     pack, unpack = _packer(ss, params, xs, s0)
 
     def matvec(z):

@@ -146,6 +146,24 @@ class Cell(abc.ABC):
         """
         return params
 
+    @property
+    def kernel_cell(self) -> Cell:
+        """The cell whose steps the fused kernels (:mod:`bppsa.kernels`) compute for this one, on the
+        same flat states, with :meth:`kernel_params`: the cell itself; an adapter that runs a built-in
+        cell's maths under another parameter layout (:mod:`bppsa.nn`'s flax cells) names that cell."""
+        return self
+
+    def kernel_params(self, params: Any, /) -> Any:
+        """``params`` in :attr:`kernel_cell`'s structure (default: ``params`` itself).
+
+        Args:
+          params: the parameter pytree.
+
+        Returns:
+          The parameters :attr:`kernel_cell` reads.
+        """
+        return params
+
     def _step_one(self, params: Any, s: Array, x: Array) -> Array:
         """One example's step on the flat state: s (S,), x (I,) -> (S,) (:meth:`step` on a batch of one)."""
         return self.flatten_state(self.step(params, self.unflatten_state(s[None]), x[None]))[0]

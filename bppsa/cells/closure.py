@@ -34,11 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 from jax.core import Tracer, eval_jaxpr
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from bppsa.cells.base import Cell, Generic
 from bppsa.errors import UsageError
 
-__all__ = ["lift", "reads_arrays", "Lifted"]
+__all__ = ["lift", "program_key", "Lifted"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,17 +57,89 @@ class _Traced:
     text: str
 
     def key(self) -> tuple:
-        statics = tuple((i, a.dtype.str, a.shape, a.tobytes()) for i, a in self.statics)
-        return (self.text, statics, self.n_consts, str(self.out_tree))
+        statics = tuple((i, _exact(a)) for i, a in self.statics)
+        return (self.text, _literals(self.jaxpr), statics, self.n_consts, str(self.out_tree))
 
     def __call__(self, operands: tuple[Array, ...], *args: Any) -> Any:
         consts: list[Any] = [None] * self.n_consts
         for i, value in self.statics:
-            consts[i] = value
+            consts[i] = _unwrap(value)
         free = iter(operands)
         consts = [next(free) if c is None else c for c in consts]
         out = eval_jaxpr(self.jaxpr, consts, *jax.tree.leaves(args))
         return jax.tree.unflatten(self.out_tree, out)
+
+
+def _is_key(value: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(value), jax.dtypes.prng_key)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Key:
+    """A PRNG key a step closes over, kept by value: its raw bits and its implementation."""
+
+    data: np.ndarray
+    impl: Any
+
+    def wrap(self) -> Array:
+        return jax.random.wrap_key_data(jnp.asarray(self.data), impl=self.impl)
+
+
+def _static(value: Any) -> Any:
+    """A concrete non-float constant kept by value: a numpy array, or a PRNG key's :class:`_Key`."""
+    if _is_key(value):
+        return _Key(np.asarray(jax.random.key_data(value)), jax.random.key_impl(value))
+    return np.array(value)
+
+
+def _unwrap(value: Any) -> Any:
+    return value.wrap() if isinstance(value, _Key) else value
+
+
+def _exact(value: Any) -> tuple:
+    """A value as a hashable key that equal values share and different values never do (the dtype,
+    the shape and the bytes; a key's bits and implementation)."""
+    if isinstance(value, _Key):
+        return ("key", str(value.impl), _exact(value.data))
+    a = np.asarray(value)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def _subjaxprs(params: dict) -> list:
+    """The jaxprs an equation's params hold (a loop's body, a cond's branches, a pjit's call, ...)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, (ClosedJaxpr, Jaxpr)):
+                found.append(item)
+    return found
+
+
+def _literals(jaxpr: Any) -> tuple:
+    """Every literal of ``jaxpr`` and of the jaxprs inside it, exactly (:func:`_exact`), in order, with
+    the constants of the closed jaxprs inside it: what a jaxpr's printed text may round (a Python
+    or numpy scalar a step reads is a literal of its trace)."""
+    out: list = []
+    if isinstance(jaxpr, ClosedJaxpr):
+        out += [_exact(_static(c)) if not isinstance(c, Tracer) else ("traced",) for c in jaxpr.consts]
+        jaxpr = jaxpr.jaxpr
+    for eqn in jaxpr.eqns:
+        out += [_exact(v.val) for v in eqn.invars if isinstance(v, Literal)]
+        out += [_literals(sub) for sub in _subjaxprs(eqn.params)]
+    return tuple(out)
+
+
+def _traced_error(owner: str, const: Any, fix_float: str) -> UsageError:
+    """The error for a traced value a step closes over that cannot become an operand, with advice
+    that works: a float array goes through params; an integer, boolean or key array must be
+    concrete where bppsa runs (not a traced argument of an enclosing jit or grad)."""
+    dtype, shape = jnp.result_type(const), jnp.shape(const)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return UsageError(f"{owner} reads a traced {dtype} array of shape {shape} {fix_float}")
+    return UsageError(f"{owner} reads a traced {dtype} array of shape {shape} from its closure; integer, boolean "
+                      f"and key values a step reads must be concrete: make the enclosing function's argument "
+                      f"static (jax.jit(..., static_argnums=...)) or compute it outside the jitted function "
+                      f"(params take floating arrays only)")
 
 
 def _trace(fn: Callable, name: str, cell: Cell, params: Any, h: Array, x: Array) -> tuple[_Traced, list[Array]]:
@@ -77,13 +150,12 @@ def _trace(fn: Callable, name: str, cell: Cell, params: Any, h: Array, x: Array)
     closed, out_shape = jax.make_jaxpr(lambda p, h, x: fn(p, h, x), return_shape=True)(params, h, x)
     statics, lifted = [], []
     for i, const in enumerate(closed.consts):
-        if jnp.issubdtype(jnp.result_type(const), jnp.inexact):
+        if not _is_key(const) and jnp.issubdtype(jnp.result_type(const), jnp.inexact):
             lifted.append(const)
         elif isinstance(const, Tracer):
-            raise UsageError(f"{type(cell).__name__}'s {name} reads a traced {jnp.result_type(const)} array "
-                             f"of shape {jnp.shape(const)} from its closure; pass it through params instead")
+            raise _traced_error(f"{type(cell).__name__}'s {name}", const, "")
         else:
-            statics.append((i, np.array(const)))
+            statics.append((i, _static(const)))
     traced = _Traced(closed.jaxpr, jax.tree.structure(out_shape), tuple(statics), len(closed.consts),
                      str(closed.jaxpr))
     return traced, lifted
@@ -161,30 +233,46 @@ def lift(cell: Cell, params: Any, xs: Array, s0: Array) -> tuple[Cell, Any]:
     return new, (params, tuple(step_ops), tuple(jac_ops))
 
 
-def reads_arrays(cell: Cell, params: Any, xs: Array, s0: Array) -> bool:
-    """Whether ``cell.step`` reads arrays that are not its arguments (a global, a field holding an
-    array): compiled programs of such a cell are not kept across calls. A traced value among them
-    is a UsageError naming what to do.
+def program_key(cell: Cell, params: Any, xs: Array, s0: Array) -> tuple | None:
+    """What a program kept across calls for ``cell`` must be keyed on besides the cell and the plan:
+    the functions of the cell that bppsa's kept programs evaluate (the step, its Jacobian in the form
+    the scans take, the parameter gradients), traced at one step's shapes, as exactly as they compute.
+    A Python or numpy scalar the step reads (a global temperature, a switch, a float in a dict or an
+    object's attribute) is a literal of that trace, an integer, boolean or key array a constant: both
+    are in the key by value, so a later call after one of them changed makes a new program.
 
     Args:
-      cell: any cell (a :class:`Lifted` or closure-free cell reads none).
+      cell: any cell (a :class:`Lifted` cell too).
       params: its parameters.
-      xs: (T, B, I) inputs (step 0's is traced).
+      xs: (T, B, I) inputs (step 0's shape is traced).
       s0: (B, S) the flat initial state.
 
     Returns:
-      True where the step's jaxpr has constants (arrays it reads besides its arguments).
+      A hashable key, equal for two calls exactly when those functions' traces are equal (the
+      printed jaxpr, every literal and non-float constant by value); None where they read
+      floating-point arrays that are not their operands (a global array, a field holding one): a
+      program for such a cell must not be kept.
 
     Raises:
-      bppsa.errors.UsageError: one of those arrays is a traced value.
+      bppsa.errors.UsageError: one of the values they read is traced (an enclosing ``jax.jit`` or
+        ``jax.grad``'s argument) and is not an operand.
     """
-    if isinstance(cell, Lifted):
-        return False
-    h = cell.unflatten_state(s0)
-    closed = jax.make_jaxpr(lambda p, h, x: cell.step(p, h, x))(params, h, xs[0])
+    def probe(p, s, x):
+        out = cell.step(p, cell.unflatten_state(s), x)
+        sp, x1, s1 = s[None], x[None], cell.flatten_state(out)[None]
+        if cell.has_diagonal_jacobian:
+            jac = cell.diagonal_jacobian(p, sp, x1, s1)
+        elif cell.jacobian_block_size is not None:
+            jac = cell.jacobian_blocks(p, sp, x1, s1)
+        else:
+            jac = cell.transposed_jacobian(p, sp, x1, s1)
+        return out, jac, cell.param_grads(p, sp, x1, s1, jnp.ones_like(s1))
+
+    closed = jax.make_jaxpr(probe)(params, s0, xs[0])
     for const in closed.consts:
         if isinstance(const, Tracer):
-            raise UsageError(f"{type(cell).__name__}.step reads a traced {jnp.result_type(const)} array of shape "
-                             f"{jnp.shape(const)} that is not in params (from its closure or a field); pass it "
-                             f"through params instead")
-    return bool(closed.consts)
+            raise _traced_error(f"{type(cell).__name__}.step", const, "that is not in params (from its closure "
+                                "or a field); pass it through params instead")
+    if any(not _is_key(c) and jnp.issubdtype(jnp.result_type(c), jnp.inexact) for c in closed.consts):
+        return None
+    return (str(closed.jaxpr), _literals(closed))

@@ -64,12 +64,11 @@ def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: 
       One phrase per stage that has no kernel for this problem.
     """
     why = []
-    cells_ = f"RNN, GRU and LSTM with hidden_size <= {recurrence.MAX_HIDDEN}"
     if mesh:
         why.append("a mesh (the sequence-parallel scan has no kernel)")
     if forward == "sequential" and not supports(cell):
-        why.append(f"forward='sequential' of {cell.display_name} with hidden_size {cell.hidden_size} (the fused "
-                   f"recurrence runs {cells_}; forward='newton' runs the fused scan for other cells)")
+        why.append(f"forward='sequential' of {_recurrence_refusal(cell, 'the fused recurrence')}; forward='newton' "
+                   f"runs the fused scan for other cells)")
     block = cell.jacobian_block_size or state_size
     if forward == "newton" and block > scan.MAX_BLOCK:  # quasi: the diagonal, any size
         why.append(f"forward={forward!r} with Jacobian blocks of {block} (the fused scan takes at most "
@@ -77,6 +76,20 @@ def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: 
     if backward == "bppsa" and block > scan.MAX_BLOCK:
         why.append(f"backward='bppsa' with Jacobian blocks of {block} (the fused scan takes at most {scan.MAX_BLOCK})")
     if backward == "bptt" and not supports(cell):
-        why.append(f"backward='bptt' of {cell.display_name} with hidden_size {cell.hidden_size} (the fused adjoint "
-                   f"loop runs {cells_})")
+        why.append(f"backward='bptt' of {_recurrence_refusal(cell, 'the fused adjoint loop')})")
     return why
+
+
+def _recurrence_refusal(cell: Cell, kernel: str) -> str:
+    """Why the fused recurrence or adjoint loop does not run ``cell``, truly: its size, or the kind of
+    cell it runs as (an adapter that runs by autodiff, a user's cell); the phrase ends inside an
+    open parenthesis."""
+    core, limit = cell.kernel_cell, recurrence.MAX_HIDDEN
+    if type(core) in recurrence.STEPS:
+        return (f"{cell.display_name} with hidden_size {core.hidden_size} ({kernel} runs hidden sizes up to "
+                f"{limit}")
+    runs_as = "" if type(cell).__name__ == cell.display_name else f", run as {type(cell).__module__}." \
+                                                                   f"{type(cell).__qualname__}"
+    return (f"{cell.display_name}{runs_as} ({kernel} runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
+            f"{limit}, and cells that compute exactly one of their steps, as bppsa.nn does flax's SimpleCell, "
+            f"GRUCell and LSTMCell where parameters, carry and computation share one dtype")

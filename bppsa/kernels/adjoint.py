@@ -27,6 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import Cell
+from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import BATCH_TILE, MAX_HIDDEN, STEPS, compute_dtype, operands, pad_to, supports
 
 __all__ = ["fused_adjoint"]
@@ -66,7 +67,8 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
     fused kernel (the module docstring).
 
     Args:
-      cell: a cell :func:`bppsa.kernels.recurrence.supports` accepts.
+      cell: a cell :func:`bppsa.kernels.recurrence.supports` accepts (its
+        :attr:`bppsa.cells.Cell.kernel_cell` runs).
       params: its parameters.
       xs: (T, B, I) inputs, time-major.
       s0: (B, S) the flat initial state.
@@ -86,9 +88,11 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
     if not supports(cell):
         raise ValueError(f"the fused adjoint runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
                          f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
+    cell, params = cell.kernel_cell, cell.kernel_params(params)  # the state gradients are the same
     T, B, _ = xs.shape
     if B == 0:  # no rows: no program to run
         return jnp.zeros(ss.shape, ss.dtype), jnp.zeros(s0.shape, ss.dtype)
+    xs = xs if interpret else gpu_only(xs)
     H, G, dtype = cell.hidden_size, cell.gates, compute_dtype(ss.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
 

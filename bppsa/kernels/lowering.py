@@ -13,8 +13,12 @@ from typing import Any, Callable
 
 import jax
 from jax import export
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
-__all__ = ["TRITON_CALL", "ABSTRACT_GPU", "cuda_module"]
+from bppsa.errors import UsageError
+
+__all__ = ["TRITON_CALL", "ABSTRACT_GPU", "cuda_module", "gpu_only"]
 
 #: The custom call a Triton-backend ``pallas_call`` lowers to.
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -52,3 +56,39 @@ def cuda_module(fn: Callable[..., Any], *args: Any) -> str:
     with _abstract_gpu():
         exported = export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=checks)(*args)
     return exported.mlir_module()
+
+
+def _refuse_off_gpu(ctx: Any, x: Any) -> Any:
+    platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ("this backend",))
+    raise UsageError(f"kernels='pallas' compiles Pallas's Triton kernels for a GPU; this program is being "
+                     f"compiled for {platforms}: kernels='interpret' runs the same kernels here (slowly), "
+                     f"kernels='xla' none; exporting for a GPU from this host (jax.export with "
+                     f"platforms=('cuda',)) works as it is")
+
+
+_gpu_only_p = Primitive("bppsa_gpu_only")
+_gpu_only_p.def_abstract_eval(lambda x: x)
+_gpu_only_p.def_impl(lambda x: x)
+ad.deflinear(_gpu_only_p, lambda ct: [ct])  # vmap, jvp and transpose see x itself
+batching.primitive_batchers[_gpu_only_p] = lambda args, dims: (_gpu_only_p.bind(*args), dims[0])
+mlir.register_lowering(_gpu_only_p, _refuse_off_gpu)  # every platform but the GPUs below
+for _platform in ("cuda", "rocm"):
+    mlir.register_lowering(_gpu_only_p, lambda ctx, x: [x], platform=_platform)
+
+
+def gpu_only(x: Any) -> Any:
+    """``x`` itself, marked so that a program lowered for anything but a GPU stops with bppsa's
+    one-line UsageError before Pallas's compiled (not interpreted) kernels beside it are lowered:
+    a plan with ``kernels="pallas"`` is made on any host (exporting a training step for a GPU from
+    a CPU machine needs one) and refused only where its kernels would run off a GPU.
+
+    Args:
+      x: an array a kernel reads.
+
+    Returns:
+      ``x``; on a GPU the mark lowers to nothing.
+
+    Raises:
+      bppsa.errors.UsageError: when lowered for a CPU (or any backend but CUDA and ROCm).
+    """
+    return _gpu_only_p.bind(x)

@@ -31,6 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import GRU, RNN, Cell
+from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import BATCH_TILE, STEPS, compute_dtype, operands, pad_to
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
@@ -152,6 +153,7 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
     T, B, _ = xs.shape
     if B == 0:  # no rows: nothing to solve
         return H
+    xs = xs if interpret else gpu_only(xs)
     Hs, G, dtype = cell.hidden_size, cell.gates, compute_dtype(H.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True)
     C = min(T, chunk or chunk_length(T))

@@ -35,6 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import ACTIVATIONS, GRU, LSTM, RNN, Affine, Cell, split_gates
+from bppsa.kernels.lowering import gpu_only
 
 __all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "STEPS", "supports", "padded_size", "pad_to", "operands",
            "compute_dtype", "dot", "fused_states"]
@@ -59,7 +60,8 @@ def supports(cell: Cell) -> bool:
     Returns:
       True where the kernel computes exactly ``cell``'s steps.
     """
-    return type(cell) in _CELLS and cell.hidden_size <= MAX_HIDDEN
+    core = cell.kernel_cell
+    return type(core) in _CELLS and core.hidden_size <= MAX_HIDDEN
 
 
 def padded_size(n: int) -> int:
@@ -208,7 +210,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
     fused kernel (see the module docstring).
 
     Args:
-      cell: a cell :func:`supports` accepts.
+      cell: a cell :func:`supports` accepts (its :attr:`bppsa.cells.Cell.kernel_cell` runs).
       params: its parameters (``cell.init``'s structure).
       xs: (T, B, I) inputs, time-major.
       s0: (B, S) the flat initial state (S = H; LSTM: S = 2H, [h, c]).
@@ -226,9 +228,11 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
     if not supports(cell):
         raise ValueError(f"the fused recurrence runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
                          f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
+    cell, params = cell.kernel_cell, cell.kernel_params(params)
     T, B, _ = xs.shape
     if B == 0:  # no rows: no program to run
         return jnp.zeros((T, 0, s0.shape[-1]), s0.dtype)
+    xs = xs if interpret else gpu_only(xs)
     H, G, dtype = cell.hidden_size, cell.gates, compute_dtype(s0.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
     state = cell.unflatten_state(s0.astype(dtype))

@@ -52,6 +52,7 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
+from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import compute_dtype, dot, pad_to, padded_size
 
 __all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "chunk_length", "chunked_scan", "chunked_scan_factored"]
@@ -300,6 +301,7 @@ def _run(kernels, v, Ms, ds, n, chunk, interpret, num_warps):
     if R == 0:  # no rows: no program to run
         return jnp.zeros((n, 0, k), v.dtype), v
     dtype = compute_dtype(v.dtype)
+    v = v if interpret else gpu_only(v)
     ds = jnp.zeros((n, R, k), dtype) if ds is None else ds
     C = min(n, chunk or chunk_length(n))
     prefixes, total = kernels(v.astype(dtype), Ms.astype(dtype), ds.astype(dtype), C, interpret, num_warps)

@@ -165,6 +165,13 @@ class Flax(_Wrapper):
         """The core's loop parameters, mapped from flax's layout once (before the loop)."""
         return {_LOOP: self.core.loop_params(self.core_params(params))}
 
+    @property
+    def kernel_cell(self) -> Cell:  # the fused kernels run the core's steps on the same flat states
+        return self.core.kernel_cell
+
+    def kernel_params(self, params):
+        return self.core.kernel_params(self.core_params(params))
+
     def flax_grads(self, grads) -> dict:
         """The core cell's parameter gradients -> flax's layout.
 
@@ -209,6 +216,7 @@ class Flax(_Wrapper):
 
     transposed_jacobian = _on_core("transposed_jacobian")
     diagonal_jacobian = _on_core("diagonal_jacobian")
+    factored_jacobian = _on_core("factored_jacobian")
     adjoint_step = _on_core("adjoint_step")
     adjoint_sum_inputs = _on_core("adjoint_sum_inputs")
     adjoint_sum_step = _on_core("adjoint_sum_step")

@@ -272,7 +272,7 @@ def _tangent_body(cell, method, T, P, seq_axis, params, xs, s0, ss, rhs, d0):
 
 
 @functools.lru_cache(maxsize=None)
-def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, precision="highest"):
+def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, precision="highest", key=()):
     """(forward, backward, run, solved) for one configuration (cached). ``forward`` and
     ``backward`` are the shard_map'ed bodies on padded arrays (T to a multiple of the ``seq_axis``
     size, B of the ``batch_axis`` size): forward (params, xs, s0) -> ss; backward (params, xs, s0,
@@ -292,6 +292,8 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
       batch_axis: the mesh axis the batch is split over, or None (the batch replicated).
       T: the number of steps (unpadded).
       precision: the backward's matrix-product precision ("highest", "high" or "default").
+      key: what the cell's functions read besides their operands, by value
+        (:func:`bppsa.cells.closure.program_key`): only part of the cache's key.
 
     Returns:
       The tuple (forward, backward, run, solved) described above.
@@ -462,9 +464,11 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
     method = "sequential" if plan.backward == "bptt" else plan.scan
-    # a cell whose step reads arrays that are not its operands: its functions are made anew (kept,
-    # they would keep those arrays' first values; bppsa.cells.closure)
-    make = sharded_functions.__wrapped__ if closure.reads_arrays(cell, params, xs, s0) else sharded_functions
+    # the functions are kept per (cell, what its step reads by value: bppsa.cells.closure.program_key);
+    # a cell whose step reads arrays that are not its operands gets them made anew (kept, they would
+    # keep those arrays' first values)
+    key = closure.program_key(cell, params, xs, s0)
+    make = sharded_functions.__wrapped__ if key is None else functools.partial(sharded_functions, key=key)
     fwd_sm, _, run, solved = make(cell, method, plan.combine, mesh, seq_axis, batch_axis, T,
                                                plan.precision)
     if plan.forward == "sequential" and plan.backward == "bptt":

@@ -440,15 +440,14 @@ def _check_solver_fields(tol, atol, rtol, max_iter, damping, on_fail) -> tuple[A
 
 def _kernels(kernels: str, cell: Cell, backward: str, forward: str, S: int, devices: int | None, backend: str) -> str:
     """``kernels`` made concrete for this problem: "auto" by :func:`bppsa.plan.cost.choose_kernels`;
-    "pallas" and "interpret" only where the fused kernels run this problem (:mod:`bppsa.kernels`),
-    "pallas" only on a GPU: else a UsageError naming why (nothing runs another path silently)."""
+    "pallas" and "interpret" only where the fused kernels run this problem (:mod:`bppsa.kernels`): else a
+    UsageError naming why (nothing runs another path silently). "pallas" is planned on any host (a
+    training step exported for a GPU from a CPU machine needs it); compiling its kernels for anything
+    but a GPU stops with bppsa's UsageError (:func:`bppsa.kernels.lowering.gpu_only`)."""
     if kernels == "auto":
         return cost_lib.choose_kernels(cell, backend)
     if kernels == "xla":
         return kernels
-    if kernels == "pallas" and backend not in ("gpu", "cuda"):
-        raise UsageError(f"kernels='pallas' needs a GPU (Pallas's Triton backend); this backend is {backend}: "
-                         "kernels='interpret' runs the same kernels here (slowly), kernels='xla' none")
     from bppsa import kernels as kernel_lib  # Pallas loads only where a kernel is asked for, not on import
     why = kernel_lib.unsupported(cell, backward, forward, S, mesh=devices is not None)
     if why:

@@ -149,7 +149,7 @@ def test_a_traced_integer_in_the_closure_is_a_one_line_error(data):
         return bppsa.rnn(cell, params, xs, h0)
 
     with pytest.raises(UsageError, match=r"^Generic's step_fn reads a traced int\d+ array of shape \(\) from its "
-                                         r"closure; pass it through params instead"):
+                                         r"closure; integer, boolean and key values a step reads must be concrete"):
         run(1)
 
 
@@ -163,8 +163,8 @@ def test_a_subclass_reading_a_global_is_not_kept_across_calls(data):
             return jnp.tanh(h @ box["W"].T + x @ p["U"].T)
 
     cell = Reads(lambda p, h, x: jnp.tanh(box["W"] @ h + p["U"] @ x), hidden_size=S, input_size=I)
-    assert closure.reads_arrays(cell, params, xs, h0)
-    assert not closure.reads_arrays(cells.GRU(I, S), cells.GRU(I, S).init(jax.random.key(0)), xs, h0)
+    assert closure.program_key(cell, params, xs, h0) is None
+    assert closure.program_key(cells.GRU(I, S), cells.GRU(I, S).init(jax.random.key(0)), xs, h0) is not None
     for seed in (17, 18):
         box["W"] = normal(seed, (S, S), 0.4)
         out = bppsa.rnn(cell, params, xs, h0, forward="newton")

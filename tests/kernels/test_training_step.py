@@ -21,9 +21,9 @@ def _step_module(cell, T, kernels, dtype=jnp.float32, **options):
     B = 16
     params = cell.init(jax.random.key(0), dtype)
     xs, s0 = jnp.zeros((T, B, cell.input_size), dtype), jnp.zeros((B, cell.state_size), dtype)
-    # the plan is made here, on the CPU, where "pallas" is refused; the kernels then run as on a GPU
-    plan = bppsa.Options(kernels="interpret" if kernels == "pallas" else kernels, chunk_size=None,
-                         **options).plan(cell, xs, s0).replace(kernels=kernels)
+    # the plan is made here, on the CPU host, as for a GPU: "pallas" is refused only where its kernels
+    # would be compiled for the CPU
+    plan = bppsa.Options(kernels=kernels, chunk_size=None, **options).plan(cell, xs, s0)
     loss = lambda p, x, h: jnp.sum(cell.hidden(bppsa.rnn(cell, p, x, h, plan)))  # noqa: E731
     return cuda_module(jax.grad(loss), params, xs, cell.unflatten_state(s0))
 
@@ -80,3 +80,24 @@ def test_16_bit_inputs_compute_in_float32():
         scale = float(jnp.max(jnp.abs(e)))
         assert float(jnp.max(jnp.abs(g.astype(jnp.float32) - e))) <= 0.03 * scale  # bfloat16's rounding
         assert float(jnp.max(jnp.abs(w.astype(jnp.float32) - e))) <= 0.05 * scale  # XLA's, for scale
+
+
+@pytest.mark.parametrize("route", ["keyword", "options", "plan.replace", "rnn(plan, kernels=)", "jit"])
+def test_pallas_run_on_the_cpu_is_bppsas_one_line_refusal(route):
+    """A plan with kernels="pallas" is made on any host; running it here is bppsa's UsageError, not
+    Pallas's "Only interpret mode is supported on CPU backend", by every route to the kernels."""
+    from bppsa.errors import UsageError
+
+    cell = cells.GRU(3, 5)
+    params, xs, h0 = cell.init(jax.random.key(0)), jnp.ones((6, 2, 3)), jnp.zeros((2, 5))
+    plan = bppsa.Options(kernels="interpret").plan(cell, xs, h0)
+    runs = {
+        "keyword": lambda: bppsa.rnn(cell, params, xs, h0, kernels="pallas"),
+        "options": lambda: bppsa.rnn(cell, params, xs, h0, bppsa.Options(kernels="pallas")),
+        "plan.replace": lambda: bppsa.rnn(cell, params, xs, h0, plan.replace(kernels="pallas")),
+        "rnn(plan, kernels=)": lambda: bppsa.rnn(cell, params, xs, h0, plan, kernels="pallas"),
+        "jit": lambda: jax.jit(jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, kernels="pallas"))))(params),
+    }
+    with pytest.raises(UsageError, match=r"^kernels='pallas' compiles Pallas's Triton kernels for a GPU; this "
+                                         r"program is being compiled for cpu: kernels='interpret' runs"):
+        runs[route]()
