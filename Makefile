@@ -41,7 +41,7 @@ test-all: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
 
 # The main job on the built-in default data: the IRMAS grid and training on the synthetic stand-in
-# (writes runs/irmas-quick/irmas_grid.* and irmas_train.*; about 25 minutes on a loaded 2-core machine).
+# (writes runs/irmas-quick/irmas_grid.* and irmas_train.*; 9 to 25 minutes on a shared 2-core machine).
 reproduce: $(STAMP)
 	$(BIN)/bppsa reproduce irmas --quick
 

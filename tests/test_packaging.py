@@ -88,3 +88,26 @@ def test_the_wheel_holds_the_library_only(tmp_path):
     assert set(meta.get_all("Classifier") or []) == set(PYPROJECT["project"]["classifiers"])
     assert set(meta.get_all("Provides-Extra") or []) >= {"experiments", "distributed", "tasks", "dev"}
     assert re.search(r"^bppsa = bppsa_cli:main$", entry_points, re.M), entry_points
+
+
+def _readme_paragraph(start: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    i = text.index(start)
+    return text[i:text.index("\n\n", i)]
+
+
+def test_the_readme_lists_every_config_and_says_where_make_reproduce_writes():
+    from experiments import cli, runner
+    listed = _readme_paragraph("Every result is a config under `experiments/*/configs/`")
+    listed = listed[:listed.index("A run that fails")]
+    names = set(re.findall(r"`([a-z_0-9]+)`", listed))
+    paths = cli.config_paths()
+    folders = {p.parent.parent.name for p in paths.values()}
+    assert names == set(paths) | folders, (names ^ (set(paths) | folders))
+    reproduce = _readme_paragraph("Each command creates its own virtual environment")
+    assert "`.venv/bin/bppsa`" in reproduce and "`bppsa reproduce irmas --quick`" in reproduce
+    assert "$(BIN)/bppsa reproduce irmas --quick" in (ROOT / "Makefile").read_text()
+    workdir = runner.default_workdir(paths["irmas"], "quick")
+    assert f"`{workdir}/`" in reproduce, workdir
+    for name in ("irmas_grid", "irmas_train"):
+        assert f"`{name}.{{json,md,png}}`" in reproduce
