@@ -69,7 +69,7 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
     start, points = time.perf_counter(), len(settings) * len(batches)
     for setting in settings:
         per_class = math.ceil(max(batches) / NUM_CLASSES)
-        log(f"  setting {setting}: MFCC features of up to {per_class} clips per class "
+        log(f"  setting {setting}: MFCC features of up to {per_class} clip{'s' * (per_class != 1)} per class "
             f"(extracted once, then read from the cache) ...")
         feats = irmas.load_features(root, setting, cache_dir, max_per_class=per_class, progress=False)
         skipped = {"files": feats.skipped, "folders": feats.skipped_folders}  # the same for every setting
