@@ -24,7 +24,7 @@ from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 if TYPE_CHECKING:  # for type checkers; at run time imported on first access (below)
     from bppsa import hetero, kernels, nn, sparse, sync, tasks  # noqa: F401
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one source: pyproject.toml, docs/conf.py and `bppsa --version` read it
 
 # Subpackages reachable as attributes after a plain ``import bppsa``, imported on first use
 # (PEP 562): flax, the feed-forward chains and the distributed parts stay out of ``import bppsa``.

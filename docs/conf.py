@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's bppsa, also without an installed
 project = "bppsa"
 author = "the bppsa authors"
 copyright = "the bppsa authors, Apache-2.0"  # noqa: A001 (Sphinx's name)
-release = version = "0.1.0"
+release = version = __import__("bppsa").__version__  # the one source: bppsa/__init__.py
 
 extensions = [
     "myst_parser",

@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,13 +42,24 @@ COMMANDS = {
     "bench": "experiments.cli:bench",
 }
 
-USAGE = """usage: bppsa [--debug] COMMAND [args...]
+# one line each, for `bppsa --help`
+SUMMARIES = {
+    "reproduce": "run a paper's result by name: NAME [--quick|--smoke] (= bppsa run its config)",
+    "run": "run one experiment config: CONFIG[:preset] [--config.key=value ...] [--workdir DIR]",
+    "results": "regenerate (or --check) the index of the committed results, experiments/results/",
+    "bench": "time BPPSA against BPTT and the baselines for one cell over a T x B grid",
+    "launch": "run a command as N local processes of one JAX job (jax.distributed on 127.0.0.1)",
+}
+
+USAGE = """usage: bppsa [--debug] [--version] COMMAND [args...]
 
 commands:
-  reproduce NAME [--quick|--smoke] ...   = run experiments/<paper>/configs/NAME.py[:quick|:smoke] ...;
-                                          NAME is one of: {names}
 {commands}
+
+{names}
+
 --debug: show the traceback of an error (without it, bad input is one line and exit code 2).
+--version: print bppsa's version.
 Run `bppsa COMMAND --help` for a command's options."""
 
 
@@ -109,7 +121,10 @@ def bench(argv: Sequence[str]) -> int:
     from experiments import bench as bench_lib
     from experiments import runner
     from experiments.calibrate import load_cost_model
-    p = argparse.ArgumentParser(prog="bppsa bench", description=(bench.__doc__ or "").split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bppsa bench", description=(
+        "BPPSA against BPTT (and every baseline, and auto's choice) for one cell at every T x B: "
+        "bppsa run experiments/paper_bppsa/configs/rnn_sweep.py with those points as its grid "
+        "(--out is the work directory, --publish copies the result)."))
     p.add_argument("--cell", default="rnn", choices=sorted(bench_lib.CELLS))
     p.add_argument("--hidden", type=int, default=20)
     p.add_argument("--input", type=int, default=1)
@@ -150,8 +165,11 @@ def _load(target: str):
 
 
 def _usage() -> str:
-    cmds = "".join(f"  {name}\n" for name in sorted(COMMANDS))
-    return USAGE.format(names=", ".join(reproduce_names()), commands=cmds)
+    names = ["reproduce", *sorted(COMMANDS)]
+    cmds = "\n".join(f"  {name:<10}  {SUMMARIES[name]}" for name in names)
+    names_line = textwrap.fill("reproduce NAME is one of: " + ", ".join(reproduce_names()), width=100,
+                               subsequent_indent="  ", break_on_hyphens=False)
+    return USAGE.format(names=names_line, commands=cmds)
 
 
 def split_debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
@@ -213,6 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str], debug: bool, console: bool) -> int:
+    if argv and argv[0] in ("--version", "-V"):
+        from bppsa_cli import version  # read from bppsa/__init__.py without importing JAX
+        print(f"bppsa {version()}")
+        return 0
     from bppsa import host
     from bppsa.errors import UsageError
     if not argv or argv[0] in ("-h", "--help"):

@@ -228,8 +228,15 @@ def regenerate_plots(root: str | os.PathLike) -> list[Path]:
     return [png for _, _, png in jobs]
 
 
+# `bppsa results --help`: plain text for a terminal
+HELP = """Regenerate the index of the committed results, experiments/results/README.md.
+
+Every result is experiments/results/<device>/<name>.json, with <name>.md (a table) and <name>.png
+(a plot) beside it; the index is made from these files alone. --check exits 1 when the index is out
+of date; --plots also redraws the plots of results whose JSON names their plotting function."""
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bppsa results", description=__doc__,
+    p = argparse.ArgumentParser(prog="bppsa results", description=HELP,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", default=str(ROOT / "experiments" / "results"), help="results folder")
     p.add_argument("--check", action="store_true", help=f"exit 1 if the folder's {INDEX} is out of date")

@@ -282,10 +282,22 @@ def run(config_path: str | os.PathLike, arg: str | None = None,
     return summary
 
 
+# `bppsa run --help`: plain text for a terminal (the module's docstring is the developer's account)
+HELP = """Run one experiment config.
+
+CONFIG is a Python file whose get_config(arg=None) returns the run's settings (CONFIG:arg passes
+arg, e.g. :quick or :smoke); --config.key=value overrides a setting, type-checked. The run writes
+config.json, its results and summary.json into the work directory (default: runs/<config>[-<arg>]).
+
+The same command again resumes a stopped run, and runs nothing again when the run ended complete.
+--restart deletes what bppsa wrote there and starts over; bppsa never deletes a file it did not
+create. A failure is one line and exit code 1 (bad input: exit code 2), and the run is marked
+failed. --publish copies a complete result (all its files or none) to experiments/results/<device>/."""
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(
-        prog="bppsa run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="bppsa run", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="bppsa run CONFIG[:arg] [--config.key=value ...] [--workdir DIR] [--restart] [--publish]")
     p.add_argument("config", help="path to a config file, optionally with :arg (e.g. :smoke)")
     p.add_argument("--workdir", default=None, help="work directory (default: runs/<config>[-<arg>])")

@@ -60,11 +60,18 @@ def batch_clips(x: np.ndarray, B: int) -> np.ndarray:
 
 def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats=5, hidden_size=20,
                 scan="blelloch", cache_dir=None, seed=0, log=print) -> dict:
-    """Time the GRU's components on IRMAS feature arrays for every (setting, B); a JSON-able record."""
+    """Time the GRU's components on IRMAS feature arrays for every (setting, B); a JSON-able record.
+
+    ``log`` gets a line as each setting's features are ready and as each point finishes, with the
+    point's number and the time since the grid began (a point compiles and times eight programs).
+    """
     rows, skipped = [], {}
+    start, points = time.perf_counter(), len(settings) * len(batches)
     for setting in settings:
-        feats = irmas.load_features(root, setting, cache_dir, max_per_class=math.ceil(max(batches) / NUM_CLASSES),
-                                    progress=False)
+        per_class = math.ceil(max(batches) / NUM_CLASSES)
+        log(f"  setting {setting}: MFCC features of up to {per_class} clip{'s' * (per_class != 1)} per class "
+            f"(extracted once, then read from the cache) ...")
+        feats = irmas.load_features(root, setting, cache_dir, max_per_class=per_class, progress=False)
         skipped = {"files": feats.skipped, "folders": feats.skipped_folders}  # the same for every setting
         if len(feats.x) == 0:
             raise ValueError(f"no decodable clips under {root}; cannot time setting {setting!r}")
@@ -84,7 +91,8 @@ def timing_grid(root, *, settings=("s", "m", "l"), batches=(16, 32, 64), repeats
             row["speedup_scan"] = row["bptt_backward"]["median"] / row["bppsa_backward"]["median"]
             row["speedup_step"] = row["step_bptt"]["median"] / row["step_bppsa"]["median"]
             rows.append(row)
-            log(f"  {setting}  T={T:5d} F={F:3d} B={B:3d}:  BPTT bwd {1e3 * row['bptt_backward']['median']:8.2f} ms, "
+            log(f"  [{len(rows)}/{points}, {time.perf_counter() - start:5.0f} s] "
+                f"{setting}  T={T:5d} F={F:3d} B={B:3d}:  BPTT bwd {1e3 * row['bptt_backward']['median']:8.2f} ms, "
                 f"BPPSA bwd {1e3 * row['bppsa_backward_full']['median']:8.2f} ms "
                 f"(scan {1e3 * row['bppsa_backward']['median']:.2f}),  backward ×{row['speedup_backward']:.2f}, "
                 f"step ×{row['speedup_step']:.2f}")
@@ -385,6 +393,9 @@ def run(config, workdir: PathLike) -> dict:
         print(training_markdown(rec))
         summary.update(max_loss_diff=rec["max_loss_diff"],
                        heldout_accuracy={m: v["accuracy"] for m, v in rec["heldout"].items()})
+    wrote = {"grid": "irmas_grid", "train": "irmas_train"}
+    print(f"\nthe results, in {Path(workdir)}: "
+          + "; ".join(f"{wrote[p]}.json, {wrote[p]}.md (the table) and {wrote[p]}.png (the figure)" for p in parts))
     return summary
 
 

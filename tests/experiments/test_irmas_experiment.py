@@ -1,6 +1,7 @@
 """`bppsa reproduce irmas` (experiments.paper_bppsa.irmas): training on the stand-in, the timing table, the command end to end."""
 
 import json
+import re
 import shutil
 
 import jax
@@ -103,6 +104,25 @@ def test_irmas_timing_times_each_setting_at_its_feature_shape(tmp_path, monkeypa
     assert bench.TABLE_HEADER in md and "experiments.gradient.loss" in md
 
 
+def test_the_grid_reports_each_point_as_it_finishes(monkeypatch):
+    """`make reproduce` is visible: a line as each setting's features load, one per point with its number
+    and the elapsed time, in order (the features and the timings are stand-ins here)."""
+    from types import SimpleNamespace
+    shapes = {"s": (4, 3), "m": (6, 2)}  # (T, F)
+    monkeypatch.setattr(ie.irmas, "load_features", lambda root, setting, *a, **k: SimpleNamespace(
+        x=np.zeros((5, *shapes[setting]), np.float32), skipped=[], skipped_folders=[]))
+    stat = {"median": 1e-3}
+    monkeypatch.setattr(ie, "time_components", lambda *a, **k: {
+        k: stat for k in ("bptt_backward", "bppsa_backward_full", "bppsa_backward", "step_bptt", "step_bppsa")})
+    lines = []
+    rec = ie.timing_grid("unused", settings=("s", "m"), batches=(2, 3), repeats=1, hidden_size=2, log=lines.append)
+    assert len(rec["rows"]) == 4
+    points = [line for line in lines if re.match(r"\s+\[\d/4, +\d+ s\] ", line)]
+    assert [re.match(r"\s+\[(\d)/4", line).group(1) for line in points] == ["1", "2", "3", "4"], lines
+    assert [line.split("] ")[1].split()[0] for line in points] == ["s", "s", "m", "m"]
+    assert len(lines) == 6 and lines[0].strip().startswith("setting s: MFCC features") and "setting m" in lines[3]
+
+
 def test_bad_settings_and_missing_data_are_clear_errors(tmp_path):
     from experiments import runner
     cfg = cli.config_path("irmas")
@@ -124,6 +144,8 @@ def test_reproduce_irmas_end_to_end(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "| s | 259 | 38 | 4 |" in out and "| BPPSA |" in out
+    assert re.search(r"\[1/1, +\d+ s\] s  T=  259", out), out  # the grid's progress line
+    assert f"the results, in {tmp_path / 'out'}: irmas_grid.json, irmas_grid.md (the table) and irmas_grid.png" in out
     grid = json.loads((tmp_path / "out" / "irmas_grid.json").read_text())
     assert [(r["setting"], r["B"]) for r in grid["rows"]] == [("s", 4)]
     assert grid["provenance"]["jax"] == jax.__version__ and grid["data"]["kind"] == "synthetic"

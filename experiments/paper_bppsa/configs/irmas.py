@@ -1,6 +1,6 @@
 """The paper's GRU on IRMAS (BPPSA §5.2): the timing grid and BPTT vs BPPSA training, in one run.
 
-    bppsa reproduce irmas --quick    # = bppsa run experiments/paper_bppsa/configs/irmas.py:quick; `make reproduce`; a few minutes on 2 CPU cores
+    bppsa reproduce irmas --quick    # = bppsa run experiments/paper_bppsa/configs/irmas.py:quick; `make reproduce`; 9-25 min on a shared 2-core machine
     bppsa reproduce irmas            # = ...irmas.py; the full sizes: 30-45 min on 2 CPU cores
     bppsa reproduce irmas --config.data_dir=/path/to/IRMAS   # the real data
     bppsa run experiments/paper_bppsa/configs/irmas.py:smoke             # tiny stand-in inside the work directory
