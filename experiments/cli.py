@@ -206,28 +206,38 @@ def _report(error: BaseException, debug: bool, template: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     console = argv is None  # the `bppsa` command itself (not a call from Python)
-    if console:
-        # first, before JAX is imported: a stop signal at any moment ends the command the same way
-        interrupt.install()
-    debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
-    cmd = argv[0] if argv and (argv[0] == "reproduce" or argv[0] in COMMANDS) else ""
-    hint = "; run the same command again to resume" if cmd in ("run", "reproduce") else ""
-    line = f"bppsa{' ' + cmd if cmd else ''}: interrupted ({{}}){hint}"  # {}: the signal
+    debug, line = False, "bppsa: interrupted ({})"  # {}: the signal
     try:
+        if console:
+            # first, before JAX is imported: a stop signal at any moment ends the command the same way
+            interrupt.install()
+        debug, argv = split_debug(list(sys.argv[1:] if argv is None else argv))
+        cmd = argv[0] if argv and (argv[0] == "reproduce" or argv[0] in COMMANDS) else ""
+        hint = "; run the same command again to resume" if cmd in ("run", "reproduce") else ""
+        line = f"bppsa{' ' + cmd if cmd else ''}: interrupted ({{}}){hint}"
         code = _main(argv, debug, console)
-    except KeyboardInterrupt as e:
+        if console:
+            # all done and saved: a stop signal during interpreter shutdown ends the process at once
+            interrupt.stop_at_once(line)
+            signum = interrupt.received()
+            if signum is not None:  # its interrupt went astray (dropped, and sent again too late)
+                interrupt.end(line, signum)
+        return code
+    except BaseException as e:
+        # a recorded stop signal is the truth, whatever exception followed it (an interrupt inside an
+        # extension module's import is an ImportError): experiments.interrupt
+        signum = interrupt.received() if console else None
+        if signum is None:
+            if not isinstance(e, KeyboardInterrupt):
+                raise
+            signum = e.signum if isinstance(e, interrupt.Interrupted) else signal.SIGINT
         if debug:
             traceback.print_exc()
-        signum = e.signum if isinstance(e, interrupt.Interrupted) else signal.SIGINT
-        print(line.format(interrupt.describe(signum)), file=sys.stderr)
         if console:
             # not a return: interpreter shutdown can crash on a compile the signal left running
-            interrupt.leave(128 + signum)
+            interrupt.end(line, signum)
+        print(line.format(interrupt.describe(signum)), file=sys.stderr)
         return 128 + signum  # as a shell reports it: 130 for SIGINT, 143 for SIGTERM
-    if console:
-        # all done and saved: a stop signal during interpreter shutdown ends the process at once
-        interrupt.stop_at_once(line)
-    return code
 
 
 def _main(argv: list[str], debug: bool, console: bool) -> int:

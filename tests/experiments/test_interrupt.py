@@ -15,6 +15,31 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def _restore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(cmd: list[str], env: dict, **kwargs) -> subprocess.Popen:
+    """Start ``cmd`` with SIGINT at its default, as a terminal's program has it, whatever the test process
+    does with SIGINT: a shell script's background job (`make test &`, no job control) ignores it, and
+    so would the child (Python installs its Ctrl-C handler only where SIGINT is at its default)."""
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, preexec_fn=_restore_sigint, **kwargs)
+
+
+@pytest.fixture(params=["foreground", "background job"])
+def started_as(request):
+    """The test process as it starts the program: as usual, or ignoring SIGINT as a shell script's
+    background job does (`make test &`): the programs the tests start are not to depend on it."""
+    if request.param == "foreground":
+        yield request.param
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield request.param
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
 SLEEPY = """
 import time
 
@@ -34,10 +59,7 @@ def test_ctrl_c_is_one_line_with_the_resume_hint(tmp_path, debug):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]), JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "experiments.cli", *(["--debug"] if debug else []), "run", str(config),
            "--workdir", str(tmp_path / "w")]
-    # a shell's background job (`cmd &`, no job control) ignores SIGINT, and so would the child: Python
-    # installs its Ctrl-C handler only where SIGINT is at its default, so restore it there
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = _start(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n", proc.communicate(timeout=60)
         proc.send_signal(signal.SIGINT)
@@ -54,9 +76,15 @@ def test_ctrl_c_is_one_line_with_the_resume_hint(tmp_path, debug):
         assert lines == lines[-1:], err
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
+def _python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = _start([sys.executable, "-c", code], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_the_command_handles_signals_before_it_imports_jax():
@@ -78,9 +106,22 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
     assert proc.stdout.strip() == "True True", proc.stderr
 
 
-def test_an_interrupt_python_ignored_in_a_gc_callback_is_raised_again():
+# after the signals it sends itself, the program waits up to 30 s for an Interrupted sent again (10 ms)
+WAIT = """
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("not interrupted")
+except interrupt.Interrupted as e:
+    print("interrupted", e.signum)
+"""
+
+
+def test_an_interrupt_python_ignored_in_a_gc_callback_is_raised_again(started_as):
     """JAX's garbage-collection callback took the KeyboardInterrupt of an early Ctrl-C, Python printed
-    "Exception ignored in: <function _xla_gc_callback ...>", and the run went on to exit code 0."""
+    "Exception ignored in: <function _xla_gc_callback ...>", and the run went on to exit code 0.
+    (Under `make test &` this test's program once ignored SIGINT itself and printed "not interrupted":
+    the ``background job`` case.)"""
     proc = _python("""
 import gc, os, signal, time
 from experiments import interrupt
@@ -96,12 +137,30 @@ gc.callbacks.append(callback)
 try:
     gc.collect()
     print("collected", flush=True)
-    time.sleep(10)
-    print("not interrupted")
-except interrupt.Interrupted as e:
-    print("interrupted", e.signum)
-""")
+""" + WAIT)
     assert proc.stdout.splitlines() == ["collected", "interrupted 2"] and proc.stderr == "", proc.stderr
+
+
+def test_an_interrupt_dropped_with_the_import_error_it_became_is_raised_again():
+    """An interrupt inside an extension module's import becomes an ImportError, and code that tries an
+    optional import catches that: the signal is sent again until it unwinds the run."""
+    proc = _python("""
+import os, signal, time
+from experiments import interrupt
+interrupt.install()
+try:
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100_000):
+                pass
+        except KeyboardInterrupt as e:
+            raise ImportError("the extension failed to import") from e
+    except ImportError:
+        pass  # an optional module, then
+    print("dropped", flush=True)
+""" + WAIT)
+    assert proc.stdout.splitlines() == ["dropped", "interrupted 15"] and proc.stderr == "", proc.stderr
 
 
 def test_a_second_signal_does_not_cut_the_clean_up_short():
@@ -125,8 +184,10 @@ except interrupt.Interrupted as e:
     assert proc.stdout.splitlines() == ["cleaned up", "interrupted 15"], proc.stderr
 
 
-def test_a_signal_during_interpreter_shutdown_is_the_line_and_130():
-    """After the command's work (stop_at_once): at once, without the shutdown that can crash."""
+def test_a_signal_during_interpreter_shutdown_is_the_line_and_130(started_as):
+    """After the command's work (stop_at_once): at once, without the shutdown that can crash. (Under
+    `make test &` this test's program once ignored SIGINT itself and ended with exit code 0: the
+    ``background job`` case.)"""
     proc = _python("""
 import atexit, os, signal, time
 from experiments import interrupt
@@ -197,17 +258,22 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(int(mask, 16) >> (signum - 1) & 1)
 
 
+def _wait_for_handlers(proc: subprocess.Popen) -> None:
+    """Until the command handles stop signals (its first step; JAX's imports follow, seconds long)."""
+    deadline = time.monotonic() + 60
+    while not _catches(proc.pid, signal.SIGTERM):
+        assert proc.poll() is None and time.monotonic() < deadline, "the command never handled SIGTERM"
+        time.sleep(0.002)
+
+
 def _stop(cmd, env, signum, at=None, after=0.0) -> tuple[int | None, str]:
     """Run ``cmd``; send ``signum`` ``after`` seconds after it prints a line starting with ``at``
     ("imports": once it handles SIGTERM, i.e. the command began and imports JAX; None: after it
     starts); return (its exit code, its stderr), exit code None when it had ended before the signal."""
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = _start(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         if at == "imports":
-            deadline = time.monotonic() + 1  # JAX takes seconds to import
-            while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
-                time.sleep(0.002)
+            _wait_for_handlers(proc)
         elif at is not None:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -289,3 +355,85 @@ def test_twenty_ctrl_cs_at_random_moments(tmp_path):
         else:
             _check_stopped(code, err, signal.SIGINT)
         _check_resumes(cmd, env, workdir)
+
+
+# Put first on PYTHONPATH (as sitecustomize.py), it sends the process the signal named by BPPSA_TEST_AT_SIGNAL
+# as the import of the module BPPSA_TEST_AT_MODULE begins, once the command handles stop signals, and
+# writes the module's name to BPPSA_TEST_AT_REPORT first; with BPPSA_TEST_AT_MODULE empty, it writes the
+# name of every module imported from then on.
+AT_IMPORT = """
+import os, signal, sys
+
+class _At:
+    def find_spec(self, name, path=None, target=None):
+        if not callable(signal.getsignal(signal.SIGTERM)):  # the command does not handle it yet
+            return None
+        target = os.environ["BPPSA_TEST_AT_MODULE"]
+        if not target or name == target:
+            with open(os.environ["BPPSA_TEST_AT_REPORT"], "a") as f:
+                f.write(name + "\\n")
+        if name == target:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), getattr(signal, os.environ["BPPSA_TEST_AT_SIGNAL"]))
+        return None
+
+if "BPPSA_TEST_AT_MODULE" in os.environ:
+    sys.meta_path.insert(0, _At())
+"""
+
+
+def _at_import(tmp_path, module: str, signame: str = "SIGINT") -> tuple[list[str], dict, Path]:
+    """The command of a run of STOPPABLE with AT_IMPORT in place, its environment, and AT_IMPORT's report."""
+    cmd, env = _stoppable(tmp_path)
+    (tmp_path / "site").mkdir(exist_ok=True)
+    (tmp_path / "site" / "sitecustomize.py").write_text(AT_IMPORT)
+    report = tmp_path / f"at-{module or 'all'}-{signame}.txt"
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), env["PYTHONPATH"]]), BPPSA_TEST_AT_MODULE=module,
+               BPPSA_TEST_AT_SIGNAL=signame, BPPSA_TEST_AT_REPORT=str(report))
+    return cmd, env, report
+
+
+def _signal_at_import(tmp_path, module: str, signum: int) -> None:
+    cmd, env, report = _at_import(tmp_path, module, signal.Signals(signum).name)
+    proc = subprocess.run([*cmd, "--workdir", str(tmp_path / f"w-{module}")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, preexec_fn=_restore_sigint)
+    assert report.read_text() == module + "\n", proc.stderr  # the signal came where it was meant to
+    _check_stopped(proc.returncode, proc.stderr, signum)
+
+
+@pytest.mark.parametrize("module, signum", [("numpy._core._exceptions", signal.SIGINT),
+                                            ("numpy", signal.SIGTERM)])
+def test_a_stop_signal_inside_numpys_import_is_the_line(tmp_path, module, signum):
+    """A signal that lands inside numpy's import, from jaxlib's extension (numpy._core._exceptions: from
+    inside numpy's own extension): it was numpy's traceback of the KeyboardInterrupt, `ImportError:
+    numpy._core.multiarray failed to import`, `Encountered an error while initializing the extension`
+    and exit code 1 (seen under load, with a Ctrl-C at a random moment)."""
+    _signal_at_import(tmp_path, module, signum)
+
+
+@pytest.mark.slow
+def test_a_stop_signal_at_the_import_of_any_module_is_the_line(tmp_path):
+    """Every 40th module the command imports once it handles stop signals (a few dozen), SIGINT and
+    SIGTERM in turn, the signal sent as its import begins: the one line and 128 + the signal, each."""
+    cmd, env, report = _at_import(tmp_path, "")
+    proc = subprocess.run([*cmd, "--workdir", str(tmp_path / "w")], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, preexec_fn=_restore_sigint)
+    assert proc.returncode == 0, proc.stderr
+    modules = list(dict.fromkeys(report.read_text().split()))
+    assert len(modules) > 200, modules  # JAX's, numpy's, bppsa's, the runner's
+    for i, module in enumerate(modules[::40]):
+        _signal_at_import(tmp_path, module, (signal.SIGINT, signal.SIGTERM)[i % 2])
+
+
+@pytest.mark.slow
+def test_twenty_ctrl_cs_in_the_first_three_seconds_of_a_smoke_run(tmp_path):
+    """`bppsa run experiments/paper_bppsa/configs/rnn_train.py:smoke` (a minute or more), sent SIGINT at
+    a random moment of its first three seconds from when it handles stop signals (the imports, the
+    config, the first compile): the one line and 130 each time."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    rng = random.Random(1)
+    config = str(ROOT / "experiments/paper_bppsa/configs/rnn_train.py") + ":smoke"
+    for i in range(20):
+        cmd = [sys.executable, "-m", "experiments.cli", "run", config, "--workdir", str(tmp_path / f"w{i}")]
+        code, err = _stop(cmd, env, signal.SIGINT, at="imports", after=rng.uniform(0.0, 3.0))
+        _check_stopped(code, err, signal.SIGINT)
