@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,8 +101,20 @@ def _without_harness(argv: list[str]) -> int:
     return 2
 
 
+def _stop_before_start(signum: int, frame: object) -> None:
+    """A stop signal before the harness handles signals (its imports): nothing has run, so the command
+    ends at once, with its one line and 128 + the signal, not a traceback."""
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    os.write(2, f"bppsa: interrupted ({name})\n".encode())
+    os._exit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``bppsa`` command; ``argv`` None: the process's arguments (and the command's own signal handling)."""
+    if argv is None:  # the command: stop signals end it with one line from here on (the harness takes over)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _stop_before_start)
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("--version", "-V"):
         print(f"bppsa {version()}")

@@ -191,8 +191,12 @@ def _dispatch(cmd: str, rest: list[str]) -> int:
                 return 0
             print(f"{usage}\nbppsa reproduce: error: missing NAME", file=sys.stderr)
             return 2
-        return int(_load(COMMANDS["run"])(reproduce_argv(rest)) or 0)
-    return int(_load(COMMANDS[cmd])(rest) or 0)
+        run = _load(COMMANDS["run"])
+        interrupt.raise_from_now()  # its modules loaded: the command's work begins
+        return int(run(reproduce_argv(rest)) or 0)
+    command = _load(COMMANDS[cmd])
+    interrupt.raise_from_now()
+    return int(command(rest) or 0)
 
 
 def _report(error: BaseException, debug: bool, template: str) -> None:
@@ -215,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = argv[0] if argv and (argv[0] == "reproduce" or argv[0] in COMMANDS) else ""
         hint = "; run the same command again to resume" if cmd in ("run", "reproduce") else ""
         line = f"bppsa{' ' + cmd if cmd else ''}: interrupted ({{}}){hint}"
+        if console:  # the imports: a stop signal ends the command at once (interrupt.raise_from_now: its work)
+            interrupt.stop_at_once(line)
         code = _main(argv, debug, console)
         if console:
             # all done and saved: a stop signal during interpreter shutdown ends the process at once

@@ -193,9 +193,22 @@ def end(line: str, signum: int) -> NoReturn:
     leave(128 + signum)
 
 
+def raise_from_now() -> None:
+    """From now on a stop signal raises :class:`Interrupted` again (:func:`install`'s handlers), after
+    :func:`stop_at_once` held the command's start: called where its work begins, its modules
+    imported. A no-op in a process where :func:`install` was not called (the command called from Python)."""
+    if _main is None or _over:
+        return
+    for signum in _handled():
+        signal.signal(signum, _raise)
+
+
 def stop_at_once(line: str) -> None:
     """From now on a stop signal prints ``line`` (its ``{}`` filled with :func:`describe` of the signal) on
-    stderr and ends the process with :func:`leave`: for the command's last moments, its work done and saved."""
+    stderr and ends the process with :func:`leave`: for the command's start (its imports: nothing done
+    yet, and an exception raised inside an extension module's initialisation, such as jaxlib's, can
+    leave it half made and crash the process on the next import of it) until :func:`raise_from_now`,
+    and for its last moments, its work done and saved."""
     def stop(signum: int, frame: Any) -> None:
         _say(line.format(describe(signum)))
         leave(128 + signum)
