@@ -20,7 +20,7 @@ to what runs:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +36,7 @@ from bppsa.forward.sequential import forward_states
 from bppsa.plan import options as options_lib
 from bppsa.plan.options import Options, Plan
 
-__all__ = ["rnn", "compiled_solver"]
+__all__ = ["rnn", "prologue", "Problem", "compiled_solver"]
 
 
 def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None = None, *, guess: Any = None,
@@ -75,16 +75,7 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
     On CPU the first call applies :func:`bppsa.host.tune_allocator` (glibc keeps the backward's
     large temporaries for reuse; ``BPPSA_MALLOC_TUNING=0`` switches it off).
     """
-    opts = options_lib.make(options, **fields)
-    xs = jnp.asarray(xs)
-    s0 = validate_inputs(cell, params, xs, h0)
-    states_dtype = _states_dtype(cell, params, xs, s0)
-    # arrays the step closes over become operands: no compiled program keeps an old value, and
-    # gradients reach a closed-over traced value (bppsa.cells.closure)
-    cell, params = closure.lift(cell, params, xs, s0.astype(states_dtype))
-    plan = opts.plan(cell, xs, s0, states_dtype=states_dtype)
-    if jax.default_backend() == "cpu":
-        host.tune_allocator()
+    cell, params, xs, s0, plan, guess = prologue(cell, params, xs, h0, options, fields, guess=guess)
     info = None
     if plan.forward != "sequential":
         ss, info = _parallel_forward(cell, params, xs, s0, plan, guess)
@@ -96,12 +87,69 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None
     return (out, info) if return_info else out
 
 
+class Problem(NamedTuple):
+    """What every entry runs, made by :func:`prologue`: the cell and params to run (a step's closure
+    lifted), the inputs as arrays, the flat initial state, the plan and the flat guess.
+
+    Attributes:
+      cell: the cell to run (a step's closed-over arrays lifted into its operands).
+      params: its parameters (with the lifted arrays).
+      xs: (T, B, I) inputs as an array.
+      s0: (B, S) the flat initial state, as given (the states' dtype is the plan's).
+      plan: the :class:`bppsa.Plan` every stage runs by.
+      guess: (T, B, S) the parallel forward's flat first iterate, or None.
+    """
+
+    cell: Cell
+    params: Any
+    xs: Array
+    s0: Array
+    plan: Plan
+    guess: Array | None
+
+
+def prologue(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None, fields: dict[str, Any], *,
+             devices: int | None = None, guess: Any = None) -> Problem:
+    """The entries' one prologue (:func:`rnn` on one device, :func:`bppsa.parallel.rnn` over a mesh,
+    and through them :class:`bppsa.nn.RNN`): the options with their keyword fields, the inputs
+    checked (:func:`bppsa.forward.inputs.validate_inputs`), the states' dtype, the arrays a step closes
+    over made operands (:func:`bppsa.cells.closure.lift`: no compiled program keeps an old value, and
+    gradients reach a closed-over traced value), every choice made once (:meth:`bppsa.Options.plan`),
+    the allocator tuned on CPU (:func:`bppsa.host.tune_allocator`) and the guess flattened.
+
+    Args:
+      cell: the cell the entry was given.
+      params: its parameters.
+      xs: (T, B, I) inputs.
+      h0: the initial state in the cell's form.
+      options: a :class:`bppsa.Options` (or a Plan), or None.
+      fields: the entry's option keywords, overriding ``options``'s.
+      devices: the size of the mesh axis the time is split over; None: one device.
+      guess: the parallel forward's first iterate in the cell's form, or None.
+
+    Returns:
+      The :class:`Problem` to run.
+
+    Raises:
+      bppsa.errors.UsageError: bad options or inputs (one line naming them).
+    """
+    opts = options_lib.make(options, **fields)
+    xs = jnp.asarray(xs)
+    s0 = validate_inputs(cell, params, xs, h0)
+    states_dtype = _states_dtype(cell, params, xs, s0)
+    cell, params = closure.lift(cell, params, xs, s0.astype(states_dtype))
+    plan = opts.plan(cell, xs, s0, states_dtype=states_dtype, devices=devices)
+    if jax.default_backend() == "cpu":
+        host.tune_allocator()
+    flat = None if guess is None else flat_guess(cell, guess, xs.shape[0], s0)
+    return Problem(cell, params, xs, s0, plan, flat)
+
+
 def _parallel_forward(cell, params, xs, s0, plan: Plan, guess=None):
     """The states by the parallel forward (:func:`bppsa.forward.newton.solve`, on inputs it does not
     differentiate), differentiated at those states by the backward ``plan`` names (BPPSA's scan;
-    ``backward="bptt"``: its sequential scan). Returns (ss (T, B, S), info)."""
-    if guess is not None:
-        guess = flat_guess(cell, guess, xs.shape[0], s0)
+    ``backward="bptt"``: its sequential scan), from the flat ``guess`` (T, B, S) or None. Returns
+    (ss (T, B, S), info)."""
     stop = jax.lax.stop_gradient
     with jax.default_matmul_precision(plan.precision):
         solver = _solver(cell, plan, closure.program_key(cell, params, xs, s0))

@@ -257,7 +257,8 @@ def test_the_package_root_is_the_curated_api():
             "plan", "BACKWARDS", "SCANS", "CostModel"} <= set(bppsa.__all__)
     assert not [n for n in bppsa.__all__ if n.startswith("_")]
     import bppsa.backprop
-    assert bppsa.backprop.__all__ == ["rnn", "compiled_solver"]  # the entry; what it runs is bppsa.forward/backward
+    # the entry and its one prologue (the mesh entry calls it too); what it runs is bppsa.forward/backward
+    assert bppsa.backprop.__all__ == ["rnn", "prologue", "Problem", "compiled_solver"]
 
 
 CORE = ("scan", "plan", "forward", "backward")  # the core's subpackages, by concept

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa.cells.base import Cell, analytic_adjoint
+from bppsa.plan.backends import Fused
 
 __all__ = ["factor_states", "sequential_adjoint", "fused_sequential_adjoint"]
 
@@ -113,8 +114,8 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
     return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)
 
 
-def fused_sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array, *,
-                             interpret: bool = False) -> tuple[Array, Any, Array, Array]:
+def fused_sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array,
+                             fused: Fused) -> tuple[Array, Any, Array, Array]:
     """BPTT with the adjoint loop as one fused kernel (:func:`bppsa.kernels.adjoint.fused_adjoint`:
     the gates recomputed from the saved states, no step factors kept by the forward), then the
     parameter and input gradients as one batched contraction over all steps
@@ -127,14 +128,12 @@ def fused_sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: 
       s0: (B, S) the flat initial state.
       ss: (T, B, S) the states after each step.
       ct: (T, B, S) the cotangents of ss.
-      interpret: run the kernel in Pallas's interpret mode.
+      fused: the plan's kernels (:attr:`bppsa.plan.Plan.fused`).
 
     Returns:
       (gs, dparams, dxs, g0), as :func:`sequential_adjoint`.
     """
-    from bppsa.kernels.adjoint import fused_adjoint  # Pallas loads only where a kernel is asked for
-
-    gs, g0 = fused_adjoint(cell, params, xs, s0, ss, ct, interpret=interpret)
+    gs, g0 = fused.adjoint(cell, params, xs, s0, ss, ct)
     previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)
     dparams, dxs = cell.param_grads(params, previous.astype(ss.dtype), xs, ss, gs)
     return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from bppsa.cells import Cell
+from bppsa.plan.backends import Fused
 from bppsa.scan import dense as scan_lib
 from bppsa.scan.layout import block_rows, equal_chunks, to_blocks
 from bppsa.scan.structured import block_scan
@@ -87,7 +88,7 @@ def stored_scan(v: Array, jacobians: Array | tuple[Array, Array], ds: Array, n: 
     return scan_lib.blelloch_scan_stored(v, jacobians, ds, n, zero_padded_offsets=True)
 
 
-def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, kernels="xla"):
+def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, fused=None):
     """Generate the Jacobians of one stretch of steps (scan order) and scan them from root v.
 
     Returns (gs, total): gs[k] the gradient w.r.t. the state of element k, total the gradient
@@ -95,10 +96,11 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, kernels="xla"
     are generated directly in the scan's storage order (:func:`bppsa.scan.to_storage` of the
     (n, B, S) state vectors, never of the (n, B, S, S) matrices), and for a cell with diagonal
     structure (the RNN) not at all: only its (A, Wt) factors (:func:`stored_jacobians`). With
-    ``kernels`` "pallas" or "interpret" the scan is the fused one (:func:`fused_scan_gradients`).
+    ``fused`` (the plan's kernels, :attr:`bppsa.plan.Plan.fused`) the scan is the fused one
+    (:func:`fused_scan_gradients`).
     """
-    if kernels != "xla":
-        return fused_scan_gradients(cell, params, xr, sr, spr, ds, v, interpret=kernels == "interpret")
+    if fused is not None:
+        return fused_scan_gradients(cell, params, xr, sr, spr, ds, v, fused)
     if cell.jacobian_block_size is not None:
         return _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v)
     if scan_method == "blelloch":
@@ -110,8 +112,8 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, kernels="xla"
 
 
 
-def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Array, ds: Array, v: Array, *,
-                         interpret: bool = False) -> tuple[Array, Array]:
+def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Array, ds: Array, v: Array,
+                         fused: Fused) -> tuple[Array, Array]:
     """The backward's scan by the fused kernels (:mod:`bppsa.kernels.scan`), in scan order: a
     block-diagonal cell's (k, k) blocks as rows (:attr:`bppsa.cells.Cell.jacobian_block_size`); a
     cell with factored Jacobians (the RNN, GRU, LSTM) their factors, the matrices formed inside the
@@ -125,22 +127,21 @@ def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Arr
       spr: (n, B, S) the state before each step, scan order.
       ds: (n, B, S) the scan's offsets.
       v: (B, S) the root vector.
-      interpret: run the kernels in Pallas's interpret mode.
+      fused: the plan's kernels (:attr:`bppsa.plan.Plan.fused`).
 
     Returns:
       (gs, total), gs (n, B, S) the gradients w.r.t. each element's state and total (B, S).
     """
-    from bppsa.kernels import scan as kernel_scan  # Pallas loads only where a kernel is asked for
-
     (n, B, S), k = sr.shape, cell.jacobian_block_size
     if k is not None:
         Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
-        gs, total = kernel_scan.chunked_scan(to_blocks(v, k), Ms, to_blocks(ds, k), interpret=interpret)
+        gs, total = fused.scan(to_blocks(v, k), Ms, to_blocks(ds, k))
         return gs.reshape((n, B, S)), total.reshape((B, S))
     factored = cell.factored_jacobian(params, spr, xr, sr)
     if factored is not None:  # formed inside the kernels, never written out
-        return kernel_scan.chunked_scan_factored(v, *factored, ds, interpret=interpret)
-    return kernel_scan.chunked_scan(v, cell.transposed_jacobian(params, spr, xr, sr), ds, interpret=interpret)
+        A, Wt = factored
+        return fused.scan_factored(v, A, Wt, ds)
+    return fused.scan(v, cell.transposed_jacobian(params, spr, xr, sr), ds)
 
 
 def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
@@ -159,7 +160,7 @@ def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
 
 
 def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any, xr: Array, sr: Array, spr: Array,
-                     ctr: Array, kernels: str = "xla") -> tuple[Any, Array, Array, Array]:
+                     ctr: Array, fused: Fused | None = None) -> tuple[Any, Array, Array, Array]:
     """BPPSA backward over equal chunks of at most ``chunk_size`` steps, latest chunk first (scan order).
 
     Each chunk generates only its own Jacobians (C, B, S, S), scans them with the gradient
@@ -187,7 +188,7 @@ def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any,
       sr: (T, B, S) the state after each step, scan order.
       spr: (T, B, S) the state before each step, scan order.
       ctr: (T, B, S) the cotangents of the states, scan order.
-      kernels: "xla", or "pallas"/"interpret": each chunk's scan by the fused kernels.
+      fused: the plan's kernels (:attr:`bppsa.plan.Plan.fused`): each chunk's scan by them; None: XLA's.
 
     Returns:
       (dparams, dxr, g0, gsr), as above.
@@ -204,7 +205,7 @@ def chunked_backward(cell: Cell, scan_method: str, chunk_size: int, params: Any,
         u, acc = carry
         xr_c, sr_c, spr_c, ctr_c = c
         v, ds = root_and_offsets(ctr_c)
-        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u, kernels)
+        gs, total = _scan_gradients(cell, scan_method, params, xr_c, sr_c, spr_c, ds, v + u, fused)
         dp, dx = cell.param_grads(params, spr_c, xr_c, sr_c, gs)
         return (total, jax.tree.map(jnp.add, acc, dp)), (dx, gs)
 
@@ -256,7 +257,7 @@ def _cast_grads(dparams, dxr, g0, params, xs, s0):
 
 
 def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array, ss: Array,
-            ct: Array, kernels: str = "xla") -> tuple[Array, Any, Array, Array]:
+            ct: Array, fused: Fused | None = None) -> tuple[Array, Any, Array, Array]:
     """The BPPSA backward: the adjoint states g_t = ∂L/∂s_t of the cotangent ct (T, B, S) of ss,
     by the gradient recurrence g_{t-1} = g_t @ M_t + ct_{t-1} with ``scan_method`` over chunks of
     ``chunk_size`` steps (an int; None: one chunk), and the cell's analytic parameter and input
@@ -271,8 +272,8 @@ def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, x
       s0: (B, S) the flat initial state.
       ss: (T, B, S) the states after each step.
       ct: (T, B, S) the cotangents of ss.
-      kernels: "xla" (``scan_method``), or "pallas"/"interpret": the scan by the fused kernels
-        (:func:`fused_scan_gradients`; ``scan_method`` unused).
+      fused: None (``scan_method``, XLA's), or the plan's kernels (:attr:`bppsa.plan.Plan.fused`): the
+        scan by them (:func:`fused_scan_gradients`; ``scan_method`` unused).
 
     Returns:
       (gs, dparams, dxs, g0), gs (T, B, S) the adjoint states in time order, dparams like ``params``,
@@ -280,9 +281,9 @@ def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, x
     """
     xr, sr, spr, ctr = scan_order(xs, ss, s0, ct)
     if chunk_size is not None and chunk_size < ss.shape[0]:
-        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr, kernels)
+        dparams, dxr, g0, gsr = chunked_backward(cell, scan_method, chunk_size, params, xr, sr, spr, ctr, fused)
     else:
         v, ds = root_and_offsets(ctr)
-        gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, kernels)  # gsr[k] = g_{T-k}
+        gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, fused)  # gsr[k] = g_{T-k}
         dparams, dxr = cell.param_grads(params, spr, xr, sr, gsr)
     return (gsr[::-1].astype(ss.dtype), *_cast_grads(dparams, dxr, g0, params, xs, s0))

@@ -128,7 +128,7 @@ def bppsa_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> A
 @bppsa_states.defjvp
 def _bppsa_jvp(cell, plan, primals, tangents):
     params, xs, s0 = primals
-    fused = plan.kernels != "xla"
+    fused = plan.fused is not None
     if plan.backward != "bptt" or fused:
         # a fused kernel's states through this rule again: differentiated once more (HVPs), JAX
         # differentiates the rule, not the kernel (a pallas_call has no JVP of its own); the fused
@@ -182,10 +182,10 @@ def _tangent(cell, plan, params, xs, s0, ss, tangents, factors=None):
         if factors is not None:
             return sequential_adjoint(cell, params, xs, s0, ss, c1, factors, plan.unroll,
                                       in_loop=plan.weights_in_loop)
-        if plan.backward == "bptt" and plan.kernels != "xla":  # BPTT's adjoint loop, one fused kernel
-            return fused_sequential_adjoint(cell, params, xs, s0, ss, c1, interpret=plan.kernels == "interpret")
+        if plan.backward == "bptt" and plan.fused is not None:  # BPTT's adjoint loop, one fused kernel
+            return fused_sequential_adjoint(cell, params, xs, s0, ss, c1, plan.fused)
         scan = "sequential" if plan.backward == "bptt" else cast(str, plan.scan)  # a Plan's scan is named
-        return adjoint(cell, scan, plan.chunk_size, params, xs, s0, ss, c1, plan.kernels)
+        return adjoint(cell, scan, plan.chunk_size, params, xs, s0, ss, c1, plan.fused)
 
     return tangent_rule(cell, plan.precision, params, xs, s0, ss, tangents, tangent_scan, adjoint_scan)
 

@@ -59,8 +59,8 @@ def forward_states(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | 
 
 def planned_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> Array:
     """The sequential forward as ``plan`` runs it: :func:`forward_states` with ``plan.unroll`` and
-    ``plan.hoist`` (``plan.kernels == "xla"``), or the fused kernel (:func:`bppsa.kernels.fused_states`,
-    compiled, or interpreted where ``plan.kernels == "interpret"``).
+    ``plan.hoist``, or the plan's fused kernel (:attr:`bppsa.plan.Plan.fused`: :func:`bppsa.kernels.fused_states`,
+    compiled or interpreted).
 
     Args:
       cell: the cell.
@@ -72,10 +72,10 @@ def planned_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) ->
     Returns:
       ss (T, B, S), the flat states after each step.
     """
-    if plan.kernels == "xla":
+    fused = plan.fused
+    if fused is None:
         return forward_states(cell, params, xs, s0, plan.unroll, plan.hoist)
-    from bppsa.kernels import fused_states  # Pallas loads only where a kernel is asked for, not on import
-    return fused_states(cell, params, xs, s0, interpret=plan.kernels == "interpret")
+    return fused.states(cell, params, xs, s0)
 
 
 def flat_step(cell: Cell, params: Any, s: Array, x: Array) -> Array:

@@ -108,13 +108,12 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
     """
     T, B, S = H.shape
     chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
-    fused = plan.kernels != "xla"
-    if fused and lam is None:
-        from bppsa.kernels import newton as kernel_newton  # Pallas loads only where a kernel is asked for
-
-        if kernel_newton.supports(cell):  # a diagonal cell: the steps, their Jacobians and the scan fused
-            return kernel_newton.fused_newton_step(cell, params, xs, s0, H, interpret=plan.kernels == "interpret")
-    if D is not None and lam is None and method == "sequential" and (chunk is None or chunk >= T) and not fused:
+    fused = plan.fused
+    if fused is not None and lam is None:
+        whole = fused.newton_step(cell, params, xs, s0, H)  # a diagonal cell: the steps, Jacobians and scan fused
+        if whole is not None:
+            return whole
+    if D is not None and lam is None and method == "sequential" and (chunk is None or chunk >= T) and fused is None:
         # elementwise, one piece: h'_t = D_t (h'_{t-1} − h_{t-1}) + f_t, the guess's states read in
         # the loop (no offsets c_t or previous states written out first)
         def step(carry, e):
@@ -130,11 +129,9 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
         return trust_region_solve(to_blocks(s0, k), E, c, to_blocks(H, k), lam).reshape(H.shape)
 
     def piece(h_in, sp_c, x_c, f_c, d_c):
-        if fused:  # the fused chunked scan (bppsa.kernels.scan): three launches whatever the length
-            from bppsa.kernels.scan import chunked_scan  # Pallas loads only where a kernel is asked for
-
+        if fused is not None:  # the fused chunked scan (bppsa.kernels.scan): three launches whatever the length
             E, c, _ = step_elements(cell, plan.forward, params, sp_c, x_c, f_c, d_c)
-            prefixes, total = chunked_scan(to_blocks(h_in, k), E, c, interpret=plan.kernels == "interpret")
+            prefixes, total = fused.scan(to_blocks(h_in, k), E, c)
         elif method == "blelloch" and k > 1:  # the elements made in the scan's storage order, as
             n = sp_c.shape[0]  # the backward makes them: only the (n, B, S) vectors are permuted
             sp_s, x_s, f_s = (scan_lib.to_storage(a, n, pad="edge") for a in (sp_c, x_c, f_c))

@@ -30,12 +30,8 @@ from bppsa.kernels.newton import fused_newton_step
 from bppsa.kernels.recurrence import fused_states, supports
 from bppsa.kernels.scan import chunked_scan, chunked_scan_factored
 
-__all__ = ["KERNELS", "recurrence", "adjoint", "scan", "newton", "lowering", "fused_states", "fused_adjoint",
+__all__ = ["recurrence", "adjoint", "scan", "newton", "lowering", "fused_states", "fused_adjoint",
            "chunked_scan", "chunked_scan_factored", "fused_newton_step", "supports", "unsupported", "cuda_module"]
-
-#: The values of ``Options.kernels``.
-KERNELS = ("auto", "xla", "pallas", "interpret")
-
 
 def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: bool = False) -> list[str]:
     """Why the fused kernels cannot run every stage of a problem; empty where they can. The stages:

@@ -49,13 +49,12 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as PS
 
-from bppsa import host
+from bppsa import backprop
 from bppsa.backward import pipeline, rule
 from bppsa.cells import closure
 from bppsa.errors import UsageError
 from bppsa.forward import newton as newton_lib
 from bppsa.forward.elk import trust_region_solve
-from bppsa.forward.inputs import flat_guess, validate_inputs
 from bppsa.forward.sequential import steps
 from bppsa.parallel.mesh import check_axes, make_mesh, shard_map
 from bppsa.plan import options as options_lib
@@ -529,19 +528,11 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
 
       ValueError: ``mesh`` is not a ``jax.sharding.Mesh`` or the axis names are not two of its axes.
     """
-    opts = options_lib.make(options, **fields)
     if mesh is None:
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)
-    xs = jnp.asarray(xs)
-    s0 = validate_inputs(cell, params, xs, h0)
-    # arrays the step closes over become operands, as for one device (bppsa.cells.closure)
-    cell, params = closure.lift(cell, params, xs, s0)
     P, _ = check_axes(mesh, seq_axis, batch_axis)
-    plan = opts.plan(cell, xs, s0, devices=P)
-    if jax.default_backend() == "cpu":
-        host.tune_allocator()
-    if guess is not None:
-        guess = flat_guess(cell, guess, xs.shape[0], s0)
+    cell, params, xs, s0, plan, guess = backprop.prologue(cell, params, xs, h0, options, fields, devices=P,
+                                                          guess=guess)
     ss, info = sequence_parallel_states(cell, params, xs, s0, mesh, plan, seq_axis=seq_axis, batch_axis=batch_axis,
                                         guess=guess)
     out = cell.unflatten_state(ss)

@@ -4,6 +4,8 @@ cost model that resolve it.
 - :mod:`bppsa.plan.options`: :class:`Options` (``backward``, ``forward``, ``scan``, ``chunk_size``,
   the solver's tolerances, ...), checked where they are made, and :class:`Plan`, every choice they
   leave open resolved once at the entry (:meth:`Options.plan`) and passed down whole;
+- :mod:`bppsa.plan.backends`: which implementation runs each stage (XLA's, or the fused kernels:
+  :class:`bppsa.plan.backends.Fused`, the one place the kernels are reached from);
 - :mod:`bppsa.plan.cost`: the rules (the unroll, hoisting, the chunk length, the elementwise
   backward) and the cost model of ``backward="auto"`` and ``forward="auto"``, with the shipped
   models in ``cost_models/``.
@@ -13,9 +15,9 @@ May import :mod:`bppsa.scan`, :mod:`bppsa.cells`, :mod:`bppsa.host` and :mod:`bp
 
 from __future__ import annotations
 
-from bppsa.plan import cost, options
+from bppsa.plan import backends, cost, options
 from bppsa.plan.cost import CostModel, choose_backward, choose_forward
 from bppsa.plan.options import BACKWARDS, FORWARDS, Options, Plan
 
-__all__ = ["options", "cost", "Options", "Plan", "BACKWARDS", "FORWARDS", "CostModel", "choose_backward",
+__all__ = ["options", "backends", "cost", "Options", "Plan", "BACKWARDS", "FORWARDS", "CostModel", "choose_backward",
            "choose_forward"]

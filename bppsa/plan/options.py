@@ -27,6 +27,7 @@ from jax.typing import DTypeLike
 from bppsa.cells import Cell
 from bppsa.errors import UsageError, as_int, as_number
 from bppsa.plan import cost as cost_lib
+from bppsa.plan.backends import Fused
 from bppsa.scan.dense import SCANS
 
 __all__ = ["Options", "Plan", "make", "tolerance", "unroll_for", "Backward", "Forward", "ParallelForward", "Scan",
@@ -321,6 +322,11 @@ class Plan(Options):
         open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
         if open_:
             raise UsageError(f"a Plan has every choice made; open: {', '.join(open_)} (Options.plan makes them)")
+
+    @property
+    def fused(self) -> Fused | None:
+        """The fused kernels this plan's stages run (:class:`bppsa.plan.backends.Fused`), or None: XLA's."""
+        return None if self.kernels == "xla" else Fused(interpret=self.kernels == "interpret")
 
     def replace(self, **fields: Any) -> Plan:
         """A copy with ``fields`` (of :class:`Options` or the plan's own) changed, checked again:

@@ -1,0 +1,62 @@
+"""Which implementation runs each stage of a plan: XLA's, or the fused Pallas kernels
+(:mod:`bppsa.kernels`), compiled for a GPU or interpreted. The one place the stages' kernels are
+reached from, and so the one place Pallas is loaded (on the first kernel a plan runs, never on
+``import bppsa``).
+
+A :class:`bppsa.plan.Plan` names its backend (``plan.kernels``); :attr:`bppsa.plan.Plan.fused` is the
+:class:`Fused` stages it runs, or None for XLA's. The forward and the backward call a stage on it and
+compare no option to a string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jax import Array
+
+from bppsa.cells import Cell
+
+__all__ = ["Fused"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fused:
+    """The fused kernels as the plan's stages call them; equal (and hashed) by value, so a plan that
+    holds one stays a cache key.
+
+    Attributes:
+      interpret: run the kernels in Pallas's interpret mode (any backend) instead of compiling them
+        for the GPU.
+    """
+
+    interpret: bool = False
+
+    def states(self, cell: Cell, params: Any, xs: Array, s0: Array) -> Array:
+        """The sequential forward's flat states ss (T, B, S) (:func:`bppsa.kernels.fused_states`)."""
+        from bppsa.kernels.recurrence import fused_states
+        return fused_states(cell, params, xs, s0, interpret=self.interpret)
+
+    def adjoint(self, cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array) -> tuple[Array, Array]:
+        """BPTT's adjoint states (gs (T, B, S), g0 (B, S)) (:func:`bppsa.kernels.fused_adjoint`)."""
+        from bppsa.kernels.adjoint import fused_adjoint
+        return fused_adjoint(cell, params, xs, s0, ss, ct, interpret=self.interpret)
+
+    def scan(self, v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, Array]:
+        """The scan of affine maps (prefixes, total) (:func:`bppsa.kernels.chunked_scan`)."""
+        from bppsa.kernels.scan import chunked_scan
+        return chunked_scan(v, Ms, ds, interpret=self.interpret)
+
+    def scan_factored(self, v: Array, A: Array, Wt: Array, ds: Array | None = None) -> tuple[Array, Array]:
+        """The scan with M_t = Σ_q diag(A_q,t) Wt_q formed inside (:func:`bppsa.kernels.chunked_scan_factored`)."""
+        from bppsa.kernels.scan import chunked_scan_factored
+        return chunked_scan_factored(v, A, Wt, ds, interpret=self.interpret)
+
+    def newton_step(self, cell: Cell, params: Any, xs: Array, s0: Array, H: Array) -> Array | None:
+        """A diagonal cell's whole undamped Newton step from the guess H (T, B, S)
+        (:func:`bppsa.kernels.fused_newton_step`); None for a cell whose step does not fuse whole
+        (its solve then runs :meth:`scan` on steps and Jacobians evaluated by XLA)."""
+        from bppsa.kernels import newton
+        if not newton.supports(cell):
+            return None
+        return newton.fused_newton_step(cell, params, xs, s0, H, interpret=self.interpret)
