@@ -227,11 +227,15 @@ def _say(line: str) -> None:
 def leave(code: int) -> NoReturn:
     """End the process with exit code ``code`` now: flush the standard streams and the logging handlers,
     then ``os._exit``, skipping interpreter shutdown (which can crash after a signal: the module docstring)."""
-    if "logging" in sys.modules:
-        sys.modules["logging"].shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):  # no stream, a closed pipe: nothing more can be said there
-            pass
-    os._exit(code)
+    try:
+        # a signal can land while logging itself is being imported (half made: no shutdown yet)
+        shutdown = getattr(sys.modules.get("logging"), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, OSError, ValueError):  # no stream, a closed pipe: nothing more to say there
+                pass
+    finally:  # whatever failed above (a handler's own error), the process ends now, with this code
+        os._exit(code)
