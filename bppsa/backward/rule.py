@@ -20,7 +20,9 @@ differentiate K's ``matvec`` (a rematerialised JVP of the step); JAX cannot ``jv
 
 :func:`tangent_rule` is the rule with its two solves as arguments: one device passes
 :func:`tangent_states` and the BPPSA backward; a mesh (:mod:`bppsa.parallel.sequence`) passes the
-same two, sharded, with a cross-device combine. :func:`solved_states` differentiates states a
+same two, sharded, with a cross-device combine, through :func:`rule_functions` (the same rule's
+``custom_jvp`` over a forward and scans given as functions: every ``custom_jvp`` of the library
+lives in this module). :func:`solved_states` differentiates states a
 parallel forward solved (:mod:`bppsa.forward.newton`) by the same rule.
 
 Every setting (the scan, the chunk length, the precision, the unroll) arrives concrete, from the
@@ -31,7 +33,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +46,7 @@ from bppsa.cells import Cell
 from bppsa.forward.sequential import flat_step, planned_states, prev_states, steps
 from bppsa.plan.options import Plan
 
-__all__ = ["tangent_states", "bppsa_states", "solved_states", "tangent_rule"]
+__all__ = ["tangent_states", "bppsa_states", "solved_states", "tangent_rule", "rule_functions"]
 
 
 def tangent_states(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, rhs: Array, d0: Array) -> Array:
@@ -184,7 +187,7 @@ def _tangent(cell, plan, params, xs, s0, ss, tangents, factors=None):
                                       in_loop=plan.weights_in_loop)
         if plan.backward == "bptt" and plan.fused is not None:  # BPTT's adjoint loop, one fused kernel
             return fused_sequential_adjoint(cell, params, xs, s0, ss, c1, plan.fused)
-        scan = "sequential" if plan.backward == "bptt" else cast(str, plan.scan)  # a Plan's scan is named
+        scan = "sequential" if plan.backward == "bptt" else plan.scan
         return adjoint(cell, scan, plan.chunk_size, params, xs, s0, ss, c1, plan.fused)
 
     return tangent_rule(cell, plan.precision, params, xs, s0, ss, tangents, tangent_scan, adjoint_scan)
@@ -237,3 +240,45 @@ def tangent_rule(cell: Cell, precision: str, params: Any, xs: Array, s0: Array, 
         z = lax.custom_linear_solve(matvec, b, solve, transpose_solve)
     return unpack(z)[0]
 
+
+
+def rule_functions(cell: Cell, precision: str, forward: Callable[[Any, Array, Array], Array],
+                   scans: Callable[[Any, Array, Array, Array], tuple[Callable, Callable]]
+                   ) -> tuple[Callable[[Any, Array, Array], Array], Callable[[Any, Array, Array, Array], Array]]:
+    """The rule (:func:`tangent_rule`) as two ``jax.custom_jvp`` functions over a forward and scans
+    given as functions: a mesh's sharded ones (:func:`bppsa.parallel.sequence.sharded_functions`),
+    so the mesh has reverse mode, forward mode and Hessian-vector products from this one rule.
+
+    Args:
+      cell: the cell.
+      precision: the matrix products' precision, a name of :data:`bppsa.plan.options.PRECISIONS`.
+      forward: ``forward(params, xs (T, B, I), s0 (B, S)) -> ss (T, B, S)``, the states.
+      scans: ``scans(params, xs, s0, ss) -> (tangent_scan, adjoint_scan)``, the two solves of
+        :func:`tangent_rule` at the states ss.
+
+    Returns:
+      ``(run, solved)``: ``run(params, xs, s0) -> ss``, the forward differentiated by the rule, and
+      ``solved(params, xs, s0, ss) -> ss``, states another forward solved returned as they are and
+      differentiated by the rule at them (as :func:`solved_states`).
+    """
+    @jax.custom_jvp
+    def run(params, xs, s0):
+        return forward(params, xs, s0)
+
+    @run.defjvp
+    def _run_jvp(primals, tangents):
+        params, xs, s0 = primals
+        ss = forward(params, xs, s0)
+        return ss, tangent_rule(cell, precision, params, xs, s0, ss, tangents, *scans(params, xs, s0, ss))
+
+    @jax.custom_jvp
+    def solved(params, xs, s0, ss):  # states solved by the parallel forward, differentiated at them
+        return ss
+
+    @solved.defjvp
+    def _solved_jvp(primals, tangents):
+        params, xs, s0, ss = primals
+        ss = solved(params, xs, s0, ss)  # differentiated once more (HVPs), as on one device
+        return ss, tangent_rule(cell, precision, params, xs, s0, ss, tangents[:3], *scans(params, xs, s0, ss))
+
+    return run, solved

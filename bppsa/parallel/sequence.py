@@ -277,8 +277,8 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     size, B of the ``batch_axis`` size): forward (params, xs, s0) -> ss; backward (params, xs, s0,
     ss, ct) -> (dparams, dxs, ds0, gs). ``run(params, xs (T, B, I), s0 (B, S)) -> ss (T, B, S)``
     and ``solved(params, xs, s0, ss) -> ss`` (states a parallel forward solved, differentiated at
-    them) take and return unpadded arrays; both are ``jax.custom_jvp`` with the single-device
-    rule (:func:`bppsa.backward.rule.tangent_rule`) on the sharded scans: reverse mode is the sharded
+    them) take and return unpadded arrays; both are the single-device rule's ``jax.custom_jvp``
+    (:func:`bppsa.backward.rule.rule_functions`) on the sharded forward and scans: reverse mode is the sharded
     BPPSA backward, forward mode the sharded tangent recurrence, and Hessian-vector products
     differentiate the rule, all with the backward's matrix products at ``precision``.
 
@@ -341,28 +341,7 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
 
         return tangent_scan, adjoint_scan
 
-    @jax.custom_jvp
-    def run(params, xs, s0):
-        return forward(params, xs, s0)
-
-    @run.defjvp
-    def _run_jvp(primals, tangents):
-        params, xs, s0 = primals
-        ss = forward(params, xs, s0)
-        return ss, rule.tangent_rule(cell, precision, params, xs, s0, ss, tangents, *scans(params, xs, s0, ss))
-
-    @jax.custom_jvp
-    def solved(params, xs, s0, ss):  # states solved by the parallel forward, differentiated at them
-        return ss
-
-    @solved.defjvp
-    def _solved_jvp(primals, tangents):
-        params, xs, s0, ss = primals
-        ss = solved(params, xs, s0, ss)  # differentiated once more (HVPs), as on one device
-        tangent = rule.tangent_rule(cell, precision, params, xs, s0, ss, tangents[:3],
-                                         *scans(params, xs, s0, ss))
-        return ss, tangent
-
+    run, solved = rule.rule_functions(cell, precision, forward, scans)
     return fwd_sm, bwd_sm, run, solved
 
 
@@ -488,7 +467,7 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     return solved(params, xs, s0, H[:T, :B]), info
 
 
-def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis="seq", batch_axis=None,
+def rnn(cell, params, xs, h0, options: Options | Plan | None = None, *, mesh=None, seq_axis="seq", batch_axis=None,
         guess=None, return_info: bool = False, **fields: Any) -> Any:
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
     ``mesh[batch_axis]``). ``mesh=None`` uses a 1-D mesh over all devices. The backward is chosen
@@ -539,7 +518,7 @@ def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_
     return (out, info) if return_info else out
 
 
-def pmap_rnn(cell, params, xs, h0, options: Options | None = None, *, devices=None, **fields: Any):
+def pmap_rnn(cell, params, xs, h0, options: Options | Plan | None = None, *, devices=None, **fields: Any):
     """pmap-style entry point: the leading axis of ``xs`` is mapped over devices, as with ``jax.pmap``.
 
     The same code as :func:`rnn` (a 1-D ``shard_map`` mesh over those devices), with the same
