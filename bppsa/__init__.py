@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def rnn(cell, params, xs, h0, options: Options | None = None, *, mesh=None, seq_axis: str = "seq",
+def rnn(cell, params, xs, h0, options: Options | Plan | None = None, *, mesh=None, seq_axis: str = "seq",
         batch_axis: str | None = None, guess=None, return_info: bool = False,
         **fields: Any) -> Any:
     """Run ``cell`` over a sequence; differentiable w.r.t. ``params``, ``xs`` and ``h0`` (``jax.grad``,

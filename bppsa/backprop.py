@@ -39,7 +39,7 @@ from bppsa.plan.options import Options, Plan
 __all__ = ["rnn", "prologue", "Problem", "compiled_solver"]
 
 
-def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None = None, *, guess: Any = None,
+def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | Plan | None = None, *, guess: Any = None,
         return_info: bool = False, **fields: Any) -> Any:
     """Run ``cell`` over a sequence on one device; differentiable w.r.t. ``params``, ``xs``, ``h0``.
 
@@ -108,7 +108,7 @@ class Problem(NamedTuple):
     guess: Array | None
 
 
-def prologue(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | None, fields: dict[str, Any], *,
+def prologue(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | Plan | None, fields: dict[str, Any], *,
              devices: int | None = None, guess: Any = None) -> Problem:
     """The entries' one prologue (:func:`rnn` on one device, :func:`bppsa.parallel.rnn` over a mesh,
     and through them :class:`bppsa.nn.RNN`): the options with their keyword fields, the inputs

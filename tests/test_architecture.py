@@ -395,6 +395,8 @@ def _undocumented(source: str, where: str) -> list[str]:
     for node in tree.body:
         if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name not in names:
             continue
+        if any(ast.unparse(d) in ("overload", "typing.overload") for d in node.decorator_list):
+            continue  # a typing stub: the implementation after it holds the docstring
         doc = ast.get_docstring(node) or ""
         if isinstance(node, ast.FunctionDef):
             a = node.args
@@ -437,3 +439,47 @@ def test_the_core_is_annotated():
         for path in paths:
             bad += _unannotated(path.read_text(), str(path.relative_to(ROOT)))
     assert not bad, "public functions with unannotated parameters or return:\n" + "\n".join(bad)
+
+
+def _library_sources():
+    for path in sorted((ROOT / "bppsa").rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+
+
+def test_decided_once_and_dispatched_once():
+    """Every choice is the plan's: no module outside bppsa/plan compares ``kernels`` to a string or
+    reaches the kernels' modules (bppsa/plan/backends.py is the one dispatch), ``closure.lift`` is
+    called in one place (the entries' prologue), and every custom_jvp/custom_vjp is the one rule's
+    (bppsa/backward/)."""
+    compares, kernel_imports, lifts, custom = [], [], [], []
+    for where, tree in _library_sources():
+        in_plan, in_kernels = where.startswith("bppsa/plan/"), where.startswith("bppsa/kernels/")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and not in_plan and not in_kernels:
+                sides = [node.left, *node.comparators]
+                names = {s.attr for s in sides if isinstance(s, ast.Attribute)} | \
+                    {s.id for s in sides if isinstance(s, ast.Name)}
+                if "kernels" in names and any(isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides):
+                    compares.append(f"{where}:{node.lineno}")
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not in_plan and not in_kernels \
+                    and where != "bppsa/__init__.py":  # the package root: bppsa.kernels as a public module
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                if any(m == "bppsa.kernels" or m.startswith("bppsa.kernels.") for m in mods):
+                    kernel_imports.append(f"{where}:{node.lineno}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "lift" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "closure":
+                lifts.append(where)
+            if isinstance(node, ast.Attribute) and node.attr in ("custom_jvp", "custom_vjp") \
+                    and not where.startswith("bppsa/backward/"):
+                custom.append(f"{where}:{node.lineno}")
+    assert not compares, f"kernels compared to a string below the plan: {compares}"
+    assert not kernel_imports, f"the kernels reached outside the plan's dispatch (bppsa/plan/backends.py): {kernel_imports}"
+    assert lifts == ["bppsa/backprop.py"], lifts
+    assert not custom, f"a custom_jvp/custom_vjp outside bppsa/backward/: {custom}"
+
+
+def test_a_plan_is_its_own_type():
+    """``Plan`` is not an ``Options``: every field concrete, its own frozen type."""
+    from bppsa.plan.options import Options, Plan
+    assert not issubclass(Plan, Options) and Plan.__dataclass_params__.frozen  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ forwards: :mod:`bppsa.forward.newton` iterates it.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import jax.numpy as jnp
 from jax import Array, lax
@@ -107,7 +107,7 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
       (T, B, S) the next iterate.
     """
     T, B, S = H.shape
-    chunk, method = plan.solve_chunk, cast(str, plan.scan)  # a Plan's scan is always named
+    chunk, method = plan.solve_chunk, plan.scan
     fused = plan.fused
     if fused is not None and lam is None:
         whole = fused.newton_step(cell, params, xs, s0, H)  # a diagonal cell: the steps, Jacobians and scan fused

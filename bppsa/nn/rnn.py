@@ -20,7 +20,7 @@ from bppsa.errors import UsageError
 from bppsa.nn import cells as flax_cells
 from bppsa.nn.structured import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
 from bppsa.plan import options as options_lib
-from bppsa.plan.options import Options
+from bppsa.plan.options import Options, Plan
 
 __all__ = ["RNN", "SequenceClassifier", "BPTTFallbackWarning", "BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell"]
 PADDINGS = ("flax", "identity")
@@ -55,7 +55,7 @@ class SequenceClassifier(nnx.Module):
       **fields: :class:`bppsa.Options` fields as keywords, as for :class:`RNN`.
     """
 
-    def __init__(self, cell, num_classes, *, options: Options | None = None, rngs: nnx.Rngs, dtype=jnp.float32,
+    def __init__(self, cell, num_classes, *, options: Options | Plan | None = None, rngs: nnx.Rngs, dtype=jnp.float32,
                  **fields: Any):
         self.rnn = RNN(cell, options=options, rngs=rngs, param_dtype=dtype, **fields)
         hidden = cell.hidden_size if isinstance(cell, Cell) else cell.hidden_features
@@ -150,8 +150,8 @@ class RNN(nnx.Module):
       not fit the inputs.
     """
 
-    def __init__(self, cell, *, options: Options | None = None, time_major=False, return_carry=False, reverse=False,
-                 keep_order=False, state_axes=None, broadcast_rngs=None,
+    def __init__(self, cell, *, options: Options | Plan | None = None, time_major=False, return_carry=False,
+                 reverse=False, keep_order=False, state_axes=None, broadcast_rngs=None,
                  padding="flax", autodiff=False, rngs: nnx.Rngs | bool = True, param_dtype=jnp.float32,
                  **fields: Any):
         self.options = options_lib.make(options, **fields)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, get_args, overload
 
 import jax
 import jax.numpy as jnp
@@ -208,7 +208,7 @@ class Options:
         ``forward`` (:meth:`resolve`), the backward's and the parallel forward's chunk lengths
         (:func:`bppsa.plan.cost.auto_chunk_size`), the forward scan's unroll (:func:`unroll_for`), the
         tolerance (:func:`tolerance`) and the mesh's combine (:func:`bppsa.plan.cost.choose_combine`),
-        all at ``jax.default_backend()``. A Plan is returned as it is (made already).
+        all at ``jax.default_backend()``.
 
         Args:
           cell: the cell to be run.
@@ -221,13 +221,8 @@ class Options:
           The :class:`Plan`, every field concrete.
 
         Raises:
-          bppsa.errors.UsageError: a Plan made for another ``devices``, or an int ``chunk_size`` with a mesh.
+          bppsa.errors.UsageError: an int ``chunk_size`` with a mesh, or a stage's kernels asked for where none runs it.
         """
-        if isinstance(self, Plan):
-            if self.devices != devices:
-                raise UsageError(f"this Plan was made for devices={self.devices}; the run has devices={devices}: "
-                                 "pass the Options it was planned from")
-            return self
         if devices is not None and self.chunk_size is not None and self.chunk_size != "auto":
             raise UsageError(f"chunk_size={self.chunk_size!r} cannot be combined with mesh (the sharded scan "
                              "already splits the sequence); pass one of them")
@@ -242,7 +237,7 @@ class Options:
         if devices is None:
             unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend, loop)
             scan, chunk, solve_chunk = cost_lib.chunk_lengths(
-                cell, T, B, S, backward=r.backward, forward=r.forward, scan=cast(str, r.scan),
+                cell, T, B, S, backward=r.backward, forward=r.forward, scan=r.scan or "blelloch",
                 scan_given=self.scan is not None, chunk_size=r.chunk_size, states_itemsize=ss_dtype.itemsize,
                 solve_itemsize=s_dtype.itemsize, backend=backend)
             r = dataclasses.replace(r, scan=scan)
@@ -274,33 +269,61 @@ class Options:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan(Options):
-    """:class:`Options` with every choice made for one problem (:meth:`Options.plan`): the fields
-    of :class:`Options`, each concrete, and two derived from them. What the layers below
-    (:mod:`bppsa.backward`, :mod:`bppsa.forward.newton`, :mod:`bppsa.parallel.sequence`) execute; they
-    decide nothing.
-
-    ``backward`` is "bppsa" or "bptt"; ``forward`` "sequential", "newton" or "quasi"; ``scan`` a
-    scan's name; ``chunk_size`` the BPPSA backward's chunk length (an int, or None: one chunk;
-    None for BPTT); ``unroll`` the forward scan's unroll (an int); ``tol``, ``atol``, ``rtol`` floats;
-    ``precision`` a name; ``combine`` the mesh's cross-device step.
-
-    The fields of :class:`Options`, each concrete, and
+class Plan:
+    """Every choice made for one problem (:meth:`Options.plan`): what the layers below
+    (:mod:`bppsa.backward`, :mod:`bppsa.forward`, :mod:`bppsa.parallel.sequence`) execute; they decide
+    nothing. Its own frozen type, not an :class:`Options`: the fields of :class:`Options`, in their
+    order, each with a concrete type (no "auto", no None where a choice is due), then the plan's own.
+    Hashable: the static argument of the programs it runs and their caches' key. :func:`bppsa.rnn`
+    and the other entries take a Plan where they take an :class:`Options` (it runs as it is).
 
     Attributes:
+      backward: "bppsa" (the parallel-scan backward) or "bptt" (the sequential backward).
+      scan: the BPPSA backward's scan, a name of :data:`bppsa.SCANS` (with a parallel forward also
+        the scan of its linear solves).
+      chunk_size: the BPPSA backward's chunk length, an int, or None: one chunk (None for BPTT).
+      precision: the backward's matrix products' precision, a name of :data:`PRECISIONS`.
+      cost_model: the :class:`bppsa.plan.cost.CostModel` that decided, or None (the default one).
+      combine: with a mesh, the sharded backward's cross-device step ("logstep", "allgather" or "chain").
+      unroll: the forward scan's unroll factor (an int).
+      forward: how the states are computed: "sequential", "newton" or "quasi".
+      tol: the parallel forward's tolerance (a float).
+      atol: its absolute tolerance (a float).
+      rtol: its relative tolerance (a float).
+      max_iter: its iteration limit.
+      damping: None (plain Newton) or the initial λ of the damped step.
+      on_fail: "sequential" or "raise": what a parallel forward that did not converge does.
+      kernels: each stage's backend: "xla" (XLA's programs), "pallas" (the fused kernels, compiled
+        for a GPU) or "interpret" (the same kernels in Pallas's interpret mode); :attr:`fused` names
+        the kernels themselves.
       solve_chunk: the parallel forward's chunk length for its linear solves (an int, or None:
         one chunk; None for the sequential forward and with a mesh).
       devices: the size of the mesh axis the time is split over; None: one device, no mesh.
       hoist: the sequential forward computes the inputs' part of all steps before its loop
         (:func:`bppsa.plan.cost.hoist_inputs`); the parallel forwards always do (True).
-      weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
-        loop (:func:`bppsa.plan.cost.adjoint_in_loop`); False: one product each after it.
       gate: ``forward="auto"`` chose the parallel forward on this backend: the most iterations at
         which it is predicted to pay (:func:`bppsa.plan.cost.break_even_iterations`). The solver
         estimates the Lyapunov exponent at its first iterate and runs the sequential forward
         instead when it is >= 0 or the predicted iterations exceed this; None: no such test.
+      weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
+        loop (:func:`bppsa.plan.cost.adjoint_in_loop`); False: one product each after it.
     """
 
+    backward: Literal["bppsa", "bptt"]
+    scan: Scan
+    chunk_size: int | None
+    precision: Precision
+    cost_model: cost_lib.CostModel | None
+    combine: Literal["logstep", "allgather", "chain"]
+    unroll: int
+    forward: Literal["sequential", ParallelForward]
+    tol: float
+    atol: float
+    rtol: float
+    max_iter: int
+    damping: float | None
+    on_fail: OnFail
+    kernels: Literal["xla", "pallas", "interpret"]
     solve_chunk: int | None = None
     devices: int | None = None
     hoist: bool = True
@@ -308,9 +331,12 @@ class Plan(Options):
     weights_in_loop: bool = False
 
     def __post_init__(self):
-        super().__post_init__()
+        # the checks of Options, then that each choice is made (a Plan built or replaced by hand)
+        Options(**{f: getattr(self, f) for f in _FIELDS})
+        object.__setattr__(self, "precision", _precision(self.precision))
         concrete = {"backward": self.backward != "auto", "forward": self.forward != "auto",
-                    "scan": self.scan is not None, "chunk_size": self.chunk_size != "auto",
+                    "scan": self.scan is not None,
+                    "chunk_size": self.chunk_size is None or type(self.chunk_size) is int,
                     "unroll": type(self.unroll) is int, "tol": isinstance(self.tol, float),
                     "atol": isinstance(self.atol, float), "rtol": isinstance(self.rtol, float),
                     "combine": self.combine != "auto", "kernels": self.kernels != "auto",
@@ -327,6 +353,30 @@ class Plan(Options):
     def fused(self) -> Fused | None:
         """The fused kernels this plan's stages run (:class:`bppsa.plan.backends.Fused`), or None: XLA's."""
         return None if self.kernels == "xla" else Fused(interpret=self.kernels == "interpret")
+
+    def plan(self, cell: Cell, xs: Array | jax.ShapeDtypeStruct, s0: Array | jax.ShapeDtypeStruct, *,
+             states_dtype: DTypeLike | None = None, devices: int | None = None) -> Plan:
+        """The plan itself, made already (an entry given a Plan runs it as it is), after checking it
+        was made for this mesh: the arguments are those of :meth:`Options.plan`.
+
+        Args:
+          cell: the cell to be run.
+          xs: (T, B, I) the inputs, or their ``jax.ShapeDtypeStruct``.
+          s0: (B, S) the flat initial state, or its ``jax.ShapeDtypeStruct``.
+          states_dtype: the dtype of the states the forward produces (not read: the plan is made).
+          devices: the size of the mesh axis the time is split over; None: one device.
+
+        Returns:
+          This :class:`Plan`.
+
+        Raises:
+          bppsa.errors.UsageError: the plan was made for another ``devices``.
+        """
+        del cell, xs, s0, states_dtype
+        if self.devices != devices:
+            raise UsageError(f"this Plan was made for devices={self.devices}; the run has devices={devices}: "
+                             "pass the Options it was planned from")
+        return self
 
     def replace(self, **fields: Any) -> Plan:
         """A copy with ``fields`` (of :class:`Options` or the plan's own) changed, checked again:
@@ -352,16 +402,21 @@ _SolverSettings = collections.namedtuple("_SolverSettings", ("kind",) + SOLVER_F
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 
 
-def make(options: Options | None = None, **fields: Any) -> Options:
+@overload
+def make(options: Options | None = None, **fields: Any) -> Options: ...
+@overload
+def make(options: Plan, **fields: Any) -> Plan: ...
+def make(options: Options | Plan | None = None, **fields: Any) -> Options | Plan:
     """``options`` (default: ``Options()``) with ``fields`` overriding it. Unknown field names and
     bad values raise a UsageError naming them (the keywords of every entry point come here).
 
     Args:
-      options: an :class:`Options` (or a :class:`Plan`), or None (``Options()``).
+      options: an :class:`Options` or a :class:`Plan`, or None (``Options()``).
       **fields: fields of :class:`Options` and their values, overriding those of ``options``.
 
     Returns:
-      The checked :class:`Options` (``options`` itself when no ``fields`` are given).
+      The checked :class:`Options`, or the :class:`Plan` with ``fields`` changed (``options`` itself
+      when no ``fields`` are given).
 
     Raises:
       bppsa.errors.UsageError: an unknown field name, a bad value, or ``options`` not an :class:`Options`.
@@ -372,8 +427,10 @@ def make(options: Options | None = None, **fields: Any) -> Options:
                          f"the options are {', '.join(_FIELDS)}")
     if options is None:
         return Options(**fields)
+    if isinstance(options, Plan):  # a plan runs as it is, with the fields given changed (still made)
+        return options.replace(**fields) if fields else options
     if not isinstance(options, Options):
-        raise UsageError(f"options must be a bppsa.Options or None; got {type(options).__name__}")
+        raise UsageError(f"options must be a bppsa.Options, a bppsa.Plan or None; got {type(options).__name__}")
     return dataclasses.replace(options, **fields) if fields else options
 
 

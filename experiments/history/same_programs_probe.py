@@ -2,11 +2,12 @@
 
     python experiments/history/same_programs_probe.py OLD_CHECKOUT NEW_CHECKOUT
 
-Each checkout's ``bppsa`` is imported in a process of its own; for five (cell, options) points the
+Each checkout's ``bppsa`` is imported in a process of its own; for seven (cell, options) points the
 jitted ``jax.grad`` of a training loss is compiled for this CPU and its HLO text compared, once
 stripped of what names the source (file and function tables, stack-frame ids, op metadata). Equal
 text: the restructuring changed no program, so no time. Prints a table and writes
-``experiments/history/same-programs.json``.
+``experiments/history/same-programs.json``. The two
+``kernels="interpret"`` points run the fused Pallas kernels in interpret mode (their programs on the CPU).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from bppsa import cells, structured
 points = [("GRU(24, 20), bppsa", cells.GRU(24, 20), {}), ("GRU(24, 20), bptt", cells.GRU(24, 20), {"backward": "bptt"}),
           ("LSTM(8, 16), bppsa sequential", cells.LSTM(8, 16), {"scan": "sequential"}),
           ("RNN(1, 20), newton", cells.RNN(1, 20), {"forward": "newton"}),
-          ("BlockGRU(8, 16, head 1), quasi", structured.BlockGRU(8, 16, head_size=1), {"forward": "quasi"})]
+          ("BlockGRU(8, 16, head 1), quasi", structured.BlockGRU(8, 16, head_size=1), {"forward": "quasi"}),
+          ("GRU(24, 20), bppsa, kernels interpret", cells.GRU(24, 20), {"kernels": "interpret"}),
+          ("GRU(24, 20), bptt, kernels interpret", cells.GRU(24, 20), {"backward": "bptt", "kernels": "interpret"})]
 out = {}
 for name, cell, kw in points:
     p = cell.init(jax.random.key(0))

@@ -55,7 +55,7 @@ def test_values_are_normalised_once():
     assert o.replace(scan="sequential") == bppsa.Options(scan="sequential", chunk_size=4, precision="high")
     with pytest.raises(UsageError, match="unknown option 'chunk'; the options are backward, scan, chunk_size"):
         options.make(chunk=3)
-    with pytest.raises(UsageError, match="options must be a bppsa.Options or None; got dict"):
+    with pytest.raises(UsageError, match="options must be a bppsa.Options, a bppsa.Plan or None; got dict"):
         options.make({"backward": "bptt"})
 
 

@@ -86,7 +86,7 @@ def test_nn_rnn_makes_one_concrete_plan(plans):
 def test_a_plan_is_kept_and_refuses_open_choices():
     cell, _, xs, h0 = _problem()
     plan = bppsa.Options(backward="auto").plan(cell, xs, h0)
-    assert plan.plan(cell, xs, h0) is plan and isinstance(plan, bppsa.Options)
+    assert plan.plan(cell, xs, h0) is plan and not isinstance(plan, bppsa.Options)  # its own type
     with pytest.raises(UsageError, match="open: backward='auto'"):
         plan.replace(backward="auto")
     with pytest.raises(UsageError, match="made for devices=None"):
