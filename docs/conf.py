@@ -199,7 +199,18 @@ def _link_included_files(app, relative_path, parent_docname, content):
         return f"{m.group(1)}]({os.path.relpath(target, source.parent)})" if target.is_file() else m.group(0)
 
     content[0] = re.sub(r"(!\[[^\]]*)\]\(([^)\s#:]+)\)", image, content[0])
+    content[0] = _headings_under_a_title(content[0])
     content[0] = re.sub(r"((?<!!)\[[^\]]*)\]\((?!#)(?![a-z][a-z0-9+.-]*:)([^)\s#]+)\)", link, content[0])
+
+
+def _headings_under_a_title(text: str) -> str:
+    """A file without a title (# heading), included under its page's: its headings raised so the
+    highest is a section (##) of the page."""
+    levels = [len(m.group(1)) for m in re.finditer(r"^(#{1,6}) ", text, flags=re.M)]
+    if not levels or min(levels) <= 2 or 1 in levels:
+        return text
+    shift = min(levels) - 2
+    return re.sub(r"^(#{1,6}) ", lambda m: "#" * (len(m.group(1)) - shift) + " ", text, flags=re.M)
 
 
 def setup(app):
