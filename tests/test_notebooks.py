@@ -87,7 +87,7 @@ def test_every_notebook_is_a_page_of_the_site():
     """docs/notebooks is the notebooks folder (a link), and docs/index.md lists every notebook."""
     assert (ROOT / "docs" / "notebooks").resolve() == ROOT / "notebooks"
     index = (ROOT / "docs" / "index.md").read_text()
-    missing = [p.stem for p in NOTEBOOKS if f"notebooks/{p.stem}\n" not in index]
+    missing = [p.stem for p in NOTEBOOKS if f"notebooks/{p.name}\n" not in index]
     assert not missing, f"notebooks not in docs/index.md's toctree: {missing}"
     conf = (ROOT / "docs" / "conf.py").read_text()
     assert '"myst_nb"' in conf and 'nb_execution_mode = "off"' in conf
