@@ -4,9 +4,10 @@
 
 Reads only the committed JSON (nothing is measured; a few seconds on a CPU) and writes one PNG per
 figure into ``--out``, which docs/results.md shows beside its tables: BPPSA's speed-up against the
-sequence length T and the batch size B (the paper's two figures) on the CPU and on the GPU, the
-GPU run's columns (the newest ``gpu/*.json``: the IRMAS-shaped GRU, the parallel forward, the 16-core CPU part), the IRMAS grid
-on the CPU, the parallel forward's Newton iterations, and ``bppsa.nn.RNN`` against ``nnx.RNN``.
+sequence length T and the batch size B (the paper's two figures) on the CPU and on the GPU; the
+GPU run's columns (the newest ``gpu/*.json``: the IRMAS-shaped GRU, the parallel forward, the
+16-core CPU part); the IRMAS grid on the CPU; the parallel forward's Newton iterations; and
+``bppsa.nn.RNN`` against ``nnx.RNN``.
 A figure whose result file is absent is skipped (and named in the printed summary).
 :func:`experiments.paper_bppsa.gpu_publish.main` calls :func:`draw_all` when a GPU run lands.
 """
@@ -49,8 +50,8 @@ def _gpu_record(results: Path) -> dict | None:
     return max(records, key=lambda r: str((r.get("provenance") or {}).get("date", "")), default=None)
 
 
-def _device(record: dict) -> str:
-    prov = record.get("provenance") or {}
+def _device(record: dict | None) -> str:
+    prov = (record or {}).get("provenance") or {}
     if prov.get("backend") == "cpu" and prov.get("cpu"):
         return f"{prov['cpu']}, {prov.get('cpu_count', '?')} cores"
     return str(prov.get("device_kind") or prov.get("backend") or "")
