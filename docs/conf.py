@@ -3,8 +3,9 @@
 Pages are Markdown (MyST) except the API reference (``api/*.rst``, autodoc over the docstrings,
 Google style with Sphinx roles: napoleon). The guides link the committed result files under
 ``experiments/`` (outside this folder) with plain relative Markdown links, so that they work on a
-code host too; :func:`_link_repository_files` turns each such link into a download of the file,
-so the built site carries the results it cites.
+code host too; :func:`_link_repository_files` turns a link to a committed result or design note
+into a link to its page (docs/results/, docs/design-notes/) and any other such link into a download
+of the file, so the built site carries the results it cites.
 """
 
 from __future__ import annotations
