@@ -4,7 +4,7 @@ Pages are Markdown (MyST) except the API reference (``api/*.rst``, autodoc over 
 Google style with Sphinx roles: napoleon). The guides link the committed result files under
 ``experiments/`` (outside this folder) with plain relative Markdown links, so that they work on a
 code host too; :func:`_link_repository_files` turns a link to a committed result or design note
-into a link to its page (docs/results/, docs/design-notes/) and any other such link into a download
+into a link to its page (docs/results/, docs/design-notes/, docs/harness/) and any other such link into a download
 of the file, so the built site carries the results it cites.
 """
 
@@ -48,13 +48,15 @@ myst_enable_extensions = ["colon_fence", "dollarmath"]
 # --- The notebooks and the committed results as pages (myst-nb) --------------------------------------
 # myst_nb reads the notebooks (docs/notebooks links to ../notebooks) and loads myst_parser itself. The
 # notebooks are shown with their committed outputs (notebooks/execute.py makes them), never executed
-# here, so the build stays fast and offline. docs/results/ and docs/design-notes/ are one-line pages
-# that include experiments/results/**.md and experiments/history/*.md (the figures:
-# docs/_static/figures, drawn by `python -m experiments.figures`).
+# here, so the build stays fast and offline. docs/results/, docs/design-notes/ and docs/harness/ are
+# one-line pages that include experiments/results/**.md, experiments/history/*.md and the harness's
+# READMEs (the figures: docs/_static/figures, drawn by `python -m experiments.figures`).
 extensions = [e for e in extensions if e != "myst_parser"] + ["myst_nb"]
 source_suffix = {**source_suffix, ".md": "myst-nb", ".ipynb": "myst-nb"}
 nb_execution_mode = "off"
-_PAGES = {ROOT / "experiments" / "results": DOCS / "results", ROOT / "experiments" / "history": DOCS / "design-notes"}
+_PAGES = {ROOT / "experiments" / "results": DOCS / "results",
+          ROOT / "experiments" / "history": DOCS / "design-notes",
+          ROOT / "experiments": DOCS / "harness"}  # the harness's READMEs (experiments/README.md, gpu/README.md)
 
 
 def _page_of(target: Path) -> Path | None:
