@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
-.PHONY: lint docs test test-all reproduce notebook venv clean
+.PHONY: lint docs test test-all reproduce notebook notebook-outputs venv clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,11 @@ reproduce: $(STAMP)
 notebook: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[notebook]'
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/jupyter lab notebooks/ $(JUPYTER_ARGS)
+
+# Run every notebook in place at full size, for the outputs that are committed and that the site shows
+# (notebooks/execute.py; about 17 minutes on a shared 2-core machine, 06_parallel_step 10 of them).
+notebook-outputs: $(STAMP)
+	$(BIN)/python notebooks/execute.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

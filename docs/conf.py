@@ -3,12 +3,14 @@
 Pages are Markdown (MyST) except the API reference (``api/*.rst``, autodoc over the docstrings,
 Google style with Sphinx roles: napoleon). The guides link the committed result files under
 ``experiments/`` (outside this folder) with plain relative Markdown links, so that they work on a
-code host too; :func:`_link_repository_files` turns each such link into a download of the file,
-so the built site carries the results it cites.
+code host too; :func:`_link_repository_files` turns a link to a committed result or design note
+into a link to its page (docs/results/, docs/design-notes/, docs/harness/) and any other such link into a download
+of the file, so the built site carries the results it cites.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -43,6 +45,29 @@ html_static_path: list[str] = []
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence", "dollarmath"]
 
+# --- The notebooks and the committed results as pages (myst-nb) --------------------------------------
+# myst_nb reads the notebooks (docs/notebooks links to ../notebooks) and loads myst_parser itself. The
+# notebooks are shown with their committed outputs (notebooks/execute.py makes them), never executed
+# here, so the build stays fast and offline. docs/results/, docs/design-notes/ and docs/harness/ are
+# one-line pages that include experiments/results/**.md, experiments/history/*.md and the harness's
+# READMEs (the figures: docs/_static/figures, drawn by `python -m experiments.figures`).
+extensions = [e for e in extensions if e != "myst_parser"] + ["myst_nb"]
+source_suffix = {**source_suffix, ".md": "myst-nb", ".ipynb": "myst-nb"}
+nb_execution_mode = "off"
+_PAGES = {ROOT / "experiments" / "results": DOCS / "results",
+          ROOT / "experiments" / "history": DOCS / "design-notes",
+          ROOT / "experiments": DOCS / "harness"}  # the harness's READMEs (experiments/README.md, gpu/README.md)
+
+
+def _page_of(target: Path) -> Path | None:
+    """The site page that includes the committed Markdown file ``target`` (a result, a design note)."""
+    for folder, pages in _PAGES.items():
+        if target.suffix == ".md" and folder in target.parents and (pages / target.relative_to(folder)).is_file():
+            return pages / target.relative_to(folder)
+    return None
+
+exclude_patterns += ["notebooks/execute.py", "**.ipynb_checkpoints"]
+
 # autodoc: each module's __all__ is its API (tests/test_architecture.py checks that), in source order.
 autodoc_default_options = {"members": True, "member-order": "bysource", "undoc-members": False}
 autodoc_typehints = "signature"
@@ -70,6 +95,8 @@ def _link_repository_files(app, docname, source):
 
     def rewrite(m):
         target = (base / m.group(1)).resolve()
+        if (page := _page_of(target)) is not None:  # a result or a design note: its page in the site
+            return f"]({os.path.relpath(page, base)})"
         if target.is_file() and DOCS not in target.parents:
             return f"](path:{m.group(1)})"
         return m.group(0)
@@ -148,7 +175,49 @@ def _plain_text_docstring(app, what, name, obj, options, lines):
     lines[:] = fixed  # still broken: Sphinx reports it, and -W fails the build
 
 
+def _link_included_files(app, relative_path, parent_docname, content):
+    """In a result or design note included by its page: a link to a committed result or note goes to
+    its page, and a link to another file of the clone (a .json, a script) is a download of it. A link
+    that the generated results index copied from a result's table (named relative to that result's
+    folder) is looked up by its file name."""
+    source = (Path(app.srcdir) / relative_path).resolve()
+
+    def resolve(target: str) -> Path:
+        path = (source.parent / target).resolve()
+        if not path.exists():
+            found = sorted(source.parent.rglob(Path(target).name))
+            path = found[0] if found else path
+        return path
+
+    def link(m):
+        target = resolve(m.group(2))
+        if (page := _page_of(target)) is not None:
+            return f"{m.group(1)}](/{page.relative_to(DOCS).as_posix()})"
+        if target.is_file() and DOCS not in target.parents:
+            return f"{m.group(1)}](path:/{os.path.relpath(target, DOCS)})"
+        return m.group(0)
+
+    def image(m):
+        target = resolve(m.group(2))
+        return f"{m.group(1)}]({os.path.relpath(target, source.parent)})" if target.is_file() else m.group(0)
+
+    content[0] = re.sub(r"(!\[[^\]]*)\]\(([^)\s#:]+)\)", image, content[0])
+    content[0] = _headings_under_a_title(content[0])
+    content[0] = re.sub(r"((?<!!)\[[^\]]*)\]\((?!#)(?![a-z][a-z0-9+.-]*:)([^)\s#]+)\)", link, content[0])
+
+
+def _headings_under_a_title(text: str) -> str:
+    """A file without a title (# heading), included under its page's: its headings raised so the
+    highest is a section (##) of the page."""
+    levels = [len(m.group(1)) for m in re.finditer(r"^(#{1,6}) ", text, flags=re.M)]
+    if not levels or min(levels) <= 2 or 1 in levels:
+        return text
+    shift = min(levels) - 2
+    return re.sub(r"^(#{1,6}) ", lambda m: "#" * (len(m.group(1)) - shift) + " ", text, flags=re.M)
+
+
 def setup(app):
     app.connect("source-read", _link_repository_files)
+    app.connect("include-read", _link_included_files)
     app.connect("autodoc-process-docstring", _plain_text_docstring, priority=600)  # after napoleon (500)
     return {"parallel_read_safe": True}

@@ -245,9 +245,12 @@ def _quotes() -> list[tuple[str, str, list[Path]]]:
     quotes = []
     for doc in [README, *sorted(p for p in SITE.rglob("*.md") if "_build" not in p.parts)]:
         for block in _blocks(doc.read_text()):
-            links = re.findall(r"\]\(([^)#]*experiments/(?:results|history)/[^)#]*\.md)", block)
-            files = [f for link in links for f in ((doc.parent / link).resolve(),
-                                                   (doc.parent / link).resolve().with_suffix(".json"))]
+            links = re.findall(r"\]\(([^)#]*(?:experiments/(?:results|history)|design-notes)/[^)#]*\.md)", block)
+            # a link to a design note's page (docs/design-notes/X.md) quotes experiments/history/X.md
+            paths = [(doc.parent / link).resolve() for link in links]
+            paths = [ROOT / "experiments" / "history" / p.relative_to(SITE / "design-notes")
+                     if SITE / "design-notes" in p.parents else p for p in paths]
+            files = [f for p in paths for f in (p, p.with_suffix(".json"))]
             if links:
                 quotes.append((str(doc.relative_to(ROOT)), block, files))
     return quotes

@@ -7,8 +7,9 @@ Merges the runs' points (a point measured in two runs keeps the later run's; poi
 part, sweep, cell, setting, head size, T, B and devices), keeps every run's provenance, and writes
 ``<results>/gpu/<name>.json`` (with ``"provenance"``: the first run's, plus ``"runs"``: each run's) and
 ``<name>.md``: the RNN T and B sweeps, the IRMAS-shaped GRU table, the float32 precision check, the
-parallel forward's training step, the 16-core CPU part and the roofline comparison. Then run
-``bppsa results`` to regenerate the index.
+parallel forward's training step, the 16-core CPU part and the roofline comparison; then redraws
+the site's figures (:mod:`experiments.figures`, into ``--figures``). Then run ``bppsa results`` to
+regenerate the index.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from bppsa import cells
 from bppsa.plan import cost
+from experiments import figures
 from experiments.extensions import parallel_step, roofline
 from experiments.provenance import save_json
 from experiments.tables import markdown_table
@@ -311,6 +313,9 @@ def main(argv=None) -> int:
     ap.add_argument("--command", default=None, help="the command(s) that made the runs, as the device ran them")
     ap.add_argument("--note", default=None, help="a note printed under the provenance (what it does not say)")
     ap.add_argument("--results", default="experiments/results", help="results folder")
+    ap.add_argument("--figures", default=None,
+                    help="where to redraw the site's figures (experiments.figures); default: docs/_static/figures "
+                         "when --results is the committed folder, else none")
     args = ap.parse_args(argv)
     summaries = []
     for path in args.summaries:
@@ -334,6 +339,11 @@ def main(argv=None) -> int:
     save_json(out / f"{args.name}.json", record)
     (out / f"{args.name}.md").write_text(markdown(record))
     print(f"wrote {out / args.name}.json and .md ({len(record['points'])} points)")
+    if args.figures is None and Path(args.results).resolve() == figures.RESULTS:
+        args.figures = str(figures.OUT)
+    if args.figures:  # the site's figures of the GPU run (and the others), redrawn from the results folder
+        drawn = [p for p in figures.draw_all(args.results, args.figures).values() if p]
+        print(f"drew {len(drawn)} figures into {args.figures}")
     return 0
 
 
