@@ -48,4 +48,8 @@ from bppsa.cells.base import (
 from bppsa.cells.recurrent import GRU, LSTM, RNN
 
 __all__ = ["Cell", "AnalyticAdjoint", "Affine", "AffineAdjoint", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS",
-           "autodiff_jacobian", "flat_outer", "autodiff_param_grads", "split_gates"]
+           "BUILTIN", "autodiff_jacobian", "flat_outer", "autodiff_param_grads", "split_gates"]
+
+#: The built-in recurrent cells by the name configs and commands give them (the one name → class map:
+#: the self-check, the benchmarks and the harness's extensions read it).
+BUILTIN: dict[str, type[RNN] | type[GRU] | type[LSTM]] = {"rnn": RNN, "gru": GRU, "lstm": LSTM}

@@ -43,9 +43,9 @@ def problem(cell_name: str = "gru", T: int = 7, B: int = 2, I: int = 3, H: int =
     from bppsa import cells
     if cell_name not in CELLS:
         raise ValueError(f"cell must be one of {CELLS}; got {cell_name!r}")
-    cell = {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM}[cell_name](I, H)
+    cell = cells.BUILTIN[cell_name](I, H)
     rng = np.random.default_rng(seed)
-    G = {"rnn": 1, "gru": 3, "lstm": 4}[cell_name] * H
+    G = cell.gates * H
     params = {"W_x": rng.normal(0, 0.5, (I, G)), "W_h": rng.normal(0, 0.5, (H, G)),
               "b_x": rng.normal(0, 0.1, (G,)), "b_h": rng.normal(0, 0.1, (G,))}
     xs = rng.normal(0, 1, (T, B, I))

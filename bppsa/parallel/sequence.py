@@ -224,6 +224,26 @@ def _boundary_states(ss, s0, idx, P, seq_axis):
     return boundary
 
 
+def _states_before(ss, s0, idx, P, seq_axis):
+    """The state before each of this device's steps (C, B, S): its boundary state
+    (:func:`_boundary_states`), then its own states but the last."""
+    return jnp.concatenate([_boundary_states(ss, s0, idx, P, seq_axis)[None], ss[:-1]], axis=0)
+
+
+def _sharded_solve(method, E, c, s_in, valid, seq_axis, P):
+    """One device's share of the linear recurrence s_t = s_{t-1} E_t + c_t over the mesh, from s_in
+    entering device 0 (block rows (n, k)): padded steps made identity maps with no input, the
+    stretch's maps aggregated (:func:`chunk_aggregate`), the devices' combined (:func:`_prefix_combine`),
+    the stretch finished (:func:`chunk_finish`). Returns the C states of the stretch (C, n, k)."""
+    k = E.shape[-1]
+    E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))  # padded steps: identity maps, no input
+    c = jnp.where(valid, c, jnp.zeros((), c.dtype))
+    Pi, delta, state = chunk_aggregate(method, jnp.zeros_like(c[0]), E, c)
+    u = _prefix_combine(Pi, delta, s_in, seq_axis, P) if P > 1 else s_in
+    prefixes, total = chunk_finish(method, state, u, E, c)
+    return jnp.concatenate([prefixes[1:], total[None]], axis=0)
+
+
 def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs, s0, ss, ct):
     """One device's share of the BPPSA backward: (dparams (psum'd), dxs (C, B, I), ds0 (B, S), gs
     (C, B, S) the adjoint states). A cell with block-diagonal Jacobians (k = its
@@ -258,16 +278,11 @@ def _tangent_body(cell, method, T, P, seq_axis, params, xs, s0, ss, rhs, d0):
     C, B, S = ss.shape
     idx = lax.axis_index(seq_axis)
     valid = (idx * C + jnp.arange(C) < T)[:, None, None]
-    sp = jnp.concatenate([_boundary_states(ss, s0, idx, P, seq_axis)[None], ss[:-1]], axis=0)
+    sp = _states_before(ss, s0, idx, P, seq_axis)
     E, _, k = newton_lib.step_elements(cell, "newton", params, sp, xs, ss)  # at solved states f(s_{t-1}) = s_t
     c = to_blocks(rhs.astype(E.dtype), k)
-    E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))  # padded steps: identity maps, no input
-    c = jnp.where(valid, c, jnp.zeros((), c.dtype))
-    Pi, delta, state = chunk_aggregate(method, jnp.zeros_like(c[0]), E, c)
     d0 = to_blocks(d0.astype(c.dtype)[None], k)[0]
-    u = _prefix_combine(Pi, delta, d0, seq_axis, P) if P > 1 else d0
-    prefixes, total = chunk_finish(method, state, u, E, c)
-    return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
+    return _sharded_solve(method, E, c, d0, valid, seq_axis, P).reshape((C, B, S))
 
 
 @functools.lru_cache(maxsize=None)
@@ -375,29 +390,16 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
     valid = (idx * C + jnp.arange(C) < T)[:, None, None]
     axes = (seq_axis,) if batch_axis is None else (seq_axis, batch_axis)
 
-    def prev(H):
-        boundary = s0.astype(H.dtype)
-        if P > 1:
-            last = lax.ppermute(H[-1], seq_axis, perm=[(i, i + 1) for i in range(P - 1)])
-            boundary = jnp.where(idx == 0, boundary, last)
-        return jnp.concatenate([boundary[None], H[:-1]], axis=0)
-
     def evaluate(H):
-        return jnp.where(valid, steps(cell, params, prev(H), xs), H)
+        return jnp.where(valid, steps(cell, params, _states_before(H, s0, idx, P, seq_axis), xs), H)
 
     def update(H, F, lam):
-        sp = prev(H)
+        sp = _states_before(H, s0, idx, P, seq_axis)
         E, c, k = newton_lib.step_elements(cell, plan.forward, params, sp, xs, F)
+        s0b = to_blocks(s0.astype(c.dtype), k)
         if lam is not None:  # the trust-region step: one device holds the whole sequence (P = 1)
-            s0b = to_blocks(s0.astype(c.dtype), k)
             return trust_region_solve(s0b, E, c, to_blocks(H, k), lam).reshape((C, B, S))
-        E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))
-        c = jnp.where(valid, c, jnp.zeros((), c.dtype))
-        Pi, delta, state = chunk_aggregate(plan.scan, jnp.zeros_like(c[0]), E, c)
-        u = _prefix_combine(Pi, delta, to_blocks(s0.astype(c.dtype), k), seq_axis, P) if P > 1 \
-            else to_blocks(s0.astype(c.dtype), k)
-        prefixes, total = chunk_finish(plan.scan, state, u, E, c)
-        return jnp.concatenate([prefixes[1:], total[None]], axis=0).reshape((C, B, S))
+        return _sharded_solve(plan.scan, E, c, s0b, valid, seq_axis, P).reshape((C, B, S))
 
     ok = lax.pmin(newton_lib.finite_inputs(xs, s0).astype(jnp.int32), axes) > 0
     k, H, res, err, converged, _ = newton_lib.iterate(plan, H, evaluate, update, inputs_ok=ok, axes=axes,

@@ -25,7 +25,7 @@ from experiments.tables import markdown_table
 
 __all__ = ["CELLS", "rule_columns", "point", "render", "check", "run"]
 
-CELLS = {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM}
+CELLS = cells.BUILTIN
 
 
 def rule_columns(r: dict) -> dict:

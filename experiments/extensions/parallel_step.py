@@ -57,7 +57,7 @@ spectral_radius = lambda W: float(np.max(np.abs(np.linalg.eigvals(np.asarray(W, 
 __all__ = ["CELLS", "FORWARDS", "BACKWARDS", "make_cell", "cell_label", "timed_pair",
            "step_functions", "measure_pairs", "auto_pair", "iteration_row", "long_inputs", "run"]
 
-CELLS = {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM, "blockrnn": structured.BlockRNN,
+CELLS = {**cells.BUILTIN, "blockrnn": structured.BlockRNN,
          "blockgru": structured.BlockGRU, "blocklstm": structured.BlockLSTM}
 FORWARDS = ("sequential", "newton", "quasi")
 #: backward name -> bppsa.rnn options

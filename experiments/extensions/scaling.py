@@ -56,7 +56,7 @@ def measure(*, devices=(1, 2, 4, 8), T=1024, B=16, I=1, H=20, cell="rnn", repeat
     if bad:
         raise ValueError(f"T = {T} must be divisible by every device count; not by {bad}")
     dt = jnp.dtype(dtype)
-    cls = {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM}[cell]
+    cls = cells.BUILTIN[cell]
     c = cls(I, H)
     S = c.state_size
     params = c.init(jax.random.key(seed), dt)
