@@ -1,4 +1,4 @@
-"""bppsa — back-propagation as a parallel scan, in JAX.
+"""bppsa — back-propagation as a parallel scan, in JAX. ::
 
     import jax, bppsa
     from bppsa import cells

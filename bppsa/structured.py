@@ -242,13 +242,13 @@ class BlockRNN(_Block):
 
 @dataclasses.dataclass(frozen=True)
 class BlockGRU(_Block):
-    """GRU with per-head recurrence, PyTorch's gate convention (r, z, n), gate σ, activation φ:
+    """GRU with per-head recurrence, PyTorch's gate convention (r, z, n), gate σ, activation φ::
 
         r = σ(x W_xr + b_xr + rec_r(h) + b_hr),  z = σ(x W_xz + b_xz + rec_z(h) + b_hz),
         m = rec_n(h) + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
 
     With u_n = (1 − z) φ'(n), u_r = u_n m σ'(r), u_z = (h − n) σ'(z) (per unit), the Jacobian
-    block of head n is (a, j < k)
+    block of head n is (a, j < k) ::
 
         M_n[a, j] = u_r[a] W_h[n, j, a] + u_z[a] W_h[n, j, k + a] + u_n[a] r[a] W_h[n, j, 2k + a] + z[a] δ_aj
 
@@ -306,7 +306,7 @@ class BlockGRU(_Block):
 
 @dataclasses.dataclass(frozen=True)
 class BlockLSTM(_Block):
-    """LSTM with per-head recurrence, PyTorch's gate order (i, f, g, o), gate σ, activation φ:
+    """LSTM with per-head recurrence, PyTorch's gate order (i, f, g, o), gate σ, activation φ::
 
         a = x W_x + b_x + rec(h) + b_h,  i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),
         c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
@@ -316,7 +316,7 @@ class BlockLSTM(_Block):
     h and c interleaved), so M_t is block-diagonal with contiguous (2k, 2k) blocks. With
     κ = o φ'(c'), p_i = g σ'(i), p_f = c σ'(f), p_g = i φ'(g), p_o = φ(c') σ'(o) (per unit),
     P_n[a, j] = Σ_{q∈i,f,g} p_q[a] W_h[n, j, q k + a], Q_n[a, j] = p_o[a] W_h[n, j, 3k + a], the
-    block of head n is (rows ∂h'_n, ∂c'_n; columns ∂h_n, ∂c_n)
+    block of head n is (rows ∂h'_n, ∂c'_n; columns ∂h_n, ∂c_n) ::
 
         M_n = [[diag(κ) P_n + Q_n, diag(κ f)],
                [P_n,               diag(f)  ]].

@@ -150,5 +150,4 @@ def _plain_text_docstring(app, what, name, obj, options, lines):
 
 def setup(app):
     app.connect("source-read", _link_repository_files)
-    app.connect("autodoc-process-docstring", _plain_text_docstring, priority=600)  # after napoleon (500)
     return {"parallel_read_safe": True}

@@ -3,7 +3,7 @@ products from one ``jax.custom_jvp``, for one device and for a mesh.
 
 :func:`bppsa_states` is a ``jax.custom_jvp`` (the cell and the method options static) whose tangent
 rule is one linear solve, ``lax.custom_linear_solve``, of the block system K (ṡ, w) = (0, u),
-u = (dparams, dxs, ds0) the input tangents:
+u = (dparams, dxs, ds0) the input tangents::
 
     K = [[A, −R], [0, I]],   (A ṡ)_t = ṡ_t − J_t ṡ_{t-1},   R u = the steps' JVP w.r.t. params, x_t (and s0),
 

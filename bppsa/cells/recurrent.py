@@ -92,7 +92,7 @@ class RNN(AffineAdjoint):
 
 @dataclasses.dataclass(frozen=True)
 class GRU(AffineAdjoint):
-    """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
+    """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh)::
 
         r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
         m = h W_hn + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
@@ -190,13 +190,13 @@ class GRU(AffineAdjoint):
 @dataclasses.dataclass(frozen=True)
 class LSTM(AffineAdjoint):
     """LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
-    tanh); the state is (h, c), flat s = [h, c] (2H).
+    tanh); the state is (h, c), flat s = [h, c] (2H). ::
 
         i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),  a = x W_x + b_x + h W_h + b_h,
         c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
 
     With k = o φ'(c'), P = Σ_{q∈i,f,g} diag(p_q) W_hqᵀ (p_i = g σ'(i), p_f = c σ'(f),
-    p_g = i φ'(g)) and Q = diag(φ(c') σ'(o)) W_hoᵀ, the 2H × 2H transposed Jacobian is
+    p_g = i φ'(g)) and Q = diag(φ(c') σ'(o)) W_hoᵀ, the 2H × 2H transposed Jacobian is ::
 
         M = [[diag(k) P + Q, diag(k f)],     rows: ∂L/∂h', ∂L/∂c'
              [P,             diag(f)  ]]     columns: ∂L/∂h, ∂L/∂c

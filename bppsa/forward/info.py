@@ -20,14 +20,16 @@ class NewtonFallbackWarning(UserWarning):
 
 
 class NewtonInfo(NamedTuple):
-    """What one parallel forward did (arrays: traced under jit, batched under vmap).
+    r"""What one parallel forward did (arrays: traced under jit, batched under vmap).
 
     Attributes:
       iterations: Newton steps taken (scans run; rejected damped steps included), int32.
       converged: whether the residual and the estimated state error met the tolerances (bool).
       fell_back: whether the sequential forward's states were returned instead (bool).
-      residual: the final iterate's max relative residual, max |h_t − f(h_{t-1}, x_t)| / (1 + |f|).
-      error: the final iterate's estimated max relative state error, max |h_t − h*_t| / (1 + |h_t|)
+      residual: the final iterate's max relative residual,
+        :math:`\max |h_t - f(h_{t-1}, x_t)| / (1 + |f|)`.
+      error: the final iterate's estimated max relative state error,
+        :math:`\max |h_t - h^*_t| / (1 + |h_t|)`
         (from the last step: :func:`bppsa.forward.newton.iterate`); +inf before a step was taken.
       lle: the largest Lyapunov exponent along the returned states (max over the batch;
         :func:`bppsa.lyapunov`): < 0 the recurrence contracts there; NaN on a mesh (not estimated).

@@ -1,4 +1,4 @@
-"""The largest Lyapunov exponent (LLE) of a recurrence along its trajectory, from the step Jacobians.
+"""The largest Lyapunov exponent (LLE) of a recurrence along its trajectory, from the step Jacobians. ::
 
     λ_max = lim (1/T) log ‖J_T ⋯ J_1 v‖,   J_t = ∂h_t/∂h_{t-1} at (h_{t-1}, x_t).
 

@@ -57,7 +57,7 @@ def partition(speeds: Sequence[float] | np.ndarray, batch_size: int, min_per_rep
 
     Returns:
       b (P,) int64 (object, of Python ints, when B does not fit in an int64) with Σ b = B,
-      b_i ≥ min_per_replica, faster replicas never getting fewer samples, and |b_i − q_i| < 1 for the
+      b_i ≥ min_per_replica, faster replicas never getting fewer samples, and :math:`|b_i - q_i| < 1` for the
       unpinned replicas' quotas q_i (all of them when ``min_per_replica = 0``, the plain
       proportional rule, where a slow replica may get 0).
 

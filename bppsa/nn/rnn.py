@@ -111,7 +111,7 @@ class RNN(nnx.Module):
       cell: anything ``nnx.RNN`` takes: an ``nnx.RNNCellBase`` or any module with ``__call__``,
         ``initialize_carry`` and ``num_feature_axes`` (flax's four cells in one dtype get
         analytic Jacobians, others autodiff ones: :mod:`bppsa.nn.cells`; gradients go to the
-        cell's own ``nnx.Param``s); or a cell from :mod:`bppsa.cells` (its parameters are made
+        cell's own ``nnx.Param`` arrays); or a cell from :mod:`bppsa.cells` (its parameters are made
         here from ``rngs``, which must then be an ``nnx.Rngs``, in ``param_dtype``; the carry is
         h, for an LSTM (h, c)). A cell whose step changes its own state (an RNG stream it draws
         from, as recurrent dropout does; batch statistics), reads non-float state, or has state
@@ -138,9 +138,9 @@ class RNN(nnx.Module):
 
     ``__call__(inputs, *, initial_carry=None, seq_lengths=None, return_carry=None,
     time_major=None, reverse=None, keep_order=None, rngs=None)``: as ``nnx.RNN``'s. inputs
-    (*batch, T, *features) (time_major: (T, *batch, *features)), any number of batch axes (none
-    included) and the cell's ``num_feature_axes`` feature axes; seq_lengths (*batch) integers in
-    [0, T]; returns outputs (*batch, T, ...) (time_major: (T, *batch, ...)), or (final carry,
+    ``(*batch, T, *features)`` (time_major: ``(T, *batch, *features)``), any number of batch axes (none
+    included) and the cell's ``num_feature_axes`` feature axes; seq_lengths ``(*batch)`` integers in
+    [0, T]; returns outputs ``(*batch, T, ...)`` (time_major: ``(T, *batch, ...)``), or (final carry,
     outputs) with ``return_carry``.
 
     Raises:
@@ -278,7 +278,7 @@ class RNN(nnx.Module):
         return (jax.tree.map(lambda a: unbatch(a, 0), last), outputs) if return_carry else outputs
 
     def _run(self, flax_cell, planned, xs, carry, lengths, steps, padded, reverse, keep_order):
-        """The scan on flattened batches: xs (T, B, *features) -> (final carry, outputs (T, B, ...))."""
+        """The scan on flattened batches: xs ``(T, B, *features)`` -> (final carry, outputs (T, B, ...))."""
         cell, params = planned
         T, B = xs.shape[:2]
         x0, xs = xs[0], xs.reshape(T, B, -1)

@@ -1,4 +1,4 @@
-"""The one options object of the backward pass, validated once and accepted by every entry point.
+"""The one options object of the backward pass, validated once and accepted by every entry point. ::
 
     opts = bppsa.Options(backward="auto", chunk_size=256, precision="high")
     hs = bppsa.rnn(cell, params, xs, h0, options=opts)        # or the same fields as keywords:
@@ -65,7 +65,7 @@ SOLVER_FIELDS = ("scan", "chunk_size", "tol", "atol", "rtol", "max_iter", "dampi
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How :func:`bppsa.rnn` computes the states and their gradients. Checked on construction (a
+    r"""How :func:`bppsa.rnn` computes the states and their gradients. Checked on construction (a
     :class:`bppsa.errors.UsageError` names the field, the value and what is allowed).
 
     Attributes:
@@ -105,8 +105,9 @@ class Options:
       tol: the parallel forward's tolerance, in (0, 1); None: per dtype (:data:`DEFAULT_TOL`,
         float32 1e-5, float64 1e-12). The default of both ``atol`` and ``rtol``.
       atol, rtol: the parallel forward's absolute and relative tolerances (finite, >= 0, rtol < 1,
-        not both 0; None: ``tol``). Converged when every step's residual |h_t − f(h_{t-1}, x_t)|
-        <= atol + rtol·|f(h_{t-1}, x_t)| and the estimated error of every state <= atol + rtol·|h_t|
+        not both 0; None: ``tol``). Converged when every step's residual
+        :math:`|h_t - f(h_{t-1}, x_t)| \le \mathrm{atol} + \mathrm{rtol}\,|f(h_{t-1}, x_t)|` and the estimated
+        error of every state :math:`\le \mathrm{atol} + \mathrm{rtol}\,|h_t|`
         (:mod:`bppsa.forward.newton`).
       max_iter: the parallel forward's iteration limit (default 100, DEER's).
       damping: None (plain Newton) or the initial λ of the damped step (:mod:`bppsa.forward.newton`).

@@ -3,7 +3,7 @@
 The backward pass of a chain h_t = f(h_{t-1}, x_t) is the linear recurrence (row vectors,
 one per batch element) g_{t-1} = g_t @ M_t + c_{t-1}, g_T = c_T. In *scan order* (latest step
 first) it is a prefix scan of [v, e_1, ..., e_n], v = g_T, e_k = (M_k, d_k) the affine map
-x -> x @ M_k + d_k. Every scan here takes
+x -> x @ M_k + d_k. Every scan here takes ::
 
     v:  (B, S)        the root vector,
     Ms: (n, B, S, S)  the matrices of e_1 ... e_n, in scan order,

@@ -1,23 +1,23 @@
 """Scans that solve the back-propagation recurrence of a chain (BPPSA, Wang et al., MLSys 2020).
 
 The backward pass of a chain h_t = f(h_{t-1}, x_t) is the linear recurrence (row vectors,
-one per batch element)
+one per batch element) ::
 
     g_{t-1} = g_t @ M_t + c_{t-1},        g_T = c_T,
 
 with M_t the (S, S) transposed Jacobian of step t acting from the right and c_t the direct loss
-gradient at step t. Written in *scan order* (latest step first) it is a prefix scan of
+gradient at step t. Written in *scan order* (latest step first) it is a prefix scan of ::
 
     [v, e_1, e_2, ..., e_n],   v = g_T (a vector),   e_k = (M_k, d_k) an affine map x -> x @ M_k + d_k,
 
 under composition (M1, d1) then (M2, d2) = (M1 @ M2, d1 @ M2 + d2), which is associative and not
-commutative. Every function here takes
+commutative. Every function here takes ::
 
     v:  (B, S)        the root vector,
     Ms: (n, B, S, S)  the matrices of e_1 ... e_n, in scan order,
     ds: (n, B, S)     their offsets (None: all zero),
 
-and returns ``(prefixes, total)`` with
+and returns ``(prefixes, total)`` with ::
 
     prefixes: (n, B, S)   prefixes[k] = v ∘ e_1 ∘ ... ∘ e_k   (exclusive of e_{k+1}; prefixes[0] = v),
     total:    (B, S)      v ∘ e_1 ∘ ... ∘ e_n.
