@@ -13,10 +13,6 @@ import re
 import sys
 from pathlib import Path
 
-from sphinx.util import logging
-
-_log = logging.getLogger(__name__)
-
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))  # the checkout's bppsa, also without an installed package
@@ -75,77 +71,6 @@ def _link_repository_files(app, docname, source):
         return m.group(0)
 
     source[0] = _LINK.sub(rewrite, source[0])
-
-
-# Docstrings are written to be read as plain text in a terminal (|x| for an absolute value, a * for a
-# product or an unpacking, indented continuation lines) and use Sphinx roles for links. Where such a
-# docstring is not valid reStructuredText, :func:`_plain_text_docstring` makes the smallest change
-# that renders it as written, rather than editing the library's docstrings for the site's sake:
-# only docstrings that docutils would warn about are touched, and one still broken after these steps
-# fails the build (a warning, -W).
-_ROLE = re.compile(r"(?::[\w-]+)+:`([^`]*)`")
-_LITERAL = re.compile(r"(``.+?``)")
-_ROLE_THEN_WORD = re.compile(r"((?::[\w-]+)+:`[^`]*`|``[^`]+``)(?=\w)")  # :class:`Cell`s -> :class:`Cell`\ s
-
-
-def _docutils_problems(lines: list[str]) -> list[str]:
-    """The warnings and errors docutils reports for ``lines`` (Sphinx roles read as literals)."""
-    from docutils import nodes
-    from docutils.core import publish_doctree
-    from docutils.utils import Reporter
-
-    text = _ROLE.sub(lambda m: "``" + m.group(1).replace("`", "") + "``", "\n".join(lines))
-    doctree = publish_doctree(text, settings_overrides={"report_level": Reporter.WARNING_LEVEL,
-                                                         "halt_level": Reporter.SEVERE_LEVEL + 1,
-                                                         "warning_stream": False})
-    messages = [*doctree.findall(nodes.system_message), *doctree.transform_messages]  # the latter: substitutions
-    return [m.astext() for m in messages if m["level"] >= Reporter.WARNING_LEVEL]
-
-
-def _escape_outside_literals(line: str, chars: str) -> str:
-    """``line`` with each of ``chars`` backslash-escaped, except inside ``literals`` and roles."""
-    parts = _LITERAL.split(line)
-    for i in range(0, len(parts), 2):  # the even parts are outside ``literals``
-        out, last = [], 0
-        for m in _ROLE.finditer(parts[i]):
-            out += [_escape(parts[i][last:m.start()], chars), m.group(0)]
-            last = m.end()
-        parts[i] = "".join([*out, _escape(parts[i][last:], chars)])
-    return "".join(parts)
-
-
-def _escape(text: str, chars: str) -> str:
-    for c in chars:
-        text = re.sub(r"(?<!\\)" + re.escape(c), lambda m: "\\" + m.group(0), text)
-    return text
-
-
-def _separate_indented_blocks(lines: list[str]) -> list[str]:
-    """A blank line wherever the indentation changes between two non-blank lines, so that an
-    indented continuation (a formula, an aligned list) is a block quote, not a syntax error."""
-    out: list[str] = []
-    for line in lines:
-        if out and out[-1].strip() and line.strip():
-            prev = len(out[-1]) - len(out[-1].lstrip())
-            if len(line) - len(line.lstrip()) != prev:
-                out.append("")
-        out.append(line)
-    return out
-
-
-def _plain_text_docstring(app, what, name, obj, options, lines):
-    if not _docutils_problems(lines):
-        return
-    fixed = list(lines)
-    _log.verbose("docstring of %s rendered as plain text (not valid reStructuredText as written)", name)
-    for step in (lambda ls: [_ROLE_THEN_WORD.sub(r"\1\\ ", s) for s in ls],
-                 lambda ls: [_escape_outside_literals(s, "|") for s in ls],
-                 lambda ls: [_escape_outside_literals(s, "*") for s in ls],
-                 _separate_indented_blocks):
-        fixed = step(fixed)
-        if not _docutils_problems(fixed):
-            break
-    lines[:] = fixed  # still broken: Sphinx reports it, and -W fails the build
 
 
 def setup(app):
