@@ -278,7 +278,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
             update: Callable[[Array, Any, Array | None], Array], *, inputs_ok: Array | bool = True,
             axes: Any = None, offset: Array | int = 0, length: int | None = None
             ) -> tuple[Array, Array, Array, Array, Array, Any]:
-    """The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
+    r"""The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
     at H; or a tuple (F, D), D what ``update`` reuses, made in the same pass) and ``update(H, F,
     lam) -> H'`` (the solve of the linearised recurrence; with a λ, not None, the trust-region step
     around H); ``axes``: the mesh axes H is split over (the tests are
