@@ -1,4 +1,6 @@
-"""The one options object of the backward pass, validated once and accepted by every entry point. ::
+"""The one options object of the backward pass, validated once and accepted by every entry point.
+
+.. code-block:: python
 
     opts = bppsa.Options(backward="auto", chunk_size=256, precision="high")
     hs = bppsa.rnn(cell, params, xs, h0, options=opts)        # or the same fields as keywords:
@@ -121,6 +123,31 @@ class Options:
 
     Every choice left open here ("auto", None) is made once per call, before anything is
     computed: :meth:`plan` returns the :class:`Plan` the layers below execute.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> opts = bppsa.Options(backward="bptt", precision="high")
+      >>> opts.backward, opts.precision, opts.forward
+      ('bptt', 'high', 'sequential')
+      >>> opts.replace(scan="associative").scan
+      'associative'
+
+      Passed whole (``options=``) or as keywords, which override its fields:
+
+      >>> cell = bppsa.cells.RNN(input_size=3, hidden_size=4)
+      >>> params = cell.init(jax.random.key(0))
+      >>> xs, h0 = jnp.ones((8, 2, 3)), jnp.zeros((2, 4))
+      >>> a = bppsa.rnn(cell, params, xs, h0, options=opts)
+      >>> b = bppsa.rnn(cell, params, xs, h0, options=opts, backward="bppsa")
+      >>> bool(jnp.allclose(a, b))
+      True
+
+      A bad value is refused on construction, naming the field:
+
+      >>> bppsa.Options(backward="fast")
+      Traceback (most recent call last):
+      ...
+      bppsa.errors.UsageError: backward must be one of ['bppsa', 'bptt', 'auto']; got 'fast'
     """
 
     backward: Backward = "bppsa"
@@ -300,6 +327,17 @@ class Plan(Options):
         which it is predicted to pay (:func:`bppsa.plan.cost.break_even_iterations`). The solver
         estimates the Lyapunov exponent at its first iterate and runs the sequential forward
         instead when it is >= 0 or the predicted iterations exceed this; None: no such test.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.cells.GRU(input_size=3, hidden_size=4)
+      >>> xs = jax.ShapeDtypeStruct((100, 8, 3), jnp.float32)  # only shapes and dtypes are read
+      >>> s0 = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+      >>> plan = bppsa.Options(backward="bppsa").plan(cell, xs, s0)
+      >>> isinstance(plan, bppsa.Plan), plan.backward, plan.scan, plan.forward
+      (True, 'bppsa', 'blelloch', 'sequential')
+      >>> isinstance(plan.unroll, int)
+      True
     """
 
     solve_chunk: int | None = None
