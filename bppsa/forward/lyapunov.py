@@ -109,6 +109,21 @@ def lyapunov(cell: Cell, params: Any, xs: Any, h0: Any, states: Any = None, *, c
     Raises:
       bppsa.errors.UsageError: inputs :func:`bppsa.forward.inputs.validate_inputs` refuses, ``states`` of
       the wrong shape, or ``chunk`` not a positive int.
+
+    Examples:
+      Small recurrent weights contract (a negative exponent), large ones need not:
+
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.cells.RNN(input_size=3, hidden_size=8)
+      >>> params = cell.init(jax.random.key(0))
+      >>> xs, h0 = jax.random.normal(jax.random.key(1), (64, 2, 3)), jnp.zeros((2, 8))
+      >>> small = dict(params, W_h=0.1 * params["W_h"])
+      >>> lle = bppsa.lyapunov(cell, small, xs, h0)
+      >>> lle.shape, bool(jnp.all(lle < 0))
+      ((2,), True)
+      >>> large = dict(params, W_h=jax.random.normal(jax.random.key(2), (8, 8)))
+      >>> bool(jnp.all(bppsa.lyapunov(cell, large, xs, h0) > bppsa.lyapunov(cell, small, xs, h0)))
+      True
     """
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)

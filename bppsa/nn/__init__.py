@@ -1,4 +1,6 @@
-"""The flax front end: a drop-in for ``nnx.RNN`` whose gradients come from bppsa's backward. ::
+"""The flax front end: a drop-in for :class:`flax.nnx.RNN` whose gradients come from bppsa's backward.
+
+.. code-block:: python
 
     import bppsa
     from flax import nnx

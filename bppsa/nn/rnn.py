@@ -53,10 +53,20 @@ class SequenceClassifier(nnx.Module):
       rngs: the ``nnx.Rngs`` of the head's parameters (and of a :mod:`bppsa.cells` cell's), as for :class:`RNN`.
       dtype: the dtype of the head's parameters and of a :mod:`bppsa.cells` cell's.
       **fields: :class:`bppsa.Options` fields as keywords, as for :class:`RNN`.
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> model = bppsa.nn.SequenceClassifier(bppsa.cells.GRU(3, 4), num_classes=5, rngs=nnx.Rngs(0))
+      >>> x = jnp.ones((2, 7, 3))                                # (B, T, I), batch-major
+      >>> model(x).shape                                         # logits (B, num_classes)
+      (2, 5)
+      >>> model(x, seq_lengths=jnp.array([7, 3])).shape          # a padded batch
+      (2, 5)
     """
 
-    def __init__(self, cell, num_classes, *, options: Options | None = None, rngs: nnx.Rngs, dtype=jnp.float32,
-                 **fields: Any):
+    def __init__(self, cell: Cell | nnx.Module, num_classes: int, *, options: Options | None = None, rngs: nnx.Rngs,
+                 dtype: Any = jnp.float32, **fields: Any):
         self.rnn = RNN(cell, options=options, rngs=rngs, param_dtype=dtype, **fields)
         hidden = cell.hidden_size if isinstance(cell, Cell) else cell.hidden_features
         self.head = nnx.Linear(hidden, num_classes, rngs=rngs, param_dtype=dtype)
@@ -148,12 +158,35 @@ class RNN(nnx.Module):
       neither a :mod:`bppsa.cells` cell nor a module ``nnx.RNN`` can drive, or ``rngs`` of the wrong kind;
       on a call, inputs without a time step or feature axes, ``seq_lengths`` or ``initial_carry`` that do
       not fit the inputs.
+
+    Examples:
+      Over one of flax's cells, with ``nnx.RNN``'s outputs and its cell's own parameters:
+
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> layer = bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), backward="bppsa")
+      >>> x = jnp.ones((2, 5, 3))                                # (B, T, I)
+      >>> y = layer(x)
+      >>> y.shape
+      (2, 5, 4)
+      >>> bool(jnp.allclose(y, nnx.RNN(layer.cell)(x), atol=1e-6))
+      True
+      >>> grads = nnx.grad(lambda m: m(x).sum())(layer)          # through BPPSA's scan
+      >>> grads["cell"]["dense_h"]["kernel"].shape          # (H, 3H), flax's layout
+      (4, 12)
+
+      Over a :mod:`bppsa.cells` cell (its parameters made here), with the final carry:
+
+      >>> layer = bppsa.nn.RNN(bppsa.cells.LSTM(3, 4), rngs=nnx.Rngs(0), return_carry=True)
+      >>> (h, c), y = layer(x)
+      >>> h.shape, y.shape
+      ((2, 4), (2, 5, 4))
     """
 
-    def __init__(self, cell, *, options: Options | None = None, time_major=False, return_carry=False, reverse=False,
-                 keep_order=False, state_axes=None, broadcast_rngs=None,
-                 padding="flax", autodiff=False, rngs: nnx.Rngs | bool = True, param_dtype=jnp.float32,
-                 **fields: Any):
+    def __init__(self, cell: Cell | nnx.Module, *, options: Options | None = None, time_major: bool = False,
+                 return_carry: bool = False, reverse: bool = False, keep_order: bool = False,
+                 state_axes: Any = None, broadcast_rngs: Any = None, padding: str = "flax", autodiff: bool = False,
+                 rngs: nnx.Rngs | bool = True, param_dtype: Any = jnp.float32, **fields: Any):
         self.options = options_lib.make(options, **fields)
         _check_choice("padding", padding, PADDINGS)
         self.cell = cell
