@@ -398,6 +398,19 @@ def make_policy(name: str, num_workers: int, **kwargs) -> Policy:
     Raises:
       ValueError: for an unknown name, an option the policy does not take, or a bad num_workers or
       option value.
+
+    Examples:
+      SSP with staleness 1: worker 0 may run one push ahead of worker 1, not two:
+
+      >>> from bppsa import sync
+      >>> policy = sync.make_policy("ssp", 2, s=1)
+      >>> policy.push(0, time=1.0).kind
+      'proceed'
+      >>> d = policy.push(0, time=2.0)
+      >>> d.kind, d.until                                  # wait until worker 1's clock is 1
+      ('wait', 1)
+      >>> policy.push(1, time=2.5).release                 # worker 1's push releases worker 0
+      (0,)
     """
     key = str(name).lower().replace("-", "").replace("_", "")
     if key not in POLICIES:
