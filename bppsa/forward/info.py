@@ -38,6 +38,17 @@ class NewtonInfo(NamedTuple):
         :func:`bppsa.forward.newton.probe_windows`), int32; -1 where lle is NaN.
       chose_sequential: ``forward="auto"`` ran the sequential forward (the exponent along the probe
         windows >= 0, or the predicted iterations do not pay here: :attr:`bppsa.plan.options.Plan.gate`).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.cells.GRU(input_size=3, hidden_size=4)
+      >>> params = cell.init(jax.random.key(0))
+      >>> xs, h0 = jnp.ones((32, 2, 3)), jnp.zeros((2, 4))
+      >>> hs, info = bppsa.rnn(cell, params, xs, h0, forward="quasi", return_info=True)
+      >>> bool(info.converged), bool(info.fell_back), int(info.iterations) <= 32
+      (True, False, True)
+      >>> bool(info.lle < 0)                                   # the GRU contracts along these states
+      True
     """
 
     iterations: ArrayLike

@@ -148,6 +148,17 @@ class Options:
       Traceback (most recent call last):
       ...
       bppsa.errors.UsageError: backward must be one of ['bppsa', 'bptt', 'auto']; got 'fast'
+
+      ``backward="auto"`` with a :class:`bppsa.CostModel` of your own (seconds per unit of each
+      method's features; here BPPSA predicted free, so it is chosen):
+
+      >>> model = bppsa.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]})
+      >>> gru = bppsa.cells.GRU(input_size=3, hidden_size=4)
+      >>> model.choose(gru, T=1000, B=16)
+      'bppsa'
+      >>> xs, s0 = jax.ShapeDtypeStruct((1000, 16, 3), jnp.float32), jax.ShapeDtypeStruct((16, 4), jnp.float32)
+      >>> bppsa.Options(backward="auto", cost_model=model).plan(gru, xs, s0).backward
+      'bppsa'
     """
 
     backward: Backward = "bppsa"
