@@ -211,6 +211,18 @@ class BlockRNN(_Block):
       bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
       ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
       a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.structured.BlockRNN(input_size=3, hidden_size=6, head_size=2)
+      >>> params = cell.init(jax.random.key(0))
+      >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
+      (3, 2, 2)
+      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      2
+      >>> hs = bppsa.rnn(cell, params, jnp.ones((8, 2, 3)), jnp.zeros((2, 6)))
+      >>> hs.shape
+      (8, 2, 6)
     """
 
     input_size: int
@@ -267,6 +279,15 @@ class BlockGRU(_Block):
       bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
       ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
       a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.structured.BlockGRU(input_size=3, hidden_size=6, head_size=1)
+      >>> params = cell.init(jax.random.key(0))
+      >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
+      (6, 1, 3)
+      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      1
     """
 
     input_size: int
@@ -335,6 +356,15 @@ class BlockLSTM(_Block):
       bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
       ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
       a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.structured.BlockLSTM(input_size=3, hidden_size=4, head_size=2)
+      >>> params = cell.init(jax.random.key(0))
+      >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
+      (2, 2, 8)
+      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      4
     """
 
     input_size: int
