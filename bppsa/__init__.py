@@ -29,10 +29,10 @@ from jax.sharding import Mesh
 from jax.typing import ArrayLike
 
 from bppsa import backprop, backward, cells, forward, host, parallel, plan, scan, structured
+from bppsa.cells import Cell
 from bppsa.forward.info import NewtonInfo
 from bppsa.forward.lyapunov import lyapunov
 from bppsa.plan.cost import CostModel, choose_backward
-from bppsa.cells import Cell
 from bppsa.plan.options import BACKWARDS, FORWARDS, Options, Plan
 from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 

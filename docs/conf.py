@@ -25,6 +25,7 @@ release = version = __import__("bppsa").__version__  # the one source: bppsa/__i
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
 ]
@@ -40,7 +41,9 @@ myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence", "dollarmath"]
 
 # autodoc: each module's __all__ is its API (tests/test_architecture.py checks that), in source order.
-autodoc_default_options = {"members": True, "member-order": "bysource", "undoc-members": False}
+# Every automodule says :members: itself (its __all__) or lists them: a "members" default here would
+# override those lists (Sphinx 9 replaces an explicit list by a non-string default).
+autodoc_default_options = {"member-order": "bysource", "undoc-members": False}
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True  # show `chunk_size="auto"`, not a repr of an evaluated constant
 autodoc_mock_imports: list[str] = []
@@ -51,6 +54,18 @@ napoleon_use_rtype = False
 # render it as a titled text section (napoleon would make each of its lines an exception type).
 napoleon_custom_sections = [("Raises", "_prose")]
 napoleon_use_ivar = True  # "Attributes:" as fields: a dataclass's fields are autodoc members already (no duplicates)
+# Annotations shown under their public names (``from jax import lax`` makes lax.Precision the private
+# jax._src.lax.lax.Precision once evaluated).
+autodoc_type_aliases = {"lax.Precision": "jax.lax.Precision", "PyTree": "bppsa.PyTree"}
+
+# Links to JAX, flax and optax. The build runs offline: the inventories are small hand-written ones,
+# committed (docs/_inventories/make_inventories.py writes them; add a name there when a page needs it).
+intersphinx_mapping = {
+    "jax": ("https://docs.jax.dev/en/latest/", str(DOCS / "_inventories" / "jax.inv")),
+    "flax": ("https://flax.readthedocs.io/en/latest/", str(DOCS / "_inventories" / "flax.inv")),
+    "optax": ("https://optax.readthedocs.io/en/latest/", str(DOCS / "_inventories" / "optax.inv")),
+}
+intersphinx_timeout = 1
 
 # Markdown links to files of the repository outside docs/ (the committed results, experiments'
 # READMEs, notebooks, scripts): relative paths that exist on disk.
@@ -73,6 +88,67 @@ def _link_repository_files(app, docname, source):
     source[0] = _LINK.sub(rewrite, source[0])
 
 
+def _reexported(app, env, node, contnode):
+    """Resolve a Python reference by a re-exported name (``bppsa.Options``, ``bppsa.scan.blelloch_scan``)
+    to where the object is documented (``bppsa.plan.options.Options``), as a user writes it."""
+    import importlib
+
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"]
+    parts = target.split(".")
+    if parts[0] not in ("bppsa", "experiments"):
+        return None
+    obj = None
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return None
+        break
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname or f"{module}.{qualname}" == target:
+        return None
+    return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, node["reftype"],
+                                             f"{module}.{qualname}", node, contnode)
+
+
+def _module_signature(app, what, name, obj, options, signature, return_annotation):
+    """A flax module's constructor signature, not its metaclass's ``(*args, **kwargs)``."""
+    import inspect
+
+    from flax import nnx
+
+    if what != "class" or not (isinstance(obj, type) and issubclass(obj, nnx.Module)) or "__init__" not in vars(obj):
+        return None
+    from sphinx.util.inspect import signature as sphinx_signature
+    from sphinx.util.inspect import stringify_signature
+
+    sig = sphinx_signature(obj.__init__, bound_method=True, type_aliases=app.config.autodoc_type_aliases)
+    params = [p.replace(default=_Source(p.default)) if p.default is not inspect.Parameter.empty else p
+              for p in sig.parameters.values()]
+    return stringify_signature(sig.replace(parameters=params), show_return_annotation=False), None
+
+
+class _Source:
+    """A default shown as written in the source (``jnp.float32``, not the class's repr)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        import jax.numpy as jnp
+
+        return {jnp.float32: "jnp.float32"}.get(self.value, repr(self.value))
+
+
 def setup(app):
     app.connect("source-read", _link_repository_files)
+    app.connect("missing-reference", _reexported)
+    app.connect("autodoc-process-signature", _module_signature)
     return {"parallel_read_safe": True}

@@ -22,7 +22,8 @@ class RNN(AffineAdjoint):
     ``residual``), σ = ``nonlinearity`` ("tanh", "relu" or "sigmoid").
 
     Transposed Jacobian (row convention): :math:`M_t = \mathrm{diag}(\sigma'(a_t))\,(W_h^\top\,[+\,I])`, so
-    :math:`g_{t-1} = (g_t \odot \sigma'(a_t))\,W_h^\top`; for tanh :math:`\sigma'(a_t) = 1 - h_t^2`. The Blelloch backward uses
+    :math:`g_{t-1} = (g_t \odot \sigma'(a_t))\,W_h^\top`; for tanh :math:`\sigma'(a_t) = 1 - h_t^2`. The Blelloch
+    backward uses
     that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
     same gradients: the cost-model calibration measures the dense products with it).
 

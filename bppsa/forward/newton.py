@@ -21,8 +21,9 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
 - ``kind="quasi"``: the iterations use diag(J_t) only (elementwise scans, O(T·B·S) memory);
   slower to converge, the same fixed point.
 - ``damping=λ0``: the trust-region (Levenberg–Marquardt) step of ELK (Gonzalez et al., 2024):
-  the states minimising :math:`\|\text{linearised residual}\|^2 + \lambda \|H' - H\|^2`, solved exactly by a parallel Kalman
-  smoother (:func:`bppsa.forward.elk.trust_region_solve`; λ = 0 Newton, λ → ∞ no step), with the full
+  the states minimising :math:`\|\text{linearised residual}\|^2 + \lambda \|H' - H\|^2`, solved
+  exactly by a parallel Kalman smoother (:func:`bppsa.forward.elk.trust_region_solve`; λ = 0 Newton,
+  λ → ∞ no step), with the full
   Jacobians (ELK) or their diagonals (``kind="quasi"``: quasi-ELK, elementwise). λ adapts as
   Levenberg–Marquardt's: a step that does not lower the sum of squared residuals (the quantity the
   step minimises to first order) is rejected and λ grows tenfold (at least to 1), an accepted one
@@ -31,10 +32,12 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
 - An expanding recurrence (spectral radius well above 1) is ill-conditioned: a converged iterate
   meets ``tol`` at every step yet may differ from the sequential forward's states (themselves
   rounding-dominated there) by O(1); its gradients are exact at the states returned.
-- Convergence (:func:`iterate`): every step's residual :math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|` and every
-  state's estimated error (the last step; for quasi and damped steps times :math:`q/(1 - q)`)
-  :math:`\le \mathrm{atol} + \mathrm{rtol}\,|h_t|` (defaults: ``tol`` per dtype, :data:`bppsa.plan.options.DEFAULT_TOL`). The gradient is
-  exact whatever forward ran: the backward linearises at the final states
+- Convergence (:func:`iterate`): every step's residual
+  :math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|` and every state's estimated error
+  (the last step; for quasi and damped steps times :math:`q/(1 - q)`)
+  :math:`\le \mathrm{atol} + \mathrm{rtol}\,|h_t|` (defaults: ``tol`` per dtype,
+  :data:`bppsa.plan.options.DEFAULT_TOL`). The gradient is exact whatever forward ran: the
+  backward linearises at the final states
   (:func:`bppsa.backward.rule.solved_states`), with the full Jacobians (quasi included).
 - Safeguards (:func:`repair`): NaN/inf entries of an iterate take the fixed-point step's value,
   everything is clipped to ±sqrt(the dtype's max), and the iteration goes on (Newton's guarantee
@@ -287,7 +290,8 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     ``plan.damping`` the damped step (module docstring).
 
     Every new iterate is :func:`repair`-ed. Converged when every step's residual meets the
-    tolerances (:math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|`) and so does the estimated error of every state: the
+    tolerances (:math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|`) and so does the estimated error of every
+    state: the
     last step H^(k) − H^(k−1), which solves the linearised residual equation and so is the error of
     H^(k−1) to first order (the residual amplified by the recurrence); Newton's error after it is
     second order. For the linearly converging steps (quasi, damped) the step times max(1, q/(1 − q)),

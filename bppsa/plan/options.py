@@ -46,7 +46,9 @@ OnFail = Literal["sequential", "raise"]
 Precision = Literal["highest", "high", "default"]  # jax.lax.Precision's members, by name
 Kernels = Literal["auto", "xla", "pallas", "interpret"]  # bppsa.kernels
 
+#: The values of ``backward=``: ``("bppsa", "bptt", "auto")``.
 BACKWARDS: tuple[str, ...] = get_args(Backward)
+#: The values of ``forward=``: ``("sequential", "newton", "quasi", "auto")``.
 FORWARDS: tuple[str, ...] = get_args(Forward)
 KINDS: tuple[str, ...] = get_args(ParallelForward)  # the parallel forwards (bppsa.forward.newton)
 COMBINES: tuple[str, ...] = get_args(Combine)

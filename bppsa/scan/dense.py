@@ -15,7 +15,8 @@ direct loss gradient at step t. Written in *scan order* (latest step first) it i
     [v, e_1, e_2, \dots, e_n], \qquad v = g_T \text{ (a vector)}, \qquad
     e_k = (M_k, d_k): x \mapsto x M_k + d_k,
 
-under composition :math:`(M_1, d_1)` then :math:`(M_2, d_2)` = :math:`(M_1 M_2,\; d_1 M_2 + d_2)`, which is associative and not
+under composition :math:`(M_1, d_1)` then :math:`(M_2, d_2)` = :math:`(M_1 M_2,\; d_1 M_2 + d_2)`, which is
+associative and not
 commutative. Every function here takes ::
 
     v:  (B, S)        the root vector,
@@ -652,6 +653,7 @@ def blelloch_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, 
     return blelloch_scan_stored(v, to_storage(Ms, n), None if ds is None else to_storage(ds, n), n)
 
 
+#: The scans by the name ``scan=`` takes: ``"blelloch"``, ``"associative"`` and ``"sequential"``.
 SCANS = {"blelloch": blelloch_scan, "associative": associative_scan, "sequential": sequential_scan}
 
 
