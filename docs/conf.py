@@ -54,9 +54,15 @@ napoleon_use_rtype = False
 # render it as a titled text section (napoleon would make each of its lines an exception type).
 napoleon_custom_sections = [("Raises", "_prose")]
 napoleon_use_ivar = True  # "Attributes:" as fields: a dataclass's fields are autodoc members already (no duplicates)
-# Annotations shown under their public names (``from jax import lax`` makes lax.Precision the private
-# jax._src.lax.lax.Precision once evaluated).
-autodoc_type_aliases = {"lax.Precision": "jax.lax.Precision", "PyTree": "bppsa.PyTree"}
+# Annotations shown under their public names: the aliases for names as the source writes them, and
+# jax.lax.Precision, a class of jax._src that autodoc would otherwise print by that private path.
+import jax.lax  # noqa: E402
+
+jax.lax.Precision.__module__ = "jax.lax"
+autodoc_type_aliases = {"PyTree": "bppsa.PyTree", "Array": "jax.Array",
+                        "ArrayLike": "jax.typing.ArrayLike", "DTypeLike": "jax.typing.DTypeLike",
+                        "Mesh": "jax.sharding.Mesh"}
+napoleon_attr_annotations = False  # the types are in the signature; evaluated here they would be private names
 
 # Links to JAX, flax and optax. The build runs offline: the inventories are small hand-written ones,
 # committed (docs/_inventories/make_inventories.py writes them; add a name there when a page needs it).
