@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +68,7 @@ class SequenceClassifier(nnx.Module):
     def __init__(self, cell: Cell | nnx.Module, num_classes: int, *, options: Options | None = None, rngs: nnx.Rngs,
                  dtype: Any = jnp.float32, **fields: Any):
         self.rnn = RNN(cell, options=options, rngs=rngs, param_dtype=dtype, **fields)
-        hidden = cell.hidden_size if isinstance(cell, Cell) else cell.hidden_features
+        hidden = cell.hidden_size if isinstance(cell, Cell) else cast(Any, cell).hidden_features
         self.head = nnx.Linear(hidden, num_classes, rngs=rngs, param_dtype=dtype)
 
     def __call__(self, x, seq_lengths=None):
@@ -189,7 +189,7 @@ class RNN(nnx.Module):
                  rngs: nnx.Rngs | bool = True, param_dtype: Any = jnp.float32, **fields: Any):
         self.options = options_lib.make(options, **fields)
         _check_choice("padding", padding, PADDINGS)
-        self.cell = cell
+        self.cell: Any = cell  # a bppsa cell, or any module nnx.RNN drives (read by duck typing)
         self.time_major, self.return_carry = time_major, return_carry
         self.reverse, self.keep_order = reverse, keep_order
         self.state_axes, self.broadcast_rngs = state_axes, broadcast_rngs
