@@ -124,21 +124,29 @@ def _reexported(app, env, node, contnode):
                                              f"{module}.{qualname}", node, contnode)
 
 
-def _module_signature(app, what, name, obj, options, signature, return_annotation):
-    """A flax module's constructor signature, not its metaclass's ``(*args, **kwargs)``."""
+_ALIAS_REPR = re.compile(r"TypeAliasForwardRef\('([^']+)'\)")
+
+
+def _signature(app, what, name, obj, options, signature, return_annotation):
+    """A flax module's constructor signature, not its metaclass's ``(*args, **kwargs)``; and every
+    signature with the names of ``autodoc_type_aliases`` as written (Sphinx 9 prints an alias inside
+    a union, ``PyTree | None``, as ``TypeAliasForwardRef('bppsa.PyTree')``)."""
     import inspect
 
     from flax import nnx
 
     if what != "class" or not (isinstance(obj, type) and issubclass(obj, nnx.Module)) or "__init__" not in vars(obj):
-        return None
+        if signature is None and return_annotation is None:
+            return None
+        return (None if signature is None else _ALIAS_REPR.sub(r"\1", signature),
+                None if return_annotation is None else _ALIAS_REPR.sub(r"\1", return_annotation))
     from sphinx.util.inspect import signature as sphinx_signature
     from sphinx.util.inspect import stringify_signature
 
     sig = sphinx_signature(obj.__init__, bound_method=True, type_aliases=app.config.autodoc_type_aliases)
     params = [p.replace(default=_Source(p.default)) if p.default is not inspect.Parameter.empty else p
               for p in sig.parameters.values()]
-    return stringify_signature(sig.replace(parameters=params), show_return_annotation=False), None
+    return _ALIAS_REPR.sub(r"\1", stringify_signature(sig.replace(parameters=params), show_return_annotation=False)), None
 
 
 class _Source:
@@ -156,5 +164,5 @@ class _Source:
 def setup(app):
     app.connect("source-read", _link_repository_files)
     app.connect("missing-reference", _reexported)
-    app.connect("autodoc-process-signature", _module_signature)
+    app.connect("autodoc-process-signature", _signature, priority=100)  # before any handler that returns one
     return {"parallel_read_safe": True}
