@@ -1,6 +1,9 @@
-"""The largest Lyapunov exponent (LLE) of a recurrence along its trajectory, from the step Jacobians. ::
+r"""The largest Lyapunov exponent (LLE) of a recurrence along its trajectory, from the step Jacobians:
 
-    λ_max = lim (1/T) log ‖J_T ⋯ J_1 v‖,   J_t = ∂h_t/∂h_{t-1} at (h_{t-1}, x_t).
+.. math::
+
+    \lambda_{\max} = \lim_{T \to \infty} \frac{1}{T} \log \|J_T \cdots J_1 v\|, \qquad
+    J_t = \frac{\partial h_t}{\partial h_{t-1}} \text{ at } (h_{t-1}, x_t).
 
 λ_max < 0: the recurrence forgets its initial state (predictable; Newton's error contracts, and the
 parallel forward converges in few iterations); λ_max > 0: perturbations grow like e^{λ T}, the

@@ -525,10 +525,13 @@ def probe(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | None = No
 
 
 def predicted_iterations(lle: Any, T: int, forward: str = "newton") -> Any:
-    """The Newton iterations foreseen from the largest Lyapunov exponent ``lle`` of the recurrence
-    along its trajectory (:func:`bppsa.lyapunov`; traceable, elementwise)::
+    r"""The Newton iterations foreseen from the largest Lyapunov exponent ``lle`` of the recurrence
+    along its trajectory (:func:`bppsa.lyapunov`; traceable, elementwise):
 
-        min(T, ⌊3 + 1/(1 − e^λ)⌋)  for λ < 0,          T otherwise.
+    .. math::
+
+        \min\left(T, \left\lfloor 3 + \frac{1}{1 - e^{\lambda}} \right\rfloor\right) \text{ for } \lambda < 0,
+        \qquad T \text{ otherwise.}
 
     On a contracting recurrence (λ < 0) an error at one step fades within its memory
     1/(1 − e^λ) steps; each Newton iteration makes at least one more state exact, so after about
