@@ -170,6 +170,16 @@ class BlockSimpleCell(_BlockCell):
     Raises:
       bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
       divide, or an activation function bppsa does not know (the message names it).
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> cell = bppsa.nn.BlockSimpleCell(3, 4, head_size=2, rngs=nnx.Rngs(0))
+      >>> layer = bppsa.nn.RNN(cell)                           # BPPSA's scan over (k, k) blocks
+      >>> layer(jnp.ones((2, 5, 3))).shape
+      (2, 5, 4)
+      >>> type(cell.bppsa_cell()).__name__
+      'BlockRNN'
     """
 
     def __init__(self, in_features: int, hidden_features: int, *, head_size: int = 1, activation_fn=jnp.tanh,
@@ -219,6 +229,16 @@ class BlockGRUCell(_GatedCell):
     Raises:
       bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
       divide, or an activation function bppsa does not know (the message names it).
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> cell = bppsa.nn.BlockGRUCell(3, 4, head_size=1, rngs=nnx.Rngs(0))
+      >>> layer = bppsa.nn.RNN(cell)                           # BPPSA's scan over (k, k) blocks
+      >>> layer(jnp.ones((2, 5, 3))).shape
+      (2, 5, 4)
+      >>> type(cell.bppsa_cell()).__name__
+      'BlockGRU'
     """
 
     _gates = 3
@@ -250,6 +270,16 @@ class BlockLSTMCell(_GatedCell):
     Raises:
       bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
       divide, or an activation function bppsa does not know (the message names it).
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> cell = bppsa.nn.BlockLSTMCell(3, 4, head_size=2, rngs=nnx.Rngs(0))
+      >>> layer = bppsa.nn.RNN(cell)                           # BPPSA's scan over (k, k) blocks
+      >>> layer(jnp.ones((2, 5, 3))).shape
+      (2, 5, 4)
+      >>> type(cell.bppsa_cell()).__name__
+      'BlockLSTM'
     """
 
     _gates = 4
