@@ -5,6 +5,11 @@ Google style with Sphinx roles: napoleon). The guides link the committed result 
 ``experiments/`` (outside this folder) with plain relative Markdown links, so that they work on a
 code host too; :func:`_link_repository_files` turns each such link into a download of the file,
 so the built site carries the results it cites.
+
+Docstrings are valid reStructuredText as written (Examples as doctests, maths as ``:math:``):
+nothing here rewrites them. :func:`_reexported` resolves a reference by a re-exported name
+(``bppsa.Options``) to where the object is documented; :func:`_signature` shows a flax module's
+constructor signature and the type aliases by name.
 """
 
 from __future__ import annotations
