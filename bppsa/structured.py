@@ -194,10 +194,12 @@ class _Block(Affine):
 
 @dataclasses.dataclass(frozen=True)
 class BlockRNN(_Block):
-    """Elman RNN with per-head recurrence: h' = σ(x W_x + b_x + rec(h) + b_h), σ = ``nonlinearity``.
+    r"""Elman RNN with per-head recurrence: :math:`h' = \sigma(x W_x + b_x + \mathrm{rec}(h) + b_h)`,
+    σ = ``nonlinearity``.
 
-    Jacobian block of head n (a, j < k): M_n[a, j] = σ'(a_{nk+a}) W_h[n, j, a], i.e.
-    M = diag(σ'(a)) blockdiag(W_h[n]ᵀ); its diagonal σ'(a_m) W_h[n, a, a]. For tanh σ' = 1 − h'².
+    Jacobian block of head n (a, j < k): :math:`M_n[a, j] = \sigma'(a_{nk+a})\, W_h[n, j, a]`, i.e.
+    :math:`M = \mathrm{diag}(\sigma'(a))\, \mathrm{blockdiag}(W_h[n]^\top)`; its diagonal
+    :math:`\sigma'(a_m)\, W_h[n, a, a]`. For tanh :math:`\sigma' = 1 - h'^2`.
 
     Args:
       input_size: I, the input width.
@@ -211,6 +213,18 @@ class BlockRNN(_Block):
       bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
       ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
       a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.structured.BlockRNN(input_size=3, hidden_size=6, head_size=2)
+      >>> params = cell.init(jax.random.key(0))
+      >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
+      (3, 2, 2)
+      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      2
+      >>> hs = bppsa.rnn(cell, params, jnp.ones((8, 2, 3)), jnp.zeros((2, 6)))
+      >>> hs.shape
+      (8, 2, 6)
     """
 
     input_size: int
@@ -242,15 +256,23 @@ class BlockRNN(_Block):
 
 @dataclasses.dataclass(frozen=True)
 class BlockGRU(_Block):
-    """GRU with per-head recurrence, PyTorch's gate convention (r, z, n), gate σ, activation φ:
+    r"""GRU with per-head recurrence, PyTorch's gate convention (r, z, n), gate σ, activation φ:
 
-        r = σ(x W_xr + b_xr + rec_r(h) + b_hr),  z = σ(x W_xz + b_xz + rec_z(h) + b_hz),
-        m = rec_n(h) + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
+    .. math::
 
-    With u_n = (1 − z) φ'(n), u_r = u_n m σ'(r), u_z = (h − n) σ'(z) (per unit), the Jacobian
-    block of head n is (a, j < k)
+        r = \sigma(x W_{xr} + b_{xr} + \mathrm{rec}_r(h) + b_{hr}), \quad
+        z = \sigma(x W_{xz} + b_{xz} + \mathrm{rec}_z(h) + b_{hz}),
 
-        M_n[a, j] = u_r[a] W_h[n, j, a] + u_z[a] W_h[n, j, k + a] + u_n[a] r[a] W_h[n, j, 2k + a] + z[a] δ_aj
+        m = \mathrm{rec}_n(h) + b_{hn}, \quad n = \varphi(x W_{xn} + b_{xn} + r \odot m), \quad
+        h' = (1 - z) \odot n + z \odot h.
+
+    With :math:`u_n = (1 - z)\,\varphi'(n)`, :math:`u_r = u_n\, m\, \sigma'(r)`,
+    :math:`u_z = (h - n)\,\sigma'(z)` (per unit), the Jacobian block of head n is (a, j < k)
+
+    .. math::
+
+        M_n[a, j] = u_r[a]\, W_h[n, j, a] + u_z[a]\, W_h[n, j, k + a]
+                    + u_n[a]\, r[a]\, W_h[n, j, 2k + a] + z[a]\, \delta_{aj}
 
     (units a of head n), cells.GRU's M with W_h block-diagonal; diagonal at j = a.
 
@@ -267,6 +289,15 @@ class BlockGRU(_Block):
       bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
       ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
       a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.structured.BlockGRU(input_size=3, hidden_size=6, head_size=1)
+      >>> params = cell.init(jax.random.key(0))
+      >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
+      (6, 1, 3)
+      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      1
     """
 
     input_size: int
@@ -306,10 +337,14 @@ class BlockGRU(_Block):
 
 @dataclasses.dataclass(frozen=True)
 class BlockLSTM(_Block):
-    """LSTM with per-head recurrence, PyTorch's gate order (i, f, g, o), gate σ, activation φ:
+    r"""LSTM with per-head recurrence, PyTorch's gate order (i, f, g, o), gate σ, activation φ:
 
-        a = x W_x + b_x + rec(h) + b_h,  i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),
-        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
+    .. math::
+
+        a = x W_x + b_x + \mathrm{rec}(h) + b_h, \quad
+        i, f, o = \sigma(a_i), \sigma(a_f), \sigma(a_o), \quad g = \varphi(a_g),
+
+        c' = f \odot c + i \odot g, \quad h' = o \odot \varphi(c').
 
     The state is the pair (h, c) (``flax_carry=True``: flax's (c, h)); the flat state is laid
     out per head, s = [h_0, c_0, h_1, c_1, …] with h_n, c_n the k units of head n (k = 1:
@@ -318,8 +353,10 @@ class BlockLSTM(_Block):
     P_n[a, j] = Σ_{q∈i,f,g} p_q[a] W_h[n, j, q k + a], Q_n[a, j] = p_o[a] W_h[n, j, 3k + a], the
     block of head n is (rows ∂h'_n, ∂c'_n; columns ∂h_n, ∂c_n)
 
-        M_n = [[diag(κ) P_n + Q_n, diag(κ f)],
-               [P_n,               diag(f)  ]].
+    .. math::
+
+        M_n = \begin{bmatrix} \mathrm{diag}(\kappa) P_n + Q_n & \mathrm{diag}(\kappa f) \\
+                              P_n & \mathrm{diag}(f) \end{bmatrix}.
 
     Args:
       input_size: I, the input width.
@@ -335,6 +372,15 @@ class BlockLSTM(_Block):
       bppsa.errors.UsageError: on construction, a size that is not a positive int, a ``hidden_size`` that
       ``head_size`` does not divide, an activation that is not a name in :data:`bppsa.cells.ACTIVATIONS`, or
       a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.structured.BlockLSTM(input_size=3, hidden_size=4, head_size=2)
+      >>> params = cell.init(jax.random.key(0))
+      >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
+      (2, 2, 8)
+      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      4
     """
 
     input_size: int

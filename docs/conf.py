@@ -6,6 +6,11 @@ Google style with Sphinx roles: napoleon). The guides link the committed result 
 code host too; :func:`_link_repository_files` turns a link to a committed result or design note
 into a link to its page (docs/results/, docs/design-notes/, docs/harness/) and any other such link into a download
 of the file, so the built site carries the results it cites.
+
+Docstrings are valid reStructuredText as written (Examples as doctests, maths as ``:math:``):
+nothing here rewrites them. :func:`_reexported` resolves a reference by a re-exported name
+(``bppsa.Options``) to where the object is documented; :func:`_signature` shows a flax module's
+constructor signature and the type aliases by name.
 """
 
 from __future__ import annotations
@@ -14,10 +19,6 @@ import os
 import re
 import sys
 from pathlib import Path
-
-from sphinx.util import logging
-
-_log = logging.getLogger(__name__)
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
@@ -31,6 +32,7 @@ release = version = __import__("bppsa").__version__  # the one source: bppsa/__i
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
 ]
@@ -69,7 +71,9 @@ def _page_of(target: Path) -> Path | None:
 exclude_patterns += ["notebooks/execute.py", "**.ipynb_checkpoints"]
 
 # autodoc: each module's __all__ is its API (tests/test_architecture.py checks that), in source order.
-autodoc_default_options = {"members": True, "member-order": "bysource", "undoc-members": False}
+# Every automodule says :members: itself (its __all__) or lists them: a "members" default here would
+# override those lists (Sphinx 9 replaces an explicit list by a non-string default).
+autodoc_default_options = {"member-order": "bysource", "undoc-members": False}
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True  # show `chunk_size="auto"`, not a repr of an evaluated constant
 autodoc_mock_imports: list[str] = []
@@ -80,6 +84,24 @@ napoleon_use_rtype = False
 # render it as a titled text section (napoleon would make each of its lines an exception type).
 napoleon_custom_sections = [("Raises", "_prose")]
 napoleon_use_ivar = True  # "Attributes:" as fields: a dataclass's fields are autodoc members already (no duplicates)
+# Annotations shown under their public names: the aliases for names as the source writes them, and
+# jax.lax.Precision, a class of jax._src that autodoc would otherwise print by that private path.
+import jax.lax  # noqa: E402
+
+jax.lax.Precision.__module__ = "jax.lax"
+autodoc_type_aliases = {"PyTree": "bppsa.PyTree", "Array": "jax.Array",
+                        "ArrayLike": "jax.typing.ArrayLike", "DTypeLike": "jax.typing.DTypeLike",
+                        "Mesh": "jax.sharding.Mesh"}
+napoleon_attr_annotations = False  # the types are in the signature; evaluated here they would be private names
+
+# Links to JAX, flax and optax. The build runs offline: the inventories are small hand-written ones,
+# committed (docs/_inventories/make_inventories.py writes them; add a name there when a page needs it).
+intersphinx_mapping = {
+    "jax": ("https://docs.jax.dev/en/latest/", str(DOCS / "_inventories" / "jax.inv")),
+    "flax": ("https://flax.readthedocs.io/en/latest/", str(DOCS / "_inventories" / "flax.inv")),
+    "optax": ("https://optax.readthedocs.io/en/latest/", str(DOCS / "_inventories" / "optax.inv")),
+}
+intersphinx_timeout = 1
 
 # Markdown links to files of the repository outside docs/ (the committed results, experiments'
 # READMEs, notebooks, scripts): relative paths that exist on disk.
@@ -104,75 +126,71 @@ def _link_repository_files(app, docname, source):
     source[0] = _LINK.sub(rewrite, source[0])
 
 
-# Docstrings are written to be read as plain text in a terminal (|x| for an absolute value, a * for a
-# product or an unpacking, indented continuation lines) and use Sphinx roles for links. Where such a
-# docstring is not valid reStructuredText, :func:`_plain_text_docstring` makes the smallest change
-# that renders it as written, rather than editing the library's docstrings for the site's sake:
-# only docstrings that docutils would warn about are touched, and one still broken after these steps
-# fails the build (a warning, -W).
-_ROLE = re.compile(r"(?::[\w-]+)+:`([^`]*)`")
-_LITERAL = re.compile(r"(``.+?``)")
-_ROLE_THEN_WORD = re.compile(r"((?::[\w-]+)+:`[^`]*`|``[^`]+``)(?=\w)")  # :class:`Cell`s -> :class:`Cell`\ s
+def _reexported(app, env, node, contnode):
+    """Resolve a Python reference by a re-exported name (``bppsa.Options``, ``bppsa.scan.blelloch_scan``)
+    to where the object is documented (``bppsa.plan.options.Options``), as a user writes it."""
+    import importlib
+
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"]
+    parts = target.split(".")
+    if parts[0] not in ("bppsa", "experiments"):
+        return None
+    obj = None
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return None
+        break
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname or f"{module}.{qualname}" == target:
+        return None
+    return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, node["reftype"],
+                                             f"{module}.{qualname}", node, contnode)
 
 
-def _docutils_problems(lines: list[str]) -> list[str]:
-    """The warnings and errors docutils reports for ``lines`` (Sphinx roles read as literals)."""
-    from docutils import nodes
-    from docutils.core import publish_doctree
-    from docutils.utils import Reporter
-
-    text = _ROLE.sub(lambda m: "``" + m.group(1).replace("`", "") + "``", "\n".join(lines))
-    doctree = publish_doctree(text, settings_overrides={"report_level": Reporter.WARNING_LEVEL,
-                                                         "halt_level": Reporter.SEVERE_LEVEL + 1,
-                                                         "warning_stream": False})
-    messages = [*doctree.findall(nodes.system_message), *doctree.transform_messages]  # the latter: substitutions
-    return [m.astext() for m in messages if m["level"] >= Reporter.WARNING_LEVEL]
+_ALIAS_REPR = re.compile(r"TypeAliasForwardRef\('([^']+)'\)")
 
 
-def _escape_outside_literals(line: str, chars: str) -> str:
-    """``line`` with each of ``chars`` backslash-escaped, except inside ``literals`` and roles."""
-    parts = _LITERAL.split(line)
-    for i in range(0, len(parts), 2):  # the even parts are outside ``literals``
-        out, last = [], 0
-        for m in _ROLE.finditer(parts[i]):
-            out += [_escape(parts[i][last:m.start()], chars), m.group(0)]
-            last = m.end()
-        parts[i] = "".join([*out, _escape(parts[i][last:], chars)])
-    return "".join(parts)
+def _signature(app, what, name, obj, options, signature, return_annotation):
+    """A flax module's constructor signature, not its metaclass's ``(*args, **kwargs)``; and every
+    signature with the names of ``autodoc_type_aliases`` as written (Sphinx 9 prints an alias inside
+    a union, ``PyTree | None``, as ``TypeAliasForwardRef('bppsa.PyTree')``)."""
+    import inspect
+
+    from flax import nnx
+
+    if what != "class" or not (isinstance(obj, type) and issubclass(obj, nnx.Module)) or "__init__" not in vars(obj):
+        if signature is None and return_annotation is None:
+            return None
+        return (None if signature is None else _ALIAS_REPR.sub(r"\1", signature),
+                None if return_annotation is None else _ALIAS_REPR.sub(r"\1", return_annotation))
+    from sphinx.util.inspect import signature as sphinx_signature
+    from sphinx.util.inspect import stringify_signature
+
+    sig = sphinx_signature(obj.__init__, bound_method=True, type_aliases=app.config.autodoc_type_aliases)
+    params = [p.replace(default=_Source(p.default)) if p.default is not inspect.Parameter.empty else p
+              for p in sig.parameters.values()]
+    return _ALIAS_REPR.sub(r"\1", stringify_signature(sig.replace(parameters=params), show_return_annotation=False)), None
 
 
-def _escape(text: str, chars: str) -> str:
-    for c in chars:
-        text = re.sub(r"(?<!\\)" + re.escape(c), lambda m: "\\" + m.group(0), text)
-    return text
+class _Source:
+    """A default shown as written in the source (``jnp.float32``, not the class's repr)."""
 
+    def __init__(self, value):
+        self.value = value
 
-def _separate_indented_blocks(lines: list[str]) -> list[str]:
-    """A blank line wherever the indentation changes between two non-blank lines, so that an
-    indented continuation (a formula, an aligned list) is a block quote, not a syntax error."""
-    out: list[str] = []
-    for line in lines:
-        if out and out[-1].strip() and line.strip():
-            prev = len(out[-1]) - len(out[-1].lstrip())
-            if len(line) - len(line.lstrip()) != prev:
-                out.append("")
-        out.append(line)
-    return out
+    def __repr__(self):
+        import jax.numpy as jnp
 
-
-def _plain_text_docstring(app, what, name, obj, options, lines):
-    if not _docutils_problems(lines):
-        return
-    fixed = list(lines)
-    _log.verbose("docstring of %s rendered as plain text (not valid reStructuredText as written)", name)
-    for step in (lambda ls: [_ROLE_THEN_WORD.sub(r"\1\\ ", s) for s in ls],
-                 lambda ls: [_escape_outside_literals(s, "|") for s in ls],
-                 lambda ls: [_escape_outside_literals(s, "*") for s in ls],
-                 _separate_indented_blocks):
-        fixed = step(fixed)
-        if not _docutils_problems(fixed):
-            break
-    lines[:] = fixed  # still broken: Sphinx reports it, and -W fails the build
+        return {jnp.float32: "jnp.float32"}.get(self.value, repr(self.value))
 
 
 def _link_included_files(app, relative_path, parent_docname, content):
@@ -219,5 +237,6 @@ def _headings_under_a_title(text: str) -> str:
 def setup(app):
     app.connect("source-read", _link_repository_files)
     app.connect("include-read", _link_included_files)
-    app.connect("autodoc-process-docstring", _plain_text_docstring, priority=600)  # after napoleon (500)
+    app.connect("missing-reference", _reexported)
+    app.connect("autodoc-process-signature", _signature, priority=100)  # before any handler that returns one
     return {"parallel_read_safe": True}

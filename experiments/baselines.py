@@ -1,6 +1,6 @@
 """Every exact backward a JAX user could run for one RNN problem, timed side by side.
 
-The baselines of bppsa's tables (:func:`experiments.bench.bench_point`, the RNN sweeps, the IRMAS grid):
+The baselines of bppsa's tables (:func:`experiments.bench.bench_point`, the RNN sweeps, the IRMAS grid)::
 
     bptt_unroll{u}   autodiff through ``lax.scan(..., unroll=u)`` for u in :data:`bppsa.plan.cost.UNROLLS`;
                      ``bptt_unroll1`` is the plain ``lax.scan`` ("bptt_plain" in the tables), the

@@ -4,7 +4,7 @@
 Every timing here follows the one protocol of :mod:`bppsa.host` (compiled first, then
 steady-state blocks of calls interleaved in a rotating order, medians with min and max).
 
-Components (the paper's breakdown, Wang et al. 2020 §5):
+Components (the paper's breakdown, Wang et al. 2020 §5)::
 
     forward          the ``lax.scan`` forward pass (shared by both methods)
     jacobian         transposed-Jacobian generation for all T steps (the paper's "FO"; for a

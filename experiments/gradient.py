@@ -1,6 +1,6 @@
 """The one timed gradient: what every timing table of bppsa measures, for every method.
 
-A training step's gradient, here of one fixed loss: a random readout of every step's hidden state,
+A training step's gradient, here of one fixed loss: a random readout of every step's hidden state, ::
 
     L(θ) = Σ_t Σ_b ⟨h_t[b], R_t[b]⟩ = jnp.vdot(cell.hidden(out), R),     R (T, B, H) ~ N(0, 1),
 
@@ -8,7 +8,7 @@ drawn once from a seed (:func:`readout`): a loss on every step, the general case
 recurrence g_{t-1} = J_tᵀ g_t + ∂ℓ_{t-1}/∂h_{t-1}. :func:`loss` is the one definition;
 :func:`gradient_fn` is its gradient w.r.t. the parameters, forward included (what a training
 loop runs); :func:`backward_functions` time the backward alone (the VJP of the forward at the
-cotangent ∂L/∂out, what the cost model predicts). Methods, named the same in every table:
+cotangent ∂L/∂out, what the cost model predicts). Methods, named the same in every table::
 
     bptt_unroll{u}  autodiff through ``lax.scan(..., unroll=u)`` over ``cell.step`` (u = 1: the
                     plain ``lax.scan``)
@@ -240,7 +240,7 @@ def gradient_errors(cell: Cell, T: int, B: int, variants: dict, *, pairs: Iterab
 
     ``variants``: ``{label: (method, opts)}`` with opts for :func:`forward_fn`, plus an optional
     ``"matmul_precision"`` run under ``jax.default_matmul_precision``. ``pairs``: (label, label)
-    whose float32 gradients are also compared with each other. Error = max |g − g_ref| / max |g_ref|
+    whose float32 gradients are also compared with each other. Error = ``max |g − g_ref| / max |g_ref|``
     over all parameters. Returns ``{label: error, "a vs b": error}``. Needs ``jax_enable_x64``.
     """
     if not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue] -- JAX sets options dynamically

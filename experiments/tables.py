@@ -1,4 +1,4 @@
-"""The one Markdown table writer of every result file.
+"""The one Markdown table writer of every result file. ::
 
     markdown_table(["T", "B", "BPPSA ms"], [[10, 16, "0.12"], [100, 16, "0.95"]])
 

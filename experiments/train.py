@@ -32,12 +32,14 @@ def make_train_step(loss_fn: Callable = cross_entropy):
     """The one training step: a jitted ``step(model, optimizer, x, y) -> (loss, accuracy)``.
 
     Contract:
-      model: an ``nnx.Module`` mapping x (B, ...) to logits (B, C) (e.g. :class:`bppsa.nn.SequenceClassifier`:
-        x (B, T, I)); its ``nnx.Param`` state is what is trained.
-      optimizer: ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` for an optax transformation ``tx``.
-      x: the batch's inputs (B, ...); y: its integer labels (B,).
-      loss_fn: ``loss_fn(logits (B, C), y (B,)) -> scalar``, by default the mean softmax
-        cross-entropy (:func:`cross_entropy`).
+
+    - ``model``: an ``nnx.Module`` mapping x (B, ...) to logits (B, C) (e.g.
+      :class:`bppsa.nn.SequenceClassifier`: x (B, T, I)); its ``nnx.Param`` state is what is trained.
+    - ``optimizer``: ``nnx.Optimizer(model, tx, wrt=nnx.Param)`` for an optax transformation ``tx``.
+    - ``x``: the batch's inputs (B, ...); ``y``: its integer labels (B,).
+    - ``loss_fn``: ``loss_fn(logits (B, C), y (B,)) -> scalar``, by default the mean softmax
+      cross-entropy (:func:`cross_entropy`).
+
     It computes the loss and its gradient w.r.t. the model's parameters (by whatever backward
     the model's layers use), applies one optimizer update to ``model`` and ``optimizer`` **in
     place**, and returns the loss and the batch accuracy (fraction of argmax(logits) == y) as

@@ -1,11 +1,15 @@
-"""The one differentiation rule of the BPPSA forward: reverse mode, forward mode and Hessian-vector
+r"""The one differentiation rule of the BPPSA forward: reverse mode, forward mode and Hessian-vector
 products from one ``jax.custom_jvp``, for one device and for a mesh.
 
 :func:`bppsa_states` is a ``jax.custom_jvp`` (the cell and the method options static) whose tangent
 rule is one linear solve, ``lax.custom_linear_solve``, of the block system K (ṡ, w) = (0, u),
 u = (dparams, dxs, ds0) the input tangents:
 
-    K = [[A, −R], [0, I]],   (A ṡ)_t = ṡ_t − J_t ṡ_{t-1},   R u = the steps' JVP w.r.t. params, x_t (and s0),
+.. math::
+
+    K = \begin{bmatrix} A & -R \\ 0 & I \end{bmatrix}, \qquad
+    (A \dot s)_t = \dot s_t - J_t \dot s_{t-1}, \qquad
+    R u = \text{the steps' JVP w.r.t. params, } x_t \text{ (and } s_0\text{)},
 
 so ṡ = A⁻¹ R u is the states' tangent. ``solve`` (K⁻¹) is the forward tangent scan
 (:func:`tangent_states`); ``transpose_solve`` (K⁻ᵀ: y1 = A⁻ᵀ c1, y2 = c2 + Rᵀ y1) is exactly the

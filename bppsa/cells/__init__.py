@@ -1,13 +1,13 @@
 """Recurrent cells with analytic transposed Jacobians (BPPSA, Wang et al., MLSys 2020, §3–4).
 
-A cell is a small frozen dataclass (hashable, so it can key compiled functions) with
+A cell is a small frozen dataclass (hashable, so it can key compiled functions) with ::
 
     init(key, dtype=float32) -> params                  a pytree of arrays
     param_spec(dtype=float32) -> spec                   its shapes (jax.ShapeDtypeStruct), or None
     step(params, h, x) -> h'                            h: (B, H) [LSTM: (h, c)], x: (B, I)
 
 and the two batched pieces BPPSA needs, both over all T steps at once, on the *flat* state
-s (B, S) (S = H; LSTM: S = 2H with s = [h, c]):
+s (B, S) (S = H; LSTM: S = 2H with s = [h, c])::
 
     transposed_jacobian(params, s_prev, xs, s) -> Ms    s_prev, s: (T, B, S), xs: (T, B, I)
         Ms: (T, B, S, S), the matrix M_t with g_{t-1} = g_t @ M_t (row vectors): the paper's

@@ -18,11 +18,12 @@ __all__ = ["RNN", "GRU", "LSTM"]
 
 @dataclasses.dataclass(frozen=True)
 class RNN(AffineAdjoint):
-    """Elman RNN: h' = σ(x W_x + b_x + h W_h + b_h [+ h if residual]), σ = ``nonlinearity``
-    ("tanh", "relu" or "sigmoid").
+    r"""Elman RNN: :math:`h' = \sigma(x W_x + b_x + h W_h + b_h\,[+\,h])` (the last term with
+    ``residual``), σ = ``nonlinearity`` ("tanh", "relu" or "sigmoid").
 
-    Transposed Jacobian (row convention): M_t = diag(σ'(a_t)) (W_hᵀ [+ I]), so
-    g_{t-1} = (g_t ⊙ σ'(a_t)) @ W_hᵀ; for tanh σ'(a_t) = 1 − h_t². The Blelloch backward uses
+    Transposed Jacobian (row convention): :math:`M_t = \mathrm{diag}(\sigma'(a_t))\,(W_h^\top\,[+\,I])`, so
+    :math:`g_{t-1} = (g_t \odot \sigma'(a_t))\,W_h^\top`; for tanh :math:`\sigma'(a_t) = 1 - h_t^2`. The Blelloch
+    backward uses
     that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
     same gradients: the cost-model calibration measures the dense products with it).
 
@@ -38,6 +39,19 @@ class RNN(AffineAdjoint):
     Raises:
       bppsa.errors.UsageError: on construction, a size that is not a positive int, an activation that is not
       a name in :data:`bppsa.cells.ACTIVATIONS`, or a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from bppsa import cells
+      >>> cell = cells.RNN(input_size=3, hidden_size=4)
+      >>> params = cell.init(jax.random.key(0))
+      >>> sorted(params)
+      ['W_h', 'W_x', 'b_h', 'b_x']
+      >>> h0, x0 = jnp.zeros((2, 4)), jnp.ones((2, 3))
+      >>> cell.step(params, h0, x0).shape
+      (2, 4)
+      >>> cells.RNN(3, 4, nonlinearity="relu", hidden_bias=False).nonlinearity
+      'relu'
     """
 
     input_size: int
@@ -92,14 +106,24 @@ class RNN(AffineAdjoint):
 
 @dataclasses.dataclass(frozen=True)
 class GRU(AffineAdjoint):
-    """GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
+    r"""GRU with PyTorch's gate convention (r, z, n), gate σ and activation φ (default sigmoid, tanh):
 
-        r = σ(x W_xr + b_xr + h W_hr + b_hr),  z = σ(x W_xz + b_xz + h W_hz + b_hz),
-        m = h W_hn + b_hn,  n = φ(x W_xn + b_xn + r ⊙ m),  h' = (1 − z) ⊙ n + z ⊙ h.
+    .. math::
+
+        r = \sigma(x W_{xr} + b_{xr} + h W_{hr} + b_{hr}), \quad
+        z = \sigma(x W_{xz} + b_{xz} + h W_{hz} + b_{hz}),
+
+        m = h W_{hn} + b_{hn}, \quad n = \varphi(x W_{xn} + b_{xn} + r \odot m), \quad
+        h' = (1 - z) \odot n + z \odot h.
 
     Transposed Jacobian (the paper's fused formula, row convention):
-        M = diag(u_r) W_hrᵀ + diag(u_z) W_hzᵀ + diag(u_n r) W_hnᵀ + diag(z),
-        u_n = (1 − z) φ'(n),  u_r = u_n m σ'(r),  u_z = (h − n) σ'(z).
+
+    .. math::
+
+        M = \mathrm{diag}(u_r) W_{hr}^\top + \mathrm{diag}(u_z) W_{hz}^\top
+            + \mathrm{diag}(u_n r) W_{hn}^\top + \mathrm{diag}(z),
+
+        u_n = (1 - z)\,\varphi'(n), \quad u_r = u_n\, m\, \sigma'(r), \quad u_z = (h - n)\,\sigma'(z).
 
     Args:
       input_size: I, the input width.
@@ -112,6 +136,18 @@ class GRU(AffineAdjoint):
     Raises:
       bppsa.errors.UsageError: on construction, a size that is not a positive int, an activation that is not
       a name in :data:`bppsa.cells.ACTIVATIONS`, or a flag that is not a bool (the message names the field).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> from bppsa import cells
+      >>> cell = cells.GRU(input_size=3, hidden_size=4)
+      >>> params = cell.init(jax.random.key(0))
+      >>> params["W_h"].shape  # (H, 3H): the gates r, z, n side by side
+      (4, 12)
+      >>> xs, h0 = jnp.ones((5, 2, 3)), jnp.zeros((2, 4))
+      >>> hs = bppsa.rnn(cell, params, xs, h0)
+      >>> hs.shape, hs.dtype
+      ((5, 2, 4), dtype('float32'))
     """
 
     input_size: int
@@ -189,17 +225,26 @@ class GRU(AffineAdjoint):
 
 @dataclasses.dataclass(frozen=True)
 class LSTM(AffineAdjoint):
-    """LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
-    tanh); the state is (h, c), flat s = [h, c] (2H).
+    r"""LSTM with PyTorch's gate order (i, f, g, o), gate σ and activation φ (default sigmoid,
+    tanh); the state is (h, c), flat s = [h, c] (2H):
 
-        i, f, o = σ(a_i), σ(a_f), σ(a_o),  g = φ(a_g),  a = x W_x + b_x + h W_h + b_h,
-        c' = f ⊙ c + i ⊙ g,  h' = o ⊙ φ(c').
+    .. math::
 
-    With k = o φ'(c'), P = Σ_{q∈i,f,g} diag(p_q) W_hqᵀ (p_i = g σ'(i), p_f = c σ'(f),
-    p_g = i φ'(g)) and Q = diag(φ(c') σ'(o)) W_hoᵀ, the 2H × 2H transposed Jacobian is
+        a = x W_x + b_x + h W_h + b_h, \quad i, f, o = \sigma(a_i), \sigma(a_f), \sigma(a_o), \quad
+        g = \varphi(a_g),
 
-        M = [[diag(k) P + Q, diag(k f)],     rows: ∂L/∂h', ∂L/∂c'
-             [P,             diag(f)  ]]     columns: ∂L/∂h, ∂L/∂c
+        c' = f \odot c + i \odot g, \quad h' = o \odot \varphi(c').
+
+    With :math:`k = o\,\varphi'(c')`, :math:`P = \sum_{q \in i,f,g} \mathrm{diag}(p_q) W_{hq}^\top`
+    (:math:`p_i = g\,\sigma'(i)`, :math:`p_f = c\,\sigma'(f)`, :math:`p_g = i\,\varphi'(g)`) and
+    :math:`Q = \mathrm{diag}(\varphi(c')\,\sigma'(o)) W_{ho}^\top`, the 2H × 2H transposed Jacobian
+    (rows :math:`\partial L/\partial h', \partial L/\partial c'`; columns
+    :math:`\partial L/\partial h, \partial L/\partial c`) is
+
+    .. math::
+
+        M = \begin{bmatrix} \mathrm{diag}(k) P + Q & \mathrm{diag}(k f) \\
+                            P & \mathrm{diag}(f) \end{bmatrix}.
 
     Args:
       input_size: I, the input width.
@@ -212,6 +257,20 @@ class LSTM(AffineAdjoint):
     Raises:
       bppsa.errors.UsageError: on construction, a size that is not a positive int, an activation that is not
       a name in :data:`bppsa.cells.ACTIVATIONS`, or a flag that is not a bool (the message names the field).
+
+    Examples:
+      The state is the pair (h, c), and so is the state sequence :func:`bppsa.rnn` returns:
+
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> from bppsa import cells
+      >>> cell = cells.LSTM(input_size=3, hidden_size=4)
+      >>> params = cell.init(jax.random.key(0))
+      >>> h0 = (jnp.zeros((2, 4)), jnp.zeros((2, 4)))
+      >>> hs, cs = bppsa.rnn(cell, params, jnp.ones((5, 2, 3)), h0)
+      >>> hs.shape, cs.shape
+      ((5, 2, 4), (5, 2, 4))
+      >>> cell.hidden((hs, cs)).shape  # hs, whatever the cell
+      (5, 2, 4)
     """
 
     input_size: int

@@ -54,9 +54,11 @@ def _filter_combine(e1: tuple, e2: tuple) -> tuple:
 
 
 def trust_region_solve(v: Array, Ms: Array, ds: Array, y: Array, lam: float | Array) -> Array:
-    """The states h_1 … h_n minimising
+    r"""The states h_1 … h_n minimising
 
-        Σ_t |h_t − h_{t-1} @ M_t − d_t|² + λ Σ_t |h_t − y_t|²,   h_0 = v,
+    .. math::
+
+        \sum_t \|h_t - h_{t-1} M_t - d_t\|^2 + \lambda \sum_t \|h_t - y_t\|^2, \qquad h_0 = v,
 
     for batches of rows: v (R, k), Ms (n, R, k, k), ds (n, R, k), y (n, R, k) -> (n, R, k). This is
     the Levenberg–Marquardt (trust-region) step of the parallel forward around the iterate y (ELK:

@@ -1,6 +1,9 @@
-"""The largest Lyapunov exponent (LLE) of a recurrence along its trajectory, from the step Jacobians.
+r"""The largest Lyapunov exponent (LLE) of a recurrence along its trajectory, from the step Jacobians:
 
-    λ_max = lim (1/T) log ‖J_T ⋯ J_1 v‖,   J_t = ∂h_t/∂h_{t-1} at (h_{t-1}, x_t).
+.. math::
+
+    \lambda_{\max} = \lim_{T \to \infty} \frac{1}{T} \log \|J_T \cdots J_1 v\|, \qquad
+    J_t = \frac{\partial h_t}{\partial h_{t-1}} \text{ at } (h_{t-1}, x_t).
 
 λ_max < 0: the recurrence forgets its initial state (predictable; Newton's error contracts, and the
 parallel forward converges in few iterations); λ_max > 0: perturbations grow like e^{λ T}, the
@@ -109,6 +112,21 @@ def lyapunov(cell: Cell, params: Any, xs: Any, h0: Any, states: Any = None, *, c
     Raises:
       bppsa.errors.UsageError: inputs :func:`bppsa.forward.inputs.validate_inputs` refuses, ``states`` of
       the wrong shape, or ``chunk`` not a positive int.
+
+    Examples:
+      Small recurrent weights contract (a negative exponent), large ones need not:
+
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.cells.RNN(input_size=3, hidden_size=8)
+      >>> params = cell.init(jax.random.key(0))
+      >>> xs, h0 = jax.random.normal(jax.random.key(1), (64, 2, 3)), jnp.zeros((2, 8))
+      >>> small = dict(params, W_h=0.1 * params["W_h"])
+      >>> lle = bppsa.lyapunov(cell, small, xs, h0)
+      >>> lle.shape, bool(jnp.all(lle < 0))
+      ((2,), True)
+      >>> large = dict(params, W_h=jax.random.normal(jax.random.key(2), (8, 8)))
+      >>> bool(jnp.all(bppsa.lyapunov(cell, large, xs, h0) > bppsa.lyapunov(cell, small, xs, h0)))
+      True
     """
     xs = jnp.asarray(xs)
     s0 = validate_inputs(cell, params, xs, h0)

@@ -1,4 +1,4 @@
-"""The parallel forward: Newton's method over the whole sequence (DEER, ParaRNN), quasi-Newton
+r"""The parallel forward: Newton's method over the whole sequence (DEER, ParaRNN), quasi-Newton
 (quasi-DEER), optional damping, and a fallback that never returns an unconverged result.
 
 A chain h_t = f(h_{t-1}, x_t), t = 1..T, is the root of the residual r_t(H) = h_t − f(h_{t-1}, x_t)
@@ -6,7 +6,9 @@ in the unknowns H = (h_1 … h_T). One Newton iteration evaluates, in parallel o
 f_t = f(h_{t-1}, x_t) and their Jacobians J_t = ∂f/∂h at the current guess H, and solves the
 linear recurrence
 
-    h'_t = J_t h'_{t-1} + (f_t − J_t h_{t-1}),   h'_0 = h_0,
+.. math::
+
+    h'_t = J_t h'_{t-1} + (f_t - J_t h_{t-1}), \qquad h'_0 = h_0,
 
 an affine scan of (J_t, c_t) pairs, the same operator the BPPSA backward solves, run forwards:
 the project's scans (:mod:`bppsa.scan`: "blelloch", "associative", "sequential") in Θ(log T)
@@ -19,8 +21,9 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
 - ``kind="quasi"``: the iterations use diag(J_t) only (elementwise scans, O(T·B·S) memory);
   slower to converge, the same fixed point.
 - ``damping=λ0``: the trust-region (Levenberg–Marquardt) step of ELK (Gonzalez et al., 2024):
-  the states minimising |linearised residual|² + λ|H' − H|², solved exactly by a parallel Kalman
-  smoother (:func:`bppsa.forward.elk.trust_region_solve`; λ = 0 Newton, λ → ∞ no step), with the full
+  the states minimising :math:`\|\text{linearised residual}\|^2 + \lambda \|H' - H\|^2`, solved
+  exactly by a parallel Kalman smoother (:func:`bppsa.forward.elk.trust_region_solve`; λ = 0 Newton,
+  λ → ∞ no step), with the full
   Jacobians (ELK) or their diagonals (``kind="quasi"``: quasi-ELK, elementwise). λ adapts as
   Levenberg–Marquardt's: a step that does not lower the sum of squared residuals (the quantity the
   step minimises to first order) is rejected and λ grows tenfold (at least to 1), an accepted one
@@ -29,10 +32,12 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
 - An expanding recurrence (spectral radius well above 1) is ill-conditioned: a converged iterate
   meets ``tol`` at every step yet may differ from the sequential forward's states (themselves
   rounding-dominated there) by O(1); its gradients are exact at the states returned.
-- Convergence (:func:`iterate`): every step's residual |h_t − f_t| <= atol + rtol·|f_t| and every
-  state's estimated error (the last step; for quasi and damped steps times q/(1 − q)) <= atol +
-  rtol·|h_t| (defaults: ``tol`` per dtype, :data:`bppsa.plan.options.DEFAULT_TOL`). The gradient is
-  exact whatever forward ran: the backward linearises at the final states
+- Convergence (:func:`iterate`): every step's residual
+  :math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|` and every state's estimated error
+  (the last step; for quasi and damped steps times :math:`q/(1 - q)`)
+  :math:`\le \mathrm{atol} + \mathrm{rtol}\,|h_t|` (defaults: ``tol`` per dtype,
+  :data:`bppsa.plan.options.DEFAULT_TOL`). The gradient is exact whatever forward ran: the
+  backward linearises at the final states
   (:func:`bppsa.backward.rule.solved_states`), with the full Jacobians (quasi included).
 - Safeguards (:func:`repair`): NaN/inf entries of an iterate take the fixed-point step's value,
   everything is clipped to ±sqrt(the dtype's max), and the iteration goes on (Newton's guarantee
@@ -178,7 +183,7 @@ def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[A
 
 
 def residual(H: Array, F: Array) -> Array:
-    """max |H − F| / (1 + |F|): the relative residual of the recurrence at the iterate H; +inf
+    r"""The relative residual :math:`\max |H - F| / (1 + |F|)` of the recurrence at the iterate H; +inf
     where anything is NaN (XLA's max on CPU can skip NaNs: an overflowed iterate must never look
     converged); 0 for no states (a batch of 0: nothing to solve).
 
@@ -276,7 +281,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
             update: Callable[[Array, Any, Array | None], Array], *, inputs_ok: Array | bool = True,
             axes: Any = None, offset: Array | int = 0, length: int | None = None
             ) -> tuple[Array, Array, Array, Array, Array, Any]:
-    """The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
+    r"""The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
     at H; or a tuple (F, D), D what ``update`` reuses, made in the same pass) and ``update(H, F,
     lam) -> H'`` (the solve of the linearised recurrence; with a λ, not None, the trust-region step
     around H); ``axes``: the mesh axes H is split over (the tests are
@@ -285,7 +290,8 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     ``plan.damping`` the damped step (module docstring).
 
     Every new iterate is :func:`repair`-ed. Converged when every step's residual meets the
-    tolerances (|h_t − f_t| <= atol + rtol·|f_t|) and so does the estimated error of every state: the
+    tolerances (:math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|`) and so does the estimated error of every
+    state: the
     last step H^(k) − H^(k−1), which solves the linearised residual equation and so is the error of
     H^(k−1) to first order (the residual amplified by the recurrence); Newton's error after it is
     second order. For the linearly converging steps (quasi, damped) the step times max(1, q/(1 − q)),
@@ -296,7 +302,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     state). Stops when converged, after ``plan.max_iter`` steps, when ``inputs_ok`` is False, or
     after :data:`PATIENCE` steps in a row that improved neither the largest residual, nor the first
     step whose residual misses the tolerance (the converged front), nor the step size. Returns (iterations, H, residual
-    (max |h − f| / (1 + |f|)), error (the estimate, in the units of ``residual``), converged, ``evaluate(H)``
+    (:math:`\max |h - f| / (1 + |f|)`), error (the estimate, in the units of ``residual``), converged, ``evaluate(H)``
     (None for no states)).
 
     Args:
@@ -519,10 +525,13 @@ def probe(cell: Cell, params: Any, xs: Array, s0: Array, unroll: int | None = No
 
 
 def predicted_iterations(lle: Any, T: int, forward: str = "newton") -> Any:
-    """The Newton iterations foreseen from the largest Lyapunov exponent ``lle`` of the recurrence
+    r"""The Newton iterations foreseen from the largest Lyapunov exponent ``lle`` of the recurrence
     along its trajectory (:func:`bppsa.lyapunov`; traceable, elementwise):
 
-        min(T, ⌊3 + 1/(1 − e^λ)⌋)  for λ < 0,          T otherwise.
+    .. math::
+
+        \min\left(T, \left\lfloor 3 + \frac{1}{1 - e^{\lambda}} \right\rfloor\right) \text{ for } \lambda < 0,
+        \qquad T \text{ otherwise.}
 
     On a contracting recurrence (λ < 0) an error at one step fades within its memory
     1/(1 − e^λ) steps; each Newton iteration makes at least one more state exact, so after about

@@ -57,9 +57,18 @@ def partition(speeds: Sequence[float] | np.ndarray, batch_size: int, min_per_rep
 
     Returns:
       b (P,) int64 (object, of Python ints, when B does not fit in an int64) with Σ b = B,
-      b_i ≥ min_per_replica, faster replicas never getting fewer samples, and |b_i − q_i| < 1 for the
+      b_i ≥ min_per_replica, faster replicas never getting fewer samples, and :math:`|b_i - q_i| < 1` for the
       unpinned replicas' quotas q_i (all of them when ``min_per_replica = 0``, the plain
       proportional rule, where a slow replica may get 0).
+
+    Examples:
+      >>> from bppsa import hetero
+      >>> hetero.partition([1.0, 2.0, 1.0], 16).tolist()
+      [4, 8, 4]
+      >>> hetero.partition([1.0, 3.0], 10).tolist()         # quotas 2.5 and 7.5, by largest remainder
+      [3, 7]
+      >>> hetero.partition([1.0, 1000.0], 10).tolist()      # at least min_per_replica = 1 each
+      [1, 9]
 
     Raises:
       ValueError: for speeds that are empty, not 1-D, NaN, infinite, zero or negative, a batch_size or
@@ -130,6 +139,17 @@ def weighted_mean(grads: Sequence, counts: Sequence[float]):
     Raises:
       ValueError: for an empty ``grads``, and for counts that are not of shape (P,), finite and >= 0,
       or are all zero.
+
+    Examples:
+      Two replicas' mean gradients over 1 and 3 samples: the full-batch mean, not the plain average:
+
+      >>> import jax.numpy as jnp
+      >>> from bppsa import hetero
+      >>> g = hetero.weighted_mean([{"w": jnp.array(1.0)}, {"w": jnp.array(5.0)}], counts=[1, 3])
+      >>> float(g["w"])                                      # (1·1 + 3·5) / 4
+      4.0
+      >>> float(hetero.plain_mean([{"w": jnp.array(1.0)}, {"w": jnp.array(5.0)}])["w"])
+      3.0
     """
     grads = list(grads)
     if not grads:

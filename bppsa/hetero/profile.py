@@ -99,9 +99,10 @@ def fit_time_model(batch_sizes: Sequence[float] | np.ndarray, times: Sequence[fl
 
 
 def robust_median(samples, k: float = 3.0) -> dict:
-    """Median of ``samples`` after dropping outliers, with its spread.
+    r"""Median of ``samples`` after dropping outliers, with its spread.
 
-    An outlier lies more than ``k`` scaled MADs (1.4826·median |x − median|, the normal-consistent
+    An outlier lies more than ``k`` scaled MADs (:math:`1.4826 \cdot \mathrm{median}\,|x - \mathrm{median}|`, the
+    normal-consistent
     spread) from the median; with a MAD of 0 nothing is dropped. A step that hit a busy host is
     dropped instead of moving the estimate.
 

@@ -1,18 +1,21 @@
-"""Heterogeneity-aware data-parallel training: strategies, data placement, replica back-ends.
+r"""Heterogeneity-aware data-parallel training: strategies, data placement, replica back-ends.
 
 Three strategies (``STRATEGIES``):
-  uniform                equal split, plain average — the slowest replica sets the pace;
-  proportional-mean      b_i ∝ s_i, plain average (1/P)·Σ g_i — fast, but biased;
-  proportional-weighted  b_i ∝ s_i, g = psum(Σ∇ℓ)/psum(b_i) — the method: fast and exact.
+
+- ``"uniform"``: equal split, plain average — the slowest replica sets the pace;
+- ``"proportional-mean"``: :math:`b_i \propto s_i`, plain average :math:`\frac{1}{P} \sum_i g_i` — fast, but biased;
+- ``"proportional-weighted"``: :math:`b_i \propto s_i`, :math:`g = \sum_i b_i g_i / \sum_i b_i`
+  (``psum(Σ∇ℓ) / psum(b_i)``) — the method: fast and exact.
 
 Two ways to run P replicas of different speed:
-  :class:`SimulatedReplicas`  one process, P devices of a mesh, a time model for the clock
-                              (fast sweeps): replica i's step takes f_i·t(b_i), t fitted to real
-                              timings of the local gradient on this machine;
-  :class:`~bppsa.hetero.processes.ProcessReplicas`
-                              P processes under ``jax.distributed``; replica i computes its local
-                              gradient, then really sleeps τ·f_i·b_i before the collective, so
-                              fast replicas really wait there.
+
+- :class:`SimulatedReplicas`: one process, P devices of a mesh, a time model for the clock (fast
+  sweeps): replica i's step takes :math:`f_i \, t(b_i)`, t fitted to real timings of the local
+  gradient on this machine;
+- :class:`~bppsa.hetero.processes.ProcessReplicas`: P processes under ``jax.distributed``; replica i
+  computes its local gradient, then really sleeps :math:`\tau f_i b_i` before the collective, so
+  fast replicas really wait there.
+
 Both feed one loop, :func:`train`.
 """
 

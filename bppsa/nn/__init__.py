@@ -1,4 +1,6 @@
-"""The flax front end: a drop-in for ``nnx.RNN`` whose gradients come from bppsa's backward.
+"""The flax front end: a drop-in for :class:`flax.nnx.RNN` whose gradients come from bppsa's backward.
+
+.. code-block:: python
 
     import bppsa
     from flax import nnx
@@ -6,7 +8,7 @@
 
 - :mod:`bppsa.nn.rnn`: :class:`RNN` (the same arguments, outputs, carry and state updates as
   ``nnx.RNN`` for any cell ``nnx.RNN`` drives) and the paper's :class:`SequenceClassifier`;
-- :mod:`bppsa.nn.cells`: flax's cells as :class:`bppsa.cells.Cell`s (their maths written once in
+- :mod:`bppsa.nn.cells`: flax's cells as :class:`bppsa.cells.Cell` objects (their maths written once in
   :mod:`bppsa.cells`; this module maps flax's parameter layouts), autodiff Jacobians for any
   other cell, the masked step of padded batches;
 - :mod:`bppsa.nn.structured`: flax cells with per-head (block-diagonal or diagonal) recurrences,

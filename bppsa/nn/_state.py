@@ -60,7 +60,7 @@ def uses(graphdef, params, rest, carry, x):
       params: its ``nnx.Param`` state.
       rest: its other state.
       carry: a carry, leaves (B, ...).
-      x: one step's input, (B, *features).
+      x: one step's input, ``(B, *features)``.
 
     Returns:
       Three lists of bools (changed, read, driven), one entry per leaf of ``rest`` in its leaves' order.
@@ -85,7 +85,7 @@ def uses(graphdef, params, rest, carry, x):
 def read(cell, flax_cell, carry, x, steps: int):
     """(params, the side state after ``steps`` steps) of an Autodiff ``cell``: its parameter
     pytree from the flax cell's current state, with the side state's values before each of
-    ``steps`` steps (carry (B, ...) and x (B, *features) are any step's: the side state does not
+    ``steps`` steps (carry (B, ...) and x ``(B, *features)`` are any step's: the side state does not
     depend on them).
 
     Args:
@@ -93,7 +93,7 @@ def read(cell, flax_cell, carry, x, steps: int):
         ``rest_slots`` are read).
       flax_cell: the flax cell it adapts, in its current state.
       carry: a carry, leaves (B, ...).
-      x: one step's input, (B, *features).
+      x: one step's input, ``(B, *features)``.
       steps: T, the number of steps the side state is advanced.
 
     Returns:

@@ -1,4 +1,4 @@
-"""flax's recurrent cells as :class:`bppsa.cells.Cell`s, and the masked step of padded batches.
+"""flax's recurrent cells as :class:`bppsa.cells.Cell` objects, and the masked step of padded batches.
 
 :func:`plan` decides how :class:`bppsa.nn.RNN` runs a cell that ``nnx.RNN`` can drive (an ``nnx.RNNCellBase``
 or any module with ``__call__``, ``initialize_carry`` and ``num_feature_axes``); :func:`adapt` is its
@@ -8,7 +8,7 @@ cell. Gradients flow back to the cell's own ``nnx.Param`` arrays:
   functions bppsa knows (sigmoid, tanh, relu), computing in one dtype: :class:`Flax`, whose maths is
   one of :mod:`bppsa.cells` with flax's conventions as fields (parameters mapped: :func:`cell_params`);
 - a cell with a ``bppsa_cell()`` method (:mod:`bppsa.nn.structured`'s, in one dtype): the
-  :mod:`bppsa.structured` cell it returns, its ``nnx.Param``s in that cell's layout;
+  :mod:`bppsa.structured` cell it returns, its ``nnx.Param`` arrays in that cell's layout;
 - any other cell (or one of those four with another activation or in mixed precision): autodiff
   Jacobians of one example's step, vmapped over the batch and time (:class:`Autodiff`), with the
   non-Param state a step reads but never changes as constants;
@@ -308,7 +308,7 @@ class Autodiff(Cell):
         return jnp.concatenate([s, jnp.zeros_like(s[..., :1])], axis=-1) if self.indexed else s
 
     def carry(self, s):
-        """(..., S) -> the flax carry, each leaf (..., *shape) in its own dtype.
+        """(..., S) -> the flax carry, each leaf ``(..., *shape)`` in its own dtype.
 
         Args:
           s: (..., S) flat states (a step channel at the end, when indexed, is ignored).
@@ -327,11 +327,11 @@ class Autodiff(Cell):
         """The carry's leaves flattened per example and concatenated, in their promoted dtype.
 
         Args:
-          carry: the flax carry, leaves (*batch, ...).
+          carry: the flax carry, leaves ``(*batch, ...)``.
           batch_ndim: the number of leading batch axes kept.
 
         Returns:
-          (*batch, S') with S' the carry's size per example (no step channel).
+          ``(*batch, S')`` with S' the carry's size per example (no step channel).
         """
         dtype = jnp.result_type(*self.carry_dtypes)
         return jnp.concatenate([leaf.reshape(leaf.shape[:batch_ndim] + (-1,)).astype(dtype)
@@ -524,7 +524,7 @@ def plan(flax_cell, carry, x, *, steps: int, autodiff=False, broadcast_rngs=None
     Args:
       flax_cell: the cell ``nnx.RNN`` would drive.
       carry: the initial carry, leaves (B, ...).
-      x: one step's input (B, *features).
+      x: one step's input ``(B, *features)``.
       steps: T, the number of steps.
       autodiff: use the :class:`Autodiff` cell even for one of flax's four cells.
       broadcast_rngs: as for ``nnx.RNN``.
@@ -577,7 +577,7 @@ def adapt(flax_cell, carry, x, *, autodiff: bool = False, steps: int = 1) -> Cel
     Args:
       flax_cell: the cell ``nnx.RNN`` would drive.
       carry: an example carry, leaves (B, ...); None is enough for flax's four cells.
-      x: an example step input (B, *features), or the input size I (then x is zeros of shape (B, I)).
+      x: an example step input ``(B, *features)``, or the input size I (then x is zeros of shape (B, I)).
       autodiff: use the :class:`Autodiff` cell even for one of flax's four cells.
       steps: T, the number of steps the cell will run (it bounds a step count kept in the carry's dtype).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -53,12 +53,22 @@ class SequenceClassifier(nnx.Module):
       rngs: the ``nnx.Rngs`` of the head's parameters (and of a :mod:`bppsa.cells` cell's), as for :class:`RNN`.
       dtype: the dtype of the head's parameters and of a :mod:`bppsa.cells` cell's.
       **fields: :class:`bppsa.Options` fields as keywords, as for :class:`RNN`.
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> model = bppsa.nn.SequenceClassifier(bppsa.cells.GRU(3, 4), num_classes=5, rngs=nnx.Rngs(0))
+      >>> x = jnp.ones((2, 7, 3))                                # (B, T, I), batch-major
+      >>> model(x).shape                                         # logits (B, num_classes)
+      (2, 5)
+      >>> model(x, seq_lengths=jnp.array([7, 3])).shape          # a padded batch
+      (2, 5)
     """
 
-    def __init__(self, cell, num_classes, *, options: Options | Plan | None = None, rngs: nnx.Rngs, dtype=jnp.float32,
-                 **fields: Any):
+    def __init__(self, cell: Cell | nnx.Module, num_classes: int, *, options: Options | Plan | None = None,
+                 rngs: nnx.Rngs, dtype: Any = jnp.float32, **fields: Any):
         self.rnn = RNN(cell, options=options, rngs=rngs, param_dtype=dtype, **fields)
-        hidden = cell.hidden_size if isinstance(cell, Cell) else cell.hidden_features
+        hidden = cell.hidden_size if isinstance(cell, Cell) else cast(Any, cell).hidden_features
         self.head = nnx.Linear(hidden, num_classes, rngs=rngs, param_dtype=dtype)
 
     def __call__(self, x, seq_lengths=None):
@@ -111,7 +121,7 @@ class RNN(nnx.Module):
       cell: anything ``nnx.RNN`` takes: an ``nnx.RNNCellBase`` or any module with ``__call__``,
         ``initialize_carry`` and ``num_feature_axes`` (flax's four cells in one dtype get
         analytic Jacobians, others autodiff ones: :mod:`bppsa.nn.cells`; gradients go to the
-        cell's own ``nnx.Param``s); or a cell from :mod:`bppsa.cells` (its parameters are made
+        cell's own ``nnx.Param`` arrays); or a cell from :mod:`bppsa.cells` (its parameters are made
         here from ``rngs``, which must then be an ``nnx.Rngs``, in ``param_dtype``; the carry is
         h, for an LSTM (h, c)). A cell whose step changes its own state (an RNG stream it draws
         from, as recurrent dropout does; batch statistics), reads non-float state, or has state
@@ -138,9 +148,9 @@ class RNN(nnx.Module):
 
     ``__call__(inputs, *, initial_carry=None, seq_lengths=None, return_carry=None,
     time_major=None, reverse=None, keep_order=None, rngs=None)``: as ``nnx.RNN``'s. inputs
-    (*batch, T, *features) (time_major: (T, *batch, *features)), any number of batch axes (none
-    included) and the cell's ``num_feature_axes`` feature axes; seq_lengths (*batch) integers in
-    [0, T]; returns outputs (*batch, T, ...) (time_major: (T, *batch, ...)), or (final carry,
+    ``(*batch, T, *features)`` (time_major: ``(T, *batch, *features)``), any number of batch axes (none
+    included) and the cell's ``num_feature_axes`` feature axes; seq_lengths ``(*batch)`` integers in
+    [0, T]; returns outputs ``(*batch, T, ...)`` (time_major: ``(T, *batch, ...)``), or (final carry,
     outputs) with ``return_carry``.
 
     Raises:
@@ -148,15 +158,38 @@ class RNN(nnx.Module):
       neither a :mod:`bppsa.cells` cell nor a module ``nnx.RNN`` can drive, or ``rngs`` of the wrong kind;
       on a call, inputs without a time step or feature axes, ``seq_lengths`` or ``initial_carry`` that do
       not fit the inputs.
+
+    Examples:
+      Over one of flax's cells, with ``nnx.RNN``'s outputs and its cell's own parameters:
+
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> layer = bppsa.nn.RNN(nnx.GRUCell(3, 4, rngs=nnx.Rngs(0)), backward="bppsa")
+      >>> x = jnp.ones((2, 5, 3))                                # (B, T, I)
+      >>> y = layer(x)
+      >>> y.shape
+      (2, 5, 4)
+      >>> bool(jnp.allclose(y, nnx.RNN(layer.cell)(x), atol=1e-6))
+      True
+      >>> grads = nnx.grad(lambda m: m(x).sum())(layer)          # through BPPSA's scan
+      >>> grads["cell"]["dense_h"]["kernel"].shape          # (H, 3H), flax's layout
+      (4, 12)
+
+      Over a :mod:`bppsa.cells` cell (its parameters made here), with the final carry:
+
+      >>> layer = bppsa.nn.RNN(bppsa.cells.LSTM(3, 4), rngs=nnx.Rngs(0), return_carry=True)
+      >>> (h, c), y = layer(x)
+      >>> h.shape, y.shape
+      ((2, 4), (2, 5, 4))
     """
 
-    def __init__(self, cell, *, options: Options | Plan | None = None, time_major=False, return_carry=False,
-                 reverse=False, keep_order=False, state_axes=None, broadcast_rngs=None,
-                 padding="flax", autodiff=False, rngs: nnx.Rngs | bool = True, param_dtype=jnp.float32,
-                 **fields: Any):
+    def __init__(self, cell: Cell | nnx.Module, *, options: Options | Plan | None = None, time_major: bool = False,
+                 return_carry: bool = False, reverse: bool = False, keep_order: bool = False,
+                 state_axes: Any = None, broadcast_rngs: Any = None, padding: str = "flax", autodiff: bool = False,
+                 rngs: nnx.Rngs | bool = True, param_dtype: Any = jnp.float32, **fields: Any):
         self.options = options_lib.make(options, **fields)
         _check_choice("padding", padding, PADDINGS)
-        self.cell = cell
+        self.cell: Any = cell  # a bppsa cell, or any module nnx.RNN drives (read by duck typing)
         self.time_major, self.return_carry = time_major, return_carry
         self.reverse, self.keep_order = reverse, keep_order
         self.state_axes, self.broadcast_rngs = state_axes, broadcast_rngs
@@ -278,7 +311,7 @@ class RNN(nnx.Module):
         return (jax.tree.map(lambda a: unbatch(a, 0), last), outputs) if return_carry else outputs
 
     def _run(self, flax_cell, planned, xs, carry, lengths, steps, padded, reverse, keep_order):
-        """The scan on flattened batches: xs (T, B, *features) -> (final carry, outputs (T, B, ...))."""
+        """The scan on flattened batches: xs ``(T, B, *features)`` -> (final carry, outputs (T, B, ...))."""
         cell, params = planned
         T, B = xs.shape[:2]
         x0, xs = xs[0], xs.reshape(T, B, -1)

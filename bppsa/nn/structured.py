@@ -6,7 +6,7 @@
 ``in_features, hidden_features``, ``*_fn``, ``*_init``, ``dtype``, ``param_dtype``, ``rngs``),
 so ``nnx.RNN`` drives them as it drives flax's own cells; ``head_size`` (k) is the size of
 each head (k = 1: diagonal recurrence). Each holds its :mod:`bppsa.structured` cell's parameters
-as ``nnx.Param``s in that cell's layout (``W_x`` (I, G·H), ``W_h`` (H/k, k, G·k), ``b_x`` /
+as ``nnx.Param`` arrays in that cell's layout (``W_x`` (I, G·H), ``W_h`` (H/k, k, G·k), ``b_x`` /
 ``b_h`` (G·H)), and its step *is* that cell's step, so :func:`bppsa.nn.cells.plan` runs it
 with the cell's analytic Jacobian blocks and parameter gradients (:meth:`bppsa_cell`): ::
 
@@ -102,14 +102,14 @@ class _BlockCell(nnx.RNNCellBase):
         return {k: getattr(self, k)[...] for k in _PARAMS if hasattr(self, k)}
 
     def __call__(self, carry, inputs):  # pyright: ignore[reportIncompatibleMethodOverride]  (flax's own cells do the same)
-        """One step: carry (*batch, H) [the LSTM cell: (c, h)], inputs (*batch, I) -> (new carry, h').
+        """One step: carry ``(*batch, H)`` [the LSTM cell: (c, h)], inputs ``(*batch, I)`` -> (new carry, h').
 
         Args:
-          carry: (*batch, H) the state [the LSTM cell: the pair (c, h), each (*batch, H)].
-          inputs: (*batch, I) the step's input.
+          carry: ``(*batch, H)`` the state [the LSTM cell: the pair (c, h), each ``(*batch, H)``].
+          inputs: ``(*batch, I)`` the step's input.
 
         Returns:
-          The pair (new carry, h'), the new carry with the structure of ``carry`` and h' (*batch, H).
+          The pair (new carry, h'), the new carry with the structure of ``carry`` and h' ``(*batch, H)``.
         """
         params, leaves = self._params(), jax.tree.leaves(carry)
         dtype = self.dtype or jnp.result_type(inputs, *leaves, *params.values())
@@ -119,17 +119,17 @@ class _BlockCell(nnx.RNNCellBase):
         return new, (new[1] if isinstance(new, tuple) else new)
 
     def initialize_carry(self, input_shape, rngs=None, carry_init=None):  # pyright: ignore[reportIncompatibleMethodOverride]
-        """Zeros (or ``carry_init``'s draws) of shape (*batch, H), batch = input_shape[:-1]
+        """Zeros (or ``carry_init``'s draws) of shape ``(*batch, H)``, batch = input_shape[:-1]
         [the LSTM cell: the pair (c, h)], in ``param_dtype``; as flax's cells.
 
         Args:
-          input_shape: (*batch, I), the shape of one step's input.
+          input_shape: ``(*batch, I)``, the shape of one step's input.
           rngs: an ``nnx.Rngs`` (its ``carry`` stream) or a stream, needed with a ``carry_init``.
           carry_init: an initializer ``init(key, shape, dtype)`` overriding the module's; None: the
             module's (zeros without one).
 
         Returns:
-          The carry (*batch, H); for the LSTM cell the pair (c, h), each (*batch, H).
+          The carry ``(*batch, H)``; for the LSTM cell the pair (c, h), each ``(*batch, H)``.
 
         Raises:
           ValueError: an initializer is set but ``rngs`` is None.
@@ -151,7 +151,7 @@ class _BlockCell(nnx.RNNCellBase):
 
 class BlockSimpleCell(_BlockCell):
     """:class:`bppsa.structured.BlockRNN` (input bias only, as ``nnx.SimpleCell``):
-    h' = activation_fn(x W_x + b_x + rec(h)), rec per head (``head_size``). Carry and output h (*batch, H).
+    h' = activation_fn(x W_x + b_x + rec(h)), rec per head (``head_size``). Carry and output h ``(*batch, H)``.
 
     Args:
       in_features: I, the input width.
@@ -170,6 +170,16 @@ class BlockSimpleCell(_BlockCell):
     Raises:
       bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
       divide, or an activation function bppsa does not know (the message names it).
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> cell = bppsa.nn.BlockSimpleCell(3, 4, head_size=2, rngs=nnx.Rngs(0))
+      >>> layer = bppsa.nn.RNN(cell)                           # BPPSA's scan over (k, k) blocks
+      >>> layer(jnp.ones((2, 5, 3))).shape
+      (2, 5, 4)
+      >>> type(cell.bppsa_cell()).__name__
+      'BlockRNN'
     """
 
     def __init__(self, in_features: int, hidden_features: int, *, head_size: int = 1, activation_fn=jnp.tanh,
@@ -200,7 +210,7 @@ class _GatedCell(_BlockCell):
 class BlockGRUCell(_GatedCell):
     """:class:`bppsa.structured.BlockGRU` (input bias only, as ``nnx.GRUCell``; gates r, z, n):
     r, z = gate_fn(x W_x + b_x + rec(h)) per gate, n = activation_fn(x W_xn + b_xn + r ⊙ rec_n(h)),
-    h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h (*batch, H).
+    h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h ``(*batch, H)``.
 
     Args:
       in_features: I, the input width.
@@ -219,6 +229,16 @@ class BlockGRUCell(_GatedCell):
     Raises:
       bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
       divide, or an activation function bppsa does not know (the message names it).
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> cell = bppsa.nn.BlockGRUCell(3, 4, head_size=1, rngs=nnx.Rngs(0))
+      >>> layer = bppsa.nn.RNN(cell)                           # BPPSA's scan over (k, k) blocks
+      >>> layer(jnp.ones((2, 5, 3))).shape
+      (2, 5, 4)
+      >>> type(cell.bppsa_cell()).__name__
+      'BlockGRU'
     """
 
     _gates = 3
@@ -231,7 +251,7 @@ class BlockGRUCell(_GatedCell):
 
 class BlockLSTMCell(_GatedCell):
     """:class:`bppsa.structured.BlockLSTM` (hidden bias only, as ``nnx.LSTMCell``; gates i, f, g, o):
-    c' = f ⊙ c + i ⊙ g, h' = o ⊙ activation_fn(c'). Carry (c, h), output h (*batch, H), as flax's.
+    c' = f ⊙ c + i ⊙ g, h' = o ⊙ activation_fn(c'). Carry (c, h), output h ``(*batch, H)``, as flax's.
 
     Args:
       in_features: I, the input width.
@@ -250,6 +270,16 @@ class BlockLSTMCell(_GatedCell):
     Raises:
       bppsa.errors.UsageError: a size that is not a positive int, an ``H`` that ``head_size`` does not
       divide, or an activation function bppsa does not know (the message names it).
+
+    Examples:
+      >>> import jax.numpy as jnp, bppsa
+      >>> from flax import nnx
+      >>> cell = bppsa.nn.BlockLSTMCell(3, 4, head_size=2, rngs=nnx.Rngs(0))
+      >>> layer = bppsa.nn.RNN(cell)                           # BPPSA's scan over (k, k) blocks
+      >>> layer(jnp.ones((2, 5, 3))).shape
+      (2, 5, 4)
+      >>> type(cell.bppsa_cell()).__name__
+      'BlockLSTM'
     """
 
     _gates = 4

@@ -1,6 +1,8 @@
 """Scale out: sequence-parallel BPPSA over a device mesh (``shard_map``), a pmap-style entry
 point, and multi-process runs with ``jax.distributed`` (``bppsa launch``).
 
+.. code-block:: python
+
     mesh = bppsa.parallel.make_mesh(seq=4, data=2)           # (data, seq) grid of devices
     hs = bppsa.rnn(cell, params, xs, h0, mesh=mesh, seq_axis="seq", batch_axis="data")
 """

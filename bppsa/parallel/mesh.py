@@ -69,6 +69,14 @@ def make_mesh(seq: int | None = None, data: int = 1, *, devices: Sequence[Any] |
     Raises:
       ValueError: ``seq`` or ``data`` is not a positive int, data × seq exceeds the devices, ``data`` > 1
       without a ``batch_axis``, or ``batch_axis`` equals ``seq_axis``.
+
+    Examples:
+      >>> import bppsa
+      >>> mesh = bppsa.parallel.make_mesh(seq=1)
+      >>> mesh.axis_names, mesh.devices.shape
+      (('data', 'seq'), (1, 1))
+      >>> bppsa.parallel.make_mesh(seq=1, batch_axis=None).axis_names
+      ('seq',)
     """
     devices = list(jax.devices() if devices is None else devices)
     if (n := as_int(data)) is None or n < 1:

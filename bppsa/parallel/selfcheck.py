@@ -1,4 +1,4 @@
-"""A multi-process self-check: the sequence-parallel gradients of a small RNN, saved by process 0.
+"""A multi-process self-check: the sequence-parallel gradients of a small RNN, saved by process 0. ::
 
     bppsa launch -n 2 --devices-per-process 2 -- python -m bppsa.parallel.selfcheck --out grads.npz
 

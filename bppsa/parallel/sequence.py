@@ -508,6 +508,21 @@ def rnn(cell, params, xs, h0, options: Options | Plan | None = None, *, mesh=Non
       and ``damping`` with the time axis split over more than one device.
 
       ValueError: ``mesh`` is not a ``jax.sharding.Mesh`` or the axis names are not two of its axes.
+
+    Examples:
+      The time axis split over two devices where there are two (on CPU
+      ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` makes them), else one:
+
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.cells.RNN(input_size=3, hidden_size=4)
+      >>> params = cell.init(jax.random.key(0))
+      >>> xs, h0 = jnp.ones((10, 2, 3)), jnp.zeros((2, 4))
+      >>> mesh = bppsa.parallel.make_mesh(seq=min(2, jax.device_count()), batch_axis=None)
+      >>> hs = bppsa.parallel.rnn(cell, params, xs, h0, mesh=mesh)
+      >>> hs.shape
+      (10, 2, 4)
+      >>> bool(jnp.allclose(hs, bppsa.rnn(cell, params, xs, h0), atol=1e-6))
+      True
     """
     if mesh is None:
         mesh = make_mesh(batch_axis=None, seq_axis=seq_axis)

@@ -1,5 +1,7 @@
 """The one options object of the backward pass, validated once and accepted by every entry point.
 
+.. code-block:: python
+
     opts = bppsa.Options(backward="auto", chunk_size=256, precision="high")
     hs = bppsa.rnn(cell, params, xs, h0, options=opts)        # or the same fields as keywords:
     hs = bppsa.rnn(cell, params, xs, h0, backward="auto", chunk_size=256, precision="high")
@@ -44,7 +46,9 @@ OnFail = Literal["sequential", "raise"]
 Precision = Literal["highest", "high", "default"]  # jax.lax.Precision's members, by name
 Kernels = Literal["auto", "xla", "pallas", "interpret"]  # bppsa.kernels
 
+#: The values of ``backward=``: ``("bppsa", "bptt", "auto")``.
 BACKWARDS: tuple[str, ...] = get_args(Backward)
+#: The values of ``forward=``: ``("sequential", "newton", "quasi", "auto")``.
 FORWARDS: tuple[str, ...] = get_args(Forward)
 KINDS: tuple[str, ...] = get_args(ParallelForward)  # the parallel forwards (bppsa.forward.newton)
 COMBINES: tuple[str, ...] = get_args(Combine)
@@ -65,7 +69,7 @@ SOLVER_FIELDS = ("scan", "chunk_size", "tol", "atol", "rtol", "max_iter", "dampi
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How :func:`bppsa.rnn` computes the states and their gradients. Checked on construction (a
+    r"""How :func:`bppsa.rnn` computes the states and their gradients. Checked on construction (a
     :class:`bppsa.errors.UsageError` names the field, the value and what is allowed).
 
     Attributes:
@@ -105,8 +109,9 @@ class Options:
       tol: the parallel forward's tolerance, in (0, 1); None: per dtype (:data:`DEFAULT_TOL`,
         float32 1e-5, float64 1e-12). The default of both ``atol`` and ``rtol``.
       atol, rtol: the parallel forward's absolute and relative tolerances (finite, >= 0, rtol < 1,
-        not both 0; None: ``tol``). Converged when every step's residual |h_t − f(h_{t-1}, x_t)|
-        <= atol + rtol·|f(h_{t-1}, x_t)| and the estimated error of every state <= atol + rtol·|h_t|
+        not both 0; None: ``tol``). Converged when every step's residual
+        :math:`|h_t - f(h_{t-1}, x_t)| \le \mathrm{atol} + \mathrm{rtol}\,|f(h_{t-1}, x_t)|` and the estimated
+        error of every state :math:`\le \mathrm{atol} + \mathrm{rtol}\,|h_t|`
         (:mod:`bppsa.forward.newton`).
       max_iter: the parallel forward's iteration limit (default 100, DEER's).
       damping: None (plain Newton) or the initial λ of the damped step (:mod:`bppsa.forward.newton`).
@@ -120,6 +125,42 @@ class Options:
 
     Every choice left open here ("auto", None) is made once per call, before anything is
     computed: :meth:`plan` returns the :class:`Plan` the layers below execute.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> opts = bppsa.Options(backward="bptt", precision="high")
+      >>> opts.backward, opts.precision, opts.forward
+      ('bptt', 'high', 'sequential')
+      >>> opts.replace(scan="associative").scan
+      'associative'
+
+      Passed whole (``options=``) or as keywords, which override its fields:
+
+      >>> cell = bppsa.cells.RNN(input_size=3, hidden_size=4)
+      >>> params = cell.init(jax.random.key(0))
+      >>> xs, h0 = jnp.ones((8, 2, 3)), jnp.zeros((2, 4))
+      >>> a = bppsa.rnn(cell, params, xs, h0, options=opts)
+      >>> b = bppsa.rnn(cell, params, xs, h0, options=opts, backward="bppsa")
+      >>> bool(jnp.allclose(a, b))
+      True
+
+      A bad value is refused on construction, naming the field:
+
+      >>> bppsa.Options(backward="fast")
+      Traceback (most recent call last):
+      ...
+      bppsa.errors.UsageError: backward must be one of ['bppsa', 'bptt', 'auto']; got 'fast'
+
+      ``backward="auto"`` with a :class:`bppsa.CostModel` of your own (seconds per unit of each
+      method's features; here BPPSA predicted free, so it is chosen):
+
+      >>> model = bppsa.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]})
+      >>> gru = bppsa.cells.GRU(input_size=3, hidden_size=4)
+      >>> model.choose(gru, T=1000, B=16)
+      'bppsa'
+      >>> xs, s0 = jax.ShapeDtypeStruct((1000, 16, 3), jnp.float32), jax.ShapeDtypeStruct((16, 4), jnp.float32)
+      >>> bppsa.Options(backward="auto", cost_model=model).plan(gru, xs, s0).backward
+      'bppsa'
     """
 
     backward: Backward = "bppsa"
@@ -307,6 +348,17 @@ class Plan:
         instead when it is >= 0 or the predicted iterations exceed this; None: no such test.
       weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
         loop (:func:`bppsa.plan.cost.adjoint_in_loop`); False: one product each after it.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, bppsa
+      >>> cell = bppsa.cells.GRU(input_size=3, hidden_size=4)
+      >>> xs = jax.ShapeDtypeStruct((100, 8, 3), jnp.float32)  # only shapes and dtypes are read
+      >>> s0 = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+      >>> plan = bppsa.Options(backward="bppsa").plan(cell, xs, s0)
+      >>> isinstance(plan, bppsa.Plan), plan.backward, plan.scan, plan.forward
+      (True, 'bppsa', 'blelloch', 'sequential')
+      >>> isinstance(plan.unroll, int)
+      True
     """
 
     backward: Literal["bppsa", "bptt"]

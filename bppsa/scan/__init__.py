@@ -1,9 +1,9 @@
-"""Scans that solve the back-propagation recurrence of a chain (BPPSA, Wang et al., MLSys 2020).
+r"""Scans that solve the back-propagation recurrence of a chain (BPPSA, Wang et al., MLSys 2020).
 
-The backward pass of a chain h_t = f(h_{t-1}, x_t) is the linear recurrence (row vectors,
-one per batch element) g_{t-1} = g_t @ M_t + c_{t-1}, g_T = c_T. In *scan order* (latest step
-first) it is a prefix scan of [v, e_1, ..., e_n], v = g_T, e_k = (M_k, d_k) the affine map
-x -> x @ M_k + d_k. Every scan here takes
+The backward pass of a chain :math:`h_t = f(h_{t-1}, x_t)` is the linear recurrence (row vectors,
+one per batch element) :math:`g_{t-1} = g_t M_t + c_{t-1}`, :math:`g_T = c_T`. In *scan order*
+(latest step first) it is a prefix scan of :math:`[v, e_1, \dots, e_n]`, :math:`v = g_T`,
+:math:`e_k = (M_k, d_k)` the affine map :math:`x \mapsto x M_k + d_k`. Every scan here takes ::
 
     v:  (B, S)        the root vector,
     Ms: (n, B, S, S)  the matrices of e_1 ... e_n, in scan order,

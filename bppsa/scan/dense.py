@@ -1,23 +1,29 @@
-"""Scans that solve the back-propagation recurrence of a chain (BPPSA, Wang et al., MLSys 2020).
+r"""Scans that solve the back-propagation recurrence of a chain (BPPSA, Wang et al., MLSys 2020).
 
-The backward pass of a chain h_t = f(h_{t-1}, x_t) is the linear recurrence (row vectors,
+The backward pass of a chain :math:`h_t = f(h_{t-1}, x_t)` is the linear recurrence (row vectors,
 one per batch element)
 
-    g_{t-1} = g_t @ M_t + c_{t-1},        g_T = c_T,
+.. math::
 
-with M_t the (S, S) transposed Jacobian of step t acting from the right and c_t the direct loss
-gradient at step t. Written in *scan order* (latest step first) it is a prefix scan of
+    g_{t-1} = g_t M_t + c_{t-1}, \qquad g_T = c_T,
 
-    [v, e_1, e_2, ..., e_n],   v = g_T (a vector),   e_k = (M_k, d_k) an affine map x -> x @ M_k + d_k,
+with :math:`M_t` the (S, S) transposed Jacobian of step t acting from the right and :math:`c_t` the
+direct loss gradient at step t. Written in *scan order* (latest step first) it is a prefix scan of
 
-under composition (M1, d1) then (M2, d2) = (M1 @ M2, d1 @ M2 + d2), which is associative and not
-commutative. Every function here takes
+.. math::
+
+    [v, e_1, e_2, \dots, e_n], \qquad v = g_T \text{ (a vector)}, \qquad
+    e_k = (M_k, d_k): x \mapsto x M_k + d_k,
+
+under composition :math:`(M_1, d_1)` then :math:`(M_2, d_2)` = :math:`(M_1 M_2,\; d_1 M_2 + d_2)`, which is
+associative and not
+commutative. Every function here takes ::
 
     v:  (B, S)        the root vector,
     Ms: (n, B, S, S)  the matrices of e_1 ... e_n, in scan order,
     ds: (n, B, S)     their offsets (None: all zero),
 
-and returns ``(prefixes, total)`` with
+and returns ``(prefixes, total)`` with ::
 
     prefixes: (n, B, S)   prefixes[k] = v ∘ e_1 ∘ ... ∘ e_k   (exclusive of e_{k+1}; prefixes[0] = v),
     total:    (B, S)      v ∘ e_1 ∘ ... ∘ e_n.
@@ -87,6 +93,21 @@ def sequential_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array
 
     Raises:
       ValueError: shapes other than the module docstring's, or n = 0.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from bppsa.scan import sequential_scan, sequential_scan
+      >>> n, B, S = 5, 2, 3
+      >>> v = jnp.ones((B, S))
+      >>> Ms = 0.5 * jax.random.normal(jax.random.key(0), (n, B, S, S))
+      >>> prefixes, total = sequential_scan(v, Ms)
+      >>> prefixes.shape, total.shape
+      ((5, 2, 3), (2, 3))
+      >>> bool(jnp.allclose(prefixes[0], v))                # exclusive: prefixes[0] = v
+      True
+      >>> ref = v[:, None] @ Ms[0] @ Ms[1] @ Ms[2] @ Ms[3] @ Ms[4]  # v ∘ e_1 ∘ … ∘ e_5, row vectors
+      >>> bool(jnp.allclose(total, ref[:, 0], atol=1e-5))
+      True
     """
     _check(v, Ms, ds)
 
@@ -119,6 +140,23 @@ def associative_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Arra
 
     Raises:
       ValueError: shapes other than the module docstring's, or n = 0.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from bppsa.scan import associative_scan, sequential_scan
+      >>> n, B, S = 5, 2, 3
+      >>> v = jnp.ones((B, S))
+      >>> Ms = 0.5 * jax.random.normal(jax.random.key(0), (n, B, S, S))
+      >>> prefixes, total = associative_scan(v, Ms)
+      >>> prefixes.shape, total.shape
+      ((5, 2, 3), (2, 3))
+      >>> bool(jnp.allclose(prefixes[0], v))                # exclusive: prefixes[0] = v
+      True
+      >>> ref = v[:, None] @ Ms[0] @ Ms[1] @ Ms[2] @ Ms[3] @ Ms[4]  # v ∘ e_1 ∘ … ∘ e_5, row vectors
+      >>> bool(jnp.allclose(total, ref[:, 0], atol=1e-5))
+      True
+      >>> bool(jnp.allclose(prefixes, sequential_scan(v, Ms)[0], atol=1e-5))
+      True
     """
     _check(v, Ms, ds)
     if ds is None:
@@ -592,12 +630,30 @@ def blelloch_scan(v: Array, Ms: Array, ds: Array | None = None) -> tuple[Array, 
 
     Raises:
       ValueError: shapes other than the module docstring's, or n = 0.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from bppsa.scan import blelloch_scan, sequential_scan
+      >>> n, B, S = 5, 2, 3
+      >>> v = jnp.ones((B, S))
+      >>> Ms = 0.5 * jax.random.normal(jax.random.key(0), (n, B, S, S))
+      >>> prefixes, total = blelloch_scan(v, Ms)
+      >>> prefixes.shape, total.shape
+      ((5, 2, 3), (2, 3))
+      >>> bool(jnp.allclose(prefixes[0], v))                # exclusive: prefixes[0] = v
+      True
+      >>> ref = v[:, None] @ Ms[0] @ Ms[1] @ Ms[2] @ Ms[3] @ Ms[4]  # v ∘ e_1 ∘ … ∘ e_5, row vectors
+      >>> bool(jnp.allclose(total, ref[:, 0], atol=1e-5))
+      True
+      >>> bool(jnp.allclose(prefixes, sequential_scan(v, Ms)[0], atol=1e-5))
+      True
     """
     _check(v, Ms, ds)
     n = Ms.shape[0]
     return blelloch_scan_stored(v, to_storage(Ms, n), None if ds is None else to_storage(ds, n), n)
 
 
+#: The scans by the name ``scan=`` takes: ``"blelloch"``, ``"associative"`` and ``"sequential"``.
 SCANS = {"blelloch": blelloch_scan, "associative": associative_scan, "sequential": sequential_scan}
 
 
@@ -615,6 +671,18 @@ def scan(v: Array, Ms: Array, ds: Array | None = None, method: str = "blelloch")
 
     Raises:
       ValueError: an unknown ``method``, shapes other than the module docstring's, or n = 0.
+
+    Examples:
+      With offsets: the recurrence :math:`g_{t-1} = g_t M_t + c_{t-1}` solved by each scan:
+
+      >>> import jax, jax.numpy as jnp
+      >>> from bppsa.scan import SCANS, scan
+      >>> v = jnp.ones((2, 3))
+      >>> Ms = 0.5 * jax.random.normal(jax.random.key(0), (6, 2, 3, 3))
+      >>> ds = jnp.ones((6, 2, 3))
+      >>> totals = [scan(v, Ms, ds, method=m)[1] for m in SCANS]
+      >>> sorted(SCANS), all(bool(jnp.allclose(t, totals[0], atol=1e-5)) for t in totals)
+      (['associative', 'blelloch', 'sequential'], True)
     """
     try:
         fn = SCANS[method]

@@ -1,9 +1,12 @@
-"""Sparse transposed Jacobians of feed-forward layers, and BPPSA over a chain of them.
+r"""Sparse transposed Jacobians of feed-forward layers, and BPPSA over a chain of them.
 
 BPPSA's third use case (Wang, Bai, Pekhimenko, MLSys 2020, §4.2 and §5.3): in a feed-forward
 network the chain runs over *layers*, h_i = f_i(h_{i-1}), and the backward pass is
 
-    g_{i-1} = J_iᵀ g_i,        g_i = ∂L/∂h_i,   J_iᵀ of shape (|h_{i-1}|, |h_i|).
+.. math::
+
+    g_{i-1} = J_i^\top g_i, \qquad g_i = \partial L / \partial h_i, \qquad
+    J_i^\top \in \mathbb{R}^{|h_{i-1}| \times |h_i|}.
 
 For convolution, ReLU and max-pooling these transposed Jacobians are extremely sparse (and
 sparser still after pruning), so the scan's up-sweep multiplies sparse matrices (SpGEMM) and its
@@ -14,7 +17,7 @@ Python loop over elements. It returns a :class:`jax.experimental.sparse.BCOO` ma
 (input size, output size) for activations in NCHW layout flattened row-major, so that
 ``dL/dinput = Jᵀ @ dL/doutput``. A leading batch axis B in ``in_shape`` / ``x`` gives the
 block-diagonal Jacobian of the whole batch (sample b's block at offset b·size): the batch's
-backward pass is then one matrix chain.
+backward pass is then one matrix chain. ::
 
     conv2d_transposed_jacobian(w, in_shape, stride=1, padding=1)   w: (C_out, C_in, kh, kw)
     relu_transposed_jacobian(x)                                      diag(x > 0)

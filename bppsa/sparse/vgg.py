@@ -166,9 +166,9 @@ _linear_tj = jax.jit(sparse.linear_transposed_jacobian, static_argnums=(1,))
 
 def transposed_jacobians(layers: Sequence[Layer], params: Sequence[dict], hs: Sequence[jax.Array],
                          drop_zeros: bool = True) -> list:
-    """[J_1ᵀ, …, J_nᵀ] of the whole batch (block-diagonal over samples), analytic and sparse.
+    r"""[J_1ᵀ, …, J_nᵀ] of the whole batch (block-diagonal over samples), analytic and sparse.
 
-    J_iᵀ has shape (|h_{i-1}|, |h_i|) with activations flattened row-major over (B, C, H, W).
+    :math:`J_i^\top` has shape :math:`(|h_{i-1}|, |h_i|)` with activations flattened row-major over (B, C, H, W).
 
     Args:
       layers: the chain's :class:`Layer` specs.

@@ -1,4 +1,4 @@
-"""Elastic synchronization for parameter-server training: policies, ZipLine, a simulator, a Ray runtime.
+"""Elastic synchronization for parameter-server training: policies, ZipLine, a simulator, a Ray runtime. ::
 
     from bppsa import sync
     idx, rng = sync.zipline(times)                    # times (n, R), rows sorted

@@ -16,6 +16,7 @@ own arrival opens a barrier (BSP, ElasticBSP): then it goes on at once despite `
 All updates are applied on arrival (as DSSP's Algorithm 1 does); the policies only decide who waits.
 
 Papers:
+
 - BSP, ASP and SSP(s): Ho et al., "More effective distributed ML via a stale synchronous parallel
   parameter server", NIPS 2013.
 - DSSP(s_L, r_max): Zhao, An, Liu, Chen, "Dynamic Stale Synchronous Parallel Distributed Training
@@ -183,11 +184,11 @@ class SSP(Policy):
 
 
 def dssp_controller(latest_p, previous_p, latest_slow, previous_slow, r_max: int) -> int:
-    """DSSP's synchronization controller (Zhao et al., ICDCS 2019, Algorithm 2).
+    r"""DSSP's synchronization controller (Zhao et al., ICDCS 2019, Algorithm 2).
 
     Predicts the fastest worker p's pushes P_i = latest_p + i·I_p (i = 0 … r_max) and the slowest
     worker's S_k = latest_slow + (k + 1)·I_slow (k = 0 … r_max), with I = latest − previous, and
-    returns the i minimising min_k |S_k − P_i| (the smallest on a tie).
+    returns the i minimising :math:`\min_k |S_k - P_i|` (the smallest on a tie).
 
     Args:
       latest_p: the fastest worker's latest push time.
@@ -397,6 +398,19 @@ def make_policy(name: str, num_workers: int, **kwargs) -> Policy:
     Raises:
       ValueError: for an unknown name, an option the policy does not take, or a bad num_workers or
       option value.
+
+    Examples:
+      SSP with staleness 1: worker 0 may run one push ahead of worker 1, not two:
+
+      >>> from bppsa import sync
+      >>> policy = sync.make_policy("ssp", 2, s=1)
+      >>> policy.push(0, time=1.0).kind
+      'proceed'
+      >>> d = policy.push(0, time=2.0)
+      >>> d.kind, d.until                                  # wait until worker 1's clock is 1
+      ('wait', 1)
+      >>> policy.push(1, time=2.5).release                 # worker 1's push releases worker 0
+      (0,)
     """
     key = str(name).lower().replace("-", "").replace("_", "")
     if key not in POLICIES:

@@ -15,7 +15,7 @@ at most once, so a retried push is never applied twice; every push is answered "
 "duplicate" (applied before) or "refused" (it arrived after training stopped, or from a worker whose
 death Ray had already confirmed: a push still in flight when its sender was killed), and the
 workers count them, so none is lost silently. A worker dropped by the timeout that turns out to be
-alive is taken back (``policy.join``) when its next push arrives.
+alive is taken back (``policy.join``) when its next push arrives. ::
 
     from bppsa.sync.ray_runtime import run_ray
     log = run_ray({"name": "digits_cnn"}, "ssp", num_workers=3, policy_options={"s": 3},

@@ -274,6 +274,17 @@ def simulate(task, policy: str, compute: ComputeModel, *, policy_options: dict |
     Raises:
       ValueError: for a run :func:`check_simulation` refuses, an unknown policy or option, a bad task
       spec, or a run past the event backstop (:data:`MAX_EVALUATIONS` and :data:`MAX_PUSHES`).
+
+    Examples:
+      Five virtual seconds of SSP on three workers, the slowest 2× slower than the fastest:
+
+      >>> from bppsa import sync
+      >>> log = sync.simulate({"name": "digits_cnn", "channels": [4, 8]}, "ssp", sync.heterogeneous(3, 2.0),
+      ...                     policy_options={"s": 2}, max_time=5, eval_every=5)
+      >>> log["pushes"], log["total_pushes"], log["end_time"]
+      ([4, 4, 2], 10, 5)
+      >>> 0.0 <= log["final_accuracy"] <= 1.0
+      True
     """
     check_simulation(compute, max_time=max_time, eval_every=eval_every, batch_size=batch_size,
                      max_pushes=max_pushes)

@@ -313,6 +313,20 @@ def zipline(times, method: str = "window"):
     Raises:
       ValueError: for an unknown method, times that are not (n, R) with n, R >= 1, not finite, or a
       row not sorted, and (brute_force) too many choices.
+
+    Examples:
+      Three workers' next three predicted push times; the barrier that keeps them closest:
+
+      >>> import numpy as np
+      >>> from bppsa import sync
+      >>> times = np.array([[1.0, 2.0, 3.0],
+      ...                   [1.5, 2.6, 3.9],
+      ...                   [2.1, 3.0, 4.2]])
+      >>> indices, rng = sync.zipline(times)
+      >>> indices.tolist(), round(float(rng), 2)          # pushes 2.6 and 3.0 after 3.0 and 3.0: range 0.4
+      ([2, 1, 1], 0.4)
+      >>> sync.zipline(times, method="bsearch")[0].tolist()
+      [2, 1, 1]
     """
     if method not in ZIPLINE_METHODS:
         raise ValueError(f"method must be one of {sorted(ZIPLINE_METHODS)}; got {method!r}")

@@ -1,5 +1,5 @@
 """The tasks that heterogeneous data parallelism (:mod:`bppsa.hetero`) and elastic synchronization
-(:mod:`bppsa.sync`) train, built by name: one registry, one model per task.
+(:mod:`bppsa.sync`) train, built by name: one registry, one model per task. ::
 
     from bppsa import tasks
     task = tasks.make_task("digits_cnn")                              # channels=(8, 16)

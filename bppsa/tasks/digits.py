@@ -1,4 +1,4 @@
-"""scikit-learn's bundled 8×8 handwritten digits (1797 images, 10 classes, no download).
+"""scikit-learn's bundled 8×8 handwritten digits (1797 images, 10 classes, no download). ::
 
     x_train, y_train, x_test, y_test = load_digits(size=8, test_fraction=0.2, seed=0)
 

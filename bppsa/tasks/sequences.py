@@ -1,4 +1,4 @@
-"""A synthetic sequence-classification data set with IRMAS's layout (K classes, F features per frame, T frames).
+"""A synthetic sequence-classification data set with IRMAS's layout (K classes, F features per frame, T frames). ::
 
     x, y = make_sequences(num_samples=2000, length=32, num_features=12, num_classes=8, noise=1.0, seed=0)
 

@@ -1,7 +1,7 @@
 """A classification task: a train/test split and a model as pure functions over a parameter pytree.
 
 The contract the heterogeneous data-parallel trainer (:mod:`bppsa.hetero`) and the parameter-server
-runtimes (:mod:`bppsa.sync`) share; the tasks they train are built by name in :mod:`bppsa.tasks`.
+runtimes (:mod:`bppsa.sync`) share; the tasks they train are built by name in :mod:`bppsa.tasks`. ::
 
     task = Task("name", x_train, y_train, x_test, y_test, init, logits)
     params = task.init(jax.random.key(0))             # a pytree

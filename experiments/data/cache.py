@@ -5,7 +5,7 @@ mtimes, plus the caller's settings) and holds that key. :func:`load_cache` retur
 None when it is missing or holds another key; a file that cannot be read (truncated, corrupted,
 not an ``.npz``) is set aside as ``<name>.corrupt`` (never deleted) with a warning, so the caller
 recomputes it. :func:`check_cache_dir` refuses a cache folder that is a file (or cannot be made)
-with one line, before any work; :func:`save_cache` writes atomically (a temporary file, then a rename).
+with one line, before any work; :func:`save_cache` writes atomically (a temporary file, then a rename). ::
 
     key = cache_key(("train", "m"), root, [(path, label), ...])
     arrays = load_cache(path, key)      # {"key": ..., "x": ...} or None: compute, then

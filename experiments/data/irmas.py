@@ -10,7 +10,7 @@ of the (F, T) shapes: s = (20, 4096, 512) -> x (N, 259, 38), m -> (N, 517, 24), 
 Test set: ``IRMAS-TestingData-Part{1,2,3}/…/<name>.wav`` excerpts of 5–20 s, each with a
 ``<name>.txt`` listing one or more instruments (one per line). A model is evaluated on 3-second
 windows; a clip's class scores are the mean of its windows' softmax outputs, normalised by their
-maximum and thresholded (Han et al., 2017), then per-class, micro and macro F1 are reported.
+maximum and thresholded (Han et al., 2017), then per-class, micro and macro F1 are reported. ::
 
     feats = load_features("data/IRMAS-TrainingData", setting="m", cache_dir="data/cache")
     feats.x  # (N, 517, 24) float32,  feats.y  # (N,) int32,  feats.skipped  # [(path, reason)]

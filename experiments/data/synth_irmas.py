@@ -1,4 +1,4 @@
-"""A synthetic stand-in for IRMAS, written as real audio files in exactly the IRMAS layout.
+"""A synthetic stand-in for IRMAS, written as real audio files in exactly the IRMAS layout. ::
 
     root/IRMAS-TrainingData/<class>/[<class>][<genre>]NNNN__N.wav     3 s, stereo, 44.1 kHz, PCM 16
     root/IRMAS-TestingData-Part1/Part1/synth-NNNN.wav + .txt          5–10 s mixes of 1–2 instruments
@@ -9,7 +9,7 @@ spectrum, not its average): harmonic spectra (odd-only, bright, drawbar, formant
 envelopes (bowed, blown, plucked, struck, organ gate), vibrato/tremolo rates and depths, breath
 noise, distortion, inharmonic partials, note rates. Pitch, tempo, depths, level, panning and a
 background-noise floor are drawn at random per clip, so pitch ranges overlap and no single
-number gives the class away. Everything is deterministic from ``seed``.
+number gives the class away. Everything is deterministic from ``seed``. ::
 
     make_synthetic_irmas("data/synth-irmas", clips_per_class=20, seed=0)
 """

@@ -193,7 +193,7 @@ def step_rows(config) -> list[dict]:
 
 
 def loss_gap(losses: dict, ref: str) -> float | None:
-    """The largest |loss - the reference layer's loss| over the other layers' first steps (None: no other layer)."""
+    """The largest ``|loss - the reference layer's loss|`` over the other layers' first steps (None: no other layer)."""
     others = [n for n in losses if n != ref]
     return max((float(np.max(np.abs(np.asarray(losses[n]) - np.asarray(losses[ref])))) for n in others), default=None)
 

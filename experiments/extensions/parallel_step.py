@@ -5,7 +5,7 @@ Parts (``config.parts``):
 
 - ``iterations``: iterations to converge against T for each cell of ``config.iter_cells``, forward
   newton and quasi, at random initialisation (:func:`experiments.gradient.problem`). Every run records
-  :class:`bppsa.forward.newton.NewtonInfo` and the largest |states − sequential forward's states|.
+  :class:`bppsa.forward.newton.NewtonInfo` and the largest ``|states − sequential forward's states|``.
 - ``trained``: the same for the IRMAS GRU(F, H) after a short training run (``config.train_steps``
   Adam steps, BPTT, on the synthetic stand-in of :mod:`experiments.data.synth_irmas`, as
   :mod:`experiments.paper_bppsa.irmas` trains it) and before it, on the clips' features concatenated
@@ -120,7 +120,7 @@ def _max_diff(a, b) -> float:
 
 
 def iteration_row(cell, params, xs, h0, ref, forward: str, **opts) -> dict:
-    """One parallel forward (jitted, ``return_info``): its NewtonInfo, max |states − ref|, and the
+    """One parallel forward (jitted, ``return_info``): its NewtonInfo, ``max |states − ref|``, and the
     seconds of one call after compilation (one call, not a benchmark)."""
     fn = jax.jit(lambda p, x, h: backprop.rnn(cell, p, x, h, forward=forward, return_info=True, **opts))
     t0 = time.perf_counter()

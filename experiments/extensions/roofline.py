@@ -1,4 +1,4 @@
-"""A roofline model of one H200 for the RNN/GRU gradient step: what BPTT and BPPSA should cost.
+"""A roofline model of one H200 for the RNN/GRU gradient step: what BPTT and BPPSA should cost. ::
 
     python -m experiments.extensions.roofline [--out experiments/results/gpu-roofline.md]
     python -m experiments.extensions.roofline --compare OUT/summary.json   (a GPU run's results)

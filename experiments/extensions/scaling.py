@@ -1,4 +1,4 @@
-"""Scaling benchmark: sequence-parallel BPPSA backward time vs number of devices, per combine.
+"""Scaling benchmark: sequence-parallel BPPSA backward time vs number of devices, per combine. ::
 
     bppsa reproduce scaling [--quick]      # = bppsa run experiments/extensions/configs/scaling.py[:quick]
 

@@ -1,4 +1,4 @@
-"""The device-machine run: BPPSA against every baseline on one GPU and on 16 CPU cores.
+"""The device-machine run: BPPSA against every baseline on one GPU and on 16 CPU cores. ::
 
     python -m experiments.paper_bppsa.gpu_run OUT [--dry-run]      (experiments/gpu/run.sh OUT)
 
@@ -6,7 +6,7 @@ Made for the machine this project is sometimes lent (one H200, 16 CPU cores, Pyt
 flax, optax, numpy and torch; no ml_collections, librosa, soundfile or ray, and nothing is
 installed): it imports none of those four. Under 8 minutes in all; every part has its own time
 budget and every point is written the moment it is measured, so a run cut short still leaves
-what it did:
+what it did::
 
     OUT/points.jsonl    one JSON record per point (or skipped point), appended
     OUT/summary.json    {"provenance": {...}, "points": [...], "skipped": [...]}, rewritten
@@ -23,7 +23,7 @@ iterations recorded) for an RNN T sweep to T = 100 000, the IRMAS GRU shapes and
 with heads of 1 and 16, next to the roofline's and the forward cost model's predictions. The
 other parts' times are the one timed training-step gradient of :mod:`experiments.gradient` (forward + backward
 of a fixed random readout of every step), the methods built by
-:func:`experiments.baselines.baseline_functions` and timed by :func:`bppsa.host.time_interleaved`:
+:func:`experiments.baselines.baseline_functions` and timed by :func:`bppsa.host.time_interleaved`::
 
     bptt_plain        autodiff through a plain ``lax.scan``
     bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.plan.cost.UNROLLS` ("best_unroll")
