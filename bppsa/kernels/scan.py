@@ -64,6 +64,10 @@ LANE_BLOCK = 8
 MAX_BLOCK = 128
 #: Rows a program of the lane kernels owns (a power of two).
 ROW_TILE = 128
+#: The dense reduce's tile of a chunk's product: ROWS rows a program, in column tiles of at most
+#: COLUMNS (:func:`_dense_reduce`); at Kp = 128 one program's (128, 128) @ (128, 128) product
+#: spilled 105 KB of registers, the factored one at Kp = 64 79 KB.
+ROWS, COLUMNS = 16, 32
 
 
 def chunk_length(n: int) -> int:
@@ -202,25 +206,48 @@ def _times(g, m_refs, t, wts):
     return functools.reduce(jnp.add, [_vecmat(g * r[t], wt) for r, wt in zip(m_refs, wts, strict=True)])
 
 
+def _blocks(ref, index, width: int) -> list[list[Array]]:
+    """``ref[*index]``, a (Kp, Kp) matrix, as its (width, width) blocks [k][j] (rows k, columns j)."""
+    n = ref.shape[-1] // width
+    return [[ref[(*index, pl.ds(k * width, width), pl.ds(j * width, width))] for j in range(n)] for k in range(n)]
+
+
 def _dense_reduce(*refs, C: int, n: int, factors: int):
-    m_refs, wts, d_ref, (p_ref, l_ref) = _split(refs, factors)
-    c, Kp = pl.program_id(0), d_ref.shape[-1]
-    rows, cols = lax.broadcasted_iota(jnp.int32, (Kp, Kp), 0), lax.broadcasted_iota(jnp.int32, (Kp, Kp), 1)
-    eye = jnp.where(rows == cols, 1.0, 0.0).astype(d_ref.dtype)
+    """One program: row tile i of the chunk's product P (rows i·ROWS.., (ROWS, Kp)), or, for the
+    last tile, the chunk's offset (every row of the tile the same vector). Both as column tiles of
+    :data:`COLUMNS`: out tile j = Σ_k P_k @ M[k, j] (small products: a (ROWS, Kp) @ (Kp, Kp) one at
+    Kp = 64 or 128 keeps more operands in registers than a thread has)."""
+    if factors:
+        m_refs, w_refs, d_ref, p_ref = refs[:factors], refs[factors:2 * factors], refs[2 * factors], refs[-1]
+    else:
+        m_refs, w_refs, d_ref, p_ref = refs[:1], (), refs[1], refs[-1]
+    c, i, Kp = pl.program_id(0), pl.program_id(2), d_ref.shape[-1]
+    rows, width = p_ref.shape[0], min(Kp, COLUMNS)
+    is_loc = i == Kp // rows
+    cols = lax.broadcasted_iota(jnp.int32, (rows, width), 1)
+    row_ids = i * rows + lax.broadcasted_iota(jnp.int32, (rows, width), 0)
+    dtype = d_ref.dtype
+    P0 = tuple(jnp.where(row_ids == j * width + cols, 1.0, 0.0).astype(dtype) for j in range(Kp // width))
 
-    def body(t, carry):
-        P, loc = carry
+    def body(t, P):
         keep = c * C + t < n
-        if wts is None:
-            P2 = dot(P, m_refs[0][t])
-        else:  # P Σ_q diag(a_q) Wt_q = Σ_q (P ⊙ a_q) Wt_q: the matrix never formed
-            P2 = functools.reduce(jnp.add, [dot(P * r[t][None, :], wt) for r, wt in zip(m_refs, wts, strict=True)])
-        loc2 = _times(loc, m_refs, t, wts) + d_ref[t]
-        return jnp.where(keep, P2, P), jnp.where(keep, loc2, loc)
+        d = [d_ref[t, pl.ds(j * width, width)] for j in range(len(P))]
+        if factors:  # P Σ_q diag(a_q) Wt_q = Σ_q (P ⊙ a_q) Wt_q: the matrix never formed
+            terms = []
+            for m_ref, w_ref in zip(m_refs, w_refs, strict=True):
+                a = [m_ref[t, pl.ds(k * width, width)] for k in range(len(P))]
+                terms.append(([p * a_k[None, :] for p, a_k in zip(P, a, strict=True)], _blocks(w_ref, (), width)))
+        else:
+            terms = [(list(P), _blocks(m_refs[0], (t,), width))]
+        new = []
+        for j in range(len(P)):
+            acc = functools.reduce(jnp.add, [dot(x[k], w[k][j]) for x, w in terms for k in range(len(P))])
+            new.append(jnp.where(keep, acc + jnp.where(is_loc, d[j][None, :], 0.0), P[j]))
+        return tuple(new)
 
-    P, loc = lax.fori_loop(0, C, body, (eye, jnp.zeros((Kp,), d_ref.dtype)))
-    p_ref[...] = P
-    l_ref[...] = loc
+    P = lax.fori_loop(0, C, body, P0)
+    for j, tile in enumerate(P):
+        p_ref[:, pl.ds(j * width, width)] = tile
 
 
 def _dense_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
@@ -258,13 +285,16 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
     m_chunk = ([pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))] * factors if factors
                else [pl.BlockSpec((C, None, Kp, Kp), lambda c, r: (c, r, 0, 0))])
     d_chunk = pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))
-    p_one = pl.BlockSpec((None, None, Kp, Kp), lambda c, r: (c, r, 0, 0))
     l_one = pl.BlockSpec((None, None, Kp), lambda c, r: (c, r, 0))
-    P, L = pl.pallas_call(
-        functools.partial(_dense_reduce, C=C, n=n, factors=factors), grid=(chunks, R),
-        in_specs=[*m_chunk, *w_spec, d_chunk], out_specs=[p_one, l_one],
-        out_shape=[jax.ShapeDtypeStruct((chunks, R, Kp, Kp), dtype), jax.ShapeDtypeStruct((chunks, R, Kp), dtype)],
+    tiles = Kp // ROWS + 1  # the product's row tiles, and the offset's
+    r3 = lambda spec: pl.BlockSpec(spec.block_shape, lambda c, r, i: spec.index_map(c, r))  # noqa: E731
+    PL = pl.pallas_call(
+        functools.partial(_dense_reduce, C=C, n=n, factors=factors), grid=(chunks, R, tiles),
+        in_specs=[*map(r3, m_chunk), *map(r3, w_spec), r3(d_chunk)],
+        out_specs=pl.BlockSpec((None, None, ROWS, Kp), lambda c, r, i: (c, r, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((chunks, R, tiles * ROWS, Kp), dtype),
         interpret=interpret, compiler_params=_params(num_warps))(*ms, *extra, dp)
+    P, L = PL[:, :, :Kp], PL[:, :, Kp]
     row = pl.BlockSpec((None, Kp), lambda r: (r, 0))
     carries, total = pl.pallas_call(
         functools.partial(_dense_carry, chunks=chunks), grid=(R,),
