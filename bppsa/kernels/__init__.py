@@ -68,9 +68,10 @@ def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: 
     block = cell.jacobian_block_size or state_size
     if forward == "newton" and block > scan.MAX_BLOCK:  # quasi: the diagonal, any size
         why.append(f"forward={forward!r} with Jacobian blocks of {block} (the fused scan takes at most "
-                   f"{scan.MAX_BLOCK})")
+                   f"{scan.MAX_BLOCK}: larger ones spill registers on the GPU)")
     if backward == "bppsa" and block > scan.MAX_BLOCK:
-        why.append(f"backward='bppsa' with Jacobian blocks of {block} (the fused scan takes at most {scan.MAX_BLOCK})")
+        why.append(f"backward='bppsa' with Jacobian blocks of {block} (the fused scan takes at most {scan.MAX_BLOCK}: "
+                   f"larger ones spill registers on the GPU)")
     if backward == "bptt" and not supports(cell):
         why.append(f"backward='bptt' of {_recurrence_refusal(cell, 'the fused adjoint loop')})")
     return why
@@ -87,5 +88,6 @@ def _recurrence_refusal(cell: Cell, kernel: str) -> str:
     runs_as = "" if type(cell).__name__ == cell.display_name else f", run as {type(cell).__module__}." \
                                                                    f"{type(cell).__qualname__}"
     return (f"{cell.display_name}{runs_as} ({kernel} runs bppsa.cells.RNN and LSTM with hidden_size <= "
-            f"{limit}, GRU <= {recurrence.HIDDEN_LIMITS[GRU]}, and cells that compute exactly one of their steps, as bppsa.nn does flax's SimpleCell, "
-            f"GRUCell and LSTMCell where parameters, carry and computation share one dtype")
+            f"{limit}, GRU <= {recurrence.HIDDEN_LIMITS[GRU]}, and cells that compute exactly one of their steps, "
+            f"as bppsa.nn does flax's SimpleCell, GRUCell and LSTMCell where parameters, carry and computation "
+            f"share one dtype")

@@ -28,8 +28,17 @@ from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import GRU, Cell
 from bppsa.kernels.lowering import gpu_only
-from bppsa.kernels.recurrence import (BATCH_TILE, HIDDEN_LIMITS, MAX_HIDDEN, STEPS, compute_dtype, operands, pad_to,
-                                      supports, warps_for)
+from bppsa.kernels.recurrence import (
+    BATCH_TILE,
+    HIDDEN_LIMITS,
+    MAX_HIDDEN,
+    STEPS,
+    compute_dtype,
+    operands,
+    pad_to,
+    supports,
+    warps_for,
+)
 
 __all__ = ["fused_adjoint"]
 

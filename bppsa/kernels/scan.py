@@ -55,18 +55,22 @@ from jax.experimental.pallas import triton as pl_triton
 from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import compute_dtype, dot, pad_to, padded_size
 
-__all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "chunk_length", "chunked_scan", "chunked_scan_factored"]
+__all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "ROWS", "COLUMNS", "chunk_length", "reduce_warps", "chunked_scan",
+           "chunked_scan_factored"]
 
 #: The largest block size scanned in lanes (elementwise, k³ products unrolled a step).
 LANE_BLOCK = 8
-#: The largest block (or dense state) size the kernels take: an LSTM's S = 2H at H = 64. A (128,
-#: 128) float32 product in a program is 64 KiB; beyond that it no longer fits one program.
-MAX_BLOCK = 128
+#: The largest block (or dense state) size the kernels take: a GRU's S = H at H = 64, an LSTM's
+#: S = 2H at H = 32. At 128 (an LSTM at H = 64) the compiled reduce spills registers whatever its
+#: tiles and warps (84/76 B at best; the factored form's 39/58 KB and 361 KiB of shared memory,
+#: more than a block may have), and so does the factored apply (3.1 KB).
+MAX_BLOCK = 64
 #: Rows a program of the lane kernels owns (a power of two).
 ROW_TILE = 128
 #: The dense reduce's tile of a chunk's product: ROWS rows a program, in column tiles of at most
 #: COLUMNS (:func:`_dense_reduce`); at Kp = 128 one program's (128, 128) @ (128, 128) product
-#: spilled 105 KB of registers, the factored one at Kp = 64 79 KB.
+#: spilled 105 KB of registers (now refused, :data:`MAX_BLOCK`), at Kp = 64 0.9 KB, the factored one
+#: at Kp = 64 79 KB; tiled, none.
 ROWS, COLUMNS = 16, 32
 
 
@@ -83,8 +87,22 @@ def chunk_length(n: int) -> int:
     return max(1, math.ceil(math.sqrt(n)))
 
 
-def _params(num_warps: int = 4):
-    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
+def _params(num_warps: int | None, default: int = 4):
+    return pl_triton.CompilerParams(num_warps=num_warps or default, num_stages=1)
+
+
+def reduce_warps(Kp: int, factors: int) -> int:
+    """The warps of the dense reduce's programs: 8 for the factored form at Kp = 64 (its Q products
+    a step spill registers at 4 warps: 6.7 KB at Q = 5), else 4 (the dense form at Kp = 64 spills at 8).
+
+    Args:
+      Kp: the padded block size.
+      factors: Q, or 0 for stored matrices.
+
+    Returns:
+      4 or 8.
+    """
+    return 8 if factors and Kp > 32 else 4
 
 
 # -- lanes: (k, k) blocks with k <= LANE_BLOCK, rows in the lanes -----------------------------------
@@ -293,7 +311,7 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
         in_specs=[*map(r3, m_chunk), *map(r3, w_spec), r3(d_chunk)],
         out_specs=pl.BlockSpec((None, None, ROWS, Kp), lambda c, r, i: (c, r, i, 0)),
         out_shape=jax.ShapeDtypeStruct((chunks, R, tiles * ROWS, Kp), dtype),
-        interpret=interpret, compiler_params=_params(num_warps))(*ms, *extra, dp)
+        interpret=interpret, compiler_params=_params(num_warps, reduce_warps(Kp, factors)))(*ms, *extra, dp)
     P, L = PL[:, :, :Kp], PL[:, :, Kp]
     row = pl.BlockSpec((None, Kp), lambda r: (r, 0))
     carries, total = pl.pallas_call(
@@ -319,8 +337,8 @@ def _check(v: Array, ds: Array | None, n: int, R: int, k: int) -> None:
     if ds is not None and ds.shape != (n, R, k):
         raise ValueError(f"ds must have shape (n, R, k) = {(n, R, k)}; got {ds.shape}")
     if k > MAX_BLOCK:
-        raise ValueError(f"the fused scan takes blocks of at most {MAX_BLOCK} (k = {k}): a larger "
-                         "matrix no longer fits one program; kernels='xla' scans it")
+        raise ValueError(f"the fused scan takes blocks of at most {MAX_BLOCK} (k = {k}): a larger one spills "
+                         "registers on the GPU; kernels='xla' scans it")
 
 
 def _run(kernels, v, Ms, ds, n, chunk, interpret, num_warps):
@@ -340,7 +358,7 @@ def _run(kernels, v, Ms, ds, n, chunk, interpret, num_warps):
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
 def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | None = None,
-                 interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
+                 interpret: bool = False, num_warps: int | None = None) -> tuple[Array, Array]:
     """The scan of the maps g ↦ g @ Ms[k] + ds[k] from v, in three fused kernels (the module
     docstring): the same result as :func:`bppsa.scan.structured.block_scan` (and, for R = B rows
     of k = S, :func:`bppsa.scan.dense.scan`).
@@ -351,7 +369,7 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
       ds: (n, R, k) their offsets, or None (all zero).
       chunk: the chunk length C (default :func:`chunk_length`).
       interpret: run the kernels in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program.
+      num_warps: Triton warps per program (None: 4, the factored reduce's :func:`reduce_warps`).
 
     Returns:
       (prefixes, total), prefixes (n, R, k) the exclusive prefixes (prefixes[0] = v) and total
@@ -369,7 +387,7 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
 def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None, *, chunk: int | None = None,
-                          interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
+                          interpret: bool = False, num_warps: int | None = None) -> tuple[Array, Array]:
     """:func:`chunked_scan` for matrices made of per-step factors and shared matrices, M_k =
     Σ_q diag(A_{q,k}) @ Wt_q (an Elman RNN's transposed Jacobians: Q = 1; a GRU's, an LSTM's:
     :meth:`bppsa.cells.Cell.factored_jacobian`), formed inside the kernels: the same result as
@@ -383,7 +401,7 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
       ds: (n, R, S) the offsets, or None (all zero).
       chunk: the chunk length C (default :func:`chunk_length`).
       interpret: run the kernels in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program.
+      num_warps: Triton warps per program (None: 4, the factored reduce's :func:`reduce_warps`).
 
     Returns:
       (prefixes, total), prefixes (n, R, S) and total (R, S), in v's dtype.

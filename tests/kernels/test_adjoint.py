@@ -83,6 +83,7 @@ def test_fused_bptt_gradients_equal_autodiff(name):
 
 
 def test_a_cell_it_does_not_run_is_a_clear_error():
-    with pytest.raises(ValueError, match="the fused adjoint runs bppsa.cells.RNN and LSTM with hidden_size <= 64 and GRU with hidden_size <= 32"):
+    with pytest.raises(ValueError, match="the fused adjoint runs bppsa.cells.RNN and LSTM with hidden_size <= 64 "
+                                         "and GRU with hidden_size <= 32"):
         fused_adjoint(cells.GRU(3, 80), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 80)), jnp.zeros((2, 1, 80)),
                       jnp.zeros((2, 1, 80)), interpret=True)
