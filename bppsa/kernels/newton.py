@@ -38,7 +38,7 @@ from bppsa.kernels.recurrence import STEPS, compute_dtype, operands, pad_to, pad
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
-__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "supports", "tile", "chunking", "fused_newton_step"]
+__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking", "fused_newton_step"]
 
 #: The largest hidden size the kernels take.
 MAX_UNITS = 1024
@@ -48,6 +48,8 @@ TILE_ELEMENTS = 32
 #: The programs the step's two parallel kernels should have at least: four per SM of an H100
 #: (132 SMs), so that every SM has work in every phase (:func:`chunking`).
 MIN_PROGRAMS = 4 * 132
+#: The shortest chunk :func:`chunking` makes for more programs.
+MIN_CHUNK = 8
 _SAME_STEP = {BlockRNN: RNN, BlockGRU: GRU}  # the dense cell whose step equations each one shares
 
 
@@ -82,7 +84,9 @@ def tile(Hp: int) -> tuple[int, int]:
 def chunking(T: int, tiles: int, chunk: int | None = None) -> tuple[int, int]:
     """The chunk length C and number of chunks of T steps over ``tiles`` tiles: ⌈√T⌉ (which
     balances the reduce's and apply's C sequential steps against the carry's T / C), shortened
-    until chunks × tiles >= :data:`MIN_PROGRAMS` where T allows; ``chunk`` given: that length.
+    until chunks × tiles >= :data:`MIN_PROGRAMS`, but not below :data:`MIN_CHUNK` (the carry would
+    run nearly T sequential steps: a short sequence keeps fewer programs); ``chunk`` given: that
+    length.
 
     Args:
       T: the number of steps (>= 1).
@@ -94,7 +98,8 @@ def chunking(T: int, tiles: int, chunk: int | None = None) -> tuple[int, int]:
     """
     if chunk is None:
         need = -(-MIN_PROGRAMS // tiles)  # chunks
-        chunk = min(chunk_length(T), max(1, T // need))
+        balanced = chunk_length(T)
+        chunk = max(min(balanced, MIN_CHUNK), min(balanced, T // need))
     C = min(T, chunk)
     return C, -(-T // C)
 

@@ -107,6 +107,8 @@ def test_the_grid_fills_an_h100():
             assert chunks * tiles >= kernel_newton.MIN_PROGRAMS and chunks == -(-T // C), (H, T, B)
     assert kernel_newton.chunking(4096, 16) == (64, 64)  # H = 20, B = 16: 16 tiles, 1024 programs (was 64)
     assert kernel_newton.chunking(1024, 8) == (15, 69)  # H = 20, B = 8: chunks shortened for 552 programs
+    assert kernel_newton.chunking(30, 34) == (6, 5)  # short: ⌈√T⌉ steps kept (not 30 chunks of one step)
+    assert kernel_newton.chunking(200, 8) == (8, 25)  # shortened to MIN_CHUNK, no further
     assert kernel_newton.chunking(10, 4, chunk=4) == (4, 3)
     cell = structured.BlockGRU(3, 200)
     k = jax.random.split(jax.random.key(2), 4)
