@@ -38,7 +38,8 @@ from bppsa.kernels.recurrence import STEPS, compute_dtype, operands, pad_to, pad
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
-__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking", "fused_newton_step"]
+__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking",
+           "fused_newton_step"]
 
 #: The largest hidden size the kernels take.
 MAX_UNITS = 1024
