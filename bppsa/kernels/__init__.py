@@ -22,7 +22,7 @@ needs for all of its stages to have one: :func:`unsupported`. May import :mod:`b
 
 from __future__ import annotations
 
-from bppsa.cells import Cell
+from bppsa.cells import GRU, Cell
 from bppsa.kernels import adjoint, lowering, newton, recurrence, scan
 from bppsa.kernels.adjoint import fused_adjoint
 from bppsa.kernels.lowering import cuda_module
@@ -36,8 +36,8 @@ __all__ = ["recurrence", "adjoint", "scan", "newton", "lowering", "fused_states"
 def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: bool = False) -> list[str]:
     """Why the fused kernels cannot run every stage of a problem; empty where they can. The stages:
 
-    - ``forward="sequential"``: :func:`fused_states` (RNN, GRU, LSTM with hidden_size <=
-      :data:`bppsa.kernels.recurrence.MAX_HIDDEN`);
+    - ``forward="sequential"``: :func:`fused_states` (RNN and LSTM with hidden_size <= 64, GRU <= 32:
+      :func:`bppsa.kernels.recurrence.max_hidden`, the sizes whose compiled kernels spill no register);
     - ``forward="newton"`` or ``"quasi"``: a diagonal cell's (:func:`bppsa.kernels.newton.supports`)
       whole Newton step by :func:`fused_newton_step`; any other cell's linear solve by
       :func:`chunked_scan` (blocks of at most :data:`bppsa.kernels.scan.MAX_BLOCK`: the quasi
@@ -68,9 +68,10 @@ def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: 
     block = cell.jacobian_block_size or state_size
     if forward == "newton" and block > scan.MAX_BLOCK:  # quasi: the diagonal, any size
         why.append(f"forward={forward!r} with Jacobian blocks of {block} (the fused scan takes at most "
-                   f"{scan.MAX_BLOCK})")
+                   f"{scan.MAX_BLOCK}: larger ones spill registers on the GPU)")
     if backward == "bppsa" and block > scan.MAX_BLOCK:
-        why.append(f"backward='bppsa' with Jacobian blocks of {block} (the fused scan takes at most {scan.MAX_BLOCK})")
+        why.append(f"backward='bppsa' with Jacobian blocks of {block} (the fused scan takes at most {scan.MAX_BLOCK}: "
+                   f"larger ones spill registers on the GPU)")
     if backward == "bptt" and not supports(cell):
         why.append(f"backward='bptt' of {_recurrence_refusal(cell, 'the fused adjoint loop')})")
     return why
@@ -80,12 +81,13 @@ def _recurrence_refusal(cell: Cell, kernel: str) -> str:
     """Why the fused recurrence or adjoint loop does not run ``cell``, truly: its size, or the kind of
     cell it runs as (an adapter that runs by autodiff, a user's cell); the phrase ends inside an
     open parenthesis."""
-    core, limit = cell.kernel_cell, recurrence.MAX_HIDDEN
+    core, limit = cell.kernel_cell, recurrence.max_hidden(cell)
     if type(core) in recurrence.STEPS:
         return (f"{cell.display_name} with hidden_size {core.hidden_size} ({kernel} runs hidden sizes up to "
-                f"{limit}")
+                f"{limit} for a {type(core).__name__}: larger ones spill registers on the GPU")
     runs_as = "" if type(cell).__name__ == cell.display_name else f", run as {type(cell).__module__}." \
                                                                    f"{type(cell).__qualname__}"
-    return (f"{cell.display_name}{runs_as} ({kernel} runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
-            f"{limit}, and cells that compute exactly one of their steps, as bppsa.nn does flax's SimpleCell, "
-            f"GRUCell and LSTMCell where parameters, carry and computation share one dtype")
+    return (f"{cell.display_name}{runs_as} ({kernel} runs bppsa.cells.RNN and LSTM with hidden_size <= "
+            f"{limit}, GRU <= {recurrence.HIDDEN_LIMITS[GRU]}, and cells that compute exactly one of their steps, "
+            f"as bppsa.nn does flax's SimpleCell, GRUCell and LSTMCell where parameters, carry and computation "
+            f"share one dtype")

@@ -26,9 +26,19 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import Cell
+from bppsa.cells import GRU, Cell
 from bppsa.kernels.lowering import gpu_only
-from bppsa.kernels.recurrence import BATCH_TILE, MAX_HIDDEN, STEPS, compute_dtype, operands, pad_to, supports
+from bppsa.kernels.recurrence import (
+    BATCH_TILE,
+    HIDDEN_LIMITS,
+    MAX_HIDDEN,
+    STEPS,
+    compute_dtype,
+    operands,
+    pad_to,
+    supports,
+    warps_for,
+)
 
 __all__ = ["fused_adjoint"]
 
@@ -62,7 +72,7 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
 
 @functools.partial(jax.jit, static_argnames=("cell", "interpret", "num_warps"))
 def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array, *,
-                  interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
+                  interpret: bool = False, num_warps: int | None = None) -> tuple[Array, Array]:
     """The adjoint states of BPTT, g_t = ∂L/∂s_t for the cotangent ct of the states ss, by one
     fused kernel (the module docstring).
 
@@ -76,7 +86,8 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
       ct: (T, B, S) the cotangents of ss.
 
       interpret: run the kernel in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program.
+      num_warps: Triton warps per program (None: :func:`bppsa.kernels.recurrence.warps_for` the
+        padded hidden size).
 
     Returns:
       (gs, g0), gs (T, B, S) the adjoint states in time order (ct_t included) and g0 (B, S) =
@@ -86,8 +97,9 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
       ValueError: a cell the kernel does not run.
     """
     if not supports(cell):
-        raise ValueError(f"the fused adjoint runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
-                         f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
+        raise ValueError(f"the fused adjoint runs bppsa.cells.RNN and LSTM with hidden_size <= {MAX_HIDDEN} "
+                         f"and GRU with hidden_size <= {HIDDEN_LIMITS[GRU]}; got {cell.display_name} with "
+                         f"hidden_size {cell.hidden_size}")
     cell, params = cell.kernel_cell, cell.kernel_params(params)  # the state gradients are the same
     T, B, _ = xs.shape
     if B == 0:  # no rows: no program to run
@@ -113,7 +125,7 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
         in_specs=specs,
         out_specs=[seq] * P + [pl.BlockSpec((BATCH_TILE, Hp), lambda i: (i, 0))] * P,
         interpret=interpret,
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp), num_stages=1),
     )(*us, *ws, *bs, *sp, *cts)
     gs, g0 = [o[:, :B, :H] for o in out[:P]], [o[:B, :H] for o in out[P:]]
     flat = lambda p: cell.flatten_state(tuple(p) if cell.pair_state else p[0]).astype(ss.dtype)  # noqa: E731

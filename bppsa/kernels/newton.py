@@ -10,9 +10,11 @@ phases 1 and 3 evaluate the step and its derivative themselves, per element, fro
 the projected inputs (x_t W_x + b_x, one product before the kernels), the derivative by JAX's
 forward mode of the very step function the recurrence kernel runs
 (:data:`bppsa.kernels.recurrence.STEPS` with an elementwise recurrent product). Memory carries
-the guess, the inputs and the new iterate; nothing (T, B, S) more. As in ParaRNN's CUDA kernel, a
-program owns a tile of batch rows and all units (:func:`row_tile`: fewer rows where H is large),
-and runs a chunk of steps in registers.
+the guess, the inputs and the new iterate; nothing (T, B, S) more. As in pararnn-torch's fused
+kernel (grid (B, T/128, H/32)), the grid runs over chunks of time, batch rows and units: a program
+owns a tile of 32 elements (:func:`tile`: one warp, (1, 32) or (2, 16)) and a chunk of steps, and
+the chunks are short enough for at least :data:`MIN_PROGRAMS` programs (:func:`chunking`: 1024 at
+T = 4096, B = 16, H = 20, where one tile of all units and 16 rows a program gave 64).
 
 The Newton loop itself (the convergence test: the residual and step size of each iterate, and
 their reductions) stays :func:`bppsa.forward.newton.iterate`'s, one parallel XLA pass an
@@ -32,18 +34,23 @@ from jax.experimental.pallas import triton as pl_triton
 
 from bppsa.cells import GRU, RNN, Cell
 from bppsa.kernels.lowering import gpu_only
-from bppsa.kernels.recurrence import BATCH_TILE, STEPS, compute_dtype, operands, pad_to
+from bppsa.kernels.recurrence import STEPS, compute_dtype, operands, pad_to, padded_size
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
-__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "supports", "row_tile", "fused_newton_step"]
+__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking",
+           "fused_newton_step"]
 
 #: The largest hidden size the kernels take.
 MAX_UNITS = 1024
-#: The most elements of one array a program's tile holds: a step keeps about fifteen such arrays
-#: live (the G inputs, weights and biases, the state, the step, its derivative, the carried map),
-#: so a (16, 256) tile would be ~60 registers a thread for each of them at four warps.
-TILE_ELEMENTS = 2048
+#: A program's tile: one warp, one element a thread (:func:`tile`). The kernels are elementwise,
+#: so the grid can be as fine as the problem allows: programs are what fill an H100's 132 SMs.
+TILE_ELEMENTS = 32
+#: The programs the step's two parallel kernels should have at least: four per SM of an H100
+#: (132 SMs), so that every SM has work in every phase (:func:`chunking`).
+MIN_PROGRAMS = 4 * 132
+#: The shortest chunk :func:`chunking` makes for more programs.
+MIN_CHUNK = 8
 _SAME_STEP = {BlockRNN: RNN, BlockGRU: GRU}  # the dense cell whose step equations each one shares
 
 
@@ -61,18 +68,41 @@ def supports(cell: Cell) -> bool:
             and cell.hidden_size <= MAX_UNITS)
 
 
-def row_tile(Hp: int) -> int:
-    """The batch rows a program owns at padded hidden size Hp: :data:`BATCH_TILE` (16) where a
-    (16, Hp) tile has at most :data:`TILE_ELEMENTS` elements, else fewer (a power of two, at
-    least 1). The kernels are elementwise: no product needs 16 rows.
+def tile(Hp: int) -> tuple[int, int]:
+    """A program's tile (rows, units) at padded hidden size Hp: :data:`TILE_ELEMENTS` elements,
+    min(Hp, 32) units of 32 // that many rows (ParaRNN's fused kernel also tiles units by 32).
 
     Args:
-      Hp: the padded hidden size (a power of two).
+      Hp: the padded hidden size (a power of two, >= 16).
 
     Returns:
-      The rows of a tile, dividing :data:`BATCH_TILE`.
+      (bt, ht): the rows and units of a tile; ht divides Hp.
     """
-    return max(1, min(BATCH_TILE, TILE_ELEMENTS // Hp))
+    ht = min(Hp, TILE_ELEMENTS)
+    return TILE_ELEMENTS // ht, ht
+
+
+def chunking(T: int, tiles: int, chunk: int | None = None) -> tuple[int, int]:
+    """The chunk length C and number of chunks of T steps over ``tiles`` tiles: ⌈√T⌉ (which
+    balances the reduce's and apply's C sequential steps against the carry's T / C), shortened
+    until chunks × tiles >= :data:`MIN_PROGRAMS`, but not below :data:`MIN_CHUNK` (the carry would
+    run nearly T sequential steps: a short sequence keeps fewer programs); ``chunk`` given: that
+    length.
+
+    Args:
+      T: the number of steps (>= 1).
+      tiles: the (rows, units) tiles of the problem.
+      chunk: a fixed chunk length, or None.
+
+    Returns:
+      (C, chunks), chunks = ⌈T / C⌉.
+    """
+    if chunk is None:
+        need = -(-MIN_PROGRAMS // tiles)  # chunks
+        balanced = chunk_length(T)
+        chunk = max(min(balanced, MIN_CHUNK), min(balanced, T // need))
+    C = min(T, chunk)
+    return C, -(-T // C)
 
 
 def _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0):
@@ -127,7 +157,7 @@ def _apply(*refs, cell, T: int, C: int, gates: int):
 
 @functools.partial(jax.jit, static_argnames=("cell", "chunk", "interpret", "num_warps"))
 def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *, chunk: int | None = None,
-                      interpret: bool = False, num_warps: int = 4) -> Array:
+                      interpret: bool = False, num_warps: int = 1) -> Array:
     """One undamped Newton step of ``cell``'s chain from the guess H, by three fused kernels (the
     module docstring): what :func:`bppsa.forward.step.newton_step` computes.
 
@@ -137,9 +167,9 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
       xs: (T, B, I) inputs, time-major.
       s0: (B, H) the initial state.
       H: (T, B, H) the guess, H[t] the state after step t + 1.
-      chunk: the chunk length (default :func:`bppsa.kernels.scan.chunk_length`).
+      chunk: the chunk length (default: :func:`chunking`'s).
       interpret: run the kernels in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program.
+      num_warps: Triton warps per program (one: a tile is :data:`TILE_ELEMENTS` elements).
 
     Returns:
       (T, B, H) the next iterate, in H's dtype.
@@ -155,30 +185,31 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
         return H
     xs = xs if interpret else gpu_only(xs)
     Hs, G, dtype = cell.hidden_size, cell.gates, compute_dtype(H.dtype)
-    Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True)
-    C = min(T, chunk or chunk_length(T))
-    bt = row_tile(Hp)
-    chunks, tiles = -(-T // C), Bp // bt
+    bt, ht = tile(padded_size(Hs))
+    Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True, batch_tile=bt)
+    tiles = (Bp // bt, Hp // ht)
+    C, chunks = chunking(T, tiles[0] * tiles[1], chunk)
     Hg, s0p = pad_to(H.astype(dtype), (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
 
-    whole = pl.BlockSpec((T, bt, Hp), lambda c, i: (0, i, 0))  # indexed by step inside the kernels
-    vec = pl.BlockSpec((Hp,), lambda c, i: (0,))
-    tile = pl.BlockSpec((bt, Hp), lambda c, i: (i, 0))
-    one = pl.BlockSpec((None, bt, Hp), lambda c, i: (c, i, 0))
-    specs = [whole] * G + [vec] * G + [vec] * G + [whole, tile]
+    whole = pl.BlockSpec((T, bt, ht), lambda c, i, j: (0, i, j))  # indexed by step inside the kernels
+    vec = pl.BlockSpec((ht,), lambda c, i, j: (j,))
+    one_tile = pl.BlockSpec((bt, ht), lambda c, i, j: (i, j))
+    one = pl.BlockSpec((None, bt, ht), lambda c, i, j: (c, i, j))
+    specs = [whole] * G + [vec] * G + [vec] * G + [whole, one_tile]
     params_ = pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
     per_chunk = jax.ShapeDtypeStruct((chunks, Bp, Hp), dtype)
     kw = dict(cell=cell, T=T, C=C, gates=G)
-    A, L = pl.pallas_call(functools.partial(_reduce, **kw), grid=(chunks, tiles), in_specs=specs,
+    grid = (chunks, *tiles)
+    A, L = pl.pallas_call(functools.partial(_reduce, **kw), grid=grid, in_specs=specs,
                           out_specs=[one, one], out_shape=[per_chunk, per_chunk], interpret=interpret,
                           compiler_params=params_)(*us, *ws, *bs, Hg, s0p)
-    every = pl.BlockSpec((chunks, bt, Hp), lambda i: (0, i, 0))
-    carries = pl.pallas_call(functools.partial(_carry, chunks=chunks), grid=(tiles,),
-                             in_specs=[every, every, pl.BlockSpec((bt, Hp), lambda i: (i, 0))],
+    every = pl.BlockSpec((chunks, bt, ht), lambda i, j: (0, i, j))
+    carries = pl.pallas_call(functools.partial(_carry, chunks=chunks), grid=tiles,
+                             in_specs=[every, every, pl.BlockSpec((bt, ht), lambda i, j: (i, j))],
                              out_specs=every, out_shape=per_chunk, interpret=interpret,
                              compiler_params=params_)(A, L, s0p)
-    out = pl.pallas_call(functools.partial(_apply, **kw), grid=(chunks, tiles), in_specs=[*specs, one],
-                         out_specs=pl.BlockSpec((C, bt, Hp), lambda c, i: (c, i, 0)),
+    out = pl.pallas_call(functools.partial(_apply, **kw), grid=grid, in_specs=[*specs, one],
+                         out_specs=pl.BlockSpec((C, bt, ht), lambda c, i, j: (c, i, j)),
                          out_shape=jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype), interpret=interpret,
                          compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries)
     return out[:T, :B, :Hs].astype(H.dtype)

@@ -37,7 +37,8 @@ from jax.experimental.pallas import triton as pl_triton
 from bppsa.cells import ACTIVATIONS, GRU, LSTM, RNN, Affine, Cell, split_gates
 from bppsa.kernels.lowering import gpu_only
 
-__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "STEPS", "supports", "padded_size", "pad_to", "operands",
+__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "HIDDEN_LIMITS", "STEPS", "max_hidden", "warps_for", "supports",
+           "padded_size", "pad_to", "operands",
            "compute_dtype", "dot", "fused_states"]
 
 #: Batch rows a program owns (Triton's products need at least 16 rows).
@@ -47,12 +48,46 @@ MIN_SIZE = 16
 #: The largest hidden size the kernel takes: G resident (H, H) blocks of W_h per program (an LSTM at
 #: H = 64: 64 KiB of float32), beyond which they no longer fit a program's registers and shared memory.
 MAX_HIDDEN = 64
+#: The largest hidden size per cell (:func:`max_hidden`), where the compiled kernels (forward and
+#: adjoint, sm_90a, Triton 3.6) spill no register: the GRU's at H = 64 spill at 4, 8 and 16 warps
+#: (5.7 KB at four warps; its three products tiled in (16, 32) or (16, 16) column tiles, W_h read
+#: from memory each step, spill as much), so the GRU stops at 32.
+HIDDEN_LIMITS = {RNN: MAX_HIDDEN, GRU: 32, LSTM: MAX_HIDDEN}
 _CELLS = (RNN, GRU, LSTM)
+
+
+def max_hidden(cell: Cell) -> int:
+    """The largest hidden size the fused recurrence and adjoint take for ``cell``'s kind
+    (:data:`HIDDEN_LIMITS`; :data:`MAX_HIDDEN` for a kind they do not run).
+
+    Args:
+      cell: any cell (its :attr:`bppsa.cells.Cell.kernel_cell` decides).
+
+    Returns:
+      The limit on ``hidden_size``.
+    """
+    return HIDDEN_LIMITS.get(type(cell.kernel_cell), MAX_HIDDEN)
+
+
+def warps_for(Hp: int) -> int:
+    """The warps a program of the sequential kernels runs with at padded hidden size Hp: 4 up to
+    Hp = 32, 8 at Hp = 64 (at four warps an LSTM's (16, 64) @ (64, 64) products keep more operands
+    in registers than a thread has: 5.0 KB of spills in the forward, 12.2 KB in the adjoint; none
+    at eight).
+
+    Args:
+      Hp: the padded hidden size.
+
+    Returns:
+      4 or 8.
+    """
+    return 4 if Hp <= 32 else 8
 
 
 def supports(cell: Cell) -> bool:
     """Whether :func:`fused_states` runs ``cell``: a :class:`bppsa.cells.RNN`, ``GRU`` or ``LSTM``
-    (not a subclass: its step could differ) with ``hidden_size`` <= :data:`MAX_HIDDEN`.
+    (not a subclass: its step could differ) with ``hidden_size`` <= :func:`max_hidden` (RNN and
+    LSTM 64, GRU 32).
 
     Args:
       cell: any cell.
@@ -61,7 +96,7 @@ def supports(cell: Cell) -> bool:
       True where the kernel computes exactly ``cell``'s steps.
     """
     core = cell.kernel_cell
-    return type(core) in _CELLS and core.hidden_size <= MAX_HIDDEN
+    return type(core) in _CELLS and core.hidden_size <= max_hidden(cell)
 
 
 def padded_size(n: int) -> int:
@@ -171,7 +206,7 @@ def pad_to(a: Array, shape: tuple[int, ...]) -> Array:
     return jnp.pad(a, [(0, n - m) for m, n in zip(a.shape, shape, strict=True)])
 
 
-def operands(cell: Cell, params: Any, xs: Array, dtype: Any, diagonal: bool = False
+def operands(cell: Cell, params: Any, xs: Array, dtype: Any, diagonal: bool = False, batch_tile: int = BATCH_TILE
              ) -> tuple[int, int, list[Array], list[Array], list[Array]]:
     """What every cell kernel reads, padded: the G projected inputs x W_x + b_x (one product for all
     steps, before the kernel), the G blocks of the recurrent weight and the G hidden biases.
@@ -183,6 +218,7 @@ def operands(cell: Cell, params: Any, xs: Array, dtype: Any, diagonal: bool = Fa
       dtype: the kernel's dtype.
       diagonal: the recurrent weight as the G gates' diagonals ((Hp,) vectors; a diagonal cell's
         ``loop_params``), not (Hp, Hp) blocks.
+      batch_tile: the batch is padded to a multiple of it (the rows a program owns).
 
     Returns:
       (Hp, Bp, us, ws, bs): the padded hidden size and batch, us the G (T, Bp, Hp) inputs, ws the
@@ -190,7 +226,7 @@ def operands(cell: Cell, params: Any, xs: Array, dtype: Any, diagonal: bool = Fa
     """
     T, B, _ = xs.shape
     H, G = cell.hidden_size, cell.gates
-    Hp, Bp = padded_size(H), BATCH_TILE * -(-B // BATCH_TILE)
+    Hp, Bp = padded_size(H), batch_tile * -(-B // batch_tile)
     gx = cell.project(params, xs)
     us = [pad_to(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
     if diagonal:
@@ -205,7 +241,7 @@ def operands(cell: Cell, params: Any, xs: Array, dtype: Any, diagonal: bool = Fa
 
 @functools.partial(jax.jit, static_argnames=("cell", "interpret", "num_warps"))
 def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bool = False,
-                 num_warps: int = 4) -> Array:
+                 num_warps: int | None = None) -> Array:
     """The flat states of ``cell`` over xs from s0, as the sequential forward computes them, by one
     fused kernel (see the module docstring).
 
@@ -216,7 +252,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
       s0: (B, S) the flat initial state (S = H; LSTM: S = 2H, [h, c]).
       interpret: run the kernel in Pallas's interpret mode (any backend) instead of compiling it
         for the GPU.
-      num_warps: Triton warps per program.
+      num_warps: Triton warps per program (None: :func:`warps_for` the padded hidden size).
 
     Returns:
       ss (T, B, S), ss[t] the flat state after step t + 1, in s0's dtype (computed in
@@ -226,8 +262,9 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
       ValueError: a cell the kernel does not run (:func:`supports`).
     """
     if not supports(cell):
-        raise ValueError(f"the fused recurrence runs bppsa.cells.RNN, GRU and LSTM with hidden_size <= "
-                         f"{MAX_HIDDEN}; got {cell.display_name} with hidden_size {cell.hidden_size}")
+        raise ValueError(f"the fused recurrence runs bppsa.cells.RNN and LSTM with hidden_size <= {MAX_HIDDEN} "
+                         f"and GRU with hidden_size <= {HIDDEN_LIMITS[GRU]}; got {cell.display_name} with "
+                         f"hidden_size {cell.hidden_size}")
     cell, params = cell.kernel_cell, cell.kernel_params(params)
     T, B, _ = xs.shape
     if B == 0:  # no rows: no program to run
@@ -249,7 +286,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
         in_specs=specs,
         out_specs=[seq_spec] * len(parts),
         interpret=interpret,
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp), num_stages=1),
     )(*us, *ws, *bs, *parts)
     states = [o[:, :B, :H] for o in out]
     return cell.flatten_state(tuple(states) if cell.pair_state else states[0]).astype(s0.dtype)

@@ -55,15 +55,23 @@ from jax.experimental.pallas import triton as pl_triton
 from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import compute_dtype, dot, pad_to, padded_size
 
-__all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "chunk_length", "chunked_scan", "chunked_scan_factored"]
+__all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "ROWS", "COLUMNS", "chunk_length", "reduce_warps", "chunked_scan",
+           "chunked_scan_factored"]
 
 #: The largest block size scanned in lanes (elementwise, k³ products unrolled a step).
 LANE_BLOCK = 8
-#: The largest block (or dense state) size the kernels take: an LSTM's S = 2H at H = 64. A (128,
-#: 128) float32 product in a program is 64 KiB; beyond that it no longer fits one program.
-MAX_BLOCK = 128
+#: The largest block (or dense state) size the kernels take: a GRU's S = H at H = 64, an LSTM's
+#: S = 2H at H = 32. At 128 (an LSTM at H = 64) the compiled reduce spills registers whatever its
+#: tiles and warps (84/76 B at best; the factored form's 39/58 KB and 361 KiB of shared memory,
+#: more than a block may have), and so does the factored apply (3.1 KB).
+MAX_BLOCK = 64
 #: Rows a program of the lane kernels owns (a power of two).
 ROW_TILE = 128
+#: The dense reduce's tile of a chunk's product: ROWS rows a program, in column tiles of at most
+#: COLUMNS (:func:`_dense_reduce`); at Kp = 128 one program's (128, 128) @ (128, 128) product
+#: spilled 105 KB of registers (now refused, :data:`MAX_BLOCK`), at Kp = 64 0.9 KB, the factored one
+#: at Kp = 64 79 KB; tiled, none.
+ROWS, COLUMNS = 16, 32
 
 
 def chunk_length(n: int) -> int:
@@ -79,8 +87,22 @@ def chunk_length(n: int) -> int:
     return max(1, math.ceil(math.sqrt(n)))
 
 
-def _params(num_warps: int = 4):
-    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
+def _params(num_warps: int | None, default: int = 4):
+    return pl_triton.CompilerParams(num_warps=num_warps or default, num_stages=1)
+
+
+def reduce_warps(Kp: int, factors: int) -> int:
+    """The warps of the dense reduce's programs: 8 for the factored form at Kp = 64 (its Q products
+    a step spill registers at 4 warps: 6.7 KB at Q = 5), else 4 (the dense form at Kp = 64 spills at 8).
+
+    Args:
+      Kp: the padded block size.
+      factors: Q, or 0 for stored matrices.
+
+    Returns:
+      4 or 8.
+    """
+    return 8 if factors and Kp > 32 else 4
 
 
 # -- lanes: (k, k) blocks with k <= LANE_BLOCK, rows in the lanes -----------------------------------
@@ -202,25 +224,48 @@ def _times(g, m_refs, t, wts):
     return functools.reduce(jnp.add, [_vecmat(g * r[t], wt) for r, wt in zip(m_refs, wts, strict=True)])
 
 
+def _blocks(ref, index, width: int) -> list[list[Array]]:
+    """``ref[*index]``, a (Kp, Kp) matrix, as its (width, width) blocks [k][j] (rows k, columns j)."""
+    n = ref.shape[-1] // width
+    return [[ref[(*index, pl.ds(k * width, width), pl.ds(j * width, width))] for j in range(n)] for k in range(n)]
+
+
 def _dense_reduce(*refs, C: int, n: int, factors: int):
-    m_refs, wts, d_ref, (p_ref, l_ref) = _split(refs, factors)
-    c, Kp = pl.program_id(0), d_ref.shape[-1]
-    rows, cols = lax.broadcasted_iota(jnp.int32, (Kp, Kp), 0), lax.broadcasted_iota(jnp.int32, (Kp, Kp), 1)
-    eye = jnp.where(rows == cols, 1.0, 0.0).astype(d_ref.dtype)
+    """One program: row tile i of the chunk's product P (rows i·ROWS.., (ROWS, Kp)), or, for the
+    last tile, the chunk's offset (every row of the tile the same vector). Both as column tiles of
+    :data:`COLUMNS`: out tile j = Σ_k P_k @ M[k, j] (small products: a (ROWS, Kp) @ (Kp, Kp) one at
+    Kp = 64 or 128 keeps more operands in registers than a thread has)."""
+    if factors:
+        m_refs, w_refs, d_ref, p_ref = refs[:factors], refs[factors:2 * factors], refs[2 * factors], refs[-1]
+    else:
+        m_refs, w_refs, d_ref, p_ref = refs[:1], (), refs[1], refs[-1]
+    c, i, Kp = pl.program_id(0), pl.program_id(2), d_ref.shape[-1]
+    rows, width = p_ref.shape[0], min(Kp, COLUMNS)
+    is_loc = i == Kp // rows
+    cols = lax.broadcasted_iota(jnp.int32, (rows, width), 1)
+    row_ids = i * rows + lax.broadcasted_iota(jnp.int32, (rows, width), 0)
+    dtype = d_ref.dtype
+    P0 = tuple(jnp.where(row_ids == j * width + cols, 1.0, 0.0).astype(dtype) for j in range(Kp // width))
 
-    def body(t, carry):
-        P, loc = carry
+    def body(t, P):
         keep = c * C + t < n
-        if wts is None:
-            P2 = dot(P, m_refs[0][t])
-        else:  # P Σ_q diag(a_q) Wt_q = Σ_q (P ⊙ a_q) Wt_q: the matrix never formed
-            P2 = functools.reduce(jnp.add, [dot(P * r[t][None, :], wt) for r, wt in zip(m_refs, wts, strict=True)])
-        loc2 = _times(loc, m_refs, t, wts) + d_ref[t]
-        return jnp.where(keep, P2, P), jnp.where(keep, loc2, loc)
+        d = [d_ref[t, pl.ds(j * width, width)] for j in range(len(P))]
+        if factors:  # P Σ_q diag(a_q) Wt_q = Σ_q (P ⊙ a_q) Wt_q: the matrix never formed
+            terms = []
+            for m_ref, w_ref in zip(m_refs, w_refs, strict=True):
+                a = [m_ref[t, pl.ds(k * width, width)] for k in range(len(P))]
+                terms.append(([p * a_k[None, :] for p, a_k in zip(P, a, strict=True)], _blocks(w_ref, (), width)))
+        else:
+            terms = [(list(P), _blocks(m_refs[0], (t,), width))]
+        new = []
+        for j in range(len(P)):
+            acc = functools.reduce(jnp.add, [dot(x[k], w[k][j]) for x, w in terms for k in range(len(P))])
+            new.append(jnp.where(keep, acc + jnp.where(is_loc, d[j][None, :], 0.0), P[j]))
+        return tuple(new)
 
-    P, loc = lax.fori_loop(0, C, body, (eye, jnp.zeros((Kp,), d_ref.dtype)))
-    p_ref[...] = P
-    l_ref[...] = loc
+    P = lax.fori_loop(0, C, body, P0)
+    for j, tile in enumerate(P):
+        p_ref[:, pl.ds(j * width, width)] = tile
 
 
 def _dense_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
@@ -258,13 +303,16 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
     m_chunk = ([pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))] * factors if factors
                else [pl.BlockSpec((C, None, Kp, Kp), lambda c, r: (c, r, 0, 0))])
     d_chunk = pl.BlockSpec((C, None, Kp), lambda c, r: (c, r, 0))
-    p_one = pl.BlockSpec((None, None, Kp, Kp), lambda c, r: (c, r, 0, 0))
     l_one = pl.BlockSpec((None, None, Kp), lambda c, r: (c, r, 0))
-    P, L = pl.pallas_call(
-        functools.partial(_dense_reduce, C=C, n=n, factors=factors), grid=(chunks, R),
-        in_specs=[*m_chunk, *w_spec, d_chunk], out_specs=[p_one, l_one],
-        out_shape=[jax.ShapeDtypeStruct((chunks, R, Kp, Kp), dtype), jax.ShapeDtypeStruct((chunks, R, Kp), dtype)],
-        interpret=interpret, compiler_params=_params(num_warps))(*ms, *extra, dp)
+    tiles = Kp // ROWS + 1  # the product's row tiles, and the offset's
+    r3 = lambda spec: pl.BlockSpec(spec.block_shape, lambda c, r, i: spec.index_map(c, r))  # noqa: E731
+    PL = pl.pallas_call(
+        functools.partial(_dense_reduce, C=C, n=n, factors=factors), grid=(chunks, R, tiles),
+        in_specs=[*map(r3, m_chunk), *map(r3, w_spec), r3(d_chunk)],
+        out_specs=pl.BlockSpec((None, None, ROWS, Kp), lambda c, r, i: (c, r, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((chunks, R, tiles * ROWS, Kp), dtype),
+        interpret=interpret, compiler_params=_params(num_warps, reduce_warps(Kp, factors)))(*ms, *extra, dp)
+    P, L = PL[:, :, :Kp], PL[:, :, Kp]
     row = pl.BlockSpec((None, Kp), lambda r: (r, 0))
     carries, total = pl.pallas_call(
         functools.partial(_dense_carry, chunks=chunks), grid=(R,),
@@ -289,8 +337,8 @@ def _check(v: Array, ds: Array | None, n: int, R: int, k: int) -> None:
     if ds is not None and ds.shape != (n, R, k):
         raise ValueError(f"ds must have shape (n, R, k) = {(n, R, k)}; got {ds.shape}")
     if k > MAX_BLOCK:
-        raise ValueError(f"the fused scan takes blocks of at most {MAX_BLOCK} (k = {k}): a larger "
-                         "matrix no longer fits one program; kernels='xla' scans it")
+        raise ValueError(f"the fused scan takes blocks of at most {MAX_BLOCK} (k = {k}): a larger one spills "
+                         "registers on the GPU; kernels='xla' scans it")
 
 
 def _run(kernels, v, Ms, ds, n, chunk, interpret, num_warps):
@@ -310,7 +358,7 @@ def _run(kernels, v, Ms, ds, n, chunk, interpret, num_warps):
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
 def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | None = None,
-                 interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
+                 interpret: bool = False, num_warps: int | None = None) -> tuple[Array, Array]:
     """The scan of the maps g ↦ g @ Ms[k] + ds[k] from v, in three fused kernels (the module
     docstring): the same result as :func:`bppsa.scan.structured.block_scan` (and, for R = B rows
     of k = S, :func:`bppsa.scan.dense.scan`).
@@ -321,7 +369,7 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
       ds: (n, R, k) their offsets, or None (all zero).
       chunk: the chunk length C (default :func:`chunk_length`).
       interpret: run the kernels in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program.
+      num_warps: Triton warps per program (None: 4, the factored reduce's :func:`reduce_warps`).
 
     Returns:
       (prefixes, total), prefixes (n, R, k) the exclusive prefixes (prefixes[0] = v) and total
@@ -339,7 +387,7 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
 
 @functools.partial(jax.jit, static_argnames=("chunk", "interpret", "num_warps"))
 def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None, *, chunk: int | None = None,
-                          interpret: bool = False, num_warps: int = 4) -> tuple[Array, Array]:
+                          interpret: bool = False, num_warps: int | None = None) -> tuple[Array, Array]:
     """:func:`chunked_scan` for matrices made of per-step factors and shared matrices, M_k =
     Σ_q diag(A_{q,k}) @ Wt_q (an Elman RNN's transposed Jacobians: Q = 1; a GRU's, an LSTM's:
     :meth:`bppsa.cells.Cell.factored_jacobian`), formed inside the kernels: the same result as
@@ -353,7 +401,7 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
       ds: (n, R, S) the offsets, or None (all zero).
       chunk: the chunk length C (default :func:`chunk_length`).
       interpret: run the kernels in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program.
+      num_warps: Triton warps per program (None: 4, the factored reduce's :func:`reduce_warps`).
 
     Returns:
       (prefixes, total), prefixes (n, R, S) and total (R, S), in v's dtype.

@@ -94,9 +94,22 @@ def test_the_fused_newton_step_lowers_for_cuda_here(name):
     assert module.count(lowering.TRITON_CALL) == 3
 
 
-def test_a_wide_cell_runs_fewer_rows_a_program():
-    """H = 200 (padded to 256): 8 rows a program, two tiles over B = 9; the step is still the XLA one."""
-    assert [kernel_newton.row_tile(h) for h in (16, 128, 256, 1024)] == [16, 16, 8, 2]
+def test_the_grid_fills_an_h100():
+    """A program owns 32 elements ((2, 16) or (1, 32)); the chunks are short enough for >= 4 programs
+    an SM of an H100 at every diagonal point (H = 20..256, T >= 1024, B >= 8); H = 200 (padded to
+    256) over B = 9 rows: the step is still the XLA one."""
+    assert [kernel_newton.tile(h) for h in (16, 32, 256, 1024)] == [(2, 16), (1, 32), (1, 32), (1, 32)]
+    for H in (20, 64, 256):
+        for T, B in ((1024, 8), (4096, 16)):
+            bt, ht = kernel_newton.tile(max(16, 1 << (H - 1).bit_length()))
+            tiles = -(-B // bt) * (max(16, 1 << (H - 1).bit_length()) // ht)
+            C, chunks = kernel_newton.chunking(T, tiles)
+            assert chunks * tiles >= kernel_newton.MIN_PROGRAMS and chunks == -(-T // C), (H, T, B)
+    assert kernel_newton.chunking(4096, 16) == (64, 64)  # H = 20, B = 16: 16 tiles, 1024 programs (was 64)
+    assert kernel_newton.chunking(1024, 8) == (15, 69)  # H = 20, B = 8: chunks shortened for 552 programs
+    assert kernel_newton.chunking(30, 34) == (6, 5)  # short: ⌈√T⌉ steps kept (not 30 chunks of one step)
+    assert kernel_newton.chunking(200, 8) == (8, 25)  # shortened to MIN_CHUNK, no further
+    assert kernel_newton.chunking(10, 4, chunk=4) == (4, 3)
     cell = structured.BlockGRU(3, 200)
     k = jax.random.split(jax.random.key(2), 4)
     params, xs = cell.init(k[0], jnp.float64), jax.random.normal(k[1], (5, 9, 3), jnp.float64)

@@ -48,6 +48,7 @@ def _problem(name, T, B, I=3, H=5, dtype=jnp.float64, seed=0):
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_interpret_mode_equals_the_sequential_forward(name, dtype):
     for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:  # B = 17: two batch tiles; H: padded to 16, 32, 64
+        H = min(H, recurrence.max_hidden(CELLS[name](3, H)))  # a GRU: at most 32
         cell, params, xs, s0 = _problem(name, T, B, H=H, dtype=dtype)
         want = forward_states(cell, params, xs, s0)
         got = fused_states(cell, params, xs, s0, interpret=True)
@@ -81,10 +82,13 @@ def test_a_kernel_that_cannot_lower_fails_the_check():
 
 
 def test_supported_cells_and_sizes():
-    assert supports(cells.GRU(3, recurrence.MAX_HIDDEN)) and not supports(cells.GRU(3, recurrence.MAX_HIDDEN + 1))
+    assert supports(cells.LSTM(3, recurrence.MAX_HIDDEN)) and not supports(cells.LSTM(3, recurrence.MAX_HIDDEN + 1))
+    assert supports(cells.RNN(3, 64)) and supports(cells.GRU(3, 32)) and not supports(cells.GRU(3, 33))  # GRU 64 spills
+    assert [recurrence.warps_for(n) for n in (16, 32, 64)] == [4, 4, 8]
     assert not supports(cells.Generic(lambda p, h, x: jnp.tanh(h + x)))
     assert [recurrence.padded_size(n) for n in (1, 16, 17, 20, 33, 64)] == [16, 16, 32, 32, 64, 64]
-    with pytest.raises(ValueError, match="the fused recurrence runs bppsa.cells.RNN, GRU and LSTM"):
+    with pytest.raises(ValueError, match="the fused recurrence runs bppsa.cells.RNN and LSTM with hidden_size <= 64 "
+                                         "and GRU with hidden_size <= 32"):
         fused_states(cells.GRU(3, 80), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 80)), interpret=True)
 
 
@@ -156,10 +160,17 @@ def test_the_kernels_option():
     with pytest.raises(UsageError, match=r"backward='bptt' of BlockGRU"):
         block = bppsa.structured.BlockGRU(3, 8, head_size=2)
         bppsa.Options(kernels="interpret", forward="newton", backward="bptt").plan(block, xs, jnp.zeros((2, 8)))
+    gru64 = cells.GRU(3, 64)  # its compiled kernels spill registers: the limit is named
+    assert kernel_lib.unsupported(gru64, "bptt", "sequential", 64) == [
+        "forward='sequential' of GRU with hidden_size 64 (the fused recurrence runs hidden sizes up to 32 for a GRU: "
+        "larger ones spill registers on the GPU; forward='newton' runs the fused scan for other cells)",
+        "backward='bptt' of GRU with hidden_size 64 (the fused adjoint loop runs hidden sizes up to 32 for a GRU: "
+        "larger ones spill registers on the GPU)"]
     assert kernel_lib.unsupported(cell, "bppsa", "sequential", cell.state_size, mesh=True) == [
         "a mesh (the sequence-parallel scan has no kernel)"]
     assert kernel_lib.unsupported(big, "bppsa", "quasi", 200) == [
-        "backward='bppsa' with Jacobian blocks of 200 (the fused scan takes at most 128)"]
+        "backward='bppsa' with Jacobian blocks of 200 (the fused scan takes at most 64: larger ones spill registers "
+        "on the GPU)"]
 
 
 def test_the_flax_drop_in_takes_the_option():

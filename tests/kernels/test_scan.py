@@ -103,7 +103,7 @@ def test_chunk_length():
     assert [kernel_scan.chunk_length(n) for n in (1, 2, 4, 10, 30_000)] == [1, 2, 2, 4, 174]
 
 
-@pytest.mark.parametrize("k", [1, 2, 20, 128])
+@pytest.mark.parametrize("k", [1, 2, 20, 64])
 def test_every_form_lowers_for_cuda_here(k):
     """Three Triton kernels for each form (lanes, dense rows); a kernel that cannot lower fails here."""
     n, R = 37, 5
@@ -127,7 +127,7 @@ def test_bad_shapes_are_clear_errors():
         chunked_scan(v, Ms, ds[:2], interpret=True)
     with pytest.raises(ValueError, match=r"n >= 1"):
         chunked_scan(v, Ms[:0], ds[:0], interpret=True)
-    with pytest.raises(ValueError, match=r"blocks of at most 128"):
-        chunked_scan(jnp.zeros((1, 129)), jnp.zeros((2, 1, 129, 129)), interpret=True)
+    with pytest.raises(ValueError, match=r"blocks of at most 64"):
+        chunked_scan(jnp.zeros((1, 65)), jnp.zeros((2, 1, 65, 65)), interpret=True)
     with pytest.raises(ValueError, match=r"Wt must have shape \(Q, S, S\) = \(1, 3, 3\)"):
         chunked_scan_factored(v, ds, jnp.zeros((3, 4)), ds, interpret=True)
