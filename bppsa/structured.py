@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -237,8 +238,22 @@ class BlockRNN(_Block):
     gates: ClassVar[int] = 1
     _activations: ClassVar[tuple[str, ...]] = ("nonlinearity",)
 
+    def gate_step(self, h: Array, gx: Sequence[Array], gh: Sequence[Array]) -> Array:
+        """The step given its two products (as :meth:`bppsa.cells.RNN.gate_step`; the Newton
+        kernel's, given an elementwise recurrent product).
+
+        Args:
+          h: (..., H) the state.
+          gx: (x W_x + b_x,), the projected input.
+          gh: (rec(h) + b_h,), the per-head recurrent product.
+
+        Returns:
+          h' (..., H).
+        """
+        return ACTIVATIONS[self.nonlinearity][0](gx[0] + gh[0])
+
     def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
-        return ACTIVATIONS[self.nonlinearity][0](gx + self._recurrent(params, h))
+        return self.gate_step(h, (gx,), (self._recurrent(params, h),))
 
     def _dact(self, s):
         return ACTIVATIONS[self.nonlinearity][1](s)
@@ -313,6 +328,8 @@ class BlockGRU(_Block):
 
     # the GRU's gates, update and derivative terms, written once (cells.GRU), on this cell's recurrence
     _gates = GRU._gates
+    _gate_values = GRU._gate_values
+    gate_step = GRU.gate_step  # pyright: ignore[reportAssignmentType]
     step_projected = GRU.step_projected  # pyright: ignore[reportAssignmentType]
     gate_terms = GRU.gate_terms  # pyright: ignore[reportAssignmentType]
     _gate_factors = GRU._gate_factors  # pyright: ignore[reportAssignmentType]
@@ -431,6 +448,7 @@ class BlockLSTM(_Block):
         return states[1] if self.flax_carry else states[0]
 
     _gates = LSTM._gates  # the LSTM's gates (cells.LSTM), on this cell's recurrence
+    _gate_values = LSTM._gate_values
 
     def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
         h, c = self._hc(state)

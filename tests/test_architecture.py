@@ -29,7 +29,7 @@ LAYERS = [
     ("bppsa.tasks",),
     ("bppsa.hetero", "bppsa.sync"),
     # the harness (experiments/): above the whole library, never imported by it
-    ("experiments.provenance", "experiments.tables", "experiments.data"),
+    ("experiments.provenance", "experiments.tables", "experiments.data", "experiments.figures"),
     ("experiments.train", "experiments.gradient"),
     ("experiments.calibrate", "experiments.baselines", "experiments.bench"),
     ("experiments.paper_bppsa", "experiments.paper_hetero", "experiments.paper_sync", "experiments.extensions"),
@@ -483,3 +483,17 @@ def test_a_plan_is_its_own_type():
     """``Plan`` is not an ``Options``: every field concrete, its own frozen type."""
     from bppsa.plan.options import Options, Plan
     assert not issubclass(Plan, Options) and Plan.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_each_cells_maths_once():
+    """The kernels ask the cell for its step (``gate_step``, given the recurrent products they compute):
+    no activation, gate or per-cell step function is written in bppsa/kernels/."""
+    for where, tree in _library_sources():
+        if not where.startswith("bppsa/kernels/"):
+            continue
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+            {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not names & {"ACTIVATIONS", "sigmoid", "tanh"}, (where, names & {"ACTIVATIONS", "sigmoid", "tanh"})
+        steps = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.endswith("_step")
+                 and n.name.lstrip("_").split("_")[0] in ("rnn", "gru", "lstm")]
+        assert not steps, (where, steps)

@@ -5,6 +5,7 @@ and :class:`LSTM`, with analytic transposed Jacobians, parameter gradients and a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
@@ -70,9 +71,23 @@ class RNN(AffineAdjoint):
                 raise UsageError(f"RNN: {name} must be True or False; got {getattr(self, name)!r}")
         super().__post_init__()
 
-    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
-        a = gx + self._recurrent(params, h)
+    def gate_step(self, h: Array, gx: Sequence[Array], gh: Sequence[Array]) -> Array:
+        """The step given its two products: the cell's maths, written once, for the XLA paths
+        (:meth:`step_projected`) and the fused kernels (:mod:`bppsa.kernels`, each given its own products).
+
+        Args:
+          h: (..., H) the state.
+          gx: (x W_x + b_x,), the projected input.
+          gh: (h W_h + b_h,), the recurrent product.
+
+        Returns:
+          h' (..., H).
+        """
+        a = gx[0] + gh[0]
         return ACTIVATIONS[self.nonlinearity][0](a + h if self.residual else a)
+
+    def step_projected(self, params: Any, h: Array, gx: Array) -> Array:
+        return self.gate_step(h, (gx,), (self._recurrent(params, h),))
 
     def step_factors(self, params: Any, h: Array, gx: Array) -> tuple[Array, Any]:
         y = self.step_projected(params, h, gx)
@@ -160,13 +175,30 @@ class GRU(AffineAdjoint):
     gates: ClassVar[int] = 3
 
     def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (r, z, n)
+        return self._gate_values(gx, split_gates(self._recurrent(params, h), 3))
+
+    def _gate_values(self, gx, gh):  # the gates (r, z), the recurrent candidate m and n, from both products
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        (x_r, x_z, x_n), (h_r, h_z, m) = gx, split_gates(self._recurrent(params, h), 3)
+        (x_r, x_z, x_n), (h_r, h_z, m) = gx, gh
         return (r := sigma(x_r + h_r)), sigma(x_z + h_z), m, phi(x_n + r * m)
 
-    def step_projected(self, params: Any, h: Array, gx: Any) -> Array:
-        r, z, m, n = self._gates(params, h, gx)
+    def gate_step(self, h: Array, gx: Sequence[Array], gh: Sequence[Array]) -> Array:
+        """The step given its two products: the cell's maths, written once, for the XLA paths
+        (:meth:`step_projected`) and the fused kernels (:mod:`bppsa.kernels`, each given its own products).
+
+        Args:
+          h: (..., H) the state.
+          gx: the projected input's gates' parts (x W_xr + b_xr, x W_xz + b_xz, x W_xn + b_xn).
+          gh: the recurrent product's (h W_hr + b_hr, h W_hz + b_hz, h W_hn + b_hn).
+
+        Returns:
+          h' (..., H).
+        """
+        r, z, m, n = self._gate_values(gx, gh)
         return (1.0 - z) * n + z * h
+
+    def step_projected(self, params: Any, h: Array, gx: Any) -> Array:
+        return self.gate_step(h, gx, split_gates(self._recurrent(params, h), 3))
 
     def _gate_factors(self, h, r, z, m, n):  # (r, z, u_r, u_z, u_n), per unit
         dsigma = ACTIVATIONS[self.gate][1]
@@ -294,15 +326,33 @@ class LSTM(AffineAdjoint):
         return tuple(split_gates(s, 2))  # pyright: ignore[reportReturnType]
 
     def _gates(self, params, h, gx):  # gx: the projected input, the gates' parts (i, f, g, o)
+        return self._gate_values(gx, split_gates(self._recurrent(params, h), 4))
+
+    def _gate_values(self, gx, gh):  # the gates (i, f, g, o), activated, from both products
         sigma, phi = ACTIVATIONS[self.gate][0], ACTIVATIONS[self.activation][0]
-        i, f, g, o = (x + r for x, r in zip(gx, split_gates(self._recurrent(params, h), 4), strict=True))
+        i, f, g, o = (x + r for x, r in zip(gx, gh, strict=True))
         return sigma(i), sigma(f), phi(g), sigma(o)
 
-    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
-        h, c = state
-        i, f, g, o = self._gates(params, h, gx)
+    def gate_step(self, state: tuple[Array, Array], gx: Sequence[Array], gh: Sequence[Array]
+                  ) -> tuple[Array, Array]:
+        """The step given its two products: the cell's maths, written once, for the XLA paths
+        (:meth:`step_projected`) and the fused kernels (:mod:`bppsa.kernels`, each given its own products).
+
+        Args:
+          state: (h, c), each (..., H).
+          gx: the projected input's gates' parts (i, f, g, o), each x W_x· + b_x·.
+          gh: the recurrent product's, each h W_h· + b_h·.
+
+        Returns:
+          (h', c'), each (..., H).
+        """
+        c = state[1]
+        i, f, g, o = self._gate_values(gx, gh)
         c_new = f * c + i * g
         return o * ACTIVATIONS[self.activation][0](c_new), c_new
+
+    def step_projected(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Array, Array]:
+        return self.gate_step(state, gx, split_gates(self._recurrent(params, state[0]), 4))
 
     def step_factors(self, params: Any, state: tuple[Array, Array], gx: Any) -> tuple[Any, Any]:
         """The step and (f, k, p_i, p_f, p_g, q): k = ∂h'/∂c', p = ∂c'/∂a_{i,f,g}, q = ∂h'/∂a_o."""

@@ -82,7 +82,7 @@ def _recurrence_refusal(cell: Cell, kernel: str) -> str:
     cell it runs as (an adapter that runs by autodiff, a user's cell); the phrase ends inside an
     open parenthesis."""
     core, limit = cell.kernel_cell, recurrence.max_hidden(cell)
-    if type(core) in recurrence.STEPS:
+    if type(core) in recurrence.HIDDEN_LIMITS:
         return (f"{cell.display_name} with hidden_size {core.hidden_size} ({kernel} runs hidden sizes up to "
                 f"{limit} for a {type(core).__name__}: larger ones spill registers on the GPU")
     runs_as = "" if type(cell).__name__ == cell.display_name else f", run as {type(cell).__module__}." \

@@ -6,7 +6,7 @@ The loop is g_t = ct_t + (g_{t+1} through step t + 1), from the last step: per s
 recomputes the step's gates from the saved state before it (s_{t-1}) and the projected input
 (x_t W_x + b_x, one product before the kernel), and pulls g_t back through them to s_{t-1}, one
 product with W_hᵀ per gate. That pull-back is JAX's own vector–Jacobian product of the kernel's
-step function (:data:`bppsa.kernels.recurrence.STEPS`), traced inside the kernel: the kernel's
+step function (:func:`bppsa.kernels.recurrence.step`: the cell's ``gate_step``), traced inside the kernel: the kernel's
 backward is the derivative of exactly the step its forward runs. The kernel writes out every g_t;
 the parameter and input gradients are then one batched contraction over all steps, outside it
 (:meth:`bppsa.cells.Cell.param_grads`: cuDNN's split of the backward into data and weights).
@@ -32,10 +32,10 @@ from bppsa.kernels.recurrence import (
     BATCH_TILE,
     HIDDEN_LIMITS,
     MAX_HIDDEN,
-    STEPS,
     compute_dtype,
     operands,
     pad_to,
+    step,
     supports,
     warps_for,
 )
@@ -54,7 +54,6 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
     gs_refs, g0_refs = refs[k + 2 * parts:k + 3 * parts], refs[k + 3 * parts:]
     ws = tuple(r[...] for r in w_refs)  # resident for the whole loop
     bs = tuple(r[...] for r in b_refs)
-    step = STEPS[type(cell)]
 
     def body(i, g):
         t = T - 1 - i  # the loop runs forward; the steps backward (Triton has no reverse loop)

@@ -9,7 +9,7 @@ recurrence. :mod:`bppsa.kernels.scan`'s three phases solve it, and here the maps
 phases 1 and 3 evaluate the step and its derivative themselves, per element, from the guess and
 the projected inputs (x_t W_x + b_x, one product before the kernels), the derivative by JAX's
 forward mode of the very step function the recurrence kernel runs
-(:data:`bppsa.kernels.recurrence.STEPS` with an elementwise recurrent product). Memory carries
+(:func:`bppsa.kernels.recurrence.step`, the cell's ``gate_step``, with an elementwise recurrent product). Memory carries
 the guess, the inputs and the new iterate; nothing (T, B, S) more. As in pararnn-torch's fused
 kernel (grid (B, T/128, H/32)), the grid runs over chunks of time, batch rows and units: a program
 owns a tile of 32 elements (:func:`tile`: one warp, (1, 32) or (2, 16)) and a chunk of steps, and
@@ -32,9 +32,9 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import GRU, RNN, Cell
+from bppsa.cells import Cell
 from bppsa.kernels.lowering import gpu_only
-from bppsa.kernels.recurrence import STEPS, compute_dtype, operands, pad_to, padded_size
+from bppsa.kernels.recurrence import compute_dtype, operands, pad_to, padded_size, step
 from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
@@ -51,7 +51,7 @@ TILE_ELEMENTS = 32
 MIN_PROGRAMS = 4 * 132
 #: The shortest chunk :func:`chunking` makes for more programs.
 MIN_CHUNK = 8
-_SAME_STEP = {BlockRNN: RNN, BlockGRU: GRU}  # the dense cell whose step equations each one shares
+_DIAGONAL = (BlockRNN, BlockGRU)  # the cells whose head_size=1 step fuses whole (their gate_step, elementwise)
 
 
 def supports(cell: Cell) -> bool:
@@ -64,7 +64,7 @@ def supports(cell: Cell) -> bool:
     Returns:
       True where the kernels compute exactly ``cell``'s Newton step.
     """
-    return (type(cell) in _SAME_STEP and getattr(cell, "head_size", None) == 1
+    return (type(cell) in _DIAGONAL and getattr(cell, "head_size", None) == 1
             and cell.hidden_size <= MAX_UNITS)
 
 
@@ -110,7 +110,6 @@ def _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0):
     (elementwise: the recurrence is diagonal) and that previous state."""
     prev = jnp.where(idx == 0, s0, h_ref[jnp.maximum(idx - 1, 0)])
     us = tuple(r[jnp.minimum(idx, T - 1)] for r in u_refs)  # past T: masked by the caller
-    step = STEPS[_SAME_STEP[type(cell)]]
     f, d = jax.jvp(lambda h: step(cell, ws, bs, us, (h,), product=jnp.multiply)[0], (prev,), (jnp.ones_like(prev),))
     return f, d, prev
 

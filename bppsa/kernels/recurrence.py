@@ -34,10 +34,10 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import ACTIVATIONS, GRU, LSTM, RNN, Affine, Cell, split_gates
+from bppsa.cells import GRU, LSTM, RNN, Affine, Cell, split_gates
 from bppsa.kernels.lowering import gpu_only
 
-__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "HIDDEN_LIMITS", "STEPS", "max_hidden", "warps_for", "supports",
+__all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "HIDDEN_LIMITS", "step", "max_hidden", "warps_for", "supports",
            "padded_size", "pad_to", "operands",
            "compute_dtype", "dot", "fused_states"]
 
@@ -141,37 +141,29 @@ def dot(a: Array, b: Array) -> Array:
     return jnp.dot(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=acc).astype(a.dtype)
 
 
-def _rnn_step(cell: RNN, ws, bs, us, state, product=dot):
-    (h,), (w,), (b,), (u,) = state, ws, bs, us
-    a = u + product(h, w) + b
-    return (ACTIVATIONS[cell.nonlinearity][0](a + h if getattr(cell, "residual", False) else a),)
+def step(cell: Cell, ws: tuple[Array, ...], bs: tuple[Array, ...], us: tuple[Array, ...], state: tuple[Array, ...],
+         product: Callable[[Array, Array], Array] = dot) -> tuple[Array, ...]:
+    """One step of ``cell`` inside the kernels: the recurrent products computed here, the rest the
+    cell's own maths (its ``gate_step``: :meth:`bppsa.cells.GRU.gate_step`), written once for the XLA
+    paths and every kernel. The forward runs it; the adjoint kernel (:mod:`bppsa.kernels.adjoint`)
+    pulls cotangents back through it; the Newton kernel (:mod:`bppsa.kernels.newton`) differentiates it.
 
+    Args:
+      cell: a cell with a ``gate_step`` (an RNN, GRU or LSTM; the Newton kernel's diagonal block cells).
+      ws: the G padded blocks of W_h, each (Hp, Hp) (the diagonal cells: (Hp,) vectors).
+      bs: their biases, each (Hp,).
+      us: the G projected inputs of the step, each (bt, Hp).
+      state: the state's parts (h; an LSTM: h, c), each (bt, Hp).
+      product: ``product(h, w)``, the recurrent product (default :func:`dot`; the diagonal cells'
+        kernel passes an elementwise one).
 
-def _gru_step(cell: GRU, ws, bs, us, state, product=dot):
-    (h,) = state
-    sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
-    (w_r, w_z, w_n), (b_r, b_z, b_n), (u_r, u_z, u_n) = ws, bs, us
-    r = sigma(u_r + product(h, w_r) + b_r)
-    z = sigma(u_z + product(h, w_z) + b_z)
-    n = phi(u_n + r * (product(h, w_n) + b_n))
-    return ((1.0 - z) * n + z * h,)
-
-
-def _lstm_step(cell: LSTM, ws, bs, us, state, product=dot):
-    h, c = state
-    sigma, phi = ACTIVATIONS[cell.gate][0], ACTIVATIONS[cell.activation][0]
-    i, f, g, o = (u + product(h, w) + b for u, w, b in zip(us, ws, bs, strict=True))
-    c_new = sigma(f) * c + sigma(i) * phi(g)
-    return sigma(o) * phi(c_new), c_new
-
-
-#: Each cell's step inside the kernels, ``step(cell, ws, bs, us, state, product=...) -> state``: ws
-#: and bs the G padded blocks of W_h and b_h, us the G projected inputs of one step, state the
-#: tuple of the state's parts (h; LSTM: h, c), each (bt, Hp); ``product(h, w)`` the recurrent
-#: product (default a matrix product; the diagonal cells' kernel passes an elementwise one, w a
-#: (Hp,) vector). The forward runs it; the adjoint kernel (:mod:`bppsa.kernels.adjoint`) pulls
-#: cotangents back through it; the Newton kernel (:mod:`bppsa.kernels.newton`) differentiates it.
-STEPS: dict[type, Callable[..., tuple[Array, ...]]] = {RNN: _rnn_step, GRU: _gru_step, LSTM: _lstm_step}
+    Returns:
+      The new state's parts, as ``state``.
+    """
+    h = state[0]
+    gh = tuple(product(h, w) + b for w, b in zip(ws, bs, strict=True))
+    new = cast(Any, cell).gate_step(state if len(state) > 1 else h, us, gh)
+    return tuple(new) if isinstance(new, tuple) else (new,)
 
 
 def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
@@ -182,8 +174,6 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
     s0_refs, out_refs = refs[3 * gates:3 * gates + parts], refs[3 * gates + parts:]
     ws = tuple(r[...] for r in w_refs)  # resident for the whole loop
     bs = tuple(r[...] for r in b_refs)
-    step = STEPS[type(cell)]
-
     def body(t, state):
         state = step(cell, ws, bs, tuple(r[t] for r in u_refs), state)
         for ref, part in zip(out_refs, state, strict=True):
