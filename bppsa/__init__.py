@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from bppsa import backprop, backward, cells, forward, host, parallel, plan, scan, structured
 from bppsa.forward.info import NewtonInfo
 from bppsa.forward.lyapunov import lyapunov
-from bppsa.plan.cost import CostModel, choose_backward
+from bppsa.plan.calibration import choose_backward
+from bppsa.plan.cost import CostModel
 from bppsa.plan.options import BACKWARDS, FORWARDS, Options, Plan
 from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 

@@ -1,7 +1,7 @@
 """The structured cells at head size 1 (elementwise recurrences) in the sequential loop, before
 and after: W_h read as the gates' rows (``Cell.loop_params``), the input product hoisted before
 the loop or kept in it and the unroll by a rule measured per gate count and per use, BPTT's
-autodiff loop or a forward alone (``bppsa.plan.cost.hoist_inputs``, ``bppsa.plan.cost.bptt_unroll``);
+autodiff loop or a forward alone (``bppsa.plan.rules.hoist_inputs``, ``bppsa.plan.rules.bptt_unroll``);
 against hand-written ``lax.scan``s of BlockGRU's equations.
 
 Each tree runs in a child process pinned to one core, XLA single-threaded, float32; within a

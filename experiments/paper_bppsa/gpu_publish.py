@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bppsa import cells
-from bppsa.plan import cost
+from bppsa.plan import calibration, cost
 from experiments.extensions import parallel_step, roofline
 from experiments.provenance import save_json
 from experiments.tables import markdown_table
@@ -193,7 +193,7 @@ def cell_of(p):
 def choices(points) -> str:
     """What ``backward="auto"`` (the shipped GPU cost model) and ``forward="auto"``
     (:func:`bppsa.plan.cost.choose_forward` on "gpu") pick at each point, against the fastest measured."""
-    model, rows = cost.shipped_cost_model("gpu"), []
+    model, rows = calibration.shipped_cost_model("gpu"), []
     names = {"bptt": "bptt", "bppsa": "bppsa_blelloch", "bppsa_sequential": "bppsa_sequential"}
     for p in sorted(points, key=lambda p: p["part"] != "gpu"):
         ms, gate = p.get("ms") or {}, None

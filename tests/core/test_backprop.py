@@ -449,7 +449,7 @@ def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch,
 
 def test_bptt_hoists_the_input_product_on_cpu_only_for_small_steps():
     small, large = cells.GRU(8, 16), cells.GRU(12, 20)
-    hoist = lambda cell, B, backward="bptt", backend="cpu": bppsa.plan.cost.hoist_inputs(cell, 100, B, jnp.float32,
+    hoist = lambda cell, B, backward="bptt", backend="cpu": bppsa.plan.rules.hoist_inputs(cell, 100, B, jnp.float32,
                                                                                    backward, backend)
     assert hoist(small, 4) and not hoist(large, 32)
     assert hoist(large, 32, backend="gpu") and hoist(large, 32, "bppsa")

@@ -152,7 +152,7 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
     for backward, want in (("bptt", bptt), ("bppsa", forward)):
         plan = bppsa.Options(backward=backward).plan(cell, xs, s0)
         assert (plan.hoist, plan.unroll) == want, (backward, plan.hoist, plan.unroll)
-        assert bppsa.plan.cost.hoist_inputs(cell, T, B, jnp.float32, backward, "gpu")  # off CPU: always
+        assert bppsa.plan.rules.hoist_inputs(cell, T, B, jnp.float32, backward, "gpu")  # off CPU: always
     parallel = bppsa.Options(backward="bppsa", forward="newton").plan(cell, xs, s0)
     assert parallel.hoist
 
@@ -160,9 +160,9 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
 def test_loop_rules_name_a_bad_use():
     cell = structured.BlockGRU(4, 8, 1)
     with pytest.raises(UsageError, match="backward must be 'bptt' .*'bppsa' or 'forward'; got 'auto'"):
-        bppsa.plan.cost.hoist_inputs(cell, 100, 2, None, "auto")
+        bppsa.plan.rules.hoist_inputs(cell, 100, 2, None, "auto")
     with pytest.raises(UsageError, match="got 'BPTT'"):
-        bppsa.plan.cost.bptt_unroll(cell, 100, 2, backward="BPTT")
+        bppsa.plan.rules.bptt_unroll(cell, 100, 2, backward="BPTT")
 
 
 @pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
@@ -209,7 +209,7 @@ def test_small_chunks(name):
 
 def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
     """A cell with 1×1 Jacobian blocks (k = 1): on CPU its plan is the sequential scan over
-    cache-sized chunks (bppsa.plan.cost.elementwise_plan); with small chunks (3 steps of T = 11, odd)
+    cache-sized chunks (bppsa.plan.rules.elementwise_plan); with small chunks (3 steps of T = 11, odd)
     and in one piece (the solve's own loop), the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
     the solve and the exponent) the states and gradients equal autodiff's, and NewtonInfo.lle the
     exponent along the returned states."""

@@ -12,6 +12,7 @@ import pytest
 import bppsa
 from experiments import baselines, calibrate, gradient
 from bppsa import cells
+from bppsa.plan import calibration, rules
 from bppsa.plan import cost
 from bppsa.forward.sequential import forward_states
 from experiments.tables import markdown_table
@@ -47,30 +48,30 @@ def _close(a, b):
 
 def test_bptt_unroll_rule():
     rnn20, gru20 = cells.RNN(1, 20), cells.GRU(1, 20)
-    assert cost.bptt_unroll(rnn20, 1000, 1, backend="cpu") == 16   # cheap steps: loop overhead dominates
-    assert cost.bptt_unroll(rnn20, 1000, 2, backend="cpu") == 2
-    assert cost.bptt_unroll(gru20, 1000, 1, backend="cpu") == 4
-    assert cost.bptt_unroll(gru20, 1000, 8, backend="cpu") == 2     # small batches: unroll 2
-    assert cost.bptt_unroll(gru20, 1000, 16, backend="cpu") == 1    # from B = 16: the plain loop
-    assert cost.bptt_unroll(rnn20, 1000, 256, backend="cpu") == 1
-    assert cost.bptt_unroll(rnn20, 5, 1, backend="cpu") == 1       # tiny problem: not worth the compile
-    assert cost.bptt_unroll(rnn20, 1, 64, backend="cpu") == 1      # never more than T
-    assert cost.bptt_unroll(rnn20, 10, 16, backend="cpu") == 10    # short: fully unrolled, no loop
-    assert cost.bptt_unroll(rnn20, 4, 16, backend="gpu") == 4
-    assert cost.bptt_unroll(rnn20, 1000, 16, backend="gpu") == cost.GPU_UNROLL
-    assert all(cost.bptt_unroll(c, 1000, B, backend="cpu") in cost.UNROLLS
+    assert rules.bptt_unroll(rnn20, 1000, 1, backend="cpu") == 16   # cheap steps: loop overhead dominates
+    assert rules.bptt_unroll(rnn20, 1000, 2, backend="cpu") == 2
+    assert rules.bptt_unroll(gru20, 1000, 1, backend="cpu") == 4
+    assert rules.bptt_unroll(gru20, 1000, 8, backend="cpu") == 2     # small batches: unroll 2
+    assert rules.bptt_unroll(gru20, 1000, 16, backend="cpu") == 1    # from B = 16: the plain loop
+    assert rules.bptt_unroll(rnn20, 1000, 256, backend="cpu") == 1
+    assert rules.bptt_unroll(rnn20, 5, 1, backend="cpu") == 1       # tiny problem: not worth the compile
+    assert rules.bptt_unroll(rnn20, 1, 64, backend="cpu") == 1      # never more than T
+    assert rules.bptt_unroll(rnn20, 10, 16, backend="cpu") == 10    # short: fully unrolled, no loop
+    assert rules.bptt_unroll(rnn20, 4, 16, backend="gpu") == 4
+    assert rules.bptt_unroll(rnn20, 1000, 16, backend="gpu") == rules.GPU_UNROLL
+    assert all(rules.bptt_unroll(c, 1000, B, backend="cpu") in rules.UNROLLS
                for c in (rnn20, gru20, cells.LSTM(1, 20)) for B in (1, 2, 4, 16, 256))
 
 
 def test_tuned_bptt_is_exact_and_unrolled():
     cell, params, xs, h0 = _problem(T=61, H=20)  # 61 steps: not a multiple of the unroll
-    assert cost.bptt_unroll(cell, 61, 1, xs.dtype, backend="cpu") == 16
-    assert cost.bptt_unroll(cells.RNN(2, 3), 37, 1, backend="cpu") == 1  # tiny: not worth the compile
+    assert rules.bptt_unroll(cell, 61, 1, xs.dtype, backend="cpu") == 16
+    assert rules.bptt_unroll(cells.RNN(2, 3), 37, 1, backend="cpu") == 1  # tiny: not worth the compile
     _close(_grad_fn(cell, xs, h0, backward="bptt")(params, xs, h0), _reference(cell, params, xs, h0))
     s0 = jnp.zeros((1, 20))
     tuned = str(jax.make_jaxpr(lambda p: forward_states(cell, p, xs, s0))(params))
     assert tuned == str(jax.make_jaxpr(lambda p: forward_states(
-        cell, p, xs, s0, unroll=cost.bptt_unroll(cell, 61, 1)))(params))
+        cell, p, xs, s0, unroll=rules.bptt_unroll(cell, 61, 1)))(params))
     assert tuned != str(jax.make_jaxpr(lambda p: forward_states(cell, p, xs, s0, unroll=1))(params))
 
 
@@ -78,11 +79,11 @@ def test_shipped_cost_models_are_package_data():
     root = importlib.resources.files("bppsa.plan").joinpath("cost_models")
     for name in ("cpu", "gpu"):
         assert root.joinpath(f"{name}.json").is_file()
-    cpu, gpu = cost.shipped_cost_model("cpu"), cost.shipped_cost_model("gpu")
+    cpu, gpu = calibration.shipped_cost_model("cpu"), calibration.shipped_cost_model("gpu")
     assert set(cpu.coef) == set(gpu.coef) == set(cost.METHODS)
-    assert cpu.meta["model_version"] == gpu.meta["model_version"] == cost.COST_MODEL_VERSION
+    assert cpu.meta["model_version"] == gpu.meta["model_version"] == calibration.COST_MODEL_VERSION
     assert gpu.meta["measured"] is False and cpu.meta["measured"]  # the GPU model is a prior
-    assert cost.shipped_cost_model("tpu") is None
+    assert calibration.shipped_cost_model("tpu") is None
 
 
 def test_package_data_is_declared_for_installation():
@@ -98,21 +99,21 @@ def test_package_data_is_declared_for_installation():
 def test_auto_without_calibration_uses_the_shipped_model_and_is_exact(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))  # no local calibration
     monkeypatch.setattr(calibrate, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
-    cost.default_cost_model.cache_clear()
+    calibration.default_cost_model.cache_clear()
     try:
-        model = cost.default_cost_model()
-        assert model is not None and model.coef == cost.shipped_cost_model().coef
+        model = calibration.default_cost_model()
+        assert model is not None and model.coef == calibration.shipped_cost_model().coef
         cell, params, xs, h0 = _problem(T=20, B=2)
-        assert cost.choose_backward(cell, 20, 2, xs.dtype) in cost.METHODS.values()
+        assert calibration.choose_backward(cell, 20, 2, xs.dtype) in cost.METHODS.values()
         _close(_grad_fn(cell, xs, h0, backward="auto")(params, xs, h0), _reference(cell, params, xs, h0))
     finally:
-        cost.default_cost_model.cache_clear()
+        calibration.default_cost_model.cache_clear()
 
 
 def test_auto_picks_the_scan_only_when_scan_is_left_default():
     cell, params, xs, h0 = _problem(T=9, B=2)
     model = cost.CostModel(FAVOUR_SEQUENTIAL)
-    assert cost.choose_backward(cell, 9, 2, xs.dtype, cost_model=model) == ("bppsa", "sequential")
+    assert calibration.choose_backward(cell, 9, 2, xs.dtype, cost_model=model) == ("bppsa", "sequential")
     trace = lambda **kw: str(jax.make_jaxpr(_grad_fn(cell, xs, h0, **kw))(params, xs, h0))
     auto = trace(backward="auto", cost_model=model)
     assert auto == trace(backward="bppsa", scan="sequential") != trace(backward="bppsa", scan="blelloch")
@@ -121,7 +122,7 @@ def test_auto_picks_the_scan_only_when_scan_is_left_default():
            _reference(cell, params, xs, h0))
     # a model fitted without the sequential scan never picks it
     two = cost.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0] * 4})
-    assert cost.choose_backward(cell, 9, 2, cost_model=two) == ("bppsa", "blelloch")
+    assert calibration.choose_backward(cell, 9, 2, cost_model=two) == ("bppsa", "blelloch")
 
 
 def test_cudnn_baseline_needs_torch_with_cuda(monkeypatch):
@@ -198,7 +199,7 @@ def test_backward_baselines_record_and_table():
     assert set(r["ms"]) == {"bptt_unroll1", "bptt_unroll4", "bptt", "bppsa_blelloch", "bppsa_sequential"}
     assert r["best_unroll"] in (1, 4) and r["bptt_unrolled"] == r["ms"][f"bptt_unroll{r['best_unroll']}"]
     assert r["auto"]["method"] == "bptt" and r["auto"]["ratio_to_fastest"] >= 1.0
-    assert r["tuned_unroll"] == cost.bptt_unroll(cell, 6, 2)
+    assert r["tuned_unroll"] == rules.bptt_unroll(cell, 6, 2)
     table = baselines.baseline_table([{"T": 6, "B": 2, "baselines": r}])
     assert table.splitlines()[:2] == markdown_table(baselines.BASELINE_COLUMNS, [], align="r" * 12).splitlines()
     row = table.splitlines()[2].split(" | ")
@@ -211,7 +212,7 @@ def test_bench_calibrate_refines_the_model_for_this_machine(tmp_path, monkeypatc
     from experiments import cli
     from experiments.paper_bppsa import rnn_sweep
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    fitted = cost.CostModel(FAVOUR_SEQUENTIAL, {"device": cost.device_key()})
+    fitted = cost.CostModel(FAVOUR_SEQUENTIAL, {"device": calibration.device_key()})
     monkeypatch.setattr(calibrate, "calibrate", lambda **kw: fitted)
     seen = []
     point = {"T": 8, "B": 1, "speedup_backward": 1.0, "speedup_step": 1.0}
@@ -219,11 +220,11 @@ def test_bench_calibrate_refines_the_model_for_this_machine(tmp_path, monkeypatc
     monkeypatch.setattr(rnn_sweep, "save_sweep", lambda *a, **kw: [])
     try:
         assert cli.bench(["--T", "8", "--B", "1", "--calibrate", "--out", str(tmp_path / "a")]) == 0
-        assert seen[0].coef == fitted.coef and cost.load().coef == fitted.coef  # probed and cached
-        cost.default_cost_model.cache_clear()
-        assert cost.default_cost_model().coef == fitted.coef  # auto now uses this machine's model
+        assert seen[0].coef == fitted.coef and calibration.load().coef == fitted.coef  # probed and cached
+        calibration.default_cost_model.cache_clear()
+        assert calibration.default_cost_model().coef == fitted.coef  # auto now uses this machine's model
         seen.clear()
         assert cli.bench(["--T", "8", "--B", "1", "--out", str(tmp_path / "b")]) == 0  # no probe: the cached one
         assert seen[0].coef == fitted.coef
     finally:
-        cost.default_cost_model.cache_clear()
+        calibration.default_cost_model.cache_clear()

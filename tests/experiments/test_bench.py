@@ -366,8 +366,8 @@ def _save(record, outdir, name):
 
 def test_a_cost_model_that_is_not_one_is_a_clear_error():
     """``cost_model="fast"`` was AttributeError: 'str' object has no attribute 'choose'."""
-    from bppsa.plan import cost
+    from bppsa.plan import calibration
     from bppsa.errors import UsageError
     with pytest.raises(UsageError, match=r"cost_model must be a bppsa.CostModel .* or None; got 'fast' of "
                        r"type str"):
-        cost.choose_backward(cells.RNN(1, 3), 10, 2, cost_model="fast")
+        calibration.choose_backward(cells.RNN(1, 3), 10, 2, cost_model="fast")

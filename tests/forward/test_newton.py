@@ -29,6 +29,7 @@ import bppsa
 import bppsa.nn
 from bppsa import cells, parallel, structured
 from bppsa.forward import newton
+from bppsa.plan import options
 from bppsa.errors import UsageError
 from bppsa.forward.newton import NewtonDidNotConverge, NewtonFallbackWarning, NewtonInfo
 from tests.helpers import generic_cell, normal, random_params
@@ -37,7 +38,7 @@ from tests.reference import scan_grads, scan_states
 
 slow = pytest.mark.slow
 I, H = 3, 4
-TOL = newton.DEFAULT_TOL["float64"]
+TOL = options.DEFAULT_TOL["float64"]
 
 CELLS = {  # name -> (I, H) -> cell
     "rnn-tanh": lambda i, h: cells.RNN(i, h),
@@ -126,7 +127,7 @@ def _check_info(info, T, what="", least=1, most=None):
     bound instead of T, for damped steps)."""
     assert isinstance(info, NewtonInfo), what
     assert bool(info.converged) and not bool(info.fell_back), f"{what}: {info}"
-    most = min(T, newton.DEFAULT_MAX_ITER) if most is None else most
+    most = min(T, options.DEFAULT_MAX_ITER) if most is None else most
     assert least <= int(info.iterations) <= most, f"{what}: {info}"
     assert float(info.residual) <= TOL, f"{what}: {info}"
     assert info.iterations.dtype == jnp.int32 and info.converged.dtype == jnp.bool_
@@ -151,7 +152,7 @@ def _check(name, T, B, configs, seed=0, hidden=H):
         _states_close(states, ref_states, f"{what} states")
         _grads_close(grads, ref_grads, f"{what} grads")
         damped = configs[key].get("damping") is not None
-        _check_info(info, T, what, most=configs[key].get("max_iter", newton.DEFAULT_MAX_ITER) if damped else None)
+        _check_info(info, T, what, most=configs[key].get("max_iter", options.DEFAULT_MAX_ITER) if damped else None)
     return got
 
 
@@ -549,7 +550,7 @@ def test_a_converged_guess_converges_in_one_iteration_with_any_damping(damping, 
     params, xs, h0 = random_params(cell, 1, dtype), normal(2, (57, 3, I), dtype=dtype), normal(3, (3, H), 0.1, dtype)
     exact = bppsa.rnn(cell, params, xs, h0, backward="bptt")
     previous = bppsa.rnn(cell, params, xs, h0, forward="newton")
-    tol = newton.DEFAULT_TOL[np.dtype(dtype).name]
+    tol = options.DEFAULT_TOL[np.dtype(dtype).name]
     with warnings.catch_warnings():
         warnings.simplefilter("error", NewtonFallbackWarning)
         for guess in (exact, previous):
@@ -592,13 +593,15 @@ def test_good_options_are_kept():
     o = bppsa.Options(forward="quasi", tol=1e-6, max_iter=np.int64(7), damping=0, on_fail="raise")
     assert (o.forward, o.tol, o.max_iter, o.damping, o.on_fail) == ("quasi", 1e-6, 7, 0, "raise")
     assert type(o.max_iter) is int
-    plan = o.newton_plan()
-    assert (plan.kind, plan.scan, plan.tol, plan.max_iter, plan.damping, plan.on_fail) == (
+    cell = cells.RNN(2, 3)
+    xs, h0 = jnp.zeros((5, 1, 2), jnp.float64), jnp.zeros((1, 3), jnp.float64)
+    plan = o.plan(cell, xs, h0)  # the solver's settings, kept
+    assert (plan.forward, plan.scan, plan.tol, plan.max_iter, plan.damping, plan.on_fail) == (
         "quasi", "blelloch", 1e-6, 7, 0.0, "raise")
     assert bppsa.Options().forward == "sequential" and bppsa.Options().on_fail == "sequential"
-    assert bppsa.Options().max_iter == newton.DEFAULT_MAX_ITER and bppsa.Options().damping is None
-    assert newton.tolerance(jnp.float64) == 1e-12 and newton.tolerance(jnp.float32) == 1e-5
-    assert newton.tolerance(jnp.float64, 1e-3) == 1e-3
+    assert bppsa.Options().max_iter == options.DEFAULT_MAX_ITER and bppsa.Options().damping is None
+    assert options.tolerance(jnp.float64) == 1e-12 and options.tolerance(jnp.float32) == 1e-5
+    assert options.tolerance(jnp.float64, 1e-3) == 1e-3
 
 
 CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU cost model's choice")
@@ -691,8 +694,8 @@ def test_flax_cells_edge_shapes_and_backwards(name):
 
 
 def test_constants_are_consistent():
-    assert newton.KINDS == FORWARDS and set(FORWARDS) < set(bppsa.FORWARDS)
-    assert newton.ON_FAIL == ("sequential", "raise")
+    assert options.KINDS == FORWARDS and set(FORWARDS) < set(bppsa.FORWARDS)
+    assert options.ON_FAIL == ("sequential", "raise")
     assert math.isclose(TOL, 1e-12)
 
 

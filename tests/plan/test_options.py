@@ -10,7 +10,8 @@ from jax import lax
 import bppsa
 import bppsa.nn
 from bppsa import cells, parallel
-from bppsa.plan import cost, options
+from bppsa.plan import cost
+from bppsa.plan import options
 from bppsa.errors import UsageError
 
 from tests.reference import scan_grads
