@@ -235,7 +235,7 @@ def test_workdir_with_a_different_config_is_refused(tmp_path):
     cfg = tmp_path / "echo.py"
     cfg.write_text("import ml_collections\n"
                    "def get_config(arg=None):\n"
-                   "    return ml_collections.ConfigDict({'task': 'tests.helpers:echo_task', 'n': 1})\n")
+                   "    return ml_collections.ConfigDict({'task': 'tests.runner_tasks:echo_task', 'n': 1})\n")
     assert runner.run(cfg, workdir=tmp_path / "w") == {"n": 1}
     with pytest.raises(ConfigError, match=r"n: 1 -> 2"):
         runner.run(cfg, overrides={"n": "2"}, workdir=tmp_path / "w")
@@ -382,7 +382,7 @@ def test_publish_copies_the_task_outputs(tmp_path, capsys):
     cfg = tmp_path / "pub.py"
     cfg.write_text("import ml_collections\n"
                    "def get_config(arg=None):\n"
-                   "    return ml_collections.ConfigDict({'task': 'tests.helpers:pub_task', "
+                   "    return ml_collections.ConfigDict({'task': 'tests.runner_tasks:pub_task', "
                    "'name': 'pub', 'write': True})\n")
     out = runner.run(cfg, workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
     from experiments.provenance import device_label
