@@ -44,7 +44,7 @@ MODES = ("autodiff", "after", "in_loop")
 def _gradient(cell, params, xs, s0, weights, mode):
     """The compiled gradient with BPTT in ``mode`` (traced with the class flag and the rule set for it)."""
     kind, rule = type(cell), bppsa.plan.rules.adjoint_in_loop
-    kind.has_adjoint = mode != "autodiff"  # the plan reads the rule off bppsa.plan.cost when it is traced
+    kind.has_adjoint = mode != "autodiff"  # the plan reads the rule off bppsa.plan.rules when it is traced
     bppsa.plan.rules.adjoint_in_loop = lambda *a, **k: mode == "in_loop"
     try:
         f = jax.jit(jax.grad(lambda p, x: jnp.sum(cell.flatten_state(

@@ -130,7 +130,7 @@ def markdown(record: dict) -> str:
            "through the sequential loop: these cells have no analytic adjoint), bppsa = `backward=\"bppsa\"` "
            "(the sequential forward, the BPPSA backward the plan picks). Hand-written: BlockGRU's equations in a "
            "plain `lax.scan` with autodiff, W_h's gate rows made before the loop, the input product hoisted before "
-           "the loop (the gates split once) or in each step, unroll 1 or 2. The after tree's rule (`bppsa.plan.cost`): "
+           "the loop (the gates split once) or in each step, unroll 1 or 2. The after tree's rule (`bppsa.plan.rules`): "
            "BPTT keeps the GRU's product in the loop for H >= 48 or B·G·H > 1024, the LSTM's always (unroll 2), "
            "hoists the RNN's; a forward alone (bppsa's) hoists while the T·B·G·H inputs fit in 2 MiB; B = 1 in "
            "the loop: BPTT unrolls twice. Ratio: after / before; "

@@ -1,4 +1,4 @@
-"""The measurements behind the sequential loop's rule for elementwise steps (``bppsa.plan.cost``'s
+"""The measurements behind the sequential loop's rule for elementwise steps (``bppsa.plan.rules``'s
 ``_elementwise_loop``: the structured cells at head size 1): for each point, the loop's four
 forms, the input product hoisted before the loop (H) or computed in each step (L), at unroll 1
 and 2, timed interleaved in one process.
@@ -46,7 +46,7 @@ def child(points: list) -> list:
     import numpy as np
 
     import bppsa
-    import bppsa.plan.cost
+    import bppsa.plan.rules
     from bppsa import host, structured
 
     warnings.simplefilter("ignore")

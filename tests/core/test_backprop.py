@@ -433,7 +433,7 @@ _HOIST_DEFAULT = {("gru", 7, False), ("block-gru", 7, False), ("gru", 1, True), 
 def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch, name, T, B, hoist):
     """BPTT's forward computes the inputs' part of the steps before its loop (the plan's ``hoist``)
     or inside each step: either way autodiff's float64 gradients through a plain lax.scan."""
-    monkeypatch.setattr(bppsa.plan.cost, "hoist_inputs", lambda *a, **k: hoist)
+    monkeypatch.setattr(bppsa.plan.rules, "hoist_inputs", lambda *a, **k: hoist)
     make = {"block-gru": lambda I, H: bppsa.structured.BlockGRU(I, H, head_size=1),
             "block-lstm-k2": lambda I, H: bppsa.structured.BlockLSTM(I, H, head_size=2)}
     monkeypatch.setitem(CELLS, "block-gru", make["block-gru"])

@@ -130,7 +130,7 @@ def test_rnn_gradients_match_autodiff(name, T, B):
 
 
 # (cell, H, T, B) -> the CPU plan's (hoist, unroll) with BPTT (autodiff through the loop) and with
-# BPPSA (the loop is a forward alone); float32 inputs, the measured rule of bppsa.plan.cost's elementwise loop.
+# BPPSA (the loop is a forward alone); float32 inputs, the measured rule of bppsa.plan.rules' elementwise loop.
 ELEMENTWISE_RULES = [
     ("gru", 20, 517, 4, (True, 1), (True, 1)),       # H < 48, B·G·H = 240: hoisted
     ("gru", 8, 1024, 2, (True, 2), (True, 2)),       # tiny steps (B·G·H = 48): unrolled twice
@@ -183,7 +183,7 @@ def test_elementwise_loop_params(name):
     _close(cell.step(lp, h0, xs[0]), cell.step(params, h0, xs[0]), 1e-15, 0)
     for hoist in (True, False):  # the loop's both forms, whatever the rule picks at this size
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(bppsa.plan.cost, "hoist_inputs", lambda *a, hoist=hoist, **k: hoist)
+            mp.setattr(bppsa.plan.rules, "hoist_inputs", lambda *a, hoist=hoist, **k: hoist)
             _check(cell, params, xs, h0, ("blelloch", "sequential"), backwards=("bppsa", "bptt"))
 
 

@@ -16,34 +16,9 @@ from bppsa.plan import calibration, rules
 from bppsa.plan import cost
 from bppsa.forward.sequential import forward_states
 from experiments.tables import markdown_table
-from tests.reference import scan_grads, scan_states
+from tests.reference import rnn_grads, scan_grads, scan_states
 
 FAVOUR_SEQUENTIAL = {"bptt": [1.0, 0.0, 0.0], "bppsa": [1.0, 0.0, 0.0, 0.0], "bppsa_sequential": [0.0] * 3}
-
-
-def _problem(T=13, B=1, H=3, dtype=jnp.float64):
-    cell = cells.RNN(2, H)
-    params = cell.init(jax.random.key(0), dtype)
-    xs = jax.random.normal(jax.random.key(1), (T, B, 2), dtype)
-    return cell, params, xs, jnp.zeros((B, H), dtype)
-
-
-def _grad_fn(cell, xs, h0, **kw):
-    def loss(p, x, h):
-        hs = cell.hidden(bppsa.rnn(cell, p, x, h, **kw))
-        return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)
-    return jax.grad(loss, argnums=(0, 1, 2))
-
-
-def _reference(cell, params, xs, h0):
-    def loss(out):
-        hs = cell.hidden(out)
-        return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)
-    return scan_grads(cell, params, xs, h0, loss)
-
-
-def _close(a, b):
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12), a, b)
 
 
 def test_bptt_unroll_rule():
@@ -63,11 +38,11 @@ def test_bptt_unroll_rule():
                for c in (rnn20, gru20, cells.LSTM(1, 20)) for B in (1, 2, 4, 16, 256))
 
 
-def test_tuned_bptt_is_exact_and_unrolled():
-    cell, params, xs, h0 = _problem(T=61, H=20)  # 61 steps: not a multiple of the unroll
+def test_tuned_bptt_is_exact_and_unrolled(close, loss, problem):
+    cell, params, xs, h0 = problem(cells.RNN(2, 20), T=61, B=1, h0_scale=0)  # 61 steps: not a multiple of the unroll
     assert rules.bptt_unroll(cell, 61, 1, xs.dtype, backend="cpu") == 16
     assert rules.bptt_unroll(cells.RNN(2, 3), 37, 1, backend="cpu") == 1  # tiny: not worth the compile
-    _close(_grad_fn(cell, xs, h0, backward="bptt")(params, xs, h0), _reference(cell, params, xs, h0))
+    close(rnn_grads(cell, params, xs, h0, loss, backward="bptt"), scan_grads(cell, params, xs, h0, loss))
     s0 = jnp.zeros((1, 20))
     tuned = str(jax.make_jaxpr(lambda p: forward_states(cell, p, xs, s0))(params))
     assert tuned == str(jax.make_jaxpr(lambda p: forward_states(
@@ -96,30 +71,30 @@ def test_package_data_is_declared_for_installation():
     assert {"plan/cost_models/cpu.json", "plan/cost_models/gpu.json"} <= found
 
 
-def test_auto_without_calibration_uses_the_shipped_model_and_is_exact(tmp_path, monkeypatch):
+def test_auto_without_calibration_uses_the_shipped_model_and_is_exact(close, loss, problem, tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))  # no local calibration
     monkeypatch.setattr(calibrate, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
     calibration.default_cost_model.cache_clear()
     try:
         model = calibration.default_cost_model()
         assert model is not None and model.coef == calibration.shipped_cost_model().coef
-        cell, params, xs, h0 = _problem(T=20, B=2)
+        cell, params, xs, h0 = problem(cells.RNN(2, 3), T=20, B=2, h0_scale=0)
         assert calibration.choose_backward(cell, 20, 2, xs.dtype) in cost.METHODS.values()
-        _close(_grad_fn(cell, xs, h0, backward="auto")(params, xs, h0), _reference(cell, params, xs, h0))
+        close(rnn_grads(cell, params, xs, h0, loss, backward="auto"), scan_grads(cell, params, xs, h0, loss))
     finally:
         calibration.default_cost_model.cache_clear()
 
 
-def test_auto_picks_the_scan_only_when_scan_is_left_default():
-    cell, params, xs, h0 = _problem(T=9, B=2)
+def test_auto_picks_the_scan_only_when_scan_is_left_default(close, loss, problem):
+    cell, params, xs, h0 = problem(cells.RNN(2, 3), T=9, B=2, h0_scale=0)
     model = cost.CostModel(FAVOUR_SEQUENTIAL)
     assert calibration.choose_backward(cell, 9, 2, xs.dtype, cost_model=model) == ("bppsa", "sequential")
-    trace = lambda **kw: str(jax.make_jaxpr(_grad_fn(cell, xs, h0, **kw))(params, xs, h0))
+    trace = lambda **kw: str(jax.make_jaxpr(lambda p, x, h: rnn_grads(cell, p, x, h, loss, **kw))(params, xs, h0))
     auto = trace(backward="auto", cost_model=model)
     assert auto == trace(backward="bppsa", scan="sequential") != trace(backward="bppsa", scan="blelloch")
     assert trace(backward="auto", cost_model=model, scan="blelloch") == trace(backward="bppsa", scan="blelloch")
-    _close(_grad_fn(cell, xs, h0, backward="auto", cost_model=model)(params, xs, h0),
-           _reference(cell, params, xs, h0))
+    close(rnn_grads(cell, params, xs, h0, loss, backward="auto", cost_model=model),
+          scan_grads(cell, params, xs, h0, loss))
     # a model fitted without the sequential scan never picks it
     two = cost.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0] * 4})
     assert calibration.choose_backward(cell, 9, 2, cost_model=two) == ("bppsa", "blelloch")
@@ -141,7 +116,7 @@ GRADIENT_CELLS = [cells.RNN(1, 3)] + [pytest.param(c, marks=pytest.mark.slow) fo
 
 
 @pytest.mark.parametrize("cell", GRADIENT_CELLS, ids=lambda c: type(c).__name__)
-def test_every_timed_method_is_the_gradient_of_the_one_loss(cell):
+def test_every_timed_method_is_the_gradient_of_the_one_loss(close, cell):
     T, B = 9, 2
     params, xs, h0, R = gradient.problem(cell, T, B, dtype=jnp.float64, seed=3)
     assert R.shape == (T, B, cell.hidden_size) and xs.shape == (T, B, cell.input_size)
@@ -154,10 +129,10 @@ def test_every_timed_method_is_the_gradient_of_the_one_loss(cell):
     assert list(fns) == ["bptt_unroll1", "bptt_unroll4", "bptt", "bppsa_blelloch", "bppsa_associative",
                          "bppsa_sequential", "auto"]
     for m, f in fns.items():
-        _close(f(), ref[0])
+        close(f(), ref[0])
     # the backward alone: the VJP at dL/dout, w.r.t. (params, xs, h0)
     for m, f in gradient.backward_functions(cell, params, xs, h0, R, ["bptt", "bppsa_blelloch"]).items():
-        _close(f(), ref)
+        close(f(), ref)
 
 
 def test_the_loss_cotangent_is_the_readout_in_the_hidden_slot():
@@ -191,8 +166,8 @@ def test_gradient_errors_measure_float32_against_float64():
         jax.config.update("jax_enable_x64", True)
 
 
-def test_backward_baselines_record_and_table():
-    cell, params, xs, h0 = _problem(T=6, B=2, dtype=jnp.float32)
+def test_backward_baselines_record_and_table(problem):
+    cell, params, xs, h0 = problem(cells.RNN(2, 3), T=6, B=2, dtype=np.float32, h0_scale=0)
     favour_bptt = cost.CostModel({"bptt": [0.0] * 3, "bppsa": [1.0] * 4, "bppsa_sequential": [1.0] * 3})
     r = baselines.backward_baselines(cell, params, xs, h0, repeats=1, block=2, model=favour_bptt,
                                      scans=("blelloch", "sequential"), unrolls=(1, 4), cudnn=False)

@@ -1,4 +1,4 @@
-"""bppsa.plan.cost: the cost features, the fitted model, its cache, backward="auto" and chunk sizing."""
+"""bppsa.plan.rules, .cost and .calibration: the cost features, the fitted model, its cache, backward="auto" and chunk sizing."""
 
 import json
 
@@ -7,28 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import bppsa
 from bppsa import cells, structured
 from bppsa.plan import calibration, rules
 from bppsa.plan import cost
 from bppsa.backward import pipeline
 from experiments import calibrate
 from bppsa.scan import dense as scan_lib
-
-
-def _close(a, b, rtol=1e-9, atol=1e-11):
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
-
-
-def _grads(cell, params, xs, h0, **kw):
-    def loss(p, x, h):
-        if kw:
-            out = bppsa.rnn(cell, p, x, h, **kw)
-        else:
-            out = jax.lax.scan(lambda s, xt: (cell.step(p, s, xt),) * 2, h, x)[1]
-        hs = cell.hidden(out)
-        return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)  # a loss on every step
-    return jax.grad(loss, argnums=(0, 1, 2))(params, xs, h0)
+from tests.reference import rnn_grads, scan_grads
 
 
 FAVOUR_BPPSA = {"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]}
@@ -56,22 +41,22 @@ def test_auto_chunk_size():
 
 @pytest.mark.slow  # chunked exactness: tests/experiments/test_bench.py's default cases
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason='chunk_size="auto" chunks on CPU only')
-def test_default_auto_chunking_is_exact(monkeypatch):
+def test_default_auto_chunking_is_exact(close, loss, monkeypatch):
     """chunk_size="auto" (the default) chunks once the Jacobians pass CHUNK_BYTES; exact."""
     cell = cells.GRU(2, 3)
     T, B = 150, 2
     params = cell.init(jax.random.key(5), jnp.float64)
     xs = jax.random.normal(jax.random.key(6), (T, B, 2), jnp.float64)
     h0 = jax.random.normal(jax.random.key(7), (B, 3), jnp.float64)
-    monkeypatch.setattr(cost, "CHUNK_BYTES", 64 * B * 3 * 3 * 8)  # chunks of 64, 64, 22
+    monkeypatch.setattr(rules, "CHUNK_BYTES", 64 * B * 3 * 3 * 8)  # chunks of 64, 64, 22
     assert rules.auto_chunk_size(T, B, 3, 8, backend="cpu") == 64
     calls = []
     chunked = pipeline.chunked_backward
     monkeypatch.setattr(pipeline, "chunked_backward", lambda *a: calls.append(a[2]) or chunked(*a))
-    g_ref = _grads(cell, params, xs, h0)
-    _close(_grads(cell, params, xs, h0, backward="bppsa"), g_ref)
+    g_ref = scan_grads(cell, params, xs, h0, loss)
+    close(rnn_grads(cell, params, xs, h0, loss, backward="bppsa"), g_ref, rtol=1e-9, atol=1e-11)
     assert calls == [64]  # the default took the chunked path, with chunks of 64
-    _close(_grads(cell, params, xs, h0, backward="bppsa", chunk_size=None), g_ref)
+    close(rnn_grads(cell, params, xs, h0, loss, backward="bppsa", chunk_size=None), g_ref, rtol=1e-9, atol=1e-11)
     assert calls == [64]  # chunk_size=None: one chunk
 
 
@@ -176,16 +161,16 @@ def test_refitting_the_shipped_cpu_model_from_its_measurements_reproduces_it():
 # backward="auto": an explicit model, else the cached calibration, else BPTT.
 # ---------------------------------------------------------------------------------------------
 
-def test_auto_uses_the_given_model_and_stays_exact():
+def test_auto_uses_the_given_model_and_stays_exact(close, loss):
     cell = cells.RNN(1, 3)
     params = cell.init(jax.random.key(0), jnp.float64)
     xs = jax.random.normal(jax.random.key(1), (9, 2, 1), jnp.float64)
     h0 = jnp.zeros((2, 3))
-    g_ref = _grads(cell, params, xs, h0)
+    g_ref = scan_grads(cell, params, xs, h0, loss)
     for coef, choice in ((FAVOUR_BPPSA, "bppsa"), (FAVOUR_BPTT, "bptt")):
         model = cost.CostModel(coef)
         assert calibration.choose_backward(cell, 9, 2, jnp.float64, cost_model=model) == cost.METHODS[choice]
-        _close(_grads(cell, params, xs, h0, backward="auto", cost_model=model), g_ref)
+        close(rnn_grads(cell, params, xs, h0, loss, backward="auto", cost_model=model), g_ref, rtol=1e-9, atol=1e-11)
 
 
 # The diagonal GRU (pararnn's, BlockGRU(head_size=1)) at the points of the pararnn-torch comparison

@@ -24,13 +24,6 @@ EXECUTORS = sorted(str(p.relative_to(ROOT)) for d in ("forward", "backward") for
     + ["bppsa/parallel/sequence.py"]
 
 
-def _problem(T=8, B=2, I=2, H=3):
-    cell = cells.GRU(I, H)
-    params = cell.init(jax.random.key(0), jnp.float64)
-    xs = jax.random.normal(jax.random.key(1), (T, B, I), jnp.float64)
-    return cell, params, xs, jnp.zeros((B, H), jnp.float64)
-
-
 def _assert_concrete(plan, devices=None):
     assert type(plan) is options.Plan and plan.devices == devices
     assert plan.backward in ("bppsa", "bptt") and plan.forward in ("sequential", "newton", "quasi")
@@ -55,15 +48,15 @@ def plans(monkeypatch):
 
 @pytest.mark.parametrize("fields", [{}, {"backward": "auto", "forward": "auto"}, {"forward": "quasi"},
                                     {"backward": "bptt", "unroll": True}])
-def test_one_device_makes_one_concrete_plan(plans, fields):
-    cell, params, xs, h0 = _problem()
+def test_one_device_makes_one_concrete_plan(problem, plans, fields):
+    cell, params, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, **fields)))(params)
     assert len(plans) == 1
     _assert_concrete(plans[0])
 
 
-def test_a_mesh_makes_one_concrete_plan(plans):
-    cell, params, xs, h0 = _problem()
+def test_a_mesh_makes_one_concrete_plan(problem, plans):
+    cell, params, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     mesh = parallel.make_mesh(2, batch_axis=None)
     jax.jit(jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, mesh=mesh, forward="newton"))))(params)  # one compile
     parallel.pmap_rnn(cell, params, xs.reshape((2, 4) + xs.shape[1:]), h0)
@@ -83,8 +76,8 @@ def test_nn_rnn_makes_one_concrete_plan(plans):
     assert layer.options == bppsa.Options(backward="auto")  # the layer keeps what was asked
 
 
-def test_a_plan_is_kept_and_refuses_open_choices():
-    cell, _, xs, h0 = _problem()
+def test_a_plan_is_kept_and_refuses_open_choices(problem):
+    cell, _, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     plan = bppsa.Options(backward="auto").plan(cell, xs, h0)
     assert plan.plan(cell, xs, h0) is plan and isinstance(plan, bppsa.Options)
     with pytest.raises(UsageError, match="open: backward='auto'"):
@@ -110,7 +103,7 @@ def test_auto_plans_the_diagonal_bppsa_for_the_diagonal_gru(H, T, B):
     assert bppsa.Options(backward="auto", scan="blelloch").plan(cell, xs, s0).backward == "bptt"
 
 
-def test_the_cost_model_is_consulted_only_by_the_plan(monkeypatch):
+def test_the_cost_model_is_consulted_only_by_the_plan(problem, monkeypatch):
     callers = []
     for module, name in ((calibration, "choose_backward"), (cost, "choose_forward"), (rules, "auto_chunk_size"),
                          (rules, "bptt_unroll"), (rules, "choose_combine")):
@@ -122,7 +115,7 @@ def test_the_cost_model_is_consulted_only_by_the_plan(monkeypatch):
             return _fn(*args, **kwargs)
 
         monkeypatch.setattr(module, name, spy)
-    cell, params, xs, h0 = _problem()
+    cell, params, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     for fields in ({"backward": "auto", "forward": "newton"}, {"forward": "auto"}, {"backward": "bptt"}):
         jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, **fields)))(params)
     assert "options.py" in callers and set(callers) <= {"options.py", "rules.py", "cost.py", "calibration.py"}  # their own helpers
