@@ -54,13 +54,18 @@ class Problem(tuple):
     h0 = property(lambda self: self[3])
 
 
-def make_problem(cell, T=7, B=2, *, seed=0, dtype=np.float64, h0_scale=0.5):
-    """One problem for ``cell``: :func:`random_params` (seed), xs (T, B, I) ~ N(0, 1) (seed + 1) and the
-    state h0 (B, S) ~ N(0, h0_scale²) (seed + 2; 0: zeros) in the cell's state structure, all of ``dtype``."""
+def make_problem(cell, T=7, B=2, *, seed=0, dtype=np.float64, h0_scale=0.5, param_scale=1.0):
+    """One problem for ``cell``: :func:`random_params` (seed) times ``param_scale``, xs (T, B, I) ~ N(0, 1)
+    (seed + 1) and the state h0 (B, S) ~ N(0, h0_scale²) (seed + 2; 0: zeros) in the cell's state
+    structure, all of ``dtype``."""
+    import jax
     import jax.numpy as jnp
     xs = normal(seed + 1, (T, B, cell.input_size), dtype=dtype)
     s0 = normal(seed + 2, (B, cell.state_size), h0_scale, dtype) if h0_scale else jnp.zeros((B, cell.state_size), dtype)
-    return Problem(cell, random_params(cell, seed, dtype), xs, cell.unflatten_state(s0))
+    params = random_params(cell, seed, dtype)
+    if param_scale != 1.0:
+        params = jax.tree.map(lambda p: p * param_scale, params)
+    return Problem(cell, params, xs, cell.unflatten_state(s0))
 
 
 def states_loss(out, every_step=True):

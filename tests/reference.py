@@ -33,3 +33,11 @@ def rnn_grads(cell, params, xs, h0, loss, **options):
     """:func:`grads_of` through ``bppsa.rnn(cell, ..., **options)``, the method under test."""
     import bppsa
     return grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, **options), params, xs, h0, loss)
+
+
+def loss_of(run, loss=None):
+    """``(params, xs, h0) -> loss(run(params, xs, h0))`` (default: :func:`tests.helpers.states_loss`), to
+    differentiate by any rule (grad, jvp, Hessians)."""
+    if loss is None:
+        from tests.helpers import states_loss as loss
+    return lambda p, x, h: loss(run(p, x, h))

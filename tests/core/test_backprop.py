@@ -9,7 +9,7 @@ from jax import lax
 
 import bppsa
 from bppsa import cells
-from tests.helpers import generic_cell
+from tests.helpers import generic_cell, make_problem, states_loss
 from tests.reference import scan_states
 
 
@@ -42,33 +42,11 @@ CELLS = {
 }
 
 
-def _setup(name, T, B, I, H, seed=0, scale=1.0):
-    cell = CELLS[name](I, H)
-    k = jax.random.split(jax.random.key(seed), 4)
-    params = jax.tree.map(lambda p: p * scale, cell.init(k[0], jnp.float64))
-    xs = jax.random.normal(k[1], (T, B, I), jnp.float64)
-    h0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64)
-    return cell, params, xs, cell.unflatten_state(h0)
-
-
 _reference = scan_states  # the one plain lax.scan reference (tests/reference.py)
 
 
-def _loss(out, every_step):
-    """A loss with distinct weights per element, on the last step or on every step."""
-    total = 0.0
-    for o in jax.tree.leaves(out):
-        w = jnp.cos(jnp.arange(o[-1].size, dtype=o.dtype)).reshape(o[-1].shape)
-        total = total + (jnp.sum(jnp.sin(o) * w) if every_step else jnp.sum(o[-1] * w + o[-1] ** 2))
-    return total
-
-
 def _grads(fn, params, xs, h0, every_step):
-    return jax.jit(jax.grad(lambda p, x, h: _loss(fn(p, x, h), every_step), argnums=(0, 1, 2)))(params, xs, h0)
-
-
-def _check(cell, params, xs, h0, every_step, scan, rtol=1e-9, atol=1e-11):
-    _check_all(cell, params, xs, h0, [every_step], [scan], rtol, atol)
+    return jax.jit(jax.grad(lambda p, x, h: states_loss(fn(p, x, h), every_step), argnums=(0, 1, 2)))(params, xs, h0)
 
 
 def _check_all(cell, params, xs, h0, losses, scans, rtol=1e-9, atol=1e-11):
@@ -78,8 +56,8 @@ def _check_all(cell, params, xs, h0, losses, scans, rtol=1e-9, atol=1e-11):
     def run(p, x, h):
         out = []
         for every in losses:
-            ref = jax.grad(lambda p, x, h: _loss(_reference(cell, p, x, h), every), argnums=(0, 1, 2))(p, x, h)
-            got = [jax.grad(lambda p, x, h: _loss(bppsa.rnn(cell, p, x, h, backward="bppsa", scan=s), every),
+            ref = jax.grad(lambda p, x, h: states_loss(_reference(cell, p, x, h), every), argnums=(0, 1, 2))(p, x, h)
+            got = [jax.grad(lambda p, x, h: states_loss(bppsa.rnn(cell, p, x, h, backward="bppsa", scan=s), every),
                             argnums=(0, 1, 2))(p, x, h) for s in scans]
             out.append((ref, got))
         return out
@@ -124,7 +102,7 @@ _ODD_IN_THE_DEFAULT_RUN = ("gru", "rnn-tanh")
                             for T, B in [(2, 3), (3, 1), (7, 2), (8, 1), (17, 2)]])
 def test_gradients_match_autodiff(cell, T, B):
     """Every cell x every scan x loss at the last step and at every step."""
-    c, params, xs, h0 = _setup(cell, T, B, 3, 4, seed=T)
+    c, params, xs, h0 = make_problem(CELLS[cell](3, 4), T, B, seed=T)
     _check_all(c, params, xs, h0, [False, True], SCANS)
 
 
@@ -132,28 +110,28 @@ def test_gradients_match_autodiff(cell, T, B):
                                             ["lstm", "rnn-tanh", "rnn-relu", "generic", "generic-jac"]])
 def test_long_sequence(cell):
     """T >= 1000 (2^10 + 1 = 1025: a non-power-of-two that carries a block at every level)."""
-    c, params, xs, h0 = _setup(cell, 1025, 2, 2, 3, seed=1)
+    c, params, xs, h0 = make_problem(CELLS[cell](2, 3), 1025, 2, seed=1)
     _check_all(c, params, xs, h0, [False, True], ["blelloch"], rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("T", [31] + [pytest.param(T, marks=slow) for T in (33, 63, 65)])
 def test_powers_of_two_neighbours(T):
-    c, params, xs, h0 = _setup("gru", T, 2, 3, 5, seed=T)
+    c, params, xs, h0 = make_problem(CELLS["gru"](3, 5), T, 2, seed=T)
     _check_all(c, params, xs, h0, [False, True], ["blelloch", "associative"])
 
 
 @pytest.mark.parametrize("cell,H", [("rnn-tanh", 1), ("lstm", 64)] + [
     pytest.param(c, h, marks=slow) for c, h in [("rnn-tanh", 64), ("gru", 1), ("gru", 64), ("lstm", 1)]])
 def test_hidden_sizes(cell, H):
-    c, params, xs, h0 = _setup(cell, 13, 2, 3, H, seed=H)
-    _check(c, params, xs, h0, True, "blelloch", rtol=1e-8, atol=1e-10)
+    c, params, xs, h0 = make_problem(CELLS[cell](3, H), 13, 2, seed=H)
+    _check_all(c, params, xs, h0, [True], ["blelloch"], rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("cell", ["rnn-relu", "gru"] + [pytest.param(c, marks=slow) for c in ["rnn-tanh", "lstm"]])
 def test_saturated_units(cell):
     """Large weights saturate tanh/sigmoid (σ' ≈ 0) and push relu units to 0."""
-    c, params, xs, h0 = _setup(cell, 25, 2, 3, 6, seed=3, scale=12.0)
-    _check(c, params, xs, h0, True, "blelloch", rtol=1e-8, atol=1e-12)
+    c, params, xs, h0 = make_problem(CELLS[cell](3, 6), 25, 2, seed=3, param_scale=12.0)
+    _check_all(c, params, xs, h0, [True], ["blelloch"], rtol=1e-8, atol=1e-12)
 
 
 @settings(max_examples=4, deadline=None)
@@ -161,26 +139,26 @@ def test_saturated_units(cell):
        B=st.integers(1, 4), I=st.integers(1, 4), H=st.integers(1, 6), every=st.booleans(),
        seed=st.integers(0, 1000))
 def test_gradients_property(cell, scan, T, B, I, H, every, seed):
-    c, params, xs, h0 = _setup(cell, T, B, I, H, seed=seed)
-    _check(c, params, xs, h0, every, scan, rtol=1e-8, atol=1e-10)
+    c, params, xs, h0 = make_problem(CELLS[cell](I, H), T, B, seed=seed)
+    _check_all(c, params, xs, h0, [every], [scan], rtol=1e-8, atol=1e-10)
 
 
 def test_forward_values_equal_lax_scan():
     for name in ("gru", "lstm"):
-        c, params, xs, h0 = _setup(name, 10, 2, 3, 4)
+        c, params, xs, h0 = make_problem(CELLS[name](3, 4), 10, 2)
         for backward in ("bppsa", "bptt"):
             out = bppsa.rnn(c, params, xs, h0, backward=backward)
             jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), out, _reference(c, params, xs, h0))
 
 
 def test_lstm_returns_hs_and_cs():
-    c, params, xs, h0 = _setup("lstm", 5, 2, 3, 4)
+    c, params, xs, h0 = make_problem(CELLS["lstm"](3, 4), 5, 2)
     hs, cs = bppsa.rnn(c, params, xs, h0)
     assert hs.shape == cs.shape == (5, 2, 4)
 
 
 def test_bptt_and_auto_gradients():
-    c, params, xs, h0 = _setup("gru", 12, 2, 3, 4)
+    c, params, xs, h0 = make_problem(CELLS["gru"](3, 4), 12, 2)
     want = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, True)
     for backward in ("bptt", "auto"):
         got = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h, backward=backward), params, xs, h0, True)
@@ -189,11 +167,11 @@ def test_bptt_and_auto_gradients():
 
 def test_value_and_grad_jit_vmap():
     """vmap over independent sequences of a jitted value_and_grad; same as the reference."""
-    c, params, xs, h0 = _setup("gru", 9, 2, 3, 4)
+    c, params, xs, h0 = make_problem(CELLS["gru"](3, 4), 9, 2)
     xss = jnp.stack([xs, 2 * xs, -xs])
 
     def make(fn):
-        return jax.jit(jax.vmap(jax.value_and_grad(lambda p, x: _loss(fn(p, x, h0), True)), in_axes=(None, 0)))
+        return jax.jit(jax.vmap(jax.value_and_grad(lambda p, x: states_loss(fn(p, x, h0), True)), in_axes=(None, 0)))
 
     v1, g1 = make(lambda p, x, h: bppsa.rnn(c, p, x, h))(params, xss)
     v2, g2 = make(lambda p, x, h: _reference(c, p, x, h))(params, xss)
@@ -202,7 +180,7 @@ def test_value_and_grad_jit_vmap():
 
 
 def test_float32_gradients_close_to_float64():
-    c, params, xs, h0 = _setup("rnn-tanh", 300, 2, 1, 20)
+    c, params, xs, h0 = make_problem(CELLS["rnn-tanh"](1, 20), 300, 2)
     p32, x32, h32 = jax.tree.map(lambda a: a.astype(jnp.float32), (params, xs, h0))
     g64 = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, False)
     g32 = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h), p32, x32, h32, False)
@@ -211,7 +189,7 @@ def test_float32_gradients_close_to_float64():
 
 
 def test_nan_in_inputs_propagates_like_autodiff():
-    c, params, xs, h0 = _setup("rnn-tanh", 9, 2, 3, 4)
+    c, params, xs, h0 = make_problem(CELLS["rnn-tanh"](3, 4), 9, 2)
     xs = xs.at[4, 0, 1].set(jnp.nan)
     want = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, True)
     got = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h), params, xs, h0, True)
@@ -278,7 +256,7 @@ from bppsa.scan import dense as scan_lib  # noqa: E402
 
 @pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])
 def test_diagonal_jacobian_is_the_transposed_jacobian(name):
-    c, params, xs, h0 = _setup(name, 7, 2, 3, 5)
+    c, params, xs, h0 = make_problem(CELLS[name](3, 5), 7, 2)
     ss = _reference(c, params, xs, h0)
     s_prev = jnp.concatenate([h0[None], ss[:-1]])
     A, Wt = c.diagonal_jacobian(params, s_prev, xs, ss)
@@ -294,7 +272,7 @@ def test_diagonal_jacobian_is_the_transposed_jacobian(name):
     pytest.param(*p, marks=slow) for p in [("rnn-tanh", 64, 1), ("rnn-tanh", 300, 2), ("rnn-tanh", 100, 3),
                                            ("rnn-tanh", 1025, 1)]])
 def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
-    c, params, xs, h0 = _setup(name, T, B, 2, 4, seed=T)
+    c, params, xs, h0 = make_problem(CELLS[name](2, 4), T, B, seed=T)
     calls = []
     fast = scan_lib.blelloch_scan_stored_diag
     monkeypatch.setattr(scan_lib, "blelloch_scan_stored_diag", lambda *a: calls.append(a[-1]) or fast(*a))
@@ -302,16 +280,16 @@ def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
     assert calls and set(calls) == {T}  # the structured path ran (both losses)
     # the same gradients through the dense path (Jacobians formed)
     d = cells.RNN(2, 4, c.nonlinearity, diagonal=False)
-    g = [jax.jit(jax.grad(lambda p: _loss(bppsa.rnn(cell, p, xs, h0), True)))(params) for cell in (c, d)]
+    g = [jax.jit(jax.grad(lambda p: states_loss(bppsa.rnn(cell, p, xs, h0), True)))(params) for cell in (c, d)]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12), *g)
 
 
 def test_rnn_diagonal_path_chunked():
     """Chunks with the structured scan (auto-sized for it), float64, against autodiff."""
-    c, params, xs, h0 = _setup("rnn-tanh", 200, 1, 1, 3, seed=5)
-    ref = jax.jit(jax.grad(lambda p: _loss(_reference(c, p, xs, h0), True)))(params)
+    c, params, xs, h0 = make_problem(CELLS["rnn-tanh"](1, 3), 200, 1, seed=5)
+    ref = jax.jit(jax.grad(lambda p: states_loss(_reference(c, p, xs, h0), True)))(params)
     for chunk in (71,):  # 3 equal chunks of 67, one padding step (one chunk: the tests above)
-        got = jax.jit(jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True)))(params)
+        got = jax.jit(jax.grad(lambda p: states_loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True)))(params)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
 
 
@@ -325,7 +303,7 @@ def test_chunked_backward_with_padding_steps_matches_autodiff(name, T, B, chunk)
     10 by 4 is 3 of 4 with 2, 9 by 3 none, 2 by 1 two of 1. Every gradient (params, xs, h0) in
     float64 against autodiff through lax.scan, losses on every step and on the last one alone (the
     padding steps follow the last: its cotangent must reach it unchanged)."""
-    cell, params, xs, h0 = _setup(name, T, B, 3, 4, seed=T + B)
+    cell, params, xs, h0 = make_problem(CELLS[name](3, 4), T, B, seed=T + B)
     for every in (True, False):
         ref = _grads(lambda p, x, h: _reference(cell, p, x, h), params, xs, h0, every)
         got = _grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bppsa", chunk_size=chunk), params, xs, h0,
@@ -387,7 +365,7 @@ def test_generic_per_example_step_matches_plain_scan(T, B):
 
     @jax.jit
     def run(p, x, h):
-        grad = lambda fn, every: jax.grad(lambda *a: _loss(fn(*a), every), argnums=(0, 1, 2))(p, x, h)
+        grad = lambda fn, every: jax.grad(lambda *a: states_loss(fn(*a), every), argnums=(0, 1, 2))(p, x, h)
         return [(grad(plain, every), [grad(lambda p, x, h: bppsa.rnn(cell, p, x, h, scan=s), every)
                                       for s in SCANS]) for every in (False, True)]
 
@@ -438,7 +416,7 @@ def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch,
             "block-lstm-k2": lambda I, H: bppsa.structured.BlockLSTM(I, H, head_size=2)}
     monkeypatch.setitem(CELLS, "block-gru", make["block-gru"])
     monkeypatch.setitem(CELLS, "block-lstm-k2", make["block-lstm-k2"])
-    c, params, xs, h0 = _setup(name, T, B, 3, 4)
+    c, params, xs, h0 = make_problem(CELLS[name](3, 4), T, B)
     s0 = jnp.concatenate(h0, axis=-1) if isinstance(h0, tuple) else h0
     assert bppsa.Options(backward="bptt").plan(c, xs, s0).hoist is hoist
     for every_step in (True, False):

@@ -53,18 +53,16 @@ def _least_squares(v, Ms, ds, y, lam):
     return out
 
 
-def _smoother_is_the_minimiser(n, R, k, lam, seed):
+@property_pair(
+    4, 30, n=st.integers(1, 9), R=st.integers(1, 3), k=st.integers(1, 3),
+    lam=st.sampled_from([0.0, 1e-3, 0.5, 2.0, 100.0]), seed=st.integers(0, 2**16))
+def test_smoother_is_the_exact_minimiser(n, R, k, lam, seed):
     rng = np.random.default_rng(seed)
     v, Ms = rng.normal(size=(R, k)), 0.9 * rng.normal(size=(n, R, k, k))
     ds, y = rng.normal(size=(n, R, k)), rng.normal(size=(n, R, k))
     got = np.asarray(jax.jit(trust_region_solve)(*map(jnp.asarray, (v, Ms, ds, y)), lam))
     np.testing.assert_allclose(got, _least_squares(v, Ms, ds, y, lam), rtol=1e-9, atol=1e-10,
                                err_msg=f"n={n} R={R} k={k} λ={lam}")
-
-
-test_smoother_is_the_exact_minimiser, test_smoother_is_the_exact_minimiser_full = property_pair(
-    4, 30, n=st.integers(1, 9), R=st.integers(1, 3), k=st.integers(1, 3),
-    lam=st.sampled_from([0.0, 1e-3, 0.5, 2.0, 100.0]), seed=st.integers(0, 2**16))(_smoother_is_the_minimiser)
 
 
 def test_no_damping_is_the_newton_step_and_large_damping_no_step():

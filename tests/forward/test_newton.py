@@ -374,14 +374,12 @@ def test_hessian_vector_products_through_the_parallel_forward(order):
 
 # --- a property over shapes, cells and forwards ----------------------------------------------
 
-def _property(T, B, hidden, name, kind, scan, seed):
-    _check(name, T, B, {kind: dict(forward=kind, **BACKWARDS[scan])}, seed=seed, hidden=hidden)
-
-
-test_property, test_property_full = property_pair(
+@property_pair(
     1, 8, T=st.integers(1, 11), B=st.integers(1, 3), hidden=st.sampled_from([2, 4]),
     name=st.sampled_from(sorted(CELLS)), kind=st.sampled_from(FORWARDS), scan=st.sampled_from(sorted(BACKWARDS)),
-    seed=st.integers(0, 30))(_property)
+    seed=st.integers(0, 30))
+def test_property(T, B, hidden, name, kind, scan, seed):
+    _check(name, T, B, {kind: dict(forward=kind, **BACKWARDS[scan])}, seed=seed, hidden=hidden)
 
 
 # --- non-convergence: a chaotic cell ---------------------------------------------------------
