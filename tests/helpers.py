@@ -84,16 +84,16 @@ def states_loss(out, every_step=True):
     return total
 
 
-def one_line_usage_error(match, fn, *args, **kwargs):
+def one_line_usage_error(match, fn, *args, says_expected=False, **kwargs):
     """The message of the :class:`bppsa.errors.UsageError` that ``fn(*args, **kwargs)`` raises, matching
-    ``match`` and on one line."""
+    ``match`` and on one line (saying what was expected, with ``says_expected``)."""
     import pytest
 
     from bppsa.errors import UsageError
     with pytest.raises(UsageError, match=match) as info:
         fn(*args, **kwargs)
     msg = str(info.value)
-    assert "\n" not in msg, msg
+    assert "\n" not in msg and ("expected" in msg or not says_expected), msg
     return msg
 
 
@@ -111,3 +111,18 @@ def file_tree(d, *, text=False, mtime=False, skip=(), recursive=True):
         return (data, p.stat().st_mtime_ns) if mtime else data
     files = d.rglob("*") if recursive else d.iterdir()
     return {str(p.relative_to(d)): read(p) for p in sorted(files) if p.is_file() and p.name not in skip}
+
+
+def toy_classifier():
+    """A small float32 training model: ``SequenceClassifier`` over ``cells.RNN(1, 8)``, 10 classes, BPTT."""
+    from flax import nnx
+
+    from bppsa import cells
+    from bppsa.nn import SequenceClassifier
+    return SequenceClassifier(cells.RNN(1, 8), 10, backward="bptt", rngs=nnx.Rngs(0))
+
+
+def toy_data():
+    """(x, y): 32 Bernoulli bitstreams of 8 steps and their labels, for :func:`toy_classifier`."""
+    from bppsa.tasks.bitstream import make_bitstream
+    return make_bitstream(32, 8)

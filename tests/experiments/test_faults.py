@@ -14,6 +14,7 @@ import pytest
 
 from experiments import cli, runner, train
 from bppsa.errors import UsageError
+from tests.helpers import toy_classifier, toy_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = cli.config_paths()  # {name: experiments/<paper>/configs/name.py}
@@ -128,14 +129,6 @@ def test_a_run_that_never_started_takes_a_corrected_config(task_config, tmp_path
 # User errors: one line, exit code 2; --debug shows the traceback.
 # --------------------------------------------------------------------------------------------
 
-def _bad_files(tmp_path):
-    (tmp_path / "syntax.py").write_text("import ml_collections\ndef get_config(arg=None)\n    return 1\n")
-    (tmp_path / "name.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return oops\n")
-    (tmp_path / "binary.py").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
-    (tmp_path / "signature.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return ml_collections."
-                                           "ConfigDict({'task': 'tests.runner_tasks:one_argument_task'})\n")
-
-
 USER_ERRORS = {
     "syntax-error": (["run", "{tmp}/syntax.py"], "line 2: syntax error"),
     "name-error": (["run", "{tmp}/name.py"], "line 3: NameError"),
@@ -183,7 +176,11 @@ def test_every_preset_of_every_config_passes_its_tasks_checks():
 
 @pytest.mark.parametrize("case", USER_ERRORS)
 def test_user_errors_are_one_line_and_exit_code_2(one_error_line, tmp_path, capsys, case):
-    _bad_files(tmp_path)
+    (tmp_path / "syntax.py").write_text("import ml_collections\ndef get_config(arg=None)\n    return 1\n")
+    (tmp_path / "name.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return oops\n")
+    (tmp_path / "binary.py").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    (tmp_path / "signature.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return ml_collections."
+                                           "ConfigDict({'task': 'tests.runner_tasks:one_argument_task'})\n")
     argv, needle = USER_ERRORS[case]
     argv = [a.format(tmp=tmp_path) for a in argv] + ["--workdir", str(tmp_path / "w")]
     assert cli.main(argv) == 2
@@ -245,19 +242,6 @@ def test_sync_ray_explicit_flags_win_over_the_smoke_preset(tmp_path, monkeypatch
 # Corrupt checkpoints: verified on restore, the newest intact one is used, the bad one moved aside.
 # --------------------------------------------------------------------------------------------
 
-def _model():
-    from flax import nnx
-
-    from bppsa import cells
-    from bppsa.nn import SequenceClassifier
-    return SequenceClassifier(cells.RNN(1, 8), 10, backward="bptt", rngs=nnx.Rngs(0))
-
-
-def _data():
-    from bppsa.tasks.bitstream import make_bitstream
-    return make_bitstream(32, 8)
-
-
 def _corrupt(step_dir: Path, how: str) -> None:
     # the arrays sit in state/d/ (orbax merges the per-process files of state/ocdbt.process_0/ into it)
     files = sorted((step_dir / "state" / "d").iterdir(), key=lambda p: -p.stat().st_size)
@@ -273,29 +257,29 @@ def _corrupt(step_dir: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["truncated", "overwritten"])
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, how):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    straight = train.fit(_model(), x, y, steps=8, **kw)
-    train.fit(_model(), x, y, steps=6, workdir=tmp_path, **kw)
+    straight = train.fit(toy_classifier(), x, y, steps=8, **kw)
+    train.fit(toy_classifier(), x, y, steps=6, workdir=tmp_path, **kw)
     _corrupt(tmp_path / "checkpoints" / "6", how)
     with pytest.warns(UserWarning, match=r"checkpoints/6' is corrupt.*moved it to .*checkpoints-corrupt/6.*"
                                          r"resuming from step 3"):
-        resumed = train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+        resumed = train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]  # steps 4..8 redone from step 3
     assert (tmp_path / "checkpoints-corrupt" / "6").is_dir()  # kept for the user, not deleted
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["6", "8"]
 
 
 def test_no_intact_checkpoint_is_a_one_line_error_that_moves_nothing(tmp_path):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    train.fit(_model(), x, y, steps=6, workdir=tmp_path, **kw)
+    train.fit(toy_classifier(), x, y, steps=6, workdir=tmp_path, **kw)
     for step in ("3", "6"):
         _corrupt(tmp_path / "checkpoints" / step, "gone")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(UsageError, match=r"no intact checkpoint in .*checkpoints.*step 6: .*step 3: .*--restart") as e:
-            train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+            train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6"]
     assert not (tmp_path / "checkpoints-corrupt").exists()

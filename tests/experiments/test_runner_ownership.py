@@ -14,7 +14,7 @@ import pytest
 
 from experiments import cli, runner, train, workdir
 from bppsa.errors import UsageError
-from tests.helpers import file_tree
+from tests.helpers import file_tree, toy_classifier, toy_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = cli.config_paths()  # {name: experiments/<paper>/configs/name.py}
@@ -133,28 +133,15 @@ def test_a_name_that_is_not_a_plain_file_name_is_refused_before_anything_is_writ
 # Item 5: paths are never put into URLs unescaped.
 # --------------------------------------------------------------------------------------------
 
-def _model():
-    from flax import nnx
-
-    from bppsa import cells
-    from bppsa.nn import SequenceClassifier
-    return SequenceClassifier(cells.RNN(1, 8), 10, backward="bptt", rngs=nnx.Rngs(0))
-
-
-def _data():
-    from bppsa.tasks.bitstream import make_bitstream
-    return make_bitstream(32, 8)
-
-
 def test_a_work_directory_with_odd_characters_resumes(tmp_path):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    straight = train.fit(_model(), x, y, steps=8, **kw)
+    straight = train.fit(toy_classifier(), x, y, steps=8, **kw)
     odd = tmp_path / "a #b?c %41 d é ü 日本"
-    train.fit(_model(), x, y, steps=6, workdir=odd, **kw)
+    train.fit(toy_classifier(), x, y, steps=6, workdir=odd, **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no checkpoint judged corrupt
-        resumed = train.fit(_model(), x, y, steps=8, workdir=odd, **kw)
+        resumed = train.fit(toy_classifier(), x, y, steps=8, workdir=odd, **kw)
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
     assert sorted(p.name for p in (odd / "checkpoints").iterdir()) == ["6", "8"]
 
@@ -168,9 +155,9 @@ class Killed(Exception):
 
 
 def test_a_bad_metrics_line_is_skipped_and_nothing_on_disk_is_rewritten_away(tmp_path, monkeypatch):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    straight = train.fit(_model(), x, y, steps=8, **kw)
+    straight = train.fit(toy_classifier(), x, y, steps=8, **kw)
 
     def kill(step):
         if step == 5:
@@ -178,14 +165,14 @@ def test_a_bad_metrics_line_is_skipped_and_nothing_on_disk_is_rewritten_away(tmp
 
     monkeypatch.setattr(train, "after_step", kill)
     with pytest.raises(Killed):  # checkpoint at 3, records of steps 1..5
-        train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+        train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     monkeypatch.setattr(train, "after_step", lambda step: None)
     path = tmp_path / "metrics.jsonl"
     lines = path.read_text().splitlines()
     lines[1] = '{"step": 2, "loss": 0.69'  # garbled in the middle
     path.write_text("\n".join(lines) + "\n")
     with pytest.warns(UserWarning, match=r"metrics.jsonl' line 2 is not a JSON metrics record; skipped"):
-        resumed = train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+        resumed = train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     assert [r["step"] for r in resumed] == [1, 3, 4, 5, 6, 7, 8]  # the records after the bad line are kept
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight if r["step"] != 2]
     on_disk = path.read_text().splitlines()
@@ -417,11 +404,11 @@ def test_an_entry_made_without_the_writer_is_never_counted_as_bppsas(task_config
 
 
 def test_fit_handed_the_run_directory_lists_its_entries_first(tmp_path):
-    x, y = _data()
+    x, y = toy_data()
     d = tmp_path / "d"
     with workdir.WorkDir(d) as wd:
         wd.start(progress=False)
-        train.fit(_model(), x, y, steps=2, batch_size=8, progress=False, workdir=wd.run_dir())
+        train.fit(toy_classifier(), x, y, steps=2, batch_size=8, progress=False, workdir=wd.run_dir())
         wd.finish("done")
     assert workdir.read_marker(d)["written"] == sorted(
         ["metrics.jsonl", "metrics.superseded.jsonl", "checkpoints", "checkpoints-corrupt"])

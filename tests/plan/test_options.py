@@ -64,26 +64,22 @@ def test_auto_is_resolved_in_one_place_and_keeps_an_explicit_scan():
     assert bppsa.Options().resolve(cell, 10, 1) == bppsa.Options(scan="blelloch")
 
 
-def _entry_points(cell, opts):
-    one = opts.replace(chunk_size="auto")  # a mesh takes no int chunk_size
-    mesh = parallel.make_mesh(2, batch_axis=None)
-    return {
-        "bppsa.rnn": lambda p, x, h: bppsa.rnn(cell, p, x, h, opts),
-        "backprop.rnn": lambda p, x, h: bppsa.backprop.rnn(cell, p, x, h, options=opts),
-        "parallel.rnn": lambda p, x, h: parallel.rnn(cell, p, x, h, one, mesh=mesh),
-        "bppsa.rnn(mesh)": lambda p, x, h: bppsa.rnn(cell, p, x, h, one, mesh=mesh),
-        "pmap_rnn": lambda p, x, h: parallel.pmap_rnn(cell, p, x.reshape((2, 4) + x.shape[1:]), h, one).reshape(
-            (8,) + h.shape),
-    }
-
-
 @pytest.mark.parametrize("entry", ["bppsa.rnn", "backprop.rnn"] + [
     pytest.param(e, marks=pytest.mark.slow) for e in ("parallel.rnn", "bppsa.rnn(mesh)", "pmap_rnn")])
 @pytest.mark.parametrize("opts", [bppsa.Options(scan="sequential", chunk_size=3)] + [
     pytest.param(o, marks=pytest.mark.slow) for o in (bppsa.Options(backward="bptt"), bppsa.Options(precision="high"))])
 def test_every_entry_point_takes_the_options_object(problem, close, loss, entry, opts):
     cell, params, xs, h0 = problem(cells.GRU(2, 2), T=8, B=1)
-    run = _entry_points(cell, opts)[entry]
+    one = opts.replace(chunk_size="auto")  # a mesh takes no int chunk_size
+    mesh = parallel.make_mesh(2, batch_axis=None)
+    run = {
+        "bppsa.rnn": lambda p, x, h: bppsa.rnn(cell, p, x, h, opts),
+        "backprop.rnn": lambda p, x, h: bppsa.backprop.rnn(cell, p, x, h, options=opts),
+        "parallel.rnn": lambda p, x, h: parallel.rnn(cell, p, x, h, one, mesh=mesh),
+        "bppsa.rnn(mesh)": lambda p, x, h: bppsa.rnn(cell, p, x, h, one, mesh=mesh),
+        "pmap_rnn": lambda p, x, h: parallel.pmap_rnn(cell, p, x.reshape((2, 4) + x.shape[1:]), h, one).reshape(
+            (8,) + h.shape),
+    }[entry]
     close(grads_of(run, params, xs, h0, loss), scan_grads(cell, params, xs, h0, loss))
 
 
