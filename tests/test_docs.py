@@ -38,17 +38,9 @@ IGNORED_DIRS = {line.strip().strip("/") for line in (ROOT / ".gitignore").read_t
                 if line.startswith("/") and line.rstrip().endswith("/")}  # root folders: /data/, /runs/, /docs/_build/
 
 
-def _tracked() -> list[str]:
-    skip = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "build", "_build"}
-    out = []
-    for p in ROOT.rglob("*"):
-        rel = p.relative_to(ROOT)
-        if not (set(rel.parts) & skip or rel.parts[0].endswith(".egg-info")):
-            out.append(rel.as_posix())
-    return out
-
-
-TRACKED = _tracked()
+SKIP_DIRS = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "build", "_build"}
+TRACKED = [rel.as_posix() for rel in (p.relative_to(ROOT) for p in ROOT.rglob("*"))
+           if not (set(rel.parts) & SKIP_DIRS or rel.parts[0].endswith(".egg-info"))]
 TOP = {Path(p).parts[0] for p in TRACKED} | {"bppsa", "tests", "docs", "experiments", "notebooks"}
 PACKAGE_DIRS = {Path(p).relative_to("bppsa").parts[0] for p in TRACKED
                 if p.startswith("bppsa/") and (ROOT / p).is_dir()}
@@ -241,7 +233,7 @@ def is_quoted_from(quoted: str, numbers: list[float]) -> bool:
     return any(abs(x - q) <= ulp / 2 * (1 + 1e-9) for x in numbers)
 
 
-def _quotes() -> list[tuple[str, str, list[Path]]]:
+def test_every_quoted_number_is_in_the_result_it_links():
     quotes = []
     for doc in [README, *sorted(p for p in SITE.rglob("*.md") if "_build" not in p.parts)]:
         for block in _blocks(doc.read_text()):
@@ -250,11 +242,6 @@ def _quotes() -> list[tuple[str, str, list[Path]]]:
                                                    (doc.parent / link).resolve().with_suffix(".json"))]
             if links:
                 quotes.append((str(doc.relative_to(ROOT)), block, files))
-    return quotes
-
-
-def test_every_quoted_number_is_in_the_result_it_links():
-    quotes = _quotes()
     assert len(quotes) >= 20 and sum(len(quoted_numbers(b)) for _, b, _ in quotes) >= 60  # the check reads the tables
     wrong = []
     for where, block, files in quotes:

@@ -258,14 +258,6 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(int(mask, 16) >> (signum - 1) & 1)
 
 
-def _wait_for_handlers(proc: subprocess.Popen) -> None:
-    """Until the command handles stop signals (its first step; JAX's imports follow, seconds long)."""
-    deadline = time.monotonic() + 60
-    while not _catches(proc.pid, signal.SIGTERM):
-        assert proc.poll() is None and time.monotonic() < deadline, "the command never handled SIGTERM"
-        time.sleep(0.002)
-
-
 def _stop(cmd, env, signum, at=None, after=0.0) -> tuple[int | None, str]:
     """Run ``cmd``; send ``signum`` ``after`` seconds after it prints a line starting with ``at``
     ("imports": once it handles SIGTERM, i.e. the command began and imports JAX; None: after it
@@ -273,7 +265,11 @@ def _stop(cmd, env, signum, at=None, after=0.0) -> tuple[int | None, str]:
     proc = _start(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         if at == "imports":
-            _wait_for_handlers(proc)
+            # Until the command handles stop signals (its first step; JAX's imports follow, seconds long).
+            deadline = time.monotonic() + 60
+            while not _catches(proc.pid, signal.SIGTERM):
+                assert proc.poll() is None and time.monotonic() < deadline, "the command never handled SIGTERM"
+                time.sleep(0.002)
         elif at is not None:
             assert proc.stdout is not None
             for line in proc.stdout:

@@ -88,22 +88,19 @@ def test_the_gate_runs_the_sequential_forward_on_a_chaotic_cell():
     np.testing.assert_allclose(states, bppsa.rnn(cell, p, xs, h0), rtol=1e-12, atol=1e-12)
 
 
-def _switching_logistic(T, B, switch):
-    """The logistic map whose rate is the input, h' = x h (1 − h): x = 2.5 for the first ``switch``
-    steps (a fixed point, exponent log 0.5: it contracts), 4 after (chaos, exponent log 2)."""
-    cell = cells.Generic(lambda p, h, x: p["s"] * x * h * (1 - h), hidden_size=1)
-    xs = jnp.where(jnp.arange(T)[:, None, None] < switch, 2.5, 4.0) * jnp.ones((T, B, 1))
-    h0 = jnp.linspace(0.12, 0.31, B)[:, None]
-    return cell, {"s": jnp.float64(1.0)}, xs, h0
-
-
 def test_the_probe_sees_past_its_first_window():
     """A cell that contracts over the first PROBE_STEPS steps and expands after: the accelerator
     rule's gate (the GPU constants) and the exponent along the first window alone foresee 5 Newton
     iterations; Newton then spends max_iter on the chaotic stretch and falls back. The probe's
     windows at the middle and the end see the chaos: the sequential forward runs, exact."""
     T, B = 2000, 2
-    cell, p, xs, h0 = _switching_logistic(T, B, newton.PROBE_STEPS)
+    # The logistic map whose rate is the input, h' = x h (1 − h): x = 2.5 for the first ``switch``
+    # steps (a fixed point, exponent log 0.5: it contracts), 4 after (chaos, exponent log 2).
+    switch = newton.PROBE_STEPS
+    cell = cells.Generic(lambda p, h, x: p["s"] * x * h * (1 - h), hidden_size=1)
+    xs = jnp.where(jnp.arange(T)[:, None, None] < switch, 2.5, 4.0) * jnp.ones((T, B, 1))
+    h0 = jnp.linspace(0.12, 0.31, B)[:, None]
+    p = {"s": jnp.float64(1.0)}
     forward, gate = cost.choose_forward(cell, T, B, backend="gpu")
     assert forward == "newton" and 5 <= gate < 100  # the first window's 5 iterations pass this gate
     plan = dataclasses.replace(bppsa.Options(forward="newton").plan(cell, xs, h0), gate=float(gate))

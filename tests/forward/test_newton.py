@@ -750,22 +750,18 @@ def test_an_empty_batch_gives_the_sequential_forwards_empty_result(kind, names):
         assert shapes(bppsa.rnn(cell, params, xs, h0, forward=kind, on_fail="raise", mesh=mesh)) == shapes(seq)
 
 
-def _nan_problems():
-    """(label, params, xs, h0, the message's cause) of a GRU, T = 5, B = 2."""
+@pytest.mark.parametrize("kind", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
+def test_nan_inputs_are_named_not_blamed_on_max_iter(kind, monkeypatch):
+    """NaN/inf in xs, h0 or params: the failure names where (it said 'did not converge ... raise
+    max_iter'), eagerly, under jit and in the fallback's warning."""
+    # (label, params, xs, h0, the message's cause) of a GRU, T = 5, B = 2.
     cell, params, xs, h0 = make_problem(CELLS["gru"](I, H), 5, 2)
-    return cell, [
+    problems = [
         ("NaN in xs", params, xs.at[2, 1, 0].set(jnp.nan), h0, r"at step 2 \(the inputs contain NaN/inf: xs\[2\]\)"),
         ("inf in h0", params, xs, h0.at[0, 1].set(jnp.inf), r"at step 0 \(the inputs contain NaN/inf: h0\)"),
         ("NaN in W_h", dict(params, W_h=params["W_h"].at[0, 0].set(jnp.nan)), xs, h0,
          r"at step 0 \(the inputs contain NaN/inf: params\['W_h'\]\)"),
     ]
-
-
-@pytest.mark.parametrize("kind", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
-def test_nan_inputs_are_named_not_blamed_on_max_iter(kind, monkeypatch):
-    """NaN/inf in xs, h0 or params: the failure names where (it said 'did not converge ... raise
-    max_iter'), eagerly, under jit and in the fallback's warning."""
-    cell, problems = _nan_problems()
     for label, params, xs, h0, cause in problems:
         pattern = rf"did not converge after \d+ iterations \(tol .*; residual inf, .*\): the states became " \
                   rf"NaN/inf {cause}; raising max_iter " \
