@@ -40,6 +40,14 @@ def generic_cell(I, H):
     return cells.Generic(step, hidden_size=H, input_size=I, init_fn=init)
 
 
+def random_like(tree, seed=100):
+    """A pytree of ``tree``'s structure and shapes, float64 N(0, 1) draws, leaf k from numpy's generator
+    ``seed + k`` (tangents, cotangents, directions)."""
+    import jax
+    leaves, treedef = jax.tree.flatten(tree)
+    return jax.tree.unflatten(treedef, [normal(seed + k, np.shape(a)) for k, a in enumerate(leaves)])
+
+
 class Problem(tuple):
     """(cell, params, xs, h0), unpackable as a tuple: ``cell, params, xs, h0 = problem(...)``."""
 

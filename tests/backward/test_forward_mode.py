@@ -100,10 +100,6 @@ def _check_jvp_and_hvp(name, T, B, backwards=BACKWARDS, seed=0, reverse_over_rev
         assert_trees_close(value, want, what=f"{name} T={T} B={B} {key}: ")
 
 
-def _one(backward):
-    return {backward: BACKWARDS[backward]}
-
-
 DEFAULT_BACKWARDS = ("sequential_chunks_of_2", "auto_picking_bppsa")  # the rest: slow
 DEFAULT_CELLS = ("lstm", "generic", "masked_gru")  # flax's cells: also in tests/nn/test_flax_dropin.py
 
@@ -115,18 +111,19 @@ def _slow_unless(default):
 @pytest.mark.parametrize("backward", [_slow_unless(DEFAULT_BACKWARDS)(b) for b in sorted(BACKWARDS)])
 def test_jvp_and_hvp_equal_autodiff_through_lax_scan_for_every_backward(backward):
     """jax.jvp w.r.t. params, xs and h0 at once, and the HVP forward-over-reverse (GRU, T = 7, B = 2)."""
-    _check_jvp_and_hvp("gru", T=7, B=2, backwards=_one(backward))
+    _check_jvp_and_hvp("gru", T=7, B=2, backwards={backward: BACKWARDS[backward]})
 
 
 @pytest.mark.parametrize("name", [_slow_unless(DEFAULT_CELLS)(c) for c in sorted(CELLS)])
 def test_jvp_and_hvp_equal_autodiff_through_lax_scan_for_every_cell(name):
     """Every kind of cell, on the chunked Blelloch scan over an odd T (a short last chunk)."""
-    _check_jvp_and_hvp(name, T=7, B=2, backwards=_one("blelloch_chunks_of_2"))
+    _check_jvp_and_hvp(name, T=7, B=2, backwards={"blelloch_chunks_of_2": BACKWARDS["blelloch_chunks_of_2"]})
 
 
 def test_hvp_reverse_over_reverse():
     """grad of grad: the transposed solve transposed again (the tangent scan runs in reverse mode)."""
-    _check_jvp_and_hvp("lstm", T=5, B=2, backwards=_one("sequential_chunks_of_2"), reverse_over_reverse=True)
+    _check_jvp_and_hvp("lstm", T=5, B=2, backwards={"sequential_chunks_of_2": BACKWARDS["sequential_chunks_of_2"]},
+                       reverse_over_reverse=True)
 
 
 @pytest.mark.slow
@@ -142,7 +139,7 @@ EDGES = [("gru", 1, 1), ("lstm", 1, 2), ("lstm", 6, 1), ("rnn", 5, 1)]
                                       for e in EDGES])
 def test_jvp_and_hvp_at_edge_shapes(name, T, B):
     """T = 1 (one step, no scan level), B = 1, T even with chunks of 2 (no short chunk)."""
-    _check_jvp_and_hvp(name, T=T, B=B, backwards=_one("blelloch_chunks_of_2" if T > 1 else "blelloch"))
+    _check_jvp_and_hvp(name, T=T, B=B, backwards={b: BACKWARDS[b] for b in ["blelloch_chunks_of_2" if T > 1 else "blelloch"]})
 
 
 @pytest.mark.slow
@@ -255,6 +252,6 @@ def test_gradient_program_has_the_scan_as_the_transposed_solve():
     2, 25, name=st.sampled_from(["rnn", "gru", "lstm", "generic"]), T=st.integers(1, 9), B=st.integers(1, 3),
     backward=st.sampled_from(sorted(BACKWARDS)), seed=st.integers(0, 50))
 def test_forward_mode_property(name, T, B, backward, seed):
-    _check_jvp_and_hvp(name, T, B, backwards=_one(backward), seed=seed)
+    _check_jvp_and_hvp(name, T, B, backwards={backward: BACKWARDS[backward]}, seed=seed)
 
 

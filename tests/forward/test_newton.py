@@ -32,7 +32,8 @@ from bppsa.forward import newton
 from bppsa.plan import options
 from bppsa.errors import UsageError
 from bppsa.forward.newton import NewtonDidNotConverge, NewtonFallbackWarning, NewtonInfo
-from tests.helpers import generic_cell, make_problem, normal, one_line_usage_error, random_params, states_loss
+from tests.helpers import (generic_cell, make_problem, normal, one_line_usage_error, random_like, random_params,
+                           states_loss)
 from tests.props import property_pair
 from tests.reference import scan_grads, scan_states
 from tests.tolerance import assert_trees_close
@@ -125,10 +126,6 @@ def _check(name, T, B, configs, seed=0, hidden=H):
     return got
 
 
-def _configs(*keys):
-    return {k: CONFIGS[k] for k in keys}
-
-
 # --- every cell, every forward x backward ----------------------------------------------------
 
 # The default run: these, and with the other default tests every forward and backward (GRU newton/blelloch: the
@@ -139,7 +136,7 @@ DEFAULT_CELL_CONFIG = {"block-lstm-k2": "quasi/sequential", "rnn-relu": "newton/
 @pytest.mark.parametrize("name", list(DEFAULT_CELL_CONFIG))
 def test_states_and_gradients_equal_lax_scan(name):
     """T = 7 (odd, not a power of two), B = 2."""
-    _check(name, 7, 2, _configs(DEFAULT_CELL_CONFIG[name]))
+    _check(name, 7, 2, {k: CONFIGS[k] for k in (DEFAULT_CELL_CONFIG[name],)})
 
 
 @slow
@@ -158,12 +155,12 @@ def test_states_and_gradients_every_cell_at_edge_shapes(name, shape):
     """T = 1 (one step), T = 6 and 12 (even, not powers of two), B = 1; each cell meets every
     configuration at one of the shapes."""
     T, B = EDGE_SHAPES[shape]
-    _check(name, T, B, _configs(*sorted(CONFIGS)[shape::len(EDGE_SHAPES)]))
+    _check(name, T, B, {k: CONFIGS[k] for k in sorted(CONFIGS)[shape::len(EDGE_SHAPES)]})
 
 
 def test_one_step_and_one_row():
     """T = 1, B = 1: one Newton iteration is exact (the first state depends on h0 only)."""
-    got = _check("lstm", 1, 1, _configs("quasi/bptt"))
+    got = _check("lstm", 1, 1, {k: CONFIGS[k] for k in ("quasi/bptt",)})
     assert all(int(info.iterations) == 1 for _, info, _ in got.values())
 
 
@@ -172,7 +169,7 @@ def test_one_step_and_one_row():
 def test_iterations_never_exceed_T(kind):
     """Iteration k makes the first k states exact: at most T iterations, for every T."""
     for T in (2, 3, 8):
-        got = _check("gru", T, 2, _configs(f"{kind}/blelloch"), seed=T)
+        got = _check("gru", T, 2, {k: CONFIGS[k] for k in (f"{kind}/blelloch",)}, seed=T)
         assert int(got[f"{kind}/blelloch"][1].iterations) <= T
 
 
@@ -335,11 +332,6 @@ def test_vmap_under_jit():
     assert bool(jnp.all((info.iterations >= 1) & (info.iterations <= 5) & (info.residual <= TOL)))
 
 
-def _tangents(params, xs, h0):
-    k = iter(range(100, 200))
-    return jax.tree.map(lambda a: normal(next(k), jnp.shape(a)), (params, xs, h0))
-
-
 @pytest.mark.parametrize("name,kind,backward", [
     ("gru", "newton", "blelloch"),
     *(pytest.param(n, k, b, marks=slow) for n, k, b in [
@@ -350,7 +342,7 @@ def test_forward_mode_through_the_parallel_forward(name, kind, backward):
     cell, params, xs, h0 = make_problem(CELLS[name](I, H), 6, 2)
     run = lambda p, x, h: bppsa.rnn(cell, p, x, h, forward=kind, on_fail="raise", **BACKWARDS[backward])
     ref = lambda p, x, h: scan_states(cell, p, x, h)
-    got, want = jax.jit(lambda *a: (jax.jvp(run, a, _tangents(*a)), jax.jvp(ref, a, _tangents(*a))))(params, xs, h0)
+    got, want = jax.jit(lambda *a: (jax.jvp(run, a, random_like(a)), jax.jvp(ref, a, random_like(a))))(params, xs, h0)
     assert_trees_close(got, want, 1e-9, 1e-11, f"{name} {kind} {backward} jvp: ")
 
 
@@ -358,7 +350,7 @@ def test_forward_mode_through_the_parallel_forward(name, kind, backward):
 def test_hessian_vector_products_through_the_parallel_forward(order):
     """The HVP of a loss of the states (as test_forward_mode.py checks for the sequential forward)."""
     cell, params, xs, h0 = make_problem(CELLS["rnn-tanh"](I, H), 3, 1)
-    t = _tangents(params, xs, h0)
+    t = random_like((params, xs, h0))
 
     def hvp(run):
         grad = jax.grad(lambda *a: states_loss(run(*a)), argnums=(0, 1, 2))
