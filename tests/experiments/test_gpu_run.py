@@ -211,14 +211,9 @@ def test_a_point_asking_for_detail_drops_it_when_the_budget_is_short(tmp_path, m
     assert seen == [False] and s.write()["points"] == [{"part": "gpu", "ms": {}, "detail_skipped": "time budget"}]
 
 
-def _scan(T):
-    def f(x):
-        return jax.lax.scan(lambda c, a: (jnp.tanh(c * a + 1.0), c), x[0], x)[1]
-    return f
-
-
 def test_launches_of_a_scan_grow_with_its_length():
-    counts = {T: launches.count(_scan(T), jnp.ones((T, 4))) for T in (10, 100)}
+    scan = lambda x: jax.lax.scan(lambda c, a: (jnp.tanh(c * a + 1.0), c), x[0], x)[1]  # noqa: E731
+    counts = {T: launches.count(scan, jnp.ones((T, 4))) for T in (10, 100)}
     for T, c in counts.items():
         (loop,) = c["loops"]
         assert loop["trip_count"] == T and loop["body"] >= 1 and c["exact"]

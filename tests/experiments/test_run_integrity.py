@@ -191,17 +191,10 @@ def _with_file_size_limit(limit: int, cmd: list[str]) -> list[str]:
             f"({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])", *cmd]
 
 
-def _toy(tmp_path: Path, steps: int) -> Path:
-    path = tmp_path / "toy.py"
-    path.write_text("import ml_collections\ndef get_config(arg=None):\n    return ml_collections.ConfigDict("
-                    f"{{'task': 'tests.runner_tasks:steps_task', 'name': 'toy', 'steps': {steps}}})\n")
-    return path
-
-
-def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path):
+def test_a_full_disk_is_one_line_and_the_same_command_resumes(task_config, tmp_path):
     """Files may grow to 600 bytes (RLIMIT_FSIZE: a real OS write error, EFBIG): the toy's metrics file
     outgrows it; the run fails in one line naming it; without the limit the same command finishes it."""
-    cfg, w = _toy(tmp_path, 60), tmp_path / "w"
+    cfg, w = task_config("steps_task", name="toy", steps=60), tmp_path / "w"
     cmd = [sys.executable, "-m", "experiments.cli", "run", str(cfg), "--workdir", str(w)]
     proc = subprocess.run(_with_file_size_limit(600, cmd), cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=120)

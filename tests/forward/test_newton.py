@@ -473,12 +473,6 @@ def test_damping_and_max_iter_sweep_on_the_chaotic_cell(kind):
             assert_trees_close(states, sequential, what=what)
 
 
-@functools.cache
-def _chaos_raise_program():
-    cell, *_ = _chaos()
-    return jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", max_iter=3, on_fail="raise"))
-
-
 def test_on_fail_raise_raises_eagerly(capfd, caplog):
     """The error itself, and nothing printed or logged besides (JAX logs an exception its host
     callback raises, with a traceback, before re-raising it)."""
@@ -493,9 +487,10 @@ def test_on_fail_raise_raises_eagerly(capfd, caplog):
 def test_on_fail_raise_raises_under_jit(capfd, caplog):
     """Under jax.jit the error reaches the caller (a RuntimeError naming NewtonDidNotConverge), and
     JAX's log of the callback's failure is not printed besides."""
-    _, params, xs, h0 = _chaos()
+    cell, params, xs, h0 = _chaos()
+    run = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", max_iter=3, on_fail="raise"))
     with pytest.raises(RuntimeError, match=r"NewtonDidNotConverge: the parallel forward of RNN did not converge"):
-        jax.block_until_ready(_chaos_raise_program()(params, xs, h0))
+        jax.block_until_ready(run(params, xs, h0))
     assert "jax.debug.callback failed" not in capfd.readouterr().err
     assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from tests.props import property_pair
 
 from bppsa.scan import dense as S  # the dense scans: their storage-order internals are tested here too
+from tests.tolerance import assert_trees_close
 
 
 _scan = jax.jit(S.scan, static_argnames="method")  # one compile per shape instead of per eager op
@@ -229,12 +230,6 @@ def _diag_elements(rng, n, B, H, with_d):
     return v, A, Wt, ds
 
 
-def _assert_scan_close(got, ref, rtol, atol=1e-12):
-    """(prefixes, total) pairs agree."""
-    for g, r in zip(got, ref):
-        np.testing.assert_allclose(g, r, rtol=rtol, atol=atol)
-
-
 def _diag_scan(v, A, Wt, ds, n, pad_with=None):
     """Storage order, then the diagonal scan; ``pad_with`` overwrites the padding rows."""
     Ap = S.to_storage(A, n, pad="edge")
@@ -255,7 +250,7 @@ def test_diagonal_scan_matches_python_loop(n, with_d):
     ref_p, ref_t = _reference(v, Ms, ds)
     p, t = _diag_scan(v, A, Wt, ds, n)
     assert p.shape == (n, 2, 3) and t.shape == (2, 3)
-    _assert_scan_close((p, t), (ref_p, ref_t), rtol=1e-10)
+    assert_trees_close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
 
 
 @property_pair(5, 15, n=st.one_of(st.integers(1, 70), st.integers(64, 2100)), B=st.integers(1, 3),
@@ -265,7 +260,7 @@ def test_diagonal_scan_equals_dense_stored_scan_property(n, B, H, with_d, seed):
     p_d, t_d = _diag_scan(v, A, Wt, ds, n)
     Ms = A[..., None] * Wt
     p_s, t_s = _scan(v, Ms, ds, method="sequential")
-    _assert_scan_close((p_d, t_d), (p_s, t_s), rtol=1e-9)
+    assert_trees_close((p_d, t_d), (p_s, t_s), 1e-9, 1e-12)
 
 
 @pytest.mark.parametrize("n", [71, 1000, pytest.param(4097, marks=pytest.mark.slow)])
@@ -277,7 +272,7 @@ def test_diagonal_scan_ignores_padding_rows(n):
     ref_p, ref_t = _reference(v, A[..., None] * Wt, ds)
     for bad in (jnp.nan, jnp.inf):
         p, t = _diag_scan(v, A, Wt, ds, n, pad_with=bad)
-        _assert_scan_close((p, t), (ref_p, ref_t), rtol=1e-10)
+        assert_trees_close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
 
 
 def test_diagonal_scan_float32_and_vmap():
