@@ -156,19 +156,15 @@ def one_argument_task(config) -> dict:
     return {}
 
 
-def _kill_after(k: int):
-    count = [0]
-
-    def hook(step):
-        count[0] += 1
-        if count[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-    return hook
-
-
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import experiments.train
     from experiments import cli
-    experiments.train.after_step = _kill_after(int(sys.argv[1]))
+    count, k = [0], int(sys.argv[1])
+
+    def kill_after_k(step):
+        count[0] += 1
+        if count[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+    experiments.train.after_step = kill_after_k
     sys.exit(cli.main(sys.argv[2:]))

@@ -79,41 +79,38 @@ def exists(path: str, base: Path) -> bool:
     return any(t == p or t.endswith("/" + p) for t in TRACKED)
 
 
-def _docstrings(path: Path):
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node, clean=False)
-            if doc:
-                yield getattr(node, "lineno", 1), doc
-
-
-def _comments(path: Path):
-    with path.open("rb") as f:
-        for tok in tokenize.tokenize(f.readline):
-            if tok.type == tokenize.COMMENT:
-                yield tok.start[0], tok.string
-
-
-def _sources():
-    for doc in DOCS:
-        if doc.exists():
-            yield doc.relative_to(ROOT).as_posix(), doc.parent, doc.read_text()
-    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
-            yield f"{nb.relative_to(ROOT).as_posix()} cell {i}", nb.parent, "".join(cell["source"])
-    for py in sorted(PKG.rglob("*.py")):
-        for line, text in [*_docstrings(py), *_comments(py)]:
-            yield f"{py.relative_to(ROOT).as_posix()}:{line}", py.parent, text
-
-
 def test_the_documents_exist():
     assert (ROOT / "docs" / "architecture.md").exists()
     assert all(d.exists() for d in DOCS if d.name == "README.md" and d.parent == ROOT)
 
 
 def test_every_mentioned_file_exists():
-    missing = sorted({f"{where}: {path}" for where, base, text in _sources() for path in candidates(text)
+    def sources():
+        def comments(path: Path):
+            with path.open("rb") as f:
+                for tok in tokenize.tokenize(f.readline):
+                    if tok.type == tokenize.COMMENT:
+                        yield tok.start[0], tok.string
+
+        def docstrings(path: Path):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node, clean=False)
+                    if doc:
+                        yield getattr(node, "lineno", 1), doc
+
+        for doc in DOCS:
+            if doc.exists():
+                yield doc.relative_to(ROOT).as_posix(), doc.parent, doc.read_text()
+        for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+            for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
+                yield f"{nb.relative_to(ROOT).as_posix()} cell {i}", nb.parent, "".join(cell["source"])
+        for py in sorted(PKG.rglob("*.py")):
+            for line, text in [*docstrings(py), *comments(py)]:
+                yield f"{py.relative_to(ROOT).as_posix()}:{line}", py.parent, text
+
+    missing = sorted({f"{where}: {path}" for where, base, text in sources() for path in candidates(text)
                       if not exists(path, base)})
     assert not missing, "files mentioned in the documentation but absent from the clone:\n" + "\n".join(missing)
 

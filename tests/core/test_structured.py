@@ -15,7 +15,7 @@ from bppsa import cells, structured
 from bppsa.nn import cells as flax_cells
 from bppsa.errors import UsageError
 from bppsa.nn import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
-from tests.helpers import make_problem, states_loss
+from tests.helpers import states_loss
 from tests.props import property_pair
 from tests.reference import scan_states
 from tests.tolerance import assert_trees_close
@@ -35,17 +35,16 @@ CELLS = {  # name -> (I, H) -> cell
 }
 
 
-def _one(cell):
-    """One example's step on the flat state: (S,), (I,) -> (S,)."""
-    return lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
-
-
 @pytest.mark.parametrize("name", ["gru-k3"] + [
     pytest.param(n, marks=slow) for n in ["lstm-k1", "rnn-k2", "lstm-k3-flax", "rnn-k1", "gru-k1", "gru-kH", "lstm-k2"]])
-def test_jacobians_and_param_grads_match_autodiff(name):
+def test_jacobians_and_param_grads_match_autodiff(problem, name):
     """Blocks = the dense autodiff Jacobian's diagonal blocks, zero off them; the dense matrix
     and the diagonal equal it too; param_grads equal one autodiff VJP of the step."""
-    cell, params, xs, _ = make_problem(CELLS[name](3, 6), 3, 2)
+    def one_example(cell):
+        """One example's step on the flat state: (S,), (I,) -> (S,)."""
+        return lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
+
+    cell, params, xs, _ = problem(CELLS[name](3, 6), 3, 2)
     S, k = cell.state_size, cell.jacobian_block_size
     assert k == (2 if cell.pair_state else 1) * cell.head_size
     sp = 0.7 * jax.random.normal(jax.random.key(9), (3, 2, S), jnp.float64)
@@ -53,11 +52,11 @@ def test_jacobians_and_param_grads_match_autodiff(name):
 
     @jax.jit
     def run(params, sp, xs, gs):
-        s = jax.vmap(jax.vmap(lambda a, x: _one(cell)(params, a, x)))(sp, xs)
-        J = cells.autodiff_jacobian(_one(cell), params, sp, xs)
+        s = jax.vmap(jax.vmap(lambda a, x: one_example(cell)(params, a, x)))(sp, xs)
+        J = cells.autodiff_jacobian(one_example(cell), params, sp, xs)
         ours = (cell.jacobian_blocks(params, sp, xs, s), cell.transposed_jacobian(params, sp, xs, s),
                 cell.jacobian_diagonal(params, sp, xs, s), cell.param_grads(params, sp, xs, s, gs))
-        return J, ours, cells.autodiff_param_grads(_one(cell), params, sp, xs, gs)
+        return J, ours, cells.autodiff_param_grads(one_example(cell), params, sp, xs, gs)
 
     J, (blocks, dense, diagonal, grads), want_grads = run(params, sp, xs, gs)
     N = S // k
@@ -104,8 +103,8 @@ def _check(cell, params, xs, h0, scans=SCANS, chunk_size=None, backwards=("bppsa
 @pytest.mark.parametrize("name,T,B", [("gru-k3", 7, 2), ("rnn-k1", 1, 1)] + [
     pytest.param(n, T, B, marks=slow) for n, T, B in [("lstm-k2", 6, 1), ("rnn-k2", 12, 2), ("gru-k1", 17, 1), ("gru-kH", 9, 2),
                                                       ("lstm-k3-flax", 10, 2), ("lstm-k2", 1, 2), ("lstm-k1", 5, 3)]])
-def test_rnn_gradients_match_autodiff(name, T, B):
-    cell, params, xs, h0 = make_problem(CELLS[name](3, 6), T, B, seed=T)
+def test_rnn_gradients_match_autodiff(problem, name, T, B):
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), T, B, seed=T)
     _check(cell, params, xs, h0, backwards=("bppsa", "bptt"))
 
 
@@ -146,11 +145,11 @@ def test_loop_rules_name_a_bad_use():
 
 
 @pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
-def test_elementwise_loop_params(name):
+def test_elementwise_loop_params(problem, name):
     """At head size 1 a step is elementwise (Cell.elementwise_step) and reads W_h as the gates' rows
     (Cell.loop_params), equal to the steps on the stored layout; states and gradients (T = 13, odd;
     B = 3) against float64 autodiff through lax.scan, under every loop rule."""
-    cell, params, xs, h0 = make_problem(CELLS[name](3, 6), 13, 3, seed=7)
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), 13, 3, seed=7)
     elementwise = cell.head_size == 1
     assert cell.elementwise_step is elementwise
     assert flax_cells.Masked(cell).elementwise_step is elementwise
@@ -175,19 +174,19 @@ class _DenseLSTM(structured.BlockLSTM):
         return None
 
 
-def test_dense_path_without_the_block_structure():
+def test_dense_path_without_the_block_structure(problem):
     cell = _DenseLSTM(3, 6, 2, input_bias=False)
-    _, params, xs, h0 = make_problem(CELLS["lstm-k2"](3, 6), 7, 2, seed=4)
+    _, params, xs, h0 = problem(CELLS["lstm-k2"](3, 6), 7, 2, seed=4)
     _check(cell, params, xs, h0, ("blelloch",))
 
 
 @pytest.mark.parametrize("name", ["lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k2", "gru-k3")])
-def test_small_chunks(name):
-    cell, params, xs, h0 = make_problem(CELLS[name](3, 6), 11, 2, seed=1)
+def test_small_chunks(problem, name):
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), 11, 2, seed=1)
     _check(cell, params, xs, h0, ("blelloch", "sequential"), chunk_size=3)
 
 
-def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
+def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle(problem):
     """A cell with 1×1 Jacobian blocks (k = 1): on CPU its plan is the sequential scan over
     cache-sized chunks (bppsa.plan.rules.elementwise_plan); with small chunks (3 steps of T = 11, odd)
     and in one piece (the solve's own loop), the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
@@ -198,7 +197,7 @@ def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
     assert (plan.scan, plan.chunk_size, plan.solve_chunk) == ("sequential", 32, None)  # 32·32·64 float32 = 256 KiB
     assert bppsa.Options(scan="blelloch").plan(structured.BlockGRU(3, 4), jnp.zeros((9, 2, 3)),
                                                jnp.zeros((2, 4))).scan == "blelloch"  # an explicit scan is kept
-    cell, params, xs, h0 = make_problem(CELLS["gru-k1"](3, 6), 11, 2, seed=5)
+    cell, params, xs, h0 = problem(CELLS["gru-k1"](3, 6), 11, 2, seed=5)
 
     @jax.jit
     def run(p, x, h):
@@ -226,17 +225,17 @@ _SHAPES = dict(kind=st.sampled_from(["rnn", "gru", "lstm"]), scan=st.sampled_fro
 
 
 @property_pair(2, 10, **_SHAPES)
-def test_gradients_property(kind, scan, T, B, I, heads, k, seed):
+def test_gradients_property(problem, kind, scan, T, B, I, heads, k, seed):
     make = {"rnn": structured.BlockRNN, "gru": structured.BlockGRU, "lstm": structured.BlockLSTM}[kind]
-    cell, params, xs, h0 = make_problem(make(I, heads * k, k), T, B, seed=seed)
+    cell, params, xs, h0 = problem(make(I, heads * k, k), T, B, seed=seed)
     _check(cell, params, xs, h0, (scan,), rtol=1e-8)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=slow) for n in ("gru-k3", "lstm-k1", "rnn-k2")])
-def test_parallel_forward_modes(name):  # the default run's parallel forward of block cells: tests/forward/test_newton.py
+def test_parallel_forward_modes(problem, name):  # the default run's parallel forward of block cells: tests/forward/test_newton.py
     """forward="newton" / "quasi": the same states and gradients."""
     modes = ("newton", "quasi")
-    cell, params, xs, h0 = make_problem(CELLS[name](3, 6), 9, 2, seed=2)
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), 9, 2, seed=2)
 
     @jax.jit
     def run(p, x, h):

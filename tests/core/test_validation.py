@@ -12,7 +12,7 @@ import pytest
 import bppsa
 from bppsa import cells, parallel
 from bppsa.errors import UsageError
-from tests.helpers import make_problem, one_line_usage_error
+from tests.helpers import one_line_usage_error
 
 T, B, I, H = 5, 2, 3, 4
 
@@ -37,8 +37,8 @@ def test_param_spec_is_init_traced():
     assert cells.Generic(lambda p, h, x: h).param_spec() is None  # no init_fn: not checked
 
 
-def test_params_checked_against_the_cells_structure():
-    cell, p, xs, h0 = make_problem(cells.GRU(I, H), T, B, h0_scale=0)
+def test_params_checked_against_the_cells_structure(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     cases = [
         ({k: v for k, v in p.items() if k != "W_h"}, r"params\['W_h'\] is missing: GRU expects a leaf of shape \(4, 12\)"),
         ({**p, "W_hh": p["W_h"]}, r"params\['W_hh'\] \(shape \(4, 12\)\) is not a parameter of GRU; expected exactly "
@@ -81,8 +81,8 @@ def test_generic_params_checked_only_with_init_fn():
                          lambda: bppsa.rnn(cells.Generic(lambda p, h, x: jnp.concatenate([h, x[:1]])), p, xs, h0))
 
 
-def test_chunk_size_accepts_integer_scalars():
-    cell, p, xs, h0 = make_problem(cells.GRU(I, H), T, B, h0_scale=0)
+def test_chunk_size_accepts_integer_scalars(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     for chunk in (np.int64(2), np.int32(2), jnp.int32(2), jnp.array(2, jnp.int64)):
         got = bppsa.Options(chunk_size=chunk).chunk_size
         assert got == 2 and type(got) is int
@@ -100,8 +100,8 @@ def test_chunk_size_accepts_integer_scalars():
     one_line_usage_error(r"chunk_size=2 cannot be combined with mesh", lambda: parallel.rnn(cell, p, xs, h0, chunk_size=np.int64(2)))
 
 
-def test_method_arguments_and_h0_named():
-    cell, p, xs, h0 = make_problem(cells.GRU(I, H), T, B, h0_scale=0)
+def test_method_arguments_and_h0_named(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     for entry in (bppsa.rnn, parallel.rnn):
         one_line_usage_error(r"scan must be one of \['associative', 'blelloch', 'sequential'\] or None; got \[\]",
                              lambda: entry(cell, p, xs, h0, scan=[]))
@@ -115,8 +115,8 @@ def test_method_arguments_and_h0_named():
                          lambda: bppsa.rnn(lstm, lstm.init(jax.random.key(0)), xs, (h0, None)))
 
 
-def test_h0_dtype_must_survive_a_step():
-    cell, p, xs, h0 = make_problem(cells.GRU(I, H), T, B, h0_scale=0)
+def test_h0_dtype_must_survive_a_step(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     p32 = jax.tree.map(lambda a: a.astype(jnp.float32), p)
     for run in _entry_points(cell, xs, h0.astype(jnp.float32)):
         one_line_usage_error(r"h0 has dtype float32 but GRU.step turns it into float64 \(from params' dtype float64\); "
@@ -130,11 +130,11 @@ def test_h0_dtype_must_survive_a_step():
     assert bppsa.rnn(cell, p32, xs.astype(jnp.float32), weak).dtype == jnp.float32
 
 
-def test_numpy_and_jax_scalars_are_numbers_and_ints():
+def test_numpy_and_jax_scalars_are_numbers_and_ints(problem):
     """tol, damping and max_iter take numpy and JAX scalars (tol=np.float32(1e-5) and damping=
     np.float32(1) were refused as 'must be a number') and store Python floats and ints; NaN, inf,
     bools and arrays that are not 0-d are still refused."""
-    cell, p, xs, h0 = make_problem(cells.GRU(I, H), T, B, h0_scale=0)
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     o = bppsa.Options(forward="newton", tol=np.float32(1e-5), damping=np.float32(1), max_iter=jnp.int32(7))
     assert (type(o.tol), type(o.damping), type(o.max_iter)) == (float, float, int)
     assert (o.tol, o.damping, o.max_iter) == (float(np.float32(1e-5)), 1.0, 7)

@@ -314,6 +314,12 @@ def test_bench_is_a_run_of_the_sweep_config(tmp_path, monkeypatch):
     """`bppsa bench` writes through the runner: the work directory, the locked config with its grid,
     the result (json, md) and its provenance naming the command. (The timing of a point is
     test_sweep_task_smoke_writes_json_markdown_and_plot's; here each point is a recorded stand-in.)"""
+    def save(record, outdir, name):
+        """save_record's JSON half (with provenance), for stand-in points that have no tables."""
+        from experiments.provenance import provenance, save_json
+        record.setdefault("provenance", provenance())
+        return save_json(outdir / f"{name}.json", record)
+
     from experiments import cli
     seen = []
 
@@ -322,7 +328,7 @@ def test_bench_is_a_run_of_the_sweep_config(tmp_path, monkeypatch):
         return {"T": T, "B": B, "speedup_backward": 1.0, "speedup_step": 1.0}
 
     monkeypatch.setattr(rnn_sweep, "bench_point", point)
-    monkeypatch.setattr(rnn_sweep, "save_record", lambda record, outdir, name: [_save(record, Path(outdir), name)])
+    monkeypatch.setattr(rnn_sweep, "save_record", lambda record, outdir, name: [save(record, Path(outdir), name)])
     monkeypatch.setattr(rnn_sweep, "plot_sweep", lambda record, path: path.write_bytes(b"stand-in"))
     assert cli.main(["bench", "--T", "6,9", "--B", "2", "--no-auto", "--repeats", "2", "--name", "pt",
                      "--hidden", "3", "--scan", "sequential", "--out", str(tmp_path / "w")]) == 0
@@ -334,13 +340,6 @@ def test_bench_is_a_run_of_the_sweep_config(tmp_path, monkeypatch):
     assert [(p["T"], p["B"]) for p in rec["sweeps"]["grid"]] == [(6, 2), (9, 2)]
     assert rec["provenance"]["command"].startswith("bppsa bench --T 6,9")
     assert (tmp_path / "w" / "summary.json").exists()
-
-
-def _save(record, outdir, name):
-    """save_record's JSON half (with provenance), for stand-in points that have no tables."""
-    from experiments.provenance import provenance, save_json
-    record.setdefault("provenance", provenance())
-    return save_json(outdir / f"{name}.json", record)
 
 
 def test_a_cost_model_that_is_not_one_is_a_clear_error():

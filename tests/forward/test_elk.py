@@ -30,38 +30,37 @@ from tests.reference import scan_states
 slow = pytest.mark.slow
 
 
-def _least_squares(v, Ms, ds, y, lam):
-    """The minimiser by a dense solve: one row block per residual h_t − h_{t-1} @ M_t − d_t and
-    (λ > 0) per observation √λ (h_t − y_t), for each batch row."""
-    n, R, k = ds.shape
-    out = np.zeros((n, R, k))
-    for r in range(R):
-        rows, rhs = [], []
-        for t in range(n):
-            A = np.zeros((k, n * k))
-            A[:, t * k:(t + 1) * k] = np.eye(k)
-            if t:
-                A[:, (t - 1) * k:t * k] -= Ms[t, r].T
-            rows.append(A)
-            rhs.append(ds[t, r] + (v[r] @ Ms[0, r] if t == 0 else 0))
-            if lam > 0:
-                O = np.zeros((k, n * k))
-                O[:, t * k:(t + 1) * k] = np.sqrt(lam) * np.eye(k)
-                rows.append(O)
-                rhs.append(np.sqrt(lam) * y[t, r])
-        out[:, r] = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0].reshape(n, k)
-    return out
-
-
 @property_pair(
     4, 30, n=st.integers(1, 9), R=st.integers(1, 3), k=st.integers(1, 3),
     lam=st.sampled_from([0.0, 1e-3, 0.5, 2.0, 100.0]), seed=st.integers(0, 2**16))
 def test_smoother_is_the_exact_minimiser(n, R, k, lam, seed):
+    def least_squares(v, Ms, ds, y, lam):
+        """The minimiser by a dense solve: one row block per residual h_t − h_{t-1} @ M_t − d_t and
+        (λ > 0) per observation √λ (h_t − y_t), for each batch row."""
+        n, R, k = ds.shape
+        out = np.zeros((n, R, k))
+        for r in range(R):
+            rows, rhs = [], []
+            for t in range(n):
+                A = np.zeros((k, n * k))
+                A[:, t * k:(t + 1) * k] = np.eye(k)
+                if t:
+                    A[:, (t - 1) * k:t * k] -= Ms[t, r].T
+                rows.append(A)
+                rhs.append(ds[t, r] + (v[r] @ Ms[0, r] if t == 0 else 0))
+                if lam > 0:
+                    O = np.zeros((k, n * k))
+                    O[:, t * k:(t + 1) * k] = np.sqrt(lam) * np.eye(k)
+                    rows.append(O)
+                    rhs.append(np.sqrt(lam) * y[t, r])
+            out[:, r] = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0].reshape(n, k)
+        return out
+
     rng = np.random.default_rng(seed)
     v, Ms = rng.normal(size=(R, k)), 0.9 * rng.normal(size=(n, R, k, k))
     ds, y = rng.normal(size=(n, R, k)), rng.normal(size=(n, R, k))
     got = np.asarray(jax.jit(trust_region_solve)(*map(jnp.asarray, (v, Ms, ds, y)), lam))
-    np.testing.assert_allclose(got, _least_squares(v, Ms, ds, y, lam), rtol=1e-9, atol=1e-10,
+    np.testing.assert_allclose(got, least_squares(v, Ms, ds, y, lam), rtol=1e-9, atol=1e-10,
                                err_msg=f"n={n} R={R} k={k} λ={lam}")
 
 

@@ -11,7 +11,6 @@ from hypothesis import given, settings, strategies as st
 from tests.props import property_pair
 
 from bppsa.scan import dense as S  # the dense scans: their storage-order internals are tested here too
-from tests.tolerance import assert_trees_close
 
 
 _scan = jax.jit(S.scan, static_argnames="method")  # one compile per shape instead of per eager op
@@ -244,27 +243,27 @@ def _diag_scan(v, A, Wt, ds, n, pad_with=None):
 @pytest.mark.parametrize("n", [1, 2, 64, 129] + [pytest.param(n, marks=pytest.mark.slow)
                                                  for n in (3, 63, 65, 127, 128, 200, 1000, 1025)])
 @pytest.mark.parametrize("with_d", [False, True])
-def test_diagonal_scan_matches_python_loop(n, with_d):
+def test_diagonal_scan_matches_python_loop(close, n, with_d):
     v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, with_d)
     Ms = A[..., None] * Wt
     ref_p, ref_t = _reference(v, Ms, ds)
     p, t = _diag_scan(v, A, Wt, ds, n)
     assert p.shape == (n, 2, 3) and t.shape == (2, 3)
-    assert_trees_close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
+    close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
 
 
 @property_pair(5, 15, n=st.one_of(st.integers(1, 70), st.integers(64, 2100)), B=st.integers(1, 3),
                H=st.integers(1, 6), with_d=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_diagonal_scan_equals_dense_stored_scan_property(n, B, H, with_d, seed):
+def test_diagonal_scan_equals_dense_stored_scan_property(close, n, B, H, with_d, seed):
     v, A, Wt, ds = _diag_elements(np.random.default_rng(seed), n, B, H, with_d)
     p_d, t_d = _diag_scan(v, A, Wt, ds, n)
     Ms = A[..., None] * Wt
     p_s, t_s = _scan(v, Ms, ds, method="sequential")
-    assert_trees_close((p_d, t_d), (p_s, t_s), 1e-9, 1e-12)
+    close((p_d, t_d), (p_s, t_s), 1e-9, 1e-12)
 
 
 @pytest.mark.parametrize("n", [71, 1000, pytest.param(4097, marks=pytest.mark.slow)])
-def test_diagonal_scan_ignores_padding_rows(n):
+def test_diagonal_scan_ignores_padding_rows(close, n):
     """Padding elements are the latest in scan order: whatever they hold (NaN, inf) reaches
     neither a real prefix nor the total."""
     v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, True)
@@ -272,7 +271,7 @@ def test_diagonal_scan_ignores_padding_rows(n):
     ref_p, ref_t = _reference(v, A[..., None] * Wt, ds)
     for bad in (jnp.nan, jnp.inf):
         p, t = _diag_scan(v, A, Wt, ds, n, pad_with=bad)
-        assert_trees_close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
+        close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
 
 
 def test_diagonal_scan_float32_and_vmap():
