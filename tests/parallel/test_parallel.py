@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 import bppsa
 from bppsa import parallel
 from bppsa.parallel.selfcheck import problem
-from tests.helpers import states_loss
 from tests.reference import grads_of, scan_states
 
 
@@ -33,18 +32,18 @@ CASES = {
 
 @pytest.mark.parametrize("cell_name", ["lstm", pytest.param("rnn", marks=pytest.mark.slow),
                                        pytest.param("gru", marks=pytest.mark.slow)])  # lstm: a two-array state
-def test_sharded_gradients_equal_lax_scan_and_single_device(close, cell_name):
+def test_sharded_gradients_equal_lax_scan_and_single_device(loss, close, cell_name):
     for P, T, B, combine, scan, every in CASES[cell_name]:
         cell, params, xs, h0 = problem(cell_name, T=T, B=B)
         mesh = parallel.make_mesh(P, batch_axis=None)
-        loss = functools.partial(states_loss, every_step=every)
+        step_loss = functools.partial(loss, every_step=every)
 
         @jax.jit
         def all_grads(params, xs, h0):
-            ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, loss)
-            one = grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h), params, xs, h0, loss) if P == 4 else ref
+            ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, step_loss)
+            one = grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h), params, xs, h0, step_loss) if P == 4 else ref
             sharded = grads_of(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, combine=combine,
-                                                          scan=scan), params, xs, h0, loss)
+                                                          scan=scan), params, xs, h0, step_loss)
             return ref, one, sharded
 
         ref, one, sharded = all_grads(params, xs, h0)
@@ -53,16 +52,16 @@ def test_sharded_gradients_equal_lax_scan_and_single_device(close, cell_name):
         close(sharded, one)  # single-device BPPSA (once per cell, to save compiles)
 
 
-def test_two_dimensional_mesh_data_by_seq_with_uneven_batch_and_time(close):
+def test_two_dimensional_mesh_data_by_seq_with_uneven_batch_and_time(loss, close):
     cell, params, xs, h0 = problem("gru", T=7, B=3)  # 7 steps over 4 devices, 3 rows over 2
     mesh = parallel.make_mesh(seq=4, data=2)
     assert dict(mesh.shape) == {"data": 2, "seq": 4}
-    loss = states_loss
 
     @jax.jit
     def both(params, xs, h0):
         ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, loss)
-        got = grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, seq_axis="seq", batch_axis="data"), params, xs, h0, loss)
+        got = grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, seq_axis="seq", batch_axis="data"),
+                       params, xs, h0, loss)
         return ref, got
 
     ref, got = both(params, xs, h0)
@@ -78,10 +77,9 @@ def test_two_dimensional_mesh_shards_time_and_batch():
     assert shard_shapes == {(2, 2, 4)}  # (T / 4, B / 2, H) on each of the 8 devices
 
 
-def test_pmap_entry_point_matches_lax_scan(close):
+def test_pmap_entry_point_matches_lax_scan(loss, close):
     cell, params, xs, h0 = problem("lstm", T=12, B=2)
     P = 4
-    loss = states_loss
 
     def pm_states(p, x, h):
         hs, cs = parallel.pmap_rnn(cell, p, x.reshape(P, 3, 2, 3), h)
@@ -98,15 +96,15 @@ def test_pmap_entry_point_matches_lax_scan(close):
     np.testing.assert_allclose(hs, _ref_states(cell, params, xs, h0)[0], rtol=1e-12, atol=1e-13)
 
 
-def test_bptt_through_the_mesh_and_other_local_scans(close):
+def test_bptt_through_the_mesh_and_other_local_scans(loss, close):
     cell, params, xs, h0 = problem("rnn", T=9, B=2)
     mesh = parallel.make_mesh(4, batch_axis=None)
-    loss = states_loss
 
     @jax.jit
     def run(params, xs, h0):
         ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, loss)
-        outs = [grads_of(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, backward="bptt"), params, xs, h0, loss)]
+        outs = [grads_of(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, backward="bptt"), params, xs, h0,
+                         loss)]
         for scan in ("associative", "sequential"):
             outs.append(grads_of(lambda p, x, h, scan=scan: parallel.rnn(cell, p, x, h, mesh=mesh, scan=scan,
                                                                          combine="logstep"), params, xs, h0, loss))
@@ -148,7 +146,7 @@ def test_bad_arguments_raise_clear_errors():
 @pytest.mark.slow
 @pytest.mark.parametrize("cell_name", ["rnn", "gru", "lstm"])
 @pytest.mark.parametrize("P", [2, 3, 8])
-def test_sweep_lengths_devices_combines(close, cell_name, P):
+def test_sweep_lengths_devices_combines(loss, close, cell_name, P):
     devices = jax.devices()[:P]
     mesh = parallel.make_mesh(P, devices=devices, batch_axis=None)
     for T in sorted({1, max(1, P - 1), 2 * P + 1, 13}):
@@ -158,10 +156,11 @@ def test_sweep_lengths_devices_combines(close, cell_name, P):
         def run(params, xs, h0):
             out = []
             for every in (True, False):
-                loss = functools.partial(states_loss, every_step=every)
-                ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, loss)
+                step_loss = functools.partial(loss, every_step=every)
+                ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, step_loss)
                 for combine in ("logstep", "allgather", "chain"):
-                    got = grads_of(lambda p, x, h, c=combine: parallel.rnn(cell, p, x, h, mesh=mesh, combine=c), params, xs, h0, loss)
+                    got = grads_of(lambda p, x, h, c=combine: parallel.rnn(cell, p, x, h, mesh=mesh, combine=c),
+                                   params, xs, h0, step_loss)
                     out.append((ref, got))
             return out
 
