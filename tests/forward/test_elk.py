@@ -19,11 +19,11 @@ import pytest
 from hypothesis import strategies as st
 
 import bppsa
-from bppsa import parallel
+from bppsa import cells, parallel
 from bppsa.errors import UsageError
 from bppsa.forward.newton import NewtonFallbackWarning
 from bppsa.forward.elk import trust_region_solve
-from tests.forward.test_newton import _check, _problem
+from tests.forward.test_newton import _check
 from tests.props import property_pair
 from tests.reference import scan_states
 
@@ -102,9 +102,9 @@ def test_elk_one_step():
     _check("lstm", 1, 1, {"elk": dict(forward="newton", damping=1.0)})
 
 
-def test_elk_under_vmap():
+def test_elk_under_vmap(problem):
     """vmap over independent problems: each row's states equal its sequential forward's."""
-    cell, params, xs, h0 = _problem("gru", 5, 2)
+    cell, params, xs, h0 = problem(cells.GRU(3, 4), 5, 2)
     xss = jnp.stack([xs, 2 * xs, -xs])
     run = jax.jit(jax.vmap(lambda x: bppsa.rnn(cell, params, x, h0, forward="newton", damping=2.0,
                                                 on_fail="raise", return_info=True)))
@@ -114,18 +114,18 @@ def test_elk_under_vmap():
     assert info.iterations.shape == (3,) and bool(jnp.all(info.converged))
 
 
-def test_elk_on_a_mesh_that_splits_time_is_refused():
-    cell, params, xs, h0 = _problem("gru", 8, 2)
+def test_elk_on_a_mesh_that_splits_time_is_refused(problem):
+    cell, params, xs, h0 = problem(cells.GRU(3, 4), 8, 2)
     with pytest.raises(UsageError, match=r"damping= \(the trust-region step\) solves the whole sequence on one "
                                          r"device.*pass damping=None"):
         bppsa.rnn(cell, params, xs, h0, forward="newton", damping=1.0, mesh=parallel.make_mesh(4, batch_axis=None))
 
 
 @slow
-def test_elk_on_a_gru_with_weights_x100_converges_or_falls_back():
+def test_elk_on_a_gru_with_weights_x100_converges_or_falls_back(problem):
     """A GRU whose weights are ×100 (float32, DEER's kind of hard case): ELK's damped steps stay finite
     and it converges to the sequential states; converged or fallen back, never wrong."""
-    cell, params, xs, h0 = _problem("gru", 60, 2, seed=3, hidden=2)
+    cell, params, xs, h0 = problem(cells.GRU(3, 2), 60, 2, seed=3)
     params = jax.tree.map(lambda a: (100 * a).astype(jnp.float32), params)
     xs, h0 = (xs / 100).astype(jnp.float32), h0.astype(jnp.float32)
     ref = scan_states(cell, params, xs, h0)
