@@ -32,7 +32,8 @@ from bppsa import backprop, backward, cells, forward, host, parallel, plan, scan
 from bppsa.cells import Cell
 from bppsa.forward.info import NewtonInfo
 from bppsa.forward.lyapunov import lyapunov
-from bppsa.plan.cost import CostModel, choose_backward
+from bppsa.plan.calibration import choose_backward
+from bppsa.plan.cost import CostModel
 from bppsa.plan.options import BACKWARDS, FORWARDS, Options, Plan
 from bppsa.scan import SCANS, associative_scan, blelloch_scan, sequential_scan
 

@@ -2,10 +2,10 @@
 
 The baselines of bppsa's tables (:func:`experiments.bench.bench_point`, the RNN sweeps, the IRMAS grid)::
 
-    bptt_unroll{u}   autodiff through ``lax.scan(..., unroll=u)`` for u in :data:`bppsa.plan.cost.UNROLLS`;
+    bptt_unroll{u}   autodiff through ``lax.scan(..., unroll=u)`` for u in :data:`bppsa.plan.rules.UNROLLS`;
                      ``bptt_unroll1`` is the plain ``lax.scan`` ("bptt_plain" in the tables), the
                      fastest u the best unrolled scan a JAX expert would try ("best_unroll")
-    bptt             ``bppsa.rnn(..., backward="bptt")``: the unroll :func:`bppsa.plan.cost.bptt_unroll` picks
+    bptt             ``bppsa.rnn(..., backward="bptt")``: the unroll :func:`bppsa.plan.rules.bptt_unroll` picks
     bppsa_{scan}     ``bppsa.rnn(..., backward="bppsa", scan=scan)`` for blelloch, associative,
                      sequential (the associative scan only up to ``max_scan_elements`` = T·B)
     cudnn            PyTorch's cuDNN ``nn.RNN`` / ``nn.GRU`` / ``nn.LSTM``, only when ``torch`` imports
@@ -15,7 +15,7 @@ Each is the one timed gradient of :mod:`experiments.gradient` (``jax.grad`` w.r.
 its loss, a fixed random readout of every step, forward included, as a training loop runs it);
 all are timed in one :func:`bppsa.host.time_interleaved` call (steady-state blocks, rotated
 order), so the ratios between them come from the same load. ``auto`` is not timed separately: it
-runs exactly one of the methods above (:func:`bppsa.plan.cost.choose_backward`), whose time it is given.
+runs exactly one of the methods above (:func:`bppsa.plan.calibration.choose_backward`), whose time it is given.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from bppsa.forward.inputs import validate_inputs
 from bppsa.host import time_interleaved
-from bppsa.plan import cost as cost_lib
+from bppsa.plan import calibration, rules
 from experiments import gradient
 from experiments.tables import markdown_table
 
@@ -33,7 +33,7 @@ __all__ = ["SCANS", "baseline_functions", "backward_baselines", "baseline_table"
 SCANS = ("blelloch", "associative", "sequential")
 
 
-def baseline_functions(cell, params, xs, h0, *, scans=SCANS, unrolls=cost_lib.UNROLLS, cudnn: bool = True,
+def baseline_functions(cell, params, xs, h0, *, scans=SCANS, unrolls=rules.UNROLLS, cudnn: bool = True,
                        max_scan_elements: int = 200_000, seed: int = 0) -> dict:
     """``{name: zero-argument function}`` for every method in the module docstring: xs (T, B, I),
     h0 (B, H) [LSTM: (h0, c0)]; the readout R (T, B, H) of :func:`experiments.gradient.readout` (``seed``)."""
@@ -57,7 +57,7 @@ def backward_baselines(cell, params, xs, h0, *, repeats: int = 5, block: int = 3
     Returns ``{"ms": {name: median ms}, "spread": {name: [min ms, max ms]}, "bptt_plain",
     "best_unroll", "bptt_unrolled" (its ms), "tuned_unroll", "fastest", "auto": {"choice": (backward,
     scan), "method", "ms", "ratio_to_fastest"}}``; ``model``: the cost model ``auto`` uses (None:
-    :func:`bppsa.plan.cost.default_cost_model`).
+    :func:`bppsa.plan.calibration.default_cost_model`).
     """
     xs = jnp.asarray(xs)
     T, B, _ = xs.shape
@@ -66,13 +66,13 @@ def backward_baselines(cell, params, xs, h0, *, repeats: int = 5, block: int = 3
     ms = {k: 1e3 * v["median"] for k, v in t.items()}
     unrolled = {int(k[len("bptt_unroll"):]): v for k, v in ms.items() if k.startswith("bptt_unroll")}
     best_u = min(unrolled, key=lambda u: unrolled[u])
-    backward, scan = cost_lib.choose_backward(cell, T, B, xs.dtype, cost_model=model)
+    backward, scan = calibration.choose_backward(cell, T, B, xs.dtype, cost_model=model)
     method = "bptt" if backward == "bptt" else f"bppsa_{scan}"
     fastest = min(ms, key=lambda k: ms[k])
     return {"ms": ms, "spread": {k: [1e3 * v["min"], 1e3 * v["max"]] for k, v in t.items()},
             "repeats": {k: v["repeats"] for k, v in t.items()},
             "bptt_plain": unrolled.get(1), "best_unroll": best_u, "bptt_unrolled": unrolled[best_u],
-            "tuned_unroll": cost_lib.bptt_unroll(cell, T, B, xs.dtype), "fastest": fastest,
+            "tuned_unroll": rules.bptt_unroll(cell, T, B, xs.dtype), "fastest": fastest,
             "auto": {"choice": [backward, scan], "method": method, "ms": ms.get(method),
                      "ratio_to_fastest": ms[method] / ms[fastest] if method in ms else None}}
 

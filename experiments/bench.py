@@ -47,7 +47,8 @@ from bppsa.errors import UsageError
 from bppsa.forward.inputs import validate_inputs
 from bppsa.forward.sequential import forward_states
 from bppsa.host import time_interleaved
-from bppsa.plan.cost import CostModel, default_cost_model
+from bppsa.plan.calibration import default_cost_model
+from bppsa.plan.cost import CostModel
 from bppsa.scan import scan as run_scan
 from bppsa.scan.dense import blelloch_scan_stored, to_storage
 from experiments import baselines as baselines_lib
@@ -256,7 +257,7 @@ def bench_point(cell, T: int, B: int, *, scan: str = "blelloch", repeats: int = 
     """One sweep point: components, speedups, scan variants, peak memory, and with ``baselines``
     every baseline (:func:`experiments.baselines.backward_baselines`: plain and unrolled lax.scan, tuned
     BPTT, BPPSA with each scan, cuDNN when torch has CUDA) with the `auto` choice (``model``, or
-    :func:`bppsa.plan.cost.default_cost_model` when None) and its time over the fastest method's; a
+    :func:`bppsa.plan.calibration.default_cost_model` when None) and its time over the fastest method's; a
     dict for ``baselines`` is passed on to it as keywords (e.g. fewer ``unrolls``).
 
     Scan variants are timed only when T·B <= ``max_scan_elements`` (the associative scan is
@@ -342,7 +343,7 @@ def save_record(record, outdir, name: str, command: str | None = None) -> list:
           *([f"Note: {record['note']}", ""] if record.get("note") else []),
           "Medians in ms; × = BPTT time / BPPSA time (> 1: BPPSA faster). Every time is of the one "
           "timed loss, `experiments.gradient.loss` (a fixed random readout of every step's hidden state). "
-          "BPTT = `lax.scan` autodiff with the tuned unroll (`bppsa.plan.cost.bptt_unroll`). BPPSA bwd = the whole "
+          "BPTT = `lax.scan` autodiff with the tuned unroll (`bppsa.plan.rules.bptt_unroll`). BPPSA bwd = the whole "
           "BPPSA backward as `bppsa.rnn` runs it by default (FO + scan + contraction, one jit; on "
           "CPU in chunks of at most 8 MiB of Jacobians, `chunk_size=\"auto\"`; the RNN's Jacobians "
           "are never formed: FO generates only their diagonal factors, and its chunks bound its "

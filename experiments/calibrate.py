@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from bppsa import cells
 from bppsa.host import time_interleaved
+from bppsa.plan import calibration
 from bppsa.plan import cost as cost_lib
 from bppsa.plan.cost import CostModel
 from experiments import gradient
@@ -50,7 +51,7 @@ def calibrate(*, points=PROBE_POINTS, dense_points=DENSE_PROBE_POINTS, gated_poi
         for k in features:
             features[k].append(f[k])
             seconds[k].append(t[k]["min"])
-    meta = {"device": cost_lib.device_key(), "model_version": cost_lib.COST_MODEL_VERSION,
+    meta = {"device": calibration.device_key(), "model_version": calibration.COST_MODEL_VERSION,
             "points": [list(p) for p in points],
             "dense_points": [list(p) for p in dense_points], "gated_points": [list(p) for p in gated_points],
             "hidden_size": hidden_size,
@@ -67,10 +68,10 @@ def probe_cells(points, dense_points, gated_points, hidden_size: int) -> list:
 
 
 def load_cost_model(*, recalibrate: bool = False, **calibrate_kw) -> CostModel:
-    """The cached :class:`bppsa.plan.cost.CostModel` for this device (:func:`bppsa.plan.cost.load`); probe
+    """The cached :class:`bppsa.plan.cost.CostModel` for this device (:func:`bppsa.plan.calibration.load`); probe
     (:func:`calibrate`) and cache it when missing, stale or ``recalibrate``."""
-    model = None if recalibrate else cost_lib.load()
+    model = None if recalibrate else calibration.load()
     if model is None:
         model = calibrate(**calibrate_kw)
-        cost_lib.save(model)
+        calibration.save(model)
     return model

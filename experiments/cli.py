@@ -116,7 +116,7 @@ def bench(argv: Sequence[str]) -> int:
     import shlex
 
     from bppsa.errors import UsageError
-    from bppsa.plan import cost
+    from bppsa.plan import calibration
     from bppsa.scan import SCANS
     from experiments import bench as bench_lib
     from experiments import runner
@@ -145,7 +145,7 @@ def bench(argv: Sequence[str]) -> int:
     Ts, Bs = bench_lib.check_flags(a)
     if a.calibrate:
         load_cost_model(recalibrate=True)  # cached for this device: the run's `auto` reads it
-        cost.default_cost_model.cache_clear()
+        calibration.default_cost_model.cache_clear()
     overrides = {"T_values": "()", "B_values": "()", "grid_T": ",".join(map(str, Ts)) + ",",
                  "grid_B": ",".join(map(str, Bs)) + ",", "cell": a.cell, "input_size": str(a.input),
                  "hidden_size": str(a.hidden), "scan": a.scan, "repeats": str(a.repeats),

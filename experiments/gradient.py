@@ -12,7 +12,7 @@ cotangent ∂L/∂out, what the cost model predicts). Methods, named the same in
 
     bptt_unroll{u}  autodiff through ``lax.scan(..., unroll=u)`` over ``cell.step`` (u = 1: the
                     plain ``lax.scan``)
-    bptt            ``bppsa.rnn(..., backward="bptt")``: the unroll :func:`bppsa.plan.cost.bptt_unroll` picks
+    bptt            ``bppsa.rnn(..., backward="bptt")``: the unroll :func:`bppsa.plan.rules.bptt_unroll` picks
     bppsa_{scan}    ``bppsa.rnn(..., backward="bppsa", scan=scan)``, scan in :data:`bppsa.scan.SCANS`
     auto            ``bppsa.rnn(..., backward="auto")``
     cudnn           PyTorch's cuDNN ``nn.RNN`` / ``nn.GRU`` / ``nn.LSTM`` on the same xs and R

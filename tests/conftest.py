@@ -73,3 +73,59 @@ def float32_as_in_bppsa_run():
     jax.config.update("jax_enable_x64", False)
     yield
     jax.config.update("jax_enable_x64", previous)
+
+
+# The shared fixtures: one problem, one loss, one pytree comparison, the runner's config files and
+# its one-line errors. Session-scoped where they hand out pure functions (so that hypothesis tests
+# may use them too).
+
+
+@pytest.fixture(scope="session")
+def problem():
+    """``problem(cell, T=7, B=2, *, seed=0, dtype=float64, h0_scale=0.5)`` -> (cell, params, xs, h0):
+    :func:`tests.helpers.make_problem`, numpy-drawn data for ``cell`` (float64 unless told)."""
+    from tests.helpers import make_problem
+    return make_problem
+
+
+@pytest.fixture(scope="session")
+def loss():
+    """``loss(states, every_step=True)``: the tests' nonlinear scalar of the states
+    (:func:`tests.helpers.states_loss`)."""
+    from tests.helpers import states_loss
+    return states_loss
+
+
+@pytest.fixture(scope="session")
+def close():
+    """``close(got, want, rtol=1e-10, atol=1e-12, what="")``: two pytrees agree leaf by leaf
+    (:func:`tests.tolerance.assert_trees_close`), the float64 comparison against the reference."""
+    from tests.tolerance import assert_trees_close
+    return assert_trees_close
+
+
+@pytest.fixture
+def task_config(tmp_path):
+    """``task_config(task, module="tests.runner_tasks", header="", **fields) -> Path``: a config file in
+    tmp_path whose ``get_config`` returns ``ConfigDict({"task": "module:task", **fields})`` (``header``:
+    lines before it, e.g. ``"PRESETS = ('smoke',)\\n"``)."""
+    def make(task, module="tests.runner_tasks", header="", **fields):
+        path = tmp_path / f"{task}.py"
+        fields = {"task": f"{module}:{task}", **fields}
+        path.write_text(f"import ml_collections\n{header}"
+                        f"def get_config(arg=None):\n    return ml_collections.ConfigDict({fields!r})\n")
+        return path
+    return make
+
+
+@pytest.fixture
+def one_error_line(capsys):
+    """``one_error_line(prefix="", no_output=False)``: what a command printed: exactly one line on
+    stderr, no traceback, starting with ``prefix`` (and nothing on stdout with ``no_output``); returned."""
+    def read(prefix="", no_output=False):
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in captured.err and not (no_output and captured.out), captured
+        assert lines[0].startswith(prefix), (lines[0], prefix)
+        return lines[0]
+    return read

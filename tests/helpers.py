@@ -1,6 +1,6 @@
-"""Task functions for the runner tests (configs name them as "tests.helpers:NAME"), and test data
-made with numpy (``jax.random`` compiles once per shape; a few seconds a test on a loaded 2-core
-machine, for data whose values do not matter)."""
+"""Test data made with numpy (``jax.random`` compiles once per shape; a few seconds a test on a
+loaded 2-core machine, for data whose values do not matter) and the cells and problems the tests share.
+The runner's task functions are in :mod:`tests.runner_tasks`; the shared fixtures in tests/conftest.py."""
 
 import numpy as np
 
@@ -22,44 +22,6 @@ def random_params(cell, seed=0, dtype=np.float64):
                         cell.param_spec(dtype))
 
 
-def echo_task(config, workdir) -> dict:
-    """Returns ``{"n": config.n}``; writes nothing."""
-    return {"n": config.n}
-
-
-def pub_task(config, workdir) -> dict:
-    """Writes ``pub.json`` and ``pub.md`` into ``workdir`` when ``config.write``; returns ``{"wrote": ...}``."""
-    if config.write:
-        workdir.entry("pub.json").write_text("{}")
-        workdir.entry("pub.md").write_text("| a |\n")
-    return {"wrote": config.write}
-
-
-def write_task(config, workdir) -> dict:
-    """Writes ``out.json`` and ``state/step.txt`` into ``workdir`` (through its writer, ``workdir.entry``);
-    with ``config.die`` the process then kills itself with SIGKILL (a run killed before the runner can
-    record anything)."""
-    import os
-    import signal
-    workdir.entry("out.json").write_text('{"n": %d}' % config.n)
-    state = workdir.entry("state")
-    state.mkdir(exist_ok=True)
-    (state / "step.txt").write_text(str(config.n))
-    if config.die:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return {"n": config.n}
-
-
-def refusing_task(config, workdir) -> dict:
-    """Refuses ``config.n == 0`` (or a work directory holding ``REFUSE``) with a UsageError, as a task
-    does on a bad data folder, after creating an empty ``partial/``; otherwise returns ``{"n": config.n}``."""
-    from bppsa.errors import UsageError
-    workdir.entry("partial").mkdir(exist_ok=True)
-    if config.n == 0 or (workdir / "REFUSE").exists():
-        raise UsageError("config.n: the task found nothing to do with n = 0; expected n >= 1")
-    return {"n": config.n}
-
-
 def generic_cell(I, H):
     """A cells.Generic whose step mixes tanh and sin (the autodiff-Jacobian cell of the tests)."""
     import jax
@@ -78,39 +40,97 @@ def generic_cell(I, H):
     return cells.Generic(step, hidden_size=H, input_size=I, init_fn=init)
 
 
-def part_task(config, workdir) -> dict:
-    """Writes ``<name>.json``, ``<name>.md`` (and ``<name>_extra.png`` with ``config.extra``); with
-    ``config.fail_part`` one of its parts ("replica 2") fails through :func:`experiments.part_failed`."""
-    from experiments import part_failed
-    failed: list[dict] = []
-    if config.fail_part:
-        part_failed(config, "replica 2", "killed by SIGKILL (exit -9)", failed)
-    workdir.entry(f"{config.name}.json").write_text('{"n": %d}' % config.n)
-    workdir.entry(f"{config.name}.md").write_text(f"| n |\n|---|\n| {config.n} |\n")
-    if config.extra:
-        workdir.entry(f"{config.name}_extra.png").write_bytes(b"png %d" % config.n)
-    return {"n": config.n, **({"failed_parts": failed} if failed else {})}
+def random_like(tree, seed=100):
+    """A pytree of ``tree``'s structure and shapes, float64 N(0, 1) draws, leaf k from numpy's generator
+    ``seed + k`` (tangents, cotangents, directions)."""
+    import jax
+    leaves, treedef = jax.tree.flatten(tree)
+    return jax.tree.unflatten(treedef, [normal(seed + k, np.shape(a)) for k, a in enumerate(leaves)])
 
 
-def vanish_task(config, workdir) -> dict:
-    """Writes ``data/a.txt``, then removes the whole work directory (as ``rm -rf`` in another shell
-    would) and goes on writing, recreating ``data/`` as orbax recreates its folders; returns normally."""
-    import shutil
+class Problem(tuple):
+    """(cell, params, xs, h0), unpackable as a tuple: ``cell, params, xs, h0 = problem(...)``."""
+
+    __slots__ = ()
+
+    def __new__(cls, cell, params, xs, h0):
+        return super().__new__(cls, (cell, params, xs, h0))
+
+    cell = property(lambda self: self[0])
+    params = property(lambda self: self[1])
+    xs = property(lambda self: self[2])
+    h0 = property(lambda self: self[3])
+
+
+def make_problem(cell, T=7, B=2, *, seed=0, dtype=np.float64, h0_scale=0.5, param_scale=1.0):
+    """One problem for ``cell``: :func:`random_params` (seed) times ``param_scale``, xs (T, B, I) ~ N(0, 1)
+    (seed + 1) and the state h0 (B, S) ~ N(0, h0_scale²) (seed + 2; 0: zeros) in the cell's state
+    structure, all of ``dtype``."""
+    import jax
+    import jax.numpy as jnp
+    xs = normal(seed + 1, (T, B, cell.input_size), dtype=dtype)
+    s0 = normal(seed + 2, (B, cell.state_size), h0_scale, dtype) if h0_scale else jnp.zeros((B, cell.state_size), dtype)
+    params = random_params(cell, seed, dtype)
+    if param_scale != 1.0:
+        params = jax.tree.map(lambda p: p * param_scale, params)
+    return Problem(cell, params, xs, cell.unflatten_state(s0))
+
+
+def states_loss(out, every_step=True):
+    """A nonlinear scalar of the states ``out`` (T, B, ...) (every leaf: an LSTM's cell state too), weighted
+    per unit so that no two units' gradients coincide and with a non-zero Hessian: of every step, or of the
+    last step only (``every_step=False``)."""
+    import jax
+    import jax.numpy as jnp
+    total = 0.0
+    for a in jax.tree.leaves(out):
+        w = jnp.cos(jnp.arange(a.shape[-1], dtype=a.dtype))
+        if every_step:
+            total = total + jnp.sum(jnp.sin(a) * (1 + a) * w) + jnp.sum(a[-1] ** 2)
+        else:
+            total = total + jnp.sum(a[-1] * w + a[-1] ** 2)
+    return total
+
+
+def one_line_usage_error(match, fn, *args, says_expected=False, **kwargs):
+    """The message of the :class:`bppsa.errors.UsageError` that ``fn(*args, **kwargs)`` raises, matching
+    ``match`` and on one line (saying what was expected, with ``says_expected``)."""
+    import pytest
+
+    from bppsa.errors import UsageError
+    with pytest.raises(UsageError, match=match) as info:
+        fn(*args, **kwargs)
+    msg = str(info.value)
+    assert "\n" not in msg and ("expected" in msg or not says_expected), msg
+    return msg
+
+
+def file_tree(d, *, text=False, mtime=False, skip=(), recursive=True):
+    """Every file under the folder ``d`` (only its own with ``recursive=False``) by its relative path:
+    its bytes (its text with ``text``; with ``mtime``, (bytes, st_mtime_ns)), leaving out file names in
+    ``skip``; {} when ``d`` does not exist."""
     from pathlib import Path
-    data = workdir.entry("data")
-    data.mkdir(exist_ok=True)
-    (data / "a.txt").write_text("first")
-    shutil.rmtree(Path(workdir))
-    data.mkdir(parents=True)
-    (data / "b.txt").write_text("second")
-    return {"n": config.n}
+    d = Path(d)
+    if not d.exists():
+        return {}
+
+    def read(p):
+        data = p.read_text() if text else p.read_bytes()
+        return (data, p.stat().st_mtime_ns) if mtime else data
+    files = d.rglob("*") if recursive else d.iterdir()
+    return {str(p.relative_to(d)): read(p) for p in sorted(files) if p.is_file() and p.name not in skip}
 
 
-def missing_key_task(config, workdir) -> dict:
-    """Reads ``config.learning_rate``, which its config may lack."""
-    return {"lr": config.learning_rate}
+def toy_classifier():
+    """A small float32 training model: ``SequenceClassifier`` over ``cells.RNN(1, 8)``, 10 classes, BPTT."""
+    from flax import nnx
+
+    from bppsa import cells
+    from bppsa.nn import SequenceClassifier
+    return SequenceClassifier(cells.RNN(1, 8), 10, backward="bptt", rngs=nnx.Rngs(0))
 
 
-def one_argument_task(config) -> dict:
-    """A task with the wrong signature: no ``workdir``."""
-    return {}
+def toy_data():
+    """(x, y): 32 Bernoulli bitstreams of 8 steps and their labels, for :func:`toy_classifier`."""
+    from bppsa.tasks.bitstream import make_bitstream
+    return make_bitstream(32, 8)

@@ -1,12 +1,16 @@
 """Property tests in two sizes: a few examples in the default run, the full budget in the slow run.
 
-    test_x, test_x_full = property_pair(5, 15, n=st.integers(1, 40))(body)
+    @property_pair(5, 15, n=st.integers(1, 40))
+    def test_x(n): ...
 
-gives ``test_x`` (``small`` examples, default run) and ``test_x_full`` (``large`` examples, marked
-slow). Both draw from the same strategies and run the same body.
+gives ``test_x[small]`` (``small`` examples, default run) and ``test_x[full]`` (``large`` examples,
+marked slow). Both draw from the same strategies and run the same body; the body's other arguments
+are pytest fixtures (session-scoped ones: hypothesis reuses them across examples).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +18,17 @@ from hypothesis import given, settings
 
 def property_pair(small: int, large: int, **strategies):
     def make(body):
-        fast = settings(max_examples=small, deadline=None)(given(**strategies)(body))
-        full = pytest.mark.slow(settings(max_examples=large, deadline=None)(given(**strategies)(body)))
-        return fast, full
+        fixtures = [n for n in inspect.signature(body).parameters if n not in strategies]
+
+        def test(examples, **given_fixtures):
+            def run(**drawn):
+                body(**drawn, **given_fixtures)
+            settings(max_examples=examples, deadline=None)(given(**strategies)(run))()
+
+        test.__name__, test.__qualname__, test.__doc__ = body.__name__, body.__qualname__, body.__doc__
+        test.__module__ = body.__module__
+        test.__signature__ = inspect.Signature(  # pyright: ignore[reportAttributeAccessIssue]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("examples", *fixtures)])
+        sizes = [pytest.param(small, id="small"), pytest.param(large, id="full", marks=pytest.mark.slow)]
+        return pytest.mark.parametrize("examples", sizes)(test)
     return make

@@ -1,4 +1,4 @@
-"""Task functions for the runner's ownership tests (configs name them as "tests.runner_tasks:NAME"),
+"""Task functions for the runner tests (configs name them as "tests.runner_tasks:NAME"),
 and ``python tests/runner_tasks.py K ARGV...``: run ``bppsa ARGV...`` and SIGKILL the process after
 the K-th training step of :func:`experiments.train.fit` it completes, as kill -9 does. :func:`steps_task`
 kills itself so after its K-th step when the environment has ``BPPSA_TEST_KILL_AFTER=K``."""
@@ -80,19 +80,91 @@ def bypass_task(config, workdir) -> dict:
     return {}
 
 
-def _kill_after(k: int):
-    count = [0]
+def echo_task(config, workdir) -> dict:
+    """Returns ``{"n": config.n}``; writes nothing."""
+    return {"n": config.n}
 
-    def hook(step):
-        count[0] += 1
-        if count[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-    return hook
+
+def pub_task(config, workdir) -> dict:
+    """Writes ``pub.json`` and ``pub.md`` into ``workdir`` when ``config.write``; returns ``{"wrote": ...}``."""
+    if config.write:
+        workdir.entry("pub.json").write_text("{}")
+        workdir.entry("pub.md").write_text("| a |\n")
+    return {"wrote": config.write}
+
+
+def write_task(config, workdir) -> dict:
+    """Writes ``out.json`` and ``state/step.txt`` into ``workdir`` (through its writer, ``workdir.entry``);
+    with ``config.die`` the process then kills itself with SIGKILL (a run killed before the runner can
+    record anything)."""
+    import os
+    import signal
+    workdir.entry("out.json").write_text('{"n": %d}' % config.n)
+    state = workdir.entry("state")
+    state.mkdir(exist_ok=True)
+    (state / "step.txt").write_text(str(config.n))
+    if config.die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"n": config.n}
+
+
+def refusing_task(config, workdir) -> dict:
+    """Refuses ``config.n == 0`` (or a work directory holding ``REFUSE``) with a UsageError, as a task
+    does on a bad data folder, after creating an empty ``partial/``; otherwise returns ``{"n": config.n}``."""
+    from bppsa.errors import UsageError
+    workdir.entry("partial").mkdir(exist_ok=True)
+    if config.n == 0 or (workdir / "REFUSE").exists():
+        raise UsageError("config.n: the task found nothing to do with n = 0; expected n >= 1")
+    return {"n": config.n}
+
+
+def part_task(config, workdir) -> dict:
+    """Writes ``<name>.json``, ``<name>.md`` (and ``<name>_extra.png`` with ``config.extra``); with
+    ``config.fail_part`` one of its parts ("replica 2") fails through :func:`experiments.part_failed`."""
+    from experiments import part_failed
+    failed: list[dict] = []
+    if config.fail_part:
+        part_failed(config, "replica 2", "killed by SIGKILL (exit -9)", failed)
+    workdir.entry(f"{config.name}.json").write_text('{"n": %d}' % config.n)
+    workdir.entry(f"{config.name}.md").write_text(f"| n |\n|---|\n| {config.n} |\n")
+    if config.extra:
+        workdir.entry(f"{config.name}_extra.png").write_bytes(b"png %d" % config.n)
+    return {"n": config.n, **({"failed_parts": failed} if failed else {})}
+
+
+def vanish_task(config, workdir) -> dict:
+    """Writes ``data/a.txt``, then removes the whole work directory (as ``rm -rf`` in another shell
+    would) and goes on writing, recreating ``data/`` as orbax recreates its folders; returns normally."""
+    import shutil
+    from pathlib import Path
+    data = workdir.entry("data")
+    data.mkdir(exist_ok=True)
+    (data / "a.txt").write_text("first")
+    shutil.rmtree(Path(workdir))
+    data.mkdir(parents=True)
+    (data / "b.txt").write_text("second")
+    return {"n": config.n}
+
+
+def missing_key_task(config, workdir) -> dict:
+    """Reads ``config.learning_rate``, which its config may lack."""
+    return {"lr": config.learning_rate}
+
+
+def one_argument_task(config) -> dict:
+    """A task with the wrong signature: no ``workdir``."""
+    return {}
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import experiments.train
     from experiments import cli
-    experiments.train.after_step = _kill_after(int(sys.argv[1]))
+    count, k = [0], int(sys.argv[1])
+
+    def kill_after_k(step):
+        count[0] += 1
+        if count[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+    experiments.train.after_step = kill_after_k
     sys.exit(cli.main(sys.argv[2:]))

@@ -40,21 +40,12 @@ ROOTS = ("bppsa", "experiments")  # the package roots: bppsa re-exports the API,
 MAX_TOP_LEVEL_MODULES = 12  # bppsa/*.py: the core stays a few flat modules; concepts are subpackages
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _sources():
-    """The modules of both packages (the harness's configs and standalone scripts are files, not modules)."""
-    yield from sorted(PKG.rglob("*.py"))
-    for p in sorted(HARNESS.rglob("*.py")):
-        rel = p.relative_to(HARNESS).parts
-        if "configs" not in rel and rel[0] not in ("scripts", "history"):
-            yield p
-
-
-MODULES = {_module_name(p): p for p in _sources()}
+# The modules of both packages (the harness's configs and standalone scripts are files, not modules).
+SOURCES = sorted(PKG.rglob("*.py")) + [p for p in sorted(HARNESS.rglob("*.py"))
+                                       if not ({"configs"} & set(p.relative_to(HARNESS).parts)
+                                               or p.relative_to(HARNESS).parts[0] in ("scripts", "history"))]
+MODULES = {".".join(parts[:-1] if parts[-1] == "__init__" else parts): p
+           for p, parts in ((p, p.relative_to(ROOT).with_suffix("").parts) for p in SOURCES)}
 LIBRARY = {m for m in MODULES if m == "bppsa" or m.startswith("bppsa.")}
 
 
@@ -95,14 +86,6 @@ def _imports(module: str) -> list[tuple[str, int, list[str], object]]:
     is_pkg = path.name == "__init__.py"
     return [(module, node.lineno, _resolve(module, is_pkg, node), node)
             for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
-
-
-def _graph() -> dict[str, set[str]]:
-    g = {m: set() for m in MODULES}
-    for m in MODULES:
-        for _, _, targets, _ in _imports(m):
-            g[m].update(t for t in targets if t != m and t in MODULES)
-    return g
 
 
 def test_every_module_is_in_a_layer():
@@ -162,7 +145,10 @@ def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    g = _graph()
+    g = {m: set() for m in MODULES}
+    for m in MODULES:
+        for _, _, targets, _ in _imports(m):
+            g[m].update(t for t in targets if t != m and t in MODULES)
     # A package's __init__ re-exports its submodules; an edge from a submodule back to its own
     # package is how "from . import x" reads, so the package node is left out of the cycle check.
     for m in g:
@@ -230,19 +216,14 @@ def test_import_changes_nothing_in_the_process():
 PAPERS = ("experiments.paper_", "experiments.extensions")  # task modules: called by name from configs
 
 
-def _declared_all(path: Path):
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            return ast.literal_eval(node.value)
-    return None
-
-
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in MODULES_PRIVATE
                                           and not m.startswith(PAPERS)))
 def test_every_public_module_lists_its_api(module):
     """``__all__`` is what a user is meant to call: present, and every name in it exists."""
     import importlib
-    names = _declared_all(MODULES[module])
+    names = next((ast.literal_eval(node.value) for node in ast.parse(MODULES[module].read_text()).body
+                  if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                          for t in node.targets)), None)
     if MODULES[module].name == "__init__.py" and names is None:
         return  # a package without re-exports
     assert names is not None, f"{MODULES[module].relative_to(ROOT)} has no __all__"

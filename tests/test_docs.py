@@ -38,17 +38,9 @@ IGNORED_DIRS = {line.strip().strip("/") for line in (ROOT / ".gitignore").read_t
                 if line.startswith("/") and line.rstrip().endswith("/")}  # root folders: /data/, /runs/, /docs/_build/
 
 
-def _tracked() -> list[str]:
-    skip = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "build", "_build"}
-    out = []
-    for p in ROOT.rglob("*"):
-        rel = p.relative_to(ROOT)
-        if not (set(rel.parts) & skip or rel.parts[0].endswith(".egg-info")):
-            out.append(rel.as_posix())
-    return out
-
-
-TRACKED = _tracked()
+SKIP_DIRS = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "build", "_build"}
+TRACKED = [rel.as_posix() for rel in (p.relative_to(ROOT) for p in ROOT.rglob("*"))
+           if not (set(rel.parts) & SKIP_DIRS or rel.parts[0].endswith(".egg-info"))]
 TOP = {Path(p).parts[0] for p in TRACKED} | {"bppsa", "tests", "docs", "experiments", "notebooks"}
 PACKAGE_DIRS = {Path(p).relative_to("bppsa").parts[0] for p in TRACKED
                 if p.startswith("bppsa/") and (ROOT / p).is_dir()}
@@ -87,41 +79,38 @@ def exists(path: str, base: Path) -> bool:
     return any(t == p or t.endswith("/" + p) for t in TRACKED)
 
 
-def _docstrings(path: Path):
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node, clean=False)
-            if doc:
-                yield getattr(node, "lineno", 1), doc
-
-
-def _comments(path: Path):
-    with path.open("rb") as f:
-        for tok in tokenize.tokenize(f.readline):
-            if tok.type == tokenize.COMMENT:
-                yield tok.start[0], tok.string
-
-
-def _sources():
-    for doc in DOCS:
-        if doc.exists():
-            yield doc.relative_to(ROOT).as_posix(), doc.parent, doc.read_text()
-    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
-            yield f"{nb.relative_to(ROOT).as_posix()} cell {i}", nb.parent, "".join(cell["source"])
-    for py in sorted(PKG.rglob("*.py")):
-        for line, text in [*_docstrings(py), *_comments(py)]:
-            yield f"{py.relative_to(ROOT).as_posix()}:{line}", py.parent, text
-
-
 def test_the_documents_exist():
     assert (ROOT / "docs" / "architecture.md").exists()
     assert all(d.exists() for d in DOCS if d.name == "README.md" and d.parent == ROOT)
 
 
 def test_every_mentioned_file_exists():
-    missing = sorted({f"{where}: {path}" for where, base, text in _sources() for path in candidates(text)
+    def sources():
+        def comments(path: Path):
+            with path.open("rb") as f:
+                for tok in tokenize.tokenize(f.readline):
+                    if tok.type == tokenize.COMMENT:
+                        yield tok.start[0], tok.string
+
+        def docstrings(path: Path):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node, clean=False)
+                    if doc:
+                        yield getattr(node, "lineno", 1), doc
+
+        for doc in DOCS:
+            if doc.exists():
+                yield doc.relative_to(ROOT).as_posix(), doc.parent, doc.read_text()
+        for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+            for i, cell in enumerate(json.loads(nb.read_text())["cells"]):
+                yield f"{nb.relative_to(ROOT).as_posix()} cell {i}", nb.parent, "".join(cell["source"])
+        for py in sorted(PKG.rglob("*.py")):
+            for line, text in [*docstrings(py), *comments(py)]:
+                yield f"{py.relative_to(ROOT).as_posix()}:{line}", py.parent, text
+
+    missing = sorted({f"{where}: {path}" for where, base, text in sources() for path in candidates(text)
                       if not exists(path, base)})
     assert not missing, "files mentioned in the documentation but absent from the clone:\n" + "\n".join(missing)
 
@@ -241,7 +230,7 @@ def is_quoted_from(quoted: str, numbers: list[float]) -> bool:
     return any(abs(x - q) <= ulp / 2 * (1 + 1e-9) for x in numbers)
 
 
-def _quotes() -> list[tuple[str, str, list[Path]]]:
+def test_every_quoted_number_is_in_the_result_it_links():
     quotes = []
     for doc in [README, *sorted(p for p in SITE.rglob("*.md") if "_build" not in p.parts)]:
         for block in _blocks(doc.read_text()):
@@ -253,11 +242,6 @@ def _quotes() -> list[tuple[str, str, list[Path]]]:
             files = [f for p in paths for f in (p, p.with_suffix(".json"))]
             if links:
                 quotes.append((str(doc.relative_to(ROOT)), block, files))
-    return quotes
-
-
-def test_every_quoted_number_is_in_the_result_it_links():
-    quotes = _quotes()
     assert len(quotes) >= 20 and sum(len(quoted_numbers(b)) for _, b, _ in quotes) >= 60  # the check reads the tables
     wrong = []
     for where, block, files in quotes:

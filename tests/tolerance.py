@@ -54,3 +54,14 @@ def assert_close(actual, desired, *, rtol: float | None = None, atol: float | No
         np.testing.assert_allclose(a.astype(np.float64) if a.dtype.name == "bfloat16" else a,
                                    d.astype(np.float64) if d.dtype.name == "bfloat16" else d,
                                    rtol=r, atol=t, err_msg=err_msg)
+
+
+def assert_trees_close(got, want, rtol: float = 1e-10, atol: float = 1e-12, what: str = ""):
+    """Two pytrees of the same structure whose leaves agree to ``rtol``/``atol`` (fixed tolerances: for
+    float64 results against the float64 reference), each leaf named by its path when it fails."""
+    import jax
+    assert jax.tree.structure(got) == jax.tree.structure(want), (what, jax.tree.structure(got),
+                                                                 jax.tree.structure(want))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol,
+                                   err_msg=f"{what}{jax.tree_util.keystr(path)}")

@@ -7,7 +7,7 @@ where M_t is never formed: one product with W_hᵀ and a few elementwise ones a 
 (:func:`sequential_adjoint`). Autodiff's BPTT through ``lax.scan`` runs the same recurrence, but its
 loop also sums every parameter's gradient step by step and stores whatever its tracing kept; here
 the parameter gradients are either one product each after the loop (cuDNN's split of the backward
-into data and weights) or summed in it, whichever the plan chose (:func:`bppsa.plan.cost.adjoint_in_loop`).
+into data and weights) or summed in it, whichever the plan chose (:func:`bppsa.plan.rules.adjoint_in_loop`).
 :mod:`bppsa.backward.rule` wraps both into its ``custom_jvp`` (forward mode, Hessian-vector products)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
     ``factors`` (no Jacobian formed; one product with W_hᵀ a step). The parameter gradients
     (:meth:`bppsa.cells.AnalyticAdjoint.adjoint_grads`): after the loop, one product each over all steps from
     the cotangents it wrote out; ``in_loop``: summed step by step in the loop, as autodiff's BPTT
-    does (nothing (T, B, G·H) written and read back: :func:`bppsa.plan.cost.adjoint_in_loop` decides),
+    does (nothing (T, B, G·H) written and read back: :func:`bppsa.plan.rules.adjoint_in_loop` decides),
     from the inputs :meth:`bppsa.cells.AnalyticAdjoint.adjoint_sum_inputs` arranged before it.
     Returns what :func:`bppsa.backward.pipeline.adjoint` does.
 

@@ -79,12 +79,11 @@ from bppsa.forward.info import NewtonDidNotConverge, NewtonFallbackWarning, Newt
 from bppsa.forward.lyapunov import lyapunov_from_jacobians
 from bppsa.forward.sequential import forward_states, prev_states, steps
 from bppsa.forward.step import newton_step, step_diagonal, step_elements
-from bppsa.plan.options import DEFAULT_MAX_ITER, DEFAULT_TOL, KINDS, ON_FAIL, Plan, tolerance
+from bppsa.plan.options import Plan
 
-# KINDS, ON_FAIL, DEFAULT_TOL, DEFAULT_MAX_ITER, Plan and tolerance are bppsa.plan.options';
-# NewtonInfo and its outcomes bppsa.forward.info's: named here too
-__all__ = ["KINDS", "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER", "Plan", "NewtonInfo", "NewtonDidNotConverge",
-           "NewtonFallbackWarning", "solve", "tolerance", "fallback_count", "step_elements", "residual", "iterate",
+# NewtonInfo and its outcomes are bppsa.forward.info's: named here too (the plan's names are bppsa.plan.options')
+__all__ = ["NewtonInfo", "NewtonDidNotConverge",
+           "NewtonFallbackWarning", "solve", "fallback_count", "step_elements", "residual", "iterate",
            "finish", "repair", "bound", "finite_inputs", "PATIENCE", "PROBE_STEPS", "PROBE_WINDOWS", "probe_windows",
            "probe", "lle_at", "predicted_iterations"]
 #: The iteration stops (not converged) after this many steps in a row that improved neither the largest

@@ -9,7 +9,7 @@ point, and multi-process runs with ``jax.distributed`` (``bppsa launch``).
 
 from bppsa.parallel.mesh import initialize, make_mesh, shard_map
 from bppsa.parallel.sequence import COMBINES, communication_volume, pmap_rnn, rnn
-from bppsa.plan.cost import choose_combine
+from bppsa.plan.rules import choose_combine
 
 __all__ = ["make_mesh", "shard_map", "initialize", "rnn", "pmap_rnn", "COMBINES", "choose_combine",
            "communication_volume"]

@@ -16,7 +16,6 @@ execute.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Literal, get_args, overload
 
@@ -28,13 +27,14 @@ from jax.typing import DTypeLike
 
 from bppsa.cells import Cell
 from bppsa.errors import UsageError, as_int, as_number
+from bppsa.plan import calibration, rules
 from bppsa.plan import cost as cost_lib
 from bppsa.plan.backends import Fused
 from bppsa.scan.dense import SCANS
 
 __all__ = ["Options", "Plan", "make", "tolerance", "unroll_for", "Backward", "Forward", "ParallelForward", "Scan",
            "Combine", "OnFail", "Precision", "BACKWARDS", "FORWARDS", "KINDS", "PRECISIONS", "COMBINES", "ON_FAIL",
-           "SOLVER_FIELDS", "DEFAULT_TOL", "DEFAULT_MAX_ITER"]
+           "DEFAULT_TOL", "DEFAULT_MAX_ITER"]
 
 # The method names, each written once: the runtime tuples are read from the Literal types.
 Backward = Literal["bppsa", "bptt", "auto"]
@@ -62,11 +62,6 @@ assert set(get_args(Scan)) == set(SCANS), "options.Scan must name bppsa.scan.SCA
 DEFAULT_TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
 DEFAULT_MAX_ITER = 100  # DEER's
 
-#: The fields of :class:`Options` that set the parallel forward (:mod:`bppsa.forward.newton`), besides
-#: ``forward`` itself (its kind): :meth:`Options.newton_plan` shows them.
-SOLVER_FIELDS = ("scan", "chunk_size", "tol", "atol", "rtol", "max_iter", "damping", "on_fail")
-
-
 @dataclasses.dataclass(frozen=True)
 class Options:
     r"""How :func:`bppsa.rnn` computes the states and their gradients. Checked on construction (a
@@ -75,19 +70,19 @@ class Options:
     Attributes:
       backward: "bppsa" (parallel-scan backward), "bptt" (the sequential backward: the cell's
         analytic adjoint where it has one, :mod:`bppsa.backward.adjoint`, else autodiff through
-        ``lax.scan``; its unroll tuned per shape and backend: :func:`bppsa.plan.cost.bptt_unroll`) or
+        ``lax.scan``; its unroll tuned per shape and backend: :func:`bppsa.plan.rules.bptt_unroll`) or
         "auto" (the cost model picks tuned BPTT, BPPSA-blelloch or BPPSA-sequential per cell, T, B, state size,
         dtype and backend: :meth:`resolve`; on CPU, one device, a cell with 1×1 Jacobian blocks and ``scan``
-        left at None: BPPSA by the elementwise plan, measured faster: :func:`bppsa.plan.cost.choose_backward`).
+        left at None: BPPSA by the elementwise plan, measured faster: :func:`bppsa.plan.calibration.choose_backward`).
       scan: the BPPSA scan, "blelloch", "associative" or "sequential" (:mod:`bppsa.scan`); None
         (default): "blelloch", or with ``backward="auto"`` the scan the model chose; on CPU, for a
         cell with 1×1 Jacobian blocks, "sequential" over cache-sized chunks where ``chunk_size`` is
-        "auto" (:func:`bppsa.plan.cost.elementwise_plan`). An explicit scan is kept: ``auto`` then
+        "auto" (:func:`bppsa.plan.rules.elementwise_plan`). An explicit scan is kept: ``auto`` then
         decides BPTT or BPPSA, and BPPSA runs that scan.
       chunk_size: BPPSA on one device: run the backward over equal chunks of at most this many steps
         (an int; numpy and JAX integer scalars are taken as ints), so Jacobian memory is chunk_size·B·S²
         instead of T·B·S² (exact; None: one chunk). "auto" (default): on CPU, cache-sized chunks
-        (:func:`bppsa.plan.cost.auto_chunk_size`); on accelerators, one chunk. With a mesh each device
+        (:func:`bppsa.plan.rules.auto_chunk_size`); on accelerators, one chunk. With a mesh each device
         scans its stretch in one piece: only None and "auto" are accepted there.
       precision: BPPSA: the precision of every matrix product of the backward (Jacobians, scan,
         parameter gradients): "highest" (default, full float32), "high" or "default" (TF32 on
@@ -95,10 +90,10 @@ class Options:
       cost_model: ``backward="auto"``: the :class:`bppsa.plan.cost.CostModel` that decides (None: the
         calibration cached for this device, else the model shipped for this backend).
       combine: with a mesh, the cross-device step of the sharded backward: "logstep",
-        "allgather", "chain" or "auto" (:func:`bppsa.plan.cost.choose_combine`).
+        "allgather", "chain" or "auto" (:func:`bppsa.plan.rules.choose_combine`).
       unroll: the unroll factor of the sequential forward's ``lax.scan`` (and so of BPTT's): a
         positive int, True (every step) or False (1), as ``lax.scan`` takes it; None (default):
-        tuned per shape and backend (:func:`bppsa.plan.cost.bptt_unroll`). One device: with a mesh
+        tuned per shape and backend (:func:`bppsa.plan.rules.bptt_unroll`). One device: with a mesh
         each device's stretch is a plain ``lax.scan`` (unroll 1).
       forward: how the states are computed: "sequential" (a ``lax.scan``, T dependent steps),
         "newton" (Newton's method over the whole sequence, each iteration one parallel scan of
@@ -121,7 +116,7 @@ class Options:
         compiled for a GPU (a UsageError elsewhere, or where they do not run the problem);
         "interpret" the same kernels in Pallas's interpret mode on any backend (tests, debugging);
         "auto" (default) a kernel only where a GPU measurement shows it fastest
-        (:func:`bppsa.plan.cost.choose_kernels`: none yet, so "xla").
+        (:func:`bppsa.plan.rules.choose_kernels`: none yet, so "xla").
 
     Every choice left open here ("auto", None) is made once per call, before anything is
     computed: :meth:`plan` returns the :class:`Plan` the layers below execute.
@@ -213,7 +208,7 @@ class Options:
     def resolve(self, cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, devices: int | None = None
                 ) -> Options:
         """The options with ``backward`` in ("bppsa", "bptt"), ``forward`` not "auto" and ``scan``
-        set: ``"auto"`` asks the cost model (:func:`bppsa.plan.cost.choose_backward`,
+        set: ``"auto"`` asks the cost model (:func:`bppsa.plan.calibration.choose_backward`,
         :func:`bppsa.plan.cost.choose_forward`) for this cell, T, B, dtype and ``devices`` (the mesh axis
         the time is split over; None: one device); the model's scan is used only where ``scan`` was
         left at None. The other open choices are :meth:`plan`'s.
@@ -230,7 +225,7 @@ class Options:
         """
         backward, scan, forward = self.backward, self.scan, self.forward
         if backward == "auto":
-            backward, auto_scan = cost_lib.choose_backward(cell, T, B, dtype, cost_model=self.cost_model, scan=scan,
+            backward, auto_scan = calibration.choose_backward(cell, T, B, dtype, cost_model=self.cost_model, scan=scan,
                                                            devices=devices)
             scan = scan or auto_scan
         if forward == "auto":
@@ -247,8 +242,8 @@ class Options:
 
         This is where the cost model (:mod:`bppsa.plan.cost`) is consulted: ``backward``, ``scan`` and
         ``forward`` (:meth:`resolve`), the backward's and the parallel forward's chunk lengths
-        (:func:`bppsa.plan.cost.auto_chunk_size`), the forward scan's unroll (:func:`unroll_for`), the
-        tolerance (:func:`tolerance`) and the mesh's combine (:func:`bppsa.plan.cost.choose_combine`),
+        (:func:`bppsa.plan.rules.auto_chunk_size`), the forward scan's unroll (:func:`unroll_for`), the
+        tolerance (:func:`tolerance`) and the mesh's combine (:func:`bppsa.plan.rules.choose_combine`),
         all at ``jax.default_backend()``.
 
         Args:
@@ -277,14 +272,14 @@ class Options:
         loop = "bptt" if r.backward == "bptt" and not parallel else "forward"  # autodiff through the loop or not
         if devices is None:
             unroll = unroll_for(cell, T, B, xs.dtype, S, r.unroll, backend, loop)
-            scan, chunk, solve_chunk = cost_lib.chunk_lengths(
+            scan, chunk, solve_chunk = rules.chunk_lengths(
                 cell, T, B, S, backward=r.backward, forward=r.forward, scan=r.scan or "blelloch",
                 scan_given=self.scan is not None, chunk_size=r.chunk_size, states_itemsize=ss_dtype.itemsize,
                 solve_itemsize=s_dtype.itemsize, backend=backend)
             r = dataclasses.replace(r, scan=scan)
         else:
             unroll = 1  # each device's stretch is a plain lax.scan, scanned in one piece
-        combine = r.combine if r.combine != "auto" else cost_lib.choose_combine(devices or 1)
+        combine = r.combine if r.combine != "auto" else rules.choose_combine(devices or 1)
         gate = None  # forward="auto" chose the parallel forward: it runs on only if the LLE predicts it pays
         if self.forward == "auto" and parallel and devices is None:
             gate = cost_lib.choose_forward(cell, T, B, xs.dtype, backend)[1]
@@ -292,21 +287,10 @@ class Options:
         kernels = _kernels(self.kernels, cell, r.backward, r.forward, S, devices, backend)
         made = {"chunk_size": chunk, "unroll": unroll, "tol": tol, "atol": tol if r.atol is None else r.atol,
                 "rtol": tol if r.rtol is None else r.rtol, "combine": combine, "kernels": kernels}
-        hoist = parallel or cost_lib.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
-        in_loop = loop == "bptt" and cost_lib.adjoint_in_loop(cell, B, backend, S)
+        hoist = parallel or rules.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
+        in_loop = loop == "bptt" and rules.adjoint_in_loop(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
                     hoist=hoist, gate=gate, weights_in_loop=in_loop)
-
-    def newton_plan(self) -> _SolverSettings:
-        """The parallel forward's settings as a named tuple: ``kind`` (``forward``) and the fields
-        of :data:`SOLVER_FIELDS` (``scan``: "blelloch" when unset); before a problem is known, so
-        ``chunk_size``, ``tol``, ``atol`` and ``rtol`` may still be open (:meth:`plan` makes them concrete).
-
-        Returns:
-          The named tuple (kind, scan, chunk_size, tol, atol, rtol, max_iter, damping, on_fail).
-        """
-        return _SolverSettings(self.forward, *(getattr(self, f) for f in SOLVER_FIELDS)) \
-            ._replace(scan=self.scan or "blelloch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,13 +325,13 @@ class Plan:
         one chunk; None for the sequential forward and with a mesh).
       devices: the size of the mesh axis the time is split over; None: one device, no mesh.
       hoist: the sequential forward computes the inputs' part of all steps before its loop
-        (:func:`bppsa.plan.cost.hoist_inputs`); the parallel forwards always do (True).
+        (:func:`bppsa.plan.rules.hoist_inputs`); the parallel forwards always do (True).
       gate: ``forward="auto"`` chose the parallel forward on this backend: the most iterations at
         which it is predicted to pay (:func:`bppsa.plan.cost.break_even_iterations`). The solver
         estimates the Lyapunov exponent at its first iterate and runs the sequential forward
         instead when it is >= 0 or the predicted iterations exceed this; None: no such test.
       weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
-        loop (:func:`bppsa.plan.cost.adjoint_in_loop`); False: one product each after it.
+        loop (:func:`bppsa.plan.rules.adjoint_in_loop`); False: one product each after it.
 
     Examples:
       >>> import jax, jax.numpy as jnp, bppsa
@@ -450,7 +434,6 @@ class Plan:
         return dataclasses.replace(self, **fields)
 
 
-_SolverSettings = collections.namedtuple("_SolverSettings", ("kind",) + SOLVER_FIELDS)
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 
 
@@ -503,7 +486,7 @@ def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state
                unroll: int | bool | None = None, backend: str | None = None, backward: str = "bptt") -> int:
     """The forward ``lax.scan``'s unroll as an int: ``unroll`` None: tuned for this cell, shape,
     backend and ``backward`` ("bptt": autodiff differentiates the loop; else a forward alone)
-    (:func:`bppsa.plan.cost.bptt_unroll`; ``state_size``: the flat state width S); True: every step
+    (:func:`bppsa.plan.rules.bptt_unroll`; ``state_size``: the flat state width S); True: every step
     (T); False: 1; an int: itself (what ``lax.scan`` makes of each).
 
     Args:
@@ -523,7 +506,7 @@ def unroll_for(cell: Cell, T: int, B: int, dtype: DTypeLike | None = None, state
       bppsa.errors.UsageError: ``unroll`` None and ``backward`` none of "bptt", "bppsa", "forward".
     """
     if unroll is None:
-        return cost_lib.bptt_unroll(cell, T, B, dtype, backend, state_size=state_size, backward=backward)
+        return rules.bptt_unroll(cell, T, B, dtype, backend, state_size=state_size, backward=backward)
     if isinstance(unroll, bool):
         return max(int(T), 1) if unroll else 1
     return int(unroll)
@@ -554,13 +537,13 @@ def _check_solver_fields(tol, atol, rtol, max_iter, damping, on_fail) -> tuple[A
 
 
 def _kernels(kernels: str, cell: Cell, backward: str, forward: str, S: int, devices: int | None, backend: str) -> str:
-    """``kernels`` made concrete for this problem: "auto" by :func:`bppsa.plan.cost.choose_kernels`;
+    """``kernels`` made concrete for this problem: "auto" by :func:`bppsa.plan.rules.choose_kernels`;
     "pallas" and "interpret" only where the fused kernels run this problem (:mod:`bppsa.kernels`): else a
     UsageError naming why (nothing runs another path silently). "pallas" is planned on any host (a
     training step exported for a GPU from a CPU machine needs it); compiling its kernels for anything
     but a GPU stops with bppsa's UsageError (:func:`bppsa.kernels.lowering.gpu_only`)."""
     if kernels == "auto":
-        return cost_lib.choose_kernels(cell, backend)
+        return rules.choose_kernels(cell, backend)
     if kernels == "xla":
         return kernels
     from bppsa import kernels as kernel_lib  # Pallas loads only where a kernel is asked for, not on import

@@ -1,7 +1,7 @@
-"""The measurements behind ``bppsa.plan.cost.bptt_unroll`` (the task of experiments/extensions/configs/bptt_unroll.py).
+"""The measurements behind ``bppsa.plan.rules.bptt_unroll`` (the task of experiments/extensions/configs/bptt_unroll.py).
 
 BPTT (the one timed gradient of :mod:`experiments.gradient`, through ``lax.scan``) for each unroll
-in ``bppsa.plan.cost.UNROLLS``, interleaved (:func:`bppsa.host.time_interleaved`, blocks of 3 calls, the
+in ``bppsa.plan.rules.UNROLLS``, interleaved (:func:`bppsa.host.time_interleaved`, blocks of 3 calls, the
 first dropped), at every point of ``config.grid`` ((cell, I, H, T, B) rows); the unroll the rule
 picks and its time over the best unroll's. Writes ``<name>``.json (with provenance) and
 ``<name>``.md (:func:`render`'s table, the rule re-evaluated on the rows).
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from bppsa import cells
 from bppsa.errors import UsageError, checked_by, require_int
 from bppsa.host import time_interleaved
-from bppsa.plan import cost
+from bppsa.plan import rules
 from experiments import entry, gradient
 from experiments.provenance import provenance, save_json
 from experiments.tables import markdown_table
@@ -33,19 +33,19 @@ def rule_columns(r: dict) -> dict:
     capped at T, is the fully unrolled loop, as every u >= T in UNROLLS)."""
     cell = CELLS[r["cell"]](r["I"], r["H"])
     ms = {int(u): v for u, v in r["ms"].items()}
-    rule = cost.bptt_unroll(cell, r["T"], r["B"], jnp.float32)
+    rule = rules.bptt_unroll(cell, r["T"], r["B"], jnp.float32)
     rule_ms = ms[rule] if rule in ms else ms[min(u for u in ms if u >= rule)]
     return {"rule": rule, "rule_over_best": rule_ms / min(ms.values())}
 
 
 def point(kind: str, I: int, H: int, T: int, B: int, repeats: int) -> dict:
-    """One row: the median ms of BPTT at every unroll of ``bppsa.plan.cost.UNROLLS``, the best, the rule's."""
+    """One row: the median ms of BPTT at every unroll of ``bppsa.plan.rules.UNROLLS``, the best, the rule's."""
     cell = CELLS[kind](I, H)
     p, xs, h0, R = gradient.problem(cell, T, B)
-    fns = gradient.gradient_functions(cell, p, xs, h0, R, gradient.method_names(unrolls=cost.UNROLLS, tuned=False,
+    fns = gradient.gradient_functions(cell, p, xs, h0, R, gradient.method_names(unrolls=rules.UNROLLS, tuned=False,
                                                                                  scans=()))
     t = time_interleaved(fns, repeats=repeats, block=3)
-    ms = {u: 1e3 * t[f"bptt_unroll{u}"]["median"] for u in cost.UNROLLS}
+    ms = {u: 1e3 * t[f"bptt_unroll{u}"]["median"] for u in rules.UNROLLS}
     best = min(ms, key=lambda u: ms[u])
     r = {"cell": kind, "I": I, "H": H, "T": T, "B": B, "ms": ms, "best": best, "plain_over_best": ms[1] / ms[best]}
     return {**r, **rule_columns(r)}
@@ -58,16 +58,16 @@ def render(rec: dict) -> str:
           "BPTT (the timed training-step gradient of `experiments.gradient` through `lax.scan(..., unroll=u)`, "
           "forward included), "
           f"median ms of {rec.get('repeats', 7)} blocks of 2 timed calls, all unrolls interleaved; rule = "
-          "`bppsa.plan.cost.bptt_unroll` as committed (re-evaluated on the rows); × = time / best unroll's time.", "",
+          "`bppsa.plan.rules.bptt_unroll` as committed (re-evaluated on the rows); × = time / best unroll's time.", "",
           ""]
     rows = []
     for r in rec["rows"]:
         r.update(rule_columns(r))
         ms = {int(u): v for u, v in r["ms"].items()}
-        rows.append([r["cell"], r["I"], r["T"], r["B"], *(f"{ms[u]:.2f}" for u in cost.UNROLLS), r["best"], r["rule"],
+        rows.append([r["cell"], r["I"], r["T"], r["B"], *(f"{ms[u]:.2f}" for u in rules.UNROLLS), r["best"], r["rule"],
                      f"{r['rule_over_best']:.2f}", f"{r['plain_over_best']:.2f}"])
-    md.append(markdown_table(["cell", "I", "T", "B", *(f"u={u}" for u in cost.UNROLLS), "best", "rule", "rule ×",
-                              "plain ×"], rows, align="lrrr" + "r" * (len(cost.UNROLLS) + 4)))
+    md.append(markdown_table(["cell", "I", "T", "B", *(f"u={u}" for u in rules.UNROLLS), "best", "rule", "rule ×",
+                              "plain ×"], rows, align="lrrr" + "r" * (len(rules.UNROLLS) + 4)))
     return "\n".join(md) + "\n"
 
 

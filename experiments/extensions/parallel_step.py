@@ -44,6 +44,7 @@ from bppsa import backprop, cells, structured
 from bppsa.errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
 from bppsa.forward import newton
 from bppsa.host import time_interleaved
+from bppsa.plan import options
 from bppsa.plan.cost import forward_seconds
 from bppsa.plan.options import Options
 from bppsa.scan import SCANS
@@ -313,8 +314,8 @@ def markdown(record) -> str:
     out = [f"# {record['title']}", "",
            f"`{p['command']}` — {p['date']}, {p['backend']} / {p['device_kind']} / {p['cpu']} "
            f"({p['cpu_count']} cores), "
-           f"jax {p['jax']}, commit {str(p.get('git_commit'))[:10]}; float32, tol {newton.tolerance(jnp.float32)} "
-           f"(relative residual), max_iter {newton.DEFAULT_MAX_ITER}. Whole run {record['wall_s'] / 60:.1f} min.", "",
+           f"jax {p['jax']}, commit {str(p.get('git_commit'))[:10]}; float32, tol {options.tolerance(jnp.float32)} "
+           f"(relative residual), max_iter {options.DEFAULT_MAX_ITER}. Whole run {record['wall_s'] / 60:.1f} min.", "",
            *([f"**Note.** {record['note']}", ""] if record.get("note") else [])]
     if "iterations" in record or "trained" in record:
         rows = record.get("iterations", []) + record.get("trained", {}).get("rows", [])
@@ -393,7 +394,7 @@ def check(config) -> None:
     require_choices(config, "parts", PARTS, many=True)
     for key in ("iter_B", "iter_H", "iter_I", "train_steps", "train_batch", "clips_per_class", "repeats"):
         require_int(config, key)
-    require_choices(config, "forwards", newton.KINDS, many=True)
+    require_choices(config, "forwards", options.KINDS, many=True)
     require_choices(config, "iter_scan", tuple(SCANS))
     for key in ("iter_T", "chaotic_T", "pred_T"):
         require_ints(config, key, allow_empty=False)

@@ -12,7 +12,7 @@ the last state, compiled, the three programs interleaved in one process (``bppsa
     in_loop    the adjoint, the parameter gradients summed in the loop
 
 at T = 200, I = 16, B in (4, 8, 16, 32, 64), H in (16, 32, 64, 128), for GRU, LSTM and RNN (tanh),
-flax's bias conventions. The plan's rule (:func:`bppsa.plan.cost.adjoint_in_loop`) is read off it.
+flax's bias conventions. The plan's rule (:func:`bppsa.plan.rules.adjoint_in_loop`) is read off it.
 
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \\
         taskset -c 0 python experiments/history/analytic_bptt_bench.py OUTDIR [--quick]
@@ -43,15 +43,15 @@ MODES = ("autodiff", "after", "in_loop")
 
 def _gradient(cell, params, xs, s0, weights, mode):
     """The compiled gradient with BPTT in ``mode`` (traced with the class flag and the rule set for it)."""
-    kind, rule = type(cell), bppsa.plan.cost.adjoint_in_loop
-    kind.has_adjoint = mode != "autodiff"  # the plan reads the rule off bppsa.plan.cost when it is traced
-    bppsa.plan.cost.adjoint_in_loop = lambda *a, **k: mode == "in_loop"
+    kind, rule = type(cell), bppsa.plan.rules.adjoint_in_loop
+    kind.has_adjoint = mode != "autodiff"  # the plan reads the rule off bppsa.plan.rules when it is traced
+    bppsa.plan.rules.adjoint_in_loop = lambda *a, **k: mode == "in_loop"
     try:
         f = jax.jit(jax.grad(lambda p, x: jnp.sum(cell.flatten_state(
             bppsa.rnn(cell, p, x, cell.unflatten_state(s0), backward="bptt"))[-1] * weights)))
         jax.block_until_ready(f(params, xs))
     finally:
-        kind.has_adjoint, bppsa.plan.cost.adjoint_in_loop = True, rule
+        kind.has_adjoint, bppsa.plan.rules.adjoint_in_loop = True, rule
     return functools.partial(f, params, xs)
 
 
@@ -71,7 +71,7 @@ def grid(kinds, batches, hiddens, T, I, repeats):
         stats = host.time_interleaved(fns, repeats=repeats, block=5)
         ms = {m: stats[m]["median"] * 1e3 for m in MODES}
         rows.append({"cell": kind, "T": T, "B": B, "I": I, "H": H, "BGH": B * cell.gates * H, "ms": ms,
-                     "max_rel_grad_diff": err, "rule_in_loop": bppsa.plan.cost.adjoint_in_loop(cell, B, "cpu")})
+                     "max_rel_grad_diff": err, "rule_in_loop": bppsa.plan.rules.adjoint_in_loop(cell, B, "cpu")})
         print(rows[-1], flush=True)
     return rows
 
@@ -81,7 +81,7 @@ def markdown(record):
              f"{record['provenance']}. `jax.grad` of a loss on the last state through "
              "`bppsa.rnn(backward=\"bptt\")`, compiled. autodiff: the former BPTT (autodiff through `lax.scan`); "
              "after / in loop: the analytic adjoint with the parameter gradients formed after its loop or summed "
-             "in it (ratios to autodiff; < 1: faster); rule: what `bppsa.plan.cost.adjoint_in_loop` picks "
+             "in it (ratios to autodiff; < 1: faster); rule: what `bppsa.plan.rules.adjoint_in_loop` picks "
              "(the time of that mode / autodiff in the last column). Max rel grad diff: the largest difference of "
              "the adjoint's gradients from autodiff's, relative to the largest entry. Script: "
              "`experiments/history/analytic_bptt_bench.py`.", "",

@@ -1,5 +1,5 @@
 """``backward="auto"`` on cells with 1×1 Jacobian blocks (the structured cells at head size 1)
-before and after its CPU rule (``bppsa.plan.cost.choose_backward``): the training step of BPTT and of
+before and after its CPU rule (``bppsa.plan.calibration.choose_backward``): the training step of BPTT and of
 the sequential forward + BPPSA backward at each point, what ``auto`` picked before (the tree of
 ``--before``, extracted by ``git archive`` into a temporary folder; only its plan is asked) and
 picks now, and the shipped CPU model's predictions (the reason it picked BPTT).
@@ -71,11 +71,11 @@ def child(points: list) -> list:
 
     import bppsa
     from bppsa import host
-    from bppsa.plan import cost
+    from bppsa.plan import calibration
     from experiments.extensions.pararnn_equations import bppsa_cell, make_point
 
     warnings.simplefilter("ignore")
-    model = cost.shipped_cost_model("cpu")
+    model = calibration.shipped_cost_model("cpu")
     rows = []
     for (kind, k, I, H, T, B), pick in zip(points, picks(points), strict=True):
         cell = _cell(kind, k, I, H)
@@ -110,7 +110,7 @@ def markdown(record: dict) -> str:
     out = ["# `backward=\"auto\"` on cells with 1×1 Jacobian blocks: before and after its CPU rule\n",
            f"{record['provenance']}\n",
            f"Before: commit {record['before_commit']}'s plan (the shipped CPU model); after: this tree's "
-           "(`bppsa.plan.cost.choose_backward`: on CPU, one device, 1×1 Jacobian blocks, the scan left open → the "
+           "(`bppsa.plan.calibration.choose_backward`: on CPU, one device, 1×1 Jacobian blocks, the scan left open → the "
            "elementwise BPPSA). Training step (`jax.value_and_grad` of Σ H ⊙ R), ms: BPTT = `backward=\"bptt\"` "
            "(autodiff through `lax.scan`), BPPSA = `backward=\"bppsa\"` (the sequential forward, then the "
            "sequential scan over cache-sized chunks of the Jacobians' diagonals). auto / best: the time of the "

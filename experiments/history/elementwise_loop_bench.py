@@ -1,7 +1,7 @@
 """The structured cells at head size 1 (elementwise recurrences) in the sequential loop, before
 and after: W_h read as the gates' rows (``Cell.loop_params``), the input product hoisted before
 the loop or kept in it and the unroll by a rule measured per gate count and per use, BPTT's
-autodiff loop or a forward alone (``bppsa.plan.cost.hoist_inputs``, ``bppsa.plan.cost.bptt_unroll``);
+autodiff loop or a forward alone (``bppsa.plan.rules.hoist_inputs``, ``bppsa.plan.rules.bptt_unroll``);
 against hand-written ``lax.scan``s of BlockGRU's equations.
 
 Each tree runs in a child process pinned to one core, XLA single-threaded, float32; within a
@@ -130,7 +130,7 @@ def markdown(record: dict) -> str:
            "through the sequential loop: these cells have no analytic adjoint), bppsa = `backward=\"bppsa\"` "
            "(the sequential forward, the BPPSA backward the plan picks). Hand-written: BlockGRU's equations in a "
            "plain `lax.scan` with autodiff, W_h's gate rows made before the loop, the input product hoisted before "
-           "the loop (the gates split once) or in each step, unroll 1 or 2. The after tree's rule (`bppsa.plan.cost`): "
+           "the loop (the gates split once) or in each step, unroll 1 or 2. The after tree's rule (`bppsa.plan.rules`): "
            "BPTT keeps the GRU's product in the loop for H >= 48 or B·G·H > 1024, the LSTM's always (unroll 2), "
            "hoists the RNN's; a forward alone (bppsa's) hoists while the T·B·G·H inputs fit in 2 MiB; B = 1 in "
            "the loop: BPTT unrolls twice. Ratio: after / before; "

@@ -1,4 +1,4 @@
-"""The measurements behind the sequential loop's rule for elementwise steps (``bppsa.plan.cost``'s
+"""The measurements behind the sequential loop's rule for elementwise steps (``bppsa.plan.rules``'s
 ``_elementwise_loop``: the structured cells at head size 1): for each point, the loop's four
 forms, the input product hoisted before the loop (H) or computed in each step (L), at unroll 1
 and 2, timed interleaved in one process.
@@ -6,7 +6,7 @@ and 2, timed interleaved in one process.
 - ``hand``: BlockGRU's equations in a plain ``lax.scan`` with autodiff (W_h's gate rows and the
   gates' biases made before the loop), the training step (``jax.value_and_grad`` of Σ H ⊙ R);
 - ``step`` / ``fwd``: ``bppsa.rnn`` of BlockGRU, BlockLSTM or BlockRNN with the plan's hoisting
-  forced (``bppsa.plan.cost.hoist_inputs`` replaced in this process) and ``unroll=`` given, the training
+  forced (``bppsa.plan.rules.hoist_inputs`` replaced in this process) and ``unroll=`` given, the training
   step with ``backward="bptt"`` (autodiff through the loop) or the forward alone with
   ``backward="bppsa"`` (the loop a BPPSA backward follows).
 
@@ -46,7 +46,7 @@ def child(points: list) -> list:
     import numpy as np
 
     import bppsa
-    import bppsa.plan.cost
+    import bppsa.plan.rules
     from bppsa import host, structured
 
     warnings.simplefilter("ignore")
@@ -71,7 +71,7 @@ def child(points: list) -> list:
                 if mode == "hand":
                     loss = lambda p, xs, h0, R, u=u, hoist=hoist: jnp.vdot(bench.hand_gru_states(p, xs, h0, u, hoist), R)  # noqa: E731
                 else:
-                    bppsa.plan.cost.hoist_inputs = lambda *a, hoist=hoist, **k: hoist  # read when the plan is made
+                    bppsa.plan.rules.hoist_inputs = lambda *a, hoist=hoist, **k: hoist  # read when the plan is made
                     backward = "bptt" if mode == "step" else "bppsa"
                     loss = lambda p, xs, h0, R, u=u, b=backward: jnp.vdot(  # noqa: E731
                         cell.hidden(bppsa.rnn(cell, p, xs, h0, backward=b, unroll=u)), R)

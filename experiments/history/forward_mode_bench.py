@@ -77,7 +77,7 @@ def _adjoint_states(cell, scan_method, chunk_size, params, xs, s0, ss, ct):
     """The BPPSA adjoint scan alone (chunked as the library does it): gs (T, B, S), g0."""
     xr, sr, spr, ctr = new_lib.scan_order(xs, ss, s0, ct)
     T, B, S = ss.shape
-    C = (bppsa.plan.cost.auto_chunk_size(T, B, S, ss.dtype.itemsize,
+    C = (bppsa.plan.rules.auto_chunk_size(T, B, S, ss.dtype.itemsize,
                                     structured=scan_method == "blelloch" and cell.has_diagonal_jacobian)
          if chunk_size == "auto" else chunk_size) or T
     gsr, u = [], jnp.zeros_like(ctr[0])

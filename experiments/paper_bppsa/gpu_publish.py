@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from bppsa import cells
-from bppsa.plan import cost
+from bppsa.plan import calibration, cost
 from experiments import figures
 from experiments.extensions import parallel_step, roofline
 from experiments.provenance import save_json
@@ -195,7 +195,7 @@ def cell_of(p):
 def choices(points) -> str:
     """What ``backward="auto"`` (the shipped GPU cost model) and ``forward="auto"``
     (:func:`bppsa.plan.cost.choose_forward` on "gpu") pick at each point, against the fastest measured."""
-    model, rows = cost.shipped_cost_model("gpu"), []
+    model, rows = calibration.shipped_cost_model("gpu"), []
     names = {"bptt": "bptt", "bppsa": "bppsa_blelloch", "bppsa_sequential": "bppsa_sequential"}
     for p in sorted(points, key=lambda p: p["part"] != "gpu"):
         ms, gate = p.get("ms") or {}, None

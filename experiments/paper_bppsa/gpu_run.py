@@ -26,7 +26,7 @@ of a fixed random readout of every step), the methods built by
 :func:`experiments.baselines.baseline_functions` and timed by :func:`bppsa.host.time_interleaved`::
 
     bptt_plain        autodiff through a plain ``lax.scan``
-    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.plan.cost.UNROLLS` ("best_unroll")
+    bptt_unrolled     the best of ``lax.scan(..., unroll=u)``, u in :data:`bppsa.plan.rules.UNROLLS` ("best_unroll")
     bptt              ``bppsa.rnn(..., backward="bptt")`` (tuned BPTT: the unroll bppsa picks)
     bppsa_blelloch    bppsa.rnn, Blelloch scan, full float32 products
     bppsa_sequential  bppsa.rnn, sequential scan over the precomputed Jacobians
@@ -61,8 +61,9 @@ import jax
 import numpy as np
 
 from bppsa import backprop, cells, host
-from bppsa.plan.cost import UNROLLS, forward_seconds
+from bppsa.plan.cost import forward_seconds
 from bppsa.plan.options import PRECISIONS
+from bppsa.plan.rules import UNROLLS
 from experiments import baselines, gradient
 from experiments.data.irmas import SHAPES as IRMAS_SHAPES
 from experiments.extensions import parallel_step, roofline, scaling

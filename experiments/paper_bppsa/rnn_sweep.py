@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from bppsa import cells
 from bppsa.errors import UsageError, checked_by, require_int, require_ints
 from bppsa.host import time_interleaved
-from bppsa.plan.cost import default_cost_model
+from bppsa.plan.calibration import default_cost_model
 from bppsa.scan import SCANS
 from bppsa.scan.dense import batched_matmul, bottom_layout, diagonal_products
 from experiments import entry, gradient
@@ -47,9 +47,9 @@ def run_sweep(*, T_values=T_SWEEP, B_values=B_SWEEP, T_fixed: int = 1000, B_fixe
     ``time_budget_s``: stop starting new points once this much wall time has passed (the
     skipped points are listed in ``record["skipped"]``). ``auto``: time every baseline at each
     point (:mod:`experiments.baselines`) and record ``auto``'s choice by the cost model in use
-    (:func:`bppsa.plan.cost.default_cost_model`: this machine's calibration, else the shipped model;
+    (:func:`bppsa.plan.calibration.default_cost_model`: this machine's calibration, else the shipped model;
     no probe). ``unrolls``: the ``lax.scan`` unrolls timed as baselines (None: all of
-    :data:`bppsa.plan.cost.UNROLLS`).
+    :data:`bppsa.plan.rules.UNROLLS`).
     """
     c = make_cell(cell, input_size, hidden_size)
     model = default_cost_model() if auto else None

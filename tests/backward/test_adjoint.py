@@ -141,8 +141,8 @@ def test_the_plan_sums_parameter_gradients_in_the_loop_for_large_batches_and_ste
         xs, s0 = jnp.zeros((5, B, 3)), jnp.zeros((B, cell.state_size))
         assert bppsa.Options(backward="bptt").plan(cell, xs, s0).weights_in_loop is (in_loop and cpu), (cell, B)
         assert bppsa.Options(backward="bppsa").plan(cell, xs, s0).weights_in_loop is False
-        assert bppsa.plan.cost.adjoint_in_loop(cell, B, "cpu") is in_loop
-        assert not bppsa.plan.cost.adjoint_in_loop(cell, B, "gpu")
+        assert bppsa.plan.rules.adjoint_in_loop(cell, B, "cpu") is in_loop
+        assert not bppsa.plan.rules.adjoint_in_loop(cell, B, "gpu")
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))

@@ -21,7 +21,8 @@ from bppsa.backward import rule
 from bppsa.nn import cells as flax_cells
 from tests.helpers import generic_cell, normal, random_params
 from tests.props import property_pair
-from tests.reference import scan_states
+from tests.reference import loss_of, scan_states
+from tests.tolerance import assert_trees_close
 
 PICKS_BPPSA = cost.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]})
 BACKWARDS = {
@@ -71,20 +72,8 @@ def _problem(name, T=7, B=2, seed=0):
     return cell, params, xs, h0, jax.tree.map(tangent, (params, xs, h0))
 
 
-def _loss(cell, run):
-    """A scalar loss of every state (an LSTM's cell state too), nonlinear: its Hessian is not 0."""
-    return lambda p, x, h: sum(jnp.sum(jnp.sin(a) * (1 + a)) for a in jax.tree.leaves(run(p, x, h)))
-
-
 def _runs(cell, backwards=BACKWARDS):
     return {name: (lambda p, x, h, o=o: bppsa.rnn(cell, p, x, h, **o)) for name, o in backwards.items()}
-
-
-def _assert_trees_close(got, want, what):
-    assert jax.tree.structure(got) == jax.tree.structure(want), what
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12,
-                                   err_msg=f"{what}{jax.tree_util.keystr(path)}")
 
 
 def _check_jvp_and_hvp(name, T, B, backwards=BACKWARDS, seed=0, reverse_over_reverse=False):
@@ -96,7 +85,7 @@ def _check_jvp_and_hvp(name, T, B, backwards=BACKWARDS, seed=0, reverse_over_rev
     def everything(primals, tangents):
         out = {}
         for key, run in runs.items():
-            grad = jax.grad(_loss(cell, run), argnums=(0, 1, 2))
+            grad = jax.grad(loss_of(run), argnums=(0, 1, 2))
             out[key] = {"jvp": jax.jvp(run, primals, tangents),
                         "hvp_forward_over_reverse": jax.jvp(grad, primals, tangents)[1]}
             if reverse_over_reverse:
@@ -108,11 +97,7 @@ def _check_jvp_and_hvp(name, T, B, backwards=BACKWARDS, seed=0, reverse_over_rev
     got = everything((params, xs, h0), tangents)
     want = got.pop("reference")
     for key, value in got.items():
-        _assert_trees_close(value, want, f"{name} T={T} B={B} {key}: ")
-
-
-def _one(backward):
-    return {backward: BACKWARDS[backward]}
+        assert_trees_close(value, want, what=f"{name} T={T} B={B} {key}: ")
 
 
 DEFAULT_BACKWARDS = ("sequential_chunks_of_2", "auto_picking_bppsa")  # the rest: slow
@@ -126,18 +111,19 @@ def _slow_unless(default):
 @pytest.mark.parametrize("backward", [_slow_unless(DEFAULT_BACKWARDS)(b) for b in sorted(BACKWARDS)])
 def test_jvp_and_hvp_equal_autodiff_through_lax_scan_for_every_backward(backward):
     """jax.jvp w.r.t. params, xs and h0 at once, and the HVP forward-over-reverse (GRU, T = 7, B = 2)."""
-    _check_jvp_and_hvp("gru", T=7, B=2, backwards=_one(backward))
+    _check_jvp_and_hvp("gru", T=7, B=2, backwards={backward: BACKWARDS[backward]})
 
 
 @pytest.mark.parametrize("name", [_slow_unless(DEFAULT_CELLS)(c) for c in sorted(CELLS)])
 def test_jvp_and_hvp_equal_autodiff_through_lax_scan_for_every_cell(name):
     """Every kind of cell, on the chunked Blelloch scan over an odd T (a short last chunk)."""
-    _check_jvp_and_hvp(name, T=7, B=2, backwards=_one("blelloch_chunks_of_2"))
+    _check_jvp_and_hvp(name, T=7, B=2, backwards={"blelloch_chunks_of_2": BACKWARDS["blelloch_chunks_of_2"]})
 
 
 def test_hvp_reverse_over_reverse():
     """grad of grad: the transposed solve transposed again (the tangent scan runs in reverse mode)."""
-    _check_jvp_and_hvp("lstm", T=5, B=2, backwards=_one("sequential_chunks_of_2"), reverse_over_reverse=True)
+    _check_jvp_and_hvp("lstm", T=5, B=2, backwards={"sequential_chunks_of_2": BACKWARDS["sequential_chunks_of_2"]},
+                       reverse_over_reverse=True)
 
 
 @pytest.mark.slow
@@ -153,7 +139,7 @@ EDGES = [("gru", 1, 1), ("lstm", 1, 2), ("lstm", 6, 1), ("rnn", 5, 1)]
                                       for e in EDGES])
 def test_jvp_and_hvp_at_edge_shapes(name, T, B):
     """T = 1 (one step, no scan level), B = 1, T even with chunks of 2 (no short chunk)."""
-    _check_jvp_and_hvp(name, T=T, B=B, backwards=_one("blelloch_chunks_of_2" if T > 1 else "blelloch"))
+    _check_jvp_and_hvp(name, T=T, B=B, backwards={b: BACKWARDS[b] for b in ["blelloch_chunks_of_2" if T > 1 else "blelloch"]})
 
 
 @pytest.mark.slow
@@ -180,18 +166,18 @@ def test_jacfwd_equals_jacrev_of_the_reference(name, backwards):
     got = jacobians(params, xs, h0)
     want = got.pop("reference")
     for key, value in got.items():
-        _assert_trees_close(value, want, f"{name} {key}: ")
+        assert_trees_close(value, want, what=f"{name} {key}: ")
 
 
 @pytest.mark.slow
 def test_hessian_equals_the_reference():
     """jax.hessian (forward over reverse, vmapped) w.r.t. the parameters, with a BPPSA scan."""
     cell, params, xs, h0, _ = _problem("gru", T=5, B=1)
-    loss = lambda run: (lambda p: _loss(cell, run)(p, xs, h0))
+    loss = lambda run: (lambda p: loss_of(run)(p, xs, h0))
     ref = jax.jit(jax.hessian(loss(lambda p, x, h: scan_states(cell, p, x, h))))(params)
     for o in (dict(scan="blelloch"), dict(scan="sequential", chunk_size=2)):
         got = jax.jit(jax.hessian(loss(lambda p, x, h, o=o: bppsa.rnn(cell, p, x, h, **o))))(params)
-        _assert_trees_close(got, ref, f"hessian {o}: ")
+        assert_trees_close(got, ref, what=f"hessian {o}: ")
 
 
 def _double_adjoint(calls):
@@ -213,7 +199,7 @@ def test_reverse_mode_runs_the_bppsa_adjoint_and_forward_mode_does_not(monkeypat
     its gradients, jax.grad doubles and jax.jvp does not change: reverse mode is that adjoint."""
     cell, params, xs, h0, tangents = _problem("gru", T=7, B=2)
     run = lambda p, x, h: bppsa.rnn(cell, p, x, h, **opts)
-    loss = _loss(cell, run)
+    loss = loss_of(run)
     both = lambda: jax.jit(lambda *a: (jax.grad(loss, argnums=(0, 1, 2))(*a), jax.jvp(run, a, tangents)))(
         params, xs, h0)  # a new jitted function each call: traced again
     grads, jvp = both()
@@ -221,15 +207,15 @@ def test_reverse_mode_runs_the_bppsa_adjoint_and_forward_mode_does_not(monkeypat
     monkeypatch.setattr(rule, "adjoint", _double_adjoint(calls))
     doubled, jvp_after = both()
     assert calls and set(calls) == {opts["scan"]}
-    _assert_trees_close(doubled, jax.tree.map(lambda a: 2 * a, grads), "grad with the doubling adjoint: ")
-    _assert_trees_close(jvp_after, jvp, "jvp with the doubling adjoint: ")
+    assert_trees_close(doubled, jax.tree.map(lambda a: 2 * a, grads), what="grad with the doubling adjoint: ")
+    assert_trees_close(jvp_after, jvp, what="jvp with the doubling adjoint: ")
 
 
 def test_backward_bptt_does_not_use_the_bppsa_adjoint(monkeypatch):
     cell, params, xs, h0, _ = _problem("gru", T=4, B=2)
     calls = []
     monkeypatch.setattr(rule, "adjoint", _double_adjoint(calls))
-    jax.grad(_loss(cell, lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bptt")))(params, xs, h0)
+    jax.grad(loss_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bptt")))(params, xs, h0)
     assert calls == []
 
 
@@ -253,7 +239,7 @@ def test_gradient_program_has_the_scan_as_the_transposed_solve():
     runs) is the adjoint, the Blelloch scan's levels without a loop over T; the forward tangent scan
     (a ``lax.scan`` over T) is only its transpose_solve, which reverse mode never runs."""
     cell, params, xs, h0, _ = _problem("gru", T=8, B=2)
-    loss = _loss(cell, lambda p, x, h: bppsa.rnn(cell, p, x, h, scan="blelloch", chunk_size=None))
+    loss = loss_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, scan="blelloch", chunk_size=None))
     solves = _eqns(jax.make_jaxpr(jax.grad(loss))(params, xs, h0).jaxpr, "custom_linear_solve")
     assert len(solves) == 1
     solve = solves[0].params["jaxprs"].solve.jaxpr
@@ -262,10 +248,10 @@ def test_gradient_program_has_the_scan_as_the_transposed_solve():
     assert _eqns(tangent_scan, "scan")
 
 
-def _property(name, T, B, backward, seed):
-    _check_jvp_and_hvp(name, T, B, backwards=_one(backward), seed=seed)
-
-
-test_forward_mode_property, test_forward_mode_property_full = property_pair(
+@property_pair(
     2, 25, name=st.sampled_from(["rnn", "gru", "lstm", "generic"]), T=st.integers(1, 9), B=st.integers(1, 3),
-    backward=st.sampled_from(sorted(BACKWARDS)), seed=st.integers(0, 50))(_property)
+    backward=st.sampled_from(sorted(BACKWARDS)), seed=st.integers(0, 50))
+def test_forward_mode_property(name, T, B, backward, seed):
+    _check_jvp_and_hvp(name, T, B, backwards={backward: BACKWARDS[backward]}, seed=seed)
+
+

@@ -96,20 +96,16 @@ def _reference(read, params):
     return jax.lax.scan(lambda h, x: (step(params, h, x),) * 2, H0, XS)[1]
 
 
-def _check(cell, read, forward, backward="bppsa"):
-    out = bppsa.rnn(cell, PARAMS, XS, H0, forward=forward, backward=backward)
-    np.testing.assert_allclose(out, _reference(read, PARAMS), rtol=0, atol=ATOL)
-    loss = lambda p: jnp.sum(bppsa.rnn(cell, p, XS, H0, forward=forward, backward=backward) ** 2)  # noqa: E731
-    want = jax.grad(lambda p: jnp.sum(_reference(read, p) ** 2))(PARAMS)["W"]
-    np.testing.assert_allclose(jax.grad(loss)(PARAMS)["W"], want, rtol=1e-9, atol=ATOL)
-
-
 def _changes(kind_name, cell_kind, forward, backward="bppsa"):
     set_value, read = _kinds()[kind_name]
     cell = _cell(cell_kind, read)
     for value in (0.5, -0.9, 0.7):
         set_value(value)
-        _check(cell, read, forward, backward)
+        out = bppsa.rnn(cell, PARAMS, XS, H0, forward=forward, backward=backward)
+        np.testing.assert_allclose(out, _reference(read, PARAMS), rtol=0, atol=ATOL)
+        loss = lambda p: jnp.sum(bppsa.rnn(cell, p, XS, H0, forward=forward, backward=backward) ** 2)  # noqa: E731
+        want = jax.grad(lambda p: jnp.sum(_reference(read, p) ** 2))(PARAMS)["W"]
+        np.testing.assert_allclose(jax.grad(loss)(PARAMS)["W"], want, rtol=1e-9, atol=ATOL)
 
 
 @pytest.mark.parametrize("kind_name", ["python float", "numpy scalar", "0-d numpy array in place", "prng key"])

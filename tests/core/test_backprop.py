@@ -9,7 +9,7 @@ from jax import lax
 
 import bppsa
 from bppsa import cells
-from tests.helpers import generic_cell
+from tests.helpers import generic_cell, states_loss
 from tests.reference import scan_states
 
 
@@ -42,33 +42,11 @@ CELLS = {
 }
 
 
-def _setup(name, T, B, I, H, seed=0, scale=1.0):
-    cell = CELLS[name](I, H)
-    k = jax.random.split(jax.random.key(seed), 4)
-    params = jax.tree.map(lambda p: p * scale, cell.init(k[0], jnp.float64))
-    xs = jax.random.normal(k[1], (T, B, I), jnp.float64)
-    h0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64)
-    return cell, params, xs, cell.unflatten_state(h0)
-
-
 _reference = scan_states  # the one plain lax.scan reference (tests/reference.py)
 
 
-def _loss(out, every_step):
-    """A loss with distinct weights per element, on the last step or on every step."""
-    total = 0.0
-    for o in jax.tree.leaves(out):
-        w = jnp.cos(jnp.arange(o[-1].size, dtype=o.dtype)).reshape(o[-1].shape)
-        total = total + (jnp.sum(jnp.sin(o) * w) if every_step else jnp.sum(o[-1] * w + o[-1] ** 2))
-    return total
-
-
 def _grads(fn, params, xs, h0, every_step):
-    return jax.jit(jax.grad(lambda p, x, h: _loss(fn(p, x, h), every_step), argnums=(0, 1, 2)))(params, xs, h0)
-
-
-def _check(cell, params, xs, h0, every_step, scan, rtol=1e-9, atol=1e-11):
-    _check_all(cell, params, xs, h0, [every_step], [scan], rtol, atol)
+    return jax.jit(jax.grad(lambda p, x, h: states_loss(fn(p, x, h), every_step), argnums=(0, 1, 2)))(params, xs, h0)
 
 
 def _check_all(cell, params, xs, h0, losses, scans, rtol=1e-9, atol=1e-11):
@@ -78,8 +56,8 @@ def _check_all(cell, params, xs, h0, losses, scans, rtol=1e-9, atol=1e-11):
     def run(p, x, h):
         out = []
         for every in losses:
-            ref = jax.grad(lambda p, x, h: _loss(_reference(cell, p, x, h), every), argnums=(0, 1, 2))(p, x, h)
-            got = [jax.grad(lambda p, x, h: _loss(bppsa.rnn(cell, p, x, h, backward="bppsa", scan=s), every),
+            ref = jax.grad(lambda p, x, h: states_loss(_reference(cell, p, x, h), every), argnums=(0, 1, 2))(p, x, h)
+            got = [jax.grad(lambda p, x, h: states_loss(bppsa.rnn(cell, p, x, h, backward="bppsa", scan=s), every),
                             argnums=(0, 1, 2))(p, x, h) for s in scans]
             out.append((ref, got))
         return out
@@ -122,78 +100,78 @@ _ODD_IN_THE_DEFAULT_RUN = ("gru", "rnn-tanh")
                             for c in sorted(CELLS)]
                          + [pytest.param(c, T, B, marks=slow) for c in sorted(CELLS)
                             for T, B in [(2, 3), (3, 1), (7, 2), (8, 1), (17, 2)]])
-def test_gradients_match_autodiff(cell, T, B):
+def test_gradients_match_autodiff(problem, cell, T, B):
     """Every cell x every scan x loss at the last step and at every step."""
-    c, params, xs, h0 = _setup(cell, T, B, 3, 4, seed=T)
+    c, params, xs, h0 = problem(CELLS[cell](3, 4), T, B, seed=T)
     _check_all(c, params, xs, h0, [False, True], SCANS)
 
 
 @pytest.mark.parametrize("cell", ["gru"] + [pytest.param(c, marks=slow) for c in
                                             ["lstm", "rnn-tanh", "rnn-relu", "generic", "generic-jac"]])
-def test_long_sequence(cell):
+def test_long_sequence(problem, cell):
     """T >= 1000 (2^10 + 1 = 1025: a non-power-of-two that carries a block at every level)."""
-    c, params, xs, h0 = _setup(cell, 1025, 2, 2, 3, seed=1)
+    c, params, xs, h0 = problem(CELLS[cell](2, 3), 1025, 2, seed=1)
     _check_all(c, params, xs, h0, [False, True], ["blelloch"], rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("T", [31] + [pytest.param(T, marks=slow) for T in (33, 63, 65)])
-def test_powers_of_two_neighbours(T):
-    c, params, xs, h0 = _setup("gru", T, 2, 3, 5, seed=T)
+def test_powers_of_two_neighbours(problem, T):
+    c, params, xs, h0 = problem(CELLS["gru"](3, 5), T, 2, seed=T)
     _check_all(c, params, xs, h0, [False, True], ["blelloch", "associative"])
 
 
 @pytest.mark.parametrize("cell,H", [("rnn-tanh", 1), ("lstm", 64)] + [
     pytest.param(c, h, marks=slow) for c, h in [("rnn-tanh", 64), ("gru", 1), ("gru", 64), ("lstm", 1)]])
-def test_hidden_sizes(cell, H):
-    c, params, xs, h0 = _setup(cell, 13, 2, 3, H, seed=H)
-    _check(c, params, xs, h0, True, "blelloch", rtol=1e-8, atol=1e-10)
+def test_hidden_sizes(problem, cell, H):
+    c, params, xs, h0 = problem(CELLS[cell](3, H), 13, 2, seed=H)
+    _check_all(c, params, xs, h0, [True], ["blelloch"], rtol=1e-8, atol=1e-10)
 
 
 @pytest.mark.parametrize("cell", ["rnn-relu", "gru"] + [pytest.param(c, marks=slow) for c in ["rnn-tanh", "lstm"]])
-def test_saturated_units(cell):
+def test_saturated_units(problem, cell):
     """Large weights saturate tanh/sigmoid (σ' ≈ 0) and push relu units to 0."""
-    c, params, xs, h0 = _setup(cell, 25, 2, 3, 6, seed=3, scale=12.0)
-    _check(c, params, xs, h0, True, "blelloch", rtol=1e-8, atol=1e-12)
+    c, params, xs, h0 = problem(CELLS[cell](3, 6), 25, 2, seed=3, param_scale=12.0)
+    _check_all(c, params, xs, h0, [True], ["blelloch"], rtol=1e-8, atol=1e-12)
 
 
 @settings(max_examples=4, deadline=None)
 @given(cell=st.sampled_from(sorted(CELLS)), scan=st.sampled_from(SCANS), T=st.integers(1, 40),
        B=st.integers(1, 4), I=st.integers(1, 4), H=st.integers(1, 6), every=st.booleans(),
        seed=st.integers(0, 1000))
-def test_gradients_property(cell, scan, T, B, I, H, every, seed):
-    c, params, xs, h0 = _setup(cell, T, B, I, H, seed=seed)
-    _check(c, params, xs, h0, every, scan, rtol=1e-8, atol=1e-10)
+def test_gradients_property(problem, cell, scan, T, B, I, H, every, seed):
+    c, params, xs, h0 = problem(CELLS[cell](I, H), T, B, seed=seed)
+    _check_all(c, params, xs, h0, [every], [scan], rtol=1e-8, atol=1e-10)
 
 
-def test_forward_values_equal_lax_scan():
+def test_forward_values_equal_lax_scan(problem):
     for name in ("gru", "lstm"):
-        c, params, xs, h0 = _setup(name, 10, 2, 3, 4)
+        c, params, xs, h0 = problem(CELLS[name](3, 4), 10, 2)
         for backward in ("bppsa", "bptt"):
             out = bppsa.rnn(c, params, xs, h0, backward=backward)
             jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), out, _reference(c, params, xs, h0))
 
 
-def test_lstm_returns_hs_and_cs():
-    c, params, xs, h0 = _setup("lstm", 5, 2, 3, 4)
+def test_lstm_returns_hs_and_cs(problem):
+    c, params, xs, h0 = problem(CELLS["lstm"](3, 4), 5, 2)
     hs, cs = bppsa.rnn(c, params, xs, h0)
     assert hs.shape == cs.shape == (5, 2, 4)
 
 
-def test_bptt_and_auto_gradients():
-    c, params, xs, h0 = _setup("gru", 12, 2, 3, 4)
+def test_bptt_and_auto_gradients(problem):
+    c, params, xs, h0 = problem(CELLS["gru"](3, 4), 12, 2)
     want = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, True)
     for backward in ("bptt", "auto"):
         got = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h, backward=backward), params, xs, h0, True)
         jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-10), got, want)
 
 
-def test_value_and_grad_jit_vmap():
+def test_value_and_grad_jit_vmap(problem):
     """vmap over independent sequences of a jitted value_and_grad; same as the reference."""
-    c, params, xs, h0 = _setup("gru", 9, 2, 3, 4)
+    c, params, xs, h0 = problem(CELLS["gru"](3, 4), 9, 2)
     xss = jnp.stack([xs, 2 * xs, -xs])
 
     def make(fn):
-        return jax.jit(jax.vmap(jax.value_and_grad(lambda p, x: _loss(fn(p, x, h0), True)), in_axes=(None, 0)))
+        return jax.jit(jax.vmap(jax.value_and_grad(lambda p, x: states_loss(fn(p, x, h0), True)), in_axes=(None, 0)))
 
     v1, g1 = make(lambda p, x, h: bppsa.rnn(c, p, x, h))(params, xss)
     v2, g2 = make(lambda p, x, h: _reference(c, p, x, h))(params, xss)
@@ -201,8 +179,8 @@ def test_value_and_grad_jit_vmap():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9), g1, g2)
 
 
-def test_float32_gradients_close_to_float64():
-    c, params, xs, h0 = _setup("rnn-tanh", 300, 2, 1, 20)
+def test_float32_gradients_close_to_float64(problem):
+    c, params, xs, h0 = problem(CELLS["rnn-tanh"](1, 20), 300, 2)
     p32, x32, h32 = jax.tree.map(lambda a: a.astype(jnp.float32), (params, xs, h0))
     g64 = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, False)
     g32 = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h), p32, x32, h32, False)
@@ -210,8 +188,8 @@ def test_float32_gradients_close_to_float64():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4), g32, g64)
 
 
-def test_nan_in_inputs_propagates_like_autodiff():
-    c, params, xs, h0 = _setup("rnn-tanh", 9, 2, 3, 4)
+def test_nan_in_inputs_propagates_like_autodiff(problem):
+    c, params, xs, h0 = problem(CELLS["rnn-tanh"](3, 4), 9, 2)
     xs = xs.at[4, 0, 1].set(jnp.nan)
     want = _grads(lambda p, x, h: _reference(c, p, x, h), params, xs, h0, True)
     got = _grads(lambda p, x, h: bppsa.rnn(c, p, x, h), params, xs, h0, True)
@@ -277,8 +255,8 @@ from bppsa.scan import dense as scan_lib  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])
-def test_diagonal_jacobian_is_the_transposed_jacobian(name):
-    c, params, xs, h0 = _setup(name, 7, 2, 3, 5)
+def test_diagonal_jacobian_is_the_transposed_jacobian(problem, name):
+    c, params, xs, h0 = problem(CELLS[name](3, 5), 7, 2)
     ss = _reference(c, params, xs, h0)
     s_prev = jnp.concatenate([h0[None], ss[:-1]])
     A, Wt = c.diagonal_jacobian(params, s_prev, xs, ss)
@@ -293,8 +271,8 @@ def test_diagonal_jacobian_is_the_transposed_jacobian(name):
 @pytest.mark.parametrize("name,T,B", [("rnn-relu", 129, 1)] + [
     pytest.param(*p, marks=slow) for p in [("rnn-tanh", 64, 1), ("rnn-tanh", 300, 2), ("rnn-tanh", 100, 3),
                                            ("rnn-tanh", 1025, 1)]])
-def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
-    c, params, xs, h0 = _setup(name, T, B, 2, 4, seed=T)
+def test_rnn_diagonal_path_matches_autodiff(problem, name, T, B, monkeypatch):
+    c, params, xs, h0 = problem(CELLS[name](2, 4), T, B, seed=T)
     calls = []
     fast = scan_lib.blelloch_scan_stored_diag
     monkeypatch.setattr(scan_lib, "blelloch_scan_stored_diag", lambda *a: calls.append(a[-1]) or fast(*a))
@@ -302,16 +280,16 @@ def test_rnn_diagonal_path_matches_autodiff(name, T, B, monkeypatch):
     assert calls and set(calls) == {T}  # the structured path ran (both losses)
     # the same gradients through the dense path (Jacobians formed)
     d = cells.RNN(2, 4, c.nonlinearity, diagonal=False)
-    g = [jax.jit(jax.grad(lambda p: _loss(bppsa.rnn(cell, p, xs, h0), True)))(params) for cell in (c, d)]
+    g = [jax.jit(jax.grad(lambda p: states_loss(bppsa.rnn(cell, p, xs, h0), True)))(params) for cell in (c, d)]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12), *g)
 
 
-def test_rnn_diagonal_path_chunked():
+def test_rnn_diagonal_path_chunked(problem):
     """Chunks with the structured scan (auto-sized for it), float64, against autodiff."""
-    c, params, xs, h0 = _setup("rnn-tanh", 200, 1, 1, 3, seed=5)
-    ref = jax.jit(jax.grad(lambda p: _loss(_reference(c, p, xs, h0), True)))(params)
+    c, params, xs, h0 = problem(CELLS["rnn-tanh"](1, 3), 200, 1, seed=5)
+    ref = jax.jit(jax.grad(lambda p: states_loss(_reference(c, p, xs, h0), True)))(params)
     for chunk in (71,):  # 3 equal chunks of 67, one padding step (one chunk: the tests above)
-        got = jax.jit(jax.grad(lambda p: _loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True)))(params)
+        got = jax.jit(jax.grad(lambda p: states_loss(bppsa.rnn(c, p, xs, h0, chunk_size=chunk), True)))(params)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11), got, ref)
 
 
@@ -320,12 +298,12 @@ def test_rnn_diagonal_path_chunked():
 @pytest.mark.parametrize("name,T,B,chunk", [
     pytest.param(n, T, B, chunk, marks=() if (T, chunk) == (7, 3) or (n, T) == ("gru", 2) else slow)
     for n in ("gru", "lstm", "generic") for T, B, chunk in [(7, 2, 3), (10, 1, 4), (9, 3, 3), (2, 1, 1)]])
-def test_chunked_backward_with_padding_steps_matches_autodiff(name, T, B, chunk):
+def test_chunked_backward_with_padding_steps_matches_autodiff(problem, name, T, B, chunk):
     """Equal chunks of at most ``chunk`` steps: T = 7 by 3 is 3 chunks of 3 with 2 padding steps,
     10 by 4 is 3 of 4 with 2, 9 by 3 none, 2 by 1 two of 1. Every gradient (params, xs, h0) in
     float64 against autodiff through lax.scan, losses on every step and on the last one alone (the
     padding steps follow the last: its cotangent must reach it unchanged)."""
-    cell, params, xs, h0 = _setup(name, T, B, 3, 4, seed=T + B)
+    cell, params, xs, h0 = problem(CELLS[name](3, 4), T, B, seed=T + B)
     for every in (True, False):
         ref = _grads(lambda p, x, h: _reference(cell, p, x, h), params, xs, h0, every)
         got = _grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bppsa", chunk_size=chunk), params, xs, h0,
@@ -387,7 +365,7 @@ def test_generic_per_example_step_matches_plain_scan(T, B):
 
     @jax.jit
     def run(p, x, h):
-        grad = lambda fn, every: jax.grad(lambda *a: _loss(fn(*a), every), argnums=(0, 1, 2))(p, x, h)
+        grad = lambda fn, every: jax.grad(lambda *a: states_loss(fn(*a), every), argnums=(0, 1, 2))(p, x, h)
         return [(grad(plain, every), [grad(lambda p, x, h: bppsa.rnn(cell, p, x, h, scan=s), every)
                                       for s in SCANS]) for every in (False, True)]
 
@@ -430,15 +408,15 @@ _HOIST_DEFAULT = {("gru", 7, False), ("block-gru", 7, False), ("gru", 1, True), 
     pytest.param(n, T, B, h, marks=() if (T == 7 and h) or (n, T, h) in _HOIST_DEFAULT else slow)
     for n in ["rnn-tanh", "gru", "lstm", "generic", "block-gru", "block-lstm-k2"]
     for T, B in [(1, 1), (7, 3)] for h in (True, False)])
-def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch, name, T, B, hoist):
+def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(problem, monkeypatch, name, T, B, hoist):
     """BPTT's forward computes the inputs' part of the steps before its loop (the plan's ``hoist``)
     or inside each step: either way autodiff's float64 gradients through a plain lax.scan."""
-    monkeypatch.setattr(bppsa.plan.cost, "hoist_inputs", lambda *a, **k: hoist)
+    monkeypatch.setattr(bppsa.plan.rules, "hoist_inputs", lambda *a, **k: hoist)
     make = {"block-gru": lambda I, H: bppsa.structured.BlockGRU(I, H, head_size=1),
             "block-lstm-k2": lambda I, H: bppsa.structured.BlockLSTM(I, H, head_size=2)}
     monkeypatch.setitem(CELLS, "block-gru", make["block-gru"])
     monkeypatch.setitem(CELLS, "block-lstm-k2", make["block-lstm-k2"])
-    c, params, xs, h0 = _setup(name, T, B, 3, 4)
+    c, params, xs, h0 = problem(CELLS[name](3, 4), T, B)
     s0 = jnp.concatenate(h0, axis=-1) if isinstance(h0, tuple) else h0
     assert bppsa.Options(backward="bptt").plan(c, xs, s0).hoist is hoist
     for every_step in (True, False):
@@ -449,7 +427,7 @@ def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(monkeypatch,
 
 def test_bptt_hoists_the_input_product_on_cpu_only_for_small_steps():
     small, large = cells.GRU(8, 16), cells.GRU(12, 20)
-    hoist = lambda cell, B, backward="bptt", backend="cpu": bppsa.plan.cost.hoist_inputs(cell, 100, B, jnp.float32,
+    hoist = lambda cell, B, backward="bptt", backend="cpu": bppsa.plan.rules.hoist_inputs(cell, 100, B, jnp.float32,
                                                                                    backward, backend)
     assert hoist(small, 4) and not hoist(large, 32)
     assert hoist(large, 32, backend="gpu") and hoist(large, 32, "bppsa")

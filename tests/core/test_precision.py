@@ -16,7 +16,7 @@ from jax import lax
 import bppsa
 from bppsa import cells, parallel
 from bppsa.errors import UsageError
-from tests.helpers import normal, random_params
+from tests.helpers import make_problem
 from tests.reference import scan_states
 
 PRECISIONS = {"highest": lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.Precision.DEFAULT}
@@ -34,13 +34,6 @@ def _dot_precisions(jaxpr, out):
                 if hasattr(inner, "eqns"):
                     _dot_precisions(inner, out)
     return out
-
-
-def _setup(cell, T=40, B=2, dtype=jnp.float64):
-    params = random_params(cell, 0, dtype)
-    xs = normal(1, (T, B, cell.input_size), dtype=dtype)
-    h0 = jnp.zeros((B, cell.hidden_size), dtype)
-    return params, xs, ((h0, h0) if cell.pair_state else h0)
 
 
 def _backward_dots(run, params, xs, h0):
@@ -66,7 +59,7 @@ CELLS = {"rnn": lambda: cells.RNN(input_size=3, hidden_size=4), "gru": lambda: c
     ("gru", "blelloch", 16)])
 def test_every_backward_dot_carries_the_requested_precision(cell_name, scan, chunk_size):
     cell = CELLS[cell_name]()
-    params, xs, h0 = _setup(cell, dtype=jnp.float32)
+    params, xs, h0 = make_problem(cell, 40, 2, dtype=jnp.float32, h0_scale=0)[1:]
     for name, want in PRECISIONS.items():
         forms = (name, want, name.upper()) if (cell_name, scan, chunk_size) == ("gru", "blelloch", None) else (name,)
         for given in forms:
@@ -78,14 +71,14 @@ def test_every_backward_dot_carries_the_requested_precision(cell_name, scan, chu
 
 def test_default_precision_is_full_float32():
     cell = CELLS["gru"]()
-    params, xs, h0 = _setup(cell, dtype=jnp.float32)
+    params, xs, h0 = make_problem(cell, 40, 2, dtype=jnp.float32, h0_scale=0)[1:]
     dots = _backward_dots(lambda p, x, h: bppsa.rnn(cell, p, x, h), params, xs, h0)
     assert dots and set(dots) == {(lax.Precision.HIGHEST,) * 2}
 
 
 def test_sharded_backward_carries_the_precision():
     cell = CELLS["gru"]()
-    params, xs, h0 = _setup(cell, T=20, dtype=jnp.float32)
+    params, xs, h0 = make_problem(cell, 20, 2, dtype=jnp.float32, h0_scale=0)[1:]
     mesh = parallel.make_mesh(2, batch_axis=None)
     for name, want in PRECISIONS.items():
         for run in (lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, precision=name),
@@ -96,7 +89,7 @@ def test_sharded_backward_carries_the_precision():
 
 def _float64_gradients_unchanged(cell_name, every_path, T):
     cell = CELLS[cell_name]()
-    params, xs, h0 = _setup(cell, T=T)
+    params, xs, h0 = make_problem(cell, T, 2, h0_scale=0)[1:]
 
     mesh = parallel.make_mesh(2, batch_axis=None)
     runs = [lambda p, x, h: scan_states(cell, p, x, h)]  # the reference: autodiff through lax.scan
@@ -131,7 +124,7 @@ def test_float64_gradients_unchanged_for_every_precision_every_cell_and_path(cel
 @pytest.mark.parametrize("bad", ["tf32", None, 3])
 def test_bad_precision_is_a_usage_error_naming_the_argument(bad):
     cell = CELLS["rnn"]()
-    params, xs, h0 = _setup(cell, T=4)
+    params, xs, h0 = make_problem(cell, 4, 2, h0_scale=0)[1:]
     for run in (bppsa.rnn, parallel.rnn):
         with pytest.raises(UsageError, match=r"^precision must be one of \['highest', 'high', 'default'\]"):
             run(cell, params, xs, h0, precision=bad)

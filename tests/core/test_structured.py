@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bppsa
@@ -16,7 +15,10 @@ from bppsa import cells, structured
 from bppsa.nn import cells as flax_cells
 from bppsa.errors import UsageError
 from bppsa.nn import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
+from tests.helpers import states_loss
+from tests.props import property_pair
 from tests.reference import scan_states
+from tests.tolerance import assert_trees_close
 
 slow = pytest.mark.slow
 SCANS = ("blelloch", "associative", "sequential")
@@ -33,39 +35,16 @@ CELLS = {  # name -> (I, H) -> cell
 }
 
 
-def _setup(name, T, B, I=3, H=6, seed=0):
-    cell = CELLS[name](I, H)
-    k = jax.random.split(jax.random.key(seed), 4)
-    params = cell.init(k[0], jnp.float64)
-    params = {n: p + 0.3 * jax.random.normal(k[3], p.shape, p.dtype) for n, p in params.items()}  # no symmetry
-    xs = jax.random.normal(k[1], (T, B, I), jnp.float64)
-    h0 = cell.unflatten_state(0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64))
-    return cell, params, xs, h0
-
-
-def _one(cell):
-    """One example's step on the flat state: (S,), (I,) -> (S,)."""
-    return lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
-
-
-def _loss(out):
-    total = 0.0
-    for o in jax.tree.leaves(out):
-        w = jnp.cos(jnp.arange(o[0].size, dtype=o.dtype)).reshape(o[0].shape)
-        total = total + jnp.sum(jnp.sin(o) * w) + jnp.sum(o[-1] ** 2)
-    return total
-
-
-def _close(got, want, rtol=1e-9, atol=1e-11):
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=rtol, atol=atol), got, want)
-
-
 @pytest.mark.parametrize("name", ["gru-k3"] + [
     pytest.param(n, marks=slow) for n in ["lstm-k1", "rnn-k2", "lstm-k3-flax", "rnn-k1", "gru-k1", "gru-kH", "lstm-k2"]])
-def test_jacobians_and_param_grads_match_autodiff(name):
+def test_jacobians_and_param_grads_match_autodiff(problem, name):
     """Blocks = the dense autodiff Jacobian's diagonal blocks, zero off them; the dense matrix
     and the diagonal equal it too; param_grads equal one autodiff VJP of the step."""
-    cell, params, xs, _ = _setup(name, 3, 2)
+    def one_example(cell):
+        """One example's step on the flat state: (S,), (I,) -> (S,)."""
+        return lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
+
+    cell, params, xs, _ = problem(CELLS[name](3, 6), 3, 2)
     S, k = cell.state_size, cell.jacobian_block_size
     assert k == (2 if cell.pair_state else 1) * cell.head_size
     sp = 0.7 * jax.random.normal(jax.random.key(9), (3, 2, S), jnp.float64)
@@ -73,21 +52,21 @@ def test_jacobians_and_param_grads_match_autodiff(name):
 
     @jax.jit
     def run(params, sp, xs, gs):
-        s = jax.vmap(jax.vmap(lambda a, x: _one(cell)(params, a, x)))(sp, xs)
-        J = cells.autodiff_jacobian(_one(cell), params, sp, xs)
+        s = jax.vmap(jax.vmap(lambda a, x: one_example(cell)(params, a, x)))(sp, xs)
+        J = cells.autodiff_jacobian(one_example(cell), params, sp, xs)
         ours = (cell.jacobian_blocks(params, sp, xs, s), cell.transposed_jacobian(params, sp, xs, s),
                 cell.jacobian_diagonal(params, sp, xs, s), cell.param_grads(params, sp, xs, s, gs))
-        return J, ours, cells.autodiff_param_grads(_one(cell), params, sp, xs, gs)
+        return J, ours, cells.autodiff_param_grads(one_example(cell), params, sp, xs, gs)
 
     J, (blocks, dense, diagonal, grads), want_grads = run(params, sp, xs, gs)
     N = S // k
     assert blocks.shape == (3, 2, N, k, k)
     J6 = J.reshape(3, 2, N, k, N, k)
-    _close(blocks, jnp.einsum("tbnanc->tbnac", J6), 1e-12, 1e-14)
+    assert_trees_close(blocks, jnp.einsum("tbnanc->tbnac", J6), 1e-12, 1e-14)
     assert float(jnp.abs(J6 * (1 - jnp.eye(N))[:, None, :, None]).max()) == 0.0  # nothing off the blocks
-    _close(dense, J, 1e-12, 1e-14)
-    _close(diagonal, jnp.diagonal(J, axis1=-2, axis2=-1), 1e-12, 1e-14)
-    _close(grads, want_grads, 1e-12, 1e-13)
+    assert_trees_close(dense, J, 1e-12, 1e-14)
+    assert_trees_close(diagonal, jnp.diagonal(J, axis1=-2, axis2=-1), 1e-12, 1e-14)
+    assert_trees_close(grads, want_grads, 1e-12, 1e-13)
 
 
 def test_equal_to_the_dense_cells_with_block_diagonal_weights():
@@ -99,7 +78,7 @@ def test_equal_to_the_dense_cells_with_block_diagonal_weights():
         assert np.count_nonzero(q["W_h"]) == p["W_h"].size
         xs = jax.random.normal(jax.random.key(2), (4, 2, 3), jnp.float64)
         h0 = dense.unflatten_state(jax.random.normal(jax.random.key(3), (2, dense.state_size), jnp.float64))
-        _close(scan_states(block, p, xs, h0), scan_states(dense, q, xs, h0), 1e-13, 1e-14)
+        assert_trees_close(scan_states(block, p, xs, h0), scan_states(dense, q, xs, h0), 1e-13, 1e-14)
 
 
 def _check(cell, params, xs, h0, scans=SCANS, chunk_size=None, backwards=("bppsa",), rtol=1e-9):
@@ -108,29 +87,29 @@ def _check(cell, params, xs, h0, scans=SCANS, chunk_size=None, backwards=("bppsa
 
     @jax.jit
     def run(p, x, h):
-        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
+        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: states_loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
         got = []
         for backward in backwards:
             for scan in scans if backward == "bppsa" else ("blelloch",):
                 f = lambda p, x, h: bppsa.rnn(cell, p, x, h, backward=backward, scan=scan, chunk_size=chunk_size)
-                got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
+                got.append((f(p, x, h), jax.grad(lambda *a: states_loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
         return ref, got
 
     ref, got = run(params, xs, h0)
     for g in got:
-        _close(g, ref, rtol, rtol * 1e-2)
+        assert_trees_close(g, ref, rtol, rtol * 1e-2)
 
 
 @pytest.mark.parametrize("name,T,B", [("gru-k3", 7, 2), ("rnn-k1", 1, 1)] + [
     pytest.param(n, T, B, marks=slow) for n, T, B in [("lstm-k2", 6, 1), ("rnn-k2", 12, 2), ("gru-k1", 17, 1), ("gru-kH", 9, 2),
                                                       ("lstm-k3-flax", 10, 2), ("lstm-k2", 1, 2), ("lstm-k1", 5, 3)]])
-def test_rnn_gradients_match_autodiff(name, T, B):
-    cell, params, xs, h0 = _setup(name, T, B, seed=T)
+def test_rnn_gradients_match_autodiff(problem, name, T, B):
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), T, B, seed=T)
     _check(cell, params, xs, h0, backwards=("bppsa", "bptt"))
 
 
 # (cell, H, T, B) -> the CPU plan's (hoist, unroll) with BPTT (autodiff through the loop) and with
-# BPPSA (the loop is a forward alone); float32 inputs, the measured rule of bppsa.plan.cost's elementwise loop.
+# BPPSA (the loop is a forward alone); float32 inputs, the measured rule of bppsa.plan.rules' elementwise loop.
 ELEMENTWISE_RULES = [
     ("gru", 20, 517, 4, (True, 1), (True, 1)),       # H < 48, B·G·H = 240: hoisted
     ("gru", 8, 1024, 2, (True, 2), (True, 2)),       # tiny steps (B·G·H = 48): unrolled twice
@@ -152,7 +131,7 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
     for backward, want in (("bptt", bptt), ("bppsa", forward)):
         plan = bppsa.Options(backward=backward).plan(cell, xs, s0)
         assert (plan.hoist, plan.unroll) == want, (backward, plan.hoist, plan.unroll)
-        assert bppsa.plan.cost.hoist_inputs(cell, T, B, jnp.float32, backward, "gpu")  # off CPU: always
+        assert bppsa.plan.rules.hoist_inputs(cell, T, B, jnp.float32, backward, "gpu")  # off CPU: always
     parallel = bppsa.Options(backward="bppsa", forward="newton").plan(cell, xs, s0)
     assert parallel.hoist
 
@@ -160,17 +139,17 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
 def test_loop_rules_name_a_bad_use():
     cell = structured.BlockGRU(4, 8, 1)
     with pytest.raises(UsageError, match="backward must be 'bptt' .*'bppsa' or 'forward'; got 'auto'"):
-        bppsa.plan.cost.hoist_inputs(cell, 100, 2, None, "auto")
+        bppsa.plan.rules.hoist_inputs(cell, 100, 2, None, "auto")
     with pytest.raises(UsageError, match="got 'BPTT'"):
-        bppsa.plan.cost.bptt_unroll(cell, 100, 2, backward="BPTT")
+        bppsa.plan.rules.bptt_unroll(cell, 100, 2, backward="BPTT")
 
 
 @pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
-def test_elementwise_loop_params(name):
+def test_elementwise_loop_params(problem, name):
     """At head size 1 a step is elementwise (Cell.elementwise_step) and reads W_h as the gates' rows
     (Cell.loop_params), equal to the steps on the stored layout; states and gradients (T = 13, odd;
     B = 3) against float64 autodiff through lax.scan, under every loop rule."""
-    cell, params, xs, h0 = _setup(name, 13, 3, seed=7)
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), 13, 3, seed=7)
     elementwise = cell.head_size == 1
     assert cell.elementwise_step is elementwise
     assert flax_cells.Masked(cell).elementwise_step is elementwise
@@ -179,11 +158,11 @@ def test_elementwise_loop_params(name):
     masked = flax_cells.Masked(cell)
     assert jax.tree.map(jnp.shape, masked.loop_params(params)) == jax.tree.map(jnp.shape, lp)
     u = cell.project(params, xs[0])
-    _close(cell.step_projected(lp, h0, u), cell.step_projected(params, h0, u), 1e-15, 0)
-    _close(cell.step(lp, h0, xs[0]), cell.step(params, h0, xs[0]), 1e-15, 0)
+    assert_trees_close(cell.step_projected(lp, h0, u), cell.step_projected(params, h0, u), 1e-15, 0)
+    assert_trees_close(cell.step(lp, h0, xs[0]), cell.step(params, h0, xs[0]), 1e-15, 0)
     for hoist in (True, False):  # the loop's both forms, whatever the rule picks at this size
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(bppsa.plan.cost, "hoist_inputs", lambda *a, hoist=hoist, **k: hoist)
+            mp.setattr(bppsa.plan.rules, "hoist_inputs", lambda *a, hoist=hoist, **k: hoist)
             _check(cell, params, xs, h0, ("blelloch", "sequential"), backwards=("bppsa", "bptt"))
 
 
@@ -195,21 +174,21 @@ class _DenseLSTM(structured.BlockLSTM):
         return None
 
 
-def test_dense_path_without_the_block_structure():
+def test_dense_path_without_the_block_structure(problem):
     cell = _DenseLSTM(3, 6, 2, input_bias=False)
-    _, params, xs, h0 = _setup("lstm-k2", 7, 2, seed=4)
+    _, params, xs, h0 = problem(CELLS["lstm-k2"](3, 6), 7, 2, seed=4)
     _check(cell, params, xs, h0, ("blelloch",))
 
 
 @pytest.mark.parametrize("name", ["lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k2", "gru-k3")])
-def test_small_chunks(name):
-    cell, params, xs, h0 = _setup(name, 11, 2, seed=1)
+def test_small_chunks(problem, name):
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), 11, 2, seed=1)
     _check(cell, params, xs, h0, ("blelloch", "sequential"), chunk_size=3)
 
 
-def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
+def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle(problem):
     """A cell with 1×1 Jacobian blocks (k = 1): on CPU its plan is the sequential scan over
-    cache-sized chunks (bppsa.plan.cost.elementwise_plan); with small chunks (3 steps of T = 11, odd)
+    cache-sized chunks (bppsa.plan.rules.elementwise_plan); with small chunks (3 steps of T = 11, odd)
     and in one piece (the solve's own loop), the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
     the solve and the exponent) the states and gradients equal autodiff's, and NewtonInfo.lle the
     exponent along the returned states."""
@@ -218,22 +197,22 @@ def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle():
     assert (plan.scan, plan.chunk_size, plan.solve_chunk) == ("sequential", 32, None)  # 32·32·64 float32 = 256 KiB
     assert bppsa.Options(scan="blelloch").plan(structured.BlockGRU(3, 4), jnp.zeros((9, 2, 3)),
                                                jnp.zeros((2, 4))).scan == "blelloch"  # an explicit scan is kept
-    cell, params, xs, h0 = _setup("gru-k1", 11, 2, seed=5)
+    cell, params, xs, h0 = problem(CELLS["gru-k1"](3, 6), 11, 2, seed=5)
 
     @jax.jit
     def run(p, x, h):
-        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
+        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: states_loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
         got, infos = [], []
         for mode, chunk in (("newton", 3), ("quasi", 3), ("newton", None), ("quasi", None)):  # None: one piece
             kw = dict(backward="bppsa", forward=mode, scan="sequential", chunk_size=chunk, on_fail="raise")
             f = lambda p, x, h: bppsa.rnn(cell, p, x, h, **kw)  # noqa: B023
-            got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
+            got.append((f(p, x, h), jax.grad(lambda *a: states_loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
             infos.append(bppsa.rnn(cell, p, x, h, return_info=True, **kw)[1])
         return ref, got, infos
 
     ref, got, infos = run(params, xs, h0)
     for g in got:
-        _close(g, ref, 1e-8, 1e-10)
+        assert_trees_close(g, ref, 1e-8, 1e-10)
     lle = jnp.max(bppsa.lyapunov(cell, params, xs, h0, ref[0]))
     for info in infos:
         assert bool(info.converged) and not bool(info.fell_back)
@@ -245,61 +224,32 @@ _SHAPES = dict(kind=st.sampled_from(["rnn", "gru", "lstm"]), scan=st.sampled_fro
                seed=st.integers(0, 1000))
 
 
-def _property(kind, scan, T, B, I, heads, k, seed):
+@property_pair(2, 10, **_SHAPES)
+def test_gradients_property(problem, kind, scan, T, B, I, heads, k, seed):
     make = {"rnn": structured.BlockRNN, "gru": structured.BlockGRU, "lstm": structured.BlockLSTM}[kind]
-    cell = make(I, heads * k, k)
-    keys = jax.random.split(jax.random.key(seed), 3)
-    params = cell.init(keys[0], jnp.float64)
-    xs = jax.random.normal(keys[1], (T, B, I), jnp.float64)
-    h0 = cell.unflatten_state(0.5 * jax.random.normal(keys[2], (B, cell.state_size), jnp.float64))
+    cell, params, xs, h0 = problem(make(I, heads * k, k), T, B, seed=seed)
     _check(cell, params, xs, h0, (scan,), rtol=1e-8)
 
 
-@settings(max_examples=2, deadline=None)
-@given(**_SHAPES)
-def test_gradients_property(**kw):
-    _property(**kw)
-
-
-@slow
-@settings(max_examples=10, deadline=None)
-@given(**_SHAPES)
-def test_gradients_property_more(**kw):
-    _property(**kw)
-
-
-def _forward_modes():
-    modes = []
-    for mode in ("newton", "quasi"):
-        try:
-            bppsa.Options(forward=mode)  # pyright: ignore[reportCallIssue]
-        except (TypeError, ValueError):
-            continue
-        modes.append(mode)
-    return modes
-
-
 @pytest.mark.parametrize("name", [pytest.param(n, marks=slow) for n in ("gru-k3", "lstm-k1", "rnn-k2")])
-def test_parallel_forward_modes(name):  # the default run's parallel forward of block cells: tests/forward/test_newton.py
-    """forward="newton" / "quasi" (where bppsa.Options has them): the same states and gradients."""
-    modes = _forward_modes()
-    if not modes:
-        pytest.skip("bppsa.Options has no forward= yet")
-    cell, params, xs, h0 = _setup(name, 9, 2, seed=2)
+def test_parallel_forward_modes(problem, name):  # the default run's parallel forward of block cells: tests/forward/test_newton.py
+    """forward="newton" / "quasi": the same states and gradients."""
+    modes = ("newton", "quasi")
+    cell, params, xs, h0 = problem(CELLS[name](3, 6), 9, 2, seed=2)
 
     @jax.jit
     def run(p, x, h):
-        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: _loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
+        ref = scan_states(cell, p, x, h), jax.grad(lambda *a: states_loss(scan_states(cell, *a)), argnums=(0, 1, 2))(p, x, h)
         got = []
         for mode in modes:
             f = lambda p, x, h: bppsa.rnn(cell, p, x, h, backward="bppsa", forward=mode,  # pyright: ignore[reportCallIssue]
                                           on_fail="raise")
-            got.append((f(p, x, h), jax.grad(lambda *a: _loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
+            got.append((f(p, x, h), jax.grad(lambda *a: states_loss(f(*a)), argnums=(0, 1, 2))(p, x, h)))
         return ref, got
 
     ref, got = run(params, xs, h0)
     for g in got:
-        _close(g, ref, 1e-8, 1e-10)
+        assert_trees_close(g, ref, 1e-8, 1e-10)
 
 
 def test_bad_sizes_and_activations_are_usage_errors():
@@ -326,11 +276,6 @@ def test_bad_sizes_and_activations_are_usage_errors():
 FLAX = {"simple": BlockSimpleCell, "gru": BlockGRUCell, "lstm": BlockLSTMCell}
 
 
-def _flax_loss(module, x, lengths):
-    carry, y = module(x, seq_lengths=lengths)
-    return jnp.sum(jnp.sin(y) * jnp.cos(jnp.arange(y.shape[-1]))) + sum(jnp.sum(c ** 2) for c in jax.tree.leaves(carry))
-
-
 @pytest.mark.parametrize("kind,head,lengths,padding", [("lstm", 3, (5, 2, 0), "flax")] + [
     pytest.param(k, h, L, p, marks=slow) for k, h, L, p in [
         ("simple", 1, (3, 5, 1), "identity"), ("lstm", 1, None, "flax"), ("gru", 6, (4, 5, 5), "identity"),
@@ -350,7 +295,9 @@ def test_flax_cells_in_nnx_rnn_and_bppsa_nn_rnn(kind, head, lengths, padding):
     if padding == "identity":  # the valid outputs only: padded steps differ by design
         loss = lambda m, x: jnp.sum(jnp.sin(m(x, seq_lengths=lens)[1]) * mask)
     else:
-        loss = lambda m, x: _flax_loss(m, x, lens)
+        def loss(m, x):
+            carry, y = m(x, seq_lengths=lens)
+            return jnp.sum(jnp.sin(y) * jnp.cos(jnp.arange(y.shape[-1]))) + sum(jnp.sum(c ** 2) for c in jax.tree.leaves(carry))
 
     @nnx.jit
     def run(ref, ours, x):
@@ -358,11 +305,11 @@ def test_flax_cells_in_nnx_rnn_and_bppsa_nn_rnn(kind, head, lengths, padding):
 
     ((c1, y1), g1), ((c2, y2), g2) = run(ref, ours, x)
     if padding == "flax" or lens is None:
-        _close((c2, y2), (c1, y1), 1e-13, 1e-14)
-    _close(y2 * mask, y1 * mask, 1e-13, 1e-14)
+        assert_trees_close((c2, y2), (c1, y1), 1e-13, 1e-14)
+    assert_trees_close(y2 * mask, y1 * mask, 1e-13, 1e-14)
     assert ours.hidden(c2) is (c2[1] if kind == "lstm" else c2)  # the h of flax's (c, h)
-    _close(nnx.to_pure_dict(g2[0]), nnx.to_pure_dict(g1[0]), 1e-9, 1e-12)
-    _close(g2[1], g1[1], 1e-9, 1e-12)
+    assert_trees_close(nnx.to_pure_dict(g2[0]), nnx.to_pure_dict(g1[0]), 1e-9, 1e-12)
+    assert_trees_close(g2[1], g1[1], 1e-9, 1e-12)
 
 
 def test_flax_cell_conventions():
@@ -379,7 +326,7 @@ def test_flax_cell_conventions():
     assert y is h2 and c2.shape == (2, 7, 6)
     c_seq, h_seq = scan_states(lstm.bppsa_cell(), flax_cells.cell_params(lstm), jnp.ones((1, 2, 4)),
                                (jnp.ones((2, 6)), jnp.zeros((2, 6))))  # flax_carry: the pair (c, h)
-    _close(h_seq[0], lstm((jnp.ones((2, 6)), jnp.zeros((2, 6))), jnp.ones((2, 4)))[1], 1e-6, 1e-7)
+    assert_trees_close(h_seq[0], lstm((jnp.ones((2, 6)), jnp.zeros((2, 6))), jnp.ones((2, 4)))[1], 1e-6, 1e-7)
     mixed = BlockGRUCell(4, 6, dtype=jnp.bfloat16, rngs=rngs)
     assert isinstance(flax_cells.plan(mixed, mixed.initialize_carry((2, 4), rngs), jnp.ones((2, 4)), steps=3)[0],
                       flax_cells.Autodiff)

@@ -12,20 +12,9 @@ import pytest
 import bppsa
 from bppsa import cells, parallel
 from bppsa.errors import UsageError
-from tests.helpers import random_params
+from tests.helpers import one_line_usage_error
 
 T, B, I, H = 5, 2, 3, 4
-
-
-def _gru():
-    cell = cells.GRU(I, H)
-    return cell, random_params(cell), jnp.ones((T, B, I)), jnp.zeros((B, H))
-
-
-def _raises(pattern, fn):
-    with pytest.raises(UsageError, match=pattern) as info:
-        fn()
-    assert "\n" not in str(info.value)  # one line
 
 
 def _entry_points(cell, xs, h0, **kw):
@@ -48,8 +37,8 @@ def test_param_spec_is_init_traced():
     assert cells.Generic(lambda p, h, x: h).param_spec() is None  # no init_fn: not checked
 
 
-def test_params_checked_against_the_cells_structure():
-    cell, p, xs, h0 = _gru()
+def test_params_checked_against_the_cells_structure(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     cases = [
         ({k: v for k, v in p.items() if k != "W_h"}, r"params\['W_h'\] is missing: GRU expects a leaf of shape \(4, 12\)"),
         ({**p, "W_hh": p["W_h"]}, r"params\['W_hh'\] \(shape \(4, 12\)\) is not a parameter of GRU; expected exactly "
@@ -64,7 +53,7 @@ def test_params_checked_against_the_cells_structure():
     ]
     for params, pattern in cases:
         for run in _entry_points(cell, xs, h0):
-            _raises(pattern, lambda: run(params))
+            one_line_usage_error(pattern, lambda: run(params))
 
 
 def test_a_cell_subclass_with_init_is_checked_for_free():
@@ -75,8 +64,8 @@ def test_a_cell_subclass_with_init_is_checked_for_free():
 
     cell = Leaky(I, H)
     p = cell.init(jax.random.key(0), jnp.float64)
-    _raises(r"params\['leak'\] has shape \(1,\); Leaky expects \(4,\)",
-            lambda: bppsa.rnn(cell, {**p, "leak": p["leak"][:1]}, jnp.ones((T, B, I)), jnp.zeros((B, H))))
+    one_line_usage_error(r"params\['leak'\] has shape \(1,\); Leaky expects \(4,\)",
+                         lambda: bppsa.rnn(cell, {**p, "leak": p["leak"][:1]}, jnp.ones((T, B, I)), jnp.zeros((B, H))))
 
 
 def test_generic_params_checked_only_with_init_fn():
@@ -84,16 +73,16 @@ def test_generic_params_checked_only_with_init_fn():
     init = lambda key, dtype: {"A": jnp.zeros((I, H), dtype), "W": jnp.zeros((H, H), dtype)}
     p = {"A": jnp.ones((I, H)) / 3, "W": jnp.eye(H) / 2, "unused": jnp.ones(7)}
     xs, h0 = jnp.ones((T, B, I)), jnp.zeros((B, H))
-    _raises(r"params\['unused'\] \(shape \(7,\)\) is not a parameter of Generic",
-            lambda: bppsa.rnn(cells.Generic(step, init_fn=init), p, xs, h0))
+    one_line_usage_error(r"params\['unused'\] \(shape \(7,\)\) is not a parameter of Generic",
+                         lambda: bppsa.rnn(cells.Generic(step, init_fn=init), p, xs, h0))
     out = bppsa.rnn(cells.Generic(step), p, xs, h0, backward="bptt")  # no spec: the user's business
     assert out.shape == (T, B, H)
-    _raises(r"Generic.step must return the state's shape \[\(2, 4\)\]; it returns \[\(2, 5\)\]",
-            lambda: bppsa.rnn(cells.Generic(lambda p, h, x: jnp.concatenate([h, x[:1]])), p, xs, h0))
+    one_line_usage_error(r"Generic.step must return the state's shape \[\(2, 4\)\]; it returns \[\(2, 5\)\]",
+                         lambda: bppsa.rnn(cells.Generic(lambda p, h, x: jnp.concatenate([h, x[:1]])), p, xs, h0))
 
 
-def test_chunk_size_accepts_integer_scalars():
-    cell, p, xs, h0 = _gru()
+def test_chunk_size_accepts_integer_scalars(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     for chunk in (np.int64(2), np.int32(2), jnp.int32(2), jnp.array(2, jnp.int64)):
         got = bppsa.Options(chunk_size=chunk).chunk_size
         assert got == 2 and type(got) is int
@@ -104,36 +93,36 @@ def test_chunk_size_accepts_integer_scalars():
     # an integer scalar gives the plain int's program, and that program is a chunked one
     assert program(np.int64(2)) == program(jnp.int32(2)) == program(2) != program(None)
     for chunk in (True, np.bool_(True), 2.0, np.float64(2.0), jnp.array(2.0), jnp.array([2]), 0, np.int64(-1), "2"):
-        _raises(r"chunk_size must be a positive int, None or 'auto'; got",
-                lambda: bppsa.rnn(cell, p, xs, h0, chunk_size=chunk))
-    _raises(r"chunk_size must be a concrete positive int \(static under jit\); got a traced int",
-            lambda: jax.jit(lambda c: bppsa.rnn(cell, p, xs, h0, chunk_size=c))(2))
-    _raises(r"chunk_size=2 cannot be combined with mesh", lambda: parallel.rnn(cell, p, xs, h0, chunk_size=np.int64(2)))
+        one_line_usage_error(r"chunk_size must be a positive int, None or 'auto'; got",
+                             lambda: bppsa.rnn(cell, p, xs, h0, chunk_size=chunk))
+    one_line_usage_error(r"chunk_size must be a concrete positive int \(static under jit\); got a traced int",
+                         lambda: jax.jit(lambda c: bppsa.rnn(cell, p, xs, h0, chunk_size=c))(2))
+    one_line_usage_error(r"chunk_size=2 cannot be combined with mesh", lambda: parallel.rnn(cell, p, xs, h0, chunk_size=np.int64(2)))
 
 
-def test_method_arguments_and_h0_named():
-    cell, p, xs, h0 = _gru()
+def test_method_arguments_and_h0_named(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     for entry in (bppsa.rnn, parallel.rnn):
-        _raises(r"scan must be one of \['associative', 'blelloch', 'sequential'\] or None; got \[\]",
-                lambda: entry(cell, p, xs, h0, scan=[]))
-        _raises(r"backward must be one of \['bppsa', 'bptt', 'auto'\]; got \{\}",
-                lambda: entry(cell, p, xs, h0, backward={}))
-        _raises(r"h0 must be the initial state, a \(B, H\) = \(2, 4\) array \(e.g. jnp.zeros\); got None",
-                lambda: entry(cell, p, xs, None))
-    _raises(r"combine must be one of .*; got \[\]", lambda: parallel.rnn(cell, p, xs, h0, combine=[]))
+        one_line_usage_error(r"scan must be one of \['associative', 'blelloch', 'sequential'\] or None; got \[\]",
+                             lambda: entry(cell, p, xs, h0, scan=[]))
+        one_line_usage_error(r"backward must be one of \['bppsa', 'bptt', 'auto'\]; got \{\}",
+                             lambda: entry(cell, p, xs, h0, backward={}))
+        one_line_usage_error(r"h0 must be the initial state, a \(B, H\) = \(2, 4\) array \(e.g. jnp.zeros\); got None",
+                             lambda: entry(cell, p, xs, None))
+    one_line_usage_error(r"combine must be one of .*; got \[\]", lambda: parallel.rnn(cell, p, xs, h0, combine=[]))
     lstm = cells.LSTM(I, H)
-    _raises(r"c0 must be the initial state, a \(B, H\) = \(2, 4\) array",
-            lambda: bppsa.rnn(lstm, lstm.init(jax.random.key(0)), xs, (h0, None)))
+    one_line_usage_error(r"c0 must be the initial state, a \(B, H\) = \(2, 4\) array",
+                         lambda: bppsa.rnn(lstm, lstm.init(jax.random.key(0)), xs, (h0, None)))
 
 
-def test_h0_dtype_must_survive_a_step():
-    cell, p, xs, h0 = _gru()
+def test_h0_dtype_must_survive_a_step(problem):
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     p32 = jax.tree.map(lambda a: a.astype(jnp.float32), p)
     for run in _entry_points(cell, xs, h0.astype(jnp.float32)):
-        _raises(r"h0 has dtype float32 but GRU.step turns it into float64 \(from params' dtype float64\); "
-                r"pass h0 as float64, or params and xs as float32", lambda: run(p))
-    _raises(r"h0 has dtype float32 but GRU.step turns it into float64 \(from xs' dtype float64\)",
-            lambda: bppsa.rnn(cell, p32, xs, h0.astype(jnp.float32)))
+        one_line_usage_error(r"h0 has dtype float32 but GRU.step turns it into float64 \(from params' dtype float64\); "
+                             r"pass h0 as float64, or params and xs as float32", lambda: run(p))
+    one_line_usage_error(r"h0 has dtype float32 but GRU.step turns it into float64 \(from xs' dtype float64\)",
+                         lambda: bppsa.rnn(cell, p32, xs, h0.astype(jnp.float32)))
     # a state the step keeps in its dtype is fine: float32 everywhere, or a float64 state with float32 params
     assert bppsa.rnn(cell, p32, xs.astype(jnp.float32), h0.astype(jnp.float32)).dtype == jnp.float32
     assert bppsa.rnn(cell, p32, xs, h0).dtype == jnp.float64
@@ -141,11 +130,11 @@ def test_h0_dtype_must_survive_a_step():
     assert bppsa.rnn(cell, p32, xs.astype(jnp.float32), weak).dtype == jnp.float32
 
 
-def test_numpy_and_jax_scalars_are_numbers_and_ints():
+def test_numpy_and_jax_scalars_are_numbers_and_ints(problem):
     """tol, damping and max_iter take numpy and JAX scalars (tol=np.float32(1e-5) and damping=
     np.float32(1) were refused as 'must be a number') and store Python floats and ints; NaN, inf,
     bools and arrays that are not 0-d are still refused."""
-    cell, p, xs, h0 = _gru()
+    cell, p, xs, h0 = problem(cells.GRU(I, H), T, B, h0_scale=0)
     o = bppsa.Options(forward="newton", tol=np.float32(1e-5), damping=np.float32(1), max_iter=jnp.int32(7))
     assert (type(o.tol), type(o.damping), type(o.max_iter)) == (float, float, int)
     assert (o.tol, o.damping, o.max_iter) == (float(np.float32(1e-5)), 1.0, 7)
@@ -156,7 +145,7 @@ def test_numpy_and_jax_scalars_are_numbers_and_ints():
     for field, bad in [("tol", np.float32("nan")), ("tol", np.float64(1.0)), ("tol", np.bool_(True)),
                        ("tol", jnp.array([1e-5])), ("damping", np.float64("inf")), ("damping", jnp.float32("nan")),
                        ("damping", np.float32(-1)), ("max_iter", np.float64(3.0)), ("max_iter", jnp.array([3]))]:
-        _raises(rf"^{field} must be", lambda: bppsa.Options(**{field: bad}))
+        one_line_usage_error(rf"^{field} must be", lambda: bppsa.Options(**{field: bad}))
 
 
 def test_as_int_and_as_number_are_the_one_test():
@@ -187,7 +176,7 @@ def test_cell_sizes_take_integer_scalars():
     for cls in (cells.RNN, cells.GRU, cells.LSTM):
         cell = cls(np.int64(I), jnp.int32(H))
         assert cell == cls(I, H) and hash(cell) == hash(cls(I, H)) and type(cell.input_size) is int
-    _raises(r"^GRU: hidden_size must be a positive int; got np.float64\(4.0\)", lambda: cells.GRU(I, np.float64(4)))
+    one_line_usage_error(r"^GRU: hidden_size must be a positive int; got np.float64\(4.0\)", lambda: cells.GRU(I, np.float64(4)))
 
 
 def test_a_missing_config_key_is_named():

@@ -8,17 +8,12 @@ import pytest
 from experiments import bench, gradient
 from bppsa import cells, host
 from experiments.paper_bppsa import rnn_sweep
-from tests.reference import scan_grads
-
-
-def _close(a, b, rtol=1e-9, atol=1e-11):
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol),
-                 a, b)
+from tests.reference import rnn_grads, scan_grads
 
 
 @pytest.mark.parametrize("cell", [cells.RNN(1, 4), pytest.param(cells.GRU(2, 3), marks=pytest.mark.slow)],
                          ids=["rnn", "gru"])
-def test_component_functions_compute_the_one_timed_gradient(cell):
+def test_component_functions_compute_the_one_timed_gradient(close, cell):
     T, B = 7, 2
     params = cell.init(jax.random.key(0), jnp.float64)
     xs = jax.random.normal(jax.random.key(1), (T, B, cell.input_size), jnp.float64)
@@ -27,13 +22,13 @@ def test_component_functions_compute_the_one_timed_gradient(cell):
     assert set(fns) == set(bench.COMPONENTS)
     R = gradient.readout(cell, T, B, jnp.float64, seed=4)
     ref = scan_grads(cell, params, xs, h0, lambda out: gradient.loss(cell, out, R))
-    _close(fns["bppsa_backward_full"](), ref)
-    _close(fns["bptt_backward"](), ref)
-    _close(fns["step_bppsa"](), ref[0])
-    _close(fns["step_bptt"](), ref[0])
+    close(fns["bppsa_backward_full"](), ref, rtol=1e-9, atol=1e-11)
+    close(fns["bptt_backward"](), ref, rtol=1e-9, atol=1e-11)
+    close(fns["step_bppsa"](), ref[0], rtol=1e-9, atol=1e-11)
+    close(fns["step_bptt"](), ref[0], rtol=1e-9, atol=1e-11)
     # the scan + contraction pieces reproduce the parameter gradient of the full backward
     dparams, _ = fns["param_grads"]()
-    _close(dparams, ref[0])
+    close(dparams, ref[0], rtol=1e-9, atol=1e-11)
     gs, _ = fns["bppsa_backward"]()
     assert gs.shape == (T, B, cell.state_size)
     jac = fns["jacobian"]()
@@ -63,7 +58,7 @@ def test_time_components_schema():
     assert out["shape"] == {"T": 5, "B": 2, "I": 1, "S": 3, "dtype": "float32"}
 
 
-def test_backward_times_times_the_one_gradient_per_method(monkeypatch):
+def test_backward_times_times_the_one_gradient_per_method(close, monkeypatch):
     seen = {}
     monkeypatch.setattr(bench, "time_interleaved", lambda fns, repeats: seen.update(fns) or {k: {} for k in fns})
     cell = cells.RNN(1, 3)
@@ -74,7 +69,7 @@ def test_backward_times_times_the_one_gradient_per_method(monkeypatch):
     _, xs, h0, R = gradient.problem(cell, 6, 2, dtype=jnp.float64)
     ref = scan_grads(cell, params, xs, h0, lambda o: gradient.loss(cell, o, R))[0]
     for f in seen.values():
-        _close(f(), ref)
+        close(f(), ref, rtol=1e-9, atol=1e-11)
     with pytest.raises(ValueError, match="methods.*'lax'"):
         bench.backward_times(cell, params, 6, 2, methods=("lax",))
 
@@ -107,7 +102,7 @@ from bppsa import backprop, scan as scan_lib  # noqa: E402
                                       pytest.param(5, True, marks=pytest.mark.slow),
                                       pytest.param(33, True, marks=pytest.mark.slow),
                                       pytest.param(64, True, marks=pytest.mark.slow)])
-def test_blelloch_equals_sequential(n, with_d):
+def test_blelloch_equals_sequential(close, n, with_d):
     B, S = 2, 3
     k1, k2, k3 = jax.random.split(jax.random.key(n), 3)
     Ms = jax.random.normal(k1, (n, B, S, S), jnp.float64) / np.sqrt(S)
@@ -115,25 +110,14 @@ def test_blelloch_equals_sequential(n, with_d):
     v = jax.random.normal(k3, (B, S), jnp.float64)
     p1, t1 = jax.jit(scan_lib.blelloch_scan)(v, Ms, ds)
     p2, t2 = jax.jit(scan_lib.sequential_scan)(v, Ms, ds)
-    _close((p1, t1), (p2, t2), rtol=1e-10, atol=1e-12)
-    _close(jax.jit(lambda v, M, d: scan_lib.down_sweep(scan_lib.up_sweep(v, M, d)))(v, Ms, ds), p2,
+    close((p1, t1), (p2, t2), rtol=1e-10, atol=1e-12)
+    close(jax.jit(lambda v, M, d: scan_lib.down_sweep(scan_lib.up_sweep(v, M, d)))(v, Ms, ds), p2,
            rtol=1e-10, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
 # Chunked (memory-bounded) BPPSA is exact.
 # ---------------------------------------------------------------------------------------------
-
-def _loss(cell, out):
-    hs = cell.hidden(out)
-    return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)  # a loss on every step
-
-
-def _grads(cell, params, xs, h0, **kw):
-    if not kw:
-        return scan_grads(cell, params, xs, h0, lambda out: _loss(cell, out))
-    return jax.grad(lambda p, x, h: _loss(cell, backprop.rnn(cell, p, x, h, **kw)), argnums=(0, 1, 2))(params, xs, h0)
-
 
 _slow = pytest.mark.slow
 CHUNK_CASES = [(cells.RNN(2, 3), 1, 4, _slow), (cells.RNN(2, 3), 7, 3, ()), (cells.RNN(2, 3), 10, 1, _slow),
@@ -144,27 +128,22 @@ CHUNK_CASES = [(cells.RNN(2, 3), 1, 4, _slow), (cells.RNN(2, 3), 7, 3, ()), (cel
 
 @pytest.mark.parametrize("cell,T,chunk", [pytest.param(c, T, k, marks=m, id=f"{type(c).__name__}-T{T}-C{k}")
                                           for c, T, k, m in CHUNK_CASES])
-def test_chunked_bppsa_is_exact(cell, T, chunk):
-    B = 2
-    params = cell.init(jax.random.key(0), jnp.float64)
-    xs = jax.random.normal(jax.random.key(1), (T, B, cell.input_size), jnp.float64)
-    h0 = cell.unflatten_state(jax.random.normal(jax.random.key(2), (B, cell.state_size), jnp.float64))
-    g_ref = _grads(cell, params, xs, h0)
-    g_full = _grads(cell, params, xs, h0, backward="bppsa")
-    g_chunk = _grads(cell, params, xs, h0, backward="bppsa", chunk_size=chunk)
-    _close(g_chunk, g_full)
-    _close(g_chunk, g_ref)
+def test_chunked_bppsa_is_exact(close, loss, problem, cell, T, chunk):
+    params, xs, h0 = problem(cell, T, B=2, h0_scale=1.0)[1:]
+    g_ref = scan_grads(cell, params, xs, h0, loss)
+    g_full = rnn_grads(cell, params, xs, h0, loss, backward="bppsa")
+    g_chunk = rnn_grads(cell, params, xs, h0, loss, backward="bppsa", chunk_size=chunk)
+    close(g_chunk, g_full, rtol=1e-9, atol=1e-11)
+    close(g_chunk, g_ref, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.slow
-def test_chunked_bppsa_with_other_scans_and_b1():
+def test_chunked_bppsa_with_other_scans_and_b1(close, loss, problem):
     cell = cells.RNN(1, 4)
-    params = cell.init(jax.random.key(3), jnp.float64)
-    xs = jax.random.normal(jax.random.key(4), (11, 1, 1), jnp.float64)
-    h0 = jnp.zeros((1, 4))
-    g_ref = _grads(cell, params, xs, h0)
+    params, xs, h0 = problem(cell, 11, B=1, h0_scale=0)[1:]
+    g_ref = scan_grads(cell, params, xs, h0, loss)
     for method in ("associative", "sequential"):
-        _close(_grads(cell, params, xs, h0, backward="bppsa", scan=method, chunk_size=4), g_ref)
+        close(rnn_grads(cell, params, xs, h0, loss, backward="bppsa", scan=method, chunk_size=4), g_ref, rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "4"])
@@ -335,6 +314,12 @@ def test_bench_is_a_run_of_the_sweep_config(tmp_path, monkeypatch):
     """`bppsa bench` writes through the runner: the work directory, the locked config with its grid,
     the result (json, md) and its provenance naming the command. (The timing of a point is
     test_sweep_task_smoke_writes_json_markdown_and_plot's; here each point is a recorded stand-in.)"""
+    def save(record, outdir, name):
+        """save_record's JSON half (with provenance), for stand-in points that have no tables."""
+        from experiments.provenance import provenance, save_json
+        record.setdefault("provenance", provenance())
+        return save_json(outdir / f"{name}.json", record)
+
     from experiments import cli
     seen = []
 
@@ -343,7 +328,7 @@ def test_bench_is_a_run_of_the_sweep_config(tmp_path, monkeypatch):
         return {"T": T, "B": B, "speedup_backward": 1.0, "speedup_step": 1.0}
 
     monkeypatch.setattr(rnn_sweep, "bench_point", point)
-    monkeypatch.setattr(rnn_sweep, "save_record", lambda record, outdir, name: [_save(record, Path(outdir), name)])
+    monkeypatch.setattr(rnn_sweep, "save_record", lambda record, outdir, name: [save(record, Path(outdir), name)])
     monkeypatch.setattr(rnn_sweep, "plot_sweep", lambda record, path: path.write_bytes(b"stand-in"))
     assert cli.main(["bench", "--T", "6,9", "--B", "2", "--no-auto", "--repeats", "2", "--name", "pt",
                      "--hidden", "3", "--scan", "sequential", "--out", str(tmp_path / "w")]) == 0
@@ -357,17 +342,10 @@ def test_bench_is_a_run_of_the_sweep_config(tmp_path, monkeypatch):
     assert (tmp_path / "w" / "summary.json").exists()
 
 
-def _save(record, outdir, name):
-    """save_record's JSON half (with provenance), for stand-in points that have no tables."""
-    from experiments.provenance import provenance, save_json
-    record.setdefault("provenance", provenance())
-    return save_json(outdir / f"{name}.json", record)
-
-
 def test_a_cost_model_that_is_not_one_is_a_clear_error():
     """``cost_model="fast"`` was AttributeError: 'str' object has no attribute 'choose'."""
-    from bppsa.plan import cost
+    from bppsa.plan import calibration
     from bppsa.errors import UsageError
     with pytest.raises(UsageError, match=r"cost_model must be a bppsa.CostModel .* or None; got 'fast' of "
                        r"type str"):
-        cost.choose_backward(cells.RNN(1, 3), 10, 2, cost_model="fast")
+        calibration.choose_backward(cells.RNN(1, 3), 10, 2, cost_model="fast")

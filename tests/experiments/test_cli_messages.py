@@ -17,19 +17,12 @@ RNN_TRAIN = CONFIGS["rnn_train"]
 pytestmark = pytest.mark.usefixtures("float32_as_in_bppsa_run")  # float64 off, as `bppsa run` runs
 
 
-def _one_error_line(capsys) -> str:
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in captured.err and not captured.out, captured
-    return lines[0]
-
-
 @pytest.mark.parametrize("flag, meant", [("--steps=3", "--config.steps=3"),
                                          ("--learning-rate=1e-5", "--config.learning_rate=1e-5"),
                                          ("--steps", "--config.steps=...")])
-def test_a_flag_without_config_gets_the_override_it_meant(tmp_path, capsys, flag, meant):
+def test_a_flag_without_config_gets_the_override_it_meant(one_error_line, tmp_path, capsys, flag, meant):
     assert cli.main(["run", f"{RNN_TRAIN}:smoke", flag, "--workdir", str(tmp_path / "w")]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(no_output=True)
     assert f"(did you mean {meant}?)" in line, line
     assert not (tmp_path / "w").exists()
 
@@ -46,10 +39,10 @@ def test_a_missing_command_or_name_is_an_error_on_stderr(capsys, argv):
 
 
 @pytest.mark.parametrize("name", ["rnn_train", "irmas_grid", "hetero_dp"])
-def test_an_empty_preset_after_the_colon_is_refused_naming_the_presets(tmp_path, capsys, name):
+def test_an_empty_preset_after_the_colon_is_refused_naming_the_presets(one_error_line, tmp_path, capsys, name):
     path = CONFIGS[name]
     assert cli.main(["run", f"{path}:", "--workdir", str(tmp_path / "w")]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(no_output=True)
     assert "no preset after ':'" in line and "smoke" in line and "quick" in line, line
     assert not (tmp_path / "w").exists()
 

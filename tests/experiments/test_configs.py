@@ -66,17 +66,12 @@ SAME_TASK_AS_ANOTHER += ("parallel_step", "sparse_vgg", "flax_rnn", "pararnn_pee
 DEFAULT_RUN_OVERRIDES: dict[str, dict[str, str]] = {}
 
 
-def _load_module(path):
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_documents_its_command(path):
     import importlib.util
     spec = importlib.util.spec_from_file_location(f"_cfg_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_config_documents_its_command(path):
-    mod = _load_module(path)
     assert mod.__doc__ and "bppsa run " + path.relative_to(ROOT).as_posix() in mod.__doc__, \
         f"{path.name}: the docstring must give the exact command"
 
@@ -122,7 +117,19 @@ def test_config_smoke_variant_runs(path, tmp_path):
     configs in DEFAULT_RUN_OVERRIDES); configs in SAME_TASK_AS_ANOTHER only in the slow run."""
     summary, saved = _smoke_runs(path, tmp_path, DEFAULT_RUN_OVERRIDES.get(path.stem, {}))
     if path == RNN_TRAIN:
-        _check_rnn_train_outputs(tmp_path / "w", summary, saved["run_time_s"])
+        w, run_time_s = tmp_path / "w", saved["run_time_s"]
+        record = json.loads((w / "rnn_train.json").read_text())
+        assert set(record["curves"]) == {"bptt", "bppsa"}
+        assert [r["step"] for r in record["curves"]["bptt"]] == list(range(1, 11))
+        # the same initial parameters and batches: the two backward passes give the same training run
+        assert summary["max_loss_diff"] < 1e-4
+        assert record["final"]["bptt"]["param_abs_sum"] == pytest.approx(record["final"]["bppsa"]["param_abs_sum"],
+                                                                          rel=1e-4)
+        assert record["backward_times"][0]["T"] == 16
+        assert 0 < record["backward_times"][0]["bppsa_s"] < run_time_s  # seconds, a part of the run
+        assert "| BPTT |" in (w / "rnn_train.md").read_text()
+        assert (w / "rnn_train.png").read_bytes()[:4] == b"\x89PNG"
+        assert record["provenance"]["command"].startswith("bppsa run ")
 
 
 SLOW_ONLY = [p for p in CONFIGS if p.stem in SAME_TASK_AS_ANOTHER or p.stem in DEFAULT_RUN_OVERRIDES]
@@ -133,21 +140,6 @@ SLOW_ONLY = [p for p in CONFIGS if p.stem in SAME_TASK_AS_ANOTHER or p.stem in D
 def test_config_full_smoke_variant_runs(path, tmp_path):
     """The smoke variants that the default run skips or shrinks, exactly as documented."""
     _smoke_runs(path, tmp_path, {})
-
-
-def _check_rnn_train_outputs(tmp_path, summary, run_time_s):
-    record = json.loads((tmp_path / "rnn_train.json").read_text())
-    assert set(record["curves"]) == {"bptt", "bppsa"}
-    assert [r["step"] for r in record["curves"]["bptt"]] == list(range(1, 11))
-    # the same initial parameters and batches: the two backward passes give the same training run
-    assert summary["max_loss_diff"] < 1e-4
-    assert record["final"]["bptt"]["param_abs_sum"] == pytest.approx(record["final"]["bppsa"]["param_abs_sum"],
-                                                                      rel=1e-4)
-    assert record["backward_times"][0]["T"] == 16
-    assert 0 < record["backward_times"][0]["bppsa_s"] < run_time_s  # seconds, a part of the run
-    assert "| BPTT |" in (tmp_path / "rnn_train.md").read_text()
-    assert (tmp_path / "rnn_train.png").read_bytes()[:4] == b"\x89PNG"
-    assert record["provenance"]["command"].startswith("bppsa run ")
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,7 +227,7 @@ def test_workdir_with_a_different_config_is_refused(tmp_path):
     cfg = tmp_path / "echo.py"
     cfg.write_text("import ml_collections\n"
                    "def get_config(arg=None):\n"
-                   "    return ml_collections.ConfigDict({'task': 'tests.helpers:echo_task', 'n': 1})\n")
+                   "    return ml_collections.ConfigDict({'task': 'tests.runner_tasks:echo_task', 'n': 1})\n")
     assert runner.run(cfg, workdir=tmp_path / "w") == {"n": 1}
     with pytest.raises(ConfigError, match=r"n: 1 -> 2"):
         runner.run(cfg, overrides={"n": "2"}, workdir=tmp_path / "w")
@@ -382,7 +374,7 @@ def test_publish_copies_the_task_outputs(tmp_path, capsys):
     cfg = tmp_path / "pub.py"
     cfg.write_text("import ml_collections\n"
                    "def get_config(arg=None):\n"
-                   "    return ml_collections.ConfigDict({'task': 'tests.helpers:pub_task', "
+                   "    return ml_collections.ConfigDict({'task': 'tests.runner_tasks:pub_task', "
                    "'name': 'pub', 'write': True})\n")
     out = runner.run(cfg, workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
     from experiments.provenance import device_label

@@ -14,19 +14,12 @@ import pytest
 
 from experiments import cli, runner, train
 from bppsa.errors import UsageError
+from tests.helpers import toy_classifier, toy_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = cli.config_paths()  # {name: experiments/<paper>/configs/name.py}
 RNN_TRAIN = CONFIGS["rnn_train"]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-
-
-def _config(tmp_path, task, **fields) -> Path:
-    path = tmp_path / f"{task}.py"
-    fields = {"task": f"tests.helpers:{task}", **fields}
-    path.write_text("import ml_collections\n"
-                    f"def get_config(arg=None):\n    return ml_collections.ConfigDict({fields!r})\n")
-    return path
 
 
 def _user_files(d: Path) -> None:
@@ -41,19 +34,12 @@ def _assert_user_files(d: Path) -> None:
     assert (d / "notes" / "a.txt").read_text() == "mine"
 
 
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
 # --------------------------------------------------------------------------------------------
 # --restart deletes only what bppsa wrote.
 # --------------------------------------------------------------------------------------------
 
-def test_restart_keeps_the_users_files(tmp_path, capsys):
-    cfg = _config(tmp_path, "write_task", n=1, die=False)
+def test_restart_keeps_the_users_files(task_config, tmp_path, capsys):
+    cfg = task_config("write_task", n=1, die=False)
     d = tmp_path / "D"
     assert cli.main(["run", str(cfg), "--workdir", str(d)]) == 0
     _user_files(d)  # added to the work directory after the run (a folder bppsa did not mark is refused)
@@ -69,8 +55,8 @@ def test_restart_keeps_the_users_files(tmp_path, capsys):
         [runner.MARKER, "config.json", "important.txt", "notes", "out.json", "state", "summary.json"])
 
 
-def test_restart_after_a_sigkilled_run_still_knows_what_bppsa_wrote(tmp_path):
-    cfg = _config(tmp_path, "write_task", n=1, die=True)
+def test_restart_after_a_sigkilled_run_still_knows_what_bppsa_wrote(task_config, tmp_path):
+    cfg = task_config("write_task", n=1, die=True)
     d = tmp_path / "D"
     cmd = [sys.executable, "-m", "experiments.cli", "run", str(cfg), "--workdir", str(d)]
     proc = subprocess.run(cmd, env=ENV, cwd=ROOT, capture_output=True, text=True)
@@ -82,13 +68,13 @@ def test_restart_after_a_sigkilled_run_still_knows_what_bppsa_wrote(tmp_path):
     _assert_user_files(d)
 
 
-def test_restart_refuses_a_folder_bppsa_did_not_mark(tmp_path, capsys):
+def test_restart_refuses_a_folder_bppsa_did_not_mark(one_error_line, task_config, tmp_path, capsys):
     d = tmp_path / "D"
     _user_files(d)
     (d / "config.json").write_text("{}")  # looks like a run, but bppsa's marker is not there
-    cfg = _config(tmp_path, "echo_task", n=1)
+    cfg = task_config("echo_task", n=1)
     assert cli.main(["run", str(cfg), "--workdir", str(d), "--restart"]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line()
     assert str(d) in line and "not a bppsa work directory" in line
     _assert_user_files(d)
     assert (d / "config.json").read_text() == "{}"
@@ -108,17 +94,17 @@ def test_out_of_range_values_are_refused_before_anything_is_written(tmp_path, ke
     assert not (tmp_path / "w").exists()
 
 
-def test_corrected_command_runs_after_a_refused_value(tmp_path, capsys):
+def test_corrected_command_runs_after_a_refused_value(one_error_line, tmp_path, capsys):
     w = str(tmp_path / "w")
     assert cli.main(["reproduce", "rnn-train", "--smoke", "--config.steps=-5", "--workdir", w]) == 2
-    assert "config.steps" in _one_error_line(capsys)
+    assert "config.steps" in one_error_line()
     tiny = ["--config.steps=2", "--config.methods=bptt", "--config.timing.lengths=()"]
     assert cli.main(["reproduce", "rnn-train", "--smoke", *tiny, "--workdir", w]) == 0
     assert json.loads((tmp_path / "w" / "summary.json").read_text())["config"]["steps"] == 2
 
 
-def test_a_run_that_never_started_takes_a_corrected_config(tmp_path, capsys):
-    cfg = _config(tmp_path, "refusing_task", n=1)
+def test_a_run_that_never_started_takes_a_corrected_config(task_config, tmp_path, capsys):
+    cfg = task_config("refusing_task", n=1)
     w = tmp_path / "w"
     with pytest.raises(UsageError, match="n = 0"):
         runner.run(cfg, None, {"n": "0"}, workdir=w)  # the task itself refuses (e.g. an empty data folder)
@@ -142,14 +128,6 @@ def test_a_run_that_never_started_takes_a_corrected_config(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------
 # User errors: one line, exit code 2; --debug shows the traceback.
 # --------------------------------------------------------------------------------------------
-
-def _bad_files(tmp_path):
-    (tmp_path / "syntax.py").write_text("import ml_collections\ndef get_config(arg=None)\n    return 1\n")
-    (tmp_path / "name.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return oops\n")
-    (tmp_path / "binary.py").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
-    (tmp_path / "signature.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return ml_collections."
-                                           "ConfigDict({'task': 'tests.helpers:one_argument_task'})\n")
-
 
 USER_ERRORS = {
     "syntax-error": (["run", "{tmp}/syntax.py"], "line 2: syntax error"),
@@ -197,12 +175,16 @@ def test_every_preset_of_every_config_passes_its_tasks_checks():
 
 
 @pytest.mark.parametrize("case", USER_ERRORS)
-def test_user_errors_are_one_line_and_exit_code_2(tmp_path, capsys, case):
-    _bad_files(tmp_path)
+def test_user_errors_are_one_line_and_exit_code_2(one_error_line, tmp_path, capsys, case):
+    (tmp_path / "syntax.py").write_text("import ml_collections\ndef get_config(arg=None)\n    return 1\n")
+    (tmp_path / "name.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return oops\n")
+    (tmp_path / "binary.py").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)))
+    (tmp_path / "signature.py").write_text("import ml_collections\ndef get_config(arg=None):\n    return ml_collections."
+                                           "ConfigDict({'task': 'tests.runner_tasks:one_argument_task'})\n")
     argv, needle = USER_ERRORS[case]
     argv = [a.format(tmp=tmp_path) for a in argv] + ["--workdir", str(tmp_path / "w")]
     assert cli.main(argv) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line()
     assert line.startswith(f"bppsa {argv[0]}: error: ") and needle in line, line
     assert not (tmp_path / "w").exists()  # nothing written
     assert cli.main(["--debug", *argv]) == 2
@@ -260,19 +242,6 @@ def test_sync_ray_explicit_flags_win_over_the_smoke_preset(tmp_path, monkeypatch
 # Corrupt checkpoints: verified on restore, the newest intact one is used, the bad one moved aside.
 # --------------------------------------------------------------------------------------------
 
-def _model():
-    from flax import nnx
-
-    from bppsa import cells
-    from bppsa.nn import SequenceClassifier
-    return SequenceClassifier(cells.RNN(1, 8), 10, backward="bptt", rngs=nnx.Rngs(0))
-
-
-def _data():
-    from bppsa.tasks.bitstream import make_bitstream
-    return make_bitstream(32, 8)
-
-
 def _corrupt(step_dir: Path, how: str) -> None:
     # the arrays sit in state/d/ (orbax merges the per-process files of state/ocdbt.process_0/ into it)
     files = sorted((step_dir / "state" / "d").iterdir(), key=lambda p: -p.stat().st_size)
@@ -288,43 +257,43 @@ def _corrupt(step_dir: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["truncated", "overwritten"])
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, how):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    straight = train.fit(_model(), x, y, steps=8, **kw)
-    train.fit(_model(), x, y, steps=6, workdir=tmp_path, **kw)
+    straight = train.fit(toy_classifier(), x, y, steps=8, **kw)
+    train.fit(toy_classifier(), x, y, steps=6, workdir=tmp_path, **kw)
     _corrupt(tmp_path / "checkpoints" / "6", how)
     with pytest.warns(UserWarning, match=r"checkpoints/6' is corrupt.*moved it to .*checkpoints-corrupt/6.*"
                                          r"resuming from step 3"):
-        resumed = train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+        resumed = train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]  # steps 4..8 redone from step 3
     assert (tmp_path / "checkpoints-corrupt" / "6").is_dir()  # kept for the user, not deleted
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["6", "8"]
 
 
 def test_no_intact_checkpoint_is_a_one_line_error_that_moves_nothing(tmp_path):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    train.fit(_model(), x, y, steps=6, workdir=tmp_path, **kw)
+    train.fit(toy_classifier(), x, y, steps=6, workdir=tmp_path, **kw)
     for step in ("3", "6"):
         _corrupt(tmp_path / "checkpoints" / step, "gone")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(UsageError, match=r"no intact checkpoint in .*checkpoints.*step 6: .*step 3: .*--restart") as e:
-            train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+            train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "6"]
     assert not (tmp_path / "checkpoints-corrupt").exists()
 
 
-def test_a_config_json_alone_without_the_marker_is_never_replaced(tmp_path, capsys):
+def test_a_config_json_alone_without_the_marker_is_never_replaced(one_error_line, task_config, tmp_path, capsys):
     """A folder without bppsa's marker holding only a config.json (the user's, or an older bppsa's) is
     not "a run that never started": it is refused with one line and left as it is (issue 25, item 1)."""
-    cfg = _config(tmp_path, "echo_task", n=1)
+    cfg = task_config("echo_task", n=1)
     w = tmp_path / "w"
     w.mkdir()
-    (w / "config.json").write_text(json.dumps({"task": "tests.helpers:echo_task", "n": -1}))
+    (w / "config.json").write_text(json.dumps({"task": "tests.runner_tasks:echo_task", "n": -1}))
     for restart in ([], ["--restart"]):
         assert cli.main(["run", str(cfg), "--workdir", str(w), *restart]) == 2
-        assert "not a bppsa work directory" in _one_error_line(capsys)
+        assert "not a bppsa work directory" in one_error_line()
     assert os.listdir(w) == ["config.json"]
     assert json.loads((w / "config.json").read_text())["n"] == -1

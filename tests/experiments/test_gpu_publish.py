@@ -20,21 +20,20 @@ def _point(setting, B, bppsa, **ms):
                                      "bppsa_sequential": 5.0, **ms}}
 
 
-def _detailed(T, plain, bppsa, **extra):
-    p = _point("s", 16, 2.0, bptt_fused=2.5)
-    p.update(sweep="T", cell="RNN", setting=None, T=T, I=1,
-             backward_ms={"bptt_plain": plain, "bptt": plain / 2, "bppsa_blelloch": bppsa, "bptt_fused": 1.0},
-             forward_ms={"bptt_plain": 0.5, "bppsa_blelloch": 0.25, "bppsa_fused": 0.125},
-             launches={"bptt_plain": {"total": 2 * T + 5, "exact": True},
-                       "bppsa_blelloch": {"total": 80, "exact": False}}, **extra)
-    p.pop("setting")
-    return p
-
-
 def test_where_the_time_goes_is_published_when_measured_and_old_runs_still_publish(tmp_path):
+    def detailed(T, plain, bppsa, **extra):
+        p = _point("s", 16, 2.0, bptt_fused=2.5)
+        p.update(sweep="T", cell="RNN", setting=None, T=T, I=1,
+                 backward_ms={"bptt_plain": plain, "bptt": plain / 2, "bppsa_blelloch": bppsa, "bptt_fused": 1.0},
+                 forward_ms={"bptt_plain": 0.5, "bppsa_blelloch": 0.25, "bppsa_fused": 0.125},
+                 launches={"bptt_plain": {"total": 2 * T + 5, "exact": True},
+                           "bppsa_blelloch": {"total": 80, "exact": False}}, **extra)
+        p.pop("setting")
+        return p
+
     old = {"provenance": {"date": "a", "device_kind": "NVIDIA H200"}, "points": [_point("s", 16, 2.0)], "skipped": []}
     new = {"provenance": {"date": "b"}, "skipped": [],
-           "points": [_detailed(30000, 216.0, 2.0), _detailed(1000, 9.0, 1.5),
+           "points": [detailed(30000, 216.0, 2.0), detailed(1000, 9.0, 1.5),
                       {**_parallel("blockgru", 1, 64, 2, 3, **{"newton/bppsa fused": 0.5, "pararnn_torch_fused": 0.25}),
                        "head_size": 1}]}
     md_old = gpu_publish.markdown({"provenance": old["provenance"], **gpu_publish.merge([old])})

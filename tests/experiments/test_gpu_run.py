@@ -58,13 +58,37 @@ def _check_point(p):
     assert p["peak_mb"] is None  # CPU: no device memory stats
     assert p["H"] == 20 or p["part"] == "parallel"
     if p["part"] == "parallel":
-        _check_parallel_point(p)
+        extra = {gpu_run.PARALLEL_FUSED} | ({gpu_run.PARARNN} if p["cell"] == "BlockGRU k=1" else set())
+        assert set(gpu_run.PARALLEL_PAIRS) <= set(p["ms"]) <= set(gpu_run.PARALLEL_PAIRS) | extra  # tuned BPTT = seq/bptt
+        if p.get("sweep") == "structured":  # each extra column: timed, or its failure's reason
+            assert all(k in p["ms"] or k in p["errors"] for k in extra)
+        if p["cell"] == "BlockGRU k=1" and gpu_run.jax.default_backend() == "cpu":
+            assert "no CUDA" in p["errors"][gpu_run.PARARNN]
+        for key, (lo, hi) in p["spread_ms"].items():
+            assert lo <= p["ms"][key] <= hi
+        assert {"newton/bppsa", "quasi/bppsa"} <= set(p["newton"]) <= {"newton/bppsa", "quasi/bppsa",
+                                                                       gpu_run.PARALLEL_FUSED}  # the parallel forwards
+        for info in p["newton"].values():
+            assert info["converged"] and not info["fell_back"] and 1 <= info["iterations"] <= 50
+        assert abs(p["loss_diff"]) < 1e-3  # every forward computes the same loss
+        assert p["auto"].split("/")[0] in ("sequential", "newton", "quasi")  # what auto runs there
+        assert {"forward_model/sequential", "forward_model/newton", "forward_model/quasi"} <= set(p["predicted_ms"])
+        assert ("roofline/sequential/bppsa_blelloch" in p["predicted_ms"]) == (p["cell"] in ("RNN", "GRU"))
     elif p.get("sweep") in ("T", "B", "irmas", "sizes"):
         # no cuDNN without CUDA; the fused kernels interpreted; a fused variant not there yet costs its column only
         assert METHODS | {"bppsa_fused"} <= set(p["ms"]) <= METHODS | set(gpu_run.FUSED)
         assert all(k in p["ms"] or k in p["errors"] for k in gpu_run.FUSED)
         if "backward_ms" in p:
-            _check_detail(p)
+            # A point with :func:`gpu_run.measure_detail`'s records (on the CPU: no cuDNN).
+            assert {"bptt_plain", "bptt", "bppsa_blelloch", "bppsa_fused"} <= set(p["backward_ms"])
+            assert set(gpu_run.FORWARD_DETAIL) == set(p["forward_ms"])
+            assert all(v > 0 for v in [*p["backward_ms"].values(), *p["forward_ms"].values()])
+            assert set(p["launches"]) == set(p["ms"]) - {"bptt_unrolled", "bppsa_sequential"}  # every timed training step
+            for c in p["launches"].values():
+                assert c["exact"] and c["total"] >= 1
+            # the plain scan's forward and backward loops each launch their bodies T times
+            assert p["launches"]["bptt_plain"]["total"] >= 2 * p["T"]
+            assert sum(loop["trip_count"] for loop in p["launches"]["bptt_plain"]["loops"]) >= 2 * p["T"]
         assert p["ms"]["bptt_unrolled"] == min(p["ms_by_unroll"].values())
         assert p["ms"]["bptt_unrolled"] == p["ms_by_unroll"][str(p["best_unroll"])]
         assert p["ms"]["bptt_plain"] == p["ms_by_unroll"]["1"]
@@ -73,38 +97,6 @@ def _check_point(p):
             assert lo <= p["ms"][key] <= hi
     elif p.get("sweep") == "sequence-parallel":
         assert set(p["ms"]) == {"bppsa_sharded_backward", "forward_sharded"}
-
-
-def _check_detail(p):
-    """A point with :func:`gpu_run.measure_detail`'s records (on the CPU: no cuDNN)."""
-    assert {"bptt_plain", "bptt", "bppsa_blelloch", "bppsa_fused"} <= set(p["backward_ms"])
-    assert set(gpu_run.FORWARD_DETAIL) == set(p["forward_ms"])
-    assert all(v > 0 for v in [*p["backward_ms"].values(), *p["forward_ms"].values()])
-    assert set(p["launches"]) == set(p["ms"]) - {"bptt_unrolled", "bppsa_sequential"}  # every timed training step
-    for c in p["launches"].values():
-        assert c["exact"] and c["total"] >= 1
-    # the plain scan's forward and backward loops each launch their bodies T times
-    assert p["launches"]["bptt_plain"]["total"] >= 2 * p["T"]
-    assert sum(loop["trip_count"] for loop in p["launches"]["bptt_plain"]["loops"]) >= 2 * p["T"]
-
-
-def _check_parallel_point(p):
-    extra = {gpu_run.PARALLEL_FUSED} | ({gpu_run.PARARNN} if p["cell"] == "BlockGRU k=1" else set())
-    assert set(gpu_run.PARALLEL_PAIRS) <= set(p["ms"]) <= set(gpu_run.PARALLEL_PAIRS) | extra  # tuned BPTT = seq/bptt
-    if p.get("sweep") == "structured":  # each extra column: timed, or its failure's reason
-        assert all(k in p["ms"] or k in p["errors"] for k in extra)
-    if p["cell"] == "BlockGRU k=1" and gpu_run.jax.default_backend() == "cpu":
-        assert "no CUDA" in p["errors"][gpu_run.PARARNN]
-    for key, (lo, hi) in p["spread_ms"].items():
-        assert lo <= p["ms"][key] <= hi
-    assert {"newton/bppsa", "quasi/bppsa"} <= set(p["newton"]) <= {"newton/bppsa", "quasi/bppsa",
-                                                                   gpu_run.PARALLEL_FUSED}  # the parallel forwards
-    for info in p["newton"].values():
-        assert info["converged"] and not info["fell_back"] and 1 <= info["iterations"] <= 50
-    assert abs(p["loss_diff"]) < 1e-3  # every forward computes the same loss
-    assert p["auto"].split("/")[0] in ("sequential", "newton", "quasi")  # what auto runs there
-    assert {"forward_model/sequential", "forward_model/newton", "forward_model/quasi"} <= set(p["predicted_ms"])
-    assert ("roofline/sequential/bppsa_blelloch" in p["predicted_ms"]) == (p["cell"] in ("RNN", "GRU"))
 
 
 def test_parallel_part_times_every_forward_with_its_newton_info(tmp_path):
@@ -219,14 +211,9 @@ def test_a_point_asking_for_detail_drops_it_when_the_budget_is_short(tmp_path, m
     assert seen == [False] and s.write()["points"] == [{"part": "gpu", "ms": {}, "detail_skipped": "time budget"}]
 
 
-def _scan(T):
-    def f(x):
-        return jax.lax.scan(lambda c, a: (jnp.tanh(c * a + 1.0), c), x[0], x)[1]
-    return f
-
-
 def test_launches_of_a_scan_grow_with_its_length():
-    counts = {T: launches.count(_scan(T), jnp.ones((T, 4))) for T in (10, 100)}
+    scan = lambda x: jax.lax.scan(lambda c, a: (jnp.tanh(c * a + 1.0), c), x[0], x)[1]  # noqa: E731
+    counts = {T: launches.count(scan, jnp.ones((T, 4))) for T in (10, 100)}
     for T, c in counts.items():
         (loop,) = c["loops"]
         assert loop["trip_count"] == T and loop["body"] >= 1 and c["exact"]

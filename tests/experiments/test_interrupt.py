@@ -248,32 +248,27 @@ def _stoppable(tmp_path) -> tuple[list[str], dict]:
     return [sys.executable, "-m", "experiments.cli", "run", str(config)], env
 
 
-def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler for ``signum`` (Linux: /proc/PID/status, SigCgt)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(int(mask, 16) >> (signum - 1) & 1)
-
-
-def _wait_for_handlers(proc: subprocess.Popen) -> None:
-    """Until the command handles stop signals (its first step; JAX's imports follow, seconds long)."""
-    deadline = time.monotonic() + 60
-    while not _catches(proc.pid, signal.SIGTERM):
-        assert proc.poll() is None and time.monotonic() < deadline, "the command never handled SIGTERM"
-        time.sleep(0.002)
-
-
 def _stop(cmd, env, signum, at=None, after=0.0) -> tuple[int | None, str]:
     """Run ``cmd``; send ``signum`` ``after`` seconds after it prints a line starting with ``at``
     ("imports": once it handles SIGTERM, i.e. the command began and imports JAX; None: after it
     starts); return (its exit code, its stderr), exit code None when it had ended before the signal."""
+    def catches(pid: int, signum: int) -> bool:
+        """Whether process ``pid`` has a handler for ``signum`` (Linux: /proc/PID/status, SigCgt)."""
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+        return bool(int(mask, 16) >> (signum - 1) & 1)
+
     proc = _start(cmd, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         if at == "imports":
-            _wait_for_handlers(proc)
+            # Until the command handles stop signals (its first step; JAX's imports follow, seconds long).
+            deadline = time.monotonic() + 60
+            while not catches(proc.pid, signal.SIGTERM):
+                assert proc.poll() is None and time.monotonic() < deadline, "the command never handled SIGTERM"
+                time.sleep(0.002)
         elif at is not None:
             assert proc.stdout is not None
             for line in proc.stdout:

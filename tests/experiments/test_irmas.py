@@ -16,7 +16,7 @@ from experiments.data import irmas
 from experiments.data.irmas import CLASSES, CLIP_SAMPLES, SAMPLE_RATE
 from bppsa.errors import UsageError
 from experiments.data.synth_irmas import ensure_synthetic_irmas, make_synthetic_irmas, synthesize_clip
-from tests.helpers import normal, random_params
+from tests.helpers import normal, one_line_usage_error, random_params
 from tests.reference import scan_grads
 from tests.tolerance import assert_close
 
@@ -151,42 +151,35 @@ def test_parent_folder_is_accepted(small_irmas, features):
     assert_close(f.x, features["m"].x[[0, 2, 3, 4, 5]])
 
 
-def _one_line_usage_error(match, fn, *args, **kwargs):
-    with pytest.raises(UsageError, match=match) as info:
-        fn(*args, **kwargs)
-    msg = str(info.value)
-    assert "\n" not in msg and "expected" in msg, msg
-    return msg
-
-
 def test_unusable_data_folders_are_one_line_usage_errors(tmp_path):
     load = irmas.load_features
-    msg = _one_line_usage_error(r"IRMAS data folder '.*nowhere' does not exist", load, tmp_path / "nowhere")
+    msg = one_line_usage_error(r"IRMAS data folder '.*nowhere' does not exist", load, tmp_path / "nowhere",
+                               says_expected=True)
     assert "IRMAS-TrainingData/<class>/*.wav" in msg and "cel, cla, flu" in msg
     (tmp_path / "empty").mkdir()
-    _one_line_usage_error(r"'.*empty' has neither class folders nor a IRMAS-TrainingData folder \(it is empty\)",
-                          load, tmp_path / "empty")
+    one_line_usage_error(r"'.*empty' has neither class folders nor a IRMAS-TrainingData folder \(it is empty\)",
+                         load, tmp_path / "empty", says_expected=True)
     (tmp_path / "other" / "Violin").mkdir(parents=True)
-    _one_line_usage_error(r"neither class folders .*\(it holds Violin\); expected the IRMAS layout", load,
-                          tmp_path / "other")
+    one_line_usage_error(r"neither class folders .*\(it holds Violin\); expected the IRMAS layout", load,
+                         tmp_path / "other", says_expected=True)
     (tmp_path / "other" / "cel").mkdir()
-    _one_line_usage_error(r"no audio files .* in the class folders of", load, tmp_path / "other")
+    one_line_usage_error(r"no audio files .* in the class folders of", load, tmp_path / "other", says_expected=True)
     junk = tmp_path / "junk" / "IRMAS-TrainingData"  # only undecodable files: text named .wav
     for c in ("cel", "vio"):
         (junk / c).mkdir(parents=True)
         (junk / c / f"[{c}][cla]0001__1.wav").write_text("not audio\nat all\n")
     for cache in (None, tmp_path / "cache", tmp_path / "cache"):  # with and without a cache, twice
-        _one_line_usage_error(r"none of the 2 audio files under '.*IRMAS-TrainingData' could be read \(first: "
-                              r"cel/\[cel\]\[cla\]0001__1.wav: .*\); expected the IRMAS layout", load, junk.parent,
-                              "s", cache, progress=False)
-    _one_line_usage_error(r"IRMAS test folder .* does not exist", irmas.load_test_features, tmp_path / "none")
+        one_line_usage_error(r"none of the 2 audio files under '.*IRMAS-TrainingData' could be read \(first: "
+                             r"cel/\[cel\]\[cla\]0001__1.wav: .*\); expected the IRMAS layout", load, junk.parent,
+                             "s", cache, progress=False, says_expected=True)
+    one_line_usage_error(r"IRMAS test folder .* does not exist", irmas.load_test_features, tmp_path / "none", says_expected=True)
     test = tmp_path / "test" / "IRMAS-TestingData-Part1"
     test.mkdir(parents=True)
-    _one_line_usage_error(r"no audio files with a .txt label file", irmas.load_test_features, test.parent)
+    one_line_usage_error(r"no audio files with a .txt label file", irmas.load_test_features, test.parent, says_expected=True)
     (test / "a.wav").write_text("junk")
     (test / "a.txt").write_text("pia\n")
-    _one_line_usage_error(r"none of the 1 audio files .* could be read .*<name>.txt of instrument codes",
-                          irmas.load_test_features, test.parent, "s", progress=False)
+    one_line_usage_error(r"none of the 1 audio files .* could be read .*<name>.txt of instrument codes",
+                         irmas.load_test_features, test.parent, "s", progress=False, says_expected=True)
 
 
 def test_audio_outside_the_class_folders_is_reported(tmp_path):
@@ -459,10 +452,10 @@ def test_a_cache_dir_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
     _two_clips(root)
     blocker = tmp_path / "cachefile"
     blocker.write_text("mine\n")
-    _one_line_usage_error(r"cache_dir '.*cachefile' is a file; expected a folder for the feature cache",
-                          irmas.load_features, root, "s", blocker, progress=False)
-    _one_line_usage_error(r"cache_dir '.*cachefile/sub' is inside '.*cachefile', which is a file; expected",
-                          irmas.load_features, root, "s", blocker / "sub", progress=False)
+    one_line_usage_error(r"cache_dir '.*cachefile' is a file; expected a folder for the feature cache",
+                         irmas.load_features, root, "s", blocker, progress=False, says_expected=True)
+    one_line_usage_error(r"cache_dir '.*cachefile/sub' is inside '.*cachefile', which is a file; expected",
+                         irmas.load_features, root, "s", blocker / "sub", progress=False, says_expected=True)
     assert blocker.read_text() == "mine\n"
     argv = ["reproduce", "irmas", "--smoke", f"--config.cache_dir={blocker}", "--workdir", str(tmp_path / "w")]
     assert cli.main(argv) == 2  # refused by the task's check, before anything is written

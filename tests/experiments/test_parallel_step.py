@@ -11,14 +11,10 @@ from experiments.extensions import parallel_step
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results" / "cpu"
 
 
-def _config():
+def test_the_raise_probe_reports_newtons_error_and_the_markdown_names_it():
     c = ml_collections.ConfigDict()
     c.iter_I, c.iter_H, c.iter_B, c.seed, c.iter_scan, c.chaotic_rho = 3, 4, 1, 0, "sequential", 3.0
-    return c
-
-
-def test_the_raise_probe_reports_newtons_error_and_the_markdown_names_it():
-    got = parallel_step.raise_probe(_config(), 30, max_iter=2)
+    got = parallel_step.raise_probe(c, 30, max_iter=2)
     assert "error" not in got, got.get("error")
     assert got["T"] == 30 and got["raised"] and got["names_NewtonDidNotConverge"], got
     record = json.loads((RESULTS / "parallel-step-predictability.json").read_text())

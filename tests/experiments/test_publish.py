@@ -11,6 +11,7 @@ import pytest
 from experiments import cli, runner
 from experiments.paper_bppsa import rnn_train
 from experiments.provenance import device_label
+from tests.helpers import file_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = cli.config_paths()  # {name: experiments/<paper>/configs/name.py}
@@ -30,14 +31,6 @@ def _presets(path: Path) -> tuple[str, ...]:
 PRESETS = [(name, arg) for name, path in CONFIGS.items() for arg in _presets(path)]
 
 
-def _config(tmp_path: Path, task: str, **fields) -> Path:
-    path = tmp_path / f"{task}.py"
-    fields = {"task": f"tests.experiments.test_publish:{task}", **fields}
-    path.write_text("import ml_collections\nPRESETS = ('smoke',)\n"
-                    f"def get_config(arg=None):\n    return ml_collections.ConfigDict({fields!r})\n")
-    return path
-
-
 CALLS: list[str] = []
 
 
@@ -48,10 +41,6 @@ def linked_task(config, workdir) -> dict:
     workdir.entry(f"{config.name}.md").write_text(f"| n |\n|---|\n| {config.n} |\n\n![plot]({config.name}.png)\n")
     workdir.entry(f"{config.name}.png").write_bytes(b"png %d" % config.n)
     return {"n": config.n}
-
-
-def _tree(d: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.iterdir()) if p.is_file()}
 
 
 @pytest.mark.parametrize("name, arg", PRESETS, ids=[f"{n}:{a}" for n, a in PRESETS])
@@ -76,8 +65,8 @@ def test_every_config_declares_its_presets_and_refuses_others():
             runner.load_config(path, "nope")
 
 
-def test_a_preset_publishes_under_its_own_name_with_its_links(tmp_path):
-    cfg = _config(tmp_path, "linked_task", name="pub", n=1)
+def test_a_preset_publishes_under_its_own_name_with_its_links(task_config, tmp_path):
+    cfg = task_config("linked_task", "tests.experiments.test_publish", "PRESETS = ('smoke',)\n", name="pub", n=1)
     dest = tmp_path / "results" / device_label()
     out = runner.run(cfg, "smoke", workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
     assert out["published"] == [str(dest / f"pub-smoke.{e}") for e in ("json", "md", "png")]
@@ -85,17 +74,17 @@ def test_a_preset_publishes_under_its_own_name_with_its_links(tmp_path):
     assert not (dest / "pub.json").exists()
 
 
-def test_the_same_publish_again_runs_nothing_and_rewrites_nothing(tmp_path, capsys):
-    cfg = _config(tmp_path, "linked_task", name="pub", n=1)
+def test_the_same_publish_again_runs_nothing_and_rewrites_nothing(task_config, tmp_path, capsys):
+    cfg = task_config("linked_task", "tests.experiments.test_publish", "PRESETS = ('smoke',)\n", name="pub", n=1)
     dest, w = tmp_path / "results" / device_label(), tmp_path / "w"
     CALLS.clear()
     runner.run(cfg, workdir=w, publish=False, results_root=tmp_path / "results")
     # run, look, then publish: what is published is what was measured, not a new measurement
     out = runner.run(cfg, workdir=w, publish=True, results_root=tmp_path / "results")
     assert CALLS == ["pub"] and out["published"] == [str(dest / f"pub.{e}") for e in ("json", "md", "png")]
-    published, summary = _tree(dest), (w / "summary.json").read_bytes()
+    published, summary = file_tree(dest, mtime=True, recursive=False), (w / "summary.json").read_bytes()
     assert runner.run(cfg, workdir=w, publish=True, results_root=tmp_path / "results") == out
-    assert CALLS == ["pub"] and _tree(dest) == published and (w / "summary.json").read_bytes() == summary
+    assert CALLS == ["pub"] and file_tree(dest, mtime=True, recursive=False) == published and (w / "summary.json").read_bytes() == summary
     assert "finished already" in capsys.readouterr().err
     runner.run(cfg, workdir=w, restart=True, publish=True, results_root=tmp_path / "results")
     assert CALLS == ["pub", "pub"]  # --restart runs it again
@@ -109,7 +98,7 @@ def test_rnn_train_smoke_publish_leaves_the_committed_full_result_alone(tmp_path
     dest.mkdir(parents=True)
     for f in committed.glob("rnn_train*"):
         shutil.copy2(f, dest / f.name)
-    full = {n: b for n, (b, _) in _tree(dest).items()}
+    full = {n: b for n, (b, _) in file_tree(dest, mtime=True, recursive=False).items()}
     assert set(full) == {"rnn_train.json", "rnn_train.md", "rnn_train.png"}
     calls = []
     measured = rnn_train.rnn_train
@@ -122,9 +111,9 @@ def test_rnn_train_smoke_publish_leaves_the_committed_full_result_alone(tmp_path
     monkeypatch.chdir(tmp_path)
     argv = ["run", f"{RNN_TRAIN}:smoke", "--workdir", str(tmp_path / "w"), "--publish"]
     assert cli.main(argv) == 0
-    after = _tree(dest)
+    after = file_tree(dest, mtime=True, recursive=False)
     assert {n: after[n][0] for n in full} == full  # the full result: byte for byte
     assert set(after) - set(full) == {"rnn_train-smoke.json", "rnn_train-smoke.md", "rnn_train-smoke.png"}
     assert calls == [10]
     assert cli.main(argv) == 0
-    assert calls == [10] and _tree(dest) == after  # not measured again, no file rewritten
+    assert calls == [10] and file_tree(dest, mtime=True, recursive=False) == after  # not measured again, no file rewritten

@@ -15,29 +15,10 @@ from bppsa.errors import UsageError
 from experiments import RunFailed, cli, publish, runner, train
 from experiments.provenance import device_label
 from experiments.workdir import MARKER
+from tests.helpers import file_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-
-
-def _config(tmp_path: Path, task: str, **fields) -> Path:
-    path = tmp_path / f"{task}.py"
-    fields = {"task": f"tests.helpers:{task}", **fields}
-    path.write_text("import ml_collections\n"
-                    f"def get_config(arg=None):\n    return ml_collections.ConfigDict({fields!r})\n")
-    return path
-
-
-def _one_line(capsys, prefix: str) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(prefix), lines[0]
-    return lines[0]
-
-
-def _tree(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 def _marker(d: Path) -> dict:
@@ -61,25 +42,25 @@ PUB = dict(name="pub", n=1, fail_part=False, extra=False, keep_partial=False)
 # A failed part fails the run, unless the config keeps partial results (then they say so).
 # --------------------------------------------------------------------------------------------
 
-def test_a_failed_part_fails_the_run_and_publishes_nothing(tmp_path, capsys):
+def test_a_failed_part_fails_the_run_and_publishes_nothing(one_error_line, task_config, tmp_path, capsys):
     dest = _committed(tmp_path)
-    before = _tree(dest)
-    cfg = _config(tmp_path, "part_task", **PUB)
+    before = file_tree(dest)
+    cfg = task_config("part_task", **PUB)
     with pytest.raises(RunFailed, match="replica 2 failed: killed by SIGKILL"):
         runner.run(cfg, None, {"fail_part": "True"}, workdir=tmp_path / "w", publish=True,
                    results_root=tmp_path / "results")
-    assert _tree(dest) == before
+    assert file_tree(dest) == before
     assert _marker(tmp_path / "w")["status"] == "failed"
     assert "replica 2 failed" in json.loads((tmp_path / "w" / "summary.json").read_text())["failed"]
     assert cli.main(["run", str(cfg), "--config.fail_part=True", "--workdir", str(tmp_path / "w2")]) == 1
-    line = _one_line(capsys, "bppsa run: failed: replica 2 failed")
+    line = one_error_line("bppsa run: failed: replica 2 failed")
     assert "--config.keep_partial=True" in line
 
 
-def test_kept_partial_results_say_so_and_are_never_published(tmp_path, capsys):
+def test_kept_partial_results_say_so_and_are_never_published(task_config, tmp_path, capsys):
     dest = _committed(tmp_path)
-    before = _tree(dest)
-    cfg = _config(tmp_path, "part_task", **PUB)
+    before = file_tree(dest)
+    cfg = task_config("part_task", **PUB)
     w = tmp_path / "w"
     assert cli.main(["run", str(cfg), "--config.fail_part=True", "--config.keep_partial=True",
                      "--workdir", str(w)]) == 0
@@ -90,7 +71,7 @@ def test_kept_partial_results_say_so_and_are_never_published(tmp_path, capsys):
     with pytest.raises(RunFailed, match="partial results .*nothing was published"):
         runner.run(cfg, None, {"fail_part": "True", "keep_partial": "True"}, workdir=w, publish=True,
                    results_root=tmp_path / "results")
-    assert _tree(dest) == before
+    assert file_tree(dest) == before
 
 
 def test_hetero_real_run_with_failing_replicas_and_publish_changes_no_committed_file(tmp_path):
@@ -115,9 +96,9 @@ def test_hetero_real_run_with_failing_replicas_and_publish_changes_no_committed_
 # --publish: all files of a complete result or none; stale companions go.
 # --------------------------------------------------------------------------------------------
 
-def test_publish_replaces_every_file_and_removes_stale_companions_only(tmp_path, capsys):
+def test_publish_replaces_every_file_and_removes_stale_companions_only(task_config, tmp_path, capsys):
     dest = _committed(tmp_path)
-    cfg = _config(tmp_path, "part_task", **PUB)
+    cfg = task_config("part_task", **PUB)
     out = runner.run(cfg, workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
     assert out["published"] == [str(dest / "pub.json"), str(dest / "pub.md")]
     assert sorted(p.name for p in dest.iterdir()) == ["pub.json", "pub.md", "pub_real.json", "pub_real.png",
@@ -129,11 +110,11 @@ def test_publish_replaces_every_file_and_removes_stale_companions_only(tmp_path,
     assert (dest / "pub_extra.png").read_bytes() == b"png 1"
 
 
-def test_a_publish_that_fails_midway_changes_nothing(tmp_path, monkeypatch):
+def test_a_publish_that_fails_midway_changes_nothing(task_config, tmp_path, monkeypatch):
     import errno
     dest = _committed(tmp_path)
-    before = _tree(dest)
-    cfg = _config(tmp_path, "part_task", **{**PUB, "extra": True})
+    before = file_tree(dest)
+    cfg = task_config("part_task", **{**PUB, "extra": True})
     copies = []
 
     def copy_then_fill(src, dst, *a, **k):
@@ -145,37 +126,37 @@ def test_a_publish_that_fails_midway_changes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(publish.shutil, "copy2", copy_then_fill)
     with pytest.raises(RunFailed, match="No space left on device; nothing was published"):
         runner.run(cfg, workdir=tmp_path / "w", publish=True, results_root=tmp_path / "results")
-    assert _tree(dest) == before  # no file replaced, no staged copy left behind
+    assert file_tree(dest) == before  # no file replaced, no staged copy left behind
 
 
 # --------------------------------------------------------------------------------------------
 # The work directory removed or altered: the run fails; the next run says so in one line.
 # --------------------------------------------------------------------------------------------
 
-def test_a_work_directory_removed_during_the_run_fails_it(tmp_path, capsys):
-    cfg = _config(tmp_path, "vanish_task", n=1)
+def test_a_work_directory_removed_during_the_run_fails_it(one_error_line, task_config, tmp_path, capsys):
+    cfg = task_config("vanish_task", n=1)
     w = tmp_path / "w"
     assert cli.main(["run", str(cfg), "--workdir", str(w)]) == 1
-    _one_line(capsys, "bppsa run: failed: the work directory")
+    one_error_line("bppsa run: failed: the work directory")
     marker = _marker(w)  # the run recreated part of it: its marker says what happened
     assert marker["status"] == "failed" and "removed or replaced" in marker["damaged"]
-    before = _tree(w)
+    before = file_tree(w)
     for argv in ([], ["--config.n=2"]):  # resumed or changed: refused in one line, nothing changed
         assert cli.main(["run", str(cfg), *argv, "--workdir", str(w)]) == 2
-        assert "--restart" in _one_line(capsys, "bppsa run: error: the last run in")
-        assert _tree(w) == before
+        assert "--restart" in one_error_line("bppsa run: error: the last run in")
+        assert file_tree(w) == before
     assert cli.main(["run", str(cfg), "--workdir", str(w), "--restart"]) == 1  # the task removes it again
     capsys.readouterr()
 
 
-def test_an_entry_removed_after_a_run_is_one_line_on_the_next_run(tmp_path, capsys):
-    cfg = _config(tmp_path, "part_task", **PUB)
+def test_an_entry_removed_after_a_run_is_one_line_on_the_next_run(one_error_line, task_config, tmp_path, capsys):
+    cfg = task_config("part_task", **PUB)
     w = tmp_path / "w"
     assert cli.main(["run", str(cfg), "--workdir", str(w)]) == 0
     (w / "pub.md").unlink()
     capsys.readouterr()
     assert cli.main(["run", str(cfg), "--workdir", str(w)]) == 2
-    line = _one_line(capsys, "bppsa run: error: 'pub.md' of the work directory")
+    line = one_error_line("bppsa run: error: 'pub.md' of the work directory")
     assert "is gone since the last run ended" in line
     assert cli.main(["run", str(cfg), "--workdir", str(w), "--restart"]) == 0
     assert (w / "pub.md").exists()
@@ -210,17 +191,10 @@ def _with_file_size_limit(limit: int, cmd: list[str]) -> list[str]:
             f"({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])", *cmd]
 
 
-def _toy(tmp_path: Path, steps: int) -> Path:
-    path = tmp_path / "toy.py"
-    path.write_text("import ml_collections\ndef get_config(arg=None):\n    return ml_collections.ConfigDict("
-                    f"{{'task': 'tests.runner_tasks:steps_task', 'name': 'toy', 'steps': {steps}}})\n")
-    return path
-
-
-def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path):
+def test_a_full_disk_is_one_line_and_the_same_command_resumes(task_config, tmp_path):
     """Files may grow to 600 bytes (RLIMIT_FSIZE: a real OS write error, EFBIG): the toy's metrics file
     outgrows it; the run fails in one line naming it; without the limit the same command finishes it."""
-    cfg, w = _toy(tmp_path, 60), tmp_path / "w"
+    cfg, w = task_config("steps_task", name="toy", steps=60), tmp_path / "w"
     cmd = [sys.executable, "-m", "experiments.cli", "run", str(cfg), "--workdir", str(w)]
     proc = subprocess.run(_with_file_size_limit(600, cmd), cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=120)
@@ -257,17 +231,17 @@ def test_a_full_disk_under_orbax_is_one_line(tmp_path):
 # One-line errors: a config missing a key its task reads, a dangling symlink, `bppsa results`.
 # --------------------------------------------------------------------------------------------
 
-def test_a_config_missing_a_key_the_task_reads_is_one_line(tmp_path, capsys):
-    cfg = _config(tmp_path, "missing_key_task", n=1)
+def test_a_config_missing_a_key_the_task_reads_is_one_line(one_error_line, task_config, tmp_path, capsys):
+    cfg = task_config("missing_key_task", n=1)
     assert cli.main(["run", str(cfg), "--workdir", str(tmp_path / "w")]) == 2
-    line = _one_line(capsys, "bppsa run: error: the task 'tests.helpers:missing_key_task' reads config key ")
+    line = one_error_line("bppsa run: error: the task 'tests.runner_tasks:missing_key_task' reads config key ")
     assert "'learning_rate'" in line
 
 
-def test_a_dangling_symlink_work_directory_is_named_as_such(tmp_path, capsys):
+def test_a_dangling_symlink_work_directory_is_named_as_such(one_error_line, task_config, tmp_path, capsys):
     (tmp_path / "w").symlink_to(tmp_path / "nowhere")
-    assert cli.main(["run", str(_config(tmp_path, "echo_task", n=1)), "--workdir", str(tmp_path / "w")]) == 2
-    line = _one_line(capsys, "bppsa run: error: --workdir")
+    assert cli.main(["run", str(task_config("echo_task", n=1)), "--workdir", str(tmp_path / "w")]) == 2
+    line = one_error_line("bppsa run: error: --workdir")
     assert "symbolic link to" in line and "which does not exist" in line
     assert not (tmp_path / "nowhere").exists()
 
@@ -278,9 +252,9 @@ def test_a_dangling_symlink_work_directory_is_named_as_such(tmp_path, capsys):
     (b'{"provenance": [1, 2]}', '"provenance" is a JSON list; it is an object'),
     (b'[1, 2]', "holds a JSON list; a result's record is a JSON object"),
 ])
-def test_bppsa_results_on_a_damaged_result_is_one_line(tmp_path, capsys, content, needle):
+def test_bppsa_results_on_a_damaged_result_is_one_line(one_error_line, tmp_path, capsys, content, needle):
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "bad.json").write_bytes(content)
     assert cli.main(["results", "--root", str(tmp_path)]) == 2
-    line = _one_line(capsys, "bppsa results: error: ")
+    line = one_error_line("bppsa results: error: ")
     assert needle in line and "bad.json" in line

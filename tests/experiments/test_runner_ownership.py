@@ -14,30 +14,12 @@ import pytest
 
 from experiments import cli, runner, train, workdir
 from bppsa.errors import UsageError
+from tests.helpers import file_tree, toy_classifier, toy_data
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = cli.config_paths()  # {name: experiments/<paper>/configs/name.py}
 RNN_TRAIN = CONFIGS["rnn_train"]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-
-
-def _config(tmp_path, task, module="tests.runner_tasks", **fields) -> Path:
-    path = tmp_path / f"{task}.py"
-    fields = {"task": f"{module}:{task}", **fields}
-    path.write_text("import ml_collections\n"
-                    f"def get_config(arg=None):\n    return ml_collections.ConfigDict({fields!r})\n")
-    return path
-
-
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def _tree(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): p.read_text() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 pytestmark = pytest.mark.usefixtures("float32_as_in_bppsa_run")  # float64 off, as `bppsa run` runs
@@ -48,34 +30,34 @@ pytestmark = pytest.mark.usefixtures("float32_as_in_bppsa_run")  # float64 off, 
 # a folder bppsa did not mark is never modified.
 # --------------------------------------------------------------------------------------------
 
-def test_a_folder_bppsa_did_not_mark_is_refused_and_left_as_it_is(tmp_path, capsys):
+def test_a_folder_bppsa_did_not_mark_is_refused_and_left_as_it_is(one_error_line, task_config, tmp_path, capsys):
     d = tmp_path / "mine"
     d.mkdir()
     (d / "config.json").write_text('{"mine": true}')
     (d / "rnn.json").write_text("my results")
-    cfg = _config(tmp_path, "steps_task", steps=2, name="rnn")
-    before = _tree(d)
+    cfg = task_config("steps_task", steps=2, name="rnn")
+    before = file_tree(d, text=True)
     assert cli.main(["run", str(cfg), "--workdir", str(d)]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line()
     assert "not a bppsa work directory" in line and "config.json" in line
-    assert _tree(d) == before and sorted(os.listdir(d)) == ["config.json", "rnn.json"]
+    assert file_tree(d, text=True) == before and sorted(os.listdir(d)) == ["config.json", "rnn.json"]
 
 
-def test_an_empty_folder_is_taken(tmp_path):
-    cfg = _config(tmp_path, "steps_task", steps=2, name="rnn")
+def test_an_empty_folder_is_taken(task_config, tmp_path):
+    cfg = task_config("steps_task", steps=2, name="rnn")
     (tmp_path / "empty").mkdir()
     assert runner.run(cfg, workdir=tmp_path / "empty") == {"x": 14}
 
 
-def test_a_task_never_overwrites_a_file_the_user_put_in_a_marked_folder(tmp_path, capsys):
+def test_a_task_never_overwrites_a_file_the_user_put_in_a_marked_folder(one_error_line, task_config, tmp_path, capsys):
     """The user's rnn.json sits in a bppsa work directory; a later run's task would write rnn.json."""
-    cfg = _config(tmp_path, "steps_task", steps=2, name="other")
+    cfg = task_config("steps_task", steps=2, name="other")
     d = tmp_path / "d"
     runner.run(cfg, workdir=d)
     (d / "rnn.json").write_text("mine")
-    cfg2 = _config(tmp_path, "steps_task", steps=2, name="rnn")
+    cfg2 = task_config("steps_task", steps=2, name="rnn")
     assert cli.main(["run", str(cfg2), "--workdir", str(d), "--restart"]) == 2
-    assert "'rnn.json'" in _one_error_line(capsys) and (d / "rnn.json").read_text() == "mine"
+    assert "'rnn.json'" in one_error_line() and (d / "rnn.json").read_text() == "mine"
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,8 +66,8 @@ def test_a_task_never_overwrites_a_file_the_user_put_in_a_marked_folder(tmp_path
 # The lock of the killed run is taken over with one line (item 7).
 # --------------------------------------------------------------------------------------------
 
-def test_restart_after_kill_keeps_the_users_later_files_and_takes_over_the_lock(tmp_path, capsys):
-    cfg = _config(tmp_path, "steps_task", steps=5, name="toy")
+def test_restart_after_kill_keeps_the_users_later_files_and_takes_over_the_lock(task_config, tmp_path, capsys):
+    cfg = task_config("steps_task", steps=5, name="toy")
     d = tmp_path / "d"
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--workdir", str(d)],
                           env=dict(ENV, BPPSA_TEST_KILL_AFTER="3"), cwd=ROOT, capture_output=True, text=True,
@@ -108,9 +90,9 @@ def test_restart_after_kill_keeps_the_users_later_files_and_takes_over_the_lock(
 # Item 7: never two runs at once in one work directory.
 # --------------------------------------------------------------------------------------------
 
-def test_a_second_run_on_a_busy_work_directory_is_refused(tmp_path, capsys):
+def test_a_second_run_on_a_busy_work_directory_is_refused(one_error_line, task_config, tmp_path, capsys):
     release = tmp_path / "release"
-    cfg = _config(tmp_path, "wait_task", release=str(release))
+    cfg = task_config("wait_task", release=str(release))
     d = tmp_path / "d"
     first = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--workdir", str(d)],
                              env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -121,10 +103,10 @@ def test_a_second_run_on_a_busy_work_directory_is_refused(tmp_path, capsys):
         assert (d / "started").exists(), first.communicate()
         marker = (d / workdir.MARKER).read_text()
         assert cli.main(["run", str(cfg), "--workdir", str(d)]) == 2
-        line = _one_error_line(capsys)
+        line = one_error_line()
         assert f"in use by another bppsa run (pid {first.pid} on " in line
         assert cli.main(["run", str(cfg), "--workdir", str(d), "--restart"]) == 2  # nor deleted under it
-        assert "in use" in _one_error_line(capsys) and (d / workdir.MARKER).read_text() == marker
+        assert "in use" in one_error_line() and (d / workdir.MARKER).read_text() == marker
     finally:
         release.write_text("")
         out, err = first.communicate(timeout=120)
@@ -138,11 +120,11 @@ def test_a_second_run_on_a_busy_work_directory_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("name, why", [("../notes", "'/'"), ("a/b", "'/'"), ("", "empty"), ("x" * 300, "200 bytes"),
                                        (".hidden", "leading '.'"), ("config", "runner's own"), ("a\nb", "control")])
-def test_a_name_that_is_not_a_plain_file_name_is_refused_before_anything_is_written(tmp_path, capsys, name, why):
+def test_a_name_that_is_not_a_plain_file_name_is_refused_before_anything_is_written(one_error_line, tmp_path, capsys, name, why):
     (tmp_path / "notes.json").write_text("the user's")
     w = tmp_path / "w"
     assert cli.main(["reproduce", "rnn-train", "--smoke", f"--config.name={name}", "--workdir", str(w)]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line()
     assert "config.name must be a plain file name" in line and why in line and len(line) < 400
     assert not w.exists() and (tmp_path / "notes.json").read_text() == "the user's"
 
@@ -151,28 +133,15 @@ def test_a_name_that_is_not_a_plain_file_name_is_refused_before_anything_is_writ
 # Item 5: paths are never put into URLs unescaped.
 # --------------------------------------------------------------------------------------------
 
-def _model():
-    from flax import nnx
-
-    from bppsa import cells
-    from bppsa.nn import SequenceClassifier
-    return SequenceClassifier(cells.RNN(1, 8), 10, backward="bptt", rngs=nnx.Rngs(0))
-
-
-def _data():
-    from bppsa.tasks.bitstream import make_bitstream
-    return make_bitstream(32, 8)
-
-
 def test_a_work_directory_with_odd_characters_resumes(tmp_path):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    straight = train.fit(_model(), x, y, steps=8, **kw)
+    straight = train.fit(toy_classifier(), x, y, steps=8, **kw)
     odd = tmp_path / "a #b?c %41 d é ü 日本"
-    train.fit(_model(), x, y, steps=6, workdir=odd, **kw)
+    train.fit(toy_classifier(), x, y, steps=6, workdir=odd, **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no checkpoint judged corrupt
-        resumed = train.fit(_model(), x, y, steps=8, workdir=odd, **kw)
+        resumed = train.fit(toy_classifier(), x, y, steps=8, workdir=odd, **kw)
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight]
     assert sorted(p.name for p in (odd / "checkpoints").iterdir()) == ["6", "8"]
 
@@ -186,9 +155,9 @@ class Killed(Exception):
 
 
 def test_a_bad_metrics_line_is_skipped_and_nothing_on_disk_is_rewritten_away(tmp_path, monkeypatch):
-    x, y = _data()
+    x, y = toy_data()
     kw = dict(batch_size=8, checkpoint_every=3, progress=False)
-    straight = train.fit(_model(), x, y, steps=8, **kw)
+    straight = train.fit(toy_classifier(), x, y, steps=8, **kw)
 
     def kill(step):
         if step == 5:
@@ -196,14 +165,14 @@ def test_a_bad_metrics_line_is_skipped_and_nothing_on_disk_is_rewritten_away(tmp
 
     monkeypatch.setattr(train, "after_step", kill)
     with pytest.raises(Killed):  # checkpoint at 3, records of steps 1..5
-        train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+        train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     monkeypatch.setattr(train, "after_step", lambda step: None)
     path = tmp_path / "metrics.jsonl"
     lines = path.read_text().splitlines()
     lines[1] = '{"step": 2, "loss": 0.69'  # garbled in the middle
     path.write_text("\n".join(lines) + "\n")
     with pytest.warns(UserWarning, match=r"metrics.jsonl' line 2 is not a JSON metrics record; skipped"):
-        resumed = train.fit(_model(), x, y, steps=8, workdir=tmp_path, **kw)
+        resumed = train.fit(toy_classifier(), x, y, steps=8, workdir=tmp_path, **kw)
     assert [r["step"] for r in resumed] == [1, 3, 4, 5, 6, 7, 8]  # the records after the bad line are kept
     assert [r["loss"] for r in resumed] == [r["loss"] for r in straight if r["step"] != 2]
     on_disk = path.read_text().splitlines()
@@ -217,12 +186,12 @@ def test_a_bad_metrics_line_is_skipped_and_nothing_on_disk_is_rewritten_away(tmp
 # Item 8: a non-finite loss stops the run with one line; no summary claims agreement over NaN.
 # --------------------------------------------------------------------------------------------
 
-def test_a_non_finite_loss_stops_the_run_with_one_line(tmp_path, capsys):
+def test_a_non_finite_loss_stops_the_run_with_one_line(one_error_line, tmp_path, capsys):
     w = tmp_path / "w"
     tiny = ["--config.timing.lengths=()", "--config.steps=4"]
     assert cli.main(["reproduce", "rnn-train", "--smoke", "--config.learning_rate=1e38", *tiny,
                      "--workdir", str(w)]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line()
     assert "of bptt became nan at step" in line and "smaller --config.learning_rate" in line
     assert not (w / "summary.json").exists() and not (w / "rnn_train.md").exists()
     assert cli.main(["reproduce", "rnn-train", "--smoke", "--config.learning_rate=1e-3", *tiny, "--config.methods=bptt",
@@ -230,7 +199,7 @@ def test_a_non_finite_loss_stops_the_run_with_one_line(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["reproduce", "rnn-train", "--smoke", "--config.learning_rate=inf", "--workdir",
                      str(tmp_path / "w2")]) == 2
-    assert "config.learning_rate must be a finite number > 0; got inf" in _one_error_line(capsys)
+    assert "config.learning_rate must be a finite number > 0; got inf" in one_error_line()
 
 
 def test_the_table_claims_no_agreement_over_nan():
@@ -247,8 +216,8 @@ def test_the_table_claims_no_agreement_over_nan():
 # Item 14: tuples inside dicts compare equal to their JSON lists: the same command resumes.
 # --------------------------------------------------------------------------------------------
 
-def test_the_same_command_with_tuples_inside_dicts_is_not_a_different_config(tmp_path):
-    cfg = _config(tmp_path, "echo_task", module="tests.helpers", n=1,
+def test_the_same_command_with_tuples_inside_dicts_is_not_a_different_config(task_config, tmp_path):
+    cfg = task_config("echo_task", n=1,
                   policies=(("bsp", {}), ("ssp", {"s": 3})), models=({"task": {"channels": (4, 8)}},))
     assert runner.run(cfg, workdir=tmp_path / "w") == {"n": 1}
     assert runner.run(cfg, workdir=tmp_path / "w") == {"n": 1}
@@ -262,7 +231,7 @@ def test_the_same_sync_command_on_a_finished_run_is_not_refused(tmp_path, arg):
                    f"spec = importlib.util.spec_from_file_location('sync_cfg', {str(CONFIGS['sync'])!r})\n"
                    "sync = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(sync)\n"
                    "def get_config(arg=None):\n    c = sync.get_config(arg)\n"
-                   "    c.task = 'tests.helpers:echo_task'\n    c.n = 1\n    return c\n")
+                   "    c.task = 'tests.runner_tasks:echo_task'\n    c.n = 1\n    return c\n")
     assert runner.run(cfg, arg, workdir=tmp_path / "w") == {"n": 1}
     assert runner.run(cfg, arg, workdir=tmp_path / "w") == {"n": 1}
 
@@ -271,10 +240,10 @@ def test_the_same_sync_command_on_a_finished_run_is_not_refused(tmp_path, arg):
 # Item 3: `bppsa results --root DIR` never overwrites a README.md it did not write.
 # --------------------------------------------------------------------------------------------
 
-def test_results_never_overwrites_a_readme_it_did_not_write(tmp_path, capsys):
+def test_results_never_overwrites_a_readme_it_did_not_write(one_error_line, tmp_path, capsys):
     (tmp_path / "README.md").write_text("# My project\n")
     assert cli.main(["results", "--root", str(tmp_path)]) == 2
-    assert "not written by `bppsa results`" in _one_error_line(capsys)
+    assert "not written by `bppsa results`" in one_error_line()
     assert (tmp_path / "README.md").read_text() == "# My project\n"
     (tmp_path / "README.md").unlink()
     assert cli.main(["results", "--root", str(tmp_path)]) == 0  # its own index it rewrites
@@ -287,14 +256,6 @@ def test_results_never_overwrites_a_readme_it_did_not_write(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------
 # Tracebacks for user errors: one line, exit code 2.
 # --------------------------------------------------------------------------------------------
-
-def _broken_module(tmp_path, monkeypatch):
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "broken_task_module.py").write_text("raise RuntimeError('this module fails at import')\n")
-    monkeypatch.syspath_prepend(str(code))
-    return _config(tmp_path, "task", module="broken_task_module")
-
 
 SMOKE = ["reproduce", "rnn-train", "--smoke"]
 RUNNER_ERRORS = {
@@ -311,36 +272,40 @@ RUNNER_ERRORS = {
 
 
 @pytest.mark.parametrize("case", RUNNER_ERRORS)
-def test_user_errors_of_the_runner_are_one_line(tmp_path, capsys, monkeypatch, case):
+def test_user_errors_of_the_runner_are_one_line(one_error_line, task_config, tmp_path, capsys, monkeypatch, case):
     (tmp_path / "afile").write_text("x")
-    _broken_module(tmp_path, monkeypatch)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "broken_task_module.py").write_text("raise RuntimeError('this module fails at import')\n")
+    monkeypatch.syspath_prepend(str(code))
+    task_config("task", module="broken_task_module")  # tmp_path/task.py: a config whose task fails at import
     argv, needle = RUNNER_ERRORS[case]
     assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line()
     assert needle in line and len(line) < 1500, line[:300]
     assert not (tmp_path / "w").exists()
 
 
-def test_a_seed_out_of_range_is_refused_for_every_task(tmp_path):
-    cfg = _config(tmp_path, "echo_task", module="tests.helpers", n=1, seed=0)
+def test_a_seed_out_of_range_is_refused_for_every_task(task_config, tmp_path):
+    cfg = task_config("echo_task", n=1, seed=0)
     with pytest.raises(UsageError, match=r"config.seed must be an int in 0\.\.4294967295 .*; got 18446744073709551616"):
         runner.run(cfg, overrides={"seed": str(2 ** 64)}, workdir=tmp_path / "w")
     assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_work_directory_is_one_line(tmp_path, capsys):
+def test_a_read_only_work_directory_is_one_line(one_error_line, task_config, tmp_path, capsys):
     d = tmp_path / "ro"
     d.mkdir()
     d.chmod(0o555)
     try:
-        assert cli.main(["run", str(_config(tmp_path, "steps_task", steps=1, name="t")), "--workdir", str(d)]) == 2
-        assert "not writable" in _one_error_line(capsys)
+        assert cli.main(["run", str(task_config("steps_task", steps=1, name="t")), "--workdir", str(d)]) == 2
+        assert "not writable" in one_error_line()
     finally:
         d.chmod(0o755)
 
 
-def test_a_work_directory_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_work_directory_that_cannot_be_written_is_one_line(one_error_line, task_config, tmp_path, capsys, monkeypatch):
     """As a read-only folder does for a non-root user (the tests may run as root): opening the lock fails."""
     real_open = os.open
 
@@ -351,9 +316,9 @@ def test_a_work_directory_that_cannot_be_written_is_one_line(tmp_path, capsys, m
 
     monkeypatch.setattr(os, "open", read_only)
     (tmp_path / "ro").mkdir()
-    cfg = _config(tmp_path, "steps_task", steps=1, name="t")
+    cfg = task_config("steps_task", steps=1, name="t")
     assert cli.main(["run", str(cfg), "--workdir", str(tmp_path / "ro")]) == 2
-    assert "is not writable (Permission denied)" in _one_error_line(capsys)
+    assert "is not writable (Permission denied)" in one_error_line()
     assert os.listdir(tmp_path / "ro") == []
 
 
@@ -362,15 +327,15 @@ def test_a_work_directory_that_cannot_be_written_is_one_line(tmp_path, capsys, m
 # before it exists and refuses what bppsa did not create; no audit hook, in any process.
 # --------------------------------------------------------------------------------------------
 
-def test_an_entry_is_listed_before_it_exists_even_when_the_run_is_killed_right_after(tmp_path, capsys):
-    cfg = _config(tmp_path, "entry_then_die", entry="half")
+def test_an_entry_is_listed_before_it_exists_even_when_the_run_is_killed_right_after(task_config, tmp_path, capsys):
+    cfg = task_config("entry_then_die", entry="half")
     d = tmp_path / "d"
     proc = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--workdir", str(d)],
                           env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     assert workdir.read_marker(d)["written"] == ["config.json", "half"] and not (d / "half").exists()
     (d / "notes.txt").write_text("mine")
-    cfg2 = _config(tmp_path, "write_task", module="tests.helpers", n=1, die=False)
+    cfg2 = task_config("write_task", n=1, die=False)
     assert cli.main(["run", str(cfg2), "--workdir", str(d), "--restart"]) == 0
     assert (d / "notes.txt").read_text() == "mine"
 
@@ -425,25 +390,25 @@ def test_a_task_cannot_take_the_runners_own_files(tmp_path, name):
         wd.finish("done")
 
 
-def test_an_entry_made_without_the_writer_is_never_counted_as_bppsas(tmp_path, capsys):
-    cfg = _config(tmp_path, "bypass_task")
+def test_an_entry_made_without_the_writer_is_never_counted_as_bppsas(task_config, tmp_path, capsys):
+    cfg = task_config("bypass_task")
     d = tmp_path / "d"
     assert cli.main(["run", str(cfg), "--workdir", str(d)]) == 0
     err = capsys.readouterr().err
     assert "'raw.txt' appeared in" in err and "not counted as bppsa's" in err
     assert workdir.read_marker(d)["written"] == ["config.json", "out.txt", "summary.json"]
-    cfg2 = _config(tmp_path, "write_task", module="tests.helpers", n=1, die=False)
+    cfg2 = task_config("write_task", n=1, die=False)
     assert cli.main(["run", str(cfg2), "--workdir", str(d), "--restart"]) == 0
     assert "raw.txt" not in workdir.read_marker(d)["written"] and not (d / "out.txt").exists()
     assert (d / "raw.txt").read_text() == "not through entry()"  # --restart kept it: not bppsa's
 
 
 def test_fit_handed_the_run_directory_lists_its_entries_first(tmp_path):
-    x, y = _data()
+    x, y = toy_data()
     d = tmp_path / "d"
     with workdir.WorkDir(d) as wd:
         wd.start(progress=False)
-        train.fit(_model(), x, y, steps=2, batch_size=8, progress=False, workdir=wd.run_dir())
+        train.fit(toy_classifier(), x, y, steps=2, batch_size=8, progress=False, workdir=wd.run_dir())
         wd.finish("done")
     assert workdir.read_marker(d)["written"] == sorted(
         ["metrics.jsonl", "metrics.superseded.jsonl", "checkpoints", "checkpoints-corrupt"])
@@ -476,13 +441,13 @@ def _audit_hooks(code: str) -> tuple[list, list]:
     return added, ours
 
 
-def test_no_audit_hook_anywhere(tmp_path):
+def test_no_audit_hook_anywhere(task_config, tmp_path):
     """Ownership is recorded by the writer: bppsa installs no audit hook (one can never be removed from
     a process, sees every open of it, and is blind to child processes and native writers). Libraries
     may add their own (the newest filelock does, on import): only hooks from bppsa's modules count."""
     assert not [p for p in [*(ROOT / "bppsa").rglob("*.py"), *(ROOT / "experiments").rglob("*.py")]
                 if "addaudithook" in p.read_text()]
-    cfg = _config(tmp_path, "steps_task", steps=2, name="toy")
+    cfg = task_config("steps_task", steps=2, name="toy")
     _, ours = _audit_hooks(f"from experiments import runner\n"
                            f"runner.run({str(cfg)!r}, workdir={str(tmp_path / 'd')!r})\n")
     assert ours == []

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from experiments import cli, workdir
+from tests.helpers import file_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
@@ -80,13 +81,6 @@ class RnnTrain:
         return self._plain({k: record[k] for k in ("curves", "final", "max_loss_diff", "diverge_step")}), metrics
 
 
-def _tree(d: Path) -> dict[str, bytes]:
-    if not d.exists():
-        return {}
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*"))
-            if p.is_file() and p.name not in SKIP}
-
-
 def _ops(driver):
     n = st.sampled_from(driver.variants)
     run = st.tuples(st.just("run"), n, st.none() | st.integers(1, driver.max_kill), st.booleans(),
@@ -117,7 +111,7 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
             refused = (config is None and bool(user)) or (not restart and config not in (None, n))
             # the same command on a run that ended well runs nothing (no kill, no fault: the task does not run)
             finished = done and not restart and not refused
-            before = _tree(d)
+            before = file_tree(d, skip=SKIP)
             if kill is not None:
                 kills += 1
                 cmd, env = driver.kill(kill, argv)
@@ -134,7 +128,7 @@ def _drive(driver_cls, ops, straight: dict, max_kills: int = 2) -> None:
                     os.environ.pop("BPPSA_TEST_FAULT", None)
                 assert rc == (2 if refused else 1 if fault and not finished else 0), (op, rc)
             if refused or finished:
-                assert _tree(d) == before  # nothing changed
+                assert file_tree(d, skip=SKIP) == before  # nothing changed
             if not refused:
                 config, done = n, rc == 0
                 if rc == 0:

@@ -16,7 +16,6 @@ import bppsa
 from bppsa import cells
 from bppsa.forward import newton
 from bppsa.plan import cost
-from tests.forward.test_newton import _loss, _problem
 from tests.reference import scan_grads, scan_states
 
 
@@ -25,8 +24,8 @@ def _gated(cell, xs, h0, gate, **fields):
     return dataclasses.replace(plan, gate=float(gate))
 
 
-def test_info_reports_the_exponent_along_the_returned_states():
-    cell, p, xs, h0 = _problem("gru", 9, 3)
+def test_info_reports_the_exponent_along_the_returned_states(problem):
+    cell, p, xs, h0 = problem(cells.GRU(3, 4), 9, 3)
     states, info = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", return_info=True))(p, xs, h0)
     np.testing.assert_allclose(info.lle, jnp.max(bppsa.lyapunov(cell, p, xs, h0, states)), rtol=1e-9)
     assert float(info.lle) < 0 and int(info.predicted) == int(newton.predicted_iterations(info.lle, 9))
@@ -43,8 +42,8 @@ def test_predicted_iterations():
     assert list(np.asarray(newton.predicted_iterations(lles[:3], 1000, "quasi"))) == [8, 8, 10]
 
 
-def test_auto_on_cpu_is_the_sequential_forward_with_no_gate():
-    cell, p, xs, h0 = _problem("gru", 9, 3)
+def test_auto_on_cpu_is_the_sequential_forward_with_no_gate(problem):
+    cell, p, xs, h0 = problem(cells.GRU(3, 4), 9, 3)
     plan = bppsa.Options(forward="auto").plan(cell, xs, h0)
     assert plan.forward == "sequential" and plan.gate is None
     forward, gate = cost.choose_forward(cell, 100_000, 64, backend="gpu")
@@ -54,19 +53,19 @@ def test_auto_on_cpu_is_the_sequential_forward_with_no_gate():
 
 
 @pytest.mark.parametrize("gate, on", [pytest.param(50, True, marks=pytest.mark.slow), (1, False)])  # on: vmap below
-def test_the_gate_goes_on_or_runs_the_sequential_forward(gate, on):
+def test_the_gate_goes_on_or_runs_the_sequential_forward(problem, loss, gate, on):
     """A contracting GRU (T = 7, B = 2): a gate above the prediction goes on (converged Newton), one
     below it runs the sequential forward; both exact, gradients equal autodiff."""
-    cell, p, xs, h0 = _problem("gru", 7, 2)
+    cell, p, xs, h0 = problem(cells.GRU(3, 4), 7, 2)
     plan = _gated(cell, xs, h0, gate)
 
     @jax.jit
     def run(p, x, h):
         def f(p, x, h):
             states, info = bppsa.rnn(cell, p, x, h, plan, return_info=True)
-            return _loss(states), (states, info)
+            return loss(states), (states, info)
         grads, (states, info) = jax.grad(f, argnums=(0, 1, 2), has_aux=True)(p, x, h)
-        return states, info, grads, scan_states(cell, p, x, h), scan_grads(cell, p, x, h, _loss)
+        return states, info, grads, scan_states(cell, p, x, h), scan_grads(cell, p, x, h, loss)
 
     states, info, grads, ref, ref_grads = run(p, xs, h0)
     np.testing.assert_allclose(states, ref, rtol=1e-10, atol=1e-12)
@@ -88,22 +87,19 @@ def test_the_gate_runs_the_sequential_forward_on_a_chaotic_cell():
     np.testing.assert_allclose(states, bppsa.rnn(cell, p, xs, h0), rtol=1e-12, atol=1e-12)
 
 
-def _switching_logistic(T, B, switch):
-    """The logistic map whose rate is the input, h' = x h (1 − h): x = 2.5 for the first ``switch``
-    steps (a fixed point, exponent log 0.5: it contracts), 4 after (chaos, exponent log 2)."""
-    cell = cells.Generic(lambda p, h, x: p["s"] * x * h * (1 - h), hidden_size=1)
-    xs = jnp.where(jnp.arange(T)[:, None, None] < switch, 2.5, 4.0) * jnp.ones((T, B, 1))
-    h0 = jnp.linspace(0.12, 0.31, B)[:, None]
-    return cell, {"s": jnp.float64(1.0)}, xs, h0
-
-
 def test_the_probe_sees_past_its_first_window():
     """A cell that contracts over the first PROBE_STEPS steps and expands after: the accelerator
     rule's gate (the GPU constants) and the exponent along the first window alone foresee 5 Newton
     iterations; Newton then spends max_iter on the chaotic stretch and falls back. The probe's
     windows at the middle and the end see the chaos: the sequential forward runs, exact."""
     T, B = 2000, 2
-    cell, p, xs, h0 = _switching_logistic(T, B, newton.PROBE_STEPS)
+    # The logistic map whose rate is the input, h' = x h (1 − h): x = 2.5 for the first ``switch``
+    # steps (a fixed point, exponent log 0.5: it contracts), 4 after (chaos, exponent log 2).
+    switch = newton.PROBE_STEPS
+    cell = cells.Generic(lambda p, h, x: p["s"] * x * h * (1 - h), hidden_size=1)
+    xs = jnp.where(jnp.arange(T)[:, None, None] < switch, 2.5, 4.0) * jnp.ones((T, B, 1))
+    h0 = jnp.linspace(0.12, 0.31, B)[:, None]
+    p = {"s": jnp.float64(1.0)}
     forward, gate = cost.choose_forward(cell, T, B, backend="gpu")
     assert forward == "newton" and 5 <= gate < 100  # the first window's 5 iterations pass this gate
     plan = dataclasses.replace(bppsa.Options(forward="newton").plan(cell, xs, h0), gate=float(gate))
@@ -121,10 +117,10 @@ def test_probe_windows_spread_over_the_sequence():
 
 
 @pytest.mark.parametrize("T", [7, 100, pytest.param(300, marks=pytest.mark.slow)])  # three windows: test-all
-def test_the_probe_keeps_newton_where_every_window_contracts(T):
+def test_the_probe_keeps_newton_where_every_window_contracts(problem, T):
     """The contracting GRU at one window (T = 7), two (100) and three (300): the probe's prediction
     is the first window's or close to it, within a gate of 50, so Newton runs as before."""
-    cell, p, xs, h0 = _problem("gru", T, 2)
+    cell, p, xs, h0 = problem(cells.GRU(3, 4), T, 2)
     first = newton.predicted_iterations(newton.lle_at(cell, p, xs[:newton.PROBE_STEPS], cell.flatten_state(h0),
                                                       scan_states(cell, p, xs[:newton.PROBE_STEPS], h0)), T)
     states, info = bppsa.rnn(cell, p, xs, h0, _gated(cell, xs, h0, 50), return_info=True)
@@ -133,8 +129,8 @@ def test_the_probe_keeps_newton_where_every_window_contracts(T):
     np.testing.assert_allclose(states, scan_states(cell, p, xs, h0), rtol=1e-10, atol=1e-12)
 
 
-def test_gate_under_vmap():
-    cell, p, xs, h0 = _problem("gru", 5, 2)
+def test_gate_under_vmap(problem):
+    cell, p, xs, h0 = problem(cells.GRU(3, 4), 5, 2)
     plan = _gated(cell, xs, h0, 50)
     xss = jnp.stack([xs, 3 * xs])
     states, info = jax.jit(jax.vmap(lambda x: bppsa.rnn(cell, p, x, h0, plan, return_info=True)))(xss)

@@ -19,52 +19,49 @@ import pytest
 from hypothesis import strategies as st
 
 import bppsa
-from bppsa import parallel
+from bppsa import cells, parallel
 from bppsa.errors import UsageError
 from bppsa.forward.newton import NewtonFallbackWarning
 from bppsa.forward.elk import trust_region_solve
-from tests.forward.test_newton import _check, _problem
+from tests.forward.test_newton import _check
 from tests.props import property_pair
 from tests.reference import scan_states
 
 slow = pytest.mark.slow
 
 
-def _least_squares(v, Ms, ds, y, lam):
-    """The minimiser by a dense solve: one row block per residual h_t − h_{t-1} @ M_t − d_t and
-    (λ > 0) per observation √λ (h_t − y_t), for each batch row."""
-    n, R, k = ds.shape
-    out = np.zeros((n, R, k))
-    for r in range(R):
-        rows, rhs = [], []
-        for t in range(n):
-            A = np.zeros((k, n * k))
-            A[:, t * k:(t + 1) * k] = np.eye(k)
-            if t:
-                A[:, (t - 1) * k:t * k] -= Ms[t, r].T
-            rows.append(A)
-            rhs.append(ds[t, r] + (v[r] @ Ms[0, r] if t == 0 else 0))
-            if lam > 0:
-                O = np.zeros((k, n * k))
-                O[:, t * k:(t + 1) * k] = np.sqrt(lam) * np.eye(k)
-                rows.append(O)
-                rhs.append(np.sqrt(lam) * y[t, r])
-        out[:, r] = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0].reshape(n, k)
-    return out
+@property_pair(
+    4, 30, n=st.integers(1, 9), R=st.integers(1, 3), k=st.integers(1, 3),
+    lam=st.sampled_from([0.0, 1e-3, 0.5, 2.0, 100.0]), seed=st.integers(0, 2**16))
+def test_smoother_is_the_exact_minimiser(n, R, k, lam, seed):
+    def least_squares(v, Ms, ds, y, lam):
+        """The minimiser by a dense solve: one row block per residual h_t − h_{t-1} @ M_t − d_t and
+        (λ > 0) per observation √λ (h_t − y_t), for each batch row."""
+        n, R, k = ds.shape
+        out = np.zeros((n, R, k))
+        for r in range(R):
+            rows, rhs = [], []
+            for t in range(n):
+                A = np.zeros((k, n * k))
+                A[:, t * k:(t + 1) * k] = np.eye(k)
+                if t:
+                    A[:, (t - 1) * k:t * k] -= Ms[t, r].T
+                rows.append(A)
+                rhs.append(ds[t, r] + (v[r] @ Ms[0, r] if t == 0 else 0))
+                if lam > 0:
+                    O = np.zeros((k, n * k))
+                    O[:, t * k:(t + 1) * k] = np.sqrt(lam) * np.eye(k)
+                    rows.append(O)
+                    rhs.append(np.sqrt(lam) * y[t, r])
+            out[:, r] = np.linalg.lstsq(np.vstack(rows), np.concatenate(rhs), rcond=None)[0].reshape(n, k)
+        return out
 
-
-def _smoother_is_the_minimiser(n, R, k, lam, seed):
     rng = np.random.default_rng(seed)
     v, Ms = rng.normal(size=(R, k)), 0.9 * rng.normal(size=(n, R, k, k))
     ds, y = rng.normal(size=(n, R, k)), rng.normal(size=(n, R, k))
     got = np.asarray(jax.jit(trust_region_solve)(*map(jnp.asarray, (v, Ms, ds, y)), lam))
-    np.testing.assert_allclose(got, _least_squares(v, Ms, ds, y, lam), rtol=1e-9, atol=1e-10,
+    np.testing.assert_allclose(got, least_squares(v, Ms, ds, y, lam), rtol=1e-9, atol=1e-10,
                                err_msg=f"n={n} R={R} k={k} λ={lam}")
-
-
-test_smoother_is_the_exact_minimiser, test_smoother_is_the_exact_minimiser_full = property_pair(
-    4, 30, n=st.integers(1, 9), R=st.integers(1, 3), k=st.integers(1, 3),
-    lam=st.sampled_from([0.0, 1e-3, 0.5, 2.0, 100.0]), seed=st.integers(0, 2**16))(_smoother_is_the_minimiser)
 
 
 def test_no_damping_is_the_newton_step_and_large_damping_no_step():
@@ -105,9 +102,9 @@ def test_elk_one_step():
     _check("lstm", 1, 1, {"elk": dict(forward="newton", damping=1.0)})
 
 
-def test_elk_under_vmap():
+def test_elk_under_vmap(problem):
     """vmap over independent problems: each row's states equal its sequential forward's."""
-    cell, params, xs, h0 = _problem("gru", 5, 2)
+    cell, params, xs, h0 = problem(cells.GRU(3, 4), 5, 2)
     xss = jnp.stack([xs, 2 * xs, -xs])
     run = jax.jit(jax.vmap(lambda x: bppsa.rnn(cell, params, x, h0, forward="newton", damping=2.0,
                                                 on_fail="raise", return_info=True)))
@@ -117,18 +114,18 @@ def test_elk_under_vmap():
     assert info.iterations.shape == (3,) and bool(jnp.all(info.converged))
 
 
-def test_elk_on_a_mesh_that_splits_time_is_refused():
-    cell, params, xs, h0 = _problem("gru", 8, 2)
+def test_elk_on_a_mesh_that_splits_time_is_refused(problem):
+    cell, params, xs, h0 = problem(cells.GRU(3, 4), 8, 2)
     with pytest.raises(UsageError, match=r"damping= \(the trust-region step\) solves the whole sequence on one "
                                          r"device.*pass damping=None"):
         bppsa.rnn(cell, params, xs, h0, forward="newton", damping=1.0, mesh=parallel.make_mesh(4, batch_axis=None))
 
 
 @slow
-def test_elk_on_a_gru_with_weights_x100_converges_or_falls_back():
+def test_elk_on_a_gru_with_weights_x100_converges_or_falls_back(problem):
     """A GRU whose weights are ×100 (float32, DEER's kind of hard case): ELK's damped steps stay finite
     and it converges to the sequential states; converged or fallen back, never wrong."""
-    cell, params, xs, h0 = _problem("gru", 60, 2, seed=3, hidden=2)
+    cell, params, xs, h0 = problem(cells.GRU(3, 2), 60, 2, seed=3)
     params = jax.tree.map(lambda a: (100 * a).astype(jnp.float32), params)
     xs, h0 = (xs / 100).astype(jnp.float32), h0.astype(jnp.float32)
     ref = scan_states(cell, params, xs, h0)

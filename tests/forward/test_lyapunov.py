@@ -17,19 +17,16 @@ from bppsa.errors import UsageError
 from tests.helpers import normal, random_params
 
 
-def _linear(eigs, seed=0):
-    """h' = A h with A = Q diag(eigs) Qᵀ (normal): λ_max = log max |eigs|."""
+@pytest.mark.parametrize("eigs", [(1.3, 0.9, -1.1)] + [pytest.param(e, marks=pytest.mark.slow)
+                                                       for e in ((0.8, -0.5, 0.3), (-0.2, 0.1, 0.05))])
+def test_linear_recurrence_gives_log_spectral_radius(eigs):
+    # h' = A h with A = Q diag(eigs) Qᵀ (normal): λ_max = log max |eigs|.
+    seed = 0
     S = len(eigs)
     Q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(S, S)))
     A = jnp.asarray(Q @ np.diag(eigs) @ Q.T)
     cell = cells.Generic(lambda p, h, x: p["A"] @ h + 0 * x.sum(), hidden_size=S)
-    return cell, {"A": A}
-
-
-@pytest.mark.parametrize("eigs", [(1.3, 0.9, -1.1)] + [pytest.param(e, marks=pytest.mark.slow)
-                                                       for e in ((0.8, -0.5, 0.3), (-0.2, 0.1, 0.05))])
-def test_linear_recurrence_gives_log_spectral_radius(eigs):
-    cell, p = _linear(eigs)
+    p = {"A": A}
     xs, h0 = jnp.zeros((999, 2, 1)), normal(1, (2, 3))
     lle = bppsa.lyapunov(cell, p, xs, h0, states=jnp.zeros((999, 2, 3)))  # the Jacobian is A wherever
     np.testing.assert_allclose(lle, math.log(max(abs(e) for e in eigs)), atol=0.01)

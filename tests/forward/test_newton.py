@@ -29,15 +29,18 @@ import bppsa
 import bppsa.nn
 from bppsa import cells, parallel, structured
 from bppsa.forward import newton
+from bppsa.plan import options
 from bppsa.errors import UsageError
 from bppsa.forward.newton import NewtonDidNotConverge, NewtonFallbackWarning, NewtonInfo
-from tests.helpers import generic_cell, normal, random_params
+from tests.helpers import (generic_cell, make_problem, normal, one_line_usage_error, random_like, random_params,
+                           states_loss)
 from tests.props import property_pair
 from tests.reference import scan_grads, scan_states
+from tests.tolerance import assert_trees_close
 
 slow = pytest.mark.slow
 I, H = 3, 4
-TOL = newton.DEFAULT_TOL["float64"]
+TOL = options.DEFAULT_TOL["float64"]
 
 CELLS = {  # name -> (I, H) -> cell
     "rnn-tanh": lambda i, h: cells.RNN(i, h),
@@ -62,30 +65,6 @@ BACKWARDS = {
 CONFIGS = {f"{f}/{b}": dict(forward=f, **o) for f in FORWARDS for b, o in BACKWARDS.items()}
 
 
-def _problem(name, T, B, seed=0, hidden=H):
-    cell = CELLS[name](I, hidden)
-    params = random_params(cell, seed)
-    xs = normal(seed + 1, (T, B, I))
-    h0 = cell.unflatten_state(normal(seed + 2, (B, cell.state_size), 0.5))
-    return cell, params, xs, h0
-
-
-def _loss(out):
-    """A nonlinear scalar of every state (an LSTM's cell state too), weighted per unit."""
-    total = 0.0
-    for a in jax.tree.leaves(out):
-        w = jnp.cos(jnp.arange(a.shape[-1], dtype=a.dtype))
-        total = total + jnp.sum(jnp.sin(a) * (1 + a) * w) + jnp.sum(a[-1] ** 2)
-    return total
-
-
-def _close(got, want, rtol, atol, what=""):
-    assert jax.tree.structure(got) == jax.tree.structure(want), what
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol,
-                                   err_msg=f"{what}{jax.tree_util.keystr(path)}")
-
-
 def _a_sequential_trajectory(cell, p, xs, h0, states, what=""):
     """``states`` (T, B, H) are a sequential forward's: each is one step of the cell from the one
     before, to rounding (a few ulps of the dtype). A per-step check: unlike a comparison with
@@ -99,19 +78,11 @@ def _a_sequential_trajectory(cell, p, xs, h0, states, what=""):
     assert residual <= 64 * float(jnp.finfo(states.dtype).eps), f"{what}: one-step residual {residual:.3g}"
 
 
-def _states_close(got, want, what=""):
-    _close(got, want, 1e-10, 1e-12, what)
-
-
-def _grads_close(got, want, what=""):
-    _close(got, want, 1e-9, 1e-11, what)
-
-
 def _states_and_grads(run):
-    """run(p, x, h) -> (states, info): (states, info, grads of _loss(states) w.r.t. p, x, h), one solve."""
+    """run(p, x, h) -> (states, info): (states, info, grads of states_loss(states) w.r.t. p, x, h), one solve."""
     def f(p, x, h):
         states, info = run(p, x, h)
-        return _loss(states), (states, info)
+        return states_loss(states), (states, info)
 
     def both(p, x, h):
         grads, (states, info) = jax.grad(f, argnums=(0, 1, 2), has_aux=True)(p, x, h)
@@ -126,7 +97,7 @@ def _check_info(info, T, what="", least=1, most=None):
     bound instead of T, for damped steps)."""
     assert isinstance(info, NewtonInfo), what
     assert bool(info.converged) and not bool(info.fell_back), f"{what}: {info}"
-    most = min(T, newton.DEFAULT_MAX_ITER) if most is None else most
+    most = min(T, options.DEFAULT_MAX_ITER) if most is None else most
     assert least <= int(info.iterations) <= most, f"{what}: {info}"
     assert float(info.residual) <= TOL, f"{what}: {info}"
     assert info.iterations.dtype == jnp.int32 and info.converged.dtype == jnp.bool_
@@ -134,11 +105,11 @@ def _check_info(info, T, what="", least=1, most=None):
 
 def _check(name, T, B, configs, seed=0, hidden=H):
     """Every configuration's states and gradients vs the lax.scan reference, in one jitted program."""
-    cell, params, xs, h0 = _problem(name, T, B, seed, hidden)
+    cell, params, xs, h0 = make_problem(CELLS[name](I, hidden), T, B, seed=seed)
 
     @jax.jit
     def run(p, x, h):
-        ref = scan_states(cell, p, x, h), scan_grads(cell, p, x, h, _loss)
+        ref = scan_states(cell, p, x, h), scan_grads(cell, p, x, h, states_loss)
         got = {key: _states_and_grads(lambda p, x, h, o=o: bppsa.rnn(cell, p, x, h, on_fail="raise",
                                                                      return_info=True, **o))(p, x, h)
                for key, o in configs.items()}
@@ -148,15 +119,11 @@ def _check(name, T, B, configs, seed=0, hidden=H):
     assert max(float(jnp.abs(a).max()) for a in jax.tree.leaves(ref_grads)) > 1e-6  # a real gradient
     for key, (states, info, grads) in got.items():
         what = f"{name} T={T} B={B} {key}"
-        _states_close(states, ref_states, f"{what} states")
-        _grads_close(grads, ref_grads, f"{what} grads")
+        assert_trees_close(states, ref_states, what=f"{what} states")
+        assert_trees_close(grads, ref_grads, 1e-9, 1e-11, f"{what} grads")
         damped = configs[key].get("damping") is not None
-        _check_info(info, T, what, most=configs[key].get("max_iter", newton.DEFAULT_MAX_ITER) if damped else None)
+        _check_info(info, T, what, most=configs[key].get("max_iter", options.DEFAULT_MAX_ITER) if damped else None)
     return got
-
-
-def _configs(*keys):
-    return {k: CONFIGS[k] for k in keys}
 
 
 # --- every cell, every forward x backward ----------------------------------------------------
@@ -169,7 +136,7 @@ DEFAULT_CELL_CONFIG = {"block-lstm-k2": "quasi/sequential", "rnn-relu": "newton/
 @pytest.mark.parametrize("name", list(DEFAULT_CELL_CONFIG))
 def test_states_and_gradients_equal_lax_scan(name):
     """T = 7 (odd, not a power of two), B = 2."""
-    _check(name, 7, 2, _configs(DEFAULT_CELL_CONFIG[name]))
+    _check(name, 7, 2, {k: CONFIGS[k] for k in (DEFAULT_CELL_CONFIG[name],)})
 
 
 @slow
@@ -188,12 +155,12 @@ def test_states_and_gradients_every_cell_at_edge_shapes(name, shape):
     """T = 1 (one step), T = 6 and 12 (even, not powers of two), B = 1; each cell meets every
     configuration at one of the shapes."""
     T, B = EDGE_SHAPES[shape]
-    _check(name, T, B, _configs(*sorted(CONFIGS)[shape::len(EDGE_SHAPES)]))
+    _check(name, T, B, {k: CONFIGS[k] for k in sorted(CONFIGS)[shape::len(EDGE_SHAPES)]})
 
 
 def test_one_step_and_one_row():
     """T = 1, B = 1: one Newton iteration is exact (the first state depends on h0 only)."""
-    got = _check("lstm", 1, 1, _configs("quasi/bptt"))
+    got = _check("lstm", 1, 1, {k: CONFIGS[k] for k in ("quasi/bptt",)})
     assert all(int(info.iterations) == 1 for _, info, _ in got.values())
 
 
@@ -202,7 +169,7 @@ def test_one_step_and_one_row():
 def test_iterations_never_exceed_T(kind):
     """Iteration k makes the first k states exact: at most T iterations, for every T."""
     for T in (2, 3, 8):
-        got = _check("gru", T, 2, _configs(f"{kind}/blelloch"), seed=T)
+        got = _check("gru", T, 2, {k: CONFIGS[k] for k in (f"{kind}/blelloch",)}, seed=T)
         assert int(got[f"{kind}/blelloch"][1].iterations) <= T
 
 
@@ -215,8 +182,8 @@ def _check_chunks(name, T, kind, scan, chunks):
     whole_states, whole_info, whole_grads = got["None"]
     for c in chunks[1:]:
         states, info, grads = got[str(c)]
-        _close(states, whole_states, 1e-12, 1e-14, f"chunk_size={c} vs None states")
-        _close(grads, whole_grads, 1e-11, 1e-13, f"chunk_size={c} vs None grads")
+        assert_trees_close(states, whole_states, 1e-12, 1e-14, f"chunk_size={c} vs None states")
+        assert_trees_close(grads, whole_grads, 1e-11, 1e-13, f"chunk_size={c} vs None grads")
         # the same iterates to rounding: the same count, or one more or fewer where the residual
         # lands at the tolerance (the chunks sum in another order)
         assert abs(int(info.iterations) - int(whole_info.iterations)) <= 1, (c, info, whole_info)
@@ -240,14 +207,14 @@ def test_chunked_equals_unchunked_every_cell(k, name, kind):
 
 def _check_mesh(name, T, B, kind, data=1, backward="blelloch", guess=False):
     """The sharded parallel forward over 4 (x ``data``) devices vs the reference and one device."""
-    cell, params, xs, h0 = _problem(name, T, B)
+    cell, params, xs, h0 = make_problem(CELLS[name](I, H), T, B)
     mesh = parallel.make_mesh(4, data) if data > 1 else parallel.make_mesh(4, batch_axis=None)
     batch_axis = "data" if data > 1 else None
     opts = dict(forward=kind, on_fail="raise", **BACKWARDS[backward])
 
     @jax.jit
     def run(p, x, h):
-        ref = scan_states(cell, p, x, h), scan_grads(cell, p, x, h, _loss)
+        ref = scan_states(cell, p, x, h), scan_grads(cell, p, x, h, states_loss)
         g = ref[0] if guess else None
         sharded = _states_and_grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, batch_axis=batch_axis,
                                                               return_info=True, guess=g, **opts))(p, x, h)
@@ -255,8 +222,8 @@ def _check_mesh(name, T, B, kind, data=1, backward="blelloch", guess=False):
 
     (ref_states, ref_grads), (states, info, grads) = run(params, xs, h0)
     what = f"{name} T={T} B={B} {kind} mesh 4x{data}"
-    _states_close(states, ref_states, what)
-    _grads_close(grads, ref_grads, what)
+    assert_trees_close(states, ref_states, what=what)
+    assert_trees_close(grads, ref_grads, 1e-9, 1e-11, what)
     _check_info(info, T, what, least=0)
     if guess:
         assert int(info.iterations) == 1  # the exact states: one step, the one that shows they are
@@ -290,7 +257,7 @@ def test_sharded_with_a_guess():
 def test_a_good_guess_converges_in_fewer_iterations():
     """Guesses (vmapped: one compiled solve, per-guess iteration counts): zeros (what guess=None
     starts from), the exact states (no iteration), a previous training step's states (fewer)."""
-    cell, params, xs, h0 = _problem("lstm", 9, 2)
+    cell, params, xs, h0 = make_problem(CELLS["lstm"](I, H), 9, 2)
     near = jax.tree.map(lambda a: a * 1.01, params)  # a previous training step's parameters
 
     @jax.jit
@@ -303,7 +270,7 @@ def test_a_good_guess_converges_in_fewer_iterations():
 
     ref, (states, info) = run(params, xs, h0)
     for k in range(3):
-        _states_close(jax.tree.map(lambda a: a[k], states), ref, f"guess {k}")
+        assert_trees_close(jax.tree.map(lambda a: a[k], states), ref, what=f"guess {k}")
         _check_info(jax.tree.map(lambda a: a[k], info), 9, f"guess {k}", least=0)
     zeros, exact, previous = (int(i) for i in info.iterations)
     assert exact == 1  # one step: the residual alone does not bound the error; the step shows it is ~0
@@ -315,7 +282,7 @@ def test_bad_guesses_are_usage_errors():
                       ("gru", lambda ref: ref[None]), ("gru", lambda ref: ref.astype(jnp.int32)),
                       ("lstm", lambda ref: ref[0]), ("lstm", lambda ref: (ref[0], ref[1][:, :1])),
                       ("lstm", lambda ref: (ref[0],) * 3)]:
-        cell, params, xs, h0 = _problem(name, 5, 2)
+        cell, params, xs, h0 = make_problem(CELLS[name](I, H), 5, 2)
         ref = jax.eval_shape(lambda: scan_states(cell, params, xs, h0))
         ref = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), ref)
         with pytest.raises(UsageError, match=r"^guess must be shaped like the states rnn returns"):
@@ -328,7 +295,7 @@ def test_bad_guesses_are_usage_errors():
 def test_return_info_structure():
     """Traced only: NewtonInfo's fields are scalars (int32, bool, bool, the states' dtype three times,
     int32, bool); the sequential forward's info is None; without return_info the states alone."""
-    cell, params, xs, h0 = _problem("lstm", 6, 2)
+    cell, params, xs, h0 = make_problem(CELLS["lstm"](I, H), 6, 2)
     shape = lambda **o: jax.eval_shape(lambda: bppsa.rnn(cell, params, xs, h0, **o))
     states, info = shape(forward="newton", return_info=True)
     assert isinstance(info, NewtonInfo) and NewtonInfo._fields == ("iterations", "converged", "fell_back", "residual",
@@ -346,28 +313,23 @@ def test_return_info_structure():
 
 def test_vmap_under_jit():
     """vmap over 3 sequences (the same inputs scaled): per-example states, gradients and info."""
-    cell, params, xs, h0 = _problem("rnn-tanh", 5, 2)
+    cell, params, xs, h0 = make_problem(CELLS["rnn-tanh"](I, H), 5, 2)
     xv = jnp.stack([xs, 2 * xs, -xs])
 
     @jax.jit
     def run(p, xv, h):
-        ref = jax.vmap(lambda x: (scan_states(cell, p, x, h), scan_grads(cell, p, x, h, _loss)))(xv)
+        ref = jax.vmap(lambda x: (scan_states(cell, p, x, h), scan_grads(cell, p, x, h, states_loss)))(xv)
         run = _states_and_grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="quasi", on_fail="raise",
                                                           return_info=True))
         got = jax.vmap(run, in_axes=(None, 0, None))(p, xv, h)
         return ref, got
 
     (ref_states, ref_grads), (states, info, grads) = run(params, xv, h0)
-    _states_close(states, ref_states)
-    _grads_close(grads, ref_grads)
+    assert_trees_close(states, ref_states)
+    assert_trees_close(grads, ref_grads, 1e-9, 1e-11)
     assert info.iterations.shape == info.converged.shape == info.fell_back.shape == info.residual.shape == (3,)
     assert bool(jnp.all(info.converged)) and not bool(jnp.any(info.fell_back))
     assert bool(jnp.all((info.iterations >= 1) & (info.iterations <= 5) & (info.residual <= TOL)))
-
-
-def _tangents(params, xs, h0):
-    k = iter(range(100, 200))
-    return jax.tree.map(lambda a: normal(next(k), jnp.shape(a)), (params, xs, h0))
 
 
 @pytest.mark.parametrize("name,kind,backward", [
@@ -377,21 +339,21 @@ def _tangents(params, xs, h0):
         ("rnn-relu", "newton", "sequential"), ("block-rnn-k1", "quasi", "blelloch")])])
 def test_forward_mode_through_the_parallel_forward(name, kind, backward):
     """jax.jvp w.r.t. params, xs and h0 at once (the tangent scan at the solved states)."""
-    cell, params, xs, h0 = _problem(name, 6, 2)
+    cell, params, xs, h0 = make_problem(CELLS[name](I, H), 6, 2)
     run = lambda p, x, h: bppsa.rnn(cell, p, x, h, forward=kind, on_fail="raise", **BACKWARDS[backward])
     ref = lambda p, x, h: scan_states(cell, p, x, h)
-    got, want = jax.jit(lambda *a: (jax.jvp(run, a, _tangents(*a)), jax.jvp(ref, a, _tangents(*a))))(params, xs, h0)
-    _close(got, want, 1e-9, 1e-11, f"{name} {kind} {backward} jvp: ")
+    got, want = jax.jit(lambda *a: (jax.jvp(run, a, random_like(a)), jax.jvp(ref, a, random_like(a))))(params, xs, h0)
+    assert_trees_close(got, want, 1e-9, 1e-11, f"{name} {kind} {backward} jvp: ")
 
 
 @pytest.mark.parametrize("order", ["forward_over_reverse", pytest.param("reverse_over_reverse", marks=slow)])
 def test_hessian_vector_products_through_the_parallel_forward(order):
     """The HVP of a loss of the states (as test_forward_mode.py checks for the sequential forward)."""
-    cell, params, xs, h0 = _problem("rnn-tanh", 3, 1)
-    t = _tangents(params, xs, h0)
+    cell, params, xs, h0 = make_problem(CELLS["rnn-tanh"](I, H), 3, 1)
+    t = random_like((params, xs, h0))
 
     def hvp(run):
-        grad = jax.grad(lambda *a: _loss(run(*a)), argnums=(0, 1, 2))
+        grad = jax.grad(lambda *a: states_loss(run(*a)), argnums=(0, 1, 2))
         if order == "forward_over_reverse":
             return lambda *a: jax.jvp(grad, a, t)[1]
         return jax.grad(lambda *a: sum(jnp.vdot(g, v) for g, v in zip(jax.tree.leaves(grad(*a)), jax.tree.leaves(t))),
@@ -399,19 +361,17 @@ def test_hessian_vector_products_through_the_parallel_forward(order):
 
     got, want = jax.jit(lambda *a: (hvp(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton"))(*a),
                                     hvp(functools.partial(scan_states, cell))(*a)))(params, xs, h0)
-    _close(got, want, 1e-9, 1e-11, f"HVP {order}: ")
+    assert_trees_close(got, want, 1e-9, 1e-11, f"HVP {order}: ")
 
 
 # --- a property over shapes, cells and forwards ----------------------------------------------
 
-def _property(T, B, hidden, name, kind, scan, seed):
-    _check(name, T, B, {kind: dict(forward=kind, **BACKWARDS[scan])}, seed=seed, hidden=hidden)
-
-
-test_property, test_property_full = property_pair(
+@property_pair(
     1, 8, T=st.integers(1, 11), B=st.integers(1, 3), hidden=st.sampled_from([2, 4]),
     name=st.sampled_from(sorted(CELLS)), kind=st.sampled_from(FORWARDS), scan=st.sampled_from(sorted(BACKWARDS)),
-    seed=st.integers(0, 30))(_property)
+    seed=st.integers(0, 30))
+def test_property(T, B, hidden, name, kind, scan, seed):
+    _check(name, T, B, {kind: dict(forward=kind, **BACKWARDS[scan])}, seed=seed, hidden=hidden)
 
 
 # --- non-convergence: a chaotic cell ---------------------------------------------------------
@@ -453,8 +413,8 @@ def test_non_convergence_falls_back_to_the_sequential_states_warns_once_and_coun
                                                    r"residual .*\); the sequential forward ran instead"):
         (states, info), sequential, damped, ref_states = jax.block_until_ready(run(params, xs, h0))
     _a_sequential_trajectory(cell, params, xs, h0, states, "the fallback's states")  # the sequential forward's
-    _states_close(states, sequential)
-    _states_close(states, ref_states)
+    assert_trees_close(states, sequential)
+    assert_trees_close(states, ref_states)
     assert not bool(info.converged) and bool(info.fell_back) and int(info.iterations) == 3
     assert float(info.residual) > TOL
     after_first = newton.fallback_count()
@@ -476,10 +436,10 @@ def test_damping_never_returns_unconverged_states():
         assert bool(info.converged) != bool(info.fell_back), f"damped run {k}: {info}"
         if bool(info.converged):
             assert float(info.residual) <= TOL
-            _states_close(states, ref_states, f"damped run {k}")
+            assert_trees_close(states, ref_states, what=f"damped run {k}")
         else:
             _a_sequential_trajectory(cell, params, xs, h0, states, f"damped run {k}")
-            _states_close(states, sequential, f"damped run {k}")
+            assert_trees_close(states, sequential, what=f"damped run {k}")
 
 
 @slow
@@ -507,16 +467,10 @@ def test_damping_and_max_iter_sweep_on_the_chaotic_cell(kind):
         assert bool(info.converged) != bool(info.fell_back), what
         assert int(info.iterations) <= m, what
         if bool(info.converged):
-            _states_close(states, ref, what)
+            assert_trees_close(states, ref, what=what)
         else:
             _a_sequential_trajectory(cell, params, xs, h0, states, what)
-            _states_close(states, sequential, what)
-
-
-@functools.cache
-def _chaos_raise_program():
-    cell, *_ = _chaos()
-    return jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", max_iter=3, on_fail="raise"))
+            assert_trees_close(states, sequential, what=what)
 
 
 def test_on_fail_raise_raises_eagerly(capfd, caplog):
@@ -533,9 +487,10 @@ def test_on_fail_raise_raises_eagerly(capfd, caplog):
 def test_on_fail_raise_raises_under_jit(capfd, caplog):
     """Under jax.jit the error reaches the caller (a RuntimeError naming NewtonDidNotConverge), and
     JAX's log of the callback's failure is not printed besides."""
-    _, params, xs, h0 = _chaos()
+    cell, params, xs, h0 = _chaos()
+    run = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", max_iter=3, on_fail="raise"))
     with pytest.raises(RuntimeError, match=r"NewtonDidNotConverge: the parallel forward of RNN did not converge"):
-        jax.block_until_ready(_chaos_raise_program()(params, xs, h0))
+        jax.block_until_ready(run(params, xs, h0))
     assert "jax.debug.callback failed" not in capfd.readouterr().err
     assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
 
@@ -549,7 +504,7 @@ def test_a_converged_guess_converges_in_one_iteration_with_any_damping(damping, 
     params, xs, h0 = random_params(cell, 1, dtype), normal(2, (57, 3, I), dtype=dtype), normal(3, (3, H), 0.1, dtype)
     exact = bppsa.rnn(cell, params, xs, h0, backward="bptt")
     previous = bppsa.rnn(cell, params, xs, h0, forward="newton")
-    tol = newton.DEFAULT_TOL[np.dtype(dtype).name]
+    tol = options.DEFAULT_TOL[np.dtype(dtype).name]
     with warnings.catch_warnings():
         warnings.simplefilter("error", NewtonFallbackWarning)
         for guess in (exact, previous):
@@ -578,7 +533,7 @@ def test_bad_options_name_the_field(field, value):
         bppsa.Options(**{field: value})
     with pytest.raises(UsageError, match=match):
         bppsa.Options().replace(**{field: value})
-    cell, params, xs, h0 = _problem("gru", 3, 1)
+    cell, params, xs, h0 = make_problem(CELLS["gru"](I, H), 3, 1)
     fields = {"forward": "newton", field: value}
     with pytest.raises(UsageError, match=match):
         bppsa.rnn(cell, params, xs, h0, **fields)
@@ -592,13 +547,15 @@ def test_good_options_are_kept():
     o = bppsa.Options(forward="quasi", tol=1e-6, max_iter=np.int64(7), damping=0, on_fail="raise")
     assert (o.forward, o.tol, o.max_iter, o.damping, o.on_fail) == ("quasi", 1e-6, 7, 0, "raise")
     assert type(o.max_iter) is int
-    plan = o.newton_plan()
-    assert (plan.kind, plan.scan, plan.tol, plan.max_iter, plan.damping, plan.on_fail) == (
+    cell = cells.RNN(2, 3)
+    xs, h0 = jnp.zeros((5, 1, 2), jnp.float64), jnp.zeros((1, 3), jnp.float64)
+    plan = o.plan(cell, xs, h0)  # the solver's settings, kept
+    assert (plan.forward, plan.scan, plan.tol, plan.max_iter, plan.damping, plan.on_fail) == (
         "quasi", "blelloch", 1e-6, 7, 0.0, "raise")
     assert bppsa.Options().forward == "sequential" and bppsa.Options().on_fail == "sequential"
-    assert bppsa.Options().max_iter == newton.DEFAULT_MAX_ITER and bppsa.Options().damping is None
-    assert newton.tolerance(jnp.float64) == 1e-12 and newton.tolerance(jnp.float32) == 1e-5
-    assert newton.tolerance(jnp.float64, 1e-3) == 1e-3
+    assert bppsa.Options().max_iter == options.DEFAULT_MAX_ITER and bppsa.Options().damping is None
+    assert options.tolerance(jnp.float64) == 1e-12 and options.tolerance(jnp.float32) == 1e-5
+    assert options.tolerance(jnp.float64, 1e-3) == 1e-3
 
 
 CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU cost model's choice")
@@ -613,10 +570,10 @@ def test_forward_auto_is_sequential_on_cpu():
                 for backward in ("bppsa", "bptt", "auto"):
                     o = bppsa.Options(forward="auto", backward=backward).resolve(cell, T, B, jnp.float64)
                     assert o.forward == "sequential", (name, hidden, T, B, backward)
-    cell, params, xs, h0 = _problem("gru", 4, 2)
+    cell, params, xs, h0 = make_problem(CELLS["gru"](I, H), 4, 2)
     states, info = jax.jit(lambda p: bppsa.rnn(cell, p, xs, h0, forward="auto", return_info=True))(params)
     assert info is None
-    _states_close(states, scan_states(cell, params, xs, h0))
+    assert_trees_close(states, scan_states(cell, params, xs, h0))
 
 
 @CPU_ONLY
@@ -627,7 +584,7 @@ def test_forward_auto_is_sequential_on_cpu_for_long_sequences_of_small_states(na
 
 def test_the_parallel_forward_is_a_while_loop_and_the_sequential_one_is_not():
     """Traced only: forward="newton" runs the iteration (a while loop), "sequential" a plain scan."""
-    cell, params, xs, h0 = _problem("gru", 5, 2)
+    cell, params, xs, h0 = make_problem(CELLS["gru"](I, H), 5, 2)
     jaxpr = lambda **o: str(jax.make_jaxpr(lambda p: bppsa.rnn(cell, p, xs, h0, **o))(params))
     assert "while[" in jaxpr(forward="newton") and "while[" in jaxpr(forward="quasi")
     assert "while[" not in jaxpr(forward="sequential")
@@ -667,7 +624,7 @@ def _check_flax(name, kind, T=7, B=3, lengths=(2, 7, 5), **kw):
     lengths = jnp.asarray(lengths)
     ref = _flax_run(nnx.RNN(make()), x, c0, lengths)
     got = _flax_run(bppsa.nn.RNN(make(), forward=kind, on_fail="raise", **kw), x, c0, lengths)
-    _close(got, ref, 1e-9, 1e-11, f"{name} {kind} {kw}: ")
+    assert_trees_close(got, ref, 1e-9, 1e-11, f"{name} {kind} {kw}: ")
 
 
 def test_flax_gru_newton_with_seq_lengths():
@@ -691,8 +648,8 @@ def test_flax_cells_edge_shapes_and_backwards(name):
 
 
 def test_constants_are_consistent():
-    assert newton.KINDS == FORWARDS and set(FORWARDS) < set(bppsa.FORWARDS)
-    assert newton.ON_FAIL == ("sequential", "raise")
+    assert options.KINDS == FORWARDS and set(FORWARDS) < set(bppsa.FORWARDS)
+    assert options.ON_FAIL == ("sequential", "raise")
     assert math.isclose(TOL, 1e-12)
 
 
@@ -717,48 +674,41 @@ def test_an_overflowing_iterate_is_never_reported_converged():
 
 # --- one-line errors: guess= structure, an empty batch, NaN/inf ---------------------------------
 
-def _one_line_usage_error(pattern, fn):
-    with pytest.raises(UsageError, match=pattern) as info:
-        fn()
-    assert "\n" not in str(info.value)
-    return str(info.value)
-
-
 def test_a_guess_of_the_wrong_structure_is_a_one_line_usage_error():
     """A tuple, a dict or a ragged list for a single-array state, or a single array for a pair
     state, is named (it was an AttributeError inside flat_guess); the expected shapes are given."""
-    cell, params, xs, h0 = _problem("gru", 5, 2)
+    cell, params, xs, h0 = make_problem(CELLS["gru"](I, H), 5, 2)
     one = r"^guess must be shaped like the states rnn returns: a float array of shape \(T, B, H\) = \(5, 2, 4\)"
     for bad, got in [((jnp.zeros((5, 2, 4)),), "a tuple of 1 item"), ((jnp.zeros((5, 2, 4)),) * 2, "a tuple of 2 items"),
                      ({"h": jnp.zeros((5, 2, 4))}, "a dict of 1 item")]:
-        _one_line_usage_error(rf"{one} \(GRU's state is one array\); got {got}$",
-                              lambda: bppsa.rnn(cell, params, xs, h0, forward="newton", guess=bad))
-    _one_line_usage_error(rf"{one}; got a list of 2 items, which is not an array of numbers$",
-                          lambda: bppsa.rnn(cell, params, xs, h0, forward="newton", guess=[[0.0], [0.0, 1.0]]))
-    _one_line_usage_error(rf"{one}; got float64\[5, 2\]$",
-                          lambda: bppsa.rnn(cell, params, xs, h0, forward="quasi", guess=np.zeros((5, 2)).tolist()))
-    lstm, lp, lxs, lh0 = _problem("lstm", 5, 2)
+        one_line_usage_error(rf"{one} \(GRU's state is one array\); got {got}$",
+                             lambda: bppsa.rnn(cell, params, xs, h0, forward="newton", guess=bad))
+    one_line_usage_error(rf"{one}; got a list of 2 items, which is not an array of numbers$",
+                         lambda: bppsa.rnn(cell, params, xs, h0, forward="newton", guess=[[0.0], [0.0, 1.0]]))
+    one_line_usage_error(rf"{one}; got float64\[5, 2\]$",
+                         lambda: bppsa.rnn(cell, params, xs, h0, forward="quasi", guess=np.zeros((5, 2)).tolist()))
+    lstm, lp, lxs, lh0 = make_problem(CELLS["lstm"](I, H), 5, 2)
     two = (r"^guess must be shaped like the states rnn returns: a pair of float arrays of shapes \(5, 2, 4\), "
            r"\(5, 2, 4\)")
-    _one_line_usage_error(rf"{two} \(LSTM's state is a pair\); got a float64 array of shape \(5, 2, 4\)$",
-                          lambda: bppsa.rnn(lstm, lp, lxs, lh0, forward="newton", guess=jnp.zeros((5, 2, 4))))
-    _one_line_usage_error(rf"{two}; got float64\[5, 2, 4\], float64\[5, 2, 1\] \(a list of 2 items\)$",
-                          lambda: bppsa.rnn(lstm, lp, lxs, lh0, forward="newton",
-                                            guess=[jnp.zeros((5, 2, 4)), jnp.zeros((5, 2, 1))]))
+    one_line_usage_error(rf"{two} \(LSTM's state is a pair\); got a float64 array of shape \(5, 2, 4\)$",
+                         lambda: bppsa.rnn(lstm, lp, lxs, lh0, forward="newton", guess=jnp.zeros((5, 2, 4))))
+    one_line_usage_error(rf"{two}; got float64\[5, 2, 4\], float64\[5, 2, 1\] \(a list of 2 items\)$",
+                         lambda: bppsa.rnn(lstm, lp, lxs, lh0, forward="newton",
+                                           guess=[jnp.zeros((5, 2, 4)), jnp.zeros((5, 2, 1))]))
 
 
 def test_a_nested_list_guess_is_converted():
     """Nested Python lists shaped like the states are taken as arrays (a pair's parts too): the
     exact states as a list converge at once, to the states the array guess gives."""
     for name in ("gru", "lstm"):
-        cell, params, xs, h0 = _problem(name, 5, 2)
+        cell, params, xs, h0 = make_problem(CELLS[name](I, H), 5, 2)
         ref = scan_states(cell, params, xs, h0)
         as_lists = jax.tree.map(lambda a: np.asarray(a).tolist(), ref)
         if name == "lstm":
             as_lists = list(as_lists)  # a list pair, each part a nested list
         states, info = bppsa.rnn(cell, params, xs, h0, forward="newton", on_fail="raise", guess=as_lists,
                                  return_info=True)
-        _states_close(states, ref, name)
+        assert_trees_close(states, ref, what=name)
         assert int(info.iterations) == 1 and bool(info.converged), f"{name}: {info}"  # the verifying step
 
 
@@ -769,7 +719,7 @@ def test_an_empty_batch_gives_the_sequential_forwards_empty_result(kind, names):
     """B = 0: the parallel forward returns what the sequential one does (it raised 'zero-size array
     to reduction operation max'), its gradients too, converged at 0 iterations; also on a mesh."""
     for name in names:
-        cell, params, xs, h0 = _problem(name, 5, 0)
+        cell, params, xs, h0 = make_problem(CELLS[name](I, H), 5, 0)
         loss = lambda out: sum(jnp.sum(a) for a in jax.tree.leaves(out))
         grads = lambda **kw: jax.grad(lambda p, x, h: loss(bppsa.rnn(cell, p, x, h, **kw)), argnums=(0, 1, 2))(
             params, xs, h0)
@@ -787,22 +737,18 @@ def test_an_empty_batch_gives_the_sequential_forwards_empty_result(kind, names):
         assert shapes(bppsa.rnn(cell, params, xs, h0, forward=kind, on_fail="raise", mesh=mesh)) == shapes(seq)
 
 
-def _nan_problems():
-    """(label, params, xs, h0, the message's cause) of a GRU, T = 5, B = 2."""
-    cell, params, xs, h0 = _problem("gru", 5, 2)
-    return cell, [
+@pytest.mark.parametrize("kind", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
+def test_nan_inputs_are_named_not_blamed_on_max_iter(kind, monkeypatch):
+    """NaN/inf in xs, h0 or params: the failure names where (it said 'did not converge ... raise
+    max_iter'), eagerly, under jit and in the fallback's warning."""
+    # (label, params, xs, h0, the message's cause) of a GRU, T = 5, B = 2.
+    cell, params, xs, h0 = make_problem(CELLS["gru"](I, H), 5, 2)
+    problems = [
         ("NaN in xs", params, xs.at[2, 1, 0].set(jnp.nan), h0, r"at step 2 \(the inputs contain NaN/inf: xs\[2\]\)"),
         ("inf in h0", params, xs, h0.at[0, 1].set(jnp.inf), r"at step 0 \(the inputs contain NaN/inf: h0\)"),
         ("NaN in W_h", dict(params, W_h=params["W_h"].at[0, 0].set(jnp.nan)), xs, h0,
          r"at step 0 \(the inputs contain NaN/inf: params\['W_h'\]\)"),
     ]
-
-
-@pytest.mark.parametrize("kind", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
-def test_nan_inputs_are_named_not_blamed_on_max_iter(kind, monkeypatch):
-    """NaN/inf in xs, h0 or params: the failure names where (it said 'did not converge ... raise
-    max_iter'), eagerly, under jit and in the fallback's warning."""
-    cell, problems = _nan_problems()
     for label, params, xs, h0, cause in problems:
         pattern = rf"did not converge after \d+ iterations \(tol .*; residual inf, .*\): the states became " \
                   rf"NaN/inf {cause}; raising max_iter " \
@@ -836,7 +782,7 @@ def test_eager_calls_run_one_compiled_solver_kept_across_calls():
     equal a jitted call's and the plain loop's."""
     from bppsa import backprop
 
-    cell, params, xs, h0 = _problem("gru", 9, 2)
+    cell, params, xs, h0 = make_problem(CELLS["gru"](I, H), 9, 2)
     backprop.compiled_solver.cache_clear()
     first = bppsa.rnn(cell, params, xs, h0, forward="newton")
     second = bppsa.rnn(cell, params, xs, h0, forward="newton")
@@ -844,5 +790,5 @@ def test_eager_calls_run_one_compiled_solver_kept_across_calls():
     assert (info.misses, info.hits) == (1, 1), info
     jitted = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton"))(params, xs, h0)
     np.testing.assert_array_equal(np.asarray(first), np.asarray(second))
-    _states_close(first, jitted, "eager vs jit")
-    _states_close(first, scan_states(cell, params, xs, h0), "eager vs loop")
+    assert_trees_close(first, jitted, what="eager vs jit")
+    assert_trees_close(first, scan_states(cell, params, xs, h0), what="eager vs loop")

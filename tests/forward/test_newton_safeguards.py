@@ -22,6 +22,7 @@ import pytest
 import bppsa
 from bppsa import cells, structured
 from bppsa.forward import newton
+from bppsa.plan import options
 from bppsa.errors import UsageError
 from tests.helpers import normal, random_params
 from tests.reference import scan_grads, scan_states
@@ -165,7 +166,7 @@ def test_atol_and_rtol_default_to_tol_and_set_the_test():
     cell = cells.GRU(3, 4)
     p, xs, h0 = random_params(cell, 5), normal(6, (40, 2, 3)), normal(7, (2, 4))
     plan = bppsa.Options(forward="newton").plan(cell, xs, h0)
-    assert plan.atol == plan.rtol == plan.tol == newton.DEFAULT_TOL["float64"]
+    assert plan.atol == plan.rtol == plan.tol == options.DEFAULT_TOL["float64"]
     assert bppsa.Options(forward="newton", tol=1e-6, rtol=1e-3).plan(cell, xs, h0).atol == 1e-6
     ref = scan_states(cell, p, xs, h0)
     iters = {}

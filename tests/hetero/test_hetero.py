@@ -163,20 +163,16 @@ def replica_grads(params, x, y, counts):
             for a, b in zip(edges[:-1], edges[1:])]
 
 
-def _assert_tree_close(a, b, **kw):
-    jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, **kw), a, b)
-
-
 def _tree_maxdiff(a, b):
     return max(jax.tree.leaves(jax.tree.map(lambda u, v: float(jnp.max(jnp.abs(u - v))), a, b)))
 
 
-def test_weighted_mean_equals_full_batch_gradient():
+def test_weighted_mean_equals_full_batch_gradient(close):
     params = mlp_params(jax.random.key(0))
     x, y = make_data(13)
     counts = np.array([1, 0, 4, 8])
     grads = replica_grads(params, x, y, counts)
-    _assert_tree_close(weighted_mean(grads, counts), full_grad(params, x, y), rtol=1e-12, atol=1e-14)
+    close(weighted_mean(grads, counts), full_grad(params, x, y), 1e-12, 1e-14)
     assert _tree_maxdiff(plain_mean(grads, counts), full_grad(params, x, y)) > 1e-3
 
 
@@ -212,18 +208,18 @@ def _spmd_grad(average):
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 1], [1, 1, 2, 4], [0, 0, 0, 7], [1, 0, 0, 0], [4, 4, 4, 4]])
-def test_spmd_weighted_gradient_equals_full_batch(counts):
+def test_spmd_weighted_gradient_equals_full_batch(close, counts):
     assert jax.device_count() >= 4
     params = mlp_params(jax.random.key(1))
     x, y = make_data(int(np.sum(counts)), seed=sum(counts))
     xp, yp, mask = replica_batches(x, y, counts, b_max=8)  # one shape: compile once for all cases
     g, loss, n = _spmd_grad("weighted")(params, xp, yp, mask)
     assert g["w1"].dtype == jnp.float64 and int(n) == sum(counts)
-    _assert_tree_close(g, full_grad(params, x, y), rtol=1e-12, atol=1e-14)
+    close(g, full_grad(params, x, y), 1e-12, 1e-14)
     np.testing.assert_allclose(loss, per_sample_loss(params, x, y).mean(), rtol=1e-13)
 
     g_mean, loss_mean, _ = _spmd_grad("mean")(params, xp, yp, mask)
-    _assert_tree_close(g_mean, plain_mean(replica_grads(params, x, y, counts), counts), rtol=1e-12, atol=1e-14)
+    close(g_mean, plain_mean(replica_grads(params, x, y, counts), counts), 1e-12, 1e-14)
     np.testing.assert_allclose(loss_mean, loss, rtol=1e-13)
     uneven = len(set(c for c in counts if c > 0)) > 1
     assert (_tree_maxdiff(g_mean, g) > 1e-4) == uneven  # plain mean is biased exactly when the b_i differ

@@ -147,17 +147,13 @@ class _MLP(nnx.Module):
         return self.l2(jnp.tanh(self.l1(x)))
 
 
-def _toy_task():
+@pytest.fixture(scope="module")
+def toy():
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(3, 6)) * 2
     y = rng.integers(0, 3, size=320).astype(np.int32)
     x = (centers[y] + rng.normal(size=(320, 6))).astype(np.float32)
-    return nnx_task("toy", x[:256], y[:256], x[256:], y[256:], _MLP)
-
-
-@pytest.fixture(scope="module")
-def toy():
-    task = _toy_task()
+    task = nnx_task("toy", x[:256], y[:256], x[256:], y[256:], _MLP)
     return task, task.per_sample_loss
 
 

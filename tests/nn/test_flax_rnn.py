@@ -15,6 +15,7 @@ from flax import nnx
 import bppsa
 import bppsa.nn
 from bppsa import cells
+from bppsa.plan import calibration
 from bppsa.plan import cost
 from bppsa.nn import cells as flax_cells
 from bppsa.errors import UsageError
@@ -291,8 +292,8 @@ def test_backward_options_give_the_same_gradients(opts):
 def test_auto_backward_asks_the_cost_model_about_the_flax_cell():
     slow_bptt = cost.CostModel({"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]})
     cell = flax_cells.adapt(make_cell("gru"), None, I)
-    assert cost.choose_backward(cell, 1000, 16, cost_model=slow_bptt) == ("bppsa", "blelloch")
-    assert cost.choose_backward(flax_cells.Masked(cell), 1000, 16, cost_model=slow_bptt) == ("bppsa", "blelloch")
+    assert calibration.choose_backward(cell, 1000, 16, cost_model=slow_bptt) == ("bppsa", "blelloch")
+    assert calibration.choose_backward(flax_cells.Masked(cell), 1000, 16, cost_model=slow_bptt) == ("bppsa", "blelloch")
     layer = bppsa.nn.RNN(make_cell("gru"), backward="auto", cost_model=slow_bptt)
     np.testing.assert_allclose(layer(inputs()), nnx.RNN(make_cell("gru"))(inputs()), rtol=1e-12)
 

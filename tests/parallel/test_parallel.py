@@ -15,27 +15,10 @@ from hypothesis import strategies as st
 import bppsa
 from bppsa import parallel
 from bppsa.parallel.selfcheck import problem
-from tests.reference import scan_states
+from tests.reference import grads_of, scan_states
 
 
 _ref_states = scan_states  # the one plain lax.scan reference (tests/reference.py)
-
-
-def _loss(every_step):
-    def loss(hs):
-        h = hs[0] if isinstance(hs, tuple) else hs
-        h = h if every_step else h[-1:]
-        return jnp.sum(jnp.sin(h) * jnp.arange(1, h.shape[-1] + 1, dtype=h.dtype))
-    return loss
-
-
-def _grads(states_fn, loss, params, xs, h0):
-    return jax.grad(lambda p, x, h: loss(states_fn(p, x, h)), argnums=(0, 1, 2))(params, xs, h0)
-
-
-def _assert_trees_close(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12), a, b)
 
 
 # Per cell, (devices, T, B, combine, scan, loss at every step): together they cover 4 and 8
@@ -49,41 +32,40 @@ CASES = {
 
 @pytest.mark.parametrize("cell_name", ["lstm", pytest.param("rnn", marks=pytest.mark.slow),
                                        pytest.param("gru", marks=pytest.mark.slow)])  # lstm: a two-array state
-def test_sharded_gradients_equal_lax_scan_and_single_device(cell_name):
+def test_sharded_gradients_equal_lax_scan_and_single_device(loss, close, cell_name):
     for P, T, B, combine, scan, every in CASES[cell_name]:
         cell, params, xs, h0 = problem(cell_name, T=T, B=B)
         mesh = parallel.make_mesh(P, batch_axis=None)
-        loss = _loss(every)
+        step_loss = functools.partial(loss, every_step=every)
 
         @jax.jit
         def all_grads(params, xs, h0):
-            ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
-            one = _grads(lambda p, x, h: bppsa.rnn(cell, p, x, h), loss, params, xs, h0) if P == 4 else ref
-            sharded = _grads(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, combine=combine,
-                                                          scan=scan), loss, params, xs, h0)
+            ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, step_loss)
+            one = grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h), params, xs, h0, step_loss) if P == 4 else ref
+            sharded = grads_of(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, combine=combine,
+                                                          scan=scan), params, xs, h0, step_loss)
             return ref, one, sharded
 
         ref, one, sharded = all_grads(params, xs, h0)
         assert np.abs(np.asarray(ref[0]["W_h"])).max() > 1e-3  # a real gradient, not all zeros
-        _assert_trees_close(sharded, ref)
-        _assert_trees_close(sharded, one)  # single-device BPPSA (once per cell, to save compiles)
+        close(sharded, ref)
+        close(sharded, one)  # single-device BPPSA (once per cell, to save compiles)
 
 
-def test_two_dimensional_mesh_data_by_seq_with_uneven_batch_and_time():
+def test_two_dimensional_mesh_data_by_seq_with_uneven_batch_and_time(loss, close):
     cell, params, xs, h0 = problem("gru", T=7, B=3)  # 7 steps over 4 devices, 3 rows over 2
     mesh = parallel.make_mesh(seq=4, data=2)
     assert dict(mesh.shape) == {"data": 2, "seq": 4}
-    loss = _loss(True)
 
     @jax.jit
     def both(params, xs, h0):
-        ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
-        got = _grads(lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, seq_axis="seq", batch_axis="data"),
-                     loss, params, xs, h0)
+        ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, loss)
+        got = grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, mesh=mesh, seq_axis="seq", batch_axis="data"),
+                       params, xs, h0, loss)
         return ref, got
 
     ref, got = both(params, xs, h0)
-    _assert_trees_close(got, ref)
+    close(got, ref)
 
 
 def test_two_dimensional_mesh_shards_time_and_batch():
@@ -95,10 +77,9 @@ def test_two_dimensional_mesh_shards_time_and_batch():
     assert shard_shapes == {(2, 2, 4)}  # (T / 4, B / 2, H) on each of the 8 devices
 
 
-def test_pmap_entry_point_matches_lax_scan():
+def test_pmap_entry_point_matches_lax_scan(loss, close):
     cell, params, xs, h0 = problem("lstm", T=12, B=2)
     P = 4
-    loss = _loss(True)
 
     def pm_states(p, x, h):
         hs, cs = parallel.pmap_rnn(cell, p, x.reshape(P, 3, 2, 3), h)
@@ -107,33 +88,31 @@ def test_pmap_entry_point_matches_lax_scan():
 
     @jax.jit
     def both(params, xs, h0):
-        ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
-        return ref, _grads(pm_states, loss, params, xs, h0), pm_states(params, xs, h0)[0]
+        ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, loss)
+        return ref, grads_of(pm_states, params, xs, h0, loss), pm_states(params, xs, h0)[0]
 
     ref, got, hs = both(params, xs, h0)
-    _assert_trees_close(got, ref)
+    close(got, ref)
     np.testing.assert_allclose(hs, _ref_states(cell, params, xs, h0)[0], rtol=1e-12, atol=1e-13)
 
 
-def test_bptt_through_the_mesh_and_other_local_scans():
+def test_bptt_through_the_mesh_and_other_local_scans(loss, close):
     cell, params, xs, h0 = problem("rnn", T=9, B=2)
     mesh = parallel.make_mesh(4, batch_axis=None)
-    loss = _loss(True)
 
     @jax.jit
     def run(params, xs, h0):
-        ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
-        outs = [_grads(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, backward="bptt"),
-                       loss, params, xs, h0)]
+        ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, loss)
+        outs = [grads_of(lambda p, x, h: parallel.rnn(cell, p, x, h, mesh=mesh, backward="bptt"), params, xs, h0,
+                         loss)]
         for scan in ("associative", "sequential"):
-            outs.append(_grads(lambda p, x, h, scan=scan: parallel.rnn(cell, p, x, h, mesh=mesh, scan=scan,
-                                                                         combine="logstep"),
-                               loss, params, xs, h0))
+            outs.append(grads_of(lambda p, x, h, scan=scan: parallel.rnn(cell, p, x, h, mesh=mesh, scan=scan,
+                                                                         combine="logstep"), params, xs, h0, loss))
         return ref, outs
 
     ref, outs = run(params, xs, h0)
     for got in outs:
-        _assert_trees_close(got, ref)
+        close(got, ref)
 
 
 def test_communication_volume_counts():
@@ -167,7 +146,7 @@ def test_bad_arguments_raise_clear_errors():
 @pytest.mark.slow
 @pytest.mark.parametrize("cell_name", ["rnn", "gru", "lstm"])
 @pytest.mark.parametrize("P", [2, 3, 8])
-def test_sweep_lengths_devices_combines(cell_name, P):
+def test_sweep_lengths_devices_combines(loss, close, cell_name, P):
     devices = jax.devices()[:P]
     mesh = parallel.make_mesh(P, devices=devices, batch_axis=None)
     for T in sorted({1, max(1, P - 1), 2 * P + 1, 13}):
@@ -177,16 +156,16 @@ def test_sweep_lengths_devices_combines(cell_name, P):
         def run(params, xs, h0):
             out = []
             for every in (True, False):
-                loss = _loss(every)
-                ref = _grads(lambda p, x, h: _ref_states(cell, p, x, h), loss, params, xs, h0)
+                step_loss = functools.partial(loss, every_step=every)
+                ref = grads_of(lambda p, x, h: _ref_states(cell, p, x, h), params, xs, h0, step_loss)
                 for combine in ("logstep", "allgather", "chain"):
-                    got = _grads(lambda p, x, h, c=combine: parallel.rnn(cell, p, x, h, mesh=mesh, combine=c),
-                                 loss, params, xs, h0)
+                    got = grads_of(lambda p, x, h, c=combine: parallel.rnn(cell, p, x, h, mesh=mesh, combine=c),
+                                   params, xs, h0, step_loss)
                     out.append((ref, got))
             return out
 
         for ref, got in run(params, xs, h0):
-            _assert_trees_close(got, ref)
+            close(got, ref)
 
 
 def _check_chunk_phases(n, method, seed):
@@ -261,7 +240,7 @@ def test_make_mesh_takes_numpy_and_jax_integers():
                                                ("block_gru", "newton"),
                                                pytest.param("block_gru2", "sequential", marks=pytest.mark.slow),
                                                pytest.param("lstm", "newton", marks=pytest.mark.slow)])
-def test_forward_mode_and_hvps_through_the_mesh_equal_one_device(cell_name, forward):
+def test_forward_mode_and_hvps_through_the_mesh_equal_one_device(close, cell_name, forward):
     """One pipeline for one device and a mesh: jax.jvp, the gradient and a Hessian-vector product
     through ``mesh=`` (4 simulated devices, T = 11 not divisible by 4, B = 3) equal the unsharded
     ones in float64, for a dense cell (GRU) and structured cells whose diagonal / 2x2-block
@@ -287,4 +266,4 @@ def test_forward_mode_and_hvps_through_the_mesh_equal_one_device(cell_name, forw
         jax.jvp(lambda p: jax.grad(loss)(p, x, m), (p,), (tp,))[1]), m)) for m in (mesh, None))
     got, want = sharded(params, xs), single(params, xs)
     assert abs(float(got[0]) - float(want[0])) <= 1e-12 * max(1.0, abs(float(want[0])))
-    _assert_trees_close(got[1:], want[1:])
+    close(got[1:], want[1:])

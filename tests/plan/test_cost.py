@@ -1,4 +1,4 @@
-"""bppsa.plan.cost: the cost features, the fitted model, its cache, backward="auto" and chunk sizing."""
+"""bppsa.plan.rules, .cost and .calibration: the cost features, the fitted model, its cache, backward="auto" and chunk sizing."""
 
 import json
 
@@ -7,27 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import bppsa
 from bppsa import cells, structured
+from bppsa.plan import calibration, rules
 from bppsa.plan import cost
 from bppsa.backward import pipeline
 from experiments import calibrate
 from bppsa.scan import dense as scan_lib
-
-
-def _close(a, b, rtol=1e-9, atol=1e-11):
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
-
-
-def _grads(cell, params, xs, h0, **kw):
-    def loss(p, x, h):
-        if kw:
-            out = bppsa.rnn(cell, p, x, h, **kw)
-        else:
-            out = jax.lax.scan(lambda s, xt: (cell.step(p, s, xt),) * 2, h, x)[1]
-        hs = cell.hidden(out)
-        return jnp.sum(jnp.sin(hs)) + jnp.sum(hs[-1] ** 2)  # a loss on every step
-    return jax.grad(loss, argnums=(0, 1, 2))(params, xs, h0)
+from tests.reference import rnn_grads, scan_grads
 
 
 FAVOUR_BPPSA = {"bptt": [1.0, 0.0, 0.0], "bppsa": [0.0, 0.0, 0.0, 0.0]}
@@ -39,38 +25,38 @@ FAVOUR_BPTT = {"bptt": [0.0, 0.0, 0.0], "bppsa": [1.0, 0.0, 0.0, 0.0]}
 # ---------------------------------------------------------------------------------------------
 
 def test_auto_chunk_size():
-    assert cost.auto_chunk_size(30_000, 1, 20, 4, backend="gpu") is None  # one chunk off CPU
-    assert cost.auto_chunk_size(1000, 2, 20, 4, backend="cpu") is None    # fits in CHUNK_BYTES
-    c = cost.auto_chunk_size(30_000, 1, 20, 4, backend="cpu")
-    assert c * 20 * 20 * 4 <= cost.CHUNK_BYTES < 2 * c * 20 * 20 * 4
+    assert rules.auto_chunk_size(30_000, 1, 20, 4, backend="gpu") is None  # one chunk off CPU
+    assert rules.auto_chunk_size(1000, 2, 20, 4, backend="cpu") is None    # fits in CHUNK_BYTES
+    c = rules.auto_chunk_size(30_000, 1, 20, 4, backend="cpu")
+    assert c * 20 * 20 * 4 <= rules.CHUNK_BYTES < 2 * c * 20 * 20 * 4
     assert scan_lib.bottom_layout(c)[2] == c  # m·2^k: the Blelloch scan pads nothing in a full chunk
-    assert cost.auto_chunk_size(10**6, 1024, 64, 8, backend="cpu") == 64  # never below 64
+    assert rules.auto_chunk_size(10**6, 1024, 64, 8, backend="cpu") == 64  # never below 64
     # diagonal structure (the RNN): no Jacobians formed, the largest array is half as big
-    assert cost.auto_chunk_size(10_000, 1, 20, 4, backend="cpu") is not None
-    assert cost.auto_chunk_size(10_000, 1, 20, 4, backend="cpu", structured=True) is None
-    c2 = cost.auto_chunk_size(30_000, 1, 20, 4, backend="cpu", structured=True)
-    assert c2 * 20 * 20 * 4 // 2 <= cost.CHUNK_BYTES < c2 * 20 * 20 * 4 and c2 > c
+    assert rules.auto_chunk_size(10_000, 1, 20, 4, backend="cpu") is not None
+    assert rules.auto_chunk_size(10_000, 1, 20, 4, backend="cpu", structured=True) is None
+    c2 = rules.auto_chunk_size(30_000, 1, 20, 4, backend="cpu", structured=True)
+    assert c2 * 20 * 20 * 4 // 2 <= rules.CHUNK_BYTES < c2 * 20 * 20 * 4 and c2 > c
     assert c == 5120  # 8 MiB / 1600 B = 5242 steps, rounded down to 40 * 2^7: no padding in a chunk
 
 
 @pytest.mark.slow  # chunked exactness: tests/experiments/test_bench.py's default cases
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason='chunk_size="auto" chunks on CPU only')
-def test_default_auto_chunking_is_exact(monkeypatch):
+def test_default_auto_chunking_is_exact(close, loss, monkeypatch):
     """chunk_size="auto" (the default) chunks once the Jacobians pass CHUNK_BYTES; exact."""
     cell = cells.GRU(2, 3)
     T, B = 150, 2
     params = cell.init(jax.random.key(5), jnp.float64)
     xs = jax.random.normal(jax.random.key(6), (T, B, 2), jnp.float64)
     h0 = jax.random.normal(jax.random.key(7), (B, 3), jnp.float64)
-    monkeypatch.setattr(cost, "CHUNK_BYTES", 64 * B * 3 * 3 * 8)  # chunks of 64, 64, 22
-    assert cost.auto_chunk_size(T, B, 3, 8, backend="cpu") == 64
+    monkeypatch.setattr(rules, "CHUNK_BYTES", 64 * B * 3 * 3 * 8)  # chunks of 64, 64, 22
+    assert rules.auto_chunk_size(T, B, 3, 8, backend="cpu") == 64
     calls = []
     chunked = pipeline.chunked_backward
     monkeypatch.setattr(pipeline, "chunked_backward", lambda *a: calls.append(a[2]) or chunked(*a))
-    g_ref = _grads(cell, params, xs, h0)
-    _close(_grads(cell, params, xs, h0, backward="bppsa"), g_ref)
+    g_ref = scan_grads(cell, params, xs, h0, loss)
+    close(rnn_grads(cell, params, xs, h0, loss, backward="bppsa"), g_ref, rtol=1e-9, atol=1e-11)
     assert calls == [64]  # the default took the chunked path, with chunks of 64
-    _close(_grads(cell, params, xs, h0, backward="bppsa", chunk_size=None), g_ref)
+    close(rnn_grads(cell, params, xs, h0, loss, backward="bppsa", chunk_size=None), g_ref, rtol=1e-9, atol=1e-11)
     assert calls == [64]  # chunk_size=None: one chunk
 
 
@@ -157,7 +143,7 @@ def test_refitting_the_shipped_cpu_model_from_its_measurements_reproduces_it():
     features are one column), so the coefficients are the minimum-norm point of a line and move by
     ~1e-6 relative with the BLAS kernels of the CPU; the predicted seconds at the probed points,
     which the measurements do determine, agree to float64 rounding everywhere."""
-    shipped = cost.shipped_cost_model("cpu")
+    shipped = calibration.shipped_cost_model("cpu")
     m = shipped.meta
     probes = calibrate.probe_cells(m["points"], m["dense_points"], m["gated_points"], m["hidden_size"])
     rnn, dense = probes[0][0], probes[len(m["points"])][0]
@@ -175,16 +161,16 @@ def test_refitting_the_shipped_cpu_model_from_its_measurements_reproduces_it():
 # backward="auto": an explicit model, else the cached calibration, else BPTT.
 # ---------------------------------------------------------------------------------------------
 
-def test_auto_uses_the_given_model_and_stays_exact():
+def test_auto_uses_the_given_model_and_stays_exact(close, loss):
     cell = cells.RNN(1, 3)
     params = cell.init(jax.random.key(0), jnp.float64)
     xs = jax.random.normal(jax.random.key(1), (9, 2, 1), jnp.float64)
     h0 = jnp.zeros((2, 3))
-    g_ref = _grads(cell, params, xs, h0)
+    g_ref = scan_grads(cell, params, xs, h0, loss)
     for coef, choice in ((FAVOUR_BPPSA, "bppsa"), (FAVOUR_BPTT, "bptt")):
         model = cost.CostModel(coef)
-        assert cost.choose_backward(cell, 9, 2, jnp.float64, cost_model=model) == cost.METHODS[choice]
-        _close(_grads(cell, params, xs, h0, backward="auto", cost_model=model), g_ref)
+        assert calibration.choose_backward(cell, 9, 2, jnp.float64, cost_model=model) == cost.METHODS[choice]
+        close(rnn_grads(cell, params, xs, h0, loss, backward="auto", cost_model=model), g_ref, rtol=1e-9, atol=1e-11)
 
 
 # The diagonal GRU (pararnn's, BlockGRU(head_size=1)) at the points of the pararnn-torch comparison
@@ -200,13 +186,13 @@ def test_auto_runs_the_elementwise_bppsa_for_diagonal_cells_on_cpu(H, T, B):
     backend: the model decides, as before."""
     cell = structured.BlockGRU(12, H, 1, hidden_bias=False)
     for model in (None, cost.CostModel(FAVOUR_BPTT)):
-        assert cost.choose_backward(cell, T, B, jnp.float32, cost_model=model, backend="cpu") == ("bppsa", "sequential")
-    assert cost.choose_backward(structured.BlockRNN(12, H), T, B, backend="cpu") == ("bppsa", "sequential")
-    shipped = {b: cost.shipped_cost_model(b) for b in ("cpu", "gpu")}
+        assert calibration.choose_backward(cell, T, B, jnp.float32, cost_model=model, backend="cpu") == ("bppsa", "sequential")
+    assert calibration.choose_backward(structured.BlockRNN(12, H), T, B, backend="cpu") == ("bppsa", "sequential")
+    shipped = {b: calibration.shipped_cost_model(b) for b in ("cpu", "gpu")}
     for kw, model in (({"scan": "blelloch"}, shipped["cpu"]), ({"devices": 2}, shipped["cpu"]),
                       ({"backend": "gpu"}, shipped["gpu"])):
         kw = {"backend": "cpu", **kw}
-        assert cost.choose_backward(cell, T, B, jnp.float32, cost_model=model, **kw) == \
+        assert calibration.choose_backward(cell, T, B, jnp.float32, cost_model=model, **kw) == \
             cost.METHODS[model.choose(cell, T, B, jnp.float32)]
 
 
@@ -217,9 +203,9 @@ def test_auto_runs_the_elementwise_bppsa_for_diagonal_cells_on_cpu(H, T, B):
 def test_auto_keeps_the_models_choice_for_every_other_cell(cell):
     """Dense Jacobians and blocks larger than 1×1 (the LSTM's (h, c) pairs included): the shipped
     model's choice, at the points the paper and the pararnn-torch comparison measure."""
-    model = cost.shipped_cost_model("cpu")
+    model = calibration.shipped_cost_model("cpu")
     for T, B in ((1000, 2), (1000, 16), (10_000, 1), (517, 16), (1034, 32), (2048, 8), (64, 1)):
-        assert cost.choose_backward(cell, T, B, jnp.float32, cost_model=model, backend="cpu") == \
+        assert calibration.choose_backward(cell, T, B, jnp.float32, cost_model=model, backend="cpu") == \
             cost.METHODS[model.choose(cell, T, B, jnp.float32)]
 
 
@@ -228,43 +214,43 @@ def test_default_auto_uses_a_cached_model_and_never_probes(tmp_path, monkeypatch
     device decides once it exists."""
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "calibrate", lambda **kw: pytest.fail("auto must not probe"))
-    cost.default_cost_model.cache_clear()
+    calibration.default_cost_model.cache_clear()
     try:
         cell = cells.RNN(1, 4)
-        shipped = cost.shipped_cost_model()
-        assert cost.default_cost_model().coef == shipped.coef
-        assert cost.choose_backward(cell, 1000, 2) == cost.METHODS[shipped.choose(cell, 1000, 2)]
+        shipped = calibration.shipped_cost_model()
+        assert calibration.default_cost_model().coef == shipped.coef
+        assert calibration.choose_backward(cell, 1000, 2) == cost.METHODS[shipped.choose(cell, 1000, 2)]
         favour_bptt = {"bptt": [0.0] * 3, "bppsa": [1.0] * 4, "bppsa_sequential": [1.0] * 3}
-        cost.cache_path().write_text(json.dumps(cost.CostModel(favour_bptt, {"device": cost.device_key()}).to_json()))
-        cost.default_cost_model.cache_clear()
-        assert cost.choose_backward(cell, 1000, 2) == ("bptt", None)
-        cost.cache_path().write_text(json.dumps(cost.CostModel(FAVOUR_BPPSA, {"device": cost.device_key()}).to_json()))
-        assert cost.choose_backward(cell, 1000, 2) == ("bptt", None)  # looked up once per process
-        cost.default_cost_model.cache_clear()
-        assert cost.choose_backward(cell, 1000, 2) == ("bppsa", "blelloch")
+        calibration.cache_path().write_text(json.dumps(cost.CostModel(favour_bptt, {"device": calibration.device_key()}).to_json()))
+        calibration.default_cost_model.cache_clear()
+        assert calibration.choose_backward(cell, 1000, 2) == ("bptt", None)
+        calibration.cache_path().write_text(json.dumps(cost.CostModel(FAVOUR_BPPSA, {"device": calibration.device_key()}).to_json()))
+        assert calibration.choose_backward(cell, 1000, 2) == ("bptt", None)  # looked up once per process
+        calibration.default_cost_model.cache_clear()
+        assert calibration.choose_backward(cell, 1000, 2) == ("bppsa", "blelloch")
         # an explicit model wins over the cached one
-        assert cost.choose_backward(cell, 1000, 2, cost_model=cost.CostModel(FAVOUR_BPTT)) == ("bptt", None)
+        assert calibration.choose_backward(cell, 1000, 2, cost_model=cost.CostModel(FAVOUR_BPTT)) == ("bptt", None)
     finally:
-        cost.default_cost_model.cache_clear()
+        calibration.default_cost_model.cache_clear()
 
 
 def test_cache_round_trip_and_stale_or_corrupt_files(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    path = cost.cache_path()
-    assert path.parent == tmp_path and cost.load() is None
-    model = cost.CostModel(FAVOUR_BPPSA, {"device": cost.device_key()})
-    assert cost.save(model) == path
-    assert cost.load().coef == model.coef
-    cost.save(cost.CostModel(FAVOUR_BPPSA, {"device": "another device"}))
-    assert cost.load() is None  # calibrated elsewhere (or by an older implementation)
+    path = calibration.cache_path()
+    assert path.parent == tmp_path and calibration.load() is None
+    model = cost.CostModel(FAVOUR_BPPSA, {"device": calibration.device_key()})
+    assert calibration.save(model) == path
+    assert calibration.load().coef == model.coef
+    calibration.save(cost.CostModel(FAVOUR_BPPSA, {"device": "another device"}))
+    assert calibration.load() is None  # calibrated elsewhere (or by an older implementation)
     path.write_text("{not json")
-    assert cost.load() is None
-    cost.default_cost_model.cache_clear()
+    assert calibration.load() is None
+    calibration.default_cost_model.cache_clear()
 
 
 def test_calibration_probe_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("BPPSA_CACHE_DIR", str(tmp_path))
-    path = cost.cache_path()
+    path = calibration.cache_path()
     assert not path.exists()
     m1 = calibrate.load_cost_model(points=((16, 1), (64, 1)), dense_points=((64, 1),), gated_points=((32, 2),),
                                    hidden_size=4, repeats=1)
@@ -279,4 +265,4 @@ def test_calibration_probe_is_cached(tmp_path, monkeypatch):
     m3 = calibrate.load_cost_model(points=((16, 1),), dense_points=(), gated_points=(), hidden_size=4,
                                    repeats=1)  # corrupt: re-probed
     assert m3.meta["points"] == [[16, 1]]
-    cost.default_cost_model.cache_clear()
+    calibration.default_cost_model.cache_clear()

@@ -10,23 +10,11 @@ from jax import lax
 import bppsa
 import bppsa.nn
 from bppsa import cells, parallel
-from bppsa.plan import cost, options
+from bppsa.plan import cost
+from bppsa.plan import options
 from bppsa.errors import UsageError
 
-from tests.reference import scan_grads
-
-
-def _problem(T=7, B=2, I=3, H=4, seed=0):
-    cell = cells.GRU(I, H)
-    k = jax.random.split(jax.random.key(seed), 3)
-    params = cell.init(k[0], jnp.float64)
-    xs = jax.random.normal(k[1], (T, B, I), jnp.float64)
-    h0 = 0.5 * jax.random.normal(k[2], (B, H), jnp.float64)
-    return cell, params, xs, h0
-
-
-def _loss(hs):
-    return jnp.sum(jnp.sin(hs) * jnp.cos(jnp.arange(hs.size, dtype=hs.dtype)).reshape(hs.shape))
+from tests.reference import grads_of, scan_grads
 
 
 @pytest.mark.parametrize("field,value,words", [
@@ -39,12 +27,12 @@ def _loss(hs):
     ("combine", "ring", "combine must be one of ['logstep', 'allgather', 'chain', 'auto']; got 'ring'"),
     ("cost_model", {"bptt": 1}, "cost_model must be a bppsa.CostModel or None; got dict"),
 ])
-def test_every_field_is_checked_with_a_message_naming_it(field, value, words):
+def test_every_field_is_checked_with_a_message_naming_it(problem, field, value, words):
     with pytest.raises(UsageError) as e:
         bppsa.Options(**{field: value})
     assert words in str(e.value)
     with pytest.raises(UsageError) as e:  # the same check behind the keyword of an entry point
-        bppsa.rnn(*_problem(), **{field: value})
+        bppsa.rnn(*problem(cells.GRU(3, 4)), **{field: value})
     assert words in str(e.value)
 
 
@@ -76,36 +64,23 @@ def test_auto_is_resolved_in_one_place_and_keeps_an_explicit_scan():
     assert bppsa.Options().resolve(cell, 10, 1) == bppsa.Options(scan="blelloch")
 
 
-def _grads_of(run, params, xs, h0):
-    return jax.grad(lambda p, x, h: _loss(run(p, x, h)), argnums=(0, 1, 2))(params, xs, h0)
-
-
-def _assert_equal_to_reference(got, ref):
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
-
-
-def _entry_points(cell, opts):
+@pytest.mark.parametrize("entry", ["bppsa.rnn", "backprop.rnn"] + [
+    pytest.param(e, marks=pytest.mark.slow) for e in ("parallel.rnn", "bppsa.rnn(mesh)", "pmap_rnn")])
+@pytest.mark.parametrize("opts", [bppsa.Options(scan="sequential", chunk_size=3)] + [
+    pytest.param(o, marks=pytest.mark.slow) for o in (bppsa.Options(backward="bptt"), bppsa.Options(precision="high"))])
+def test_every_entry_point_takes_the_options_object(problem, close, loss, entry, opts):
+    cell, params, xs, h0 = problem(cells.GRU(2, 2), T=8, B=1)
     one = opts.replace(chunk_size="auto")  # a mesh takes no int chunk_size
     mesh = parallel.make_mesh(2, batch_axis=None)
-    return {
+    run = {
         "bppsa.rnn": lambda p, x, h: bppsa.rnn(cell, p, x, h, opts),
         "backprop.rnn": lambda p, x, h: bppsa.backprop.rnn(cell, p, x, h, options=opts),
         "parallel.rnn": lambda p, x, h: parallel.rnn(cell, p, x, h, one, mesh=mesh),
         "bppsa.rnn(mesh)": lambda p, x, h: bppsa.rnn(cell, p, x, h, one, mesh=mesh),
         "pmap_rnn": lambda p, x, h: parallel.pmap_rnn(cell, p, x.reshape((2, 4) + x.shape[1:]), h, one).reshape(
             (8,) + h.shape),
-    }
-
-
-@pytest.mark.parametrize("entry", ["bppsa.rnn", "backprop.rnn"] + [
-    pytest.param(e, marks=pytest.mark.slow) for e in ("parallel.rnn", "bppsa.rnn(mesh)", "pmap_rnn")])
-@pytest.mark.parametrize("opts", [bppsa.Options(scan="sequential", chunk_size=3)] + [
-    pytest.param(o, marks=pytest.mark.slow) for o in (bppsa.Options(backward="bptt"), bppsa.Options(precision="high"))])
-def test_every_entry_point_takes_the_options_object(entry, opts):
-    cell, params, xs, h0 = _problem(T=8, B=1, I=2, H=2)
-    run = _entry_points(cell, opts)[entry]
-    _assert_equal_to_reference(_grads_of(run, params, xs, h0), scan_grads(cell, params, xs, h0, _loss))
+    }[entry]
+    close(grads_of(run, params, xs, h0, loss), scan_grads(cell, params, xs, h0, loss))
 
 
 def test_nn_modules_take_the_options_object():
@@ -123,13 +98,13 @@ def test_nn_modules_take_the_options_object():
 
 
 @pytest.mark.parametrize("backward", ["bppsa", pytest.param("bptt", marks=pytest.mark.slow)])
-def test_unroll_sets_the_forward_scans_unroll_and_changes_no_result(backward):
-    cell, params, xs, h0 = _problem(T=7, B=2, I=2, H=3)
+def test_unroll_sets_the_forward_scans_unroll_and_changes_no_result(problem, close, loss, backward):
+    cell, params, xs, h0 = problem(cells.GRU(2, 3), T=7, B=2)
     run = lambda unroll: bppsa.rnn(cell, params, xs, h0, backward=backward, unroll=unroll)
     assert "unroll=3" in str(jax.make_jaxpr(lambda: run(3))())
     np.testing.assert_allclose(run(3), run(1), rtol=1e-13)
-    _assert_equal_to_reference(_grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward=backward, unroll=True),
-                                         params, xs, h0), scan_grads(cell, params, xs, h0, _loss))
+    close(grads_of(lambda p, x, h: bppsa.rnn(cell, p, x, h, backward=backward, unroll=True), params, xs, h0, loss),
+          scan_grads(cell, params, xs, h0, loss))
     assert bppsa.Options(unroll=np.int64(4)).unroll == 4 and bppsa.Options(unroll=True).unroll is True
     for bad in (0, -2, 1.5, "2"):
         with pytest.raises(UsageError, match="unroll must be a positive int, True, False or None"):

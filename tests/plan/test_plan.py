@@ -15,20 +15,13 @@ from flax import nnx
 import bppsa
 import bppsa.nn
 from bppsa import cells, parallel, structured
-from bppsa.plan import cost, options
+from bppsa.plan import calibration, cost, options, rules
 from bppsa.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 # the layers that run a plan: every module of the forward and the backward, and the mesh's
 EXECUTORS = sorted(str(p.relative_to(ROOT)) for d in ("forward", "backward") for p in (ROOT / "bppsa" / d).glob("*.py")) \
     + ["bppsa/parallel/sequence.py"]
-
-
-def _problem(T=8, B=2, I=2, H=3):
-    cell = cells.GRU(I, H)
-    params = cell.init(jax.random.key(0), jnp.float64)
-    xs = jax.random.normal(jax.random.key(1), (T, B, I), jnp.float64)
-    return cell, params, xs, jnp.zeros((B, H), jnp.float64)
 
 
 def _assert_concrete(plan, devices=None):
@@ -55,15 +48,15 @@ def plans(monkeypatch):
 
 @pytest.mark.parametrize("fields", [{}, {"backward": "auto", "forward": "auto"}, {"forward": "quasi"},
                                     {"backward": "bptt", "unroll": True}])
-def test_one_device_makes_one_concrete_plan(plans, fields):
-    cell, params, xs, h0 = _problem()
+def test_one_device_makes_one_concrete_plan(problem, plans, fields):
+    cell, params, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, **fields)))(params)
     assert len(plans) == 1
     _assert_concrete(plans[0])
 
 
-def test_a_mesh_makes_one_concrete_plan(plans):
-    cell, params, xs, h0 = _problem()
+def test_a_mesh_makes_one_concrete_plan(problem, plans):
+    cell, params, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     mesh = parallel.make_mesh(2, batch_axis=None)
     jax.jit(jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, mesh=mesh, forward="newton"))))(params)  # one compile
     parallel.pmap_rnn(cell, params, xs.reshape((2, 4) + xs.shape[1:]), h0)
@@ -83,8 +76,8 @@ def test_nn_rnn_makes_one_concrete_plan(plans):
     assert layer.options == bppsa.Options(backward="auto")  # the layer keeps what was asked
 
 
-def test_a_plan_is_kept_and_refuses_open_choices():
-    cell, _, xs, h0 = _problem()
+def test_a_plan_is_kept_and_refuses_open_choices(problem):
+    cell, _, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     plan = bppsa.Options(backward="auto").plan(cell, xs, h0)
     assert plan.plan(cell, xs, h0) is plan and not isinstance(plan, bppsa.Options)  # its own type
     with pytest.raises(UsageError, match="open: backward='auto'"):
@@ -110,21 +103,22 @@ def test_auto_plans_the_diagonal_bppsa_for_the_diagonal_gru(H, T, B):
     assert bppsa.Options(backward="auto", scan="blelloch").plan(cell, xs, s0).backward == "bptt"
 
 
-def test_the_cost_model_is_consulted_only_by_the_plan(monkeypatch):
+def test_the_cost_model_is_consulted_only_by_the_plan(problem, monkeypatch):
     callers = []
-    for name in ("choose_backward", "choose_forward", "auto_chunk_size", "bptt_unroll", "choose_combine"):
-        fn = getattr(cost, name)
+    for module, name in ((calibration, "choose_backward"), (cost, "choose_forward"), (rules, "auto_chunk_size"),
+                         (rules, "bptt_unroll"), (rules, "choose_combine")):
+        fn = getattr(module, name)
 
         def spy(*args, _fn=fn, **kwargs):
             import inspect
             callers.append(Path(inspect.stack()[1].filename).name)
             return _fn(*args, **kwargs)
 
-        monkeypatch.setattr(cost, name, spy)
-    cell, params, xs, h0 = _problem()
+        monkeypatch.setattr(module, name, spy)
+    cell, params, xs, h0 = problem(cells.GRU(2, 3), T=8, h0_scale=0)
     for fields in ({"backward": "auto", "forward": "newton"}, {"forward": "auto"}, {"backward": "bptt"}):
         jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, **fields)))(params)
-    assert "options.py" in callers and set(callers) <= {"options.py", "cost.py"}  # cost.py: its own helpers
+    assert "options.py" in callers and set(callers) <= {"options.py", "rules.py", "cost.py", "calibration.py"}  # their own helpers
 
 
 @pytest.mark.parametrize("path", EXECUTORS)
@@ -136,15 +130,16 @@ def test_the_executing_layers_do_not_import_the_cost_model(path):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             names |= {f"{node.module or ''}.{a.name}".lstrip(".") for a in node.names} | {node.module or ""}
-    assert not [n for n in names if n == "cost" or n.endswith(".cost") or n.startswith("cost")], names
+    concepts = ("cost", "rules", "calibration")  # the rules, the cost model and its calibration: the plan's alone
+    assert not [n for n in names if any(n == c or n.endswith("." + c) or n.startswith(c) for c in concepts)], names
 
 
 def test_the_option_fields_are_defined_once():
     fields = [f.name for f in dataclasses.fields(bppsa.Options)]
     assert [f.name for f in dataclasses.fields(options.Plan)] == fields + ["solve_chunk", "devices", "hoist", "gate", "weights_in_loop"]
-    assert set(options.SOLVER_FIELDS) <= set(fields)
     assert options.BACKWARDS == get_args(options.Backward) and options.FORWARDS == ("sequential", "newton", "quasi", "auto")
-    assert bppsa.forward.newton.Plan is options.Plan and bppsa.forward.newton.DEFAULT_TOL is options.DEFAULT_TOL
+    assert bppsa.forward.newton.Plan is options.Plan  # the solver runs the plan's type
+    assert not set(bppsa.forward.newton.__all__) & set(options.__all__)  # and does not re-export the plan's names
     # the solver defines no settings of its own: it reads the Plan's fields
     tree = ast.parse((ROOT / "bppsa/forward/newton.py").read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.decorator_list]

@@ -47,17 +47,15 @@ def test_scan_matches_python_loop(method, n, with_d):
     np.testing.assert_allclose(total, ref_t, rtol=1e-11, atol=1e-12)
 
 
-def _blelloch_equals_sequential(n, B, H, with_d, seed):
+@property_pair(
+    5, 15, n=st.one_of(st.integers(1, 40), st.integers(64, 300)), B=st.integers(1, 3), H=st.integers(1, 5),
+    with_d=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_blelloch_equals_sequential_property(n, B, H, with_d, seed):
     v, Ms, ds = _elements(np.random.default_rng(seed), n, B, H, with_d)
     p_b, t_b = _scan(v, Ms, ds, method="blelloch")
     p_s, t_s = _scan(v, Ms, ds, method="sequential")
     np.testing.assert_allclose(p_b, p_s, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(t_b, t_s, rtol=1e-10, atol=1e-12)
-
-
-test_blelloch_equals_sequential_property, test_blelloch_equals_sequential_property_full = property_pair(
-    5, 15, n=st.one_of(st.integers(1, 40), st.integers(64, 300)), B=st.integers(1, 3), H=st.integers(1, 5),
-    with_d=st.booleans(), seed=st.integers(0, 2**31 - 1))(_blelloch_equals_sequential)
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 13, 300])
@@ -145,7 +143,9 @@ def test_bottom_order_pairs_adjacent_blocks_as_contiguous_halves(n):
     assert np.array_equal(start, np.arange(m) << k) and np.array_equal(end, (np.arange(m) + 1) << k)
 
 
-def _to_storage_round_trip(n, rest):
+@property_pair(
+    8, 30, n=st.integers(1, 3000), rest=st.sampled_from([(), (2,), (1, 3)]))
+def test_to_storage_round_trip(n, rest):
     x = jnp.arange(n * int(np.prod(rest, dtype=int)), dtype=jnp.float64).reshape((n,) + rest)
     y = S.to_storage(x, n)
     k, m, N = S.bottom_layout(n)
@@ -154,10 +154,6 @@ def _to_storage_round_trip(n, rest):
     padded = np.concatenate([np.asarray(x), np.zeros((N - n,) + rest)])
     np.testing.assert_array_equal(y, padded[order])  # the padding rows are zero
     np.testing.assert_array_equal(S.from_storage(y, n), x)
-
-
-test_to_storage_round_trip, test_to_storage_round_trip_full = property_pair(
-    8, 30, n=st.integers(1, 3000), rest=st.sampled_from([(), (2,), (1, 3)]))(_to_storage_round_trip)
 
 
 @pytest.mark.parametrize("n", [71, 1000])
@@ -233,12 +229,6 @@ def _diag_elements(rng, n, B, H, with_d):
     return v, A, Wt, ds
 
 
-def _assert_scan_close(got, ref, rtol, atol=1e-12):
-    """(prefixes, total) pairs agree."""
-    for g, r in zip(got, ref):
-        np.testing.assert_allclose(g, r, rtol=rtol, atol=atol)
-
-
 def _diag_scan(v, A, Wt, ds, n, pad_with=None):
     """Storage order, then the diagonal scan; ``pad_with`` overwrites the padding rows."""
     Ap = S.to_storage(A, n, pad="edge")
@@ -253,31 +243,27 @@ def _diag_scan(v, A, Wt, ds, n, pad_with=None):
 @pytest.mark.parametrize("n", [1, 2, 64, 129] + [pytest.param(n, marks=pytest.mark.slow)
                                                  for n in (3, 63, 65, 127, 128, 200, 1000, 1025)])
 @pytest.mark.parametrize("with_d", [False, True])
-def test_diagonal_scan_matches_python_loop(n, with_d):
+def test_diagonal_scan_matches_python_loop(close, n, with_d):
     v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, with_d)
     Ms = A[..., None] * Wt
     ref_p, ref_t = _reference(v, Ms, ds)
     p, t = _diag_scan(v, A, Wt, ds, n)
     assert p.shape == (n, 2, 3) and t.shape == (2, 3)
-    _assert_scan_close((p, t), (ref_p, ref_t), rtol=1e-10)
+    close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
 
 
-def _diagonal_scan_equals_dense_stored_scan(n, B, H, with_d, seed):
+@property_pair(5, 15, n=st.one_of(st.integers(1, 70), st.integers(64, 2100)), B=st.integers(1, 3),
+               H=st.integers(1, 6), with_d=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_diagonal_scan_equals_dense_stored_scan_property(close, n, B, H, with_d, seed):
     v, A, Wt, ds = _diag_elements(np.random.default_rng(seed), n, B, H, with_d)
     p_d, t_d = _diag_scan(v, A, Wt, ds, n)
     Ms = A[..., None] * Wt
     p_s, t_s = _scan(v, Ms, ds, method="sequential")
-    _assert_scan_close((p_d, t_d), (p_s, t_s), rtol=1e-9)
-
-
-test_diagonal_scan_equals_dense_stored_scan_property, test_diagonal_scan_equals_dense_stored_scan_property_full = (
-    property_pair(5, 15, n=st.one_of(st.integers(1, 70), st.integers(64, 2100)), B=st.integers(1, 3),
-                  H=st.integers(1, 6), with_d=st.booleans(), seed=st.integers(0, 2**31 - 1))(
-        _diagonal_scan_equals_dense_stored_scan))
+    close((p_d, t_d), (p_s, t_s), 1e-9, 1e-12)
 
 
 @pytest.mark.parametrize("n", [71, 1000, pytest.param(4097, marks=pytest.mark.slow)])
-def test_diagonal_scan_ignores_padding_rows(n):
+def test_diagonal_scan_ignores_padding_rows(close, n):
     """Padding elements are the latest in scan order: whatever they hold (NaN, inf) reaches
     neither a real prefix nor the total."""
     v, A, Wt, ds = _diag_elements(np.random.default_rng(n), n, 2, 3, True)
@@ -285,7 +271,7 @@ def test_diagonal_scan_ignores_padding_rows(n):
     ref_p, ref_t = _reference(v, A[..., None] * Wt, ds)
     for bad in (jnp.nan, jnp.inf):
         p, t = _diag_scan(v, A, Wt, ds, n, pad_with=bad)
-        _assert_scan_close((p, t), (ref_p, ref_t), rtol=1e-10)
+        close((p, t), (ref_p, ref_t), 1e-10, 1e-12)
 
 
 def test_diagonal_scan_float32_and_vmap():

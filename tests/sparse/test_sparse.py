@@ -178,7 +178,10 @@ def random_sparse(rng, m, n, density):
     return jsparse.BCOO((jnp.asarray(dense[rows, cols]), indices), shape=(m, n)), dense
 
 
-def _spgemm_and_spmv(m, k, n, density, seed):
+@property_pair(
+    5, 15, m=st.integers(1, 9), k=st.integers(1, 9), n=st.integers(1, 9), density=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16))
+def test_spgemm_and_spmv_property(m, k, n, density, seed):
     rng = np.random.default_rng(seed)
     A, Ad = random_sparse(rng, m, k, density)
     B, Bd = random_sparse(rng, k, n, density)
@@ -188,11 +191,6 @@ def _spgemm_and_spmv(m, k, n, density, seed):
     assert sparse.spgemm_flops(A, B) == 2 * int(((Ad != 0).astype(int).T.sum(1) * (Bd != 0).sum(1)).sum())
     x = rng.normal(size=k)
     np.testing.assert_allclose(np.asarray(sparse.spmv(A, jnp.asarray(x))), Ad @ x, rtol=1e-13, atol=1e-13)
-
-
-test_spgemm_and_spmv_property, test_spgemm_and_spmv_property_full = property_pair(
-    5, 15, m=st.integers(1, 9), k=st.integers(1, 9), n=st.integers(1, 9), density=st.floats(0.0, 1.0),
-    seed=st.integers(0, 2**16))(_spgemm_and_spmv)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 11])

@@ -1,5 +1,5 @@
-"""The measurements behind bppsa.plan.cost.bptt_unroll: BPTT through lax.scan at every unroll of
-bppsa.plan.cost.UNROLLS (1 … 32), interleaved, over a grid of cells and shapes; the unroll the rule
+"""The measurements behind bppsa.plan.rules.bptt_unroll: BPTT through lax.scan at every unroll of
+bppsa.plan.rules.UNROLLS (1 … 32), interleaved, over a grid of cells and shapes; the unroll the rule
 picks and its time over the best unroll's.
 
     bppsa run experiments/extensions/configs/bptt_unroll.py          # the full grid (29 points; ~10 min on 2 CPU cores)
