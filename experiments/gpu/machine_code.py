@@ -1,0 +1,242 @@
+"""The fused kernels' machine code for an H100 (sm_90a), compiled on a machine without a GPU: every
+kernel at every size its ``kernels=`` path accepts, a table of what each one costs the GPU, and a
+check that fails on a spill, on too much shared memory, or on a kernel that does not compile.
+
+Two processes, because jaxlib and the ``triton`` package each embed their own MLIR and cannot share
+one interpreter:
+
+1. **dump** (this module, the project's environment): the training steps of :func:`points` are
+   exported for CUDA with ``kernels="pallas"`` through the public entry (:func:`bppsa.rnn` under
+   ``jax.grad``, ``jax.export``: :func:`bppsa.kernels.cuda_module`), so the kernels are exactly
+   those the plan runs, with the warps, grids and blocks the kernels choose. Each Triton kernel's
+   IR is kept as text (a wrap of Pallas's ``lower_jaxpr_to_triton_module``; the bytecode inside the
+   custom call does not parse in pip triton), with its ``num_warps``/``num_stages`` (the custom
+   call's backend config) and its grid. Identical kernels (same IR, warps, stages) are written once.
+2. **compile** (:mod:`experiments.gpu.machine_code_compile`, run by path in an environment with
+   ``triton==3.6.0``, the GPU machine's version, which ships ``ptxas`` and ``cuobjdump``):
+   ``triton.compile`` to PTX and an sm_90a cubin, ``ptxas -v`` for registers and spills,
+   ``cuobjdump`` for shared memory and the SASS of the loops.
+
+This module then renders the table (:func:`render`) with its provenance into
+``experiments/results/gpu/machine_code.{md,json}``. ``make machine-code`` builds the triton
+environment (``.venv-triton``) and runs all three steps::
+
+    python -m experiments.gpu.machine_code [--out DIR] [--only SUBSTR] [--triton-python PY] [--no-write]
+
+What it cannot tell: on the GPU, XLA compiles the kernels' bytecode with its own Triton fork and
+its own pass list; the numbers here are Triton 3.6's pipeline on the same IR, close but not
+guaranteed identical. It times nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Point", "points", "dump", "render", "main", "ROOT", "RESULTS"]
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "experiments" / "results" / "gpu"
+COMPILER = Path(__file__).resolve().with_name("machine_code_compile.py")
+TRITON_PYTHON = ROOT / ".venv-triton" / "bin" / "python"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One training step whose kernels are compiled.
+
+    Attributes:
+      name: a label (where the point comes from and its sizes).
+      kind: "rnn", "gru", "lstm" (:mod:`bppsa.cells`), "blockgru" or "blockrnn" (:mod:`bppsa.structured`).
+      I, H, T, B: input size, hidden size, sequence length, batch.
+      pairs: the (forward, backward) pairs run with ``kernels="pallas"``.
+      head: a structured cell's head size.
+    """
+
+    name: str
+    kind: str
+    I: int
+    H: int
+    T: int
+    B: int
+    pairs: tuple[tuple[str, str], ...]
+    head: int = 1
+
+    def cell(self) -> Any:
+        from bppsa import cells, structured
+        if self.kind in ("blockgru", "blockrnn"):
+            make = structured.BlockGRU if self.kind == "blockgru" else structured.BlockRNN
+            return make(self.I, self.H, head_size=self.head)
+        return {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM}[self.kind](self.I, self.H)
+
+
+SEQUENTIAL = (("sequential", "bppsa"), ("sequential", "bptt"))  # bppsa_fused, bptt_fused of the GPU script
+NEWTON = (("newton", "bppsa"),)
+
+
+def points() -> list[Point]:
+    """The GPU script's points (:mod:`experiments.paper_bppsa.gpu_run`'s full plan: the T and B
+    sweeps, the IRMAS shapes, the structured points of the parallel part, each with the fused pairs
+    the script runs there), then the largest sizes each kernel accepts (the kernels' own limits,
+    read from their modules, so the check follows them): the fused recurrence and adjoint loop at
+    ``MAX_HIDDEN``, the scans at blocks of ``LANE_BLOCK`` and ``MAX_BLOCK`` (dense: the Newton
+    forward's solve; factored: BPPSA's backward), the Newton step at ``MAX_UNITS``."""
+    from bppsa.kernels import newton, recurrence, scan
+    from experiments.paper_bppsa import gpu_run
+
+    full, H = gpu_run.plan(False), gpu_run.H
+    out = [Point(f"gpu/T rnn T={T}", "rnn", 1, H, T, 16, SEQUENTIAL) for T in full["T_sweep"]]
+    out += [Point(f"gpu/B rnn B={B}", "rnn", 1, H, full["B_sweep_T"], B, SEQUENTIAL) for B in full["B_sweep"]]
+    for setting, B in full["irmas"]:
+        I, T = gpu_run.IRMAS_SHAPES[setting]
+        out.append(Point(f"gpu/irmas gru {setting} B={B}", "gru", I, H, T, B, SEQUENTIAL))
+    for _sweep, kind, head, I, Hs, T, B in full["parallel"]:
+        if kind in ("blockgru", "blockrnn"):  # the fused pair runs at the structured points only
+            out.append(Point(f"parallel {kind} head={head} H={Hs}", kind, I, Hs, T, B, NEWTON, head))
+    Hmax, K = recurrence.MAX_HIDDEN, scan.MAX_BLOCK
+    out += [Point(f"limit {kind} H={Hmax}", kind, 12, Hmax, 1000, 16, SEQUENTIAL) for kind in ("rnn", "gru", "lstm")]
+    # the dense scan's largest block: the Newton forward's solve of S x S Jacobians (LSTM: S = 2H)
+    out += [Point(f"limit {kind} newton S={K}", kind, 12, K // (2 if kind == "lstm" else 1), 1000, 16, NEWTON)
+            for kind in ("rnn", "gru", "lstm")]
+    out += [Point(f"limit blockgru head={k}", "blockgru", 64, 256, 4096, 16, NEWTON, k)
+            for k in (scan.LANE_BLOCK, K)]
+    out += [Point(f"limit {kind} head=1 H={newton.MAX_UNITS}", kind, 64, newton.MAX_UNITS, 4096, 16, NEWTON)
+            for kind in ("blockgru", "blockrnn")]
+    return out
+
+
+def _capture():
+    """Wrap Pallas's Triton lowering and the custom call it emits: returns (captured list, restore)."""
+    import jax
+    from jax._src.interpreters import mlir
+    from jax._src.pallas.triton import lowering as tl
+    from jax._src.pallas.triton import pallas_call_registration as reg
+
+    from bppsa.kernels.lowering import TRITON_CALL
+
+    captured: list[dict[str, Any]] = []
+    orig_lower, orig_cc = tl.lower_jaxpr_to_triton_module, reg.mlir.custom_call
+
+    def lower(jaxpr, *a, **k):
+        res = orig_lower(jaxpr, *a, **k)
+        src = getattr(jaxpr.debug_info, "func_src_info", None) or ""
+        captured.append({"asm": res.module.operation.get_asm(enable_debug_info=False), "grid": list(res.grid),
+                         "src": str(src)})
+        return res
+
+    def custom_call(*a, backend_config=None, **k):
+        target = k.get("call_target_name", a[0] if a else None)
+        if target == TRITON_CALL and captured and "num_warps" not in captured[-1] and backend_config:
+            get = lambda key: int(str(backend_config[key]).split(":")[0])  # noqa: E731  ("4 : i32")
+            captured[-1].update(name=str(backend_config["name"]).strip('"'), num_warps=get("num_warps"),
+                                num_stages=get("num_stages"))
+        return orig_cc(*a, backend_config=backend_config, **k)
+
+    tl.lower_jaxpr_to_triton_module = lower
+    reg.mlir.custom_call = custom_call
+    # The Newton forward reports convergence through a host callback, which lowers only for a
+    # backend this process has (no CUDA one here): it launches no kernel, so it is left out.
+    orig_callback = jax.debug.callback
+    jax.debug.callback = lambda *a, **k: None
+
+    def restore():
+        tl.lower_jaxpr_to_triton_module = orig_lower
+        reg.mlir.custom_call = orig_cc
+        jax.debug.callback = orig_callback
+    _ = mlir  # the module whose custom_call Pallas's registration calls through ``reg.mlir``
+    return captured, restore
+
+
+def kernel_label(src: str, name: str) -> str:
+    """"module.function" of a kernel from its jaxpr's source info ("_kernel at /x/bppsa/kernels/scan.py:205")."""
+    parts = src.split(" at ")
+    if len(parts) == 2:
+        return f"{Path(parts[1].split(':')[0]).stem}.{parts[0].strip()}"
+    return name or "kernel"
+
+
+def _step_module(point: Point, forward: str, backward: str) -> str:
+    import jax
+    import jax.numpy as jnp
+
+    from bppsa import backprop
+    from bppsa.kernels import cuda_module
+
+    cell = point.cell()
+    params = cell.init(jax.random.key(0), jnp.float32)
+    xs = jax.ShapeDtypeStruct((point.T, point.B, cell.input_size), jnp.float32)
+    h0 = cell.unflatten_state(jnp.zeros((point.B, cell.state_size), jnp.float32))
+
+    def loss(p, x, h):
+        return jnp.sum(cell.hidden(backprop.rnn(cell, p, x, h, kernels="pallas", forward=forward, backward=backward)))
+    return cuda_module(jax.grad(loss), params, xs, h0)
+
+
+def dump(out: str | Path, only: str | None = None, selected: list[Point] | None = None) -> dict[str, Any]:
+    """Export every point's fused training steps for CUDA and write each distinct kernel's TTIR
+    (``<id>.ttir``) and ``manifest.json`` under ``out``.
+
+    Args:
+      out: the folder (created).
+      only: keep the points whose name contains this.
+      selected: the points (default :func:`points`).
+
+    Returns:
+      The manifest: ``kernels`` {id: {file, label, name, num_warps, num_stages}}, ``launches``
+      [{point, pair, index, kernel, grid}] in the order the steps launch them, ``errors`` [{point,
+      pair, error}] (a step that does not lower), ``points`` (their fields).
+    """
+    import warnings
+
+    import jax
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # the Triton backend's deprecation
+    jax.config.update("jax_platforms", "cpu")
+    from bppsa.kernels.lowering import TRITON_CALL
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = [p for p in (selected if selected is not None else points()) if not only or only in p.name]
+    manifest: dict[str, Any] = {"kernels": {}, "launches": [], "errors": [],
+                                "points": [dataclasses.asdict(p) for p in chosen]}
+    captured, restore = _capture()
+    try:
+        for p in chosen:
+            for forward, backward in p.pairs:
+                pair = f"{forward}/{backward}"
+                captured.clear()
+                t0 = time.monotonic()
+                try:
+                    module = _step_module(p, forward, backward)
+                except Exception as e:  # noqa: BLE001 -- every point's failure is reported, the rest go on
+                    manifest["errors"].append({"point": p.name, "pair": pair,
+                                               "error": f"lowering: {type(e).__name__}: {e}"[:2000]})
+                    print(f"{p.name} {pair}: LOWERING FAILED: {str(e)[:300]}", file=sys.stderr)
+                    continue
+                if module.count(TRITON_CALL) != len(captured):
+                    manifest["errors"].append({"point": p.name, "pair": pair, "error": (
+                        f"{module.count(TRITON_CALL)} Triton calls in the module, {len(captured)} kernels captured")})
+                for i, c in enumerate(captured):
+                    key = hashlib.sha256(f"{c['asm']}|{c.get('num_warps')}|{c.get('num_stages')}".encode())
+                    kid = key.hexdigest()[:12]
+                    if kid not in manifest["kernels"]:
+                        (out / f"{kid}.ttir").write_text(c["asm"])
+                        manifest["kernels"][kid] = {"file": f"{kid}.ttir", "label": kernel_label(c["src"], c.get(
+                            "name", "")), "name": c.get("name"), "num_warps": c.get("num_warps"),
+                                                    "num_stages": c.get("num_stages")}
+                    manifest["launches"].append({"point": p.name, "pair": pair, "index": i, "kernel": kid,
+                                                 "grid": c["grid"]})
+                print(f"{p.name} {pair}: {len(captured)} kernel(s), {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    finally:
+        restore()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest

@@ -1,0 +1,217 @@
+"""The compile side of :mod:`experiments.gpu.machine_code`: run BY PATH with the python of an
+environment holding ``triton==3.6.0`` (never jax: the two embed different MLIRs)::
+
+    .venv-triton/bin/python experiments/gpu/machine_code_compile.py DIR
+
+DIR holds the dump side's ``manifest.json`` and ``<id>.ttir`` files. Each kernel is compiled by
+``triton.compile(ttir, target=GPUTarget("cuda", 90, 32))`` to PTX and an sm_90a cubin (no GPU, no
+driver), then read with the ``ptxas`` and ``cuobjdump`` that triton ships: ``ptxas -arch=sm_90a -v``
+(registers, spill stores/loads, stack), ``cuobjdump --dump-resource-usage`` (registers, static
+shared memory; triton's ``metadata.shared`` is the dynamic part) and ``cuobjdump -sass`` (every
+instruction; a loop is a backward branch). Writes ``DIR/compiled.json``: ``versions`` and per
+kernel id its row (or ``error``). Exit status 0 when it ran (the check's verdict is the dump side's).
+
+The parsers and the H100 limits here use only the standard library, so the project's tests import
+this module without triton.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["H100", "parse_ptxas", "parse_resource_usage", "sass_instructions", "sass_loops", "opcode_kind",
+           "occupancy", "compile_kernel", "main"]
+
+#: The H100 (SXM, sm_90) limits the table uses.
+H100 = {
+    "sms": 132,
+    "regs_per_sm": 65536,
+    "smem_per_sm": 228 * 1024,
+    "smem_per_block": 227 * 1024,  # the most a block may have (opt-in)
+    "smem_reserved_per_block": 1024,
+    "max_blocks_per_sm": 32,
+    "max_warps_per_sm": 64,
+    "reg_alloc_unit": 256,  # registers a warp, allocated in units of this
+}
+
+
+def parse_ptxas(text: str) -> dict[str, int]:
+    """``ptxas -v``'s report of one kernel: registers, spill stores/loads (bytes), stack frame (bytes).
+
+    Raises:
+      ValueError: the text has no "Used N registers" line.
+    """
+    regs = re.search(r"Used (\d+) registers", text)
+    if not regs:
+        raise ValueError(f"no register count in ptxas's output: {text[:500]!r}")
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    stack = re.search(r"(\d+) bytes stack frame", text)
+    return {"regs": int(regs.group(1)), "spill_store": int(spill.group(1)) if spill else 0,
+            "spill_load": int(spill.group(2)) if spill else 0, "stack": int(stack.group(1)) if stack else 0}
+
+
+def parse_resource_usage(text: str) -> dict[str, int]:
+    """``cuobjdump --dump-resource-usage``'s line of the (one) kernel: REG, SHARED, LOCAL, ... as ints.
+
+    Raises:
+      ValueError: no "Resource usage" line.
+    """
+    m = re.search(r"Resource usage:(.*)", text)
+    if not m:
+        raise ValueError(f"no resource usage in cuobjdump's output: {text[:500]!r}")
+    return {k: int(v) for k, v in re.findall(r"([A-Z_]+):(\d+)", m.group(1))}
+
+
+_INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str, str]]:
+    """The instructions of a ``cuobjdump -sass`` listing: (address, opcode, text), the predicate
+    (``@P0``) skipped; the opcode keeps its modifiers ("FFMA.FTZ")."""
+    out = []
+    for line in sass.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            text = m.group(2).strip()
+            words = text.split()
+            op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+            out.append((int(m.group(1), 16), op, text))
+    return out
+
+
+#: Instruction kinds of the table, by opcode (without modifiers).
+KINDS = {
+    "fp32": ("FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL", "FCHK", "FSET", "FRND", "FSWZADD"),
+    "mufu": ("MUFU",),
+    "mma": ("HMMA", "HGMMA", "WGMMA", "IMMA", "DMMA"),
+    "ldg": ("LDG",),
+    "stg": ("STG", "RED", "ATOM", "ATOMG"),
+    "lds": ("LDS", "LDSM"),
+    "sts": ("STS",),
+    "local": ("LDL", "STL"),
+    "bar": ("BAR", "MEMBAR", "SYNCS", "WARPSYNC"),
+    "shfl": ("SHFL",),
+    "ctrl": ("BRA", "BSSY", "BSYNC", "EXIT", "CALL", "RET", "JMP", "BREAK", "WARPSYNC", "YIELD", "NOP"),
+}
+_KIND_OF = {op: kind for kind, ops in KINDS.items() for op in ops}
+
+
+def opcode_kind(op: str) -> str:
+    """The kind of an opcode ("FFMA.FTZ" -> "fp32"): one of :data:`KINDS`, else "int/other"."""
+    return _KIND_OF.get(op.split(".")[0], "int/other")
+
+
+def sass_loops(sass: str) -> list[dict[str, Any]]:
+    """The loops of a SASS listing, largest first: each backward branch (target below its own
+    address) closes one; per loop its span, instruction count, counts by :func:`opcode_kind` and
+    the opcodes (without modifiers) with their counts."""
+    ins = sass_instructions(sass)
+    loops = []
+    for addr, op, text in ins:
+        if not op.startswith("BRA"):
+            continue
+        m = re.search(r"0x([0-9a-f]+)", text.split("BRA", 1)[1])
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        lo = int(m.group(1), 16)
+        body = [o for a, o, _ in ins if lo <= a <= addr]
+        kinds: dict[str, int] = {}
+        ops: dict[str, int] = {}
+        for o in body:
+            kinds[opcode_kind(o)] = kinds.get(opcode_kind(o), 0) + 1
+            ops[o.split(".")[0]] = ops.get(o.split(".")[0], 0) + 1
+        loops.append({"start": lo, "end": addr, "instructions": len(body), "kinds": kinds,
+                      "opcodes": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
+    return sorted(loops, key=lambda d: -d["instructions"])
+
+
+def occupancy(regs: int, warps: int, smem: int, limits: dict[str, int] = H100) -> int:
+    """Blocks of ``warps`` warps that fit one SM at ``regs`` registers a thread and ``smem`` bytes of
+    shared memory a block (0 where one does not fit)."""
+    unit = limits["reg_alloc_unit"]
+    per_warp = -(-regs * 32 // unit) * unit
+    by_regs = limits["regs_per_sm"] // (per_warp * warps) if regs else limits["max_blocks_per_sm"]
+    by_smem = (limits["smem_per_sm"] // (smem + limits["smem_reserved_per_block"]) if smem
+               else limits["max_blocks_per_sm"])
+    return max(0, min(by_regs, by_smem, limits["max_blocks_per_sm"], limits["max_warps_per_sm"] // warps))
+
+
+def _tools() -> tuple[str, str]:
+    import triton
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return str(bindir / "ptxas"), str(bindir / "cuobjdump")
+
+
+def compile_kernel(path: Path, num_warps: int, num_stages: int) -> dict[str, Any]:
+    """Compile one TTIR file for sm_90a and read its machine code; writes ``.ptx``, ``.cubin`` and
+    ``.sass`` beside it. Returns the row (see the module docstring)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    ptxas, cuobjdump = _tools()
+    k = triton.compile(str(path), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    stem = path.with_suffix("")
+    ptx = k.asm["ptx"]
+    Path(f"{stem}.ptx").write_text(ptx)
+    Path(f"{stem}.cubin").write_bytes(k.asm["cubin"])
+    target = re.search(r"\.target\s+(\w+)", ptx)
+    arch = target.group(1) if target else "sm_90a"
+    v = subprocess.run([ptxas, f"-arch={arch}", "-v", f"{stem}.ptx", "-o", os.devnull],
+                       capture_output=True, text=True, check=True).stderr
+    usage = parse_resource_usage(subprocess.run([cuobjdump, "--dump-resource-usage", f"{stem}.cubin"],
+                                                capture_output=True, text=True, check=True).stdout)
+    sass = subprocess.run([cuobjdump, "-sass", f"{stem}.cubin"], capture_output=True, text=True, check=True).stdout
+    Path(f"{stem}.sass").write_text(sass)
+    row = {"arch": arch, **parse_ptxas(v)}
+    row["regs"] = usage.get("REG", row["regs"])
+    row["smem_static"], row["smem_dynamic"] = usage.get("SHARED", 0), int(k.metadata.shared)
+    row["smem"] = row["smem_static"] + row["smem_dynamic"]
+    row["blocks_per_sm"] = occupancy(row["regs"], num_warps, row["smem"])
+    row["sass_instructions"] = len(sass_instructions(sass))
+    row["loops"] = sass_loops(sass)[:4]
+    row["ieee_dot"] = "mma" not in ptx  # Precision.HIGHEST: fma.rn.f32 only, no TF32 tensor-core op
+    return row
+
+
+def _version(tool: str) -> str:
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    import triton
+
+    folder = Path(args[0])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-cache-"))
+    ptxas, cuobjdump = _tools()
+    result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": _version(ptxas),
+                                           "cuobjdump": _version(cuobjdump)}, "kernels": {}}
+    for kid, k in manifest["kernels"].items():
+        try:
+            row = compile_kernel(folder / k["file"], k["num_warps"], k["num_stages"])
+        except Exception as e:  # noqa: BLE001 -- a kernel that does not compile is a row, the check's failure
+            row = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        result["kernels"][kid] = row
+        brief = row.get("error", "")[:200] or (f"{row['regs']} regs, spill {row['spill_store']}/{row['spill_load']}"
+                                                f" B, smem {row['smem']} B")
+        print(f"{kid} {k['label']} ({k['num_warps']} warps): {brief}", file=sys.stderr, flush=True)
+    (folder / "compiled.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
