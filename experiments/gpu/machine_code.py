@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import hashlib
 import json
 import os
@@ -240,3 +239,179 @@ def dump(out: str | Path, only: str | None = None, selected: list[Point] | None 
         restore()
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+# ------------------------------------------------------------------------------------- the table ---
+
+def _fits(row: dict[str, Any], limits: dict[str, int]) -> str | None:
+    """Why a compiled kernel fails the check, or None."""
+    if "error" in row:
+        return "does not compile"
+    spill = row["spill_store"] + row["spill_load"]
+    if spill:
+        return f"spills {row['spill_store']}/{row['spill_load']} B"
+    if row["smem"] > limits["smem_per_block"]:
+        return f"shared memory {row['smem']} B > {limits['smem_per_block']} B"
+    if row["blocks_per_sm"] < 1:
+        return "no block fits an SM"
+    return None
+
+
+def render(manifest: dict[str, Any], compiled: dict[str, Any], provenance: dict[str, Any],
+           limits: dict[str, int]) -> tuple[dict[str, Any], str]:
+    """The check's record and its Markdown.
+
+    Args:
+      manifest: the dump's (:func:`dump`).
+      compiled: the compile side's ``compiled.json`` (``versions``, ``kernels``).
+      provenance: where and how the table was made.
+      limits: the GPU's limits (:data:`experiments.gpu.machine_code_compile.H100`).
+
+    Returns:
+      (record, markdown): the record has ``provenance``, ``limits``, ``kernels`` (per id: the
+      dump's fields, the compiled row, ``fail`` where it fails), ``launches`` (each with its
+      programs and waves), ``failures`` (one line each) and ``errors`` (the dump's).
+    """
+    kernels: dict[str, Any] = {}
+    failures = [f"{e['point']} {e['pair']}: {e['error']}" for e in manifest["errors"]]
+    for kid, k in manifest["kernels"].items():
+        row = {**k, **compiled["kernels"].get(kid, {"error": "not compiled"})}
+        why = _fits(row, limits)
+        if why:
+            row["fail"] = why
+            failures.append(f"{k['label']} [{kid}] ({k['num_warps']} warps): {why}")
+        kernels[kid] = row
+    launches = []
+    for launch in manifest["launches"]:
+        row = kernels[launch["kernel"]]
+        programs = 1
+        for g in launch["grid"]:
+            programs *= g
+        per_wave = row.get("blocks_per_sm", 0) * limits["sms"]
+        launches.append({**launch, "label": row["label"], "programs": programs,
+                         "waves": round(programs / per_wave, 3) if per_wave else None})
+    record = {"provenance": provenance, "limits": limits, "kernels": kernels, "launches": launches,
+              "failures": failures, "errors": manifest["errors"]}
+    return record, _markdown(record)
+
+
+_KIND_COLUMNS = ("fp32", "mufu", "ldg", "stg", "lds", "sts", "bar", "shfl", "local", "int/other", "ctrl")
+
+
+def _points_of(record: dict[str, Any]) -> dict[str, list[str]]:
+    where: dict[str, list[str]] = {}
+    for launch in record["launches"]:
+        names = where.setdefault(launch["kernel"], [])
+        if launch["point"] not in names:
+            names.append(launch["point"])
+    return where
+
+
+def _markdown(record: dict[str, Any]) -> str:
+    prov, limits = record["provenance"], record["limits"]
+    kernels, where = record["kernels"], _points_of(record)
+    n_fail = sum(1 for k in kernels.values() if "fail" in k)
+    lines = [
+        "# The fused kernels' machine code (sm_90a, compiled on a CPU)",
+        "",
+        f"*{prov.get('date', '?')}, commit {str(prov.get('git_commit') or '?')[:10]}, jax {prov.get('jax', '?')}, "
+        f"triton {prov.get('triton', '?')}, ptxas {prov.get('ptxas', '?')}, {prov.get('runtime_s', '?')} s* — "
+        f"`{prov.get('command', '')}`",
+        "",
+        f"Every fused kernel the GPU script's points and the kernels' largest accepted sizes launch "
+        f"(`experiments.gpu.machine_code.points`), from Pallas's Triton IR through triton "
+        f"{prov.get('triton', '?')}'s own pipeline to an sm_90a cubin: {len(kernels)} distinct kernels, "
+        f"{len(record['launches'])} launches at {len({x['point'] for x in record['launches']})} points. "
+        f"**{'Passes' if not record['failures'] else 'Fails'}**: {n_fail} kernel(s) fail "
+        f"(a spill, more than {limits['smem_per_block'] // 1024} KiB of shared memory a block, no compile)"
+        + (f", {len(record['errors'])} step(s) do not lower" if record["errors"] else "") + ".",
+        "",
+        "On the GPU, XLA compiles the same kernels with its own Triton fork and pass list: these numbers "
+        "are close to what runs there, not guaranteed identical. Waves: programs / (blocks per SM × "
+        f"{limits['sms']} SMs). The loop: the largest backward branch's span in the SASS (instructions a "
+        "warp executes an iteration), by kind.",
+        "",
+        "## The kernels",
+        "",
+        "| kernel | id | warps | regs | spill st/ld (B) | smem (B) | blocks/SM | loop instr | "
+        + " | ".join(_KIND_COLUMNS) + " | points | verdict |",
+        "|---|---|--:|--:|--:|--:|--:|--:|" + "--:|" * len(_KIND_COLUMNS) + "---|---|",
+    ]
+    order = sorted(kernels, key=lambda i: (kernels[i]["label"], where.get(i, [""])[0]))
+    for kid in order:
+        k = kernels[kid]
+        pts = where.get(kid, [])
+        pts_text = pts[0] + (f" (+{len(pts) - 1})" if len(pts) > 1 else "")
+        if "error" in k:
+            lines.append(f"| {k['label']} | `{kid}` | {k['num_warps']} | – | – | – | – | – | "
+                         + " | ".join("–" for _ in _KIND_COLUMNS) + f" | {pts_text} | **{k['fail']}** |")
+            continue
+        loop = k["loops"][0] if k.get("loops") else {"instructions": 0, "kinds": {}}
+        lines.append(
+            f"| {k['label']} | `{kid}` | {k['num_warps']} | {k['regs']} | {k['spill_store']}/{k['spill_load']} | "
+            f"{k['smem']} | {k['blocks_per_sm']} | {loop['instructions']} | "
+            + " | ".join(str(loop["kinds"].get(c, 0)) for c in _KIND_COLUMNS)
+            + f" | {pts_text} | {'**' + k['fail'] + '**' if 'fail' in k else 'ok'} |")
+    lines += ["", "## The launches at each point", "",
+              "| point | pair | # | kernel | id | grid | programs | waves |", "|---|---|--:|---|---|---|--:|--:|"]
+    for x in record["launches"]:
+        lines.append(f"| {x['point']} | {x['pair']} | {x['index']} | {x['label']} | `{x['kernel']}` | "
+                     f"{'×'.join(map(str, x['grid']))} | {x['programs']} | "
+                     f"{'–' if x['waves'] is None else x['waves']} |")
+    if record["failures"]:
+        lines += ["", "## Failures", ""] + [f"- {f}" for f in record["failures"]]
+    return "\n".join(lines) + "\n"
+
+
+def _provenance(versions: dict[str, str], runtime: float) -> dict[str, Any]:
+    from experiments.provenance import provenance
+    prov = provenance()
+    prov.update(backend="cuda (compiled only, not run)",
+                device_kind=f"NVIDIA H100 (sm_90a), compiled by triton {versions.get('triton', '?')}",
+                runtime_s=round(runtime, 1), **versions)
+    try:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "bppsa"], capture_output=True, text=True,
+                               cwd=ROOT, timeout=10).stdout.strip()
+        prov["bppsa_modified"] = bool(dirty)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return prov
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The check: dump, compile (another interpreter), render; exit status 1 on any failure."""
+    ap = argparse.ArgumentParser(prog="python -m experiments.gpu.machine_code",
+                                 description="Compile every fused kernel to sm_90a and check its machine code.")
+    ap.add_argument("--out", default=None, help="the working folder (TTIR, PTX, cubin, SASS); default a temporary one")
+    ap.add_argument("--only", default=None, help="only the points whose name contains this")
+    ap.add_argument("--triton-python", default=os.environ.get("BPPSA_TRITON_PYTHON", str(TRITON_PYTHON)),
+                    help="the python of the environment with triton==3.6.0 (default .venv-triton/bin/python)")
+    ap.add_argument("--results", default=str(RESULTS), help="where machine_code.{md,json} go")
+    ap.add_argument("--no-write", action="store_true", help="print the table, write no result")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    if not Path(a.triton_python).exists():
+        print(f"error: no triton environment at {a.triton_python} (make machine-code builds .venv-triton)",
+              file=sys.stderr)
+        return 2
+    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bppsa-machine-code-"))
+    manifest = dump(out, a.only)
+    rc = subprocess.call([a.triton_python, str(COMPILER), str(out)])
+    if rc != 0:
+        print(f"error: the compile side exited {rc}", file=sys.stderr)
+        return 1
+    from experiments.gpu.machine_code_compile import H100
+    compiled = json.loads((out / "compiled.json").read_text())
+    record, md = render(manifest, compiled, _provenance(compiled["versions"], time.monotonic() - t0), dict(H100))
+    print(md)
+    if not a.no_write and not a.only:
+        from experiments.provenance import save_json
+        save_json(Path(a.results) / "machine_code.json", record)
+        (Path(a.results) / "machine_code.md").write_text(md)
+    print(f"machine code: {len(record['kernels'])} kernels, {len(record['failures'])} failure(s), "
+          f"{time.monotonic() - t0:.0f} s; files under {out}", file=sys.stderr)
+    return 1 if record["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

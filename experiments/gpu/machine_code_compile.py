@@ -58,15 +58,16 @@ def parse_ptxas(text: str) -> dict[str, int]:
 
 
 def parse_resource_usage(text: str) -> dict[str, int]:
-    """``cuobjdump --dump-resource-usage``'s line of the (one) kernel: REG, SHARED, LOCAL, ... as ints.
+    """``cuobjdump --dump-resource-usage``'s figures of the (first) kernel ("Function NAME:" and the
+    line after it): REG, STACK, SHARED, LOCAL, CONSTANT[0], ... as ints.
 
     Raises:
-      ValueError: no "Resource usage" line.
+      ValueError: no kernel in the text.
     """
-    m = re.search(r"Resource usage:(.*)", text)
+    m = re.search(r"Function [^\n]*:\s*\n([^\n]*)", text)
     if not m:
-        raise ValueError(f"no resource usage in cuobjdump's output: {text[:500]!r}")
-    return {k: int(v) for k, v in re.findall(r"([A-Z_]+):(\d+)", m.group(1))}
+        raise ValueError(f"no kernel's resource usage in cuobjdump's output: {text[:500]!r}")
+    return {k: int(v) for k, v in re.findall(r"([A-Z_]+(?:\[\d+\])?):(\d+)", m.group(1))}
 
 
 _INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -132,13 +133,15 @@ def sass_loops(sass: str) -> list[dict[str, Any]]:
     return sorted(loops, key=lambda d: -d["instructions"])
 
 
-def occupancy(regs: int, warps: int, smem: int, limits: dict[str, int] = H100) -> int:
+def occupancy(regs: int, warps: int, smem: int, static: int = 0, limits: dict[str, int] = H100) -> int:
     """Blocks of ``warps`` warps that fit one SM at ``regs`` registers a thread and ``smem`` bytes of
-    shared memory a block (0 where one does not fit)."""
+    shared memory a block (``static`` of them cuobjdump's static SHARED; 0 where one does not fit)."""
     unit = limits["reg_alloc_unit"]
     per_warp = -(-regs * 32 // unit) * unit
     by_regs = limits["regs_per_sm"] // (per_warp * warps) if regs else limits["max_blocks_per_sm"]
-    by_smem = (limits["smem_per_sm"] // (smem + limits["smem_reserved_per_block"]) if smem
+    # a block that uses shared memory also takes the reserved 1 KiB (cuobjdump's static SHARED
+    # already counts it where the kernel has one)
+    by_smem = (limits["smem_per_sm"] // max(smem, smem + limits["smem_reserved_per_block"] - static) if smem
                else limits["max_blocks_per_sm"])
     return max(0, min(by_regs, by_smem, limits["max_blocks_per_sm"], limits["max_warps_per_sm"] // warps))
 
@@ -174,7 +177,7 @@ def compile_kernel(path: Path, num_warps: int, num_stages: int) -> dict[str, Any
     row["regs"] = usage.get("REG", row["regs"])
     row["smem_static"], row["smem_dynamic"] = usage.get("SHARED", 0), int(k.metadata.shared)
     row["smem"] = row["smem_static"] + row["smem_dynamic"]
-    row["blocks_per_sm"] = occupancy(row["regs"], num_warps, row["smem"])
+    row["blocks_per_sm"] = occupancy(row["regs"], num_warps, row["smem"], row["smem_static"])
     row["sass_instructions"] = len(sass_instructions(sass))
     row["loops"] = sass_loops(sass)[:4]
     row["ieee_dot"] = "mma" not in ptx  # Precision.HIGHEST: fma.rn.f32 only, no TF32 tensor-core op
