@@ -40,9 +40,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-__all__ = ["Point", "points", "dump", "render", "main", "ROOT", "RESULTS"]
+__all__ = ["Point", "points", "dump", "MODEL", "predict", "render", "main", "ROOT", "RESULTS"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results" / "gpu"
@@ -119,12 +119,12 @@ def _capture():
     import jax
     from jax._src.interpreters import mlir
     from jax._src.pallas.triton import lowering as tl
-    from jax._src.pallas.triton import pallas_call_registration as reg
 
     from bppsa.kernels.lowering import TRITON_CALL
 
     captured: list[dict[str, Any]] = []
-    orig_lower, orig_cc = tl.lower_jaxpr_to_triton_module, reg.mlir.custom_call
+    # Pallas's registration calls ``mlir.custom_call`` through the module: the wrap is seen there
+    orig_lower, orig_cc = tl.lower_jaxpr_to_triton_module, cast(Any, mlir.custom_call)
 
     def lower(jaxpr, *a, **k):
         res = orig_lower(jaxpr, *a, **k)
@@ -133,7 +133,7 @@ def _capture():
                          "src": str(src)})
         return res
 
-    def custom_call(*a, backend_config=None, **k):
+    def custom_call(*a: Any, backend_config: Any = None, **k: Any) -> Any:
         target = k.get("call_target_name", a[0] if a else None)
         if target == TRITON_CALL and captured and "num_warps" not in captured[-1] and backend_config:
             get = lambda key: int(str(backend_config[key]).split(":")[0])  # noqa: E731  ("4 : i32")
@@ -142,7 +142,7 @@ def _capture():
         return orig_cc(*a, backend_config=backend_config, **k)
 
     tl.lower_jaxpr_to_triton_module = lower
-    reg.mlir.custom_call = custom_call
+    mlir.custom_call = custom_call
     # The Newton forward reports convergence through a host callback, which lowers only for a
     # backend this process has (no CUDA one here): it launches no kernel, so it is left out.
     orig_callback = jax.debug.callback
@@ -150,9 +150,8 @@ def _capture():
 
     def restore():
         tl.lower_jaxpr_to_triton_module = orig_lower
-        reg.mlir.custom_call = orig_cc
+        mlir.custom_call = orig_cc
         jax.debug.callback = orig_callback
-    _ = mlir  # the module whose custom_call Pallas's registration calls through ``reg.mlir``
     return captured, restore
 
 
@@ -257,6 +256,56 @@ def _fits(row: dict[str, Any], limits: dict[str, int]) -> str | None:
     return None
 
 
+#: The H100 constants of the predicted time, all in one place: a simple, stated model, not a tuned
+#: one (the first GPU run checks it: measured / predicted per kernel).
+MODEL = {
+    "clock_hz": 1.755e9,         # SM clock under sustained load (H100 SXM; boost 1.98 GHz)
+    "issue_per_cycle": 4,        # warp-instructions an SM issues a cycle (4 schedulers, 1 each)
+    "global_latency": 260,       # cycles: a global load served by L2 (a step's operands were just written)
+    "smem_latency": 30,          # cycles: a shared-memory load
+    "barrier_latency": 24,       # cycles: each block-wide barrier
+    "mufu_latency": 20,          # cycles: a special-function op (exp, tanh's pieces, reciprocal)
+    "hbm_bandwidth": 3.35e12,    # bytes/s (H100 SXM HBM3)
+    "launch_s": 3e-6,            # a kernel launch inside one XLA program, back to back
+}
+
+
+def predict(row: dict[str, Any], programs: int, limits: dict[str, int], model: dict[str, float] = MODEL
+            ) -> dict[str, Any] | None:
+    """A launch's predicted time from its machine code: the main loop (the largest SASS loop, run
+    ``row["trips"][0]`` times, read from the TTIR) costs a program, an iteration, its warp's
+    instructions issued (``ceil(warps / 4)`` warps share a scheduler) plus one exposed wait of each
+    kind it has (a global load from L2, each barrier, a shared-memory load, a special function);
+    where ``r`` blocks share an SM, at least their instructions' issue time. Waves (``ceil(programs /
+    (blocks/SM x SMs))``) run one after another. The loop's global traffic of every program over the
+    HBM bandwidth bounds it from below; one launch overhead is added.
+
+    Returns:
+      {"us", "compute_us", "traffic_us", "cycles_per_iteration", "iterations"}, or None for a kernel
+      that did not compile or fits no SM.
+    """
+    if "error" in row or row.get("blocks_per_sm", 0) < 1:
+        return None
+    warps, per_sm = row["num_warps"], row["blocks_per_sm"]
+    loop = row["loops"][0] if row.get("loops") else None
+    trips = (row.get("trips") or [None])[0]
+    if loop is None or not trips:  # straight-line code: every instruction once
+        loop = {"instructions": row["sass_instructions"], "kinds": {}, "ldg_bytes": 0, "stg_bytes": 0}
+        trips = 1
+    kinds, n = loop["kinds"], loop["instructions"]
+    issue = lambda w: n * -(-w // model["issue_per_cycle"])  # noqa: E731  (cycles, w warps on an SM)
+    wait = (model["global_latency"] * (kinds.get("ldg", 0) > 0) + model["barrier_latency"] * kinds.get("bar", 0)
+            + model["smem_latency"] * (kinds.get("lds", 0) > 0) + model["mufu_latency"] * (kinds.get("mufu", 0) > 0))
+    resident = min(per_sm, -(-programs // limits["sms"]))
+    cycles = max(issue(warps) + wait, issue(warps * resident))
+    waves = -(-programs // (per_sm * limits["sms"]))
+    compute = waves * trips * cycles / model["clock_hz"]
+    traffic = programs * trips * (loop["ldg_bytes"] + loop["stg_bytes"]) * warps / model["hbm_bandwidth"]
+    us = (max(compute, traffic) + model["launch_s"]) * 1e6
+    return {"us": round(us, 2), "compute_us": round(compute * 1e6, 2), "traffic_us": round(traffic * 1e6, 2),
+            "cycles_per_iteration": int(cycles), "iterations": int(trips)}
+
+
 def render(manifest: dict[str, Any], compiled: dict[str, Any], provenance: dict[str, Any],
            limits: dict[str, int]) -> tuple[dict[str, Any], str]:
     """The check's record and its Markdown.
@@ -289,9 +338,15 @@ def render(manifest: dict[str, Any], compiled: dict[str, Any], provenance: dict[
             programs *= g
         per_wave = row.get("blocks_per_sm", 0) * limits["sms"]
         launches.append({**launch, "label": row["label"], "programs": programs,
-                         "waves": round(programs / per_wave, 3) if per_wave else None})
-    record = {"provenance": provenance, "limits": limits, "kernels": kernels, "launches": launches,
-              "failures": failures, "errors": manifest["errors"]}
+                         "waves": round(programs / per_wave, 3) if per_wave else None,
+                         "predicted": predict(row, programs, limits)})
+    steps: dict[str, dict[str, Any]] = {}
+    for x in launches:  # the kernels' predicted time of each point's training step
+        step = steps.setdefault(f"{x['point']} | {x['pair']}", {"point": x["point"], "pair": x["pair"], "us": 0.0})
+        known = step["us"] is not None and x["predicted"] is not None
+        step["us"] = round(step["us"] + x["predicted"]["us"], 2) if known else None
+    record = {"provenance": provenance, "limits": limits, "model": MODEL, "kernels": kernels, "launches": launches,
+              "steps": list(steps.values()), "failures": failures, "errors": manifest["errors"]}
     return record, _markdown(record)
 
 
@@ -353,11 +408,24 @@ def _markdown(record: dict[str, Any]) -> str:
             + " | ".join(str(loop["kinds"].get(c, 0)) for c in _KIND_COLUMNS)
             + f" | {pts_text} | {'**' + k['fail'] + '**' if 'fail' in k else 'ok'} |")
     lines += ["", "## The launches at each point", "",
-              "| point | pair | # | kernel | id | grid | programs | waves |", "|---|---|--:|---|---|---|--:|--:|"]
+              "Predicted: `experiments.gpu.machine_code.predict` with the constants of `MODEL` "
+              "(in the JSON): the main loop's instructions issued plus one exposed wait of each kind an "
+              "iteration, times its iterations (from the TTIR) and the waves, bounded below by its global "
+              "traffic over HBM's bandwidth; a launch's overhead added. Untuned: the first GPU run checks it.",
+              "",
+              "| point | pair | # | kernel | id | grid | programs | waves | iterations | cycles/iter | predicted µs |",
+              "|---|---|--:|---|---|---|--:|--:|--:|--:|--:|"]
     for x in record["launches"]:
+        pr = x.get("predicted") or {}
         lines.append(f"| {x['point']} | {x['pair']} | {x['index']} | {x['label']} | `{x['kernel']}` | "
                      f"{'×'.join(map(str, x['grid']))} | {x['programs']} | "
-                     f"{'–' if x['waves'] is None else x['waves']} |")
+                     f"{'–' if x['waves'] is None else x['waves']} | {pr.get('iterations', '–')} | "
+                     f"{pr.get('cycles_per_iteration', '–')} | {pr.get('us', '–')} |")
+    lines += ["", "## The kernels' predicted time of each training step", "",
+              "The fused kernels only (XLA's own operations around them are not counted).", "",
+              "| point | pair | predicted µs |", "|---|---|--:|"]
+    lines += [f"| {s['point']} | {s['pair']} | {'–' if s['us'] is None else s['us']} |"
+              for s in record.get("steps", [])]
     if record["failures"]:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in record["failures"]]
     return "\n".join(lines) + "\n"
@@ -388,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the python of the environment with triton==3.6.0 (default .venv-triton/bin/python)")
     ap.add_argument("--results", default=str(RESULTS), help="where machine_code.{md,json} go")
     ap.add_argument("--no-write", action="store_true", help="print the table, write no result")
+    ap.add_argument("--jobs", "-j", type=int, default=int(os.environ.get("BPPSA_MACHINE_CODE_JOBS", "0")) or None,
+                    help="compile processes (default min(4, cores))")
+    ap.add_argument("--reuse", action="store_true", help="compile the dump already in --out (no new dump)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     if not Path(a.triton_python).exists():
@@ -395,8 +466,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bppsa-machine-code-"))
-    manifest = dump(out, a.only)
-    rc = subprocess.call([a.triton_python, str(COMPILER), str(out)])
+    if a.reuse and (out / "manifest.json").exists():
+        manifest = json.loads((out / "manifest.json").read_text())
+    else:
+        manifest = dump(out, a.only)
+    rc = subprocess.call([a.triton_python, str(COMPILER), str(out)] + (["-j", str(a.jobs)] if a.jobs else []))
     if rc != 0:
         print(f"error: the compile side exited {rc}", file=sys.stderr)
         return 1

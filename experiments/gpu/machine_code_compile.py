@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["H100", "parse_ptxas", "parse_resource_usage", "sass_instructions", "sass_loops", "opcode_kind",
-           "occupancy", "compile_kernel", "main"]
+           "access_bytes", "loop_trips", "occupancy", "compile_kernel", "main"]
 
 #: The H100 (SXM, sm_90) limits the table uses.
 H100 = {
@@ -128,9 +128,55 @@ def sass_loops(sass: str) -> list[dict[str, Any]]:
         for o in body:
             kinds[opcode_kind(o)] = kinds.get(opcode_kind(o), 0) + 1
             ops[o.split(".")[0]] = ops.get(o.split(".")[0], 0) + 1
+        moved = {"ldg": 0, "stg": 0}
+        for o in body:
+            kind = opcode_kind(o)
+            if o.startswith(("LDG", "STG")):
+                moved[kind] += access_bytes(o) * 32
         loops.append({"start": lo, "end": addr, "instructions": len(body), "kinds": kinds,
+                      "ldg_bytes": moved["ldg"], "stg_bytes": moved["stg"],
                       "opcodes": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
     return sorted(loops, key=lambda d: -d["instructions"])
+
+
+def access_bytes(op: str) -> int:
+    """Bytes one thread moves with a global load or store ("LDG.E.128" -> 16; 4 without a width)."""
+    mods = op.split(".")[1:]
+    for m, n in (("128", 16), ("64", 8), ("U16", 2), ("S16", 2), ("U8", 1), ("S8", 1)):
+        if m in mods:
+            return n
+    return 4
+
+
+_CONST = re.compile(r"^\s*(%[\w.]+) = arith\.constant (-?\d+) : i(?:32|64)\s*$")
+_SCALAR_OP = re.compile(r"^\s*(%[\w.]+) = arith\.(addi|subi|muli) (%[\w.]+), (%[\w.]+) : i(?:32|64)\s*$")
+_FOR = re.compile(r"^(\s*)(?:%[\w.:]+ = )?scf\.for %[\w.]+ = (%[\w.]+) to (%[\w.]+) step (%[\w.]+)")
+
+
+def loop_trips(ttir: str) -> list[int | None]:
+    """The trip counts of a TTIR module's outermost ``scf.for`` loops, in order (None where a bound
+    is not a constant of scalar additions and products)."""
+    env: dict[str, int] = {}
+    found: list[tuple[int, int | None]] = []
+    for line in ttir.splitlines():
+        m = _CONST.match(line)
+        if m:
+            env[m.group(1)] = int(m.group(2))
+            continue
+        m = _SCALAR_OP.match(line)
+        if m and m.group(3) in env and m.group(4) in env:
+            a, b = env[m.group(3)], env[m.group(4)]
+            env[m.group(1)] = {"addi": a + b, "subi": a - b, "muli": a * b}[m.group(2)]
+            continue
+        m = _FOR.match(line)
+        if m:
+            lo, hi, step = (env.get(m.group(i)) for i in (2, 3, 4))
+            trips = None if lo is None or hi is None or not step else max(0, -(-(hi - lo) // step))
+            found.append((len(m.group(1)), trips))
+    if not found:
+        return []
+    top = min(depth for depth, _ in found)
+    return [t for depth, t in found if depth == top]
 
 
 def occupancy(regs: int, warps: int, smem: int, static: int = 0, limits: dict[str, int] = H100) -> int:
@@ -147,16 +193,16 @@ def occupancy(regs: int, warps: int, smem: int, static: int = 0, limits: dict[st
 
 
 def _tools() -> tuple[str, str]:
-    import triton
-    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    import triton  # pyright: ignore[reportMissingImports]  (the triton environment's, not the project's)
+    bindir = Path(str(triton.__file__)).parent / "backends" / "nvidia" / "bin"
     return str(bindir / "ptxas"), str(bindir / "cuobjdump")
 
 
 def compile_kernel(path: Path, num_warps: int, num_stages: int) -> dict[str, Any]:
     """Compile one TTIR file for sm_90a and read its machine code; writes ``.ptx``, ``.cubin`` and
     ``.sass`` beside it. Returns the row (see the module docstring)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+    import triton  # pyright: ignore[reportMissingImports]
+    from triton.backends.compiler import GPUTarget  # pyright: ignore[reportMissingImports]
 
     ptxas, cuobjdump = _tools()
     k = triton.compile(str(path), target=GPUTarget("cuda", 90, 32),
@@ -173,13 +219,14 @@ def compile_kernel(path: Path, num_warps: int, num_stages: int) -> dict[str, Any
                                                 capture_output=True, text=True, check=True).stdout)
     sass = subprocess.run([cuobjdump, "-sass", f"{stem}.cubin"], capture_output=True, text=True, check=True).stdout
     Path(f"{stem}.sass").write_text(sass)
-    row = {"arch": arch, **parse_ptxas(v)}
-    row["regs"] = usage.get("REG", row["regs"])
+    row: dict[str, Any] = {"arch": arch, **parse_ptxas(v)}
+    row["regs"] = int(usage.get("REG", row["regs"]))
     row["smem_static"], row["smem_dynamic"] = usage.get("SHARED", 0), int(k.metadata.shared)
     row["smem"] = row["smem_static"] + row["smem_dynamic"]
     row["blocks_per_sm"] = occupancy(row["regs"], num_warps, row["smem"], row["smem_static"])
     row["sass_instructions"] = len(sass_instructions(sass))
     row["loops"] = sass_loops(sass)[:4]
+    row["trips"] = loop_trips(path.read_text())
     row["ieee_dot"] = "mma" not in ptx  # Precision.HIGHEST: fma.rn.f32 only, no TF32 tensor-core op
     return row
 
@@ -190,12 +237,25 @@ def _version(tool: str) -> str:
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "?"
 
 
+def _compile_entry(args: tuple[str, str, int, int]) -> tuple[str, dict[str, Any]]:
+    kid, path, warps, stages = args
+    try:
+        return kid, compile_kernel(Path(path), warps, stages)
+    except Exception as e:  # noqa: BLE001 -- a kernel that does not compile is a row, the check's failure
+        return kid, {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``DIR [-j JOBS]``: compile every kernel of DIR/manifest.json (JOBS processes, default
+    min(4, cores)) and write DIR/compiled.json."""
     args = sys.argv[1:] if argv is None else argv
+    jobs = min(4, os.cpu_count() or 1)
+    if len(args) == 3 and args[1] == "-j":
+        args, jobs = args[:1], max(1, int(args[2]))
     if len(args) != 1:
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        print("usage: machine_code_compile.py DIR [-j JOBS]", file=sys.stderr)
         return 2
-    import triton
+    import triton  # pyright: ignore[reportMissingImports]
 
     folder = Path(args[0])
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -203,17 +263,25 @@ def main(argv: list[str] | None = None) -> int:
     ptxas, cuobjdump = _tools()
     result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": _version(ptxas),
                                            "cuobjdump": _version(cuobjdump)}, "kernels": {}}
-    for kid, k in manifest["kernels"].items():
-        try:
-            row = compile_kernel(folder / k["file"], k["num_warps"], k["num_stages"])
-        except Exception as e:  # noqa: BLE001 -- a kernel that does not compile is a row, the check's failure
-            row = {"error": f"{type(e).__name__}: {e}"[:2000]}
-        result["kernels"][kid] = row
-        brief = row.get("error", "")[:200] or (f"{row['regs']} regs, spill {row['spill_store']}/{row['spill_load']}"
-                                                f" B, smem {row['smem']} B")
-        print(f"{kid} {k['label']} ({k['num_warps']} warps): {brief}", file=sys.stderr, flush=True)
+    work = [(kid, str(folder / k["file"]), k["num_warps"], k["num_stages"]) for kid, k in manifest["kernels"].items()]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(jobs) as pool:
+            done = pool.map(_compile_entry, work)
+            rows = dict(_report(kid, row, manifest) for kid, row in done)
+    else:
+        rows = dict(_report(*_compile_entry(w), manifest) for w in work)
+    result["kernels"] = {kid: rows[kid] for kid, *_ in work}
     (folder / "compiled.json").write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _report(kid: str, row: dict[str, Any], manifest: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    k = manifest["kernels"][kid]
+    brief = row.get("error", "")[:200] or (f"{row['regs']} regs, spill {row['spill_store']}/{row['spill_load']}"
+                                            f" B, smem {row['smem']} B")
+    print(f"{kid} {k['label']} ({k['num_warps']} warps): {brief}", file=sys.stderr, flush=True)
+    return kid, row
 
 
 if __name__ == "__main__":
