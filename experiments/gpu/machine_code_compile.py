@@ -219,11 +219,12 @@ def compile_kernel(path: Path, num_warps: int, num_stages: int) -> dict[str, Any
                                                 capture_output=True, text=True, check=True).stdout)
     sass = subprocess.run([cuobjdump, "-sass", f"{stem}.cubin"], capture_output=True, text=True, check=True).stdout
     Path(f"{stem}.sass").write_text(sass)
-    row: dict[str, Any] = {"arch": arch, **parse_ptxas(v)}
-    row["regs"] = int(usage.get("REG", row["regs"]))
+    info = parse_ptxas(v)
+    regs: int = usage.get("REG", info["regs"])  # the cubin's, which the launch uses
+    row: dict[str, Any] = {"arch": arch, **info, "regs": regs}
     row["smem_static"], row["smem_dynamic"] = usage.get("SHARED", 0), int(k.metadata.shared)
     row["smem"] = row["smem_static"] + row["smem_dynamic"]
-    row["blocks_per_sm"] = occupancy(row["regs"], num_warps, row["smem"], row["smem_static"])
+    row["blocks_per_sm"] = occupancy(regs, num_warps, row["smem"], row["smem_static"])
     row["sass_instructions"] = len(sass_instructions(sass))
     row["loops"] = sass_loops(sass)[:4]
     row["trips"] = loop_trips(path.read_text())
