@@ -140,3 +140,46 @@ def test_the_dump_writes_every_kernel_a_training_step_launches(tmp_path):
 def test_a_kernels_label_is_its_module_and_function():
     assert mc.kernel_label("_dense_reduce at /x/bppsa/kernels/scan.py:205", "_dense_reduce") == "scan._dense_reduce"
     assert mc.kernel_label("", "_kernel") == "_kernel"
+
+
+TTIR = """module {
+  tt.func public @_kernel(%arg0: !tt.ptr<f32>) {
+    %c0_i32 = arith.constant 0 : i32
+    %c1000_i32 = arith.constant 1000 : i32
+    %c1_i32 = arith.constant 1 : i32
+    %c4_i32 = arith.constant 4 : i32
+    %0 = arith.addi %c0_i32, %c1000_i32 : i32
+    %1 = scf.for %arg1 = %c0_i32 to %0 step %c1_i32 iter_args(%arg2 = %cst) -> (tensor<32xf32>)  : i32 {
+      %2 = scf.for %arg3 = %c0_i32 to %c4_i32 step %c1_i32 iter_args(%arg4 = %arg2) -> (tensor<32xf32>)  : i32 {
+        scf.yield %arg4 : tensor<32xf32>
+      }
+      scf.yield %2 : tensor<32xf32>
+    }
+    %3 = scf.for %arg5 = %c0_i32 to %arg0 step %c1_i32 iter_args(%arg6 = %1) -> (tensor<32xf32>)  : i32 {
+      scf.yield %arg6 : tensor<32xf32>
+    }
+    tt.return
+  }
+}
+"""
+
+
+def test_the_outer_loops_trip_counts_are_read_from_the_ttir():
+    assert cc.loop_trips(TTIR) == [1000, None]  # the inner loop is not outermost; a runtime bound is unknown
+    assert cc.loop_trips("module {}") == []
+    assert [cc.access_bytes(op) for op in ("LDG.E.128", "STG.E.64", "LDG.E", "LDG.E.U8")] == [16, 8, 4, 1]
+
+
+def test_the_predicted_time_is_the_stated_model():
+    m = mc.MODEL
+    loop = {"instructions": 300, "kinds": {"ldg": 1, "bar": 2, "lds": 40, "fp32": 200}, "ldg_bytes": 128,
+            "stg_bytes": 128}
+    row = {**_row(loops=[loop], trips=[1000], blocks_per_sm=4), "num_warps": 4}
+    cycles = 300 + m["global_latency"] + 2 * m["barrier_latency"] + m["smem_latency"]  # one warp a scheduler
+    p = mc.predict(row, 1, dict(cc.H100))
+    assert p is not None and p["cycles_per_iteration"] == cycles and p["iterations"] == 1000
+    assert p["us"] == round((1000 * cycles / m["clock_hz"] + m["launch_s"]) * 1e6, 2)
+    # 4 blocks an SM (528 programs): their issue, 4 warps a scheduler, outweighs one block's waits
+    many = mc.predict(row, 528, dict(cc.H100))
+    assert many is not None and many["cycles_per_iteration"] == max(cycles, 4 * 300)
+    assert mc.predict({"error": "x"}, 1, dict(cc.H100)) is None
