@@ -458,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print the table, write no result")
     ap.add_argument("--jobs", "-j", type=int, default=int(os.environ.get("BPPSA_MACHINE_CODE_JOBS", "0")) or None,
                     help="compile processes (default min(4, cores))")
-    ap.add_argument("--reuse", action="store_true", help="compile the dump already in --out (no new dump)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds one kernel's compile may take (default 600)")
+    ap.add_argument("--reuse", action="store_true", help="use the dump (and the compiled kernels) already in --out")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     if not Path(a.triton_python).exists():
@@ -470,12 +471,17 @@ def main(argv: list[str] | None = None) -> int:
         manifest = json.loads((out / "manifest.json").read_text())
     else:
         manifest = dump(out, a.only)
-    rc = subprocess.call([a.triton_python, str(COMPILER), str(out)] + (["-j", str(a.jobs)] if a.jobs else []))
-    if rc != 0:
-        print(f"error: the compile side exited {rc}", file=sys.stderr)
-        return 1
-    from experiments.gpu.machine_code_compile import H100
-    compiled = json.loads((out / "compiled.json").read_text())
+    from experiments.gpu.machine_code_compile import H100, loop_trips
+    for k in manifest["kernels"].values():  # the main loop's iterations, from the TTIR's bounds
+        k["trips"] = loop_trips((out / k["file"]).read_text())
+    done = out / "compiled.json"
+    if not (a.reuse and done.exists() and set(json.loads(done.read_text())["kernels"]) >= set(manifest["kernels"])):
+        rc = subprocess.call([a.triton_python, str(COMPILER), str(out)] + (["-j", str(a.jobs)] if a.jobs else [])
+                             + (["-t", str(a.timeout)] if a.timeout else []))
+        if rc != 0:
+            print(f"error: the compile side exited {rc}", file=sys.stderr)
+            return 1
+    compiled = json.loads(done.read_text())
     record, md = render(manifest, compiled, _provenance(compiled["versions"], time.monotonic() - t0), dict(H100))
     print(md)
     if not a.no_write and not a.only:

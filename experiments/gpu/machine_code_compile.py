@@ -238,23 +238,48 @@ def _version(tool: str) -> str:
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "?"
 
 
-def _compile_entry(args: tuple[str, str, int, int]) -> tuple[str, dict[str, Any]]:
-    kid, path, warps, stages = args
+#: Seconds one kernel's compile may take (triton's passes, LLVM, ptxas) before it counts as a failure.
+TIMEOUT = 600
+
+
+def _compile_entry(args: tuple[str, str, int, int, float]) -> tuple[str, dict[str, Any]]:
+    """Compile one kernel in a child process of its own (a timeout can end it), its row as JSON on stdout."""
+    kid, path, warps, stages, timeout = args
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--kernel", path, str(warps), str(stages)]
     try:
-        return kid, compile_kernel(Path(path), warps, stages)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return kid, {"error": f"timeout: no machine code after {timeout:.0f} s"}
+    if r.returncode != 0 or not r.stdout.strip():
+        return kid, {"error": f"compile process exited {r.returncode}: {r.stderr.strip()[-1500:]}"}
+    return kid, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _one(path: str, warps: int, stages: int) -> int:
+    try:
+        row = compile_kernel(Path(path), warps, stages)
     except Exception as e:  # noqa: BLE001 -- a kernel that does not compile is a row, the check's failure
-        return kid, {"error": f"{type(e).__name__}: {e}"[:2000]}
+        row = {"error": f"{type(e).__name__}: {e}"[:2000]}
+    print(json.dumps(row))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``DIR [-j JOBS]``: compile every kernel of DIR/manifest.json (JOBS processes, default
-    min(4, cores)) and write DIR/compiled.json."""
-    args = sys.argv[1:] if argv is None else argv
-    jobs = min(4, os.cpu_count() or 1)
-    if len(args) == 3 and args[1] == "-j":
-        args, jobs = args[:1], max(1, int(args[2]))
+    """``DIR [-j JOBS] [-t SECONDS]``: compile every kernel of DIR/manifest.json (JOBS at a time,
+    default min(4, cores); each in a process of its own, ended after SECONDS, default
+    :data:`TIMEOUT`) and write DIR/compiled.json."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--kernel"] and len(args) == 4:
+        return _one(args[1], int(args[2]), int(args[3]))
+    jobs, timeout = min(4, os.cpu_count() or 1), float(TIMEOUT)
+    for flag in ("-j", "-t"):
+        if flag in args:
+            i = args.index(flag)
+            value = args[i + 1]
+            del args[i:i + 2]
+            jobs, timeout = (max(1, int(value)), timeout) if flag == "-j" else (jobs, float(value))
     if len(args) != 1:
-        print("usage: machine_code_compile.py DIR [-j JOBS]", file=sys.stderr)
+        print("usage: machine_code_compile.py DIR [-j JOBS] [-t SECONDS]", file=sys.stderr)
         return 2
     import triton  # pyright: ignore[reportMissingImports]
 
@@ -264,14 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     ptxas, cuobjdump = _tools()
     result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": _version(ptxas),
                                            "cuobjdump": _version(cuobjdump)}, "kernels": {}}
-    work = [(kid, str(folder / k["file"]), k["num_warps"], k["num_stages"]) for kid, k in manifest["kernels"].items()]
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(jobs) as pool:
-            done = pool.map(_compile_entry, work)
-            rows = dict(_report(kid, row, manifest) for kid, row in done)
-    else:
-        rows = dict(_report(*_compile_entry(w), manifest) for w in work)
+    work = [(kid, str(folder / k["file"]), k["num_warps"], k["num_stages"], timeout)
+            for kid, k in manifest["kernels"].items()]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(jobs) as pool:
+        rows = dict(_report(kid, row, manifest) for kid, row in pool.map(_compile_entry, work))
     result["kernels"] = {kid: rows[kid] for kid, *_ in work}
     (folder / "compiled.json").write_text(json.dumps(result, indent=1))
     return 0
