@@ -245,7 +245,7 @@ def dump(out: str | Path, only: str | None = None, selected: list[Point] | None 
 def _fits(row: dict[str, Any], limits: dict[str, int]) -> str | None:
     """Why a compiled kernel fails the check, or None."""
     if "error" in row:
-        return "does not compile"
+        return "does not compile" + (" (timeout)" if str(row["error"]).startswith("timeout") else "")
     spill = row["spill_store"] + row["spill_load"]
     if spill:
         return f"spills {row['spill_store']}/{row['spill_load']} B"
@@ -325,6 +325,9 @@ def render(manifest: dict[str, Any], compiled: dict[str, Any], provenance: dict[
     failures = [f"{e['point']} {e['pair']}: {e['error']}" for e in manifest["errors"]]
     for kid, k in manifest["kernels"].items():
         row = {**k, **compiled["kernels"].get(kid, {"error": "not compiled"})}
+        if row.get("loops"):  # the main loop in full; of the others, their size
+            row["loops"] = row["loops"][:1] + [{key: lp[key] for key in ("start", "end", "instructions")}
+                                               for lp in row["loops"][1:]]
         why = _fits(row, limits)
         if why:
             row["fail"] = why

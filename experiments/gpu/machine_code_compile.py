@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -246,13 +247,14 @@ def _compile_entry(args: tuple[str, str, int, int, float]) -> tuple[str, dict[st
     """Compile one kernel in a child process of its own (a timeout can end it), its row as JSON on stdout."""
     kid, path, warps, stages, timeout = args
     cmd = [sys.executable, str(Path(__file__).resolve()), "--kernel", path, str(warps), str(stages)]
+    t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return kid, {"error": f"timeout: no machine code after {timeout:.0f} s"}
     if r.returncode != 0 or not r.stdout.strip():
         return kid, {"error": f"compile process exited {r.returncode}: {r.stderr.strip()[-1500:]}"}
-    return kid, json.loads(r.stdout.strip().splitlines()[-1])
+    return kid, {**json.loads(r.stdout.strip().splitlines()[-1]), "compile_s": round(time.monotonic() - t0, 1)}
 
 
 def _one(path: str, warps: int, stages: int) -> int:
