@@ -365,6 +365,13 @@ def _points_of(record: dict[str, Any]) -> dict[str, list[str]]:
     return where
 
 
+def _signature(k: dict[str, Any]) -> tuple:
+    """What a row of the kernels' table shows of a kernel (kernels equal in it share the row)."""
+    loop = k["loops"][0] if k.get("loops") else {"instructions": 0, "kinds": {}}
+    return (k["label"], k["num_warps"], k.get("regs"), k.get("spill_store"), k.get("spill_load"), k.get("smem"),
+            k.get("blocks_per_sm"), loop["instructions"], tuple(sorted(loop["kinds"].items())), k.get("fail"))
+
+
 def _markdown(record: dict[str, Any]) -> str:
     prov, limits = record["provenance"], record["limits"]
     kernels, where = record["kernels"], _points_of(record)
@@ -391,44 +398,51 @@ def _markdown(record: dict[str, Any]) -> str:
         "",
         "## The kernels",
         "",
-        "| kernel | id | warps | regs | spill st/ld (B) | smem (B) | blocks/SM | loop instr | "
-        + " | ".join(_KIND_COLUMNS) + " | points | verdict |",
-        "|---|---|--:|--:|--:|--:|--:|--:|" + "--:|" * len(_KIND_COLUMNS) + "---|---|",
+        "Kernels with the same machine-code figures (the same code at other lengths and batches: their "
+        "IR differs only in constants) share a row; every kernel's own row is in the JSON.",
+        "",
+        "| kernel | warps | regs | spill st/ld (B) | smem (B) | blocks/SM | loop instr | "
+        + " | ".join(_KIND_COLUMNS) + " | kernels | points | verdict |",
+        "|---|--:|--:|--:|--:|--:|--:|" + "--:|" * len(_KIND_COLUMNS) + "--:|---|---|",
     ]
-    order = sorted(kernels, key=lambda i: (kernels[i]["label"], where.get(i, [""])[0]))
-    for kid in order:
-        k = kernels[kid]
-        pts = where.get(kid, [])
-        pts_text = pts[0] + (f" (+{len(pts) - 1})" if len(pts) > 1 else "")
+    groups: dict[tuple, list[str]] = {}
+    for kid in sorted(kernels, key=lambda i: (kernels[i]["label"], where.get(i, [""])[0])):
+        groups.setdefault(_signature(kernels[kid]), []).append(kid)
+    for ids in groups.values():
+        k = kernels[ids[0]]
+        pts = [p for kid in ids for p in where.get(kid, [])]
+        pts_text = ", ".join(pts[:2]) + (f" (+{len(pts) - 2})" if len(pts) > 2 else "")
+        verdict = f"**{k['fail']}**" if "fail" in k else "ok"
         if "error" in k:
-            lines.append(f"| {k['label']} | `{kid}` | {k['num_warps']} | – | – | – | – | – | "
-                         + " | ".join("–" for _ in _KIND_COLUMNS) + f" | {pts_text} | **{k['fail']}** |")
+            lines.append(f"| {k['label']} | {k['num_warps']} | – | – | – | – | – | "
+                         + " | ".join("–" for _ in _KIND_COLUMNS) + f" | {len(ids)} | {pts_text} | {verdict} |")
             continue
         loop = k["loops"][0] if k.get("loops") else {"instructions": 0, "kinds": {}}
         lines.append(
-            f"| {k['label']} | `{kid}` | {k['num_warps']} | {k['regs']} | {k['spill_store']}/{k['spill_load']} | "
+            f"| {k['label']} | {k['num_warps']} | {k['regs']} | {k['spill_store']}/{k['spill_load']} | "
             f"{k['smem']} | {k['blocks_per_sm']} | {loop['instructions']} | "
             + " | ".join(str(loop["kinds"].get(c, 0)) for c in _KIND_COLUMNS)
-            + f" | {pts_text} | {'**' + k['fail'] + '**' if 'fail' in k else 'ok'} |")
-    lines += ["", "## The launches at each point", "",
-              "Predicted: `experiments.gpu.machine_code.predict` with the constants of `MODEL` "
-              "(in the JSON): the main loop's instructions issued plus one exposed wait of each kind an "
-              "iteration, times its iterations (from the TTIR) and the waves, bounded below by its global "
-              "traffic over HBM's bandwidth; a launch's overhead added. Untuned: the first GPU run checks it.",
+            + f" | {len(ids)} | {pts_text} | {verdict} |")
+    lines += ["", "## The training steps' launches and predicted times", "",
+              "Each launch: kernel, grid, waves, predicted µs. Predicted: `experiments.gpu.machine_code.predict` "
+              "with the constants of `MODEL` (in the JSON): the main loop's instructions issued plus one exposed "
+              "wait of each kind an iteration, times its iterations (from the TTIR) and the waves, bounded below "
+              "by its global traffic over HBM's bandwidth; a launch's overhead added. The fused kernels only "
+              "(XLA's own operations around them are not counted). Untuned: the first GPU run checks it.",
               "",
-              "| point | pair | # | kernel | id | grid | programs | waves | iterations | cycles/iter | predicted µs |",
-              "|---|---|--:|---|---|---|--:|--:|--:|--:|--:|"]
+              "| point | pair | launches | predicted µs |", "|---|---|---|--:|"]
+    by_step: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for x in record["launches"]:
-        pr = x.get("predicted") or {}
-        lines.append(f"| {x['point']} | {x['pair']} | {x['index']} | {x['label']} | `{x['kernel']}` | "
-                     f"{'×'.join(map(str, x['grid']))} | {x['programs']} | "
-                     f"{'–' if x['waves'] is None else x['waves']} | {pr.get('iterations', '–')} | "
-                     f"{pr.get('cycles_per_iteration', '–')} | {pr.get('us', '–')} |")
-    lines += ["", "## The kernels' predicted time of each training step", "",
-              "The fused kernels only (XLA's own operations around them are not counted).", "",
-              "| point | pair | predicted µs |", "|---|---|--:|"]
-    lines += [f"| {s['point']} | {s['pair']} | {'–' if s['us'] is None else s['us']} |"
-              for s in record.get("steps", [])]
+        by_step.setdefault((x["point"], x["pair"]), []).append(x)
+    totals = {(st["point"], st["pair"]): st["us"] for st in record.get("steps", [])}
+    for (point, pair), xs in by_step.items():
+        parts = []
+        for x in xs:
+            pr = x.get("predicted") or {}
+            parts.append(f"{x['label']} {'×'.join(map(str, x['grid']))} "
+                         f"({'–' if x['waves'] is None else x['waves']} w, {pr.get('us', '–')})")
+        total = totals.get((point, pair))
+        lines.append(f"| {point} | {pair} | {'; '.join(parts)} | {'–' if total is None else total} |")
     if record["failures"]:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in record["failures"]]
     return "\n".join(lines) + "\n"

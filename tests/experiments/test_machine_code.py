@@ -97,7 +97,8 @@ def test_the_table_fails_on_a_spill_too_much_shared_memory_a_compile_error_and_a
     ok = next(x for x in record["launches"] if x["kernel"] == "ok")
     assert ok["programs"] == 528 and ok["waves"] == round(528 / (4 * 132), 3)
     assert next(x for x in record["launches"] if x["kernel"] == "broken")["waves"] is None
-    assert "**Fails**" in md and "| scan.spill | `spill` | 4 | 64 | 8/4 |" in md
+    assert "**Fails**" in md and "| scan.spill | 4 | 64 | 8/4 | 5120 | 4 | 10 | 6 | 0 | 1 |" in md
+    assert "scan.ok 33×16 (1.0 w, " in md  # the step's launches, each with its waves and predicted time
     clean = {"kernels": {"ok": kernels["ok"]}, "errors": [], "launches": manifest["launches"][:1]}
     record, md = mc.render(clean, compiled, {}, dict(cc.H100))
     assert record["failures"] == [] and "**Passes**" in md
