@@ -380,7 +380,8 @@ def _markdown(record: dict[str, Any]) -> str:
         "# The fused kernels' machine code (sm_90a, compiled on a CPU)",
         "",
         f"*{prov.get('date', '?')}, commit {str(prov.get('git_commit') or '?')[:10]}, jax {prov.get('jax', '?')}, "
-        f"triton {prov.get('triton', '?')}, ptxas {prov.get('ptxas', '?')}, {prov.get('runtime_s', '?')} s* — "
+        f"triton {prov.get('triton', '?')}, ptxas {prov.get('ptxas', '?')}, {prov.get('runtime_s', '?')} s "
+        f"(the kernels' compiles {prov.get('compile_s', '?')} s)* — "
         f"`{prov.get('command', '')}`",
         "",
         f"Every fused kernel the GPU script's points and the kernels' largest accepted sizes launch "
@@ -448,9 +449,9 @@ def _markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _provenance(versions: dict[str, str], runtime: float) -> dict[str, Any]:
+def _provenance(versions: dict[str, str], runtime: float, argv: list[str]) -> dict[str, Any]:
     from experiments.provenance import provenance
-    prov = provenance()
+    prov = provenance(" ".join(["python", "-m", "experiments.gpu.machine_code", *argv]))
     prov.update(backend="cuda (compiled only, not run)",
                 device_kind=f"NVIDIA H100 (sm_90a), compiled by triton {versions.get('triton', '?')}",
                 runtime_s=round(runtime, 1), **versions)
@@ -499,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the compile side exited {rc}", file=sys.stderr)
             return 1
     compiled = json.loads(done.read_text())
-    record, md = render(manifest, compiled, _provenance(compiled["versions"], time.monotonic() - t0), dict(H100))
+    prov = _provenance(compiled["versions"], time.monotonic() - t0, list(sys.argv[1:] if argv is None else argv))
+    prov["compile_s"] = round(sum(r.get("compile_s", 0.0) for r in compiled["kernels"].values()), 1)
+    record, md = render(manifest, compiled, prov, dict(H100))
     print(md)
     if not a.no_write and not a.only:
         from experiments.provenance import save_json
