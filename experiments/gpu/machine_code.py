@@ -429,7 +429,10 @@ def _markdown(record: dict[str, Any]) -> str:
               "with the constants of `MODEL` (in the JSON): the main loop's instructions issued plus one exposed "
               "wait of each kind an iteration, times its iterations (from the TTIR) and the waves, bounded below "
               "by its global traffic over HBM's bandwidth; a launch's overhead added. The fused kernels only "
-              "(XLA's own operations around them are not counted). Untuned: the first GPU run checks it.",
+              "(XLA's own operations around them are not counted), each once: the Newton forward runs its kernels "
+              "once an iteration, and a kernel lowered once but called twice (the same jitted entry at the same "
+              "shapes: a block-diagonal cell's Newton solve and BPPSA scan) is listed once. Untuned: the first "
+              "GPU run checks it.",
               "",
               "| point | pair | launches | predicted µs |", "|---|---|---|--:|"]
     by_step: dict[tuple[str, str], list[dict[str, Any]]] = {}
