@@ -76,7 +76,7 @@ class Point:
         if self.kind in ("blockgru", "blockrnn"):
             make = structured.BlockGRU if self.kind == "blockgru" else structured.BlockRNN
             return make(self.I, self.H, head_size=self.head)
-        return {"rnn": cells.RNN, "gru": cells.GRU, "lstm": cells.LSTM}[self.kind](self.I, self.H)
+        return cells.BUILTIN[self.kind](self.I, self.H)
 
 
 SEQUENTIAL = (("sequential", "bppsa"), ("sequential", "bptt"))  # bppsa_fused, bptt_fused of the GPU script
@@ -88,7 +88,7 @@ def points() -> list[Point]:
     sweeps, the IRMAS shapes, the structured points of the parallel part, each with the fused pairs
     the script runs there), then the largest sizes each kernel accepts (the kernels' own limits,
     read from their modules, so the check follows them): the fused recurrence and adjoint loop at
-    ``MAX_HIDDEN``, the scans at blocks of ``LANE_BLOCK`` and ``MAX_BLOCK`` (dense: the Newton
+    each cell's ``HIDDEN_LIMITS``, the scans at blocks of ``LANE_BLOCK`` and ``MAX_BLOCK`` (dense: the Newton
     forward's solve; factored: BPPSA's backward), the Newton step at ``MAX_UNITS``."""
     from bppsa.kernels import newton, recurrence, scan
     from experiments.paper_bppsa import gpu_run
@@ -102,8 +102,11 @@ def points() -> list[Point]:
     for _sweep, kind, head, I, Hs, T, B in full["parallel"]:
         if kind in ("blockgru", "blockrnn"):  # the fused pair runs at the structured points only
             out.append(Point(f"parallel {kind} head={head} H={Hs}", kind, I, Hs, T, B, NEWTON, head))
-    Hmax, K = recurrence.MAX_HIDDEN, scan.MAX_BLOCK
-    out += [Point(f"limit {kind} H={Hmax}", kind, 12, Hmax, 1000, 16, SEQUENTIAL) for kind in ("rnn", "gru", "lstm")]
+    from bppsa import cells
+    K = scan.MAX_BLOCK
+    for kind in ("rnn", "gru", "lstm"):  # each kind's own limit (recurrence.HIDDEN_LIMITS: the GRU's is lower)
+        Hmax = recurrence.HIDDEN_LIMITS[cells.BUILTIN[kind]]
+        out.append(Point(f"limit {kind} H={Hmax}", kind, 12, Hmax, 1000, 16, SEQUENTIAL))
     # the dense scan's largest block: the Newton forward's solve of S x S Jacobians (LSTM: S = 2H)
     out += [Point(f"limit {kind} newton S={K}", kind, 12, K // (2 if kind == "lstm" else 1), 1000, 16, NEWTON)
             for kind in ("rnn", "gru", "lstm")]

@@ -114,7 +114,8 @@ def test_the_points_are_the_gpu_scripts_and_the_kernels_limits():
     assert {f"gpu/T rnn T={T}" for T in full["T_sweep"]} <= set(names)
     assert {f"gpu/B rnn B={B}" for B in full["B_sweep"]} <= set(names)
     assert len([n for n in names if n.startswith("gpu/irmas")]) == len(full["irmas"])
-    assert {f"limit {k} H={recurrence.MAX_HIDDEN}" for k in ("rnn", "gru", "lstm")} <= set(names)
+    from bppsa import cells
+    assert {f"limit {k} H={recurrence.HIDDEN_LIMITS[cells.BUILTIN[k]]}" for k in ("rnn", "gru", "lstm")} <= set(names)
     assert {f"limit blockgru head={k}" for k in (scan.LANE_BLOCK, scan.MAX_BLOCK)} <= set(names)
     assert f"limit blockgru head=1 H={newton.MAX_UNITS}" in names
 
