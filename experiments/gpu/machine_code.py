@@ -106,7 +106,13 @@ def points() -> list[Point]:
     K = scan.MAX_BLOCK
     for kind in ("rnn", "gru", "lstm"):  # each kind's own limit (recurrence.HIDDEN_LIMITS: the GRU's is lower)
         Hmax = recurrence.HIDDEN_LIMITS[cells.BUILTIN[kind]]
-        out.append(Point(f"limit {kind} H={Hmax}", kind, 12, Hmax, 1000, 16, SEQUENTIAL))
+        # BPPSA's backward also scans S x S blocks (S = 2H for an LSTM): its largest H is where S <= MAX_BLOCK
+        Hscan = min(Hmax, K // (2 if kind == "lstm" else 1))
+        if Hscan == Hmax:
+            out.append(Point(f"limit {kind} H={Hmax}", kind, 12, Hmax, 1000, 16, SEQUENTIAL))
+        else:
+            out.append(Point(f"limit {kind} H={Hmax}", kind, 12, Hmax, 1000, 16, (("sequential", "bptt"),)))
+            out.append(Point(f"limit {kind} bppsa H={Hscan}", kind, 12, Hscan, 1000, 16, (("sequential", "bppsa"),)))
     # the dense scan's largest block: the Newton forward's solve of S x S Jacobians (LSTM: S = 2H)
     out += [Point(f"limit {kind} newton S={K}", kind, 12, K // (2 if kind == "lstm" else 1), 1000, 16, NEWTON)
             for kind in ("rnn", "gru", "lstm")]
