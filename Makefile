@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
-.PHONY: lint docs test test-all reproduce notebook notebook-outputs venv clean
+.PHONY: lint docs test test-all reproduce notebook notebook-outputs venv clean machine-code
 
 venv: $(STAMP)
 
@@ -19,6 +19,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# The machine-code check's own environment (.venv-triton): the triton package of the GPU machine
+# (it ships ptxas and cuobjdump), never in one interpreter with jaxlib (each embeds its own MLIR).
+TRITON_VENV    := .venv-triton
+TRITON_STAMP   := $(TRITON_VENV)/.installed-stamp
+TRITON_VERSION ?= 3.6.0
+
+$(TRITON_STAMP):
+	test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install -q triton==$(TRITON_VERSION)
+	touch $(TRITON_STAMP)
+
+# Every fused kernel compiled to an H100's machine code (sm_90a) on this machine, no GPU needed:
+# writes experiments/results/gpu/machine_code.{md,json}; exits 1 on a spill, on more shared memory
+# than a block may have, or on a kernel that does not compile (experiments/gpu/README.md).
+machine-code: $(STAMP) $(TRITON_STAMP)
+	$(BIN)/python -m experiments.gpu.machine_code --triton-python $(TRITON_VENV)/bin/python $(MACHINE_CODE_ARGS)
 
 # Lint and types over bppsa/, experiments/ and the command's entry (config in pyproject.toml): zero
 # findings, warnings included.
@@ -56,4 +74,4 @@ notebook-outputs: $(STAMP)
 	$(BIN)/python notebooks/execute.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TRITON_VENV) build *.egg-info .pytest_cache .hypothesis

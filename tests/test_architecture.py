@@ -32,7 +32,8 @@ LAYERS = [
     ("experiments.provenance", "experiments.tables", "experiments.data", "experiments.figures"),
     ("experiments.train", "experiments.gradient"),
     ("experiments.calibrate", "experiments.baselines", "experiments.bench"),
-    ("experiments.paper_bppsa", "experiments.paper_hetero", "experiments.paper_sync", "experiments.extensions"),
+    ("experiments.paper_bppsa", "experiments.paper_hetero", "experiments.paper_sync", "experiments.extensions",
+     "experiments.gpu"),
     ("experiments.index", "experiments.workdir", "experiments.configfile", "experiments.failures",
      "experiments.interrupt", "experiments.publish", "experiments.runner", "experiments.cli"),
 ]
