@@ -34,7 +34,9 @@ def data():
     return {"U": normal(2, (S, I), 0.5)}, xs, jnp.zeros((B, S))
 
 
-@pytest.mark.parametrize("forward", ["newton", "quasi", "sequential"])
+# the parallel forwards with changed values in the default run: tests/cells/test_read_values.py
+@pytest.mark.parametrize("forward", [pytest.param("newton", marks=pytest.mark.slow),
+                                     pytest.param("quasi", marks=pytest.mark.slow), "sequential"])
 def test_a_rebound_global_is_read_at_every_call(forward, data):
     """The probe's case: a step reading a global W, rebound between two eager calls; the second
     call returned the first W's states (0.54 away) and a wrong gradient with forward="newton"."""
