@@ -52,7 +52,7 @@ class DiagonalMinGRU(MinGRU):
 
 def test_the_guides_blocks_run_as_written():
     blocks = python_blocks(GUIDE.read_text())
-    assert len(blocks) == 2
+    assert len(blocks) == 3  # the opening example, the contract alone, the capabilities
     r = _run(blocks)
     assert r.returncode == 0, f"an example of docs/guides/cells.md does not run as written:\n{r.stderr[-3000:]}"
 
