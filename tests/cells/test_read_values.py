@@ -152,8 +152,9 @@ def test_a_traced_scalar_in_a_users_jit_is_an_operand():
         np.testing.assert_allclose(run(value), _reference(lambda: value, PARAMS), rtol=0, atol=ATOL)
 
 
-# the sequential forward in the default run; the Newton forward through a mesh in the slow run (25 s)
-@pytest.mark.parametrize("forward", ["sequential", pytest.param("newton", marks=pytest.mark.slow)])
+# in the slow run (10-25 s each): the default run's mesh case is tests/cells/test_closure.py's
+@pytest.mark.slow
+@pytest.mark.parametrize("forward", ["sequential", "newton"])
 def test_through_a_mesh(forward):
     set_value, read = _kinds()["python float"]
     cell = _cell("subclass", read)

@@ -495,7 +495,9 @@ def test_on_fail_raise_raises_under_jit(capfd, caplog):
     assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
 
 
-@pytest.mark.parametrize("damping", [None, 0.0, 1e-3, 1.0])
+# plain Newton and one damped step in the default run; the other dampings in the slow run
+@pytest.mark.parametrize("damping", [None, pytest.param(0.0, marks=pytest.mark.slow), 1e-3,
+                                     pytest.param(1.0, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_converged_guess_converges_in_one_iteration_with_any_damping(damping, dtype):
     """The documented warm start: the exact states, or a previous converged result, as guess. With
