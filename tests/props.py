@@ -20,15 +20,16 @@ def property_pair(small: int, large: int, **strategies):
     def make(body):
         fixtures = [n for n in inspect.signature(body).parameters if n not in strategies]
 
-        def test(examples, **given_fixtures):
+        # the body's assertions run for each drawn example; this wrapper only draws them
+        def case(examples, **given_fixtures):
             def run(**drawn):
                 body(**drawn, **given_fixtures)
             settings(max_examples=examples, deadline=None)(given(**strategies)(run))()
 
-        test.__name__, test.__qualname__, test.__doc__ = body.__name__, body.__qualname__, body.__doc__
-        test.__module__ = body.__module__
-        test.__signature__ = inspect.Signature(  # pyright: ignore[reportAttributeAccessIssue]
+        case.__name__, case.__qualname__, case.__doc__ = body.__name__, body.__qualname__, body.__doc__
+        case.__module__ = body.__module__
+        case.__signature__ = inspect.Signature(  # pyright: ignore[reportAttributeAccessIssue]
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("examples", *fixtures)])
         sizes = [pytest.param(small, id="small"), pytest.param(large, id="full", marks=pytest.mark.slow)]
-        return pytest.mark.parametrize("examples", sizes)(test)
+        return pytest.mark.parametrize("examples", sizes)(case)
     return make
