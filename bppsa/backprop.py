@@ -79,9 +79,9 @@ def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | Plan
     info = None
     if plan.forward != "sequential":
         ss, info = _parallel_forward(cell, params, xs, s0, plan, guess)
-    elif plan.backward == "bptt" and not cell.has_adjoint:  # BPTT: JAX's autodiff through the lax.scan
+    elif plan.differentiation == "autodiff":  # BPTT: JAX's autodiff through the lax.scan
         ss = forward_states(cell, params, xs, s0, unroll=plan.unroll, hoist=plan.hoist)
-    else:  # BPPSA, or BPTT by the cell's analytic adjoint: the one differentiation rule
+    else:  # the one differentiation rule: reverse mode is plan.adjoint
         ss = bppsa_states(cell, plan, params, xs, s0)
     out = cell.unflatten_state(ss)
     return (out, info) if return_info else out

@@ -433,7 +433,7 @@ def test_decided_once_and_dispatched_once():
     reaches the kernels' modules (bppsa/plan/backends.py is the one dispatch), ``closure.lift`` is
     called in one place (the entries' prologue), and every custom_jvp/custom_vjp is the one rule's
     (bppsa/backward/)."""
-    compares, kernel_imports, lifts, custom = [], [], [], []
+    compares, kernel_imports, lifts, custom, decided = [], [], [], [], []
     for where, tree in _library_sources():
         in_plan, in_kernels = where.startswith("bppsa/plan/"), where.startswith("bppsa/kernels/")
         for node in ast.walk(tree):
@@ -443,6 +443,14 @@ def test_decided_once_and_dispatched_once():
                     {s.id for s in sides if isinstance(s, ast.Name)}
                 if "kernels" in names and any(isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides):
                     compares.append(f"{where}:{node.lineno}")
+                # which backward runs is the plan's (plan.adjoint, plan.differentiation), not plan.backward's
+                if any(isinstance(s, ast.Attribute) and s.attr == "backward" and isinstance(s.value, ast.Name)
+                       and s.value.id == "plan" for s in sides):
+                    decided.append(f"{where}:{node.lineno} plan.backward")
+            # whether BPTT runs the cell's analytic adjoint is decided while planning (Plan.cell_adjoint)
+            if isinstance(node, ast.Attribute) and node.attr == "has_adjoint" and not in_plan \
+                    and not where.startswith("bppsa/cells/") and not where.startswith("bppsa/nn/"):
+                decided.append(f"{where}:{node.lineno} has_adjoint")
             if isinstance(node, (ast.Import, ast.ImportFrom)) and not in_plan and not in_kernels \
                     and where != "bppsa/__init__.py":  # the package root: bppsa.kernels as a public module
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -456,6 +464,7 @@ def test_decided_once_and_dispatched_once():
                     and not where.startswith("bppsa/backward/"):
                 custom.append(f"{where}:{node.lineno}")
     assert not compares, f"kernels compared to a string below the plan: {compares}"
+    assert not decided, f"the backward decided below the plan: {decided}"
     assert not kernel_imports, f"the kernels reached outside the plan's dispatch (bppsa/plan/backends.py): {kernel_imports}"
     assert lifts == ["bppsa/backprop.py"], lifts
     assert not custom, f"a custom_jvp/custom_vjp outside bppsa/backward/: {custom}"

@@ -115,12 +115,13 @@ def bppsa_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> A
 
     Args:
       cell: the cell (static).
-      plan: the resolved :class:`bppsa.plan.Plan` (static). ``plan.backward == "bppsa"``: reverse mode
-        is the BPPSA backward (:func:`bppsa.backward.pipeline.adjoint`) with ``plan.scan`` over chunks
-        of ``plan.chunk_size`` steps. ``"bptt"`` (for a cell with an analytic adjoint,
-        :class:`bppsa.cells.AnalyticAdjoint`): the adjoint loop (:func:`sequential_adjoint`, the
-        parameter gradients summed in the loop where ``plan.weights_in_loop``), the forward keeping
-        the steps' factors. The forward scan runs with ``plan.unroll`` and ``plan.hoist``.
+      plan: the resolved :class:`bppsa.plan.Plan` (static). Reverse mode is ``plan.adjoint``: "scan",
+        the BPPSA backward (:func:`bppsa.backward.pipeline.adjoint`) with ``plan.adjoint_scan`` over
+        chunks of ``plan.chunk_size`` steps; "fused", BPTT's fused adjoint loop; "analytic" (a cell
+        with an analytic adjoint, :class:`bppsa.cells.AnalyticAdjoint`), the adjoint loop
+        (:func:`sequential_adjoint`, the parameter gradients summed in the loop where
+        ``plan.weights_in_loop``), the forward keeping the steps' factors. The forward scan runs with
+        ``plan.unroll`` and ``plan.hoist``.
       params: the cell's parameters.
       xs: (T, B, I) inputs.
       s0: (B, S) the flat initial state.
@@ -135,11 +136,11 @@ def bppsa_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array) -> A
 @bppsa_states.defjvp
 def _bppsa_jvp(cell, plan, primals, tangents):
     params, xs, s0 = primals
-    fused = plan.fused is not None
-    if plan.backward != "bptt" or fused:
+    if plan.adjoint != "analytic":
         # a fused kernel's states through this rule again: differentiated once more (HVPs), JAX
         # differentiates the rule, not the kernel (a pallas_call has no JVP of its own); the fused
         # BPTT recomputes its steps from the states (no factors kept)
+        fused = plan.fused is not None
         ss = bppsa_states(cell, plan, params, xs, s0) if fused else planned_states(cell, plan, params, xs, s0)
         return ss, _tangent(cell, plan, params, xs, s0, ss, tangents)
     ss, factors = factor_states(cell, params, xs, s0, plan.unroll, plan.hoist)  # the adjoint reads the steps' factors
@@ -151,9 +152,10 @@ def solved_states(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, ss:
     """:func:`bppsa_states` for states ``ss`` (T, B, S) already solved by another forward (the
     parallel Newton forward, :mod:`bppsa.forward.newton`): returns ``ss`` itself, differentiated as
     the solution of the recurrence at those states, the same linear solve at the same Jacobians.
-    Reverse mode is the BPPSA backward with ``plan.scan`` (``plan.backward == "bptt"``: its
-    sequential scan, the same recurrence solved step by step). ``ss`` must carry no gradient of its
-    own (computed from ``lax.stop_gradient``-ed inputs): its tangent is not used.
+    Reverse mode is ``plan.adjoint``: the BPPSA backward with ``plan.adjoint_scan`` (for BPTT the
+    sequential scan, the same recurrence solved step by step), or BPTT's fused adjoint loop. ``ss``
+    must carry no gradient of its own (computed from ``lax.stop_gradient``-ed inputs): its tangent
+    is not used.
 
     Args:
       cell: the cell (static).
@@ -186,13 +188,13 @@ def _tangent(cell, plan, params, xs, s0, ss, tangents, factors=None):
         return tangent_states(cell, params, xs, s0, ss, rhs, d0)
 
     def adjoint_scan(c1):
-        if factors is not None:
+        if plan.adjoint == "analytic":  # the forward kept the steps' factors
             return sequential_adjoint(cell, params, xs, s0, ss, c1, factors, plan.unroll,
                                       in_loop=plan.weights_in_loop)
-        if plan.backward == "bptt" and plan.fused is not None:  # BPTT's adjoint loop, one fused kernel
+        if plan.adjoint == "fused":  # BPTT's adjoint loop, one fused kernel
+            assert plan.fused is not None
             return fused_sequential_adjoint(cell, params, xs, s0, ss, c1, plan.fused)
-        scan = "sequential" if plan.backward == "bptt" else plan.scan
-        return adjoint(cell, scan, plan.chunk_size, params, xs, s0, ss, c1, plan.fused)
+        return adjoint(cell, plan.adjoint_scan, plan.chunk_size, params, xs, s0, ss, c1, plan.fused)
 
     return tangent_rule(cell, plan.precision, params, xs, s0, ss, tangents, tangent_scan, adjoint_scan)
 

@@ -443,15 +443,14 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     Bp = -(-B // Pb) * Pb
     xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
     s0_p = _pad(s0, 0, Bp - B)
-    method = "sequential" if plan.backward == "bptt" else plan.scan
     # the functions are kept per (cell, what its step reads by value: bppsa.cells.closure.program_key);
     # a cell whose step reads arrays that are not its operands gets them made anew (kept, they would
     # keep those arrays' first values)
     key = closure.program_key(cell, params, xs, s0)
     make = sharded_functions.__wrapped__ if key is None else functools.partial(sharded_functions, key=key)
-    fwd_sm, _, run, solved = make(cell, method, plan.combine, mesh, seq_axis, batch_axis, T,
-                                               plan.precision)
-    if plan.forward == "sequential" and plan.backward == "bptt":
+    fwd_sm, _, run, solved = make(cell, plan.adjoint_scan, plan.combine, mesh, seq_axis, batch_axis, T,
+                                  plan.precision)
+    if plan.differentiation == "autodiff":  # BPTT after the sequential forward: JAX's reverse mode through it
         return fwd_sm(params, xs_p, s0_p)[:T, :B], None
     if plan.forward == "sequential":
         return run(params, xs, s0), None

@@ -33,8 +33,8 @@ from bppsa.plan.backends import Fused
 from bppsa.scan.dense import SCANS
 
 __all__ = ["Options", "Plan", "make", "tolerance", "unroll_for", "Backward", "Forward", "ParallelForward", "Scan",
-           "Combine", "OnFail", "Precision", "BACKWARDS", "FORWARDS", "KINDS", "PRECISIONS", "COMBINES", "ON_FAIL",
-           "DEFAULT_TOL", "DEFAULT_MAX_ITER"]
+           "Combine", "OnFail", "Precision", "Adjoint", "BACKWARDS", "FORWARDS", "KINDS", "PRECISIONS", "COMBINES",
+           "ON_FAIL", "DEFAULT_TOL", "DEFAULT_MAX_ITER"]
 
 # The method names, each written once: the runtime tuples are read from the Literal types.
 Backward = Literal["bppsa", "bptt", "auto"]
@@ -45,6 +45,9 @@ Combine = Literal["logstep", "allgather", "chain", "auto"]
 OnFail = Literal["sequential", "raise"]
 Precision = Literal["highest", "high", "default"]  # jax.lax.Precision's members, by name
 Kernels = Literal["auto", "xla", "pallas", "interpret"]  # bppsa.kernels
+#: How a plan's backward runs (:attr:`Plan.adjoint`): JAX's autodiff through the forward's scan, the
+#: cell's analytic adjoint loop, the fused adjoint-loop kernel, or the adjoint solve by a scan.
+Adjoint = Literal["autodiff", "analytic", "fused", "scan"]
 
 #: The values of ``backward=``: ``("bppsa", "bptt", "auto")``.
 BACKWARDS: tuple[str, ...] = get_args(Backward)
@@ -290,7 +293,7 @@ class Options:
         hoist = parallel or rules.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
         in_loop = loop == "bptt" and rules.adjoint_in_loop(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
-                    hoist=hoist, gate=gate, weights_in_loop=in_loop)
+                    hoist=hoist, gate=gate, weights_in_loop=in_loop, cell_adjoint=bool(cell.has_adjoint))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,6 +335,13 @@ class Plan:
         instead when it is >= 0 or the predicted iterations exceed this; None: no such test.
       weights_in_loop: BPTT by the cell's analytic adjoint sums the parameter gradients in its
         loop (:func:`bppsa.plan.rules.adjoint_in_loop`); False: one product each after it.
+      cell_adjoint: the planned cell has an analytic adjoint (:class:`bppsa.cells.AnalyticAdjoint`,
+        ``cell.has_adjoint``), which BPTT after the sequential forward runs (:attr:`adjoint`).
+
+    The stages that run and how are properties of these fields, decided here and nowhere below:
+    :attr:`differentiation` (autodiff through the forward's scan, or the library's rule),
+    :attr:`adjoint` and :attr:`adjoint_scan` (the backward), :attr:`fused` (the kernels each stage
+    runs); :attr:`stages` names them all in words.
 
     Examples:
       >>> import jax, jax.numpy as jnp, bppsa
@@ -365,6 +375,7 @@ class Plan:
     hoist: bool = True
     gate: float | None = None
     weights_in_loop: bool = False
+    cell_adjoint: bool = False
 
     def __post_init__(self):
         # the checks of Options, then that each choice is made (a Plan built or replaced by hand)
@@ -380,7 +391,8 @@ class Plan:
                     "devices": self.devices is None or (type(self.devices) is int and self.devices >= 1),
                     "hoist": isinstance(self.hoist, bool),
                     "gate": self.gate is None or isinstance(self.gate, float),
-                    "weights_in_loop": isinstance(self.weights_in_loop, bool)}
+                    "weights_in_loop": isinstance(self.weights_in_loop, bool),
+                    "cell_adjoint": isinstance(self.cell_adjoint, bool)}
         open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
         if open_:
             raise UsageError(f"a Plan has every choice made; open: {', '.join(open_)} (Options.plan makes them)")
@@ -389,6 +401,68 @@ class Plan:
     def fused(self) -> Fused | None:
         """The fused kernels this plan's stages run (:class:`bppsa.plan.backends.Fused`), or None: XLA's."""
         return None if self.kernels == "xla" else Fused(interpret=self.kernels == "interpret")
+
+    @property
+    def adjoint(self) -> Adjoint:
+        """How the backward runs: "scan" (the adjoint recurrence solved by :attr:`adjoint_scan`:
+        BPPSA's scan, or BPTT after a parallel forward or over a mesh), "fused" (BPTT's adjoint loop
+        as one fused kernel), "analytic" (BPTT by the cell's analytic adjoint loop, the sequential
+        forward keeping the steps' factors) or "autodiff" (BPTT as JAX's reverse mode through the
+        forward's ``lax.scan``: a cell without an analytic adjoint, or a mesh's sequential forward)."""
+        if self.backward == "bppsa":
+            return "scan"
+        if self.devices is not None:  # the sharded forward is differentiated as it is; a parallel one by the rule
+            return "autodiff" if self.forward == "sequential" else "scan"
+        if self.kernels != "xla":
+            return "fused"
+        if self.forward != "sequential":
+            return "scan"
+        return "analytic" if self.cell_adjoint else "autodiff"
+
+    @property
+    def adjoint_scan(self) -> Scan:
+        """The scan of the backward's adjoint solve where :attr:`adjoint` is "scan": ``scan`` for
+        BPPSA, "sequential" for BPTT (the same recurrence solved step by step)."""
+        return self.scan if self.backward == "bppsa" else "sequential"
+
+    @property
+    def differentiation(self) -> Literal["autodiff", "rule"]:
+        """How the states are differentiated: "rule", the library's one rule
+        (:mod:`bppsa.backward.rule`: reverse mode is :attr:`adjoint`), or "autodiff", JAX's own
+        through the forward's ``lax.scan`` (:attr:`adjoint` "autodiff")."""
+        return "autodiff" if self.adjoint == "autodiff" else "rule"
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """Every stage that runs and how, in words: the forward, the states' differentiation, the
+        backward and the devices.
+
+        Examples:
+          >>> import jax, jax.numpy as jnp, bppsa
+          >>> cell = bppsa.cells.GRU(input_size=3, hidden_size=4)
+          >>> xs = jax.ShapeDtypeStruct((100, 8, 3), jnp.float32)
+          >>> s0 = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+          >>> for stage, how in bppsa.Options(backward="bppsa").plan(cell, xs, s0).stages.items():
+          ...     print(f"{stage}: {how}")
+          forward: sequential (XLA)
+          differentiation: rule
+          backward: blelloch scan in one chunk (XLA)
+          devices: one
+        """
+        backend = {"xla": "XLA", "pallas": "fused kernels", "interpret": "fused kernels, interpreted"}[self.kernels]
+        forward = self.forward if self.forward == "sequential" else \
+            f"{self.forward}, tol {self.tol:g}, at most {self.max_iter} iterations"
+        if self.adjoint == "scan":
+            pieces = ("" if self.adjoint_scan == "sequential" else " in one chunk" if self.chunk_size is None
+                      else f" over chunks of {self.chunk_size}")
+            backward = f"{self.adjoint_scan} scan{pieces} ({backend})"
+        else:
+            backward = {"autodiff": "JAX's reverse mode through the forward's scan (XLA)",
+                        "analytic": "the cell's analytic adjoint loop (XLA)",
+                        "fused": f"the adjoint loop ({backend})"}[self.adjoint]
+        devices = "one" if self.devices is None else f"time split over {self.devices}, {self.combine} combine"
+        return {"forward": f"{forward} ({backend})", "differentiation": self.differentiation,
+                "backward": backward, "devices": devices}
 
     def plan(self, cell: Cell, xs: Array | jax.ShapeDtypeStruct, s0: Array | jax.ShapeDtypeStruct, *,
              states_dtype: DTypeLike | None = None, devices: int | None = None) -> Plan:

@@ -4,6 +4,7 @@ model; the option fields are defined once."""
 
 import ast
 import dataclasses
+import functools
 from pathlib import Path
 from typing import get_args
 
@@ -86,6 +87,49 @@ def test_a_plan_is_kept_and_refuses_open_choices(problem):
         plan.plan(cell, xs, h0, devices=2)
 
 
+# (cell, fields, devices) -> the backward the plan names; a GRU has an analytic adjoint, a BlockGRU has not
+STAGES = [
+    ("gru", {"backward": "bppsa"}, None, "scan", "blelloch"),
+    ("gru", {"backward": "bppsa", "scan": "associative"}, None, "scan", "associative"),
+    ("gru", {"backward": "bptt"}, None, "analytic", "sequential"),
+    ("block", {"backward": "bptt"}, None, "autodiff", "sequential"),
+    ("gru", {"backward": "bptt", "forward": "newton"}, None, "scan", "sequential"),
+    ("gru", {"backward": "bptt", "kernels": "interpret"}, None, "fused", "sequential"),
+    ("gru", {"backward": "bptt"}, 2, "autodiff", "sequential"),
+    ("gru", {"backward": "bptt", "forward": "newton"}, 2, "scan", "sequential"),
+    ("block", {"backward": "bppsa", "forward": "quasi"}, 2, "scan", "blelloch"),
+]
+
+
+@pytest.mark.parametrize("kind, fields, devices, adjoint, adjoint_scan", STAGES)
+def test_a_plan_names_every_stage(problem, loss, close, monkeypatch, kind, fields, devices, adjoint, adjoint_scan):
+    """The plan names how the backward runs (``adjoint``, ``adjoint_scan``, ``differentiation``)
+    and the layers below run what it names: the rule's functions are called exactly where the
+    plan says (a spy on each), and the gradient is autodiff's through a plain ``lax.scan``."""
+    from bppsa.backward import adjoint as adjoint_lib
+    from bppsa.backward import rule
+    from tests.reference import grads_of, scan_grads
+    cell = cells.GRU(2, 3) if kind == "gru" else structured.BlockGRU(2, 4, 2)
+    cell, params, xs, h0 = problem(cell, T=7, B=2)
+    plan = bppsa.Options(**fields).plan(cell, xs, h0, devices=devices)
+    assert (plan.adjoint, plan.adjoint_scan) == (adjoint, adjoint_scan)
+    assert plan.differentiation == ("autodiff" if adjoint == "autodiff" else "rule")
+    assert set(plan.stages) == {"forward", "differentiation", "backward", "devices"}
+    assert plan.replace(backward="bppsa").adjoint == "scan"  # a replaced plan names its stages anew
+    called = []
+    for module, name in ((rule, "adjoint"), (rule, "sequential_adjoint"), (rule, "fused_sequential_adjoint"),
+                         (adjoint_lib, "factor_states")):
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _fn=fn, _name=name, **k: (called.append(_name), _fn(*a, **k))[1])
+    entry = bppsa.rnn if devices is None else functools.partial(
+        bppsa.parallel.rnn, mesh=parallel.make_mesh(devices, batch_axis=None))
+    got = grads_of(lambda p, x, h: entry(cell, p, x, h, **fields), params, xs, h0, loss)
+    close(got, scan_grads(cell, params, xs, h0, loss), what=f"{kind} {fields} devices={devices}")
+    expected = {"scan": ["adjoint"] if devices is None else [], "analytic": ["sequential_adjoint"],
+                "fused": ["fused_sequential_adjoint"], "autodiff": []}[adjoint]
+    assert [c for c in called if c != "factor_states"] == expected, called
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the elementwise plan is the CPU's")
 @pytest.mark.parametrize("H, T, B", [(20, 1034, 32), (64, 1034, 32), (256, 1034, 32), (20, 2048, 8), (64, 2048, 8),
                                      (256, 2048, 8)])
@@ -136,7 +180,8 @@ def test_the_executing_layers_do_not_import_the_cost_model(path):
 
 def test_the_option_fields_are_defined_once():
     fields = [f.name for f in dataclasses.fields(bppsa.Options)]
-    assert [f.name for f in dataclasses.fields(options.Plan)] == fields + ["solve_chunk", "devices", "hoist", "gate", "weights_in_loop"]
+    assert [f.name for f in dataclasses.fields(options.Plan)] == fields + ["solve_chunk", "devices", "hoist", "gate", "weights_in_loop",
+                                                                          "cell_adjoint"]
     assert options.BACKWARDS == get_args(options.Backward) and options.FORWARDS == ("sequential", "newton", "quasi", "auto")
     assert bppsa.forward.newton.Plan is options.Plan  # the solver runs the plan's type
     assert not set(bppsa.forward.newton.__all__) & set(options.__all__)  # and does not re-export the plan's names
