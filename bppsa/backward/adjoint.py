@@ -18,7 +18,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
+from bppsa.backward.pipeline import cast_to_primals
 from bppsa.cells.base import Cell, analytic_adjoint
+from bppsa.forward.sequential import prev_states
 from bppsa.plan.backends import Fused
 
 __all__ = ["factor_states", "sequential_adjoint", "fused_sequential_adjoint"]
@@ -83,7 +85,7 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
       bppsa.errors.UsageError: the cell lacks the methods of :class:`bppsa.cells.AnalyticAdjoint`.
     """
     lp, adj = cell.loop_params(params), analytic_adjoint(cell)
-    previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)  # the state before each step
+    previous = prev_states(s0, ss)
     ct = ct.astype(ss.dtype)
 
     def step(inp, g):  # -> (∂L/∂s_t, its part of ∂L/∂s_{t-1}, the step's cotangents)
@@ -111,7 +113,7 @@ def sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array,
         sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
         (g0, sums), (gs, dxs) = lax.scan(summed, (jnp.zeros_like(s0), sums0), inputs, reverse=True, unroll=unroll)
         dparams = adj.adjoint_sum_result(params, sums)
-    return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)
+    return gs, *cast_to_primals(dparams, dxs, g0, params, xs, s0)
 
 
 def fused_sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: Array,
@@ -134,6 +136,6 @@ def fused_sequential_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: 
       (gs, dparams, dxs, g0), as :func:`sequential_adjoint`.
     """
     gs, g0 = fused.adjoint(cell, params, xs, s0, ss, ct)
-    previous = jnp.concatenate([s0[None], ss[:-1]], axis=0)
+    previous = prev_states(s0, ss)
     dparams, dxs = cell.param_grads(params, previous.astype(ss.dtype), xs, ss, gs)
-    return gs, jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params), dxs.astype(xs.dtype), g0.astype(s0.dtype)
+    return gs, *cast_to_primals(dparams, dxs, g0, params, xs, s0)

@@ -26,7 +26,7 @@ from bppsa.scan import dense as scan_lib
 from bppsa.scan.layout import block_rows, equal_chunks, to_blocks
 from bppsa.scan.structured import block_scan
 
-__all__ = ["adjoint", "chunked_backward", "fused_scan_gradients",
+__all__ = ["adjoint", "cast_to_primals", "chunked_backward", "fused_scan_gradients",
            "scan_order", "root_and_offsets", "storage_inputs", "stored_jacobians",
            "stored_scan"]
 
@@ -251,9 +251,24 @@ def root_and_offsets(ctr: Array) -> tuple[Array, Array]:
     return ctr[0], jnp.concatenate([ctr[1:], jnp.zeros_like(ctr[:1])], axis=0)
 
 
-def _cast_grads(dparams, dxr, g0, params, xs, s0):
+def cast_to_primals(dparams: Any, dxs: Array, g0: Array, params: Any, xs: Array,
+                    s0: Array) -> tuple[Any, Array, Array]:
+    """A backward's gradients in their primals' dtypes (the one cast every backward ends with: its
+    products may run wider, e.g. float32 parameters with float64 states).
+
+    Args:
+      dparams: the parameters' gradients, like ``params``.
+      dxs: (T, B, I) the inputs' gradients.
+      g0: (B, S) the initial state's gradient.
+      params: the cell's parameters.
+      xs: (T, B, I) the inputs.
+      s0: (B, S) the flat initial state.
+
+    Returns:
+      (dparams, dxs, g0) in the dtypes of (params, xs, s0).
+    """
     dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
-    return dparams, dxr[::-1].astype(xs.dtype), g0.astype(s0.dtype)
+    return dparams, dxs.astype(xs.dtype), g0.astype(s0.dtype)
 
 
 def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, xs: Array, s0: Array, ss: Array,
@@ -286,4 +301,4 @@ def adjoint(cell: Cell, scan_method: str, chunk_size: int | None, params: Any, x
         v, ds = root_and_offsets(ctr)
         gsr, g0 = _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, fused)  # gsr[k] = g_{T-k}
         dparams, dxr = cell.param_grads(params, spr, xr, sr, gsr)
-    return (gsr[::-1].astype(ss.dtype), *_cast_grads(dparams, dxr, g0, params, xs, s0))
+    return (gsr[::-1].astype(ss.dtype), *cast_to_primals(dparams, dxr[::-1], g0, params, xs, s0))

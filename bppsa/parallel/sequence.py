@@ -159,17 +159,23 @@ def combine_logstep(Pi, delta, axis, P):
     return _shift(delta, axis, P, 1)
 
 
-def combine_allgather(Pi, delta, axis, P):
-    """Gather every chunk's (Π, δ); each device folds the later ones into its u (B, S)."""
+def _fold_gathered(Pi, delta, u, axis, P, later):
+    """``u`` (B, S) through the other devices' affine maps A_q(u) = u @ Π_q + δ_q, from one
+    ``all_gather`` of every (Π, δ): ``later`` (the backward's scan order) the later devices',
+    u ← A_{p+1}(… A_{P-1}(u)); else (the forward's order) the earlier devices', u ←
+    A_{p-1}(… A_0(u)). Block rows (n, k) throughout."""
     idx = lax.axis_index(axis)
-    Pis = lax.all_gather(Pi, axis)
-    dls = lax.all_gather(delta, axis)
+    Pis, dls = lax.all_gather(Pi, axis), lax.all_gather(delta, axis)
 
     def fold(u, q):
-        return jnp.where(q > idx, scan_lib.vecmat(u, Pis[q]) + dls[q], u), None
+        return jnp.where(q > idx if later else q < idx, scan_lib.vecmat(u, Pis[q]) + dls[q], u), None
 
-    u, _ = lax.scan(fold, jnp.zeros_like(delta), jnp.arange(P - 1, 0, -1))
-    return u
+    return lax.scan(fold, u, jnp.arange(P - 1, 0, -1) if later else jnp.arange(P - 1))[0]
+
+
+def combine_allgather(Pi, delta, axis, P):
+    """Gather every chunk's (Π, δ); each device folds the later ones into its u (B, S)."""
+    return _fold_gathered(Pi, delta, jnp.zeros_like(delta), axis, P, later=True)
 
 
 def combine_chain(Pi, delta, axis, P):
@@ -233,13 +239,14 @@ def _states_before(ss, s0, idx, P, seq_axis):
 def _sharded_solve(method, E, c, s_in, valid, seq_axis, P):
     """One device's share of the linear recurrence s_t = s_{t-1} E_t + c_t over the mesh, from s_in
     entering device 0 (block rows (n, k)): padded steps made identity maps with no input, the
-    stretch's maps aggregated (:func:`chunk_aggregate`), the devices' combined (:func:`_prefix_combine`),
-    the stretch finished (:func:`chunk_finish`). Returns the C states of the stretch (C, n, k)."""
+    stretch's maps aggregated (:func:`chunk_aggregate`), the earlier devices' maps folded into the
+    entering state (:func:`_fold_gathered`), the stretch finished (:func:`chunk_finish`). Returns
+    the C states of the stretch (C, n, k)."""
     k = E.shape[-1]
     E = jnp.where(valid[..., None], E, jnp.eye(k, dtype=E.dtype))  # padded steps: identity maps, no input
     c = jnp.where(valid, c, jnp.zeros((), c.dtype))
     Pi, delta, state = chunk_aggregate(method, jnp.zeros_like(c[0]), E, c)
-    u = _prefix_combine(Pi, delta, s_in, seq_axis, P) if P > 1 else s_in
+    u = _fold_gathered(Pi, delta, s_in, seq_axis, P, later=False) if P > 1 else s_in  # the state entering it
     prefixes, total = chunk_finish(method, state, u, E, c)
     return jnp.concatenate([prefixes[1:], total[None]], axis=0)
 
@@ -273,7 +280,7 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
 def _tangent_body(cell, method, T, P, seq_axis, params, xs, s0, ss, rhs, d0):
     """One device's share of the forward tangent recurrence ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 =
     d0 (B, S), at the solved states ss (C, B, S): the Newton step's sharded linear solve
-    (:func:`chunk_aggregate`, :func:`_prefix_combine`, :func:`chunk_finish`) on the Jacobians
+    (:func:`chunk_aggregate`, :func:`_fold_gathered`, :func:`chunk_finish`) on the Jacobians
     at ss, block-diagonal where the cell's are. Returns ṡ (C, B, S)."""
     C, B, S = ss.shape
     idx = lax.axis_index(seq_axis)
@@ -328,15 +335,10 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     C = -(-T // P)
 
     def pad(a, batch_axis_of_a, mode="constant"):
-        """a's time axis (0, where it has one) to P·C steps and its batch axis to a multiple of Pb;
-        ``mode="edge"`` repeats the last step and row (the states and inputs the Jacobians are
-        taken at: finite, as a real step's), else zeros (cotangents, tangents)."""
-        widths = [(0, 0)] * a.ndim
-        if batch_axis_of_a == 1:
-            widths[0] = (0, P * C - a.shape[0])
+        """a's time axis (0, where it has one) to P·C steps and its batch axis to a multiple of Pb
+        (:func:`_padded`)."""
         B = a.shape[batch_axis_of_a]
-        widths[batch_axis_of_a] = (0, -(-B // Pb) * Pb - B)
-        return jnp.pad(a, widths, mode=mode) if any(w for _, w in widths) else a
+        return _padded(a, {0: P * C, 1: -(-B // Pb) * Pb} if batch_axis_of_a == 1 else {0: -(-B // Pb) * Pb}, mode)
 
     def forward(params, xs, s0):
         return fwd_sm(params, pad(xs, 1), pad(s0, 0))[:T, :xs.shape[1]]
@@ -351,8 +353,7 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
 
         def adjoint_scan(c1):
             dparams, dxs, ds0, gs = bwd_sm(params, xs_e, s0_e, ss_e, pad(c1, 1))
-            dparams = jax.tree.map(lambda d, p: d.astype(p.dtype), dparams, params)
-            return gs[:T, :B].astype(ss.dtype), dparams, dxs[:T, :B].astype(xs.dtype), ds0[:B].astype(s0.dtype)
+            return gs[:T, :B].astype(ss.dtype), *pipeline.cast_to_primals(dparams, dxs[:T, :B], ds0[:B], params, xs, s0)
 
         return tangent_scan, adjoint_scan
 
@@ -360,30 +361,19 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     return fwd_sm, bwd_sm, run, solved
 
 
-def _pad(x, axis, n):
-    if n == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, n)
-    return jnp.pad(x, widths)
-
-
-def _prefix_combine(Pi, delta, s_in, axis, P):
-    """The state entering each device's stretch: u_p = A_{p-1}(… A_0(s_in)), A_q(u) = u @ Π_q + δ_q
-    (forward order), from one ``all_gather`` of every (Π, δ); block rows (n, k) throughout."""
-    idx = lax.axis_index(axis)
-    Pis, dls = lax.all_gather(Pi, axis), lax.all_gather(delta, axis)
-
-    def fold(u, q):
-        return jnp.where(q < idx, scan_lib.vecmat(u, Pis[q]) + dls[q], u), None
-
-    return lax.scan(fold, s_in, jnp.arange(P - 1))[0]
+def _padded(a, sizes, mode="constant"):
+    """``a`` with each axis of ``sizes`` ({axis: length}) padded at its end to that length: zeros
+    (inputs, cotangents, tangents), or ``mode="edge"`` repeating the last step and row (the states
+    and inputs the Jacobians are taken at: finite, as a real step's). The one padding of the mesh:
+    T to P·C steps, the batch to a multiple of the batch axis's size."""
+    widths = [(0, sizes.get(axis, n) - n) for axis, n in enumerate(a.shape)]
+    return jnp.pad(a, widths, mode=mode) if any(w for _, w in widths) else a
 
 
 def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H):
     """The parallel (Newton-family) forward of one device's stretch: each iteration evaluates its
     C steps, aggregates its linearised maps (:func:`chunk_aggregate`), combines the devices'
-    maps (:func:`_prefix_combine`) and finishes its scan (:func:`chunk_finish`); the residual
+    maps (:func:`_fold_gathered`) and finishes its scan (:func:`chunk_finish`); the residual
     is the mesh's maximum, so every device iterates alike. Padded steps are identity maps."""
     C, B, S = H.shape
     idx = lax.axis_index(seq_axis)
@@ -441,8 +431,7 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     T, B, S = xs.shape[0], s0.shape[0], s0.shape[-1]
     C = -(-T // P)
     Bp = -(-B // Pb) * Pb
-    xs_p = _pad(_pad(xs, 0, P * C - T), 1, Bp - B)
-    s0_p = _pad(s0, 0, Bp - B)
+    xs_p, s0_p = _padded(xs, {0: P * C, 1: Bp}), _padded(s0, {0: Bp})
     # the functions are kept per (cell, what its step reads by value: bppsa.cells.closure.program_key);
     # a cell whose step reads arrays that are not its operands gets them made anew (kept, they would
     # keep those arrays' first values)
@@ -459,7 +448,7 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
                          in_specs=(PS(), x_spec, s_spec, x_spec), out_specs=(x_spec, PS(), PS(), PS(), PS()))
     # a guess's padded steps repeat its last state, as the solve's identity maps make them
     H0 = jnp.zeros((P * C, Bp, S), s0.dtype) if guess is None else \
-        _pad(jnp.pad(guess.astype(s0.dtype), [(0, P * C - T), (0, 0), (0, 0)], mode="edge"), 1, Bp - B)
+        _padded(_padded(guess.astype(s0.dtype), {0: P * C}, "edge"), {1: Bp})
     stop = lax.stop_gradient
     with jax.default_matmul_precision(plan.precision):
         H, k, res, err, converged = solve_sm(stop(params), stop(xs_p), stop(s0_p), stop(H0))
