@@ -40,18 +40,20 @@ with zero rows the same way.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
+from jax import Array, lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as PS
+from jax.typing import ArrayLike
 
 from bppsa import backprop
 from bppsa.backward import pipeline, rule
-from bppsa.cells import closure
+from bppsa.cells import Cell, closure
 from bppsa.errors import UsageError
 from bppsa.forward import newton as newton_lib
 from bppsa.forward.elk import trust_region_solve
@@ -108,7 +110,7 @@ def communication_volume(P: int, B: int, S: int, itemsize: int, combine: str) ->
 # Per-device pieces (run inside shard_map; axis names are mesh axes).
 # --------------------------------------------------------------------------------------------
 
-def _tree_product(Ms):
+def _tree_product(Ms: Array):
     """M_1 @ M_2 @ … @ M_n by pairwise levels: (n, B, S, S) -> (B, S, S)."""
     while Ms.shape[0] > 1:
         h = Ms.shape[0] // 2
@@ -117,7 +119,7 @@ def _tree_product(Ms):
     return Ms[0]
 
 
-def chunk_aggregate(method, c_last, Ms, ds):
+def chunk_aggregate(method: str, c_last: Array, Ms: Array, ds: Array):
     """Phase 1: (Π, δ, state) of one chunk; ``state`` is what :func:`chunk_finish` reuses."""
     if method == "blelloch":
         levels = scan_lib.up_sweep(c_last, Ms, ds)
@@ -127,7 +129,7 @@ def chunk_aggregate(method, c_last, Ms, ds):
     return _tree_product(Ms), delta, None
 
 
-def chunk_finish(method, state, v, Ms, ds):
+def chunk_finish(method: str, state: Any, v: Array, Ms: Array, ds: Array):
     """Phase 3: the chunk's exclusive prefixes (C, B, S) and total (B, S) for the root ``v``."""
     if method != "blelloch":
         return scan_lib.scan(v, Ms, ds, method)
@@ -139,12 +141,12 @@ def chunk_finish(method, state, v, Ms, ds):
     return scan_lib.down_sweep(levels), v
 
 
-def _shift(x, axis, P, d):
+def _shift(x: Array, axis: str, P: int, d: int):
     """Device i receives device i + d's x (zeros where i + d >= P)."""
     return lax.ppermute(x, axis, perm=[(i + d, i) for i in range(P - d)])
 
 
-def combine_logstep(Pi, delta, axis, P):
+def combine_logstep(Pi: Array, delta: Array, axis: str, P: int):
     """Exclusive suffix scan of the affine maps in ⌈log₂ P⌉ ppermute rounds; returns u (B, S)."""
     idx = lax.axis_index(axis)
     d = 1
@@ -159,7 +161,7 @@ def combine_logstep(Pi, delta, axis, P):
     return _shift(delta, axis, P, 1)
 
 
-def _fold_gathered(Pi, delta, u, axis, P, later):
+def _fold_gathered(Pi: Array, delta: Array, u: Array, axis: str, P: int, later: bool):
     """``u`` (B, S) through the other devices' affine maps A_q(u) = u @ Π_q + δ_q, from one
     ``all_gather`` of every (Π, δ): ``later`` (the backward's scan order) the later devices',
     u ← A_{p+1}(… A_{P-1}(u)); else (the forward's order) the earlier devices', u ←
@@ -173,12 +175,12 @@ def _fold_gathered(Pi, delta, u, axis, P, later):
     return lax.scan(fold, u, jnp.arange(P - 1, 0, -1) if later else jnp.arange(P - 1))[0]
 
 
-def combine_allgather(Pi, delta, axis, P):
+def combine_allgather(Pi: Array, delta: Array, axis: str, P: int):
     """Gather every chunk's (Π, δ); each device folds the later ones into its u (B, S)."""
     return _fold_gathered(Pi, delta, jnp.zeros_like(delta), axis, P, later=True)
 
 
-def combine_chain(Pi, delta, axis, P):
+def combine_chain(Pi: Array, delta: Array, axis: str, P: int):
     """P − 1 sequential hops: device q sends A_q(u_q) to q − 1."""
     idx = lax.axis_index(axis)
     u = jnp.zeros_like(delta)
@@ -191,7 +193,7 @@ def combine_chain(Pi, delta, axis, P):
 COMBINE_FNS = {"logstep": combine_logstep, "allgather": combine_allgather, "chain": combine_chain}
 
 
-def _forward_body(cell, T, P, seq_axis, params, xs, s0):
+def _forward_body(cell: Cell, T: int, P: int, seq_axis: str, params: Any, xs: Array, s0: Array):
     """xs (C, B, I), s0 (B, S) -> ss (C, B, S): the chunk, once its boundary state has arrived."""
     C = xs.shape[0]
     idx = lax.axis_index(seq_axis)
@@ -220,7 +222,7 @@ def _forward_body(cell, T, P, seq_axis, params, xs, s0):
     return ss
 
 
-def _boundary_states(ss, s0, idx, P, seq_axis):
+def _boundary_states(ss: Array, s0: Array, idx: Array, P: int, seq_axis: str):
     """The state before this device's first step (B, S): the previous device's last state, s0 on
     device 0 (one ``ppermute``)."""
     boundary = s0.astype(ss.dtype)
@@ -230,13 +232,13 @@ def _boundary_states(ss, s0, idx, P, seq_axis):
     return boundary
 
 
-def _states_before(ss, s0, idx, P, seq_axis):
+def _states_before(ss: Array, s0: Array, idx: Array, P: int, seq_axis: str):
     """The state before each of this device's steps (C, B, S): its boundary state
     (:func:`_boundary_states`), then its own states but the last."""
     return jnp.concatenate([_boundary_states(ss, s0, idx, P, seq_axis)[None], ss[:-1]], axis=0)
 
 
-def _sharded_solve(method, E, c, s_in, valid, seq_axis, P):
+def _sharded_solve(method: str, E: Array, c: Array, s_in: Array, valid: Array, seq_axis: str, P: int):
     """One device's share of the linear recurrence s_t = s_{t-1} E_t + c_t over the mesh, from s_in
     entering device 0 (block rows (n, k)): padded steps made identity maps with no input, the
     stretch's maps aggregated (:func:`chunk_aggregate`), the earlier devices' maps folded into the
@@ -251,7 +253,8 @@ def _sharded_solve(method, E, c, s_in, valid, seq_axis, P):
     return jnp.concatenate([prefixes[1:], total[None]], axis=0)
 
 
-def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs, s0, ss, ct):
+def _backward_body(cell: Cell, method: str, combine: str, T: int, P: int, seq_axis: str, batch_axis: str | None,
+                   params: Any, xs: Array, s0: Array, ss: Array, ct: Array):
     """One device's share of the BPPSA backward: (dparams (psum'd), dxs (C, B, I), ds0 (B, S), gs
     (C, B, S) the adjoint states). A cell with block-diagonal Jacobians (k = its
     ``jacobian_block_size``; 1: diagonal) scans (k, k) blocks on B·S/k rows, as on one device,
@@ -277,7 +280,8 @@ def _backward_body(cell, method, combine, T, P, seq_axis, batch_axis, params, xs
     return dparams, dxr[::-1], ds0, gs[::-1]
 
 
-def _tangent_body(cell, method, T, P, seq_axis, params, xs, s0, ss, rhs, d0):
+def _tangent_body(cell: Cell, method: str, T: int, P: int, seq_axis: str, params: Any, xs: Array, s0: Array,
+                  ss: Array, rhs: Array, d0: Array):
     """One device's share of the forward tangent recurrence ṡ_t = J_t ṡ_{t-1} + rhs_t from ṡ_0 =
     d0 (B, S), at the solved states ss (C, B, S): the Newton step's sharded linear solve
     (:func:`chunk_aggregate`, :func:`_fold_gathered`, :func:`chunk_finish`) on the Jacobians
@@ -293,7 +297,8 @@ def _tangent_body(cell, method, T, P, seq_axis, params, xs, s0, ss, rhs, d0):
 
 
 @functools.lru_cache(maxsize=None)
-def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, precision="highest", key=()):
+def sharded_functions(cell: Cell, method: str, combine: str, mesh: Mesh, seq_axis: str, batch_axis: str | None, T: int,
+                      precision: str = "highest", key: tuple = ()):
     """(forward, backward, run, solved) for one configuration (cached). ``forward`` and
     ``backward`` are the shard_map'ed bodies on padded arrays (T to a multiple of the ``seq_axis``
     size, B of the ``batch_axis`` size): forward (params, xs, s0) -> ss; backward (params, xs, s0,
@@ -361,7 +366,7 @@ def sharded_functions(cell, method, combine, mesh, seq_axis, batch_axis, T, prec
     return fwd_sm, bwd_sm, run, solved
 
 
-def _padded(a, sizes, mode="constant"):
+def _padded(a: Array, sizes: dict[int, int], mode: str = "constant"):
     """``a`` with each axis of ``sizes`` ({axis: length}) padded at its end to that length: zeros
     (inputs, cotangents, tangents), or ``mode="edge"`` repeating the last step and row (the states
     and inputs the Jacobians are taken at: finite, as a real step's). The one padding of the mesh:
@@ -370,7 +375,8 @@ def _padded(a, sizes, mode="constant"):
     return jnp.pad(a, widths, mode=mode) if any(w for _, w in widths) else a
 
 
-def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H):
+def _newton_body(cell: Cell, plan: Plan, T: int, P: int, seq_axis: str, batch_axis: str | None, params: Any, xs: Array,
+                 s0: Array, H: Array):
     """The parallel (Newton-family) forward of one device's stretch: each iteration evaluates its
     C steps, aggregates its linearised maps (:func:`chunk_aggregate`), combines the devices'
     maps (:func:`_fold_gathered`) and finishes its scan (:func:`chunk_finish`); the residual
@@ -397,8 +403,8 @@ def _newton_body(cell, plan: Plan, T, P, seq_axis, batch_axis, params, xs, s0, H
     return H, k, res, err, converged
 
 
-def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis="seq", batch_axis=None,
-                             guess=None):
+def sequence_parallel_states(cell: Cell, params: Any, xs: Array, s0: Array, mesh: Mesh, plan: Plan, *,
+                             seq_axis: str = "seq", batch_axis: str | None = None, guess: Array | None = None):
     """Flat-state core: xs (T, B, I), s0 (B, S) -> (ss (T, B, S), info), time sharded over
     ``seq_axis``; info is the parallel forward's :class:`bppsa.forward.newton.NewtonInfo` (None for the
     sequential one). Inputs are already validated and ``plan`` made for this mesh
@@ -457,8 +463,9 @@ def sequence_parallel_states(cell, params, xs, s0, mesh, plan: Plan, *, seq_axis
     return solved(params, xs, s0, H[:T, :B]), info
 
 
-def rnn(cell, params, xs, h0, options: Options | Plan | None = None, *, mesh=None, seq_axis="seq", batch_axis=None,
-        guess=None, return_info: bool = False, **fields: Any) -> Any:
+def rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | Plan | None = None, *,
+        mesh: Mesh | None = None, seq_axis: str = "seq", batch_axis: str | None = None, guess: Any = None,
+        return_info: bool = False, **fields: Any) -> Any:
     """:func:`bppsa.rnn` with the time axis split over ``mesh[seq_axis]`` (and the batch over
     ``mesh[batch_axis]``). ``mesh=None`` uses a 1-D mesh over all devices. The backward is chosen
     by ``options`` (a :class:`bppsa.Options`) and/or its fields as keywords, as for
@@ -523,7 +530,8 @@ def rnn(cell, params, xs, h0, options: Options | Plan | None = None, *, mesh=Non
     return (out, info) if return_info else out
 
 
-def pmap_rnn(cell, params, xs, h0, options: Options | Plan | None = None, *, devices=None, **fields: Any):
+def pmap_rnn(cell: Cell, params: Any, xs: ArrayLike, h0: Any, options: Options | Plan | None = None, *,
+             devices: Sequence[Any] | None = None, **fields: Any):
     """pmap-style entry point: the leading axis of ``xs`` is mapped over devices, as with ``jax.pmap``.
 
     The same code as :func:`rnn` (a 1-D ``shard_map`` mesh over those devices), with the same
