@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["H100", "parse_ptxas", "parse_resource_usage", "sass_instructions", "sass_loops", "sass_program",
-           "opcode_kind", "access_bytes", "loop_trips", "occupancy", "compile_kernel", "read_machine_code", "main"]
+           "opcode_kind", "access_bytes", "loop_trips", "occupancy", "compile_kernel", "read_machine_code", "tools",
+           "tool_version", "main"]
 
 #: The H100 (SXM, sm_90) limits the table uses.
 H100 = {
@@ -202,7 +203,8 @@ def occupancy(regs: int, warps: int, smem: int, static: int = 0, limits: dict[st
     return max(0, min(by_regs, by_smem, limits["max_blocks_per_sm"], limits["max_warps_per_sm"] // warps))
 
 
-def _tools() -> tuple[str, str]:
+def tools() -> tuple[str, str]:
+    """The ptxas and cuobjdump that triton ships (paths)."""
     import triton  # pyright: ignore[reportMissingImports]  (the triton environment's, not the project's)
     bindir = Path(str(triton.__file__)).parent / "backends" / "nvidia" / "bin"
     return str(bindir / "ptxas"), str(bindir / "cuobjdump")
@@ -223,7 +225,7 @@ def read_machine_code(k: Any, stem: Path, num_warps: int, ttir: str) -> dict[str
     """The row of a compiled kernel ``k`` (triton's ``CompiledKernel``): writes ``stem.ptx``,
     ``stem.cubin`` and ``stem.sass`` and reads them with ptxas and cuobjdump (the module
     docstring); ``ttir`` gives the loops' trip counts."""
-    ptxas, cuobjdump = _tools()
+    ptxas, cuobjdump = tools()
     ptx = k.asm["ptx"]
     Path(f"{stem}.ptx").write_text(ptx)
     Path(f"{stem}.cubin").write_bytes(k.asm["cubin"])
@@ -249,7 +251,8 @@ def read_machine_code(k: Any, stem: Path, num_warps: int, ttir: str) -> dict[str
     return row
 
 
-def _version(tool: str) -> str:
+def tool_version(tool: str) -> str:
+    """A CUDA tool's version ("12.8.93"), from its ``--version``."""
     out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release ([\d.]+), V([\d.]+)", out)
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "?"
@@ -304,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args[0])
     manifest = json.loads((folder / "manifest.json").read_text())
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-cache-"))
-    ptxas, cuobjdump = _tools()
-    result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": _version(ptxas),
-                                           "cuobjdump": _version(cuobjdump)}, "kernels": {}}
+    ptxas, cuobjdump = tools()
+    result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": tool_version(ptxas),
+                                           "cuobjdump": tool_version(cuobjdump)}, "kernels": {}}
     work = [(kid, str(folder / k["file"]), k["num_warps"], k["num_stages"], timeout)
             for kid, k in manifest["kernels"].items()]
     from concurrent.futures import ThreadPoolExecutor

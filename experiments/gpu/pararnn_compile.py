@@ -31,8 +31,11 @@ import types
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine_code_compile import _tools, _version, read_machine_code  # noqa: E402  (run by path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repository's experiments package
+from experiments.gpu.machine_code_compile import read_machine_code, tool_version, tools  # noqa: E402
+
+__all__ = ["BLOCK_T", "BLOCK_D", "CHUNK_PAD", "NUM_WARPS", "NUM_STAGES", "load_kernels", "launches",
+           "compile_launch", "main"]
 
 BLOCK_T, BLOCK_D, CHUNK_PAD = 128, 32, 64  # newton_gru's and scan_diag's tiles (read back from the modules)
 NUM_WARPS, NUM_STAGES = 4, 3  # triton's defaults for CUDA: pararnn's launches name none
@@ -155,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     mods = load_kernels(Path(a.src))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    ptxas, cuobjdump = _tools()
-    result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": _version(ptxas),
-                                           "cuobjdump": _version(cuobjdump)},
+    ptxas, cuobjdump = tools()
+    result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": tool_version(ptxas),
+                                           "cuobjdump": tool_version(cuobjdump)},
                               "T": a.T, "B": a.B, "kernels": {}, "launches": []}
     for H in a.H:
         for per, fn, args, consts, grid in launches(mods, a.T, a.B, H):

@@ -152,7 +152,7 @@ def iteration_errors(I: int, H: int, T: int, B: int, *, iterations: int = 6, see
     import jax.numpy as jnp
     from jax import lax
 
-    import bppsa
+    from bppsa import backprop
     from experiments import gradient
     from experiments.extensions import parallel_step
 
@@ -180,7 +180,7 @@ def iteration_errors(I: int, H: int, T: int, B: int, *, iterations: int = 6, see
             Hs = newton(params, xs, h0, Hs)
             errs.append(float(jnp.max(jnp.abs(Hs - seq))))
         out["errors"][name] = errs
-    states, info = bppsa.rnn(cell, params, xs, h0, forward="newton", return_info=True, kernels="xla")
+    states, info = backprop.rnn(cell, params, xs, h0, forward="newton", return_info=True, kernels="xla")
     out["bppsa"] = {"iterations": int(info.iterations), "converged": bool(info.converged),
                     "error": float(jnp.max(jnp.abs(cell.hidden(states) - seq)))}
     from bppsa.plan.options import DEFAULT_TOL
