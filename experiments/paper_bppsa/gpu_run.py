@@ -176,6 +176,8 @@ def fused_predictions(point: dict, ours: dict | None, peer: dict | None = None, 
       predicted), "what", "point"}} for the fused columns the point has.
     """
     ms = point.get("ms") or {}
+    if point.get("part") not in ("gpu", "parallel"):  # cpu16: XLA on the CPU, no GPU kernel to predict
+        return {}
     kind = point.get("kind") or str(point.get("cell", "")).split(" ")[0]
     name = machine_code_point(point.get("part", ""), str(point.get("sweep", "")), kind, point.get("T", 0),
                               point.get("B", 0), point.get("H", 0), setting=point.get("setting"),
@@ -222,7 +224,9 @@ def _with_predictions(point: dict) -> dict:
     if not (set(FUSED_PAIRS) | {PARARNN}) & set(ms):
         return point
     on_gpu = jax.default_backend() in ("gpu", "cuda")
-    point["predicted_fused"] = fused_predictions(point, _load(MACHINE_CODE), _load(PEER_MACHINE_CODE), on_gpu=on_gpu)
+    got = fused_predictions(point, _load(MACHINE_CODE), _load(PEER_MACHINE_CODE), on_gpu=on_gpu)
+    if got:
+        point["predicted_fused"] = got
     return point
 
 

@@ -332,3 +332,4 @@ def test_fused_columns_read_their_predicted_time_from_the_machine_code_records()
     # a point the check did not compile (the dry run's sizes): no prediction, no ratio
     d = gpu_run.fused_predictions({**p, "T": 12}, ours, on_gpu=False)["bppsa_fused"]
     assert d["predicted_ms"] is None and d["ratio"] is None
+    assert gpu_run.fused_predictions({**p, "part": "cpu16"}, ours, on_gpu=True) == {}  # XLA CPU: nothing to predict
