@@ -460,7 +460,7 @@ def _why(points: list[dict[str, Any]]) -> str:
             f"h_(t-1) re-read (4 B an element, an L2 hit on the GPU) its iteration would be "
             f"{q['us_per_iteration'] - 4 * n_el / MODEL['hbm_bandwidth'] * 1e6:.1f} µs.")
     out.append(
-        "Both are bound by memory traffic under this model (each large launch's bytes over HBM's bandwidth "
+        "\nBoth are bound by memory traffic under this model (each large launch's bytes over HBM's bandwidth "
         "exceed its issue time), so the iteration's time follows its bytes. Ours never stores the linearisation: "
         "`_reduce` reads the guess and the projected inputs (3 gates) and writes only each chunk's "
         "aggregate, `_apply` reads them again, re-evaluates the step and its derivative, and writes the new "
@@ -494,7 +494,7 @@ def _iterations_why(iterations: list[dict[str, Any]]) -> str:
                    f"{at(z)} from zeros); from zeros, pararnn's 3-iteration error takes {_equal_error(it)} "
                    f"iterations; bppsa's tolerance stops after {it['bppsa']['iterations']} (error "
                    f"{it['bppsa']['error']:.1e}).")
-    out.append("Why they differ: pararnn stops after a fixed K = 3 whatever the error (its App. A count; "
+    out.append("\nWhy they differ: pararnn stops after a fixed K = 3 whatever the error (its App. A count; "
                "`fused_early_exit` is off by default and the fused kernel checks no residual), bppsa iterates "
                "until every step's residual and the last step's size are within its tolerance, so the iteration "
                "that reaches float32's floor is followed by one that confirms it (the step size is what bounds "
@@ -509,7 +509,7 @@ def _iterations_why(iterations: list[dict[str, Any]]) -> str:
             floor = min(min(mine), min(own))
             return all(abs(a - b) <= 0.05 * max(a, b) for a, b in zip(mine, own) if max(a, b) > 10 * floor)
         ok = [it["H"] for it in same if agree(it)]
-        out.append(f"pararnn-torch's own iterations and our run of its algorithm (from its first iterate) on the same "
+        out.append(f"\npararnn-torch's own iterations and our run of its algorithm (from its first iterate) on the same "
                    f"point: {'within 5 % at every k above float32’s floor' if len(ok) == len(same) else 'they differ'}"
                    f" (H = {', '.join(str(it['H']) for it in same)}): the `f(0) (pararnn)` rows stand for pararnn's "
                    "iterations where pararnn itself did not run (the GPU script's problem).")

@@ -41,7 +41,10 @@ pullback alone), ``forward_ms`` (the forward alone) and ``launches`` (kernels pe
 :mod:`experiments.paper_bppsa.launches`), keyed by the columns above. At the ``parallel`` part's
 structured points also "newton/bppsa fused", and at BlockGRU heads of 1 pararnn-torch's fused
 Triton Newton step (:mod:`experiments.paper_bppsa.pararnn_gpu`, from the wheel carried in
-experiments/gpu/wheels) as ``ms["pararnn_torch_fused"]``.
+experiments/gpu/wheels) as ``ms["pararnn_torch_fused"]``. Every fused column is set against its
+predicted time (:func:`fused_predictions`: the committed machine-code records
+``experiments/results/gpu/machine_code.json`` and ``pararnn_machine_code.json``, read by point name and
+pair) in the point's ``predicted_fused`` and the log's last table, measured / predicted on a GPU only.
 
 ``--dry-run`` (or BPPSA_ALLOW_CPU=1) runs tiny sizes on the CPU in about two minutes.
 """
