@@ -459,9 +459,18 @@ def _why(points: list[dict[str, Any]]) -> str:
             f"{oc['global_bytes'] / n_el:.1f}, pararnn {qc['global_bytes'] / n_el:.1f}; without pararnn's "
             f"h_(t-1) re-read (4 B an element, an L2 hit on the GPU) its iteration would be "
             f"{q['us_per_iteration'] - 4 * n_el / MODEL['hbm_bandwidth'] * 1e6:.1f} µs.")
+    def traffic_bound(side):  # every launch of an iteration over 5 µs is bound by its bytes
+        big = [x["predicted"] for x in side["launches"] if x["per"] == "iteration" and x["predicted"]
+               and x["predicted"]["us"] > 5]
+        return all(pr["traffic_us"] >= pr["compute_us"] for pr in big)
+    both = [p["H"] for p in points if traffic_bound(p["ours"]) and traffic_bound(p["pararnn"])]
+    issue = [p["H"] for p in points if not traffic_bound(p["ours"])]
     out.append(
-        "\nBoth are bound by memory traffic under this model (each large launch's bytes over HBM's bandwidth "
-        "exceed its issue time), so the iteration's time follows its bytes. Ours never stores the linearisation: "
+        f"\nAt H = {', '.join(map(str, both)) or '–'} both are bound by memory traffic under this model (each "
+        "large launch's bytes over HBM's bandwidth exceed its issue time), so the iteration's time follows its "
+        "bytes" + (f"; at H = {', '.join(map(str, issue))} ours is bound by issue (its programs of one warp fill "
+                   "a fraction of a wave, each running its chunk's steps one after another)" if issue else "")
+        + ". Ours never stores the linearisation: "
         "`_reduce` reads the guess and the projected inputs (3 gates) and writes only each chunk's "
         "aggregate, `_apply` reads them again, re-evaluates the step and its derivative, and writes the new "
         "iterate. pararnn's `_gru_cell_local_scan_kernel` reads the guess twice (h and h_{t-1}, the same "
@@ -509,8 +518,9 @@ def _iterations_why(iterations: list[dict[str, Any]]) -> str:
             floor = min(min(mine), min(own))
             return all(abs(a - b) <= 0.05 * max(a, b) for a, b in zip(mine, own) if max(a, b) > 10 * floor)
         ok = [it["H"] for it in same if agree(it)]
-        out.append(f"\npararnn-torch's own iterations and our run of its algorithm (from its first iterate) on the same "
-                   f"point: {'within 5 % at every k above float32’s floor' if len(ok) == len(same) else 'they differ'}"
+        verdict = "within 5 % at every k above float32’s floor" if len(ok) == len(same) else "they differ"
+        out.append(f"\npararnn-torch's own iterations and our run of its algorithm (from its first iterate) on the "
+                   f"same point: {verdict}"
                    f" (H = {', '.join(str(it['H']) for it in same)}): the `f(0) (pararnn)` rows stand for pararnn's "
                    "iterations where pararnn itself did not run (the GPU script's problem).")
     return "\n".join(out)
