@@ -332,4 +332,10 @@ def test_fused_columns_read_their_predicted_time_from_the_machine_code_records()
     # a point the check did not compile (the dry run's sizes): no prediction, no ratio
     d = gpu_run.fused_predictions({**p, "T": 12}, ours, on_gpu=False)["bppsa_fused"]
     assert d["predicted_ms"] is None and d["ratio"] is None
+    # the dry run's IRMAS point: the full point's name, another T: not that point's prediction
+    irmas = {"part": "gpu", "sweep": "irmas", "setting": "s", "cell": "GRU", "T": 8, "B": 16, "H": 20,
+             "ms": {"bppsa_fused": 1.0}}
+    assert gpu_run.fused_predictions(irmas, ours, on_gpu=False)["bppsa_fused"]["predicted_ms"] is None
+    full_T = gpu_run.IRMAS_SHAPES["s"][1]
+    assert gpu_run.fused_predictions({**irmas, "T": full_T}, ours, on_gpu=False)["bppsa_fused"]["predicted_ms"] > 0
     assert gpu_run.fused_predictions({**p, "part": "cpu16"}, ours, on_gpu=True) == {}  # XLA CPU: nothing to predict
