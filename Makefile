@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
-.PHONY: lint docs test test-all reproduce notebook notebook-outputs venv clean machine-code
+.PHONY: lint docs test test-all reproduce notebook notebook-outputs venv clean machine-code machine-code-peer
 
 venv: $(STAMP)
 
@@ -37,6 +37,13 @@ $(TRITON_STAMP):
 # than a block may have, or on a kernel that does not compile (experiments/gpu/README.md).
 machine-code: $(STAMP) $(TRITON_STAMP)
 	$(BIN)/python -m experiments.gpu.machine_code --triton-python $(TRITON_VENV)/bin/python $(MACHINE_CODE_ARGS)
+
+# pararnn-torch's fused Newton step by the same model, beside ours (after machine-code: it reads
+# machine_code.json): writes experiments/results/gpu/pararnn_machine_code.{md,json}. PARARNN_PYTHON=PY
+# (a venv with CPU torch and the pararnn wheel) adds pararnn's own CPU iterations (experiments/gpu/README.md).
+machine-code-peer: $(STAMP) $(TRITON_STAMP)
+	$(BIN)/python -m experiments.gpu.peer_machine_code --triton-python $(TRITON_VENV)/bin/python \
+		$(if $(PARARNN_PYTHON),--pararnn-python $(PARARNN_PYTHON))
 
 # Lint and types over bppsa/, experiments/ and the command's entry (config in pyproject.toml): zero
 # findings, warnings included.

@@ -93,15 +93,16 @@ def points() -> list[Point]:
     from bppsa.kernels import newton, recurrence, scan
     from experiments.paper_bppsa import gpu_run
 
-    full, H = gpu_run.plan(False), gpu_run.H
-    out = [Point(f"gpu/T rnn T={T}", "rnn", 1, H, T, 16, SEQUENTIAL) for T in full["T_sweep"]]
-    out += [Point(f"gpu/B rnn B={B}", "rnn", 1, H, full["B_sweep_T"], B, SEQUENTIAL) for B in full["B_sweep"]]
+    full, H, name = gpu_run.plan(False), gpu_run.H, gpu_run.machine_code_point  # the script reads by these names
+    out = [Point(name("gpu", "T", "rnn", T, 16, H), "rnn", 1, H, T, 16, SEQUENTIAL) for T in full["T_sweep"]]
+    out += [Point(name("gpu", "B", "rnn", full["B_sweep_T"], B, H), "rnn", 1, H, full["B_sweep_T"], B, SEQUENTIAL)
+            for B in full["B_sweep"]]
     for setting, B in full["irmas"]:
         I, T = gpu_run.IRMAS_SHAPES[setting]
-        out.append(Point(f"gpu/irmas gru {setting} B={B}", "gru", I, H, T, B, SEQUENTIAL))
-    for _sweep, kind, head, I, Hs, T, B in full["parallel"]:
+        out.append(Point(name("gpu", "irmas", "gru", T, B, H, setting=setting), "gru", I, H, T, B, SEQUENTIAL))
+    for sweep, kind, head, I, Hs, T, B in full["parallel"]:
         if kind in ("blockgru", "blockrnn"):  # the fused pair runs at the structured points only
-            out.append(Point(f"parallel {kind} head={head} H={Hs}", kind, I, Hs, T, B, NEWTON, head))
+            out.append(Point(name("parallel", sweep, kind, T, B, Hs, head=head), kind, I, Hs, T, B, NEWTON, head))
     from bppsa import cells
     K = scan.MAX_BLOCK
     for kind in ("rnn", "gru", "lstm"):  # each kind's own limit (recurrence.HIDDEN_LIMITS: the GRU's is lower)
@@ -357,7 +358,8 @@ def render(manifest: dict[str, Any], compiled: dict[str, Any], provenance: dict[
         step = steps.setdefault(f"{x['point']} | {x['pair']}", {"point": x["point"], "pair": x["pair"], "us": 0.0})
         known = step["us"] is not None and x["predicted"] is not None
         step["us"] = round(step["us"] + x["predicted"]["us"], 2) if known else None
-    record = {"provenance": provenance, "limits": limits, "model": MODEL, "kernels": kernels, "launches": launches,
+    record = {"provenance": provenance, "limits": limits, "model": MODEL, "points": manifest.get("points", []),
+              "kernels": kernels, "launches": launches,
               "steps": list(steps.values()), "failures": failures, "errors": manifest["errors"]}
     return record, _markdown(record)
 

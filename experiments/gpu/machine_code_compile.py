@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["H100", "parse_ptxas", "parse_resource_usage", "sass_instructions", "sass_loops", "opcode_kind",
-           "access_bytes", "loop_trips", "occupancy", "compile_kernel", "main"]
+__all__ = ["H100", "parse_ptxas", "parse_resource_usage", "sass_instructions", "sass_loops", "sass_program",
+           "opcode_kind", "access_bytes", "loop_trips", "occupancy", "compile_kernel", "read_machine_code", "tools",
+           "tool_version", "main"]
 
 #: The H100 (SXM, sm_90) limits the table uses.
 H100 = {
@@ -123,21 +124,30 @@ def sass_loops(sass: str) -> list[dict[str, Any]]:
         if not m or int(m.group(1), 16) >= addr:
             continue
         lo = int(m.group(1), 16)
-        body = [o for a, o, _ in ins if lo <= a <= addr]
-        kinds: dict[str, int] = {}
-        ops: dict[str, int] = {}
-        for o in body:
-            kinds[opcode_kind(o)] = kinds.get(opcode_kind(o), 0) + 1
-            ops[o.split(".")[0]] = ops.get(o.split(".")[0], 0) + 1
-        moved = {"ldg": 0, "stg": 0}
-        for o in body:
-            kind = opcode_kind(o)
-            if o.startswith(("LDG", "STG")):
-                moved[kind] += access_bytes(o) * 32
-        loops.append({"start": lo, "end": addr, "instructions": len(body), "kinds": kinds,
-                      "ldg_bytes": moved["ldg"], "stg_bytes": moved["stg"],
-                      "opcodes": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
+        loops.append({"start": lo, "end": addr, **_summary([o for a, o, _ in ins if lo <= a <= addr])})
     return sorted(loops, key=lambda d: -d["instructions"])
+
+
+def _summary(body: list[str]) -> dict[str, Any]:
+    """Instructions, counts by kind, global bytes a warp loads/stores, opcodes of a list of opcodes."""
+    kinds: dict[str, int] = {}
+    ops: dict[str, int] = {}
+    moved = {"ldg": 0, "stg": 0}
+    for o in body:
+        kinds[opcode_kind(o)] = kinds.get(opcode_kind(o), 0) + 1
+        ops[o.split(".")[0]] = ops.get(o.split(".")[0], 0) + 1
+        if o.startswith(("LDG", "STG")):
+            moved[opcode_kind(o)] += access_bytes(o) * 32
+    return {"instructions": len(body), "kinds": kinds, "ldg_bytes": moved["ldg"], "stg_bytes": moved["stg"],
+            "opcodes": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+
+
+def sass_program(sass: str) -> dict[str, Any]:
+    """The whole kernel's SASS summarised as :func:`sass_loops` summarises a loop: every instruction
+    once, up to the last EXIT (the branch-to-self and NOP padding after it left out)."""
+    ops = [o for _, o, _ in sass_instructions(sass)]
+    last = max((i for i, o in enumerate(ops) if o.startswith("EXIT")), default=len(ops) - 1)
+    return {"start": 0, "end": None, **_summary(ops[:last + 1])}
 
 
 def access_bytes(op: str) -> int:
@@ -193,7 +203,8 @@ def occupancy(regs: int, warps: int, smem: int, static: int = 0, limits: dict[st
     return max(0, min(by_regs, by_smem, limits["max_blocks_per_sm"], limits["max_warps_per_sm"] // warps))
 
 
-def _tools() -> tuple[str, str]:
+def tools() -> tuple[str, str]:
+    """The ptxas and cuobjdump that triton ships (paths)."""
     import triton  # pyright: ignore[reportMissingImports]  (the triton environment's, not the project's)
     bindir = Path(str(triton.__file__)).parent / "backends" / "nvidia" / "bin"
     return str(bindir / "ptxas"), str(bindir / "cuobjdump")
@@ -205,10 +216,16 @@ def compile_kernel(path: Path, num_warps: int, num_stages: int) -> dict[str, Any
     import triton  # pyright: ignore[reportMissingImports]
     from triton.backends.compiler import GPUTarget  # pyright: ignore[reportMissingImports]
 
-    ptxas, cuobjdump = _tools()
     k = triton.compile(str(path), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
-    stem = path.with_suffix("")
+    return read_machine_code(k, path.with_suffix(""), num_warps, path.read_text())
+
+
+def read_machine_code(k: Any, stem: Path, num_warps: int, ttir: str) -> dict[str, Any]:
+    """The row of a compiled kernel ``k`` (triton's ``CompiledKernel``): writes ``stem.ptx``,
+    ``stem.cubin`` and ``stem.sass`` and reads them with ptxas and cuobjdump (the module
+    docstring); ``ttir`` gives the loops' trip counts."""
+    ptxas, cuobjdump = tools()
     ptx = k.asm["ptx"]
     Path(f"{stem}.ptx").write_text(ptx)
     Path(f"{stem}.cubin").write_bytes(k.asm["cubin"])
@@ -228,12 +245,14 @@ def compile_kernel(path: Path, num_warps: int, num_stages: int) -> dict[str, Any
     row["blocks_per_sm"] = occupancy(regs, num_warps, row["smem"], row["smem_static"])
     row["sass_instructions"] = len(sass_instructions(sass))
     row["loops"] = sass_loops(sass)[:4]
-    row["trips"] = loop_trips(path.read_text())
+    row["program"] = sass_program(sass)
+    row["trips"] = loop_trips(ttir)
     row["ieee_dot"] = "mma" not in ptx  # Precision.HIGHEST: fma.rn.f32 only, no TF32 tensor-core op
     return row
 
 
-def _version(tool: str) -> str:
+def tool_version(tool: str) -> str:
+    """A CUDA tool's version ("12.8.93"), from its ``--version``."""
     out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"release ([\d.]+), V([\d.]+)", out)
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else "?"
@@ -288,9 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args[0])
     manifest = json.loads((folder / "manifest.json").read_text())
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-cache-"))
-    ptxas, cuobjdump = _tools()
-    result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": _version(ptxas),
-                                           "cuobjdump": _version(cuobjdump)}, "kernels": {}}
+    ptxas, cuobjdump = tools()
+    result: dict[str, Any] = {"versions": {"triton": triton.__version__, "ptxas": tool_version(ptxas),
+                                           "cuobjdump": tool_version(cuobjdump)}, "kernels": {}}
     work = [(kid, str(folder / k["file"]), k["num_warps"], k["num_stages"], timeout)
             for kid, k in manifest["kernels"].items()]
     from concurrent.futures import ThreadPoolExecutor

@@ -41,7 +41,10 @@ pullback alone), ``forward_ms`` (the forward alone) and ``launches`` (kernels pe
 :mod:`experiments.paper_bppsa.launches`), keyed by the columns above. At the ``parallel`` part's
 structured points also "newton/bppsa fused", and at BlockGRU heads of 1 pararnn-torch's fused
 Triton Newton step (:mod:`experiments.paper_bppsa.pararnn_gpu`, from the wheel carried in
-experiments/gpu/wheels) as ``ms["pararnn_torch_fused"]``.
+experiments/gpu/wheels) as ``ms["pararnn_torch_fused"]``. Every fused column is set against its
+predicted time (:func:`fused_predictions`: the committed machine-code records
+``experiments/results/gpu/machine_code.json`` and ``pararnn_machine_code.json``, read by point name and
+pair) in the point's ``predicted_fused`` and the log's last table, measured / predicted on a GPU only.
 
 ``--dry-run`` (or BPPSA_ALLOW_CPU=1) runs tiny sizes on the CPU in about two minutes.
 """
@@ -70,8 +73,9 @@ from experiments.extensions import parallel_step, roofline, scaling
 from experiments.paper_bppsa import launches
 from experiments.provenance import provenance, save_json
 
-__all__ = ["BLOCKED", "PARALLEL_POINTS", "PARALLEL_PAIRS", "plan", "Summary", "Budget", "sweep", "measure_point",
-           "run_gpu", "run_parallel", "run_cpu16", "main"]
+__all__ = ["BLOCKED", "PARALLEL_POINTS", "PARALLEL_PAIRS", "MACHINE_CODE", "PEER_MACHINE_CODE", "FUSED_PAIRS",
+           "machine_code_point", "fused_predictions", "fused_table", "plan", "Summary", "Budget", "sweep",
+           "measure_point", "run_gpu", "run_parallel", "run_cpu16", "main"]
 
 BLOCKED = ("ml_collections", "librosa", "soundfile", "ray")  # absent on the device machine
 H = 20  # hidden size of every paper model
@@ -118,6 +122,132 @@ PARALLEL_FUSED = "newton/bppsa fused"
 #: At the structured points of head size 1: pararnn-torch's fused Triton Newton step (its diagonal GRU).
 PARARNN = "pararnn_torch_fused"
 PARARNN_TIMEOUT = 90  # seconds: torch's import, Triton's first compile of pararnn's kernels, the timing
+
+#: The machine-code check's records (``experiments.gpu.machine_code``, ``experiments.gpu.peer_machine_code``):
+#: each fused kernel's predicted time, read by :func:`fused_predictions` (file reads, nothing compiled).
+MACHINE_CODE = Path(__file__).resolve().parents[1] / "results" / "gpu" / "machine_code.json"
+PEER_MACHINE_CODE = MACHINE_CODE.with_name("pararnn_machine_code.json")
+#: The fused columns and the (forward/backward) pair the machine-code check compiles for each.
+FUSED_PAIRS = {"bppsa_fused": "sequential/bppsa", "bptt_fused": "sequential/bptt", PARALLEL_FUSED: "newton/bppsa"}
+#: Our kernels that run once a Newton iteration (the others once a training step).
+NEWTON_KERNELS = ("newton._reduce", "newton._carry", "newton._apply")
+
+
+def machine_code_point(part: str, sweep: str, kind: str, T: int, B: int, H: int, *, setting: str | None = None,
+                       head: int = 1) -> str:
+    """The name of a point of this script in the machine-code check (``experiments.gpu.machine_code.points``
+    names its points with this).
+
+    Args:
+      part, sweep: the point's part ("gpu", "parallel") and sweep ("T", "B", "irmas", "structured").
+      kind: the cell's kind ("rnn", "gru", "blockgru", ...; a class name is lower-cased).
+      T, B, H: sequence length, batch, hidden size.
+      setting: the IRMAS setting ("s", "m", "l").
+      head: a structured cell's head size.
+    """
+    kind = kind.lower()
+    if part == "gpu" and sweep == "T":
+        return f"gpu/T {kind} T={T}"
+    if part == "gpu" and sweep == "B":
+        return f"gpu/B {kind} B={B}"
+    if part == "gpu" and sweep == "irmas":
+        return f"gpu/irmas {kind} {setting} B={B}"
+    return f"parallel {kind} head={head} H={H}"
+
+
+def _full_plan_sizes() -> dict[str, dict[str, int]]:
+    """{machine_code_point name: {"T", "B", "H"}} of the full run's points with fused columns."""
+    full, out = plan(False), {}
+    for T in full["T_sweep"]:
+        out[machine_code_point("gpu", "T", "rnn", T, 16, H)] = {"T": T, "B": 16, "H": H}
+    for B in full["B_sweep"]:
+        out[machine_code_point("gpu", "B", "rnn", full["B_sweep_T"], B, H)] = {"T": full["B_sweep_T"], "B": B, "H": H}
+    for setting, B in full["irmas"]:
+        T = IRMAS_SHAPES[setting][1]
+        out[machine_code_point("gpu", "irmas", "gru", T, B, H, setting=setting)] = {"T": T, "B": B, "H": H}
+    for sweep_, kind, head, _I, Hs, T, B in full["parallel"]:
+        out[machine_code_point("parallel", sweep_, kind, T, B, Hs, head=head)] = {"T": T, "B": B, "H": Hs}
+    return out
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def fused_predictions(point: dict, ours: dict | None, peer: dict | None = None, *, on_gpu: bool) -> dict:
+    """Measured and predicted ms of each fused column of a point: ours from the machine-code
+    record's launches of the point's name (:func:`machine_code_point`) and the column's pair
+    (:data:`FUSED_PAIRS`), the Newton kernels (:data:`NEWTON_KERNELS`) times the iterations the
+    point's fused pair ran; pararnn-torch's (:data:`PARARNN`) from ``pararnn_machine_code.json``:
+    its forward (init + 3 iterations) against its measured ``forward_ms``.
+
+    Args:
+      point: a record of this script (``part``, ``sweep``, ``cell``/``kind``, ``T``, ``B``, ``H``, ``ms``).
+      ours, peer: the records of :data:`MACHINE_CODE` and :data:`PEER_MACHINE_CODE` (None: absent).
+      on_gpu: whether ``ms`` was measured on a GPU; else ``ratio`` is None (CPU times, interpreted kernels).
+
+    Returns:
+      {column: {"measured_ms", "predicted_ms" (None: not in the record), "ratio" (measured /
+      predicted), "what", "point"}} for the fused columns the point has.
+    """
+    ms = point.get("ms") or {}
+    if point.get("part") not in ("gpu", "parallel"):  # cpu16: XLA on the CPU, no GPU kernel to predict
+        return {}
+    kind = point.get("kind") or str(point.get("cell", "")).split(" ")[0]
+    name = machine_code_point(point.get("part", ""), str(point.get("sweep", "")), kind, point.get("T", 0),
+                              point.get("B", 0), point.get("H", 0), setting=point.get("setting"),
+                              head=point.get("head_size", 1))
+    # the sizes the check compiled under this name: its record's, else the full plan's (a dry run's IRMAS
+    # point has the full point's name at another T)
+    sizes = {q["name"]: q for q in (ours or {}).get("points", [])} or _full_plan_sizes()
+    same = name in sizes and all(sizes[name].get(k) == point.get(k) for k in ("T", "B", "H"))
+    out = {}
+    for col, pair in FUSED_PAIRS.items():
+        if col not in ms:
+            continue
+        xs = [x for x in (ours or {}).get("launches", []) if x["point"] == name and x["pair"] == pair] if same else []
+        pred, what = None, "the fused kernels of the training step"
+        if xs and all(x.get("predicted") for x in xs):
+            its = ((point.get("newton") or {}).get(col) or {}).get("iterations")
+            newton = sum(x["predicted"]["us"] for x in xs if x["label"] in NEWTON_KERNELS)
+            rest = sum(x["predicted"]["us"] for x in xs if x["label"] not in NEWTON_KERNELS)
+            if newton and its is None:
+                xs = []
+            else:
+                pred = (rest + newton * (its or 0)) / 1e3
+                if newton:
+                    what += f", the Newton kernels x {its} iterations"
+        out[col] = {"measured_ms": ms[col], "predicted_ms": pred, "what": what, "point": name}
+    if PARARNN in ms and peer:
+        rec = point.get("pararnn") or {}
+        q = next((x for x in peer.get("points", []) if x["name"] == name and x["T"] == point.get("T")
+                  and x["B"] == point.get("B") and x["H"] == point.get("H")), None)
+        pred = q["forward"]["pararnn_us"] / 1e3 if q and q["forward"].get("pararnn_us") else None
+        iters = rec.get("iters")
+        if pred is not None and iters not in (None, 3):  # the record prices 3 iterations; scale to those run
+            it_ms = q["pararnn"]["us_per_iteration"] / 1e3
+            pred += (iters - 3) * it_ms
+        out[PARARNN] = {"measured_ms": rec.get("forward_ms"), "predicted_ms": pred, "point": name,
+                        "what": "pararnn-torch's forward alone (init + its Newton iterations)"}
+    for v in out.values():
+        m, p = v["measured_ms"], v["predicted_ms"]
+        v["ratio"] = m / p if on_gpu and m and p else None
+    return out
+
+
+def _with_predictions(point: dict) -> dict:
+    """``point`` with ``predicted_fused`` (:func:`fused_predictions`) where it has fused columns."""
+    ms = point.get("ms") or {}
+    if not (set(FUSED_PAIRS) | {PARARNN}) & set(ms):
+        return point
+    on_gpu = jax.default_backend() in ("gpu", "cuda")
+    got = fused_predictions(point, _load(MACHINE_CODE), _load(PEER_MACHINE_CODE), on_gpu=on_gpu)
+    if got:
+        point["predicted_fused"] = got
+    return point
 
 
 class Summary:
@@ -347,7 +477,7 @@ def sweep(summary: "Summary", budget: "Budget", points, measure) -> None:
             kw = {**kw, "detail": False}
         t0 = time.monotonic()
         try:
-            point = measure(**kw)
+            point = _with_predictions(measure(**kw))
             if dropped:
                 point["detail_skipped"] = "time budget"
         except Exception as e:  # noqa: BLE001 -- one failed point must not lose the run
@@ -366,6 +496,9 @@ def sweep(summary: "Summary", budget: "Budget", points, measure) -> None:
                                           for k, v in point["launches"].items()), flush=True)
         if point.get("errors"):
             print(f"    column errors: {sorted(point['errors'])}", flush=True)
+        if point.get("predicted_fused"):
+            print("    fused kernels, measured / predicted ms: " + "; ".join(
+                f"{k} {_fmt(v)}" for k, v in point["predicted_fused"].items()), flush=True)
 
 
 GPU_SWEEPS = ("gpu/T", "gpu/B", "gpu/irmas", "gpu/precision")
@@ -596,6 +729,29 @@ def _table(summary: dict) -> str:
     return "\n".join(rows)
 
 
+def _fmt(v: dict) -> str:
+    m, p = v["measured_ms"], v["predicted_ms"]
+    ratio = "n/a (CPU)" if v["ratio"] is None and m is not None and p is not None else (
+        "-" if v["ratio"] is None else f"{v['ratio']:.2f}")
+    return (f"{'-' if m is None else f'{m:.3g}'} / {'-' if p is None else f'{p:.3g}'} "
+            f"(ratio {ratio})")
+
+
+def fused_table(summary: dict) -> str:
+    """Per point with fused columns: measured ms, predicted ms (the machine-code check's) and their
+    ratio (on a GPU only)."""
+    rows = [f"{'point (machine-code name)':<34} {'column':<22} {'measured ms':>12} {'predicted ms':>13} "
+            f"{'measured/predicted':>19}"]
+    for p in summary["points"]:
+        for col, v in (p.get("predicted_fused") or {}).items():
+            m, pr = v["measured_ms"], v["predicted_ms"]
+            ratio = (f"{v['ratio']:.2f}" if v["ratio"] is not None else
+                     "n/a (CPU)" if m is not None and pr is not None else "-")
+            rows.append(f"{v['point']:<34} {col:<22} {'-' if m is None else f'{m:.4g}':>12} "
+                        f"{'-' if pr is None else f'{pr:.4g}':>13} {ratio:>19}")
+    return "\n".join(rows) if len(rows) > 1 else ""
+
+
 def _detail_table(summary: dict) -> str:
     """Where the time goes, per point that measured it: backward-alone ratios and launches per step."""
     rows = ["sweep  cell    T      B    backward plain/bppsa  tuned/bppsa   forward bppsa/lax.scan   "
@@ -672,6 +828,10 @@ def main(argv=None) -> int:
     detail = _detail_table(final)
     if detail:
         print("\nwhere the time goes (backward alone, forward alone, kernels launched per training step):\n" + detail)
+    fused = fused_table(final)
+    if fused:
+        print("\nthe fused kernels, measured against the machine-code check's prediction (experiments/results/gpu/"
+              "machine_code.json, pararnn_machine_code.json; '-': the point is not in them):\n" + fused)
     if present:
         print(f"warning: imported {present}", file=sys.stderr)
     return 0

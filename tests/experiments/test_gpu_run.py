@@ -295,3 +295,47 @@ def test_the_pararnn_wheel_is_small_and_installs_offline_where_it_is_carried(tmp
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     rec = json.loads(r.stdout.strip().splitlines()[-1])
     assert r.returncode == 0 and ("skipped" in rec or rec["scan_backend"] == "fused"), rec
+
+
+def test_fused_columns_read_their_predicted_time_from_the_machine_code_records():
+    """measured / predicted: a fused column's prediction is the machine-code record's launches of the
+    point (by name and pair; the Newton kernels times the iterations run); the ratio only on a GPU."""
+    ours = json.loads(gpu_run.MACHINE_CODE.read_text())
+    step = {(s["point"], s["pair"]): s["us"] for s in ours["steps"]}
+    p = {"part": "gpu", "sweep": "T", "cell": "RNN", "T": 30000, "B": 16, "H": 20,
+         "ms": {"bppsa_fused": 5.0, "bptt_fused": 4.0, "bptt": 9.0}}
+    got = gpu_run.fused_predictions(p, ours, on_gpu=False)
+    assert set(got) == {"bppsa_fused", "bptt_fused"}
+    assert got["bppsa_fused"]["point"] == "gpu/T rnn T=30000"
+    assert got["bppsa_fused"]["predicted_ms"] == pytest.approx(step[("gpu/T rnn T=30000", "sequential/bppsa")] / 1e3)
+    assert got["bptt_fused"]["predicted_ms"] == pytest.approx(step[("gpu/T rnn T=30000", "sequential/bptt")] / 1e3)
+    assert got["bppsa_fused"]["ratio"] is None and "n/a (CPU)" in gpu_run.fused_table({"points": [
+        {**p, "predicted_fused": got}]})
+    on_gpu = gpu_run.fused_predictions(p, ours, on_gpu=True)["bppsa_fused"]
+    assert on_gpu["ratio"] == pytest.approx(5.0 / on_gpu["predicted_ms"])
+    # the Newton kernels run once an iteration: 5 iterations
+    q = {"part": "parallel", "sweep": "structured", "kind": "blockgru", "cell": "BlockGRU k=1", "head_size": 1,
+         "T": 4096, "B": 16, "H": 256, "ms": {gpu_run.PARALLEL_FUSED: 3.0},
+         "newton": {gpu_run.PARALLEL_FUSED: {"iterations": 5}}}
+    xs = [x for x in ours["launches"] if x["point"] == "parallel blockgru head=1 H=256" and x["pair"] == "newton/bppsa"]
+    newton = sum(x["predicted"]["us"] for x in xs if x["label"] in gpu_run.NEWTON_KERNELS)
+    rest = sum(x["predicted"]["us"] for x in xs) - newton
+    assert newton > 0 and gpu_run.fused_predictions(q, ours, on_gpu=False)[gpu_run.PARALLEL_FUSED][
+        "predicted_ms"] == pytest.approx((rest + 5 * newton) / 1e3)
+    # pararnn-torch's forward, from its own record
+    peer = json.loads(gpu_run.PEER_MACHINE_CODE.read_text())
+    (pp,) = [x for x in peer["points"] if x["name"] == "parallel blockgru head=1 H=256"]
+    r = gpu_run.fused_predictions({**q, "ms": {gpu_run.PARARNN: 7.0}, "pararnn": {"forward_ms": 2.0, "iters": 3}},
+                                  ours, peer, on_gpu=True)[gpu_run.PARARNN]
+    assert r["predicted_ms"] == pytest.approx(pp["forward"]["pararnn_us"] / 1e3)
+    assert r["ratio"] == pytest.approx(2.0 / r["predicted_ms"])
+    # a point the check did not compile (the dry run's sizes): no prediction, no ratio
+    d = gpu_run.fused_predictions({**p, "T": 12}, ours, on_gpu=False)["bppsa_fused"]
+    assert d["predicted_ms"] is None and d["ratio"] is None
+    # the dry run's IRMAS point: the full point's name, another T: not that point's prediction
+    irmas = {"part": "gpu", "sweep": "irmas", "setting": "s", "cell": "GRU", "T": 8, "B": 16, "H": 20,
+             "ms": {"bppsa_fused": 1.0}}
+    assert gpu_run.fused_predictions(irmas, ours, on_gpu=False)["bppsa_fused"]["predicted_ms"] is None
+    full_T = gpu_run.IRMAS_SHAPES["s"][1]
+    assert gpu_run.fused_predictions({**irmas, "T": full_T}, ours, on_gpu=False)["bppsa_fused"]["predicted_ms"] > 0
+    assert gpu_run.fused_predictions({**p, "part": "cpu16"}, ours, on_gpu=True) == {}  # XLA CPU: nothing to predict

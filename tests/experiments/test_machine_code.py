@@ -185,3 +185,38 @@ def test_the_predicted_time_is_the_stated_model():
     many = mc.predict(row, 528, dict(cc.H100))
     assert many is not None and many["cycles_per_iteration"] == max(cycles, 4 * 300)
     assert mc.predict({"error": "x"}, 1, dict(cc.H100)) is None
+
+
+def test_a_loop_free_kernel_is_its_whole_program_up_to_exit():
+    prog = cc.sass_program(SASS)  # the branch-to-self after EXIT is padding
+    assert prog["instructions"] == 7 and prog["kinds"] == {"int/other": 2, "fp32": 1, "ldg": 1, "bar": 1, "ctrl": 2}
+    assert prog["ldg_bytes"] == 4 * 32 and prog["stg_bytes"] == 0
+
+
+def test_the_peer_record_prices_pararnns_launches_by_the_same_model():
+    """experiments/results/gpu/pararnn_machine_code.json: each pararnn launch's time is
+    machine_code.predict of its kernel (the whole program as one iteration), ours the committed
+    machine_code.json's Newton launches; a forward is init + 3 iterations."""
+    import json
+
+    from experiments.gpu import peer_machine_code as peer
+
+    record = json.loads((mc.RESULTS / "pararnn_machine_code.json").read_text())
+    assert record["peer"] == peer.PEER and record["provenance"]["triton"] == "3.6.0"
+    for p in record["points"]:
+        for x in p["pararnn"]["launches"]:
+            if x["kernel"] is None:  # the torch copy_: a launch plus its bytes
+                continue
+            row = dict(record["pararnn_kernels"][x["kernel"]])
+            row["loops"], row["trips"] = [row["program"]], [1]
+            assert x["predicted"] == mc.predict(row, x["programs"], record["limits"], record["model"])
+        its = [x for x in p["pararnn"]["launches"] if x["per"] == "iteration"]
+        assert p["pararnn"]["us_per_iteration"] == pytest.approx(sum(x["predicted"]["us"] for x in its), abs=0.02)
+        assert {x["label"] for x in p["ours"]["launches"] if x["per"] == "iteration"} == set(peer.ITERATION_KERNELS)
+        f = p["forward"]
+        assert f["pararnn_us"] == pytest.approx(p["pararnn"]["us_per_forward_once"] + 3 * p["pararnn"]["us_per_iteration"],
+                                                abs=0.02)
+    for it in record["iterations"]:  # Newton's errors fall to float32's floor; bppsa's tolerance is met
+        for errs in it["errors"].values():
+            assert errs[-1] < 1e-5 < errs[0]
+        assert it["bppsa"]["converged"] and it["bppsa"]["error"] < 1e-5
