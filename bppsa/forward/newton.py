@@ -54,7 +54,10 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   RuntimeError whose message names it). Unconverged states are never returned. A non-finite
   iterate's message names the first step whose state became NaN/inf and the inputs (xs, s0,
   params) that hold NaN/inf, if any (computed only when the iteration failed).
-  :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``).
+  :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``). A program
+  exported by ``jax.export`` (which cannot carry a host callback: e.g. a training step exported
+  for CUDA on a CPU host) leaves the report out: ``on_fail="sequential"`` falls back unannounced,
+  ``on_fail="raise"`` returns NaN states.
 
 Every setting comes from one :class:`bppsa.plan.options.Plan` (``forward`` is the kind, ``scan``,
 ``solve_chunk``, ``tol``, ``atol``, ``rtol``, ``max_iter``, ``damping``, ``on_fail``, ``unroll`` the
@@ -73,6 +76,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 from jax.core import Tracer
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from bppsa.cells import Cell
 from bppsa.forward.info import NewtonDidNotConverge, NewtonFallbackWarning, NewtonInfo
@@ -165,6 +170,53 @@ def _quiet_callback_log() -> None:
     logger = logging.getLogger("jax._src.debugging")
     if _quiet not in logger.filters:
         logger.addFilter(_quiet)
+
+
+def _report_impl(H, *report, settings):
+    _report(*(np.asarray(a) for a in report), **dict(settings))
+    return H, report[0]
+
+
+def _report_lowering(ctx, H, *report, settings):
+    """The report as a host callback; exported (``jax.export``: the program may run where no Python
+    host is, and a host callback cannot be serialised) none: there an iteration that did not
+    converge with ``on_fail="raise"`` makes the states NaN (never an unconverged result),
+    ``on_fail="sequential"`` falls back unannounced."""
+    def exported(H, converged, *_):
+        if dict(settings)["on_fail"] == "raise":
+            ok = jnp.reshape(converged, converged.shape + (1,) * (H.ndim - converged.ndim))
+            H = jnp.where(ok, H, jnp.asarray(jnp.nan, H.dtype))
+        return [H, converged]
+
+    def reported(H, *report):
+        jax.debug.callback(functools.partial(_report, **dict(settings)), *report)
+        return [H, report[0]]
+
+    run = exported if ctx.module_context.lowering_parameters.for_export else reported
+    return mlir.lower_fun(run, multiple_results=True)(ctx, H, *report)
+
+
+def _report_batch(args, dims, *, settings):
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    front = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+             for a, d in zip(args, dims, strict=True)]
+    return _report_p.bind(*front, settings=settings), (0, 0)
+
+
+def _report_jvp(primals, tangents, *, settings):
+    H, converged = _report_p.bind(*primals, settings=settings)
+    return (H, converged), (ad.instantiate_zeros(tangents[0]), ad.Zero(converged.aval.to_tangent_aval()))
+
+
+# finish's report: (H, converged) passed through, the report (_report) a host callback on the way;
+# as a primitive of its own so that an exported program leaves it out (_report_lowering)
+_report_p = Primitive("bppsa_newton_report")
+_report_p.multiple_results = True
+_report_p.def_impl(_report_impl)
+_report_p.def_abstract_eval(lambda H, converged, *_, settings: (H, converged))
+batching.primitive_batchers[_report_p] = _report_batch
+ad.primitive_jvps[_report_p] = _report_jvp
+mlir.register_lowering(_report_p, _report_lowering)
 
 
 def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[Array, Array, Array, Array]:
@@ -432,7 +484,7 @@ def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, conve
     if any(isinstance(a, Tracer) for a in report):
         if plan.on_fail == "raise":
             _quiet_callback_log()
-        jax.debug.callback(functools.partial(_report, **settings), *report)
+        H, converged = _report_p.bind(H, *report, settings=tuple(settings.items()))
     else:
         # called eagerly: reported here, so NewtonDidNotConverge reaches the caller as it is (a host
         # callback would log it with a traceback first)

@@ -5,7 +5,7 @@ non-power-of-two T, B = 1 and over two tiles, H not a power of two, chunks that 
 and lowers for CUDA; through bppsa.rnn the states and iteration counts are the XLA forward's and
 the gradients (the BPPSA backward, its scan fused too) autodiff's through a plain lax.scan in
 float64, for the diagonal GRU (ParaRNN's cell), block heads, a block LSTM and a dense cell; the
-kernels are what runs (pallas_call in the program)."""
+kernels are what runs (pallas_call in the program). A Newton training step exports for CUDA here."""
 
 from __future__ import annotations
 
@@ -132,3 +132,18 @@ def test_which_cells_the_fused_newton_step_runs():
                                                      forward="newton", kernels="interpret"))(
         cell.init(jax.random.key(0))))
     assert "fused_newton_step" in program
+
+
+@pytest.mark.parametrize("kernels", ["pallas", "xla"])
+def test_a_newton_training_step_exports_for_cuda_here(kernels):
+    """jax.export of a forward="newton" training-step gradient for CUDA on this CPU serialises: the
+    convergence report (a host callback) is left out of an exported program."""
+    cell = structured.BlockGRU(3, 20)
+    params = cell.init(jax.random.key(0), jnp.float32)
+    xs, h0 = jnp.zeros((37, 5, 3)), jnp.zeros((5, 20))
+    loss = lambda p, x, h: jnp.sum(bppsa.rnn(cell, p, x, h, forward="newton", kernels=kernels))  # noqa: E731
+    exported = lowering.cuda_export(jax.grad(loss), params, xs, h0)
+    assert exported.platforms == ("cuda",) and len(exported.mlir_module_serialized) > 0
+    module = exported.mlir_module()
+    assert "callback" not in module
+    assert module.count(lowering.TRITON_CALL) == (6 if kernels == "pallas" else 0)  # forward's three, backward's
