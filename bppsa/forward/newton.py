@@ -54,7 +54,10 @@ of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
   RuntimeError whose message names it). Unconverged states are never returned. A non-finite
   iterate's message names the first step whose state became NaN/inf and the inputs (xs, s0,
   params) that hold NaN/inf, if any (computed only when the iteration failed).
-  :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``).
+  :class:`NewtonInfo` says what happened (``bppsa.rnn(..., return_info=True)``). A program
+  exported by ``jax.export`` (which cannot carry a host callback: e.g. a training step exported
+  for CUDA on a CPU host) leaves the report out: ``on_fail="sequential"`` falls back unannounced,
+  ``on_fail="raise"`` returns NaN states.
 
 Every setting comes from one :class:`bppsa.plan.options.Plan` (``forward`` is the kind, ``scan``,
 ``solve_chunk``, ``tol``, ``atol``, ``rtol``, ``max_iter``, ``damping``, ``on_fail``, ``unroll`` the
@@ -73,6 +76,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 from jax.core import Tracer
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from bppsa.cells import Cell
 from bppsa.forward.info import NewtonDidNotConverge, NewtonFallbackWarning, NewtonInfo
@@ -165,6 +170,53 @@ def _quiet_callback_log() -> None:
     logger = logging.getLogger("jax._src.debugging")
     if _quiet not in logger.filters:
         logger.addFilter(_quiet)
+
+
+def _report_impl(H, *report, settings):
+    _report(*(np.asarray(a) for a in report), **dict(settings))
+    return H, report[0]
+
+
+def _report_lowering(ctx, H, *report, settings):
+    """The report as a host callback; exported (``jax.export``: the program may run where no Python
+    host is, and a host callback cannot be serialised) none: there an iteration that did not
+    converge with ``on_fail="raise"`` makes the states NaN (never an unconverged result),
+    ``on_fail="sequential"`` falls back unannounced."""
+    def exported(H, converged, *_):
+        if dict(settings)["on_fail"] == "raise":
+            ok = jnp.reshape(converged, converged.shape + (1,) * (H.ndim - converged.ndim))
+            H = jnp.where(ok, H, jnp.asarray(jnp.nan, H.dtype))
+        return [H, converged]
+
+    def reported(H, *report):
+        jax.debug.callback(functools.partial(_report, **dict(settings)), *report)
+        return [H, report[0]]
+
+    run = exported if ctx.module_context.lowering_parameters.for_export else reported
+    return mlir.lower_fun(run, multiple_results=True)(ctx, H, *report)
+
+
+def _report_batch(args, dims, *, settings):
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    front = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+             for a, d in zip(args, dims, strict=True)]
+    return _report_p.bind(*front, settings=settings), (0, 0)
+
+
+def _report_jvp(primals, tangents, *, settings):
+    H, converged = _report_p.bind(*primals, settings=settings)
+    return (H, converged), (ad.instantiate_zeros(tangents[0]), ad.Zero(converged.aval.to_tangent_aval()))
+
+
+# finish's report: (H, converged) passed through, the report (_report) a host callback on the way;
+# as a primitive of its own so that an exported program leaves it out (_report_lowering)
+_report_p = Primitive("bppsa_newton_report")
+_report_p.multiple_results = True
+_report_p.def_impl(_report_impl)
+_report_p.def_abstract_eval(lambda H, converged, *_, settings: (H, converged))
+batching.primitive_batchers[_report_p] = _report_batch
+ad.primitive_jvps[_report_p] = _report_jvp
+mlir.register_lowering(_report_p, _report_lowering)
 
 
 def _diagnose(cell: Cell, H: Array, inputs: tuple[Any, Array, Array]) -> tuple[Array, Array, Array, Array]:
@@ -278,7 +330,8 @@ class _Carry(NamedTuple):
 
 def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
             update: Callable[[Array, Any, Array | None], Array], *, inputs_ok: Array | bool = True,
-            axes: Any = None, offset: Array | int = 0, length: int | None = None
+            axes: Any = None, offset: Array | int = 0, length: int | None = None,
+            measured: Callable[[Array, Array], tuple[Array, Any]] | None = None
             ) -> tuple[Array, Array, Array, Array, Array, Any]:
     r"""The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
     at H; or a tuple (F, D), D what ``update`` reuses, made in the same pass) and ``update(H, F,
@@ -286,7 +339,12 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     around H); ``axes``: the mesh axes H is split over (the tests are
     reduced over them), None on one device, ``offset`` the time index of this device's first step and ``length`` the
     number of real steps (None: all; the states past it, a mesh's padding, are not tested). With
-    ``plan.damping`` the damped step (module docstring).
+    ``plan.damping`` the damped step (module docstring). ``measured(H, exact) -> (H', measures)``
+    (undamped, one device; :meth:`bppsa.plan.backends.Fused.newton_iteration`): the undamped step
+    and the tests' pieces of H' (:class:`bppsa.kernels.newton.Measures`) in one go, computed where
+    the step is (the fused kernels), replacing ``update`` and the pass of ``evaluate`` and the tests
+    over H' in each iteration (``evaluate`` runs before the loop and after it); an H' that needs a
+    :func:`repair` is measured here as without it.
 
     Every new iterate is :func:`repair`-ed. Converged when every step's residual meets the
     tolerances (:math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|`) and so does the estimated error of every
@@ -313,6 +371,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
       axes: the mesh axes H is split over, or None (one device).
       offset: the time index of H's first step.
       length: the number of real steps (None: all).
+      measured: ``measured(H, exact)``, the undamped step and its measures, or None.
 
     Returns:
       (iterations, H, residual, error, converged, F), scalars but for the final iterate H (T, B, S)
@@ -328,6 +387,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     psum = (lambda a: lax.psum(a, axes)) if axes is not None else (lambda a: a)
 
     value = lambda F: F[0] if isinstance(F, tuple) else F  # noqa: E731
+    fused = measured is not None and not damped and axes is None and length is None
 
     def measure(H, F, d=None) -> tuple[_Measures, tuple[Array, ...]]:
         """H's measures and the per-step maxima (one pass, :func:`_per_step_max`) of its residual
@@ -351,7 +411,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     m = measure(H, F)[0]
     inf = jnp.asarray(jnp.inf, m.over.dtype)
     lam0 = jnp.asarray(plan.damping if damped else 0.0, m.over.dtype)
-    init = _Carry(k=jnp.int32(0), H=H, F=F, m=m, err=inf, err_rel=inf, step=inf, best_over=m.over,
+    init = _Carry(k=jnp.int32(0), H=H, F=None if fused else F, m=m, err=inf, err_rel=inf, step=inf, best_over=m.over,
                   best_front=m.front, best_step=inf, stall=jnp.int32(0), lam=lam0, exact=jnp.int32(0))
 
     def converged(c: _Carry) -> Array:
@@ -362,12 +422,30 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
 
     def body(c: _Carry) -> _Carry:
         k, H, F, m, err, err_rel, step, best_over, best_front, best_step, stall, lam, exact = c
-        Hn = repair(update(H, F, lam if damped else None), value(F))
-        Fn = evaluate(Hn)
-        d = jnp.where(tested & (t > exact), Hn - H, jnp.zeros((), H.dtype))  # states 0..exact are exact now
-        mn, maxima = measure(Hn, Fn, d)
-        dn = pmax(jnp.max(maxima[1], initial=0.0))  # max |H' − H| / (1 + |H'|): dn's units where atol = rtol
-        dn_rel = dn * atol if atol == rtol else pmax(jnp.max(maxima[2], initial=0.0))
+
+        def measured_here(Hn, F):
+            Hn = repair(Hn, value(F))
+            Fn = evaluate(Hn)
+            d = jnp.where(tested & (t > exact), Hn - H, jnp.zeros((), H.dtype))  # states 0..exact are exact now
+            mn, maxima = measure(Hn, Fn, d)
+            dn = pmax(jnp.max(maxima[1], initial=0.0))  # max |H' − H| / (1 + |H'|): dn's units where atol = rtol
+            dn_rel = dn * atol if atol == rtol else pmax(jnp.max(maxima[2], initial=0.0))
+            return Hn, Fn, mn, dn, dn_rel
+
+        if fused:  # the kernels' measures, unless H' needs a repair (then as XLA's, F at H made anew)
+            Hk, q = cast(Callable, measured)(H, exact)
+
+            def kernels():
+                return Hk, _Measures(q.over, q.front, jnp.zeros((), H.dtype)), q.step, \
+                    q.step * atol if atol == rtol else q.step_rel
+
+            def repaired():
+                Hr, _, mr, dr, dr_rel = measured_here(Hk, evaluate(H))
+                return Hr, mr, dr, dr_rel
+
+            (Hn, mn, dn, dn_rel), Fn = lax.cond(q.size <= bound(H.dtype), kernels, repaired), None
+        else:
+            Hn, Fn, mn, dn, dn_rel = measured_here(update(H, F, lam if damped else None), F)
         if linear:
             q = dn / step
             factor = jnp.where(q < 1, jnp.maximum(1, q / (1 - q)), jnp.inf)
@@ -390,8 +468,9 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
                       stall=jnp.where(improved, 0, stall + 1), lam=new_lam, exact=exact if damped else exact + 1)
 
     c = lax.while_loop(cond, body, init)
+    F = evaluate(c.H) if fused else c.F
     # the residual: once, at the end
-    return c.k, c.H, pmax(residual(c.H, value(c.F))), c.err_rel, converged(c), c.F
+    return c.k, c.H, pmax(residual(c.H, value(F))), c.err_rel, converged(c), F
 
 
 def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, converged: Any,
@@ -432,7 +511,7 @@ def finish(cell: Cell, plan: Plan, k: Array, H: Array, res: Any, err: Any, conve
     if any(isinstance(a, Tracer) for a in report):
         if plan.on_fail == "raise":
             _quiet_callback_log()
-        jax.debug.callback(functools.partial(_report, **settings), *report)
+        H, converged = _report_p.bind(H, *report, settings=tuple(settings.items()))
     else:
         # called eagerly: reported here, so NewtonDidNotConverge reaches the caller as it is (a host
         # callback would log it with a traceback first)
@@ -598,10 +677,17 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
         F, D = FD
         return newton_step(cell, plan, params, xs, s0, H, F, lam, D)
 
+    # a diagonal cell's fused step: the input projection made once, here; the tests from the kernels
+    fused = plan.fused if plan.damping is None else None
+    ops = None if fused is None else fused.newton_operands(cell, params, xs, s0.dtype)
+    measured = None if fused is None or ops is None else \
+        lambda H, exact: fused.newton_iteration(cell, ops, s0, H, exact, cast(float, plan.atol),
+                                                cast(float, plan.rtol))
+
     inputs, ok = (params, xs, s0), finite_inputs(xs, s0)
     sequential = lambda: forward_states(cell, params, xs, s0, plan.unroll)
     if plan.gate is None:
-        k, H, res, err, converged, F = iterate(plan, H, evaluate, update, inputs_ok=ok)
+        k, H, res, err, converged, F = iterate(plan, H, evaluate, update, inputs_ok=ok, measured=measured)
         H, info = finish(cell, plan, k, H, res, err, converged, sequential, inputs)
         D = F[1] if F is not None and cell.jacobian_block_size == 1 else None  # the Jacobians at H
         lle = lax.cond(info.fell_back, lambda: lle_at(cell, params, xs, s0, H),
@@ -612,7 +698,8 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     go = ((lle < 0) & (predicted <= plan.gate)) | ~ok  # NaN/inf inputs: the iteration reports them
 
     def on():  # the exact prefix is the guess's start
-        return iterate(plan, H.at[:prefix.shape[0]].set(prefix), evaluate, update, inputs_ok=ok)[:5]
+        return iterate(plan, H.at[:prefix.shape[0]].set(prefix), evaluate, update, inputs_ok=ok,
+                       measured=measured)[:5]
 
     def off():
         return jnp.int32(0), sequential().astype(H.dtype), *(jnp.zeros((), H.dtype),) * 2, jnp.ones((), bool)

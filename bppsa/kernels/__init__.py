@@ -43,7 +43,8 @@ def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: 
       :func:`chunked_scan` (blocks of at most :data:`bppsa.kernels.scan.MAX_BLOCK`: the quasi
       step's diagonal, a block-diagonal cell's blocks, else the dense state), its steps and
       Jacobians at the guess one parallel XLA pass. The convergence test stays XLA's (one pass an
-      iteration), and so does a damped step's solve;
+      iteration) but for the diagonal cells (their kernels measure each new iterate), and so does a
+      damped step's solve;
     - ``backward="bppsa"``: the scan by :func:`chunked_scan` or :func:`chunked_scan_factored` (the
       same block limit);
     - ``backward="bptt"``: the adjoint loop by :func:`fused_adjoint` (the cells of the forward kernel);

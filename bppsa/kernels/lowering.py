@@ -18,7 +18,7 @@ from jax.interpreters import ad, batching, mlir
 
 from bppsa.errors import UsageError
 
-__all__ = ["TRITON_CALL", "ABSTRACT_GPU", "cuda_module", "gpu_only"]
+__all__ = ["TRITON_CALL", "ABSTRACT_GPU", "cuda_export", "cuda_module", "gpu_only"]
 
 #: The custom call a Triton-backend ``pallas_call`` lowers to.
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -37,6 +37,24 @@ def _abstract_gpu() -> Any:
     return sharding.use_abstract_mesh(mesh)
 
 
+def cuda_export(fn: Callable[..., Any], *args: Any) -> export.Exported:
+    """``jax.jit(fn)(*args)`` exported for CUDA (``jax.export``), Triton kernels included.
+
+    Args:
+      fn: the function to export (its ``pallas_call`` must not be in interpret mode).
+      *args: example arguments (arrays or ``jax.ShapeDtypeStruct``).
+
+    Returns:
+      The ``jax.export.Exported`` (``mlir_module_serialized`` its serialised module).
+
+    Raises:
+      Whatever the lowering raises (:func:`cuda_module`).
+    """
+    checks = [export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
+    with _abstract_gpu():
+        return export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=checks)(*args)
+
+
 def cuda_module(fn: Callable[..., Any], *args: Any) -> str:
     """The StableHLO text of ``jax.jit(fn)(*args)`` exported for CUDA, Triton kernels included.
 
@@ -52,10 +70,7 @@ def cuda_module(fn: Callable[..., Any], *args: Any) -> str:
       Whatever the lowering raises (an unimplemented primitive, an unsupported shape): the kernel
       would not compile for the GPU.
     """
-    checks = [export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
-    with _abstract_gpu():
-        exported = export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=checks)(*args)
-    return exported.mlir_module()
+    return cuda_export(fn, *args).mlir_module()
 
 
 def _refuse_off_gpu(ctx: Any, x: Any) -> Any:

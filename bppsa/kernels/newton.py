@@ -10,21 +10,30 @@ phases 1 and 3 evaluate the step and its derivative themselves, per element, fro
 the projected inputs (x_t W_x + b_x, one product before the kernels), the derivative by JAX's
 forward mode of the very step function the recurrence kernel runs
 (:func:`bppsa.kernels.recurrence.step`, the cell's ``gate_step``, with an elementwise recurrent product). Memory carries
-the guess, the inputs and the new iterate; nothing (T, B, S) more. As in pararnn-torch's fused
+the guess, the inputs and the new iterate; nothing (T, B, S) more. The input projection is made once
+per sequence (:func:`newton_operands`), before the Newton loop, and each iteration
+(:func:`fused_newton_iteration`) reads it. As in pararnn-torch's fused
 kernel (grid (B, T/128, H/32)), the grid runs over chunks of time, batch rows and units: a program
 owns a tile of 32 elements (:func:`tile`: one warp, (1, 32) or (2, 16)) and a chunk of steps, and
 the chunks are short enough for at least :data:`MIN_PROGRAMS` programs (:func:`chunking`: 1024 at
 T = 4096, B = 16, H = 20, where one tile of all units and 16 rows a program gave 64).
 
-The Newton loop itself (the convergence test: the residual and step size of each iterate, and
-their reductions) stays :func:`bppsa.forward.newton.iterate`'s, one parallel XLA pass an
-iteration, which also decides when to stop: the kernels replace its solve.
+The convergence test's pieces come from the kernels too: as the apply kernel makes each new state
+h'_t it evaluates the step there again, f(h'_{t-1}, x_t) (its previous state is the loop's carry),
+and every program reduces over its tile and chunk the residual |h'_t − f(h'_{t-1}, x_t)| and the
+step h'_t − h_t in the tolerances' units, |h'_t| and its first step whose residual misses the
+tolerance (:class:`Measures`): a (programs,) array each, which
+:func:`bppsa.forward.newton.iterate` reduces instead of a parallel XLA pass over (T, B, S) an
+iteration; it still decides when to stop. The decisions are XLA's up to rounding: the kernels
+evaluate the step with their own operands (and a chunk's first step from the carry kernel's
+state, not from the previous chunk's last state as written), so a residual within rounding of the
+tolerance could be judged otherwise (not seen: the tests' iteration counts are XLA's).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +48,7 @@ from bppsa.kernels.scan import chunk_length
 from bppsa.structured import BlockGRU, BlockRNN
 
 __all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking",
-           "fused_newton_step"]
+           "Measures", "Operands", "newton_operands", "measures_fuse", "fused_newton_iteration", "fused_newton_step"]
 
 #: The largest hidden size the kernels take.
 MAX_UNITS = 1024
@@ -105,11 +114,15 @@ def chunking(T: int, tiles: int, chunk: int | None = None) -> tuple[int, int]:
     return C, -(-T // C)
 
 
-def _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0):
+def _inputs(u_refs, idx, T):
+    """The projected inputs of step ``idx`` (past T: the last step's, masked by the caller)."""
+    return tuple(r[jnp.minimum(idx, T - 1)] for r in u_refs)
+
+
+def _evaluate(cell, idx, T, us, ws, bs, h_ref, s0):
     """The step at the guess's state before step ``idx`` (s0 before the first), its derivative
     (elementwise: the recurrence is diagonal) and that previous state."""
     prev = jnp.where(idx == 0, s0, h_ref[jnp.maximum(idx - 1, 0)])
-    us = tuple(r[jnp.minimum(idx, T - 1)] for r in u_refs)  # past T: masked by the caller
     f, d = jax.jvp(lambda h: step(cell, ws, bs, us, (h,), product=jnp.multiply)[0], (prev,), (jnp.ones_like(prev),))
     return f, d, prev
 
@@ -122,7 +135,7 @@ def _reduce(*refs, cell, T: int, C: int, gates: int):
     def body(t, carry):
         a, loc = carry
         idx = c * C + t
-        f, d, prev = _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0)
+        f, d, prev = _evaluate(cell, idx, T, _inputs(u_refs, idx, T), ws, bs, h_ref, s0)
         keep = idx < T
         return jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc)
 
@@ -139,56 +152,178 @@ def _carry(a_ref, l_ref, s0_ref, g_ref, *, chunks: int):
     lax.fori_loop(0, chunks, body, s0_ref[...])
 
 
-def _apply(*refs, cell, T: int, C: int, gates: int):
+def _over(d, ref, atol: float, rtol: float):
+    """:func:`bppsa.forward.newton`'s test of d against the tolerances, elementwise: |d| / (atol +
+    rtol·|ref|), 0 where d is 0, +inf where NaN."""
+    r = jnp.where(d == 0, jnp.zeros_like(d), jnp.abs(d) / (atol + rtol * jnp.abs(ref)))
+    return jnp.where(jnp.isnan(r), jnp.inf, r)
+
+
+def _apply(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float, int, int] | None = None):
     u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
-    h_ref, s0_ref, g_ref, out_ref = refs[3 * gates:]
+    h_ref, s0_ref, g_ref, *rest = refs[3 * gates:]
+    exact_ref, out_ref, *m_refs = rest if measure is not None else (None, *rest)
     ws, bs, s0, c = tuple(r[...] for r in w_refs), tuple(r[...] for r in b_refs), s0_ref[...], pl.program_id(0)
 
-    def body(t, g):
+    def solve(t, g):
         idx = c * C + t
-        f, d, prev = _evaluate(cell, idx, T, u_refs, ws, bs, h_ref, s0)
-        g = jnp.where(idx < T, d * (g - prev) + f, g)
-        out_ref[t] = g
-        return g
+        us = _inputs(u_refs, idx, T)
+        f, d, prev = _evaluate(cell, idx, T, us, ws, bs, h_ref, s0)
+        new = jnp.where(idx < T, d * (g - prev) + f, g)
+        out_ref[t] = new
+        return idx, us, new
 
-    lax.fori_loop(0, C, body, g_ref[...])
+    if measure is None:
+        lax.fori_loop(0, C, lambda t, g: solve(t, g)[2], g_ref[...])
+        return
+    # the convergence test's pieces (bppsa.forward.newton.iterate) of the new iterate H', per element
+    # over the chunk, then over the tile: its residual |h'_t - f(h'_{t-1}, x_t)| (the step evaluated
+    # again, at the new previous state, which the loop carries), the step H' - H past the exact
+    # states, the largest |h'_t| (a repair is due), the first step whose residual misses the tolerance
+    atol, rtol, B, Hs = measure
+    bt, ht = s0.shape
+    rows = pl.program_id(1) * bt + lax.broadcasted_iota(jnp.int32, (bt, ht), 0)
+    units = pl.program_id(2) * ht + lax.broadcasted_iota(jnp.int32, (bt, ht), 1)
+    real, exact, zero = (rows < B) & (units < Hs), cast(Any, exact_ref)[0], jnp.zeros_like(s0)
+    none = jnp.full((bt, ht), jnp.iinfo(jnp.int32).max, jnp.int32)
+
+    def body(t, carry):
+        g, over, dn, rel, size, front = carry
+        idx, us, new = solve(t, g)
+        fn = step(cell, ws, bs, us, (g,), product=jnp.multiply)[0]
+        ok = real & (idx < T)
+        r = _over(new - fn, fn, atol, rtol)
+        d = jnp.where(idx > exact, new - h_ref[jnp.minimum(idx, T - 1)], zero)
+        big = jnp.where(jnp.isnan(new), jnp.inf, jnp.abs(new))
+        return (new, jnp.maximum(over, jnp.where(ok, r, zero)),
+                jnp.maximum(dn, jnp.where(ok, _over(d, new, atol, rtol), zero)),
+                rel if atol == rtol else jnp.maximum(rel, jnp.where(ok, jnp.abs(d) / (1 + jnp.abs(new)), zero)),
+                jnp.maximum(size, jnp.where(ok, big, zero)), jnp.minimum(front, jnp.where(ok & (r > 1), idx, none)))
+
+    _, *ms = lax.fori_loop(0, C, body, (g_ref[...], zero, zero, zero, zero, none))
+    for ref, m, reduce in zip(m_refs, ms, (jnp.max,) * 4 + (jnp.min,), strict=True):
+        ref[...] = reduce(m)
 
 
-@functools.partial(jax.jit, static_argnames=("cell", "chunk", "interpret", "num_warps"))
-def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *, chunk: int | None = None,
-                      interpret: bool = False, num_warps: int = 1) -> Array:
-    """One undamped Newton step of ``cell``'s chain from the guess H, by three fused kernels (the
-    module docstring): what :func:`bppsa.forward.step.newton_step` computes.
+class Measures(NamedTuple):
+    """The convergence test's pieces of a new iterate H' from the guess H, as
+    :func:`bppsa.forward.newton.iterate` reduces them, here over the whole sequence (scalars).
+
+    Attributes:
+      over: max_t,b,s |h'_t − f(h'_{t-1}, x_t)| / (atol + rtol·|f|), the residual in the tolerance's units.
+      step: the same of the step d = H' − H (0 at the steps t <= ``exact``), against |h'_t|.
+      step_rel: max |d| / (1 + |h'_t|) (0 where atol = rtol: then it is ``step`` times atol, as
+        iterate takes it).
+      size: max |h'_t| (+inf for NaN): above :func:`bppsa.forward.newton.bound`, H' needs a repair
+        and these measures are not its repaired iterate's.
+      front: the first step t whose residual misses the tolerance (int32; its max if none).
+    """
+
+    over: Array
+    step: Array
+    step_rel: Array
+    size: Array
+    front: Array
+
+
+class Operands(NamedTuple):
+    """What the kernels read besides the guess, made once per sequence (:func:`newton_operands`).
+
+    Attributes:
+      us: the G padded projected inputs x_t W_x + b_x of every step (one product), each (T, Bp, Hp).
+      ws: the G padded diagonals of W_h, each (Hp,).
+      bs: the G padded hidden biases, each (Hp,).
+    """
+
+    us: tuple[Array, ...]
+    ws: tuple[Array, ...]
+    bs: tuple[Array, ...]
+
+
+def _check(cell: Cell) -> None:
+    if not supports(cell):
+        raise ValueError(f"the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU with head_size=1 "
+                         f"and hidden_size <= {MAX_UNITS}; got {cell.display_name}")
+
+
+def newton_operands(cell: Cell, params: Any, xs: Array, dtype: Any, *, interpret: bool = False) -> Operands:
+    """The kernels' operands (:class:`Operands`) for ``cell`` over xs (T, B, I): the input
+    projection, computed here once, before the Newton loop, not in each iteration.
 
     Args:
       cell: a cell :func:`supports` accepts.
       params: its parameters.
       xs: (T, B, I) inputs, time-major.
+      dtype: the states' dtype (the kernels compute in :func:`bppsa.kernels.recurrence.compute_dtype` of it).
+      interpret: the kernels run in interpret mode (else xs is marked for the GPU only).
+
+    Returns:
+      The :class:`Operands`.
+
+    Raises:
+      ValueError: a cell the kernels do not run.
+    """
+    _check(cell)
+    xs = xs if interpret else gpu_only(xs)
+    bt, _ = tile(padded_size(cell.hidden_size))
+    _, _, us, ws, bs = operands(cell, params, xs, compute_dtype(dtype), diagonal=True, batch_tile=bt)
+    return Operands(tuple(us), tuple(ws), tuple(bs))
+
+
+def measures_fuse(dtype: Any) -> bool:
+    """Whether :func:`fused_newton_iteration` measures an iterate of ``dtype`` as
+    :func:`bppsa.forward.newton.iterate` does: the kernels compute in that dtype (float32,
+    float64), not in a wider one whose results are rounded afterwards (16-bit floats).
+
+    Args:
+      dtype: the states' dtype.
+
+    Returns:
+      A bool.
+    """
+    return jnp.dtype(compute_dtype(dtype)) == jnp.dtype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("cell", "atol", "rtol", "chunk", "interpret", "num_warps"))
+def fused_newton_iteration(cell: Cell, ops: Operands, s0: Array, H: Array, exact: Array | None = None, *,
+                           atol: float | None = None, rtol: float | None = None, chunk: int | None = None,
+                           interpret: bool = False, num_warps: int = 1) -> tuple[Array, Measures | None]:
+    """One undamped Newton step of ``cell``'s chain from the guess H by the three fused kernels
+    (the module docstring), from operands made once (:func:`newton_operands`), and, given the
+    tolerances, the convergence test's pieces of the new iterate (:class:`Measures`): the apply
+    kernel evaluates the step again at each new state as it makes it, and every program reduces its
+    tile and chunk to five scalars.
+
+    Args:
+      cell: a cell :func:`supports` accepts.
+      ops: its :class:`Operands` over the inputs (T, B, I).
       s0: (B, H) the initial state.
       H: (T, B, H) the guess, H[t] the state after step t + 1.
+      exact: the steps t <= exact are left out of the step size (an int32 scalar; None: -1, none).
+      atol, rtol: the tolerances (atol None: no measures; rtol None: atol).
       chunk: the chunk length (default: :func:`chunking`'s).
       interpret: run the kernels in Pallas's interpret mode (any backend).
       num_warps: Triton warps per program (one: a tile is :data:`TILE_ELEMENTS` elements).
 
     Returns:
-      (T, B, H) the next iterate, in H's dtype.
+      (H', measures): H' (T, B, H) the next iterate, in H's dtype; measures its :class:`Measures`
+      (None without atol).
 
     Raises:
       ValueError: a cell the kernels do not run.
     """
-    if not supports(cell):
-        raise ValueError(f"the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU with head_size=1 "
-                         f"and hidden_size <= {MAX_UNITS}; got {cell.display_name}")
-    T, B, _ = xs.shape
-    if B == 0:  # no rows: nothing to solve
-        return H
-    xs = xs if interpret else gpu_only(xs)
+    _check(cell)
+    T, B, _ = H.shape
     Hs, G, dtype = cell.hidden_size, cell.gates, compute_dtype(H.dtype)
+    if B == 0 or T == 0:  # no states: nothing to solve
+        zero = jnp.zeros((), dtype)
+        return H, None if atol is None else Measures(zero, zero, zero, zero, jnp.int32(jnp.iinfo(jnp.int32).max))
     bt, ht = tile(padded_size(Hs))
-    Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype, diagonal=True, batch_tile=bt)
+    Bp, Hp = ops.us[0].shape[1:]
     tiles = (Bp // bt, Hp // ht)
     C, chunks = chunking(T, tiles[0] * tiles[1], chunk)
     Hg, s0p = pad_to(H.astype(dtype), (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
+    us, ws, bs = ops
 
     whole = pl.BlockSpec((T, bt, ht), lambda c, i, j: (0, i, j))  # indexed by step inside the kernels
     vec = pl.BlockSpec((ht,), lambda c, i, j: (j,))
@@ -207,8 +342,51 @@ def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *
                              in_specs=[every, every, pl.BlockSpec((bt, ht), lambda i, j: (i, j))],
                              out_specs=every, out_shape=per_chunk, interpret=interpret,
                              compiler_params=params_)(A, L, s0p)
-    out = pl.pallas_call(functools.partial(_apply, **kw), grid=grid, in_specs=[*specs, one],
-                         out_specs=pl.BlockSpec((C, bt, ht), lambda c, i, j: (c, i, j)),
-                         out_shape=jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype), interpret=interpret,
-                         compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries)
-    return out[:T, :B, :Hs].astype(H.dtype)
+    out_spec = pl.BlockSpec((C, bt, ht), lambda c, i, j: (c, i, j))
+    out_shape = jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype)
+    if atol is None:
+        out = pl.pallas_call(functools.partial(_apply, **kw), grid=grid, in_specs=[*specs, one],
+                             out_specs=out_spec, out_shape=out_shape, interpret=interpret,
+                             compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries)
+        return out[:T, :B, :Hs].astype(H.dtype), None
+    first = jnp.full((1,), -1 if exact is None else exact, jnp.int32)
+    scalar = pl.BlockSpec((None, None, None), lambda c, i, j: (c, i, j))  # one per program
+    per_program = [jax.ShapeDtypeStruct(grid, dtype)] * 4 + [jax.ShapeDtypeStruct(grid, jnp.int32)]
+    measure = (float(atol), float(atol if rtol is None else rtol), B, Hs)
+    out, *ms = pl.pallas_call(functools.partial(_apply, measure=measure, **kw), grid=grid,
+                              in_specs=[*specs, one, pl.BlockSpec((1,), lambda c, i, j: (0,))],
+                              out_specs=[out_spec] + [scalar] * 5, out_shape=[out_shape, *per_program],
+                              interpret=interpret, compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries, first)
+    over, step_, rel, size, front = ms
+    return out[:T, :B, :Hs].astype(H.dtype), Measures(jnp.max(over), jnp.max(step_), jnp.max(rel), jnp.max(size),
+                                                      jnp.min(front))
+
+
+@functools.partial(jax.jit, static_argnames=("cell", "chunk", "interpret", "num_warps"))
+def fused_newton_step(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, *, chunk: int | None = None,
+                      interpret: bool = False, num_warps: int = 1) -> Array:
+    """One undamped Newton step of ``cell``'s chain from the guess H, by three fused kernels (the
+    module docstring): what :func:`bppsa.forward.step.newton_step` computes
+    (:func:`newton_operands` then :func:`fused_newton_iteration`).
+
+    Args:
+      cell: a cell :func:`supports` accepts.
+      params: its parameters.
+      xs: (T, B, I) inputs, time-major.
+      s0: (B, H) the initial state.
+      H: (T, B, H) the guess, H[t] the state after step t + 1.
+      chunk: the chunk length (default: :func:`chunking`'s).
+      interpret: run the kernels in Pallas's interpret mode (any backend).
+      num_warps: Triton warps per program (one: a tile is :data:`TILE_ELEMENTS` elements).
+
+    Returns:
+      (T, B, H) the next iterate, in H's dtype.
+
+    Raises:
+      ValueError: a cell the kernels do not run.
+    """
+    _check(cell)
+    if xs.shape[1] == 0:  # no rows: nothing to solve
+        return H
+    ops = newton_operands(cell, params, xs, H.dtype, interpret=interpret)
+    return fused_newton_iteration(cell, ops, s0, H, chunk=chunk, interpret=interpret, num_warps=num_warps)[0]

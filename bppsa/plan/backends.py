@@ -60,3 +60,21 @@ class Fused:
         if not newton.supports(cell):
             return None
         return newton.fused_newton_step(cell, params, xs, s0, H, interpret=self.interpret)
+
+    def newton_operands(self, cell: Cell, params: Any, xs: Array, dtype: Any) -> Any:
+        """What a diagonal cell's fused Newton iterations read besides the guess, made once before
+        the loop (:func:`bppsa.kernels.newton.newton_operands`: the input projection); None for a
+        cell whose step does not fuse whole, or states whose convergence test the kernels do not
+        compute as XLA's (:func:`bppsa.kernels.newton.measures_fuse`)."""
+        from bppsa.kernels import newton
+        if not newton.supports(cell) or not newton.measures_fuse(dtype):
+            return None
+        return newton.newton_operands(cell, params, xs, dtype, interpret=self.interpret)
+
+    def newton_iteration(self, cell: Cell, ops: Any, s0: Array, H: Array, exact: Array, atol: float,
+                         rtol: float) -> tuple[Array, Any]:
+        """A diagonal cell's undamped Newton step from the guess H (T, B, S) and its convergence
+        test's pieces, from :meth:`newton_operands`' operands
+        (:func:`bppsa.kernels.newton.fused_newton_iteration`): (H', measures)."""
+        from bppsa.kernels import newton
+        return newton.fused_newton_iteration(cell, ops, s0, H, exact, atol=atol, rtol=rtol, interpret=self.interpret)

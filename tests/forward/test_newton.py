@@ -495,6 +495,25 @@ def test_on_fail_raise_raises_under_jit(capfd, caplog):
     assert not [r for r in caplog.records if "callback failed" in r.getMessage()]
 
 
+def test_an_exported_program_leaves_the_report_out():
+    """jax.export cannot carry the report's host callback (nor export it for another platform):
+    exported here and run, an iteration that did not converge falls back to the sequential states
+    (on_fail="sequential") or returns NaN states (on_fail="raise"), never the unconverged ones."""
+    from jax import export
+
+    cell, params, xs, h0 = _chaos()
+    sequential = bppsa.rnn(cell, params, xs, h0, forward="sequential", backward="bptt")
+    for on_fail in ("sequential", "raise"):
+        f = lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", max_iter=3, on_fail=on_fail)  # noqa: E731,B023
+        exported = export.export(jax.jit(f))(params, xs, h0)
+        assert "callback" not in exported.mlir_module()
+        states = exported.call(params, xs, h0)
+        if on_fail == "raise":
+            assert bool(jnp.all(jnp.isnan(states)))
+        else:
+            assert_trees_close(states, sequential)
+
+
 # plain Newton and one damped step in the default run; the other dampings in the slow run
 @pytest.mark.parametrize("damping", [None, pytest.param(0.0, marks=pytest.mark.slow), 1e-3,
                                      pytest.param(1.0, marks=pytest.mark.slow)])

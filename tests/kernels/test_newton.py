@@ -5,16 +5,20 @@ non-power-of-two T, B = 1 and over two tiles, H not a power of two, chunks that 
 and lowers for CUDA; through bppsa.rnn the states and iteration counts are the XLA forward's and
 the gradients (the BPPSA backward, its scan fused too) autodiff's through a plain lax.scan in
 float64, for the diagonal GRU (ParaRNN's cell), block heads, a block LSTM and a dense cell; the
-kernels are what runs (pallas_call in the program)."""
+kernels are what runs (pallas_call in the program). The convergence test's pieces come from the
+apply kernel (equal to iterate's over (T, B, S)), the iteration counts are XLA's, the input
+projection runs once before the loop, and a Newton training step exports for CUDA here."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.extend.core import jaxprs_in_params
 
 import bppsa
 from bppsa import cells, structured
+from bppsa.forward.newton import bound
 from bppsa.forward.sequential import prev_states, steps
 from bppsa.forward.step import newton_step
 from bppsa.kernels import cuda_module, fused_newton_step, lowering
@@ -131,4 +135,123 @@ def test_which_cells_the_fused_newton_step_runs():
     program = str(jax.make_jaxpr(lambda p: bppsa.rnn(cell, p, jnp.ones((5, 2, 3)), jnp.zeros((2, 8)),
                                                      forward="newton", kernels="interpret"))(
         cell.init(jax.random.key(0))))
-    assert "fused_newton_step" in program
+    assert "fused_newton_iteration" in program
+
+
+def _xla_measures(cell, params, xs, s0, H, Hn, exact, atol, rtol):
+    """iterate's tests of the new iterate Hn from H, by XLA over (T, B, S)."""
+    F = steps(cell, params, prev_states(s0, Hn), xs)
+    over = lambda d, ref: jnp.where(d == 0, 0, jnp.abs(d) / (atol + rtol * jnp.abs(ref)))  # noqa: E731
+    t = jnp.arange(H.shape[0])
+    r, d = over(Hn - F, F), jnp.where(t[:, None, None] > exact, Hn - H, 0)
+    per_step = jnp.max(r, axis=(1, 2))
+    front = jnp.min(jnp.where(per_step > 1, t, jnp.iinfo(jnp.int32).max))
+    return jnp.max(r), jnp.max(over(d, Hn)), jnp.max(jnp.abs(d) / (1 + jnp.abs(Hn))), jnp.max(jnp.abs(Hn)), front
+
+
+@pytest.mark.parametrize("name", ["gru", "rnn"])
+def test_the_kernels_measure_the_new_iterate_as_iterate_does(name):
+    """fused_newton_iteration's five scalars equal iterate's tests of H' computed over (T, B, S)
+    (float64; chunks that do not divide T, B and H over several tiles: the padded rows and units
+    left out; the steps t <= exact out of the step size; T = 1)."""
+    for T, B, H, chunk, exact in [(1, 1, 5, None, -1), (7, 3, 20, None, 2), (30, 17, 33, 4, 9)]:
+        cell = DIAGONAL[name](H)
+        k = jax.random.split(jax.random.key(T), 4)
+        params = cell.init(k[0], jnp.float64)
+        xs = jax.random.normal(k[1], (T, B, 3), jnp.float64)
+        s0 = 0.5 * jax.random.normal(k[2], (B, H), jnp.float64)
+        guess = 0.3 * jax.random.normal(k[3], (T, B, H), jnp.float64)
+        ops = kernel_newton.newton_operands(cell, params, xs, jnp.float64, interpret=True)
+        new, got = kernel_newton.fused_newton_iteration(cell, ops, s0, guess, jnp.int32(exact), atol=1e-3, rtol=1e-4,
+                                                        chunk=chunk, interpret=True)
+        plain = fused_newton_step(cell, params, xs, s0, guess, chunk=chunk, interpret=True)
+        assert float(jnp.max(jnp.abs(new - plain))) <= 1e-13  # (the tests' XLA flags: to rounding, not bits)
+        want = _xla_measures(cell, params, xs, s0, guess, new, exact, 1e-3, 1e-4)
+        assert int(got.front) == int(want[4]), (name, T)
+        for a, b in zip(got[:4], want[:4], strict=True):  # the residual: the steps evaluated by each
+            assert abs(float(a) - float(b)) <= 1e-9 * max(1.0, float(b)), (name, T, got, want)
+        assert float(got.size) < bound(jnp.float64)
+        same = kernel_newton.fused_newton_iteration(cell, ops, s0, guess, jnp.int32(exact), atol=1e-3, rtol=1e-3,
+                                                    chunk=chunk, interpret=True)[1]
+        assert float(same.step_rel) == 0.0  # atol = rtol: iterate takes it from the step
+
+
+def _while_primitives(jaxpr, inside=False, found=None):
+    """The primitives run in every iteration of the jaxpr's while loops (not inside a cond's
+    branches, nor the kernels' own)."""
+    found = set() if found is None else found
+    for eqn in jaxpr.eqns:
+        if inside and eqn.primitive.name != "cond":
+            found.add(eqn.primitive.name)
+        if eqn.primitive.name in ("cond", "pallas_call"):
+            continue
+        for sub in jaxprs_in_params(eqn.params):
+            _while_primitives(sub, inside or eqn.primitive.name == "while", found)
+    return found
+
+
+def test_an_iteration_is_the_three_kernels_and_scalars():
+    """Through bppsa.rnn an iteration runs the three kernels on the input projection made before
+    the loop: no product (x_t W_x) and no pass of the cell's gates over (T, B, S) in the loop
+    (the repair's XLA measures sit in a cond not taken)."""
+    cell = structured.BlockGRU(3, 8)
+    f = lambda p: bppsa.rnn(cell, p, jnp.ones((5, 2, 3)), jnp.zeros((2, 8)),  # noqa: E731
+                            forward="newton", kernels="interpret")
+    looped = _while_primitives(jax.make_jaxpr(f)(cell.init(jax.random.key(0))).jaxpr)
+    assert "pallas_call" in looped and "dot_general" not in looped and "logistic" not in looped, looped
+
+
+@pytest.mark.parametrize("forward", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
+def test_the_kernels_convergence_test_takes_the_xla_decisions(forward):
+    """Through bppsa.rnn the fused iterations' counts, residuals and states are the XLA forward's
+    (float64 and float32; T = 1, odd T; B = 1), whose test reads its own pass over the sequence."""
+    for dtype in (jnp.float64, jnp.float32):
+        for name, T, B in [("gru", 1, 1), ("rnn", 37, 1), ("gru", 100, 3)]:
+            cell = DIAGONAL[name](20)
+            k = jax.random.split(jax.random.key(T + B), 3)
+            params = jax.tree.map(lambda a: 2 * a, cell.init(k[0], dtype))  # slower to converge
+            xs = jax.random.normal(k[1], (T, B, 3), dtype)
+            h0 = 0.5 * jax.random.normal(k[2], (B, 20), dtype)
+            run = lambda kernels: bppsa.rnn(cell, params, xs, h0, forward=forward, kernels=kernels,  # noqa: E731
+                                            return_info=True)
+            (ours, info), (xla, want) = run("interpret"), run("xla")
+            what = (name, T, B, jnp.dtype(dtype).name, int(info.iterations), int(want.iterations))
+            assert int(info.iterations) == int(want.iterations) and bool(info.converged) == bool(want.converged), what
+            tol = 1e-12 if dtype == jnp.float64 else 1e-5
+            assert float(jnp.max(jnp.abs(ours - xla))) <= tol and abs(float(info.residual - want.residual)) <= tol, what
+
+
+def test_an_iterate_that_needs_a_repair_is_measured_as_xla_does():
+    """An expanding recurrence (|W_h| = 50, float32, T = 40): the first iterates overflow (the
+    kernels' size test sends them to the repair and XLA's measures); the counts and states are the
+    XLA forward's."""
+    cell = structured.BlockRNN(3, 8)
+    k = jax.random.split(jax.random.key(1), 3)
+    params = dict(cell.init(k[0], jnp.float32))
+    params["W_h"] = 50 * jnp.sign(params["W_h"])
+    xs = jax.random.normal(k[1], (40, 2, 3), jnp.float32)
+    h0 = 0.5 * jax.random.normal(k[2], (2, 8), jnp.float32)
+    ops = kernel_newton.newton_operands(cell, params, xs, jnp.float32, interpret=True)
+    first = kernel_newton.fused_newton_iteration(cell, ops, h0, jnp.zeros((40, 2, 8), jnp.float32), jnp.int32(0),
+                                                 atol=1e-5, rtol=1e-5, interpret=True)[1]
+    assert float(first.size) > bound(jnp.float32)  # a repair is due
+    run = lambda kernels: bppsa.rnn(cell, params, xs, h0, forward="newton", kernels=kernels,  # noqa: E731
+                                    return_info=True)
+    (ours, info), (xla, want) = run("interpret"), run("xla")
+    assert int(info.iterations) == int(want.iterations) and bool(info.converged) and bool(want.converged)
+    assert float(jnp.max(jnp.abs(ours - xla))) <= 1e-5
+
+
+@pytest.mark.parametrize("kernels", ["pallas", "xla"])
+def test_a_newton_training_step_exports_for_cuda_here(kernels):
+    """jax.export of a forward="newton" training-step gradient for CUDA on this CPU serialises: the
+    convergence report (a host callback) is left out of an exported program."""
+    cell = structured.BlockGRU(3, 20)
+    params = cell.init(jax.random.key(0), jnp.float32)
+    xs, h0 = jnp.zeros((37, 5, 3)), jnp.zeros((5, 20))
+    loss = lambda p, x, h: jnp.sum(bppsa.rnn(cell, p, x, h, forward="newton", kernels=kernels))  # noqa: E731
+    exported = lowering.cuda_export(jax.grad(loss), params, xs, h0)
+    assert exported.platforms == ("cuda",) and len(exported.mlir_module_serialized) > 0
+    module = exported.mlir_module()
+    assert "callback" not in module
+    assert module.count(lowering.TRITON_CALL) == (6 if kernels == "pallas" else 0)  # forward's three, backward's
