@@ -11,7 +11,7 @@ compare no option to a string.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from jax import Array
 
@@ -28,9 +28,15 @@ class Fused:
     Attributes:
       interpret: run the kernels in Pallas's interpret mode (any backend) instead of compiling them
         for the GPU.
+      newton: how a parallel forward's Newton step runs, decided while planning
+        (:attr:`bppsa.plan.Plan.newton_kernel`): "none" (its solve by :meth:`scan` on steps and
+        Jacobians XLA evaluates), "step" (a diagonal cell's whole step fused, :meth:`newton_step`;
+        the convergence test XLA's) or "measured" (the whole step fused with its convergence test,
+        :meth:`newton_operands` and :meth:`newton_iteration`).
     """
 
     interpret: bool = False
+    newton: Literal["none", "step", "measured"] = "none"
 
     def states(self, cell: Cell, params: Any, xs: Array, s0: Array) -> Array:
         """The sequential forward's flat states ss (T, B, S) (:func:`bppsa.kernels.fused_states`)."""
@@ -54,21 +60,20 @@ class Fused:
 
     def newton_step(self, cell: Cell, params: Any, xs: Array, s0: Array, H: Array) -> Array | None:
         """A diagonal cell's whole undamped Newton step from the guess H (T, B, S)
-        (:func:`bppsa.kernels.fused_newton_step`); None for a cell whose step does not fuse whole
-        (its solve then runs :meth:`scan` on steps and Jacobians evaluated by XLA)."""
-        from bppsa.kernels import newton
-        if not newton.supports(cell):
+        (:func:`bppsa.kernels.fused_newton_step`); None where the plan fuses no whole step
+        (``newton`` "none": its solve then runs :meth:`scan` on steps and Jacobians evaluated by XLA)."""
+        if self.newton == "none":
             return None
+        from bppsa.kernels import newton
         return newton.fused_newton_step(cell, params, xs, s0, H, interpret=self.interpret)
 
     def newton_operands(self, cell: Cell, params: Any, xs: Array, dtype: Any) -> Any:
         """What a diagonal cell's fused Newton iterations read besides the guess, made once before
-        the loop (:func:`bppsa.kernels.newton.newton_operands`: the input projection); None for a
-        cell whose step does not fuse whole, or states whose convergence test the kernels do not
-        compute as XLA's (:func:`bppsa.kernels.newton.measures_fuse`)."""
-        from bppsa.kernels import newton
-        if not newton.supports(cell) or not newton.measures_fuse(dtype):
+        the loop (:func:`bppsa.kernels.newton.newton_operands`: the input projection); None where the
+        plan does not measure the iterations in the kernels (``newton`` other than "measured")."""
+        if self.newton != "measured":
             return None
+        from bppsa.kernels import newton
         return newton.newton_operands(cell, params, xs, dtype, interpret=self.interpret)
 
     def newton_iteration(self, cell: Cell, ops: Any, s0: Array, H: Array, exact: Array, atol: float,

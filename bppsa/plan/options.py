@@ -293,7 +293,8 @@ class Options:
         hoist = parallel or rules.hoist_inputs(cell, T, B, xs.dtype, loop, backend, S)
         in_loop = loop == "bptt" and rules.adjoint_in_loop(cell, B, backend, S)
         return Plan(**{f: made.get(f, getattr(r, f)) for f in _FIELDS}, solve_chunk=solve_chunk, devices=devices,
-                    hoist=hoist, gate=gate, weights_in_loop=in_loop, cell_adjoint=bool(cell.has_adjoint))
+                    hoist=hoist, gate=gate, weights_in_loop=in_loop, cell_adjoint=bool(cell.has_adjoint),
+                    newton_kernel=_newton_kernel(kernels, cell, r.forward, s_dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,6 +338,11 @@ class Plan:
         loop (:func:`bppsa.plan.rules.adjoint_in_loop`); False: one product each after it.
       cell_adjoint: the planned cell has an analytic adjoint (:class:`bppsa.cells.AnalyticAdjoint`,
         ``cell.has_adjoint``), which BPTT after the sequential forward runs (:attr:`adjoint`).
+      newton_kernel: with the fused kernels and a parallel forward, how its Newton step runs:
+        "none" (the fused scan on steps and Jacobians XLA evaluates), "step" (a diagonal cell's
+        whole step fused, :func:`bppsa.kernels.newton.supports`; the convergence test XLA's, as for
+        16-bit states) or "measured" (the whole step fused with its convergence test,
+        :func:`bppsa.kernels.newton.measures_fuse`); "none" with XLA's.
 
     The stages that run and how are properties of these fields, decided here and nowhere below:
     :attr:`differentiation` (autodiff through the forward's scan, or the library's rule),
@@ -376,6 +382,7 @@ class Plan:
     gate: float | None = None
     weights_in_loop: bool = False
     cell_adjoint: bool = False
+    newton_kernel: Literal["none", "step", "measured"] = "none"
 
     def __post_init__(self):
         # the checks of Options, then that each choice is made (a Plan built or replaced by hand)
@@ -392,7 +399,8 @@ class Plan:
                     "hoist": isinstance(self.hoist, bool),
                     "gate": self.gate is None or isinstance(self.gate, float),
                     "weights_in_loop": isinstance(self.weights_in_loop, bool),
-                    "cell_adjoint": isinstance(self.cell_adjoint, bool)}
+                    "cell_adjoint": isinstance(self.cell_adjoint, bool),
+                    "newton_kernel": self.newton_kernel in ("none", "step", "measured")}
         open_ = [f"{k}={getattr(self, k)!r}" for k, ok in concrete.items() if not ok]
         if open_:
             raise UsageError(f"a Plan has every choice made; open: {', '.join(open_)} (Options.plan makes them)")
@@ -400,7 +408,9 @@ class Plan:
     @property
     def fused(self) -> Fused | None:
         """The fused kernels this plan's stages run (:class:`bppsa.plan.backends.Fused`), or None: XLA's."""
-        return None if self.kernels == "xla" else Fused(interpret=self.kernels == "interpret")
+        if self.kernels == "xla":
+            return None
+        return Fused(interpret=self.kernels == "interpret", newton=self.newton_kernel)
 
     @property
     def adjoint(self) -> Adjoint:
@@ -452,6 +462,8 @@ class Plan:
         backend = {"xla": "XLA", "pallas": "fused kernels", "interpret": "fused kernels, interpreted"}[self.kernels]
         forward = self.forward if self.forward == "sequential" else \
             f"{self.forward}, tol {self.tol:g}, at most {self.max_iter} iterations"
+        if self.kernels != "xla" and self.newton_kernel != "none":
+            forward += ", the whole step fused" + (" and measured" if self.newton_kernel == "measured" else "")
         if self.adjoint == "scan":
             pieces = ("" if self.adjoint_scan == "sequential" else " in one chunk" if self.chunk_size is None
                       else f" over chunks of {self.chunk_size}")
@@ -626,6 +638,18 @@ def _kernels(kernels: str, cell: Cell, backward: str, forward: str, S: int, devi
         raise UsageError(f"kernels={kernels!r} needs a fused kernel for every stage of the problem; none for "
                          f"{'; '.join(why)}. kernels='xla' runs it")
     return kernels
+
+
+def _newton_kernel(kernels: str, cell: Cell, forward: str, dtype: Any) -> Literal["none", "step", "measured"]:
+    """How the fused kernels run a parallel forward's Newton step (:attr:`Plan.newton_kernel`):
+    whole for a diagonal cell (:func:`bppsa.kernels.newton.supports`), with its convergence test
+    where the kernels compute in the states' dtype (:func:`bppsa.kernels.newton.measures_fuse`)."""
+    if kernels == "xla" or forward == "sequential":
+        return "none"
+    from bppsa.kernels import newton  # Pallas loads only where a kernel is asked for, not on import
+    if not newton.supports(cell):
+        return "none"
+    return "measured" if newton.measures_fuse(dtype) else "step"
 
 
 def _choice(name, value, choices):

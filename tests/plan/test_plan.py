@@ -10,6 +10,7 @@ from typing import get_args
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -181,7 +182,7 @@ def test_the_executing_layers_do_not_import_the_cost_model(path):
 def test_the_option_fields_are_defined_once():
     fields = [f.name for f in dataclasses.fields(bppsa.Options)]
     assert [f.name for f in dataclasses.fields(options.Plan)] == fields + ["solve_chunk", "devices", "hoist", "gate", "weights_in_loop",
-                                                                          "cell_adjoint"]
+                                                                          "cell_adjoint", "newton_kernel"]
     assert options.BACKWARDS == get_args(options.Backward) and options.FORWARDS == ("sequential", "newton", "quasi", "auto")
     assert bppsa.forward.newton.Plan is options.Plan  # the solver runs the plan's type
     assert not set(bppsa.forward.newton.__all__) & set(options.__all__)  # and does not re-export the plan's names
@@ -190,4 +191,30 @@ def test_the_option_fields_are_defined_once():
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.decorator_list]
     read = {n.attr for n in ast.walk(tree)
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "plan"}
-    assert read and read <= set(fields) | {"solve_chunk", "devices", "hoist", "gate"}, read
+    assert read and read <= set(fields) | {"solve_chunk", "devices", "hoist", "gate", "fused"}, read
+
+
+def test_the_newton_kernel_is_decided_while_planning(problem, monkeypatch):
+    """Whether a parallel forward's Newton step runs whole in the kernels (a diagonal cell), with its
+    convergence test from them (states the kernels compute in), is the plan's ``newton_kernel``:
+    the forward runs what it names, and a plan replaced to "none" runs the fused scan instead, to
+    the same states."""
+    from bppsa.kernels import newton as newton_kernels
+    diagonal, dense = structured.BlockGRU(2, 4, 1), cells.GRU(2, 3)
+    cell, params, xs, h0 = problem(diagonal, T=9, B=2)
+    plan = bppsa.Options(forward="newton", kernels="interpret").plan(cell, xs, h0)
+    assert plan.newton_kernel == "measured" and "whole step fused and measured" in plan.stages["forward"]
+    assert bppsa.Options(forward="newton").plan(cell, xs, h0).newton_kernel == "none"  # XLA's
+    _, _, xs3, h3 = problem(dense, T=9, B=2)
+    assert bppsa.Options(kernels="interpret").plan(dense, xs3, h3).newton_kernel == "none"  # the sequential forward
+    assert bppsa.Options(forward="newton", kernels="interpret").plan(dense, xs3, h3).newton_kernel == "none"
+    called = []
+    fn = newton_kernels.fused_newton_iteration
+    monkeypatch.setattr(newton_kernels, "fused_newton_iteration",
+                        lambda *a, **k: (called.append(1), fn(*a, **k))[1])
+    whole = bppsa.rnn(cell, params, xs, h0, plan)
+    assert called
+    called.clear()
+    scanned = bppsa.rnn(cell, params, xs, h0, plan.replace(newton_kernel="none"))
+    assert not called
+    np.testing.assert_allclose(whole, scanned, rtol=1e-10, atol=1e-12)
