@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa import cells, structured
+from bppsa import cells
 from bppsa.forward.sequential import prev_states, steps
 from bppsa.forward.step import newton_step
 from bppsa.kernels import cuda_module, fused_newton_step, lowering
@@ -24,9 +24,9 @@ from tests.reference import scan_grads
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
 
 CASES = {
-    "diagonal-gru": (lambda: structured.BlockGRU(3, 8, head_size=1), "newton"),
-    "block-gru": (lambda: structured.BlockGRU(3, 8, head_size=2), "newton"),
-    "block-lstm": (lambda: structured.BlockLSTM(3, 8, head_size=2), "newton"),
+    "diagonal-gru": (lambda: cells.BlockGRU(3, 8, head_size=1), "newton"),
+    "block-gru": (lambda: cells.BlockGRU(3, 8, head_size=2), "newton"),
+    "block-lstm": (lambda: cells.BlockLSTM(3, 8, head_size=2), "newton"),
     "dense-gru": (lambda: cells.GRU(3, 6), "newton"),
     "gru-quasi": (lambda: cells.GRU(3, 6), "quasi"),
 }
@@ -63,9 +63,9 @@ def test_newton_with_fused_solves_equals_autodiff(name):
             assert jnp.allclose(a, b, rtol=1e-10, atol=1e-11), (name, T, B)
 
 
-DIAGONAL = {"gru": lambda H: structured.BlockGRU(3, H), "rnn": lambda H: structured.BlockRNN(3, H),
-            "gru-no-hidden-bias": lambda H: structured.BlockGRU(3, H, hidden_bias=False),
-            "rnn-relu": lambda H: structured.BlockRNN(3, H, nonlinearity="relu")}
+DIAGONAL = {"gru": lambda H: cells.BlockGRU(3, H), "rnn": lambda H: cells.BlockRNN(3, H),
+            "gru-no-hidden-bias": lambda H: cells.BlockGRU(3, H, hidden_bias=False),
+            "rnn-relu": lambda H: cells.BlockRNN(3, H, nonlinearity="relu")}
 
 
 @pytest.mark.parametrize("name, dtype", [(n, d) if n == "rnn" and d == jnp.float64 else  # gru: the e2e test above
@@ -110,7 +110,7 @@ def test_the_grid_fills_an_h100():
     assert kernel_newton.chunking(30, 34) == (6, 5)  # short: ⌈√T⌉ steps kept (not 30 chunks of one step)
     assert kernel_newton.chunking(200, 8) == (8, 25)  # shortened to MIN_CHUNK, no further
     assert kernel_newton.chunking(10, 4, chunk=4) == (4, 3)
-    cell = structured.BlockGRU(3, 200)
+    cell = cells.BlockGRU(3, 200)
     k = jax.random.split(jax.random.key(2), 4)
     params, xs = cell.init(k[0], jnp.float64), jax.random.normal(k[1], (5, 9, 3), jnp.float64)
     s0, guess = jax.random.normal(k[2], (9, 200), jnp.float64), jax.random.normal(k[3], (5, 9, 200), jnp.float64)
@@ -120,14 +120,14 @@ def test_the_grid_fills_an_h100():
 
 
 def test_which_cells_the_fused_newton_step_runs():
-    assert kernel_newton.supports(structured.BlockGRU(3, 8)) and kernel_newton.supports(structured.BlockRNN(3, 8))
-    assert not kernel_newton.supports(structured.BlockGRU(3, 8, head_size=2))  # blocks: the chunked scan
-    assert not kernel_newton.supports(structured.BlockLSTM(3, 8))  # (h, c): 2×2 blocks
+    assert kernel_newton.supports(cells.BlockGRU(3, 8)) and kernel_newton.supports(cells.BlockRNN(3, 8))
+    assert not kernel_newton.supports(cells.BlockGRU(3, 8, head_size=2))  # blocks: the chunked scan
+    assert not kernel_newton.supports(cells.BlockLSTM(3, 8))  # (h, c): 2×2 blocks
     assert not kernel_newton.supports(cells.GRU(3, 8))
-    with pytest.raises(ValueError, match="the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU"):
+    with pytest.raises(ValueError, match="the fused Newton step runs bppsa.cells.BlockRNN and BlockGRU"):
         fused_newton_step(cells.GRU(3, 8), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 8)), jnp.zeros((2, 1, 8)))
     # through bppsa.rnn the diagonal GRU's step is this kernel, not the generic solve
-    cell = structured.BlockGRU(3, 8)
+    cell = cells.BlockGRU(3, 8)
     program = str(jax.make_jaxpr(lambda p: bppsa.rnn(cell, p, jnp.ones((5, 2, 3)), jnp.zeros((2, 8)),
                                                      forward="newton", kernels="interpret"))(
         cell.init(jax.random.key(0))))

@@ -14,7 +14,7 @@ from flax import nnx
 
 import bppsa
 import bppsa.nn
-from bppsa import cells, parallel, structured
+from bppsa import cellsparallel, 
 from bppsa.plan import calibration, cost, options, rules
 from bppsa.errors import UsageError
 
@@ -94,7 +94,7 @@ def test_auto_plans_the_diagonal_bppsa_for_the_diagonal_gru(H, T, B):
     makes the plan of backward="bppsa" (the sequential scan over cache-sized chunks of the diagonals),
     measured 1.2-1.8x faster than BPTT there (experiments/history/diagonal-auto.md); the Newton
     forward's plan too. With a scan given, the model decides (BPTT here)."""
-    cell = structured.BlockGRU(12, H, 1, hidden_bias=False)
+    cell = cells.BlockGRU(12, H, 1, hidden_bias=False)
     xs, s0 = jax.ShapeDtypeStruct((T, B, 12), jnp.float32), jax.ShapeDtypeStruct((B, H), jnp.float32)
     for fields in ({}, {"forward": "newton"}):
         auto = bppsa.Options(backward="auto", **fields).plan(cell, xs, s0)
