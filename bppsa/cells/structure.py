@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import Any, Callable, Union
 
 import jax.numpy as jnp
 from jax import Array
 
 from bppsa.errors import UsageError, as_int
 
-if TYPE_CHECKING:
-    from bppsa.cells.base import Cell
+# Cells are typed Any here: bppsa.cells.base (the contract) reads this module, not the other way round.
+Cell = Any
 
 __all__ = ["Dense", "Scaled", "Factored", "Blocks", "Structure", "structure_of", "legacy_structure", "block_size",
            "elementwise", "jacobian_blocks", "jacobian_diagonal", "on_params", "LEGACY_MEMBERS"]

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import bppsa
 import bppsa.nn
-from bppsa import cellsparallel, 
+from bppsa import cells, parallel
 from bppsa.forward import newton
 from bppsa.plan import options
 from bppsa.errors import UsageError

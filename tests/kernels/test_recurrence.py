@@ -14,7 +14,6 @@ import bppsa
 from bppsa import cells
 from bppsa.errors import UsageError
 from bppsa.forward.sequential import forward_states
-import bppsa.cells
 from bppsa import kernels as kernel_lib
 from bppsa.kernels import cuda_module, fused_states, lowering, recurrence, supports
 from tests.reference import scan_grads

@@ -14,7 +14,7 @@ from flax import nnx
 
 import bppsa
 import bppsa.nn
-from bppsa import cellsparallel, 
+from bppsa import cells, parallel
 from bppsa.plan import calibration, cost, options, rules
 from bppsa.errors import UsageError
 
