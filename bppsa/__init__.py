@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from jax.sharding import Mesh
 from jax.typing import ArrayLike
 
-from bppsa import backprop, backward, cells, forward, host, parallel, plan, scan, structured
+from bppsa import backprop, backward, cells, forward, host, parallel, plan, scan
 from bppsa.cells import Cell
 from bppsa.forward.info import NewtonInfo
 from bppsa.forward.lyapunov import lyapunov
@@ -50,7 +50,7 @@ _LAZY = ("nn", "sparse", "tasks", "hetero", "sync", "kernels")
 
 __all__ = [
     "rnn", "Options", "Plan", "NewtonInfo", "lyapunov", "cells", "scan", "forward", "backward", "plan", "host",
-    "parallel", "structured", "backprop", "BACKWARDS",
+    "parallel", "backprop", "BACKWARDS",
     "FORWARDS", "SCANS", "CostModel", "nn", "sparse", "tasks", "hetero", "sync", "kernels",
     "choose_backward", "blelloch_scan", "associative_scan", "sequential_scan",
 ]
@@ -67,7 +67,7 @@ def rnn(cell: Cell, params: PyTree, xs: ArrayLike, h0: PyTree, options: Options 
     ``mesh[batch_axis]``.
 
     Args:
-      cell: a cell (:mod:`bppsa.cells`, :mod:`bppsa.structured`, or your own: :doc:`/guides/cells`).
+      cell: a cell (:mod:`bppsa.cells`, or your own: :doc:`/guides/cells`).
       params: the cell's parameter pytree (``cell.init(key)``).
       xs: (T, B, I) inputs, time-major.
       h0: (B, H) the initial state; for an LSTM the pair (h0, c0), each (B, H).
@@ -127,10 +127,16 @@ def rnn(cell: Cell, params: PyTree, xs: ArrayLike, h0: PyTree, options: Options 
 
 
 def __getattr__(name: str) -> Any:
-    """``bppsa.nn`` (and ``sparse``, ``tasks``, ``hetero``, ``sync``) imported on first access."""
+    """``bppsa.nn`` (and ``sparse``, ``tasks``, ``hetero``, ``sync``) imported on first access;
+    ``bppsa.structured``, the Block cells' former module, is :mod:`bppsa.cells.block` (deprecated)."""
+    import importlib
     if name in _LAZY:
-        import importlib
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "structured":
+        import warnings
+        warnings.warn("bppsa.structured moved: the Block cells are bppsa.cells.BlockRNN, BlockGRU and BlockLSTM "
+                      "(module bppsa.cells.block)", DeprecationWarning, stacklevel=2)
+        return importlib.import_module("bppsa.cells.block")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

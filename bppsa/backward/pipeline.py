@@ -2,7 +2,7 @@
 
 From the saved forward states, :func:`adjoint` generates every step's transposed Jacobian at once
 (parallel over T), solves the gradient recurrence g_{t-1} = g_t @ M_t + c_{t-1} with a scan from
-:mod:`bppsa.scan` in Θ(log T) levels (dense, or the structured cells' diagonal and (k, k) block
+:mod:`bppsa.scan` in Θ(log T) levels (dense, or the Block cells' diagonal and (k, k) block
 scans), then turns all g_t into parameter and input gradients with one batched contraction
 (:meth:`bppsa.cells.Cell.param_grads`). Over chunks of ``chunk_size`` steps
 (:func:`chunked_backward`) only one chunk's Jacobians are in memory at a time; the chunks run
@@ -21,10 +21,11 @@ import jax.numpy as jnp
 from jax import Array
 
 from bppsa.cells import Cell
+from bppsa.cells.structure import Blocks, Factored, Scaled, structure_of
 from bppsa.plan.backends import Fused
 from bppsa.scan import dense as scan_lib
+from bppsa.scan.blocks import block_scan
 from bppsa.scan.layout import block_rows, equal_chunks, to_blocks
-from bppsa.scan.structured import block_scan
 
 __all__ = ["adjoint", "cast_to_primals", "chunked_backward", "fused_scan_gradients",
            "scan_order", "root_and_offsets", "storage_inputs", "stored_jacobians",
@@ -50,9 +51,8 @@ def storage_inputs(spr: Array, xr: Array, sr: Array, ds: Array) -> tuple[Array, 
 
 
 def stored_jacobians(cell: Cell, params: Any, spr: Array, xr: Array, sr: Array) -> Array | tuple[Array, Array]:
-    """The Jacobians of storage-order steps for the Blelloch scan: the cell's diagonal structure
-    ``(A, Wt)`` where it has one (:meth:`bppsa.cells.Cell.diagonal_jacobian`), else the
-    (N, B, S, S) matrices.
+    """The Jacobians of storage-order steps for the Blelloch scan: the factors ``(A, Wt)`` of a
+    :class:`bppsa.cells.Scaled` cell (M_t = diag(A_t) Wt), else the (N, B, S, S) matrices.
 
     Args:
       cell: the cell.
@@ -62,11 +62,13 @@ def stored_jacobians(cell: Cell, params: Any, spr: Array, xr: Array, sr: Array) 
       sr: (N, B, S) the state after each step, storage order.
 
     Returns:
-      (A (N, B, S), Wt (S, S)) for a cell with diagonal structure, else Ms (N, B, S, S).
+      (A (N, B, S), Wt (S, S)) for a :class:`bppsa.cells.Scaled` cell, else Ms (N, B, S, S).
     """
-    if cell.has_diagonal_jacobian:
-        return cell.diagonal_jacobian(params, spr, xr, sr)
-    return cell.transposed_jacobian(params, spr, xr, sr)
+    match structure_of(cell):
+        case Scaled(factors):
+            return factors(params, spr, xr, sr)
+        case _:
+            return cell.transposed_jacobian(params, spr, xr, sr)
 
 
 def stored_scan(v: Array, jacobians: Array | tuple[Array, Array], ds: Array, n: int) -> tuple[Array, Array]:
@@ -95,14 +97,15 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, fused=None):
     the stretch's first step sends to the state before it. For the Blelloch scan the Jacobians
     are generated directly in the scan's storage order (:func:`bppsa.scan.to_storage` of the
     (n, B, S) state vectors, never of the (n, B, S, S) matrices), and for a cell with diagonal
-    structure (the RNN) not at all: only its (A, Wt) factors (:func:`stored_jacobians`). With
+    structure (:class:`bppsa.cells.Scaled`, the RNN) not at all: only its (A, Wt) factors
+    (:func:`stored_jacobians`). With
     ``fused`` (the plan's kernels, :attr:`bppsa.plan.Plan.fused`) the scan is the fused one
     (:func:`fused_scan_gradients`).
     """
     if fused is not None:
         return fused_scan_gradients(cell, params, xr, sr, spr, ds, v, fused)
-    if cell.jacobian_block_size is not None:
-        return _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v)
+    if isinstance(st := structure_of(cell), Blocks):
+        return _scan_blocks(st, scan_method, params, xr, sr, spr, ds, v)
     if scan_method == "blelloch":
         n = xr.shape[0]
         spr_p, xr_p, sr_p, ds_p = storage_inputs(spr, xr, sr, ds)
@@ -115,9 +118,9 @@ def _scan_gradients(cell, scan_method, params, xr, sr, spr, ds, v, fused=None):
 def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Array, ds: Array, v: Array,
                          fused: Fused) -> tuple[Array, Array]:
     """The backward's scan by the fused kernels (:mod:`bppsa.kernels.scan`), in scan order: a
-    block-diagonal cell's (k, k) blocks as rows (:attr:`bppsa.cells.Cell.jacobian_block_size`); a
-    cell with factored Jacobians (the RNN, GRU, LSTM) their factors, the matrices formed inside the
-    kernels (:meth:`bppsa.cells.Cell.factored_jacobian`); else the dense (n, B, S, S) Jacobians.
+    block-diagonal cell's (k, k) blocks as rows (:class:`bppsa.cells.Blocks`); a cell with factored
+    Jacobians (:class:`bppsa.cells.Factored`: the GRU, LSTM; :class:`bppsa.cells.Scaled` as one factor: the
+    RNN) their factors, the matrices formed inside the kernels; else the dense (n, B, S, S) Jacobians.
 
     Args:
       cell: the cell (its blocks, or its state, of at most :data:`bppsa.kernels.scan.MAX_BLOCK`).
@@ -132,29 +135,33 @@ def fused_scan_gradients(cell: Cell, params: Any, xr: Array, sr: Array, spr: Arr
     Returns:
       (gs, total), gs (n, B, S) the gradients w.r.t. each element's state and total (B, S).
     """
-    (n, B, S), k = sr.shape, cell.jacobian_block_size
-    if k is not None:
-        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
-        gs, total = fused.scan(to_blocks(v, k), Ms, to_blocks(ds, k))
-        return gs.reshape((n, B, S)), total.reshape((B, S))
-    factored = cell.factored_jacobian(params, spr, xr, sr)
-    if factored is not None:  # formed inside the kernels, never written out
-        A, Wt = factored
-        return fused.scan_factored(v, A, Wt, ds)
-    return fused.scan(v, cell.transposed_jacobian(params, spr, xr, sr), ds)
+    n, B, S = sr.shape
+    match structure_of(cell):
+        case Blocks(k, blocks):
+            Ms = block_rows(blocks(params, spr, xr, sr))
+            gs, total = fused.scan(to_blocks(v, k), Ms, to_blocks(ds, k))
+            return gs.reshape((n, B, S)), total.reshape((B, S))
+        case Factored(factors):  # formed inside the kernels, never written out
+            A, Wt = factors(params, spr, xr, sr)
+            return fused.scan_factored(v, A, Wt, ds)
+        case Scaled(factors):  # one factor
+            A, Wt = factors(params, spr, xr, sr)
+            return fused.scan_factored(v, A[None], Wt[None], ds)
+        case _:
+            return fused.scan(v, cell.transposed_jacobian(params, spr, xr, sr), ds)
 
 
-def _scan_blocks(cell, scan_method, params, xr, sr, spr, ds, v):
-    """:func:`_scan_gradients` for a block-diagonal Jacobian (:attr:`bppsa.cells.Cell.jacobian_block_size`
-    k): each of the S/k blocks of each batch row is an independent (k, k) chain, so the scans run
+def _scan_blocks(st, scan_method, params, xr, sr, spr, ds, v):
+    """:func:`_scan_gradients` for a block-diagonal Jacobian (``st``, a :class:`bppsa.cells.Blocks` of k):
+    each of the S/k blocks of each batch row is an independent (k, k) chain, so the scans run
     on B·S/k rows of k-vectors (k = 1: elementwise), never on S×S matrices."""
-    k, (n, B, S) = cell.jacobian_block_size, sr.shape
+    k, (n, B, S) = st.size, sr.shape
     if scan_method == "blelloch" and k > 1:
         spr, xr, sr, ds = storage_inputs(spr, xr, sr, ds)
-        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
+        Ms = block_rows(st.blocks(params, spr, xr, sr))
         gs, total = scan_lib.blelloch_scan_stored(to_blocks(v, k), Ms, to_blocks(ds, k), n, zero_padded_offsets=True)
     else:  # k = 1: elementwise (bppsa.scan.diagonal_scan)
-        Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))
+        Ms = block_rows(st.blocks(params, spr, xr, sr))
         gs, total = block_scan(to_blocks(v, k), Ms, to_blocks(ds, k), scan_method)
     return gs.reshape((n, B, S)), total.reshape((B, S))
 

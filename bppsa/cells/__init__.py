@@ -15,14 +15,17 @@ s (B, S) (S = H; LSTM: S = 2H with s = [h, c])::
     param_grads(params, s_prev, xs, s, gs) -> (dparams, dxs)
         gs: (T, B, S) the total gradient ∂L/∂s_t; one contraction over (t, b).
 
-Optional structure (``diagonal_jacobian``, ``jacobian_blocks``) lets the scans avoid S×S
+Optional structure (``jacobian_structure``: one typed description, :class:`Dense`, :class:`Scaled`,
+:class:`Factored` or :class:`Blocks`, :mod:`bppsa.cells.structure`) lets the scans avoid S×S
 matrices; ``project`` lets the sequential forward hoist the input's product out of its loop; an
 analytic adjoint step (``has_adjoint``; the methods of the protocol :class:`AnalyticAdjoint`)
 lets BPTT run one product with W_hᵀ a step on factors its forward kept, no autodiff.
 
-The contract and the shared maths are in :mod:`bppsa.cells.base`, the published cells (RNN, GRU,
-LSTM) in :mod:`bppsa.cells.recurrent` (every name of both is importable from ``bppsa.cells``), BPTT
-by the analytic adjoint in :mod:`bppsa.backward.adjoint`.
+The contract and the shared maths are in :mod:`bppsa.cells.base`, the Jacobian's structure in
+:mod:`bppsa.cells.structure`, the published cells (RNN, GRU, LSTM) in :mod:`bppsa.cells.recurrent`, the
+cells with per-head (block-diagonal) recurrences (BlockRNN, BlockGRU, BlockLSTM) in
+:mod:`bppsa.cells.block` (every public name of these is importable from ``bppsa.cells``), BPTT by the
+analytic adjoint in :mod:`bppsa.backward.adjoint`.
 
 Each cell's maths is written once, here; conventions in which published cells differ are
 fields (activations by name, :data:`ACTIVATIONS`; input/hidden biases: PyTorch both, flax's GRU
@@ -43,12 +46,17 @@ from bppsa.cells.base import (
                               autodiff_jacobian,
                               autodiff_param_grads,
                               flat_outer,
+                              gate_count,
                               split_gates,
 )
+from bppsa.cells.block import BlockGRU, BlockLSTM, BlockRNN, block_diagonal, recurrent_matrix
 from bppsa.cells.recurrent import GRU, LSTM, RNN
+from bppsa.cells.structure import Blocks, Dense, Factored, Scaled, Structure, structure_of
 
 __all__ = ["Cell", "AnalyticAdjoint", "Affine", "AffineAdjoint", "RNN", "GRU", "LSTM", "Generic", "ACTIVATIONS",
-           "BUILTIN", "autodiff_jacobian", "flat_outer", "autodiff_param_grads", "split_gates"]
+           "BUILTIN", "autodiff_jacobian", "flat_outer", "autodiff_param_grads", "split_gates", "gate_count",
+           "BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix",
+           "Structure", "Dense", "Scaled", "Factored", "Blocks", "structure_of"]
 
 #: The built-in recurrent cells by the name configs and commands give them (the one name → class map:
 #: the self-check, the benchmarks and the harness's extensions read it).

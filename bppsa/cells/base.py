@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from bppsa.cells.structure import Structure, legacy_structure
 from bppsa.errors import UsageError, as_int
 
 __all__ = ["Cell", "AnalyticAdjoint", "analytic_adjoint", "Affine", "AffineAdjoint", "Generic", "ACTIVATIONS",
-           "autodiff_jacobian", "autodiff_param_grads", "flat_outer", "split_gates"]
+           "autodiff_jacobian", "autodiff_param_grads", "flat_outer", "split_gates", "gate_count"]
 
 #: Activation functions by name: (function, its derivative written in terms of its output y).
 ACTIVATIONS: dict[str, tuple[Callable, Callable]] = {"tanh": (jnp.tanh, lambda y: 1.0 - y * y),
@@ -36,6 +37,20 @@ def split_gates(a: Any, n: int) -> list[Array]:
     return list(a) if isinstance(a, (list, tuple)) else jnp.split(a, n, axis=-1)
 
 
+def gate_count(cell: Cell) -> int:
+    """G, the cell's gate count (pre-activations per step are G·H wide): the per-step work scales with
+    it. An input of the plan's cost rules and of the fused kernels (which run affine cells only), not of
+    the contract: :attr:`Affine.gates`, else 1.
+
+    Args:
+      cell: any cell.
+
+    Returns:
+      G, an int.
+    """
+    return getattr(cell, "gates", 1)
+
+
 def _uniform(key, shape, bound, dtype):
     return jax.random.uniform(key, shape, dtype, -bound, bound)
 
@@ -53,7 +68,7 @@ class Cell(abc.ABC):
     The contract is small: ``input_size``, ``hidden_size``, :meth:`init` and :meth:`step` (the
     only abstract methods). Everything else has a default: the transposed Jacobians and the
     parameter gradients the backward needs by autodiff of :meth:`step` (:meth:`transposed_jacobian`,
-    :meth:`param_grads`), no structure (:meth:`diagonal_jacobian`, :attr:`jacobian_block_size`),
+    :meth:`param_grads`), no structure (:attr:`jacobian_structure`, one typed description: dense),
     no loop form (:meth:`project`, :meth:`loop_params`). A cell overrides what it knows better, and
     the typed protocol :class:`AnalyticAdjoint` (flag: ``has_adjoint``) is the optional analytic
     adjoint BPTT loops over. The guide "Your own cell" (docs/guides/cells.md) works one example.
@@ -202,81 +217,20 @@ class Cell(abc.ABC):
         """
         return autodiff_param_grads(self._step_one, params, s_prev, xs, gs)
 
-    def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Any:
-        """``(A, Wt)`` with A (T, B, S) and M_t[b] = diag(A[t, b]) @ Wt for one shared (S, S) Wt,
-        or None (default). The Blelloch scan then never forms the (T, B, S, S) matrices.
-
-        Args:
-          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
-
-        Returns:
-          The pair (A (T, B, S), Wt (S, S)), or None for a cell without that structure.
-        """
-        return None
-
     @property
-    def has_diagonal_jacobian(self) -> bool:  # whether diagonal_jacobian returns it (default no)
-        return False
-
-    def factored_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Any:
-        """``(A, Wt)`` with A (Q, T, B, S) and Wt (Q, S, S) such that M_t[b] = Σ_q diag(A[q, t, b]) @
-        Wt[q]: Q per-unit factors per step and Q matrices shared by all steps, or None. The fused
-        scan (:func:`bppsa.kernels.chunked_scan_factored`) then forms each M_t inside its kernels,
-        reading Q·S numbers a step instead of S². Default: :meth:`diagonal_jacobian` as one factor
-        (Q = 1) where the cell has it, else None.
-
-        Args:
-          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
-
-        Returns:
-          The pair (A (Q, T, B, S), Wt (Q, S, S)), or None.
-        """
-        if not self.has_diagonal_jacobian:
-            return None
-        A, Wt = self.diagonal_jacobian(params, s_prev, xs, s)
-        return A[None], Wt[None]
-
-    @property
-    def jacobian_block_size(self) -> int | None:  # k: each M_t block-diagonal, S/k contiguous (k, k)
-        return None  # blocks (1: diagonal), the scans then use jacobian_blocks; None: dense
-
-    @property
-    def elementwise_step(self) -> bool:
-        """Whether each unit's next value reads only its own previous units (Jacobian blocks 1 x 1,
-        or 2 x 2 for a pair state (h, c)): a step is then a few elementwise operations."""
-        return self.jacobian_block_size == (2 if self.pair_state else 1)
-
-    def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
-        """M_t's diagonal blocks (T, B, S/k, k, k); default: the dense M_t as one block.
-
-        Args:
-          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
-
-        Returns:
-          (T, B, S/k, k, k) with k = :attr:`jacobian_block_size` (k = S, one block, where that is None);
-          block n holds the rows and columns n·k … n·k + k − 1 of M_t[b].
-        """
-        return self.transposed_jacobian(params, s_prev, xs, s)[..., None, :, :]
-
-    def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
-        """diag(M_t) (T, B, S), the quasi-Newton forward's Jacobian; default: from the blocks.
-
-        Args:
-          params, s_prev, xs, s: as for :meth:`transposed_jacobian`.
-
-        Returns:
-          (T, B, S), the diagonal of each M_t[b].
-        """
-        d = jnp.diagonal(self.jacobian_blocks(params, s_prev, xs, s), axis1=-2, axis2=-1)
-        return d.reshape(d.shape[:-2] + (-1,))  # (T, B, S/k, k) -> (T, B, S)
+    def jacobian_structure(self) -> Structure:
+        """The structure of the transposed Jacobians (:mod:`bppsa.cells.structure`): :class:`Dense`
+        (default: :meth:`transposed_jacobian` alone), :class:`Scaled`, :class:`Factored` or
+        :class:`Blocks`, each carrying the functions that structure needs. A cell written against the
+        members this replaced (``jacobian_block_size``, ``diagonal_jacobian``, ...) gets them
+        translated, with a ``DeprecationWarning`` (:func:`bppsa.cells.structure.legacy_structure`)."""
+        return legacy_structure(self)
 
     #: Whether the cell has an analytic adjoint step, the methods of :class:`AnalyticAdjoint`
     #: (checked where the plan uses them): BPTT then loops over it alone and forms the parameter
     #: gradients after.
     has_adjoint: ClassVar[bool] = False
 
-    #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
-    gates: ClassVar[int] = 1
     #: Whether the state is a pair of (B, H) arrays (LSTM) rather than one array.
     pair_state: ClassVar[bool] = False
 
@@ -471,6 +425,8 @@ class Affine(Cell):
 
     input_bias: bool
     hidden_bias: bool
+    #: Gate count G (pre-activations per step are G·H wide): the per-step work scales with it.
+    gates: ClassVar[int] = 1
     _activations: ClassVar[tuple[str, ...]] = ("gate", "activation")  # the fields naming ACTIVATIONS
 
     def __post_init__(self):

@@ -37,6 +37,7 @@ from jax.core import Tracer, eval_jaxpr
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from bppsa.cells.base import Cell, Generic
+from bppsa.cells.structure import Blocks, Scaled, structure_of
 from bppsa.errors import UsageError
 
 __all__ = ["lift", "program_key", "Lifted"]
@@ -260,12 +261,11 @@ def program_key(cell: Cell, params: Any, xs: Array, s0: Array) -> tuple | None:
     def probe(p, s, x):
         out = cell.step(p, cell.unflatten_state(s), x)
         sp, x1, s1 = s[None], x[None], cell.flatten_state(out)[None]
-        if cell.has_diagonal_jacobian:
-            jac = cell.diagonal_jacobian(p, sp, x1, s1)
-        elif cell.jacobian_block_size is not None:
-            jac = cell.jacobian_blocks(p, sp, x1, s1)
-        else:
-            jac = cell.transposed_jacobian(p, sp, x1, s1)
+        match structure_of(cell):
+            case Scaled(fn) | Blocks(_, fn):
+                jac = fn(p, sp, x1, s1)
+            case _:
+                jac = cell.transposed_jacobian(p, sp, x1, s1)
         return out, jac, cell.param_grads(p, sp, x1, s1, jnp.ones_like(s1))
 
     closed = jax.make_jaxpr(probe)(params, s0, xs[0])

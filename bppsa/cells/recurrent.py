@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from bppsa.cells.base import ACTIVATIONS, AffineAdjoint, split_gates
+from bppsa.cells.structure import Dense, Factored, Scaled, Structure
 from bppsa.errors import UsageError
 
 __all__ = ["RNN", "GRU", "LSTM"]
@@ -25,7 +26,7 @@ class RNN(AffineAdjoint):
     Transposed Jacobian (row convention): :math:`M_t = \mathrm{diag}(\sigma'(a_t))\,(W_h^\top\,[+\,I])`, so
     :math:`g_{t-1} = (g_t \odot \sigma'(a_t))\,W_h^\top`; for tanh :math:`\sigma'(a_t) = 1 - h_t^2`. The Blelloch
     backward uses
-    that diagonal structure; ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
+    that structure (:class:`~bppsa.cells.Scaled`); ``diagonal=False`` switches it off (the dense path of GRU and LSTM,
     same gradients: the cost-model calibration measures the dense products with it).
 
     Args:
@@ -111,11 +112,13 @@ class RNN(AffineAdjoint):
         return self._dact(s)[..., :, None] * self._wt(params)
 
     @property
-    def has_diagonal_jacobian(self) -> bool:
-        return self.diagonal
+    def jacobian_structure(self) -> Structure:
+        """:class:`~bppsa.cells.Scaled`, M_t = diag(σ'(a_t)) (W_hᵀ [+ I]); ``diagonal=False``:
+        :class:`~bppsa.cells.Dense`."""
+        return Scaled(self._scaled) if self.diagonal else Dense()
 
-    def diagonal_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array] | None:
-        return (self._dact(s), self._wt(params)) if self.diagonal else None
+    def _scaled(self, params, s_prev, xs, s):  # (A (T, B, H), Wt (H, H))
+        return self._dact(s), self._wt(params)
 
 
 
@@ -237,7 +240,12 @@ class GRU(AffineAdjoint):
         dgh = cotangents[0]
         return jnp.concatenate([dgh[..., :2 * self.hidden_size], gs * factors[4]], -1), dgh
 
-    def factored_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array]:
+    @property
+    def jacobian_structure(self) -> Structure:
+        """:class:`~bppsa.cells.Factored`, Q = 4 (:meth:`_factored`)."""
+        return Factored(self._factored)
+
+    def _factored(self, params, s_prev, xs, s):
         """M = Σ_q diag(U_q) W_hqᵀ + diag(z) (the class docstring) as Q = 4 factors: the three
         gates' (U_r, U_z, U_n r) with W_hrᵀ, W_hzᵀ, W_hnᵀ, and z with the identity."""
         H = self.hidden_size
@@ -363,7 +371,12 @@ class LSTM(AffineAdjoint):
         tc = phi(c_new := f * c + i * g)
         return (o * tc, c_new), (f, o * dphi(tc), g * dsigma(i), c * dsigma(f), i * dphi(g), tc * dsigma(o))
 
-    def factored_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> tuple[Array, Array]:
+    @property
+    def jacobian_structure(self) -> Structure:
+        """:class:`~bppsa.cells.Factored`, Q = 5 (:meth:`_factored`)."""
+        return Factored(self._factored)
+
+    def _factored(self, params, s_prev, xs, s):
         """M (the class docstring) as Q = 5 factors over the 2H flat state: for each gate q of i,
         f, g the rows' factors [k p_q; p_q] with [[W_hqᵀ, 0], [W_hqᵀ, 0]], for o [q; 0] with W_hoᵀ
         the same way, and [k f; f] with [[0, I], [0, I]] (the cell state's own path)."""

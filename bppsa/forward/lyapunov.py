@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa.cells import Cell
+from bppsa.cells.structure import jacobian_blocks
 from bppsa.errors import UsageError, as_int
 from bppsa.forward.inputs import flat_guess, validate_inputs
 from bppsa.forward.sequential import forward_states, prev_states
@@ -138,7 +139,7 @@ def lyapunov(cell: Cell, params: Any, xs: Any, h0: Any, states: Any = None, *, c
     else:
         ss = flat_guess(cell, states, T, s0, name="states")
     ss = lax.stop_gradient(ss.astype(s0.dtype))
-    blocks = cell.jacobian_blocks(params, prev_states(s0, ss), xs, ss)  # (T, B, S/k, k, k)
+    blocks = jacobian_blocks(cell, params, prev_states(s0, ss), xs, ss)  # (T, B, S/k, k, k)
     k = blocks.shape[-1]
     per_block = lyapunov_from_jacobians(blocks.reshape((T, B * (S // k), k, k)), chunk)
     return jnp.max(per_block.reshape((B, S // k)), axis=1)

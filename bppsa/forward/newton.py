@@ -15,7 +15,7 @@ the project's scans (:mod:`bppsa.scan`: "blelloch", "associative", "sequential")
 levels, over chunks of ``chunk_size`` steps (one chunk's Jacobians in memory at a time: exact, as
 chunking only orders the solve). Iteration k makes at least the first k states exact, so Newton
 converges in at most T iterations, and quadratically near the solution; contractive cells need a
-handful. Cells with block-diagonal Jacobians (:attr:`bppsa.cells.Cell.jacobian_block_size`, heads
+handful. Cells with block-diagonal Jacobians (:class:`bppsa.cells.Blocks`, heads
 of size k; k = 1 diagonal) scan (k, k) blocks, never S×S matrices.
 
 - ``kind="quasi"``: the iterations use diag(J_t) only (elementwise scans, O(T·B·S) memory);
@@ -80,6 +80,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from bppsa.cells import Cell
+from bppsa.cells.structure import block_size, jacobian_blocks
 from bppsa.forward.info import NewtonDidNotConverge, NewtonFallbackWarning, NewtonInfo
 from bppsa.forward.lyapunov import lyapunov_from_jacobians
 from bppsa.forward.sequential import forward_states, prev_states, steps
@@ -558,7 +559,7 @@ def lle_at(cell: Cell, params: Any, xs: Array, s0: Array, H: Array, diagonal: Ar
         return jnp.asarray(-jnp.inf, H.dtype)
     sp = prev_states(s0, H)
     blocks = diagonal[..., None, None] if diagonal is not None else \
-        cell.jacobian_blocks(params, sp, xs, steps(cell, params, sp, xs))
+        jacobian_blocks(cell, params, sp, xs, steps(cell, params, sp, xs))
     k = blocks.shape[-1]
     return jnp.max(lyapunov_from_jacobians(blocks.reshape((H.shape[0], -1, k, k))))
 
@@ -689,7 +690,7 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     if plan.gate is None:
         k, H, res, err, converged, F = iterate(plan, H, evaluate, update, inputs_ok=ok, measured=measured)
         H, info = finish(cell, plan, k, H, res, err, converged, sequential, inputs)
-        D = F[1] if F is not None and cell.jacobian_block_size == 1 else None  # the Jacobians at H
+        D = F[1] if F is not None and block_size(cell) == 1 else None  # the Jacobians at H
         lle = lax.cond(info.fell_back, lambda: lle_at(cell, params, xs, s0, H),
                        lambda: lle_at(cell, params, xs, s0, H, D))
         return H, info._replace(lle=lle, predicted=_predicted(lle, T, plan.forward))

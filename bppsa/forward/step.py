@@ -16,12 +16,13 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa.cells import Cell
+from bppsa.cells.structure import Scaled, block_size, jacobian_blocks, jacobian_diagonal, structure_of
 from bppsa.forward.elk import trust_region_solve
 from bppsa.forward.sequential import prev_states
 from bppsa.plan.options import Forward, Plan
 from bppsa.scan import dense as scan_lib
+from bppsa.scan.blocks import block_scan
 from bppsa.scan.layout import block_rows, equal_chunks, to_blocks
-from bppsa.scan.structured import block_scan
 
 __all__ = ["step_diagonal", "step_elements", "newton_step"]
 
@@ -41,11 +42,12 @@ def step_diagonal(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, 
     Returns:
       (n, B, S) the Jacobians' diagonals, or None where the step is not elementwise.
     """
-    if kind == "quasi" and cell.has_diagonal_jacobian:  # M = diag(A) Wt: diag(M) = A ⊙ diag(Wt), no S×S
-        A, Wt = cell.diagonal_jacobian(params, sp, xs, f)
+    st = structure_of(cell)
+    if kind == "quasi" and isinstance(st, Scaled):  # M = diag(A) Wt: diag(M) = A ⊙ diag(Wt), no S×S
+        A, Wt = st.factors(params, sp, xs, f)
         return A * jnp.diagonal(Wt)
-    if kind == "quasi" or cell.jacobian_block_size == 1:
-        return cell.jacobian_diagonal(params, sp, xs, f)
+    if kind == "quasi" or block_size(cell) == 1:
+        return jacobian_diagonal(cell, params, sp, xs, f)
     return None
 
 
@@ -72,10 +74,7 @@ def step_elements(cell: Cell, kind: Forward, params: Any, sp: Array, xs: Array, 
     d = step_diagonal(cell, kind, params, sp, xs, f) if diagonal is None else diagonal
     if d is not None:  # elementwise maps: no 1×1 matrix products
         return to_blocks(d, 1)[..., None], to_blocks(f - sp * d, 1), 1
-    if cell.jacobian_block_size is not None:
-        blocks = cell.jacobian_blocks(params, sp, xs, f)
-    else:
-        blocks = cell.transposed_jacobian(params, sp, xs, f)[..., None, :, :]
+    blocks = jacobian_blocks(cell, params, sp, xs, f)  # dense: one (S, S) block
     k = blocks.shape[-1]
     E = block_rows(jnp.swapaxes(blocks, -1, -2))
     return E, to_blocks(f, k) - scan_lib.vecmat(to_blocks(sp, k), E), k
@@ -123,7 +122,7 @@ def newton_step(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array, H: Ar
 
         return lax.scan(step, (s0, s0), (D, F, H))[1]
     sp = prev_states(s0, H)
-    k = 1 if plan.forward == "quasi" else (cell.jacobian_block_size or S)
+    k = 1 if plan.forward == "quasi" else (block_size(cell) or S)
     if lam is not None:
         E, c, _ = step_elements(cell, plan.forward, params, sp, xs, F, D)
         return trust_region_solve(to_blocks(s0, k), E, c, to_blocks(H, k), lam).reshape(H.shape)

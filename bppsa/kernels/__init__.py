@@ -23,6 +23,7 @@ needs for all of its stages to have one: :func:`unsupported`. May import :mod:`b
 from __future__ import annotations
 
 from bppsa.cells import GRU, Cell
+from bppsa.cells.structure import block_size
 from bppsa.kernels import adjoint, lowering, newton, recurrence, scan
 from bppsa.kernels.adjoint import fused_adjoint
 from bppsa.kernels.lowering import cuda_module
@@ -66,7 +67,7 @@ def unsupported(cell: Cell, backward: str, forward: str, state_size: int, mesh: 
     if forward == "sequential" and not supports(cell):
         why.append(f"forward='sequential' of {_recurrence_refusal(cell, 'the fused recurrence')}; forward='newton' "
                    f"runs the fused scan for other cells)")
-    block = cell.jacobian_block_size or state_size
+    block = block_size(cell) or state_size
     if forward == "newton" and block > scan.MAX_BLOCK:  # quasi: the diagonal, any size
         why.append(f"forward={forward!r} with Jacobian blocks of {block} (the fused scan takes at most "
                    f"{scan.MAX_BLOCK}: larger ones spill registers on the GPU)")

@@ -26,7 +26,7 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import GRU, Cell
+from bppsa.cells import GRU, Cell, gate_count
 from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import (
     BATCH_TILE,
@@ -104,7 +104,7 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
     if B == 0:  # no rows: no program to run
         return jnp.zeros(ss.shape, ss.dtype), jnp.zeros(s0.shape, ss.dtype)
     xs = xs if interpret else gpu_only(xs)
-    H, G, dtype = cell.hidden_size, cell.gates, compute_dtype(ss.dtype)
+    H, G, dtype = cell.hidden_size, gate_count(cell), compute_dtype(ss.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
 
     def parts(flat):  # (..., S) flat states -> the padded (..., Bp, Hp) parts [h; LSTM: h, c]

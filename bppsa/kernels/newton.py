@@ -1,8 +1,8 @@
 """One Newton iteration of a diagonal cell as three fused Pallas kernels, ParaRNN-style: the steps
 at the guess, their Jacobians and the scan of the linearised recurrence inside the same kernels.
 
-For a cell whose recurrence is diagonal (:class:`bppsa.structured.BlockRNN` and
-:class:`~bppsa.structured.BlockGRU` with ``head_size=1``: each unit sees only its own previous
+For a cell whose recurrence is diagonal (:class:`bppsa.cells.BlockRNN` and
+:class:`~bppsa.cells.BlockGRU` with ``head_size=1``: each unit sees only its own previous
 value), one Newton step from the guess H solves h'_t = d_t (h'_{t-1} − h_{t-1}) + f_t, with f_t =
 f(h_{t-1}, x_t) and d_t = ∂f/∂h at the guess's previous state h_{t-1}: an elementwise affine
 recurrence. :mod:`bppsa.kernels.scan`'s three phases solve it, and here the maps are never stored:
@@ -41,11 +41,10 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import Cell
+from bppsa.cells import BlockGRU, BlockRNN, Cell, gate_count
 from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import compute_dtype, operands, pad_to, padded_size, step
 from bppsa.kernels.scan import chunk_length
-from bppsa.structured import BlockGRU, BlockRNN
 
 __all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking",
            "Measures", "Operands", "newton_operands", "measures_fuse", "fused_newton_iteration", "fused_newton_step"]
@@ -64,7 +63,7 @@ _DIAGONAL = (BlockRNN, BlockGRU)  # the cells whose head_size=1 step fuses whole
 
 
 def supports(cell: Cell) -> bool:
-    """Whether :func:`fused_newton_step` runs ``cell``: a :class:`bppsa.structured.BlockRNN` or
+    """Whether :func:`fused_newton_step` runs ``cell``: a :class:`bppsa.cells.BlockRNN` or
     ``BlockGRU`` (not a subclass) with ``head_size=1`` and ``hidden_size`` <= :data:`MAX_UNITS`.
 
     Args:
@@ -242,7 +241,7 @@ class Operands(NamedTuple):
 
 def _check(cell: Cell) -> None:
     if not supports(cell):
-        raise ValueError(f"the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU with head_size=1 "
+        raise ValueError(f"the fused Newton step runs bppsa.cells.BlockRNN and BlockGRU with head_size=1 "
                          f"and hidden_size <= {MAX_UNITS}; got {cell.display_name}")
 
 
@@ -314,7 +313,7 @@ def fused_newton_iteration(cell: Cell, ops: Operands, s0: Array, H: Array, exact
     """
     _check(cell)
     T, B, _ = H.shape
-    Hs, G, dtype = cell.hidden_size, cell.gates, compute_dtype(H.dtype)
+    Hs, G, dtype = cell.hidden_size, gate_count(cell), compute_dtype(H.dtype)
     if B == 0 or T == 0:  # no states: nothing to solve
         zero = jnp.zeros((), dtype)
         return H, None if atol is None else Measures(zero, zero, zero, zero, jnp.int32(jnp.iinfo(jnp.int32).max))

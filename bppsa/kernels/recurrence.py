@@ -34,7 +34,7 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import GRU, LSTM, RNN, Affine, Cell, split_gates
+from bppsa.cells import GRU, LSTM, RNN, Affine, Cell, gate_count, split_gates
 from bppsa.kernels.lowering import gpu_only
 
 __all__ = ["BATCH_TILE", "MIN_SIZE", "MAX_HIDDEN", "HIDDEN_LIMITS", "step", "max_hidden", "warps_for", "supports",
@@ -215,7 +215,7 @@ def operands(cell: Cell, params: Any, xs: Array, dtype: Any, diagonal: bool = Fa
       G (Hp, Hp) blocks (or (Hp,) diagonals) of W_h and bs the G (Hp,) biases (zero without one).
     """
     T, B, _ = xs.shape
-    H, G = cell.hidden_size, cell.gates
+    H, G = cell.hidden_size, gate_count(cell)
     Hp, Bp = padded_size(H), batch_tile * -(-B // batch_tile)
     gx = cell.project(params, xs)
     us = [pad_to(u.astype(dtype), (T, Bp, Hp)) for u in (gx if G > 1 else (gx,))]
@@ -260,7 +260,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
     if B == 0:  # no rows: no program to run
         return jnp.zeros((T, 0, s0.shape[-1]), s0.dtype)
     xs = xs if interpret else gpu_only(xs)
-    H, G, dtype = cell.hidden_size, cell.gates, compute_dtype(s0.dtype)
+    H, G, dtype = cell.hidden_size, gate_count(cell), compute_dtype(s0.dtype)
     Hp, Bp, us, ws, bs = operands(cell, params, xs, dtype)
     state = cell.unflatten_state(s0.astype(dtype))
     parts = [pad_to(p, (Bp, Hp)) for p in (state if cell.pair_state else (state,))]

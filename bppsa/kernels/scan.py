@@ -20,7 +20,7 @@ sequential lengths of phases 1–3 (C ≈ √n).
 
 Three forms of the matrices:
 
-- :func:`chunked_scan` with (k, k) blocks, k <= :data:`LANE_BLOCK` (the structured cells'
+- :func:`chunked_scan` with (k, k) blocks, k <= :data:`LANE_BLOCK` (the Block cells'
   diagonal, k = 1, and small blocks; the quasi-Newton forward): rows sit in the lanes of a program
   (:data:`ROW_TILE` rows each) and the k² products of a block are unrolled elementwise; no matrix
   unit, which such small blocks could not fill;
@@ -29,7 +29,7 @@ Three forms of the matrices:
   power of two >= 16, Triton's smallest product; the padding is zero and leaves the real entries
   alone);
 - :func:`chunked_scan_factored` for M_k = Σ_q diag(A_{q,k}) @ Wt_q (an Elman RNN's transposed
-  Jacobians, Q = 1; a GRU's, Q = 4; an LSTM's, Q = 5: :meth:`bppsa.cells.Cell.factored_jacobian`):
+  Jacobians, Q = 1; a GRU's, Q = 4; an LSTM's, Q = 5: :class:`bppsa.cells.Factored`):
   the matrices are formed inside the kernels from the step's factors and the Q resident matrices,
   so memory carries Q·S numbers a step instead of the S² of a matrix (and XLA never writes the
   (n, B, S, S) Jacobians), for Q products a step in phase 1 instead of one.
@@ -360,7 +360,7 @@ def _run(kernels, v, Ms, ds, n, chunk, interpret, num_warps):
 def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | None = None,
                  interpret: bool = False, num_warps: int | None = None) -> tuple[Array, Array]:
     """The scan of the maps g ↦ g @ Ms[k] + ds[k] from v, in three fused kernels (the module
-    docstring): the same result as :func:`bppsa.scan.structured.block_scan` (and, for R = B rows
+    docstring): the same result as :func:`bppsa.scan.blocks.block_scan` (and, for R = B rows
     of k = S, :func:`bppsa.scan.dense.scan`).
 
     Args:
@@ -390,7 +390,7 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
                           interpret: bool = False, num_warps: int | None = None) -> tuple[Array, Array]:
     """:func:`chunked_scan` for matrices made of per-step factors and shared matrices, M_k =
     Σ_q diag(A_{q,k}) @ Wt_q (an Elman RNN's transposed Jacobians: Q = 1; a GRU's, an LSTM's:
-    :meth:`bppsa.cells.Cell.factored_jacobian`), formed inside the kernels: the same result as
+    :class:`bppsa.cells.Factored`), formed inside the kernels: the same result as
     ``chunked_scan(v, einsum("qnri,qij->nrij", A, Wt), ds)`` without the (n, R, S, S) matrices in
     memory (Q·S numbers a step instead of S²).
 

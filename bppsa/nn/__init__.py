@@ -11,7 +11,7 @@
 - :mod:`bppsa.nn.cells`: flax's cells as :class:`bppsa.cells.Cell` objects (their maths written once in
   :mod:`bppsa.cells`; this module maps flax's parameter layouts), autodiff Jacobians for any
   other cell, the masked step of padded batches;
-- :mod:`bppsa.nn.structured`: flax cells with per-head (block-diagonal or diagonal) recurrences,
+- :mod:`bppsa.nn.block_cells`: flax cells with per-head (block-diagonal or diagonal) recurrences,
   :class:`BlockSimpleCell`, :class:`BlockGRUCell`, :class:`BlockLSTMCell`.
 
 Importing it imports flax; ``import bppsa`` alone does not (``bppsa.nn`` is imported on first access).
@@ -19,8 +19,8 @@ Importing it imports flax; ``import bppsa`` alone does not (``bppsa.nn`` is impo
 
 from __future__ import annotations
 
-from bppsa.nn import cells, structured  # noqa: F401 -- the submodules, as attributes
+from bppsa.nn import block_cells, cells  # noqa: F401 -- the submodules, as attributes
+from bppsa.nn.block_cells import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
 from bppsa.nn.rnn import RNN, BPTTFallbackWarning, SequenceClassifier
-from bppsa.nn.structured import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
 
 __all__ = ["RNN", "SequenceClassifier", "BPTTFallbackWarning", "BlockSimpleCell", "BlockGRUCell", "BlockLSTMCell"]

@@ -7,8 +7,8 @@ cell. Gradients flow back to the cell's own ``nnx.Param`` arrays:
 - ``nnx.SimpleCell``, ``nnx.GRUCell``, ``nnx.LSTMCell``, ``nnx.OptimizedLSTMCell`` with activation
   functions bppsa knows (sigmoid, tanh, relu), computing in one dtype: :class:`Flax`, whose maths is
   one of :mod:`bppsa.cells` with flax's conventions as fields (parameters mapped: :func:`cell_params`);
-- a cell with a ``bppsa_cell()`` method (:mod:`bppsa.nn.structured`'s, in one dtype): the
-  :mod:`bppsa.structured` cell it returns, its ``nnx.Param`` arrays in that cell's layout;
+- a cell with a ``bppsa_cell()`` method (:mod:`bppsa.nn.block_cells`'s, in one dtype): the
+  :mod:`bppsa.cells.block` cell it returns, its ``nnx.Param`` arrays in that cell's layout;
 - any other cell (or one of those four with another activation or in mixed precision): autodiff
   Jacobians of one example's step, vmapped over the batch and time (:class:`Autodiff`), with the
   non-Param state a step reads but never changes as constants;
@@ -39,6 +39,7 @@ from flax import nnx
 from bppsa import cells
 from bppsa.cells import Cell
 from bppsa.cells.base import analytic_adjoint
+from bppsa.cells.structure import Blocks, Dense, Structure, jacobian_blocks, on_params, structure_of
 from bppsa.errors import UsageError, as_int
 from bppsa.nn import _state as _flax_state
 
@@ -89,7 +90,7 @@ class _Wrapper(Cell):
     # the wrapped cell's values (properties, where Cell has fields)
     input_size = property(lambda self: self.wrapped.input_size)  # pyright: ignore[reportAssignmentType]
     hidden_size = property(lambda self: self.wrapped.hidden_size)  # pyright: ignore[reportAssignmentType]
-    gates = property(lambda self: self.wrapped.gates)  # pyright: ignore[reportAssignmentType]
+    gates = property(lambda self: getattr(self.wrapped, "gates", 1))  # the plan's cost input (Affine cells)
     pair_state = property(lambda self: self.wrapped.pair_state)  # pyright: ignore[reportAssignmentType]
 
     @property
@@ -140,8 +141,10 @@ class Flax(_Wrapper):
     def display_name(self) -> str:  # the flax cell's class, not this adapter's
         return _FLAX_TYPES[self.layout].__name__
 
-    # the core's structure (properties, where Cell has fields)
-    has_diagonal_jacobian = property(lambda self: self.core.has_diagonal_jacobian)  # pyright: ignore[reportIncompatibleMethodOverride]
+    @property
+    def jacobian_structure(self) -> Structure:  # the core's, on its parameters
+        return on_params(structure_of(self.core), self.core_params)
+
     has_adjoint = property(lambda self: self.core.has_adjoint)  # pyright: ignore[reportAssignmentType]
 
     def core_params(self, params) -> dict:
@@ -215,8 +218,6 @@ class Flax(_Wrapper):
         return (new[::-1] if self.pair_state else new), factors
 
     transposed_jacobian = _on_core("transposed_jacobian")
-    diagonal_jacobian = _on_core("diagonal_jacobian")
-    factored_jacobian = _on_core("factored_jacobian")
     adjoint_step = _on_core("adjoint_step")
     adjoint_sum_inputs = _on_core("adjoint_sum_inputs")
     adjoint_sum_step = _on_core("adjoint_sum_step")
@@ -463,11 +464,12 @@ class Masked(_Wrapper):
         return jnp.where(xs[..., -1:, None] > 0, M, jnp.eye(M.shape[-1], dtype=M.dtype))
 
     @property
-    def jacobian_block_size(self):  # a padded step's identity has the inner cell's blocks too
-        return self.inner.jacobian_block_size
+    def jacobian_structure(self) -> Structure:  # a padded step's identity has the inner cell's blocks too
+        inner = structure_of(self.inner)
+        return Blocks(inner.size, self._blocks) if isinstance(inner, Blocks) else Dense()
 
-    def jacobian_blocks(self, params, s_prev, xs, s):
-        M = self.inner.jacobian_blocks(params, s_prev, xs[..., :-1], s)
+    def _blocks(self, params, s_prev, xs, s):
+        M = jacobian_blocks(self.inner, params, s_prev, xs[..., :-1], s)
         return jnp.where(xs[..., -1:, None, None] > 0, M, jnp.eye(M.shape[-1], dtype=M.dtype))
 
     def param_grads(self, params, s_prev, xs, s, gs):
@@ -486,7 +488,7 @@ def _analytic(flax_cell, carry=None, x_dtype=None):
     and the cell's ``dtype``; mixed precision goes to :class:`Autodiff`, which keeps flax's own
     promotion); None otherwise."""
     layout = next((k for k, t in _FLAX_TYPES.items() if type(flax_cell) is t), None)
-    structured = getattr(flax_cell, "bppsa_cell", None)  # bppsa.nn.structured's cells: their own cell
+    structured = getattr(flax_cell, "bppsa_cell", None)  # bppsa.nn.block_cells' cells: their own cell
     fns = [] if layout is None else [flax_cell.activation_fn] + ([] if layout == "simple" else [flax_cell.gate_fn])
     if (layout is None and not callable(structured)) or not all(f in ACTIVATION_NAMES for f in fns):
         return None
@@ -583,7 +585,7 @@ def adapt(flax_cell, carry, x, *, autodiff: bool = False, steps: int = 1) -> Cel
 
     Returns:
       The :class:`bppsa.cells.Cell`: a :class:`Flax` or :class:`Autodiff` cell, or for a module with a
-      ``bppsa_cell()`` method the :mod:`bppsa.structured` cell it returns.
+      ``bppsa_cell()`` method the :mod:`bppsa.cells.block` cell it returns.
 
     Raises:
       bppsa.errors.UsageError: no exact BPPSA backward exists for ``flax_cell`` (the message says why).

@@ -18,7 +18,7 @@ from bppsa.backprop import rnn
 from bppsa.cells import Cell
 from bppsa.errors import UsageError
 from bppsa.nn import cells as flax_cells
-from bppsa.nn.structured import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
+from bppsa.nn.block_cells import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
 from bppsa.plan import options as options_lib
 from bppsa.plan.options import Options, Plan
 

@@ -54,6 +54,7 @@ from jax.typing import ArrayLike
 from bppsa import backprop
 from bppsa.backward import pipeline, rule
 from bppsa.cells import Cell, closure
+from bppsa.cells.structure import block_size, jacobian_blocks
 from bppsa.errors import UsageError
 from bppsa.forward import newton as newton_lib
 from bppsa.forward.elk import trust_region_solve
@@ -257,15 +258,15 @@ def _backward_body(cell: Cell, method: str, combine: str, T: int, P: int, seq_ax
                    params: Any, xs: Array, s0: Array, ss: Array, ct: Array):
     """One device's share of the BPPSA backward: (dparams (psum'd), dxs (C, B, I), ds0 (B, S), gs
     (C, B, S) the adjoint states). A cell with block-diagonal Jacobians (k = its
-    ``jacobian_block_size``; 1: diagonal) scans (k, k) blocks on B·S/k rows, as on one device,
+    :class:`bppsa.cells.Blocks`' size; 1: diagonal) scans (k, k) blocks on B·S/k rows, as on one device,
     never S×S matrices; the combine sends the blocks' (Π, δ)."""
     C, B, S = ss.shape
     idx = lax.axis_index(seq_axis)
     valid = idx * C + jnp.arange(C) < T
     boundary = _boundary_states(ss, s0, idx, P, seq_axis)
     xr, sr, spr, ctr = pipeline.scan_order(xs, ss, boundary, ct)
-    k = cell.jacobian_block_size or S
-    Ms = block_rows(cell.jacobian_blocks(params, spr, xr, sr))  # (C, B·S/k, k, k)
+    k = block_size(cell) or S
+    Ms = block_rows(jacobian_blocks(cell, params, spr, xr, sr))  # (C, B·S/k, k, k)
     Ms = jnp.where(valid[::-1, None, None, None], Ms, jnp.zeros((), Ms.dtype))  # padded steps: zero maps
     c_last, ds = pipeline.root_and_offsets(ctr)
     c_last, ds = to_blocks(c_last[None], k)[0], to_blocks(ds, k)

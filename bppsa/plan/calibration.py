@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from bppsa.cells.structure import block_size
 from bppsa.errors import UsageError
 from bppsa.host import cpu_model
 from bppsa.plan.cost import METHODS, CostModel
@@ -137,7 +138,7 @@ def default_cost_model() -> CostModel | None:
 def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model: CostModel | None = None,
                     scan: str | None = None, devices: int | None = None, backend: str | None = None) -> tuple:
     """What ``backward="auto"`` runs: ``(backward, scan)``, a value of :data:`bppsa.plan.cost.METHODS`. On CPU, one
-    device (``devices`` None), 1×1 Jacobian blocks (the structured cells at head size 1), ``scan`` open:
+    device (``devices`` None), 1×1 Jacobian blocks (the Block cells at head size 1), ``scan`` open:
     :func:`bppsa.plan.rules.elementwise_plan`'s BPPSA, measured not modelled (T·B·S Jacobians and scan work where the
     model's features count S×S matrices: it picks BPTT, 1.03-3.18x slower there, measured in
     measurements: diagonal-auto). Else ``cost_model``, else :func:`default_cost_model`, else BPTT.
@@ -162,7 +163,7 @@ def choose_backward(cell: Cell, T: int, B: int, dtype: Any = None, *, cost_model
         raise UsageError(f"cost_model must be a bppsa.CostModel (e.g. bppsa.plan.calibration.default_cost_model()) or "
                          f"None; got {cost_model!r} of type {type(cost_model).__name__}")
     cpu = (backend or jax.default_backend()) == "cpu"
-    if cpu and devices is None and scan is None and cell.jacobian_block_size == 1:
+    if cpu and devices is None and scan is None and block_size(cell) == 1:
         return METHODS["bppsa_sequential"]
     model = default_cost_model() if cost_model is None else cost_model
     return METHODS["bptt" if model is None else model.choose(cell, T, B, dtype)]

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
+from bppsa.cells.base import gate_count
+from bppsa.cells.structure import Scaled, block_size, structure_of
 from bppsa.plan.rules import auto_chunk_size
 
 if TYPE_CHECKING:
@@ -53,14 +55,14 @@ def backward_levels(T: int, B: int = 1, S: int = 1, itemsize: int = 4, structure
 
 
 def cost_features(cell: Cell, T: int, B: int, itemsize: int = 4) -> dict:
-    """The model's features for one problem (S = ``cell.state_size``, G = ``cell.gates``).
+    """The model's features for one problem (S = ``cell.state_size``, G = :func:`bppsa.cells.gate_count`).
 
     BPTT:  t = a_step · T + a_batch · T·[B > 1] + a_flop · T·B·G·S²   (T dependent steps)
     BPPSA: t = b_level · levels + b_dense · T·B·S³·[dense] + b_diag · T·B·S³·[diagonal] + b_mem · T·B·G·S²
     levels = 2⌈log₂(C + 1)⌉ dependent levels per chunk of C steps (:func:`backward_levels`);
     T·B·S³ is the up-sweep's matrix–matrix work, counted in one of two features: cells whose
     Jacobians are formed (dense) and cells with diagonal structure
-    (:attr:`bppsa.cells.Cell.has_diagonal_jacobian`, the RNN), whose first level is one large
+    (:class:`bppsa.cells.Scaled`, the RNN), whose first level is one large
     GEMM from vectors; T·B·G·S² the Jacobian generation, vector products and contraction (memory
     bound). a_batch: XLA's per-step cost jumps from B = 1 to B = 2 on the CPU, more than the flops
     explain (what the probe measured is kept in ``cost_models/cpu.json``).
@@ -77,8 +79,8 @@ def cost_features(cell: Cell, T: int, B: int, itemsize: int = 4) -> dict:
       The features by method, ``{"bptt": [3 floats], "bppsa": [4 floats], "bppsa_sequential": [3 floats]}``,
       each list in the order of its formula's terms above.
     """
-    S, G = cell.state_size, cell.gates
-    diag = cell.has_diagonal_jacobian
+    S, G = cell.state_size, gate_count(cell)
+    diag = isinstance(structure_of(cell), Scaled)
     work = float(T) * B * S ** 3
     return {"bptt": [float(T), float(T) * (B > 1), float(T) * B * G * S * S],
             "bppsa": [float(backward_levels(T, B, S, itemsize, diag)), 0.0 if diag else work,
@@ -238,13 +240,13 @@ def forward_seconds(cell: Cell, T: int, B: int, forward: str, backend: str | Non
       The predicted seconds, a float.
     """
     c = FORWARD_CONSTANTS.get(backend or jax.default_backend(), FORWARD_CONSTANTS["gpu"])
-    S, G, I = cell.state_size, getattr(cell, "gates", 1), cell.input_size or cell.state_size
+    S, G, I = cell.state_size, gate_count(cell), cell.input_size or cell.state_size
     step_work = 2.0 * B * G * S * (I + S)
     if forward == "sequential":
         return T * (c["step"] + step_work / c["flops"])
-    k = 1 if forward == "quasi" else (cell.jacobian_block_size or S)
+    k = 1 if forward == "quasi" else (block_size(cell) or S)
     iteration = T * (2 * step_work + 2.0 * B * G * S * S + 4.0 * B * S * k * k) / c["flops"]
-    n = NEWTON_ITERATIONS["newton" if cell.jacobian_block_size == 1 else forward] if iterations is None else iterations
+    n = NEWTON_ITERATIONS["newton" if block_size(cell) == 1 else forward] if iterations is None else iterations
     return n * (2 * max(1, int(np.ceil(np.log2(max(T, 2))))) * c["level"] + iteration)
 
 

@@ -18,15 +18,17 @@ from typing import TYPE_CHECKING, Any, cast
 import jax
 import numpy as np
 
+from bppsa.cells.base import gate_count
+from bppsa.cells.structure import Scaled, block_size, elementwise, structure_of
 from bppsa.errors import UsageError
 from bppsa.scan import dense as scan_lib
 
 if TYPE_CHECKING:
     from bppsa.cells import Cell
 
-__all__ = ["CHUNK_BYTES", "auto_chunk_size", "ELEMENTWISE_CHUNK_BYTES", "elementwise_plan", "chunk_lengths",
-           "UNROLLS", "GPU_UNROLL", "bptt_unroll", "HOIST_MAX", "hoist_inputs", "ADJOINT_LOOP_MIN_BATCH",
-           "adjoint_in_loop", "choose_kernels", "choose_combine"]
+__all__ = ["CHUNK_BYTES", "auto_chunk_size", "ELEMENTWISE_CHUNK_BYTES", "elementwise_plan",
+           "chunk_lengths", "UNROLLS", "GPU_UNROLL", "bptt_unroll", "HOIST_MAX", "hoist_inputs",
+           "ADJOINT_LOOP_MIN_BATCH", "adjoint_in_loop", "choose_kernels", "choose_combine"]
 
 # chunk_size="auto" on CPU: chunks whose Jacobians take at most this many bytes, so that each
 # chunk's scan works in cache (several times faster than one chunk, the best sizes flat around this
@@ -39,8 +41,8 @@ def auto_chunk_size(T: int, B: int, S: int, itemsize: int, backend: str | None =
     """The chunk length ``chunk_size="auto"`` uses: None (one chunk) off CPU or when everything
     fits in :data:`CHUNK_BYTES`; else the largest length of the form m·2^k (32 <= m < 64, so the
     Blelloch scan pads nothing) whose largest array fits in it, at least 64: the (B, S, S)
-    Jacobians per step, or for a cell with diagonal structure (``structured``, see
-    :attr:`bppsa.cells.Cell.has_diagonal_jacobian`) half of that, the first level's products (its
+    Jacobians per step, or for a cell with diagonal structure (``structured``: a
+    :class:`bppsa.cells.Scaled` cell) half of that, the first level's products (its
     Jacobians are never formed); ``block`` k: block-diagonal Jacobians, B·S·k per step.
 
     Decided at trace time from ``jax.default_backend()`` and the shapes the backward sees.
@@ -107,7 +109,7 @@ def chunk_lengths(cell: Cell, T: int, B: int, S: int, *, backward: str, forward:
     length, the parallel forward's solves' chunk length), None where there is one piece or none.
 
     Args:
-      cell: the cell (its Jacobian structure: ``jacobian_block_size``, ``has_diagonal_jacobian``).
+      cell: the cell (its Jacobian structure, :attr:`bppsa.cells.Cell.jacobian_structure`: blocks or scaled).
       T, B, S: the steps, the batch and the flat state size.
       backward: "bppsa" or "bptt" (resolved); forward: "sequential", "newton" or "quasi" (resolved).
       scan: the resolved scan's name; scan_given: whether the user named it (else a cell with 1×1
@@ -124,7 +126,7 @@ def chunk_lengths(cell: Cell, T: int, B: int, S: int, *, backward: str, forward:
     """
     parallel = forward != "sequential"
     chunked_backward = backward == "bppsa" or parallel
-    elementwise = cell.jacobian_block_size == 1 and not scan_given
+    elementwise = block_size(cell) == 1 and not scan_given
     backward_chunk = None
     if elementwise:
         scan, backward_chunk = elementwise_plan(T, B, S, states_itemsize, backend)
@@ -136,10 +138,10 @@ def chunk_lengths(cell: Cell, T: int, B: int, S: int, *, backward: str, forward:
     chunk = solve_chunk = None
     method = "sequential" if backward == "bptt" else scan
     if chunked_backward:
-        chunk = auto_chunk_size(T, B, S, states_itemsize, backend, block=cell.jacobian_block_size,
-                                structured=method == "blelloch" and cell.has_diagonal_jacobian)
+        chunk = auto_chunk_size(T, B, S, states_itemsize, backend, block=block_size(cell),
+                                structured=method == "blelloch" and isinstance(structure_of(cell), Scaled))
     if parallel:  # the iterations' Jacobians: diagonal (quasi) or the cell's blocks
-        block = 1 if forward == "quasi" else cell.jacobian_block_size
+        block = 1 if forward == "quasi" else block_size(cell)
         solve_chunk = auto_chunk_size(T, B, S, solve_itemsize, backend, block=block)
     return scan, chunk, solve_chunk
 
@@ -188,12 +190,12 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
         u = GPU_UNROLL
     else:
         H = _hidden(cell, state_size)
-        w = B * cell.gates * H * H
+        w = B * gate_count(cell) * H * H
         if T * w <= _TINY_WORK:
             u = 1
         elif T <= 16:  # short sequences: no loop at all (measurements: bptt-unroll)
             u = T
-        elif cell.elementwise_step:
+        elif elementwise(cell):
             u = _elementwise_loop(cell, T, B, dtype, autodiff, H)[1]
         else:
             u = next((u for limit, b, u in _CPU_UNROLL if w <= limit and B <= b), 1)
@@ -204,7 +206,7 @@ def bptt_unroll(cell: Cell, T: int, B: int, dtype: Any = None, backend: str | No
 #: for BPTT on CPU while B·G·H <= this (beyond, the (T, B, G·H) arrays written and read once more cost
 #: more than the products save; measurements: flax-parity).
 HOIST_MAX = 1024
-#: A loop of elementwise steps (``Cell.elementwise_step``: structured cells at head size 1) on CPU,
+#: A loop of elementwise steps (:func:`bppsa.cells.structure.elementwise`: Block cells at head size 1) on CPU,
 #: measured per gate count G (measurements: elementwise-rule): a forward alone hoists the
 #: input product while its T·B·G·H numbers fit in ELEMENTWISE_HOIST_BYTES, the RNN's (G = 1) always;
 #: BPTT hoists the RNN's, the GRU's (G = 3) for H < 48 and B·G·H <= HOIST_MAX within twice those
@@ -223,7 +225,8 @@ def _autodiff(backward: str) -> bool:
 
 def _elementwise_loop(cell: Cell, T: int, B: int, dtype: Any, autodiff: bool, H: int) -> tuple[bool, int]:
     """(hoist, unroll) of a loop of elementwise steps on CPU: the rule above."""
-    G, width = cell.gates, B * cell.gates * H
+    G = gate_count(cell)
+    width = B * G * H
     nbytes = T * width * np.dtype(dtype or np.float32).itemsize
     if G != 3:  # the RNN hoists, the LSTM hoists only in a forward alone (within the bytes)
         hoist = G == 1 or (not autodiff and nbytes <= ELEMENTWISE_HOIST_BYTES)
@@ -260,9 +263,9 @@ def hoist_inputs(cell: Cell, T: int, B: int, dtype: Any = None, backward: str = 
     if (backend or jax.default_backend()) != "cpu":
         return True
     H = _hidden(cell, state_size)
-    if cell.elementwise_step:
+    if elementwise(cell):
         return _elementwise_loop(cell, T, B, dtype, autodiff, H)[0]
-    return not autodiff or B * cell.gates * H <= HOIST_MAX
+    return not autodiff or B * gate_count(cell) * H <= HOIST_MAX
 
 
 #: BPTT by a cell's analytic adjoint (:func:`bppsa.backward.adjoint.sequential_adjoint`) sums the parameter
@@ -288,7 +291,7 @@ def adjoint_in_loop(cell: Cell, B: int, backend: str | None = None, state_size: 
     """
     if (backend or jax.default_backend()) != "cpu":
         return False
-    return B >= ADJOINT_LOOP_MIN_BATCH and B * cell.gates * _hidden(cell, state_size) > HOIST_MAX
+    return B >= ADJOINT_LOOP_MIN_BATCH and B * gate_count(cell) * _hidden(cell, state_size) > HOIST_MAX
 
 
 def choose_kernels(cell: Cell, backend: str | None = None) -> str:

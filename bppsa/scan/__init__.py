@@ -20,18 +20,19 @@ and returns ``(prefixes, total)``: prefixes (n, B, S) with prefixes[k] = v ∘ e
   as a parameter (:class:`Products`; :data:`DENSE` the reference ones), as the paper writes them;
 - :func:`diagonal_scan`: the same scans for diagonal maps (:data:`DIAGONAL` products:
   elementwise), and :func:`block_scan`, which sends (n, R, 1, 1) blocks there and (k, k) blocks
-  to :func:`scan` (the structured cells' and the quasi-Newton forward's scans).
+  to :func:`scan` (the Block cells' and the quasi-Newton forward's scans).
 
 Where it lives: :mod:`bppsa.scan.dense` the dense scans, the Blelloch sweeps with their products as
 a parameter, and the tuned storage order the backward makes its elements in;
-:mod:`bppsa.scan.structured` the diagonal and block scans; :mod:`bppsa.scan.layout` blocks as batch
+:mod:`bppsa.scan.blocks` the diagonal and block scans; :mod:`bppsa.scan.layout` blocks as batch
 rows and equal chunks. The scans know nothing about cells, plans or devices. May import only JAX
 and NumPy.
 """
 
 from __future__ import annotations
 
-from bppsa.scan import dense, layout, structured
+from bppsa.scan import blocks, dense, layout
+from bppsa.scan.blocks import DIAGONAL, block_scan, diagonal_scan
 from bppsa.scan.dense import (
     DENSE,
     SCANS,
@@ -44,7 +45,6 @@ from bppsa.scan.dense import (
     up_sweep,
     vecmat,
 )
-from bppsa.scan.structured import DIAGONAL, block_scan, diagonal_scan
 
 __all__ = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "up_sweep", "down_sweep",
-           "vecmat", "Products", "DENSE", "DIAGONAL", "diagonal_scan", "block_scan", "dense", "structured", "layout"]
+           "vecmat", "Products", "DENSE", "DIAGONAL", "diagonal_scan", "block_scan", "dense", "blocks", "layout"]

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bppsa import backprop, cells, structured
+from bppsa import backprop, cells
 from bppsa.errors import checked_by, require_choices, require_int, require_number
 from bppsa.forward import newton
 from experiments import entry
@@ -32,7 +32,7 @@ from experiments.tables import markdown_table
 
 __all__ = ["MODELS", "train", "summaries", "run"]
 
-MODELS = {"GRU": lambda F, H: cells.GRU(F, H), "BlockGRU k=1": lambda F, H: structured.BlockGRU(F, H, 1)}
+MODELS = {"GRU": lambda F, H: cells.GRU(F, H), "BlockGRU k=1": lambda F, H: cells.BlockGRU(F, H, 1)}
 
 
 def _batches(N: int, B: int, steps: int, seed: int) -> np.ndarray:

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa import backprop, cells, structured
+from bppsa import backprop, cells
 from bppsa.errors import UsageError, checked_by, require_choices, require_int, require_ints, require_number
 from bppsa.forward import newton
 from bppsa.host import time_interleaved
@@ -58,8 +58,8 @@ spectral_radius = lambda W: float(np.max(np.abs(np.linalg.eigvals(np.asarray(W, 
 __all__ = ["CELLS", "FORWARDS", "BACKWARDS", "make_cell", "cell_label", "timed_pair",
            "step_functions", "measure_pairs", "auto_pair", "iteration_row", "long_inputs", "run"]
 
-CELLS = {**cells.BUILTIN, "blockrnn": structured.BlockRNN,
-         "blockgru": structured.BlockGRU, "blocklstm": structured.BlockLSTM}
+CELLS = {**cells.BUILTIN, "blockrnn": cells.BlockRNN,
+         "blockgru": cells.BlockGRU, "blocklstm": cells.BlockLSTM}
 FORWARDS = ("sequential", "newton", "quasi")
 #: backward name -> bppsa.rnn options
 BACKWARDS = {"bptt": {"backward": "bptt"}, "bppsa": {"backward": "bppsa", "scan": "blelloch"},

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa import cells, structured
+from bppsa import cells
 
 __all__ = ["make_point", "save_point", "load_point", "step_fn", "gru_jacobian_fn", "bppsa_cell",
            "structured_gru_available", "structured_diag_gru", "reference_main", "grad_error"]
@@ -118,7 +118,7 @@ def bppsa_cell(kind, I, H):
     """(cell, to_params(peer params) -> bppsa params, to_peer(bppsa grads) -> peer-named grads).
 
     The plug-in point: a bppsa cell that expresses pararnn's GRU natively (a reset-before
-    convention field on cells.GRU; a diagonal / block-diagonal cell from bppsa.structured for
+    convention field on cells.GRU; a diagonal / block-diagonal cell from bppsa.cells for
     gru_diag and mix="head") replaces the Generic here, with its own parameter mapping."""
     if kind == "rnn":
         cell = cells.RNN(I, H, nonlinearity="tanh")
@@ -134,18 +134,18 @@ def bppsa_cell(kind, I, H):
 
 
 def structured_gru_available():
-    """Whether bppsa.structured has the BlockGRU that runs the diagonal GRU exactly."""
-    return hasattr(structured, "BlockGRU")
+    """Whether bppsa.cells has the BlockGRU that runs the diagonal GRU exactly."""
+    return hasattr(cells, "BlockGRU")
 
 
 def structured_diag_gru(I, H):
-    """pararnn's diagonal GRU as ``bppsa.structured.BlockGRU(I, H, head_size=1, hidden_bias=False)``.
+    """pararnn's diagonal GRU as ``bppsa.cells.BlockGRU(I, H, head_size=1, hidden_bias=False)``.
 
     Exact: with a diagonal recurrence a_n ⊙ (h ⊙ r) = r ⊙ (a_n ⊙ h), so the reset position does
     not matter (no hidden bias), and pararnn's z is 1 − bppsa's z, i.e. bppsa's z gate has the
     negated pre-activation (z columns of W_x, b_x and W_h negated). Gate order (z, r, n) ->
     (r, z, n); W_h (N = H, k = 1, 3)."""
-    cell = structured.BlockGRU(I, H, 1, hidden_bias=False)
+    cell = cells.BlockGRU(I, H, 1, hidden_bias=False)
 
     def to_params(p):
         Wz, Wr, Wn = jnp.split(jnp.asarray(p["W_x.weight"]), 3, axis=0)

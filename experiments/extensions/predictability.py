@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa import backprop, cells, structured
+from bppsa import backprop, cells
 from bppsa.forward import newton
 from bppsa.forward.lyapunov import lyapunov
 from bppsa.plan import cost
@@ -49,7 +49,7 @@ def _scaled_rnn(I: int, H: int, rho: float):
 
 def _slow_gru(I: int, H: int, gate: float):
     """A diagonal GRU whose update gate is ≈ ``gate`` (its bias set to logit(gate))."""
-    cell = structured.BlockGRU(I, H, 1)
+    cell = cells.BlockGRU(I, H, 1)
 
     def inputs(T, B, seed):
         p, xs, h0, _ = gradient.problem(cell, T, B, seed=seed)

@@ -56,7 +56,7 @@ class Point:
 
     Attributes:
       name: a label (where the point comes from and its sizes).
-      kind: "rnn", "gru", "lstm" (:mod:`bppsa.cells`), "blockgru" or "blockrnn" (:mod:`bppsa.structured`).
+      kind: "rnn", "gru", "lstm" (:mod:`bppsa.cells`), "blockgru" or "blockrnn" (:mod:`bppsa.cells`).
       I, H, T, B: input size, hidden size, sequence length, batch.
       pairs: the (forward, backward) pairs run with ``kernels="pallas"``.
       head: a structured cell's head size.
@@ -72,9 +72,9 @@ class Point:
     head: int = 1
 
     def cell(self) -> Any:
-        from bppsa import cells, structured
+        from bppsa import cells
         if self.kind in ("blockgru", "blockrnn"):
-            make = structured.BlockGRU if self.kind == "blockgru" else structured.BlockRNN
+            make = cells.BlockGRU if self.kind == "blockgru" else cells.BlockRNN
             return make(self.I, self.H, head_size=self.head)
         return cells.BUILTIN[self.kind](self.I, self.H)
 

@@ -6,7 +6,7 @@ prints one JSON object: ``{"ms": training-step median, "forward_ms", "samples_ms
 "scan_backend", "pararnn", "torch", "triton", "source"}`` or ``{"skipped": reason}``.
 
 The cell is ``pararnn.ParaGRU(I, H, mix="diag", max_recurrent_norm=None)``: pararnn's diagonal
-GRU, the equations of ``bppsa.structured.BlockGRU(I, H, head_size=1)`` up to its z gate's sign
+GRU, the equations of ``bppsa.cells.BlockGRU(I, H, head_size=1)`` up to its z gate's sign
 (:mod:`experiments.extensions.pararnn_equations`), with its own random weights (times only). One
 training step: ``newton_apply(cell, x, NewtonConfig(scan_backend="fused", residual_fail=None), h0=h0)``
 (the fused Triton Alg. 1 custom op, fixed K = 3 Newton iterations: ``fused_early_exit`` is off by

@@ -159,7 +159,7 @@ def sweep_task(config, workdir) -> dict:
             r["scan_gflops"] = 2 * r["T"] * r["B"] * H ** 3 / r["components"]["bppsa_backward"]["min"] / 1e9
             # the products alone (the up-sweep's bottom levels, as the scan runs them)
             r["product_rate"] = product_rate(r["T"], r["B"], H,
-                                             structured=cells.RNN(1, H).has_diagonal_jacobian)
+                                             structured=isinstance(cells.structure_of(cells.RNN(1, H)), cells.Scaled))
             print(f"T={r['T']} B={r['B']}: scan {r['scan_gflops']:.1f} GFLOP/s effective, "
                   f"up-sweep products {r['product_rate']['gflops']:.1f} GFLOP/s")
     print("wrote " + ", ".join(map(str, save_sweep(rec, workdir, config.name))))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa import cells, structured
+from bppsa import cells
 from bppsa.errors import UsageError
 from tests.helpers import normal
 
@@ -28,7 +28,7 @@ def test_the_contract_has_no_stub_that_raises():
 def test_cells_with_and_without_the_adjoint():
     for cell in (cells.RNN(2, 3), cells.GRU(2, 3), cells.LSTM(2, 3)):
         assert cell.has_adjoint and isinstance(cell, cells.AnalyticAdjoint)
-    for cell in (structured.BlockGRU(2, 4, head_size=2), cells.Generic(lambda p, h, x: h)):
+    for cell in (cells.BlockGRU(2, 4, head_size=2), cells.Generic(lambda p, h, x: h)):
         assert not cell.has_adjoint and not isinstance(cell, cells.AnalyticAdjoint)
 
 

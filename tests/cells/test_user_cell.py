@@ -40,7 +40,19 @@ class MinGRU(cells.Cell):
 
 @dataclasses.dataclass(frozen=True)
 class DiagonalMinGRU(MinGRU):
-    """The same cell, saying its Jacobian is diagonal."""
+    """The same cell, saying its Jacobian is diagonal (1 x 1 blocks)."""
+
+    @property
+    def jacobian_structure(self):
+        return cells.Blocks(1, self.blocks)
+
+    def blocks(self, params, s_prev, xs, s):
+        return (1 - jax.nn.sigmoid(xs @ params["W_z"]))[..., None, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class LegacyDiagonalMinGRU(MinGRU):
+    """The same, by the members ``jacobian_structure`` replaced: translated, with a DeprecationWarning."""
 
     @property
     def jacobian_block_size(self):
@@ -61,11 +73,12 @@ def test_the_contract_is_init_step_and_the_sizes():
     abstract = sorted(cells.Cell.__abstractmethods__)
     assert abstract == ["init", "step"]
     cell = MinGRU(2, 3)
-    assert not cell.has_adjoint and cell.jacobian_block_size is None and not cell.has_diagonal_jacobian
+    assert not cell.has_adjoint and cell.jacobian_structure == cells.Dense()
     assert not isinstance(cell, cells.AnalyticAdjoint)
 
 
-@pytest.mark.parametrize("cls", [MinGRU, DiagonalMinGRU])
+@pytest.mark.filterwarnings("ignore:LegacyDiagonalMinGRU describes its Jacobian:DeprecationWarning")
+@pytest.mark.parametrize("cls", [MinGRU, DiagonalMinGRU, LegacyDiagonalMinGRU])
 @pytest.mark.parametrize("T, B", [(1, 1), (7, 1), pytest.param(12, 3, marks=pytest.mark.slow)])  # B > 1: test-all
 def test_a_user_cell_has_autodiffs_gradients_every_backward_and_forward(cls, T, B):
     cell = cls(2, 3)
@@ -85,12 +98,12 @@ def test_a_user_cell_has_autodiffs_gradients_every_backward_and_forward(cls, T, 
 
 
 def test_the_default_jacobian_is_the_steps():
-    """The default transposed Jacobian (autodiff of step) equals the closed form the structured
+    """The default transposed Jacobian (autodiff of step) equals the closed form the diagonal
     subclass gives, as dense matrices."""
     cell, diag = MinGRU(2, 3), DiagonalMinGRU(2, 3)
     params = cell.init(jax.random.key(0), jnp.float64)
     xs = jax.random.normal(jax.random.key(1), (5, 2, 2), jnp.float64)
     sp = jax.random.normal(jax.random.key(2), (5, 2, 3), jnp.float64)
     dense = cell.transposed_jacobian(params, sp, xs, sp)
-    blocks = diag.jacobian_blocks(params, sp, xs, sp)[..., 0, 0]
+    blocks = diag.jacobian_structure.blocks(params, sp, xs, sp)[..., 0, 0]
     assert jnp.allclose(dense, jax.vmap(jax.vmap(jnp.diag))(blocks), atol=1e-14)

@@ -255,17 +255,17 @@ from bppsa.scan import dense as scan_lib  # noqa: E402
 
 
 @pytest.mark.parametrize("name", ["rnn-tanh", "rnn-relu"])
-def test_diagonal_jacobian_is_the_transposed_jacobian(problem, name):
+def test_scaled_jacobian_is_the_transposed_jacobian(problem, name):
     c, params, xs, h0 = problem(CELLS[name](3, 5), 7, 2)
     ss = _reference(c, params, xs, h0)
     s_prev = jnp.concatenate([h0[None], ss[:-1]])
-    A, Wt = c.diagonal_jacobian(params, s_prev, xs, ss)
+    st = c.jacobian_structure
+    assert isinstance(st, cells.Scaled)
+    A, Wt = st.factors(params, s_prev, xs, ss)
     np.testing.assert_array_equal(A[..., None] * Wt, c.transposed_jacobian(params, s_prev, xs, ss))
-    assert c.has_diagonal_jacobian
     for other in ("gru", "lstm", "generic", "generic-jac"):
-        assert not CELLS[other](3, 4).has_diagonal_jacobian
-    dense = cells.RNN(3, 5, diagonal=False)  # the structure switched off
-    assert not dense.has_diagonal_jacobian and dense.diagonal_jacobian(params, s_prev, xs, ss) is None
+        assert not isinstance(cells.structure_of(CELLS[other](3, 4)), cells.Scaled)
+    assert cells.RNN(3, 5, diagonal=False).jacobian_structure == cells.Dense()  # the structure switched off
 
 
 @pytest.mark.parametrize("name,T,B", [("rnn-relu", 129, 1)] + [
@@ -321,8 +321,9 @@ def test_cell_contract_and_properties():
     rnn, gru, lstm = cells.RNN(2, 3), cells.GRU(2, 3), cells.LSTM(2, 3)
     assert [c.gates for c in (rnn, gru, lstm)] == [1, 3, 4]
     assert [c.pair_state for c in (rnn, gru, lstm)] == [False, False, True]
-    assert [c.has_diagonal_jacobian for c in (rnn, gru, lstm)] == [True, False, False]
-    assert cells.Generic(lambda p, h, x: h).gates == 1
+    assert [type(c.jacobian_structure) for c in (rnn, gru, lstm)] == [cells.Scaled, cells.Factored, cells.Factored]
+    assert not hasattr(cells.Generic(lambda p, h, x: h), "gates")  # a cost input of the affine cells, not the contract
+    assert cells.gate_count(cells.Generic(lambda p, h, x: h)) == 1
     with pytest.raises(ValueError, match="diagonal must be True or False"):
         cells.RNN(2, 3, diagonal="no")
     xs = jnp.ones((4, 2, 2))
@@ -412,8 +413,8 @@ def test_bptt_gradients_whether_or_not_the_input_product_is_hoisted(problem, mon
     """BPTT's forward computes the inputs' part of the steps before its loop (the plan's ``hoist``)
     or inside each step: either way autodiff's float64 gradients through a plain lax.scan."""
     monkeypatch.setattr(bppsa.plan.rules, "hoist_inputs", lambda *a, **k: hoist)
-    make = {"block-gru": lambda I, H: bppsa.structured.BlockGRU(I, H, head_size=1),
-            "block-lstm-k2": lambda I, H: bppsa.structured.BlockLSTM(I, H, head_size=2)}
+    make = {"block-gru": lambda I, H: bppsa.cells.BlockGRU(I, H, head_size=1),
+            "block-lstm-k2": lambda I, H: bppsa.cells.BlockLSTM(I, H, head_size=2)}
     monkeypatch.setitem(CELLS, "block-gru", make["block-gru"])
     monkeypatch.setitem(CELLS, "block-lstm-k2", make["block-lstm-k2"])
     c, params, xs, h0 = problem(CELLS[name](3, 4), T, B)

@@ -33,7 +33,7 @@ def test_component_functions_compute_the_one_timed_gradient(close, cell):
     assert gs.shape == (T, B, cell.state_size)
     jac = fns["jacobian"]()
     S = cell.state_size
-    if cell.has_diagonal_jacobian:  # the RNN: only the factors (A, Wt) are generated
+    if isinstance(cell.jacobian_structure, cells.Scaled):  # the RNN: only the factors (A, Wt) are generated
         assert jac[0].shape == (T, B, S) and jac[1].shape == (S, S)
     else:
         assert jac.shape == (T, B, S, S)

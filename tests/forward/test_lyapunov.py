@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa import cells, structured
+from bppsa import cells
+from bppsa.cells.structure import block_size
 from bppsa.errors import UsageError
 from tests.helpers import normal, random_params
 
@@ -40,14 +41,14 @@ def test_logistic_map_at_r4_gives_log_2():
 
 
 def _direct(cell, p, xs, h0):
-    """Per sequence, the largest over the Jacobian's diagonal blocks (k = cell.jacobian_block_size;
+    """Per sequence, the largest over the Jacobian's diagonal blocks (k = the cell's Blocks' size;
     dense: one block) of one vector (1, …, 1)/√k through the block of J_t (jax.jacrev of the flat
     step), renormalised every step: (B,)."""
     ss = bppsa.rnn(cell, p, xs, h0, backward="bptt")
     flat = lambda s: cell.flatten_state(s)
     s0, ss = flat(h0), flat(ss)
     S = s0.shape[-1]
-    k = cell.jacobian_block_size or S
+    k = block_size(cell) or S
     step = lambda s, x: flat(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
     out = []
     for b in range(s0.shape[0]):
@@ -64,8 +65,8 @@ def _direct(cell, p, xs, h0):
 CASES = {
     "gru": lambda: cells.GRU(3, 4),
     "lstm": lambda: cells.LSTM(3, 4),
-    "block-gru-k1": lambda: structured.BlockGRU(3, 4, 1),
-    "block-lstm-k2": lambda: structured.BlockLSTM(3, 4, 2),
+    "block-gru-k1": lambda: cells.BlockGRU(3, 4, 1),
+    "block-lstm-k2": lambda: cells.BlockLSTM(3, 4, 2),
 }
 
 
@@ -93,7 +94,7 @@ def test_chunk_length_does_not_change_it_and_states_may_be_given():
 
 @pytest.mark.slow
 def test_jit_and_vmap():
-    cell = structured.BlockGRU(2, 6, 2)
+    cell = cells.BlockGRU(2, 6, 2)
     p, xs, h0 = random_params(cell, 1), normal(2, (4, 50, 3, 2)), normal(3, (3, 6))
     f = jax.jit(jax.vmap(lambda x: bppsa.lyapunov(cell, p, x, h0)))
     out = f(xs)
@@ -105,7 +106,7 @@ def test_jit_and_vmap():
 def test_diagonal_blocks_jit_and_a_given_chunk():
     """The default run's small twin of the two slow tests above: a diagonal cell under jit, T = 9
     (odd), B = 1, equal for chunk 1, 4 and the default."""
-    cell = structured.BlockGRU(2, 3, 1)
+    cell = cells.BlockGRU(2, 3, 1)
     p, xs, h0 = random_params(cell, 1), normal(2, (9, 1, 2)), normal(3, (1, 3))
     f = jax.jit(lambda x, c: bppsa.lyapunov(cell, p, x, h0, chunk=c), static_argnums=1)
     ref = _direct(cell, p, xs, h0)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import bppsa
 import bppsa.nn
-from bppsa import cells, parallel, structured
+from bppsa import cells, parallel
 from bppsa.forward import newton
 from bppsa.plan import options
 from bppsa.errors import UsageError
@@ -48,12 +48,12 @@ CELLS = {  # name -> (I, H) -> cell
     "gru": lambda i, h: cells.GRU(i, h),
     "lstm": lambda i, h: cells.LSTM(i, h),
     "generic": generic_cell,
-    "block-rnn-k1": lambda i, h: structured.BlockRNN(i, h),
-    "block-rnn-k2": lambda i, h: structured.BlockRNN(i, h, 2),
-    "block-gru-k1": lambda i, h: structured.BlockGRU(i, h),
-    "block-gru-k2": lambda i, h: structured.BlockGRU(i, h, 2),
-    "block-lstm-k1": lambda i, h: structured.BlockLSTM(i, h),
-    "block-lstm-k2": lambda i, h: structured.BlockLSTM(i, h, 2),
+    "block-rnn-k1": lambda i, h: cells.BlockRNN(i, h),
+    "block-rnn-k2": lambda i, h: cells.BlockRNN(i, h, 2),
+    "block-gru-k1": lambda i, h: cells.BlockGRU(i, h),
+    "block-gru-k2": lambda i, h: cells.BlockGRU(i, h, 2),
+    "block-lstm-k1": lambda i, h: cells.BlockLSTM(i, h),
+    "block-lstm-k2": lambda i, h: cells.BlockLSTM(i, h, 2),
 }
 FORWARDS = ("newton", "quasi")
 BACKWARDS = {

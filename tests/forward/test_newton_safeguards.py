@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa import cells, structured
+from bppsa import cells
 from bppsa.forward import newton
 from bppsa.plan import options
 from bppsa.errors import UsageError
@@ -31,7 +31,7 @@ from tests.reference import scan_grads, scan_states
 def _slow_gru(gate, T, H=8, seed=0):
     """A diagonal GRU (head size 1) whose update gate is ≈ ``gate`` at every step (its bias set to
     logit(gate)), float64 parameters, inputs and h0."""
-    cell = structured.BlockGRU(1, H, 1)
+    cell = cells.BlockGRU(1, H, 1)
     p = random_params(cell, seed, np.float64)
     b_x = np.array(p["b_x"])
     b_x[H:2 * H] = np.log(gate / (1 - gate))

@@ -17,7 +17,7 @@ import pytest
 from jax.extend.core import jaxprs_in_params
 
 import bppsa
-from bppsa import cells, structured
+from bppsa import cells
 from bppsa.forward.newton import bound
 from bppsa.forward.sequential import prev_states, steps
 from bppsa.forward.step import newton_step
@@ -28,9 +28,9 @@ from tests.reference import scan_grads
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
 
 CASES = {
-    "diagonal-gru": (lambda: structured.BlockGRU(3, 8, head_size=1), "newton"),
-    "block-gru": (lambda: structured.BlockGRU(3, 8, head_size=2), "newton"),
-    "block-lstm": (lambda: structured.BlockLSTM(3, 8, head_size=2), "newton"),
+    "diagonal-gru": (lambda: cells.BlockGRU(3, 8, head_size=1), "newton"),
+    "block-gru": (lambda: cells.BlockGRU(3, 8, head_size=2), "newton"),
+    "block-lstm": (lambda: cells.BlockLSTM(3, 8, head_size=2), "newton"),
     "dense-gru": (lambda: cells.GRU(3, 6), "newton"),
     "gru-quasi": (lambda: cells.GRU(3, 6), "quasi"),
 }
@@ -67,9 +67,9 @@ def test_newton_with_fused_solves_equals_autodiff(name):
             assert jnp.allclose(a, b, rtol=1e-10, atol=1e-11), (name, T, B)
 
 
-DIAGONAL = {"gru": lambda H: structured.BlockGRU(3, H), "rnn": lambda H: structured.BlockRNN(3, H),
-            "gru-no-hidden-bias": lambda H: structured.BlockGRU(3, H, hidden_bias=False),
-            "rnn-relu": lambda H: structured.BlockRNN(3, H, nonlinearity="relu")}
+DIAGONAL = {"gru": lambda H: cells.BlockGRU(3, H), "rnn": lambda H: cells.BlockRNN(3, H),
+            "gru-no-hidden-bias": lambda H: cells.BlockGRU(3, H, hidden_bias=False),
+            "rnn-relu": lambda H: cells.BlockRNN(3, H, nonlinearity="relu")}
 
 
 @pytest.mark.parametrize("name, dtype", [(n, d) if n == "rnn" and d == jnp.float64 else  # gru: the e2e test above
@@ -114,7 +114,7 @@ def test_the_grid_fills_an_h100():
     assert kernel_newton.chunking(30, 34) == (6, 5)  # short: ⌈√T⌉ steps kept (not 30 chunks of one step)
     assert kernel_newton.chunking(200, 8) == (8, 25)  # shortened to MIN_CHUNK, no further
     assert kernel_newton.chunking(10, 4, chunk=4) == (4, 3)
-    cell = structured.BlockGRU(3, 200)
+    cell = cells.BlockGRU(3, 200)
     k = jax.random.split(jax.random.key(2), 4)
     params, xs = cell.init(k[0], jnp.float64), jax.random.normal(k[1], (5, 9, 3), jnp.float64)
     s0, guess = jax.random.normal(k[2], (9, 200), jnp.float64), jax.random.normal(k[3], (5, 9, 200), jnp.float64)
@@ -124,14 +124,14 @@ def test_the_grid_fills_an_h100():
 
 
 def test_which_cells_the_fused_newton_step_runs():
-    assert kernel_newton.supports(structured.BlockGRU(3, 8)) and kernel_newton.supports(structured.BlockRNN(3, 8))
-    assert not kernel_newton.supports(structured.BlockGRU(3, 8, head_size=2))  # blocks: the chunked scan
-    assert not kernel_newton.supports(structured.BlockLSTM(3, 8))  # (h, c): 2×2 blocks
+    assert kernel_newton.supports(cells.BlockGRU(3, 8)) and kernel_newton.supports(cells.BlockRNN(3, 8))
+    assert not kernel_newton.supports(cells.BlockGRU(3, 8, head_size=2))  # blocks: the chunked scan
+    assert not kernel_newton.supports(cells.BlockLSTM(3, 8))  # (h, c): 2×2 blocks
     assert not kernel_newton.supports(cells.GRU(3, 8))
-    with pytest.raises(ValueError, match="the fused Newton step runs bppsa.structured.BlockRNN and BlockGRU"):
+    with pytest.raises(ValueError, match="the fused Newton step runs bppsa.cells.BlockRNN and BlockGRU"):
         fused_newton_step(cells.GRU(3, 8), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 8)), jnp.zeros((2, 1, 8)))
     # through bppsa.rnn the diagonal GRU's step is this kernel, not the generic solve
-    cell = structured.BlockGRU(3, 8)
+    cell = cells.BlockGRU(3, 8)
     program = str(jax.make_jaxpr(lambda p: bppsa.rnn(cell, p, jnp.ones((5, 2, 3)), jnp.zeros((2, 8)),
                                                      forward="newton", kernels="interpret"))(
         cell.init(jax.random.key(0))))
@@ -194,7 +194,7 @@ def test_an_iteration_is_the_three_kernels_and_scalars():
     """Through bppsa.rnn an iteration runs the three kernels on the input projection made before
     the loop: no product (x_t W_x) and no pass of the cell's gates over (T, B, S) in the loop
     (the repair's XLA measures sit in a cond not taken)."""
-    cell = structured.BlockGRU(3, 8)
+    cell = cells.BlockGRU(3, 8)
     f = lambda p: bppsa.rnn(cell, p, jnp.ones((5, 2, 3)), jnp.zeros((2, 8)),  # noqa: E731
                             forward="newton", kernels="interpret")
     looped = _while_primitives(jax.make_jaxpr(f)(cell.init(jax.random.key(0))).jaxpr)
@@ -225,7 +225,7 @@ def test_an_iterate_that_needs_a_repair_is_measured_as_xla_does():
     """An expanding recurrence (|W_h| = 50, float32, T = 40): the first iterates overflow (the
     kernels' size test sends them to the repair and XLA's measures); the counts and states are the
     XLA forward's."""
-    cell = structured.BlockRNN(3, 8)
+    cell = cells.BlockRNN(3, 8)
     k = jax.random.split(jax.random.key(1), 3)
     params = dict(cell.init(k[0], jnp.float32))
     params["W_h"] = 50 * jnp.sign(params["W_h"])
@@ -246,7 +246,7 @@ def test_an_iterate_that_needs_a_repair_is_measured_as_xla_does():
 def test_a_newton_training_step_exports_for_cuda_here(kernels):
     """jax.export of a forward="newton" training-step gradient for CUDA on this CPU serialises: the
     convergence report (a host callback) is left out of an exported program."""
-    cell = structured.BlockGRU(3, 20)
+    cell = cells.BlockGRU(3, 20)
     params = cell.init(jax.random.key(0), jnp.float32)
     xs, h0 = jnp.zeros((37, 5, 3)), jnp.zeros((5, 20))
     loss = lambda p, x, h: jnp.sum(bppsa.rnn(cell, p, x, h, forward="newton", kernels=kernels))  # noqa: E731

@@ -14,7 +14,6 @@ import bppsa
 from bppsa import cells
 from bppsa.errors import UsageError
 from bppsa.forward.sequential import forward_states
-import bppsa.structured
 from bppsa import kernels as kernel_lib
 from bppsa.kernels import cuda_module, fused_states, lowering, recurrence, supports
 from tests.reference import scan_grads
@@ -158,7 +157,7 @@ def test_the_kernels_option():
                                          r"Jacobian blocks of 200.*kernels='xla' runs it"):
         bppsa.Options(kernels="interpret", forward="newton").plan(big, xs, jnp.zeros((2, 200)))
     with pytest.raises(UsageError, match=r"backward='bptt' of BlockGRU"):
-        block = bppsa.structured.BlockGRU(3, 8, head_size=2)
+        block = bppsa.cells.BlockGRU(3, 8, head_size=2)
         bppsa.Options(kernels="interpret", forward="newton", backward="bptt").plan(block, xs, jnp.zeros((2, 8)))
     gru64 = cells.GRU(3, 64)  # its compiled kernels spill registers: the limit is named
     assert kernel_lib.unsupported(gru64, "bptt", "sequential", 64) == [

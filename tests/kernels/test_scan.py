@@ -13,7 +13,7 @@ import pytest
 from bppsa.kernels import chunked_scan, chunked_scan_factored, cuda_module, lowering
 from bppsa.kernels import scan as kernel_scan
 from bppsa.scan import dense
-from bppsa.scan.structured import block_scan
+from bppsa.scan.blocks import block_scan
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
 
@@ -63,7 +63,7 @@ def test_the_factored_form_equals_the_scan_of_the_formed_matrices(dtype):
 
 @pytest.mark.parametrize("name", ["gru", "lstm"])
 def test_the_cells_factored_jacobians_scan_as_their_matrices(name):
-    """A GRU's four factors and an LSTM's five (bppsa.cells.Cell.factored_jacobian): the factored
+    """A GRU's four factors and an LSTM's five (bppsa.cells.Factored): the factored
     scan equals the scan of the dense transposed Jacobians, which the factors reproduce exactly."""
     from bppsa import cells
     from bppsa.forward.sequential import forward_states, prev_states
@@ -75,7 +75,7 @@ def test_the_cells_factored_jacobians_scan_as_their_matrices(name):
     s0 = jax.random.normal(k[2], (2, cell.state_size), jnp.float64)
     ss = forward_states(cell, params, xs, s0)
     Ms = cell.transposed_jacobian(params, prev_states(s0, ss), xs, ss)
-    A, Wt = cell.factored_jacobian(params, prev_states(s0, ss), xs, ss)
+    A, Wt = cell.jacobian_structure.factors(params, prev_states(s0, ss), xs, ss)
     assert A.shape[0] == Wt.shape[0] == (4 if name == "gru" else 5)
     assert float(jnp.max(jnp.abs(jnp.einsum("qnri,qij->nrij", A, Wt) - Ms))) <= 1e-14
     v, ds = jax.random.normal(k[3], (2, cell.state_size), jnp.float64), jnp.cos(ss)

@@ -45,10 +45,8 @@ def test_the_fused_step_has_no_time_loop_and_a_fixed_number_of_kernels(name, bac
 @pytest.mark.parametrize("options", [{}, {"backward": "bptt"}, {"forward": "newton"}], ids=["bppsa", "bptt", "newton"])
 def test_an_empty_batch_runs_every_kernel_path(options):
     """B = 0: no program to launch; the states and gradients are XLA's (empty states, zero gradients)."""
-    from bppsa import structured
-
     # the fused recurrence and BPTT's adjoint loop run the dense cells; Newton's step the diagonal ones
-    for cell in [structured.BlockGRU(3, 8) if "forward" in options else cells.GRU(3, 5)]:
+    for cell in [cells.BlockGRU(3, 8) if "forward" in options else cells.GRU(3, 5)]:
         params, xs = cell.init(jax.random.key(0)), jnp.ones((4, 0, 3))
         h0 = cell.unflatten_state(jnp.zeros((0, cell.state_size)))
         run = lambda p, k: bppsa.rnn(cell, p, xs, h0, kernels=k, **options)  # noqa: E731

@@ -245,9 +245,9 @@ def test_forward_mode_and_hvps_through_the_mesh_equal_one_device(close, cell_nam
     through ``mesh=`` (4 simulated devices, T = 11 not divisible by 4, B = 3) equal the unsharded
     ones in float64, for a dense cell (GRU) and structured cells whose diagonal / 2x2-block
     Jacobians the sharded scans use (BlockGRU); the parallel forward too."""
-    from bppsa import cells, structured
-    cell = {"gru": cells.GRU(3, 5), "block_gru": structured.BlockGRU(3, 6, head_size=1),
-            "block_gru2": structured.BlockGRU(3, 6, head_size=2), "lstm": cells.LSTM(3, 4)}[cell_name]
+    from bppsa import cells
+    cell = {"gru": cells.GRU(3, 5), "block_gru": cells.BlockGRU(3, 6, head_size=1),
+            "block_gru2": cells.BlockGRU(3, 6, head_size=2), "lstm": cells.LSTM(3, 4)}[cell_name]
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape) * 0.5), cell.init(jax.random.key(0)))
     xs = jnp.asarray(rng.normal(size=(11, 3, 3)))

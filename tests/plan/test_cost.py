@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bppsa import cells, structured
+from bppsa import cells
 from bppsa.plan import calibration, rules
 from bppsa.plan import cost
 from bppsa.backward import pipeline
@@ -184,10 +184,10 @@ def test_auto_runs_the_elementwise_bppsa_for_diagonal_cells_on_cpu(H, T, B):
     """1×1 Jacobian blocks on the CPU, the scan left open: BPPSA by the elementwise plan, whatever the
     model (its S³ and S² features describe formed Jacobians); an explicit scan, a mesh or another
     backend: the model decides, as before."""
-    cell = structured.BlockGRU(12, H, 1, hidden_bias=False)
+    cell = cells.BlockGRU(12, H, 1, hidden_bias=False)
     for model in (None, cost.CostModel(FAVOUR_BPTT)):
         assert calibration.choose_backward(cell, T, B, jnp.float32, cost_model=model, backend="cpu") == ("bppsa", "sequential")
-    assert calibration.choose_backward(structured.BlockRNN(12, H), T, B, backend="cpu") == ("bppsa", "sequential")
+    assert calibration.choose_backward(cells.BlockRNN(12, H), T, B, backend="cpu") == ("bppsa", "sequential")
     shipped = {b: calibration.shipped_cost_model(b) for b in ("cpu", "gpu")}
     for kw, model in (({"scan": "blelloch"}, shipped["cpu"]), ({"devices": 2}, shipped["cpu"]),
                       ({"backend": "gpu"}, shipped["gpu"])):
@@ -197,8 +197,8 @@ def test_auto_runs_the_elementwise_bppsa_for_diagonal_cells_on_cpu(H, T, B):
 
 
 @pytest.mark.parametrize("cell", [cells.RNN(1, 20), cells.GRU(24, 20), cells.LSTM(12, 20),
-                                  structured.BlockGRU(12, 64, 4), structured.BlockLSTM(16, 20, 1),
-                                  structured.BlockRNN(16, 64, 8)],
+                                  cells.BlockGRU(12, 64, 4), cells.BlockLSTM(16, 20, 1),
+                                  cells.BlockRNN(16, 64, 8)],
                          ids=["rnn", "gru", "lstm", "block-gru-k4", "block-lstm-k1", "block-rnn-k8"])
 def test_auto_keeps_the_models_choice_for_every_other_cell(cell):
     """Dense Jacobians and blocks larger than 1×1 (the LSTM's (h, c) pairs included): the shipped

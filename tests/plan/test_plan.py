@@ -16,7 +16,7 @@ from flax import nnx
 
 import bppsa
 import bppsa.nn
-from bppsa import cells, parallel, structured
+from bppsa import cells, parallel
 from bppsa.plan import calibration, cost, options, rules
 from bppsa.errors import UsageError
 
@@ -110,7 +110,7 @@ def test_a_plan_names_every_stage(problem, loss, close, monkeypatch, kind, field
     from bppsa.backward import adjoint as adjoint_lib
     from bppsa.backward import rule
     from tests.reference import grads_of, scan_grads
-    cell = cells.GRU(2, 3) if kind == "gru" else structured.BlockGRU(2, 4, 2)
+    cell = cells.GRU(2, 3) if kind == "gru" else cells.BlockGRU(2, 4, 2)
     cell, params, xs, h0 = problem(cell, T=7, B=2)
     plan = bppsa.Options(**fields).plan(cell, xs, h0, devices=devices)
     assert (plan.adjoint, plan.adjoint_scan) == (adjoint, adjoint_scan)
@@ -139,7 +139,7 @@ def test_auto_plans_the_diagonal_bppsa_for_the_diagonal_gru(H, T, B):
     makes the plan of backward="bppsa" (the sequential scan over cache-sized chunks of the diagonals),
     measured 1.2-1.8x faster than BPTT there (experiments/history/diagonal-auto.md); the Newton
     forward's plan too. With a scan given, the model decides (BPTT here)."""
-    cell = structured.BlockGRU(12, H, 1, hidden_bias=False)
+    cell = cells.BlockGRU(12, H, 1, hidden_bias=False)
     xs, s0 = jax.ShapeDtypeStruct((T, B, 12), jnp.float32), jax.ShapeDtypeStruct((B, H), jnp.float32)
     for fields in ({}, {"forward": "newton"}):
         auto = bppsa.Options(backward="auto", **fields).plan(cell, xs, s0)
@@ -200,7 +200,7 @@ def test_the_newton_kernel_is_decided_while_planning(problem, monkeypatch):
     the forward runs what it names, and a plan replaced to "none" runs the fused scan instead, to
     the same states."""
     from bppsa.kernels import newton as newton_kernels
-    diagonal, dense = structured.BlockGRU(2, 4, 1), cells.GRU(2, 3)
+    diagonal, dense = cells.BlockGRU(2, 4, 1), cells.GRU(2, 3)
     cell, params, xs, h0 = problem(diagonal, T=9, B=2)
     plan = bppsa.Options(forward="newton", kernels="interpret").plan(cell, xs, h0)
     assert plan.newton_kernel == "measured" and "whole step fused and measured" in plan.stages["forward"]

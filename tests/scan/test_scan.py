@@ -307,16 +307,16 @@ def test_diagonal_scan_rejects_bad_input():
 
 def test_the_scan_package_is_its_modules_curated_face():
     import bppsa.scan as public
-    from bppsa.scan import structured
+    from bppsa.scan import blocks
     curated = ["SCANS", "scan", "blelloch_scan", "associative_scan", "sequential_scan", "up_sweep", "down_sweep",
                "vecmat", "Products", "DENSE"]
-    # the diagonal products of the same sweep and the block scans, from bppsa.scan.structured
-    structured_names = ["DIAGONAL", "diagonal_scan", "block_scan"]
-    assert sorted(public.__all__) == sorted(curated + structured_names + ["dense", "structured", "layout"])
+    # the diagonal products of the same sweep and the block scans, from bppsa.scan.blocks
+    block_names = ["DIAGONAL", "diagonal_scan", "block_scan"]
+    assert sorted(public.__all__) == sorted(curated + block_names + ["dense", "blocks", "layout"])
     for name in curated:
         assert getattr(public, name) is getattr(S, name)
-    for name in structured_names:
-        assert getattr(public, name) is getattr(structured, name)
+    for name in block_names:
+        assert getattr(public, name) is getattr(blocks, name)
     assert not hasattr(public, "to_storage")  # the storage-order machinery stays in bppsa.scan.dense
 
 

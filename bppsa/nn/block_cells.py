@@ -1,11 +1,11 @@
-"""flax.nnx front ends of :mod:`bppsa.structured`: recurrent cells with per-head recurrences.
+"""flax.nnx front ends of :mod:`bppsa.cells.block`: recurrent cells with per-head recurrences.
 
 :class:`BlockSimpleCell`, :class:`BlockGRUCell` and :class:`BlockLSTMCell` follow flax's
 ``nnx.RNNCellBase`` conventions (``__call__(carry, inputs) -> (new_carry, output)``,
 ``initialize_carry(input_shape, rngs)``, ``num_feature_axes``; constructor arguments
 ``in_features, hidden_features``, ``*_fn``, ``*_init``, ``dtype``, ``param_dtype``, ``rngs``),
 so ``nnx.RNN`` drives them as it drives flax's own cells; ``head_size`` (k) is the size of
-each head (k = 1: diagonal recurrence). Each holds its :mod:`bppsa.structured` cell's parameters
+each head (k = 1: diagonal recurrence). Each holds its :mod:`bppsa.cells.block` cell's parameters
 as ``nnx.Param`` arrays in that cell's layout (``W_x`` (I, G·H), ``W_h`` (H/k, k, G·k), ``b_x`` /
 ``b_h`` (G·H)), and its step *is* that cell's step, so :func:`bppsa.nn.cells.plan` runs it
 with the cell's analytic Jacobian blocks and parameter gradients (:meth:`bppsa_cell`): ::
@@ -25,8 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx import initializers
 
-from bppsa import structured
-from bppsa.cells import Cell
+from bppsa.cells import Cell, block, gate_count
 from bppsa.errors import UsageError, as_int
 from bppsa.nn.cells import ACTIVATION_NAMES
 
@@ -37,7 +36,7 @@ _PARAMS = ("W_x", "W_h", "b_x", "b_h")
 
 def head_uniform(key, shape, dtype=jnp.float32):
     """The default recurrent-kernel initializer: U(±1/√k) for ``W_h`` (N, k, G·k) (each unit's
-    recurrent fan-in is its head's k units; :meth:`bppsa.structured.BlockRNN.init`'s).
+    recurrent fan-in is its head's k units; :meth:`bppsa.cells.BlockRNN.init`'s).
 
     Args:
       key: a ``jax.random`` key.
@@ -75,7 +74,7 @@ class _BlockCell(nnx.RNNCellBase):
             v if (n := as_int(v)) is None else n for v in (in_features, hidden_features, head_size))
         self.dtype, self.param_dtype, self.carry_init = dtype, param_dtype, carry_init
         cell = self.bppsa_cell()  # checks the sizes and activations
-        G, H, head_size = cell.gates, self.hidden_features, self.head_size
+        G, H, head_size = gate_count(cell), self.hidden_features, self.head_size
         self.W_x = nnx.Param(kernel_init(rngs.params(), (self.in_features, G * H), param_dtype))
         self.W_h = nnx.Param(recurrent_kernel_init(rngs.params(), (H // head_size, head_size, G * head_size),
                                                    param_dtype))
@@ -85,12 +84,12 @@ class _BlockCell(nnx.RNNCellBase):
             self.b_h = nnx.Param(bias_init(rngs.params(), (G * H,), param_dtype))
 
     def bppsa_cell(self) -> Cell:
-        """The :mod:`bppsa.structured` cell whose step this module computes, on parameters in the
+        """The :mod:`bppsa.cells.block` cell whose step this module computes, on parameters in the
         same layout (``nnx.state(self, nnx.Param)`` as a dict): what :func:`bppsa.nn.cells.plan`
         runs it with.
 
         Returns:
-          The :mod:`bppsa.structured` cell (BlockRNN, BlockGRU or BlockLSTM) of this module's sizes and
+          The :mod:`bppsa.cells.block` cell (BlockRNN, BlockGRU or BlockLSTM) of this module's sizes and
           activations.
 
         Raises:
@@ -150,7 +149,7 @@ class _BlockCell(nnx.RNNCellBase):
 
 
 class BlockSimpleCell(_BlockCell):
-    """:class:`bppsa.structured.BlockRNN` (input bias only, as ``nnx.SimpleCell``):
+    """:class:`bppsa.cells.BlockRNN` (input bias only, as ``nnx.SimpleCell``):
     h' = activation_fn(x W_x + b_x + rec(h)), rec per head (``head_size``). Carry and output h ``(*batch, H)``.
 
     Args:
@@ -191,7 +190,7 @@ class BlockSimpleCell(_BlockCell):
                     param_dtype, carry_init, rngs)
 
     def bppsa_cell(self) -> Cell:
-        return structured.BlockRNN(self.in_features, self.hidden_features, self.head_size,
+        return block.BlockRNN(self.in_features, self.hidden_features, self.head_size,
                                    _name(self.activation_fn, "activation_fn"), hidden_bias=False)
 
 
@@ -208,7 +207,7 @@ class _GatedCell(_BlockCell):
 
 
 class BlockGRUCell(_GatedCell):
-    """:class:`bppsa.structured.BlockGRU` (input bias only, as ``nnx.GRUCell``; gates r, z, n):
+    """:class:`bppsa.cells.BlockGRU` (input bias only, as ``nnx.GRUCell``; gates r, z, n):
     r, z = gate_fn(x W_x + b_x + rec(h)) per gate, n = activation_fn(x W_xn + b_xn + r ⊙ rec_n(h)),
     h' = (1 − z) ⊙ n + z ⊙ h. Carry and output h ``(*batch, H)``.
 
@@ -244,13 +243,13 @@ class BlockGRUCell(_GatedCell):
     _gates = 3
 
     def bppsa_cell(self) -> Cell:
-        return structured.BlockGRU(self.in_features, self.hidden_features, self.head_size,
+        return block.BlockGRU(self.in_features, self.hidden_features, self.head_size,
                                    _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
                                    hidden_bias=False)
 
 
 class BlockLSTMCell(_GatedCell):
-    """:class:`bppsa.structured.BlockLSTM` (hidden bias only, as ``nnx.LSTMCell``; gates i, f, g, o):
+    """:class:`bppsa.cells.BlockLSTM` (hidden bias only, as ``nnx.LSTMCell``; gates i, f, g, o):
     c' = f ⊙ c + i ⊙ g, h' = o ⊙ activation_fn(c'). Carry (c, h), output h ``(*batch, H)``, as flax's.
 
     Args:
@@ -286,6 +285,6 @@ class BlockLSTMCell(_GatedCell):
     _input_bias, _hidden_bias = False, True
 
     def bppsa_cell(self) -> Cell:
-        return structured.BlockLSTM(self.in_features, self.hidden_features, self.head_size,
+        return block.BlockLSTM(self.in_features, self.hidden_features, self.head_size,
                                     _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
                                     input_bias=False, flax_carry=True)

@@ -1,5 +1,5 @@
-"""bppsa.structured (per-head recurrences, block-diagonal Jacobians) and its flax front ends
-(bppsa.nn.structured), in float64: Jacobian blocks, diagonals and dense matrices against
+"""bppsa.cells.block (per-head recurrences, block-diagonal Jacobians) and its flax front ends
+(bppsa.nn.block_cells), in float64: Jacobian blocks, diagonals and dense matrices against
 jax.jacrev of the step, parameter gradients against autodiff, bppsa.rnn's states and gradients
 against autodiff through the plain lax.scan (tests/reference.py), nnx.RNN against bppsa.nn.RNN."""
 
@@ -11,9 +11,10 @@ from flax import nnx
 from hypothesis import strategies as st
 
 import bppsa
-from bppsa import cells, structured
-from bppsa.nn import cells as flax_cells
+from bppsa import cells
+from bppsa.cells.structure import elementwise
 from bppsa.errors import UsageError
+from bppsa.nn import cells as flax_cells
 from bppsa.nn import BlockGRUCell, BlockLSTMCell, BlockSimpleCell
 from tests.helpers import states_loss
 from tests.props import property_pair
@@ -24,14 +25,14 @@ slow = pytest.mark.slow
 SCANS = ("blelloch", "associative", "sequential")
 
 CELLS = {  # name -> (I, H) -> cell
-    "rnn-k1": lambda I, H: structured.BlockRNN(I, H),
-    "rnn-k2": lambda I, H: structured.BlockRNN(I, H, 2, "relu", hidden_bias=False),
-    "gru-k1": lambda I, H: structured.BlockGRU(I, H),
-    "gru-k3": lambda I, H: structured.BlockGRU(I, H, 3, hidden_bias=False),
-    "gru-kH": lambda I, H: structured.BlockGRU(I, H, H, activation="relu"),
-    "lstm-k1": lambda I, H: structured.BlockLSTM(I, H),
-    "lstm-k2": lambda I, H: structured.BlockLSTM(I, H, 2, input_bias=False),
-    "lstm-k3-flax": lambda I, H: structured.BlockLSTM(I, H, 3, flax_carry=True),
+    "rnn-k1": lambda I, H: cells.BlockRNN(I, H),
+    "rnn-k2": lambda I, H: cells.BlockRNN(I, H, 2, "relu", hidden_bias=False),
+    "gru-k1": lambda I, H: cells.BlockGRU(I, H),
+    "gru-k3": lambda I, H: cells.BlockGRU(I, H, 3, hidden_bias=False),
+    "gru-kH": lambda I, H: cells.BlockGRU(I, H, H, activation="relu"),
+    "lstm-k1": lambda I, H: cells.BlockLSTM(I, H),
+    "lstm-k2": lambda I, H: cells.BlockLSTM(I, H, 2, input_bias=False),
+    "lstm-k3-flax": lambda I, H: cells.BlockLSTM(I, H, 3, flax_carry=True),
 }
 
 
@@ -45,7 +46,7 @@ def test_jacobians_and_param_grads_match_autodiff(problem, name):
         return lambda p, s, x: cell.flatten_state(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
 
     cell, params, xs, _ = problem(CELLS[name](3, 6), 3, 2)
-    S, k = cell.state_size, cell.jacobian_block_size
+    S, k = cell.state_size, cell.jacobian_structure.size
     assert k == (2 if cell.pair_state else 1) * cell.head_size
     sp = 0.7 * jax.random.normal(jax.random.key(9), (3, 2, S), jnp.float64)
     gs = jax.random.normal(jax.random.key(4), (3, 2, S), jnp.float64)
@@ -71,10 +72,10 @@ def test_jacobians_and_param_grads_match_autodiff(problem, name):
 
 def test_equal_to_the_dense_cells_with_block_diagonal_weights():
     """BlockGRU/BlockLSTM/BlockRNN are cells.GRU/LSTM/RNN with W_h = recurrent_matrix(W_h)."""
-    for block, dense in ((structured.BlockRNN(3, 6, 2), cells.RNN(3, 6)), (structured.BlockGRU(3, 6, 3),
-                         cells.GRU(3, 6)), (structured.BlockLSTM(3, 6, 2), cells.LSTM(3, 6))):
+    for block, dense in ((cells.BlockRNN(3, 6, 2), cells.RNN(3, 6)), (cells.BlockGRU(3, 6, 3),
+                         cells.GRU(3, 6)), (cells.BlockLSTM(3, 6, 2), cells.LSTM(3, 6))):
         p = block.init(jax.random.key(1), jnp.float64)
-        q = dict(p, W_h=structured.recurrent_matrix(p["W_h"], block.gates))
+        q = dict(p, W_h=cells.recurrent_matrix(p["W_h"], block.gates))
         assert np.count_nonzero(q["W_h"]) == p["W_h"].size
         xs = jax.random.normal(jax.random.key(2), (4, 2, 3), jnp.float64)
         h0 = dense.unflatten_state(jax.random.normal(jax.random.key(3), (2, dense.state_size), jnp.float64))
@@ -125,8 +126,8 @@ ELEMENTWISE_RULES = [
 
 @pytest.mark.parametrize("kind, H, T, B, bptt, forward", ELEMENTWISE_RULES)
 def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
-    cell = {"gru": structured.BlockGRU, "lstm": structured.BlockLSTM, "rnn": structured.BlockRNN}[kind](16, H, 1)
-    assert cell.elementwise_step and flax_cells.Masked(cell).elementwise_step
+    cell = {"gru": cells.BlockGRU, "lstm": cells.BlockLSTM, "rnn": cells.BlockRNN}[kind](16, H, 1)
+    assert elementwise(cell) and elementwise(flax_cells.Masked(cell))
     xs, s0 = jnp.zeros((T, B, 16)), jnp.zeros((B, cell.state_size))
     for backward, want in (("bptt", bptt), ("bppsa", forward)):
         plan = bppsa.Options(backward=backward).plan(cell, xs, s0)
@@ -137,7 +138,7 @@ def test_elementwise_loop_plan(kind, H, T, B, bptt, forward):
 
 
 def test_loop_rules_name_a_bad_use():
-    cell = structured.BlockGRU(4, 8, 1)
+    cell = cells.BlockGRU(4, 8, 1)
     with pytest.raises(UsageError, match="backward must be 'bptt' .*'bppsa' or 'forward'; got 'auto'"):
         bppsa.plan.rules.hoist_inputs(cell, 100, 2, None, "auto")
     with pytest.raises(UsageError, match="got 'BPTT'"):
@@ -146,15 +147,15 @@ def test_loop_rules_name_a_bad_use():
 
 @pytest.mark.parametrize("name", ["gru-k1", "lstm-k1"] + [pytest.param(n, marks=slow) for n in ("rnn-k1", "gru-k3")])
 def test_elementwise_loop_params(problem, name):
-    """At head size 1 a step is elementwise (Cell.elementwise_step) and reads W_h as the gates' rows
+    """At head size 1 a step is elementwise (bppsa.cells.structure.elementwise) and reads W_h as the gates' rows
     (Cell.loop_params), equal to the steps on the stored layout; states and gradients (T = 13, odd;
     B = 3) against float64 autodiff through lax.scan, under every loop rule."""
     cell, params, xs, h0 = problem(CELLS[name](3, 6), 13, 3, seed=7)
-    elementwise = cell.head_size == 1
-    assert cell.elementwise_step is elementwise
-    assert flax_cells.Masked(cell).elementwise_step is elementwise
+    is_elementwise = cell.head_size == 1
+    assert elementwise(cell) is is_elementwise
+    assert elementwise(flax_cells.Masked(cell)) is is_elementwise
     lp = cell.loop_params(params)
-    assert (lp["W_h"].shape == (cell.gates, cell.hidden_size)) if elementwise else lp is params
+    assert (lp["W_h"].shape == (cell.gates, cell.hidden_size)) if is_elementwise else lp is params
     masked = flax_cells.Masked(cell)
     assert jax.tree.map(jnp.shape, masked.loop_params(params)) == jax.tree.map(jnp.shape, lp)
     u = cell.project(params, xs[0])
@@ -166,12 +167,12 @@ def test_elementwise_loop_params(problem, name):
             _check(cell, params, xs, h0, ("blelloch", "sequential"), backwards=("bppsa", "bptt"))
 
 
-class _DenseLSTM(structured.BlockLSTM):
+class _DenseLSTM(cells.BlockLSTM):
     """A BlockLSTM that hides its block structure: the backward forms its dense (S, S) matrices."""
 
     @property
-    def jacobian_block_size(self):
-        return None
+    def jacobian_structure(self):
+        return cells.Dense()
 
 
 def test_dense_path_without_the_block_structure(problem):
@@ -192,10 +193,10 @@ def test_diagonal_cells_elementwise_plan_chunked_newton_and_lle(problem):
     and in one piece (the solve's own loop), the Newton and quasi forwards (their Jacobian diagonals made with the steps and reused by
     the solve and the exponent) the states and gradients equal autodiff's, and NewtonInfo.lle the
     exponent along the returned states."""
-    plan = bppsa.Options(forward="newton").plan(structured.BlockGRU(12, 64, 1), jnp.zeros((1034, 32, 12), jnp.float32),
+    plan = bppsa.Options(forward="newton").plan(cells.BlockGRU(12, 64, 1), jnp.zeros((1034, 32, 12), jnp.float32),
                                                 jnp.zeros((32, 64), jnp.float32))
     assert (plan.scan, plan.chunk_size, plan.solve_chunk) == ("sequential", 32, None)  # 32·32·64 float32 = 256 KiB
-    assert bppsa.Options(scan="blelloch").plan(structured.BlockGRU(3, 4), jnp.zeros((9, 2, 3)),
+    assert bppsa.Options(scan="blelloch").plan(cells.BlockGRU(3, 4), jnp.zeros((9, 2, 3)),
                                                jnp.zeros((2, 4))).scan == "blelloch"  # an explicit scan is kept
     cell, params, xs, h0 = problem(CELLS["gru-k1"](3, 6), 11, 2, seed=5)
 
@@ -226,7 +227,7 @@ _SHAPES = dict(kind=st.sampled_from(["rnn", "gru", "lstm"]), scan=st.sampled_fro
 
 @property_pair(2, 10, **_SHAPES)
 def test_gradients_property(problem, kind, scan, T, B, I, heads, k, seed):
-    make = {"rnn": structured.BlockRNN, "gru": structured.BlockGRU, "lstm": structured.BlockLSTM}[kind]
+    make = {"rnn": cells.BlockRNN, "gru": cells.BlockGRU, "lstm": cells.BlockLSTM}[kind]
     cell, params, xs, h0 = problem(make(I, heads * k, k), T, B, seed=seed)
     _check(cell, params, xs, h0, (scan,), rtol=1e-8)
 
@@ -254,17 +255,17 @@ def test_parallel_forward_modes(problem, name):  # the default run's parallel fo
 
 def test_bad_sizes_and_activations_are_usage_errors():
     with pytest.raises(UsageError, match=r"hidden_size \(6\) must be divisible by head_size \(4\)"):
-        structured.BlockGRU(3, 6, 4)
+        cells.BlockGRU(3, 6, 4)
     with pytest.raises(UsageError, match="head_size must be a positive int"):
-        structured.BlockLSTM(3, 6, 0)
+        cells.BlockLSTM(3, 6, 0)
     with pytest.raises(UsageError, match="nonlinearity must be one of"):
-        structured.BlockRNN(3, 6, 2, "gelu")
+        cells.BlockRNN(3, 6, 2, "gelu")
     with pytest.raises(UsageError, match="divisible by head_size"):
         BlockLSTMCell(3, 5, head_size=2, rngs=nnx.Rngs(0))
     with pytest.raises(UsageError, match="gate_fn must be one of"):
         BlockGRUCell(3, 4, gate_fn=jax.nn.gelu, rngs=nnx.Rngs(0))
     with pytest.raises(UsageError, match="params"):  # a dense W_h is not a BlockGRU's
-        cell = structured.BlockGRU(3, 4, 2)
+        cell = cells.BlockGRU(3, 4, 2)
         p = dict(cell.init(jax.random.key(0)), W_h=jnp.zeros((4, 12)))
         bppsa.rnn(cell, p, jnp.zeros((2, 1, 3)), jnp.zeros((1, 4)))
 
@@ -335,12 +336,12 @@ def test_flax_cell_conventions():
 def test_sizes_take_numpy_and_jax_integers():
     """head_size=np.int64(2) (and the other sizes as numpy or JAX integers) was refused as 'must be a
     positive int': it is stored as an int, here and in the flax front ends."""
-    for cls in (structured.BlockRNN, structured.BlockGRU, structured.BlockLSTM):
+    for cls in (cells.BlockRNN, cells.BlockGRU, cells.BlockLSTM):
         cell = cls(np.int64(3), jnp.int32(6), np.int64(2))
         assert cell == cls(3, 6, 2) and hash(cell) == hash(cls(3, 6, 2))
         assert all(type(getattr(cell, f)) is int for f in ("input_size", "hidden_size", "head_size"))
     with pytest.raises(UsageError, match=r"^BlockGRU: head_size must be a positive int; got np.float64\(2.0\)"):
-        structured.BlockGRU(3, 6, np.float64(2))
+        cells.BlockGRU(3, 6, np.float64(2))
     for kind, cls in FLAX.items():
         module = cls(np.int64(3), jnp.int32(6), head_size=np.int64(2), rngs=nnx.Rngs(0))
         assert all(type(getattr(module, f)) is int for f in ("in_features", "hidden_features", "head_size")), kind

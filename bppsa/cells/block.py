@@ -5,9 +5,9 @@ N = H/k heads of k units sees only its own previous k units: the recurrent weigh
 block-diagonal, so every transposed Jacobian M_t (:class:`bppsa.cells.Cell`: g_{t-1} = g_t @ M_t,
 M_t[b, i, j] = ∂s_t[b, i]/∂s_{t-1}[b, j]) is block-diagonal with S/k' contiguous (k', k') blocks
 (k' = k; the LSTM: k' = 2k), diagonal for k = 1 (the RNN and GRU). The scans can then combine
-(k', k') blocks instead of S × S matrices (:attr:`~bppsa.cells.Cell.jacobian_block_size`,
-:meth:`~bppsa.cells.Cell.jacobian_blocks`); :meth:`~bppsa.cells.Cell.transposed_jacobian` still
-gives the dense matrices, built from the blocks.
+(k', k') blocks instead of S × S matrices (their :attr:`~bppsa.cells.Cell.jacobian_structure` is
+:class:`~bppsa.cells.Blocks`, carrying :meth:`jacobian_blocks` and :meth:`jacobian_diagonal`);
+:meth:`~bppsa.cells.Cell.transposed_jacobian` still gives the dense matrices, built from the blocks.
 
 Parameters (N heads, k = ``head_size``, G gates, H = N k, unit m = n k + a of head n):
 
@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.cells import ACTIVATIONS, GRU, LSTM, Affine, flat_outer
+from bppsa.cells.base import ACTIVATIONS, Affine, flat_outer
+from bppsa.cells.recurrent import GRU, LSTM
+from bppsa.cells.structure import Blocks, Structure
 from bppsa.errors import UsageError, as_int
 
 __all__ = ["BlockRNN", "BlockGRU", "BlockLSTM", "block_diagonal", "recurrent_matrix"]
@@ -43,7 +45,7 @@ def block_diagonal(blocks: Array) -> Array:
     """(..., N, k, k) blocks -> the (..., N k, N k) block-diagonal matrix.
 
     Args:
-      blocks: (..., N, k, k) the diagonal blocks, e.g. (T, B, S/k, k, k) from ``jacobian_blocks``.
+      blocks: (..., N, k, k) the diagonal blocks, e.g. (T, B, S/k, k, k) from a Block cell's ``jacobian_blocks``.
 
     Returns:
       (..., N k, N k), block n at rows and columns n k … n k + k − 1, zero elsewhere.
@@ -185,8 +187,32 @@ class _Block(Affine):
         return grads
 
     @property
-    def jacobian_block_size(self) -> int | None:
-        return self.head_size
+    def jacobian_structure(self) -> Structure:
+        """:class:`~bppsa.cells.Blocks` of k = ``head_size`` (the LSTM: 2k), with :meth:`jacobian_blocks` and
+        :meth:`jacobian_diagonal`."""
+        return Blocks(self.head_size * (2 if self.pair_state else 1), self.jacobian_blocks, self.jacobian_diagonal)
+
+    def jacobian_blocks(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
+        """M_t's diagonal blocks (T, B, S/k, k, k).
+
+        Args:
+          params, s_prev, xs, s: as for :meth:`~bppsa.cells.Cell.transposed_jacobian`.
+
+        Returns:
+          (T, B, S/k, k, k), block n holding the rows and columns n·k … n·k + k − 1 of M_t[b].
+        """
+        raise NotImplementedError
+
+    def jacobian_diagonal(self, params: Any, s_prev: Array, xs: Array, s: Array, /) -> Array:
+        """diag(M_t) (T, B, S), the quasi-Newton forward's Jacobian.
+
+        Args:
+          params, s_prev, xs, s: as for :meth:`~bppsa.cells.Cell.transposed_jacobian`.
+
+        Returns:
+          (T, B, S), the diagonal of each M_t[b].
+        """
+        raise NotImplementedError
 
     def transposed_jacobian(self, params: Any, s_prev: Array, xs: Array, s: Array) -> Array:
         """The dense (T, B, S, S) M_t: :meth:`jacobian_blocks` on the diagonal, zero elsewhere."""
@@ -217,11 +243,11 @@ class BlockRNN(_Block):
 
     Examples:
       >>> import jax, jax.numpy as jnp, bppsa
-      >>> cell = bppsa.structured.BlockRNN(input_size=3, hidden_size=6, head_size=2)
+      >>> cell = bppsa.cells.BlockRNN(input_size=3, hidden_size=6, head_size=2)
       >>> params = cell.init(jax.random.key(0))
       >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
       (3, 2, 2)
-      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      >>> cell.jacobian_structure.size                         # the scans combine blocks, not S × S
       2
       >>> hs = bppsa.rnn(cell, params, jnp.ones((8, 2, 3)), jnp.zeros((2, 6)))
       >>> hs.shape
@@ -307,11 +333,11 @@ class BlockGRU(_Block):
 
     Examples:
       >>> import jax, jax.numpy as jnp, bppsa
-      >>> cell = bppsa.structured.BlockGRU(input_size=3, hidden_size=6, head_size=1)
+      >>> cell = bppsa.cells.BlockGRU(input_size=3, hidden_size=6, head_size=1)
       >>> params = cell.init(jax.random.key(0))
       >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
       (6, 1, 3)
-      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      >>> cell.jacobian_structure.size                         # the scans combine blocks, not S × S
       1
     """
 
@@ -392,11 +418,11 @@ class BlockLSTM(_Block):
 
     Examples:
       >>> import jax, jax.numpy as jnp, bppsa
-      >>> cell = bppsa.structured.BlockLSTM(input_size=3, hidden_size=4, head_size=2)
+      >>> cell = bppsa.cells.BlockLSTM(input_size=3, hidden_size=4, head_size=2)
       >>> params = cell.init(jax.random.key(0))
       >>> params["W_h"].shape                                  # (H/k, k, G·k): one block per head
       (2, 2, 8)
-      >>> cell.jacobian_block_size                             # the scans combine blocks, not S × S
+      >>> cell.jacobian_structure.size                         # the scans combine blocks, not S × S
       4
     """
 
@@ -421,10 +447,6 @@ class BlockLSTM(_Block):
     @property
     def state_size(self) -> int:
         return 2 * self.hidden_size
-
-    @property
-    def jacobian_block_size(self) -> int | None:
-        return 2 * self.head_size
 
     def _hc(self, state):
         return (state[1], state[0]) if self.flax_carry else tuple(state)

@@ -1,6 +1,6 @@
 """The scans of structured maps: diagonal maps (elementwise products, Θ(n·R) work) and block-diagonal
 maps, whose (k, k) blocks become batch rows (:mod:`bppsa.scan.layout`) and whose 1×1 blocks go to the
-diagonal scan. The structured cells' backward, the quasi-Newton forward and the Newton step of a
+diagonal scan. The Block cells' backward, the quasi-Newton forward and the Newton step of a
 block-diagonal cell run these."""
 
 from __future__ import annotations
