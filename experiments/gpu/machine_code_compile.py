@@ -136,8 +136,40 @@ def sass_loops(sass: str) -> list[dict[str, Any]]:
                 moved[kind] += access_bytes(o) * 32
         loops.append({"start": lo, "end": addr, "instructions": len(body), "kinds": kinds,
                       "ldg_bytes": moved["ldg"], "stg_bytes": moved["stg"],
+                      "ldg_lead": load_lead([(o, t) for a, o, t in ins if lo <= a <= addr]),
                       "opcodes": dict(sorted(ops.items(), key=lambda kv: -kv[1]))})
     return sorted(loops, key=lambda d: -d["instructions"])
+
+
+def _registers(operand: str, width: int = 1) -> set[int]:
+    """The registers an operand names ("R48" -> {48}; "R16.64" -> {16, 17}; "[R2+0x80]" -> {2})."""
+    out: set[int] = set()
+    for m in re.finditer(r"\bR(\d+)(\.64)?", operand):
+        n = int(m.group(1))
+        out.update(range(n, n + (2 if m.group(2) else width)))
+    return out
+
+
+def load_lead(body: list[tuple[str, str]]) -> int | None:
+    """The fewest instructions of a loop between a global load and the first instruction that reads
+    what it loaded (wrapping round the back edge: a load issued a step ahead leads by most of the
+    loop), None without a global load. ``body``: the loop's (opcode, text) in order."""
+    lead = None
+    for i, (op, text) in enumerate(body):
+        if not op.startswith("LDG"):
+            continue
+        args = text.split(op, 1)[1].split(",")
+        loaded = _registers(args[0], access_bytes(op) // 4)
+        for j in range(1, len(body) + 1):
+            op2, text2 = body[(i + j) % len(body)]
+            rest = text2.split(op2, 1)[1].split(",")
+            store = op2.startswith(("STG", "STS", "ST."))
+            read = set().union(*(_registers(a, access_bytes(op2) // 4 if store else 1)
+                                 for a in (rest if store else rest[1:]))) if rest else set()
+            if loaded & read:
+                lead = j if lead is None else min(lead, j)
+                break
+    return lead
 
 
 def access_bytes(op: str) -> int:
