@@ -174,13 +174,16 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
     s0_refs, out_refs = refs[3 * gates:3 * gates + parts], refs[3 * gates + parts:]
     ws = tuple(r[...] for r in w_refs)  # resident for the whole loop
     bs = tuple(r[...] for r in b_refs)
-    def body(t, state):
-        state = step(cell, ws, bs, tuple(r[t] for r in u_refs), state)
+
+    def body(t, carry):
+        state, us = carry
+        ahead = tuple(r[jnp.minimum(t + 1, T - 1)] for r in u_refs)  # the next step's, issued a step ahead
+        state = step(cell, ws, bs, us, state)
         for ref, part in zip(out_refs, state, strict=True):
             ref[t] = part
-        return state
+        return state, ahead
 
-    lax.fori_loop(0, T, body, tuple(r[...] for r in s0_refs))
+    lax.fori_loop(0, T, body, (tuple(r[...] for r in s0_refs), tuple(r[0] for r in u_refs)))
 
 
 def pad_to(a: Array, shape: tuple[int, ...]) -> Array:
