@@ -112,7 +112,7 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
 
       interpret: run the kernel in Pallas's interpret mode (any backend).
       num_warps: Triton warps per program (None: :func:`bppsa.kernels.recurrence.warps_for` the
-        padded hidden size).
+        padded hidden size and gates).
 
     Returns:
       (gs, g0), gs (T, B, S) the adjoint states in time order (ct_t included) and g0 (B, S) =
@@ -139,7 +139,7 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
 
     cts = parts(ct.astype(dtype))
     seq = pl.BlockSpec((T, BATCH_TILE, Hp), lambda i: (0, i, 0))
-    params_ = pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp), num_stages=1)
+    params_ = pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp, G), num_stages=1)
     if type(cell) is RNN:  # the saved states are all it needs: no step recomputed
         row = pl.BlockSpec((BATCH_TILE, Hp), lambda i: (i, 0))
         gs, g0 = pl.pallas_call(

@@ -69,19 +69,21 @@ def max_hidden(cell: Cell) -> int:
     return HIDDEN_LIMITS.get(type(cell.kernel_cell), MAX_HIDDEN)
 
 
-def warps_for(Hp: int) -> int:
-    """The warps a program of the sequential kernels runs with at padded hidden size Hp: 4 up to
-    Hp = 32, 8 at Hp = 64 (at four warps an LSTM's (16, 64) @ (64, 64) products keep more operands
-    in registers than a thread has: 5.0 KB of spills in the forward, 12.2 KB in the adjoint; none
-    at eight).
+def warps_for(Hp: int, gates: int = 4) -> int:
+    """The warps a program of the sequential kernels runs with: 4 while the G resident (Hp, Hp) blocks
+    of W_h hold at most 4096 numbers (every cell at Hp <= 32; an RNN at Hp = 64: 577 µs predicted
+    for its forward at T = 1000 against 623 at eight warps, its adjoint 484 against 527), else 8 (at
+    four warps an LSTM's (16, 64) @ (64, 64) products keep more operands in registers than a thread
+    has: 5.0 KB of spills in the forward, 12.2 KB in the adjoint; none at eight).
 
     Args:
       Hp: the padded hidden size.
+      gates: G, the cell's gates (default 4: an LSTM's, the most).
 
     Returns:
       4 or 8.
     """
-    return 4 if Hp <= 32 else 8
+    return 4 if gates * Hp * Hp <= 4096 else 8
 
 
 def supports(cell: Cell) -> bool:
@@ -245,7 +247,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
       s0: (B, S) the flat initial state (S = H; LSTM: S = 2H, [h, c]).
       interpret: run the kernel in Pallas's interpret mode (any backend) instead of compiling it
         for the GPU.
-      num_warps: Triton warps per program (None: :func:`warps_for` the padded hidden size).
+      num_warps: Triton warps per program (None: :func:`warps_for` the padded hidden size and gates).
 
     Returns:
       ss (T, B, S), ss[t] the flat state after step t + 1, in s0's dtype (computed in
@@ -279,7 +281,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
         in_specs=specs,
         out_specs=[seq_spec] * len(parts),
         interpret=interpret,
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp), num_stages=1),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp, G), num_stages=1),
     )(*us, *ws, *bs, *parts)
     states = [o[:, :B, :H] for o in out]
     return cell.flatten_state(tuple(states) if cell.pair_state else states[0]).astype(s0.dtype)
