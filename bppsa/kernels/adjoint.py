@@ -2,13 +2,17 @@
 run backwards over all T steps in one launch, W_h resident, as :mod:`bppsa.kernels.recurrence`
 runs the forward.
 
-The loop is g_t = ct_t + (g_{t+1} through step t + 1), from the last step: per step the kernel
-recomputes the step's gates from the saved state before it (s_{t-1}) and the projected input
-(x_t W_x + b_x, one product before the kernel), and pulls g_t back through them to s_{t-1}, one
-product with W_hᵀ per gate. That pull-back is JAX's own vector–Jacobian product of the kernel's
-step function (:func:`bppsa.kernels.recurrence.step`: the cell's ``gate_step``), traced inside the kernel: the kernel's
-backward is the derivative of exactly the step its forward runs. The kernel writes out every g_t;
-the parameter and input gradients are then one batched contraction over all steps, outside it
+The loop is g_t = ct_t + (g_{t+1} through step t + 1), from the last step. An Elman RNN's step
+needs nothing but its saved output: g_{t-1} = (g_t ⊙ σ'(a_t)) W_hᵀ with σ' written in terms of h_t
+(tanh: 1 − h_t²), one product a step and no recomputation. A GRU's and an LSTM's gates are not
+functions of the saved states, so per step the kernel recomputes them from the state before the
+step (s_{t-1}) and the projected input (x_t W_x + b_x, one product before the kernel), and pulls
+g_t back through them to s_{t-1}, one product with W_hᵀ per gate. That pull-back is JAX's own
+vector–Jacobian product of the kernel's step function (:func:`bppsa.kernels.recurrence.step`: the
+cell's ``gate_step``), traced inside the kernel: the kernel's backward is the derivative of exactly
+the step its forward runs. Either loop loads the next step's operands (cotangent, saved state,
+projected input) a step ahead, in its carry. The kernel writes out every g_t; the parameter and
+input gradients are then one batched contraction over all steps, outside it
 (:meth:`bppsa.cells.Cell.param_grads`: cuDNN's split of the backward into data and weights).
 
 Same backend, padding and precision as the forward kernel: padded units and batch rows carry zero

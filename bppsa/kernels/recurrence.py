@@ -6,7 +6,8 @@ they compute); this kernel runs all T steps in one launch. Each program owns a t
 their biases once, keeps them resident for the whole loop, and per step multiplies the state by
 them, applies the cell's gates and writes the new state out. The input's part of every step,
 x W_x + b_x, is one large product before the kernel (:meth:`bppsa.cells.Affine.project`), as the
-sequential forward hoists it.
+sequential forward hoists it; the kernel loads step t + 1's part during step t (it travels in the
+loop's carry), so the load's latency hides behind a step's work instead of starting it.
 
 The kernel is the forward of the BPPSA training step (:func:`bppsa.backward.rule.bppsa_states`):
 its states are what the backward linearises at, and the backward is the same rule as without it,

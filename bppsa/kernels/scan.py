@@ -14,7 +14,11 @@ matrices. Over equal chunks of C elements:
    it, every prefix written out.
 
 Three launches whatever n is, against ~2·log₂ n levels of a few kernels each for the Blelloch scan
-in XLA. Work: phase 1 is C·k³ a chunk for (k, k) matrices (the BPPSA price, as in the Blelloch
+in XLA. Phases 2 and 3 are one vector–matrix product a step, latency-bound: their dense programs
+run at :func:`apply_warps` (1 warp up to Kp = 32: the product's reductions stay in a warp, fewer
+barriers a step) and load the next step's operands a step ahead, in the loop's carry.
+
+Work: phase 1 is C·k³ a chunk for (k, k) matrices (the BPPSA price, as in the Blelloch
 scan's up-sweep), phases 2 and 3 vector–matrix products only. :func:`chunk_length` balances the
 sequential lengths of phases 1–3 (C ≈ √n).
 
