@@ -30,7 +30,7 @@ from jax import Array, lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from bppsa.cells import ACTIVATIONS, GRU, RNN, Cell
+from bppsa.cells import GRU, RNN, Cell
 from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import (
     BATCH_TILE,
@@ -77,13 +77,13 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
         ref[...] = part
 
 
-def _rnn_kernel(*refs, act: str, residual: bool, T: int):
+def _rnn_kernel(*refs, cell: RNN, T: int):
     """An Elman RNN's adjoint from its saved states, nothing recomputed: g_{t-1} = (g_t ⊙ σ'(a_t)) W_hᵀ
     [+ g_t ⊙ σ'(a_t), residual], σ' written in terms of the step's output h_t (tanh: 1 − h_t²). The
     refs are W_hᵀ (Hp, Hp), the states after each step h_t (T, bt, Hp) and their cotangents (T, bt,
     Hp); then the outputs g_t (T, bt, Hp) and ∂L/∂h_0 (bt, Hp)."""
     wt_ref, h_ref, ct_ref, gs_ref, g0_ref = refs
-    wt, dact = wt_ref[...], ACTIVATIONS[act][1]
+    wt, residual = wt_ref[...], cell.residual
 
     def body(i, carry):
         g, ct, h = carry
@@ -92,7 +92,7 @@ def _rnn_kernel(*refs, act: str, residual: bool, T: int):
         ct_ahead, h_ahead = ct_ref[prev], h_ref[prev]  # the next step's, issued a step ahead
         g = g + ct
         gs_ref[t] = g
-        da = g * dact(h)
+        da = g * cell.output_derivative(h)
         return (dot(da, wt) + da if residual else dot(da, wt)), ct_ahead, h_ahead
 
     g, _, _ = lax.fori_loop(0, T, body, (jnp.zeros(ct_ref.shape[1:], ct_ref.dtype), ct_ref[T - 1], h_ref[T - 1]))
@@ -147,7 +147,7 @@ def fused_adjoint(cell: Cell, params: Any, xs: Array, s0: Array, ss: Array, ct: 
     if type(cell) is RNN:  # the saved states are all it needs: no step recomputed
         row = pl.BlockSpec((BATCH_TILE, Hp), lambda i: (i, 0))
         gs, g0 = pl.pallas_call(
-            functools.partial(_rnn_kernel, act=cell.nonlinearity, residual=cell.residual, T=T),
+            functools.partial(_rnn_kernel, cell=cell, T=T),
             out_shape=[jax.ShapeDtypeStruct((T, Bp, Hp), dtype), jax.ShapeDtypeStruct((Bp, Hp), dtype)],
             grid=(Bp // BATCH_TILE,), in_specs=[pl.BlockSpec((Hp, Hp), lambda i: (0, 0)), seq, seq],
             out_specs=[seq, row], interpret=interpret, compiler_params=params_,
