@@ -110,19 +110,24 @@ def reduce_warps(Kp: int, factors: int) -> int:
     return 8 if factors and Kp > 32 else 4
 
 
-def apply_warps(Kp: int) -> int:
+def apply_warps(Kp: int, factors: int = 0) -> int:
     """The warps of the dense carry's and apply's programs (phases 2 and 3: one vector–matrix product
-    a step): 1 up to Kp = 32 (the product's reductions within a warp: 5 barriers a step at the
-    GRU's factored apply instead of 22 at 4 warps), 2 at Kp = 64 (at 1 warp a (64, 64) matrix
-    spills: 120/104 B).
+    a step): the fewest (1, 2, 4 or 8) that hold their resident matrices in at most 160 numbers a
+    thread: the Q (Kp, Kp) matrices of the factored form, or a stored matrix and the next step's
+    (loaded a step ahead). One warp keeps the product's reductions in a warp (5 barriers a step at
+    the GRU's factored apply, Kp = 32, instead of 22 at 4 warps); beyond the bound they spill (a
+    stored (64, 64) matrix at 1 warp: 120/104 B; Q = 4 and 5 at Kp = 64 at 2 warps: 164/152 and
+    480/464 B).
 
     Args:
       Kp: the padded block size.
+      factors: Q, or 0 for stored matrices (the carry's aggregates, :func:`chunked_scan`'s).
 
     Returns:
-      1 or 2.
+      1, 2, 4 or 8.
     """
-    return 1 if Kp <= 32 else 2
+    numbers = (factors or 2) * Kp * Kp
+    return next((w for w in (1, 2, 4) if numbers <= 160 * 32 * w), 8)
 
 
 # -- lanes: (k, k) blocks with k <= LANE_BLOCK, rows in the lanes -----------------------------------
@@ -352,7 +357,7 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
         functools.partial(_dense_apply, C=C, n=n, factors=factors), grid=(chunks, R),
         in_specs=[*m_chunk, *w_spec, d_chunk, l_one], out_specs=d_chunk,
         out_shape=jax.ShapeDtypeStruct((N, R, Kp), dtype),
-        interpret=interpret, compiler_params=_params(num_warps, apply_warps(Kp)))(*ms, *extra, dp, carries)
+        interpret=interpret, compiler_params=_params(num_warps, apply_warps(Kp, factors)))(*ms, *extra, dp, carries)
     return out[:n, :, :k], total[:, :k]
 
 
