@@ -101,8 +101,21 @@ class RNN(AffineAdjoint):
         da = g * factors[0]
         return da, da, da if self.residual else None
 
+    def output_derivative(self, h: Array) -> Array:
+        """σ'(a) at the step's pre-activation a, written in terms of its output h = σ(a) (tanh: 1 − h²;
+        sigmoid: h (1 − h); relu: [h > 0]): all an adjoint step needs from a saved state, nothing
+        recomputed (the fused adjoint, :mod:`bppsa.kernels.adjoint`).
+
+        Args:
+          h: (..., H) the step's output.
+
+        Returns:
+          σ'(a), (..., H).
+        """
+        return ACTIVATIONS[self.nonlinearity][1](h)
+
     def _dact(self, s):
-        return ACTIVATIONS[self.nonlinearity][1](s)
+        return self.output_derivative(s)
 
     def _wt(self, params):
         W = params["W_h"].T

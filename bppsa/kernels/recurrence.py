@@ -6,7 +6,8 @@ they compute); this kernel runs all T steps in one launch. Each program owns a t
 their biases once, keeps them resident for the whole loop, and per step multiplies the state by
 them, applies the cell's gates and writes the new state out. The input's part of every step,
 x W_x + b_x, is one large product before the kernel (:meth:`bppsa.cells.Affine.project`), as the
-sequential forward hoists it.
+sequential forward hoists it; the kernel loads step t + 1's part during step t (it travels in the
+loop's carry), so the load's latency hides behind a step's work instead of starting it.
 
 The kernel is the forward of the BPPSA training step (:func:`bppsa.backward.rule.bppsa_states`):
 its states are what the backward linearises at, and the backward is the same rule as without it,
@@ -69,19 +70,21 @@ def max_hidden(cell: Cell) -> int:
     return HIDDEN_LIMITS.get(type(cell.kernel_cell), MAX_HIDDEN)
 
 
-def warps_for(Hp: int) -> int:
-    """The warps a program of the sequential kernels runs with at padded hidden size Hp: 4 up to
-    Hp = 32, 8 at Hp = 64 (at four warps an LSTM's (16, 64) @ (64, 64) products keep more operands
-    in registers than a thread has: 5.0 KB of spills in the forward, 12.2 KB in the adjoint; none
-    at eight).
+def warps_for(Hp: int, gates: int = 4) -> int:
+    """The warps a program of the sequential kernels runs with: 4 while the G resident (Hp, Hp) blocks
+    of W_h hold at most 4096 numbers (every cell at Hp <= 32; an RNN at Hp = 64: 577 µs predicted
+    for its forward at T = 1000 against 623 at eight warps, its adjoint 484 against 527), else 8 (at
+    four warps an LSTM's (16, 64) @ (64, 64) products keep more operands in registers than a thread
+    has: 5.0 KB of spills in the forward, 12.2 KB in the adjoint; none at eight).
 
     Args:
       Hp: the padded hidden size.
+      gates: G, the cell's gates (default 4: an LSTM's, the most).
 
     Returns:
       4 or 8.
     """
-    return 4 if Hp <= 32 else 8
+    return 4 if gates * Hp * Hp <= 4096 else 8
 
 
 def supports(cell: Cell) -> bool:
@@ -174,13 +177,16 @@ def _kernel(*refs, cell: Cell, T: int, gates: int, parts: int):
     s0_refs, out_refs = refs[3 * gates:3 * gates + parts], refs[3 * gates + parts:]
     ws = tuple(r[...] for r in w_refs)  # resident for the whole loop
     bs = tuple(r[...] for r in b_refs)
-    def body(t, state):
-        state = step(cell, ws, bs, tuple(r[t] for r in u_refs), state)
+
+    def body(t, carry):
+        state, us = carry
+        ahead = tuple(r[jnp.minimum(t + 1, T - 1)] for r in u_refs)  # the next step's, issued a step ahead
+        state = step(cell, ws, bs, us, state)
         for ref, part in zip(out_refs, state, strict=True):
             ref[t] = part
-        return state
+        return state, ahead
 
-    lax.fori_loop(0, T, body, tuple(r[...] for r in s0_refs))
+    lax.fori_loop(0, T, body, (tuple(r[...] for r in s0_refs), tuple(r[0] for r in u_refs)))
 
 
 def pad_to(a: Array, shape: tuple[int, ...]) -> Array:
@@ -242,7 +248,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
       s0: (B, S) the flat initial state (S = H; LSTM: S = 2H, [h, c]).
       interpret: run the kernel in Pallas's interpret mode (any backend) instead of compiling it
         for the GPU.
-      num_warps: Triton warps per program (None: :func:`warps_for` the padded hidden size).
+      num_warps: Triton warps per program (None: :func:`warps_for` the padded hidden size and gates).
 
     Returns:
       ss (T, B, S), ss[t] the flat state after step t + 1, in s0's dtype (computed in
@@ -276,7 +282,7 @@ def fused_states(cell: Cell, params: Any, xs: Array, s0: Array, *, interpret: bo
         in_specs=specs,
         out_specs=[seq_spec] * len(parts),
         interpret=interpret,
-        compiler_params=pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp), num_stages=1),
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps or warps_for(Hp, G), num_stages=1),
     )(*us, *ws, *bs, *parts)
     states = [o[:, :B, :H] for o in out]
     return cell.flatten_state(tuple(states) if cell.pair_state else states[0]).astype(s0.dtype)

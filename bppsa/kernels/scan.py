@@ -14,7 +14,11 @@ matrices. Over equal chunks of C elements:
    it, every prefix written out.
 
 Three launches whatever n is, against ~2·log₂ n levels of a few kernels each for the Blelloch scan
-in XLA. Work: phase 1 is C·k³ a chunk for (k, k) matrices (the BPPSA price, as in the Blelloch
+in XLA. Phases 2 and 3 are one vector–matrix product a step, latency-bound: their dense programs
+run at :func:`apply_warps` (1 warp up to Kp = 32: the product's reductions stay in a warp, fewer
+barriers a step) and load the next step's operands a step ahead, in the loop's carry.
+
+Work: phase 1 is C·k³ a chunk for (k, k) matrices (the BPPSA price, as in the Blelloch
 scan's up-sweep), phases 2 and 3 vector–matrix products only. :func:`chunk_length` balances the
 sequential lengths of phases 1–3 (C ≈ √n).
 
@@ -55,7 +59,8 @@ from jax.experimental.pallas import triton as pl_triton
 from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import compute_dtype, dot, pad_to, padded_size
 
-__all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "ROWS", "COLUMNS", "chunk_length", "reduce_warps", "chunked_scan",
+__all__ = ["LANE_BLOCK", "MAX_BLOCK", "ROW_TILE", "ROWS", "COLUMNS", "chunk_length", "reduce_warps", "apply_warps",
+           "chunked_scan",
            "chunked_scan_factored"]
 
 #: The largest block size scanned in lanes (elementwise, k³ products unrolled a step).
@@ -105,6 +110,26 @@ def reduce_warps(Kp: int, factors: int) -> int:
     return 8 if factors and Kp > 32 else 4
 
 
+def apply_warps(Kp: int, factors: int = 0) -> int:
+    """The warps of the dense carry's and apply's programs (phases 2 and 3: one vector–matrix product
+    a step): the fewest (1, 2, 4 or 8) that hold their resident matrices in at most 160 numbers a
+    thread: the Q (Kp, Kp) matrices of the factored form, or a stored matrix and the next step's
+    (loaded a step ahead). One warp keeps the product's reductions in a warp (5 barriers a step at
+    the GRU's factored apply, Kp = 32, instead of 22 at 4 warps); beyond the bound they spill (a
+    stored (64, 64) matrix at 1 warp: 120/104 B; Q = 4 and 5 at Kp = 64 at 2 warps: 164/152 and
+    480/464 B).
+
+    Args:
+      Kp: the padded block size.
+      factors: Q, or 0 for stored matrices (the carry's aggregates, :func:`chunked_scan`'s).
+
+    Returns:
+      1, 2, 4 or 8.
+    """
+    numbers = (factors or 2) * Kp * Kp
+    return next((w for w in (1, 2, 4) if numbers <= 160 * 32 * w), 8)
+
+
 # -- lanes: (k, k) blocks with k <= LANE_BLOCK, rows in the lanes -----------------------------------
 # A block is k² planes of ROW_TILE lanes: Mp[t, i, j] (ROW_TILE,) = M_t[row, i, j] over the tile's rows.
 
@@ -145,13 +170,14 @@ def _lane_reduce(m_ref, d_ref, p_ref, l_ref, *, C: int, n: int):
 def _lane_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
     k = v_ref.shape[0]
 
-    def body(c, g):
+    def body(c, carry):
+        g, (P, loc) = carry
+        ahead = _lane_load(p_ref, l_ref, jnp.minimum(c + 1, chunks - 1))  # the next chunk's, a step ahead
         for i in range(k):
             c_ref[c, i] = g[i]
-        P, loc = _lane_load(p_ref, l_ref, c)
-        return tuple(a + b for a, b in zip(_lane_vecmat(g, P), loc, strict=True))
+        return tuple(a + b for a, b in zip(_lane_vecmat(g, P), loc, strict=True)), ahead
 
-    g = lax.fori_loop(0, chunks, body, tuple(v_ref[i] for i in range(k)))
+    g, _ = lax.fori_loop(0, chunks, body, (tuple(v_ref[i] for i in range(k)), _lane_load(p_ref, l_ref, 0)))
     for i in range(k):
         total_ref[i] = g[i]
 
@@ -159,7 +185,7 @@ def _lane_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
 def _lane_apply(m_ref, d_ref, g_ref, out_ref, *, C: int, n: int):
     k, c = d_ref.shape[1], pl.program_id(0)
 
-    def body(t, g):
+    def body(t, g):  # loaded in the step: a step ahead was 441 instructions, not 383, 128 registers, no faster
         for i in range(k):
             out_ref[t, i] = g[i]
         M, d = _lane_load(m_ref, d_ref, t)
@@ -216,12 +242,12 @@ def _split(refs, factors: int):
     return refs[:factors], tuple(r[...] for r in refs[factors:2 * factors]), refs[2 * factors], refs[2 * factors + 1:]
 
 
-def _times(g, m_refs, t, wts):
-    """g @ M_t: the stored matrix, or Σ_q (g ⊙ A_{q,t}) @ Wt_q = g @ Σ_q diag(A_{q,t}) Wt_q from the
-    stored factors and the resident matrices (M_t never formed)."""
+def _times(g, ms, wts):
+    """g @ M_t: the stored matrix ``ms[0]``, or Σ_q (g ⊙ A_{q,t}) @ Wt_q = g @ Σ_q diag(A_{q,t}) Wt_q
+    from the step's factors ``ms`` and the resident matrices (M_t never formed)."""
     if wts is None:
-        return _vecmat(g, m_refs[0][t])
-    return functools.reduce(jnp.add, [_vecmat(g * r[t], wt) for r, wt in zip(m_refs, wts, strict=True)])
+        return _vecmat(g, ms[0])
+    return functools.reduce(jnp.add, [_vecmat(g * a, wt) for a, wt in zip(ms, wts, strict=True)])
 
 
 def _blocks(ref, index, width: int) -> list[list[Array]]:
@@ -269,23 +295,29 @@ def _dense_reduce(*refs, C: int, n: int, factors: int):
 
 
 def _dense_carry(p_ref, l_ref, v_ref, c_ref, total_ref, *, chunks: int):
-    def body(c, g):
+    def body(c, carry):
+        g, P, loc = carry
+        nxt = jnp.minimum(c + 1, chunks - 1)
+        ahead = p_ref[nxt], l_ref[nxt]  # the next chunk's aggregate, issued a step ahead
         c_ref[c] = g
-        return _vecmat(g, p_ref[c]) + l_ref[c]
+        return _vecmat(g, P) + loc, *ahead
 
-    total_ref[...] = lax.fori_loop(0, chunks, body, v_ref[...])
+    total_ref[...] = lax.fori_loop(0, chunks, body, (v_ref[...], p_ref[0], l_ref[0]))[0]
 
 
 def _dense_apply(*refs, C: int, n: int, factors: int):
     m_refs, wts, d_ref, (g_ref, out_ref) = _split(refs, factors)
     c = pl.program_id(0)
+    read = lambda t: (tuple(r[t] for r in m_refs), d_ref[t])  # noqa: E731
 
-    def body(t, g):
+    def body(t, carry):
+        g, (ms, d) = carry
+        ahead = read(jnp.minimum(t + 1, C - 1))  # the next step's operands, issued a step ahead
         out_ref[t] = g
-        new = _times(g, m_refs, t, wts) + d_ref[t]
-        return jnp.where(c * C + t < n, new, g)
+        new = _times(g, ms, wts) + d
+        return jnp.where(c * C + t < n, new, g), ahead
 
-    lax.fori_loop(0, C, body, g_ref[...])
+    lax.fori_loop(0, C, body, (g_ref[...], read(0)))
 
 
 def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
@@ -320,12 +352,12 @@ def _dense_scan(v, Ms, ds, C, interpret, num_warps, Wt=None):
                   pl.BlockSpec((chunks, None, Kp), lambda r: (0, r, 0)), row],
         out_specs=[pl.BlockSpec((chunks, None, Kp), lambda r: (0, r, 0)), row],
         out_shape=[jax.ShapeDtypeStruct((chunks, R, Kp), dtype), jax.ShapeDtypeStruct((R, Kp), dtype)],
-        interpret=interpret, compiler_params=_params(num_warps))(P, L, vp)
+        interpret=interpret, compiler_params=_params(num_warps, apply_warps(Kp)))(P, L, vp)
     out = pl.pallas_call(
         functools.partial(_dense_apply, C=C, n=n, factors=factors), grid=(chunks, R),
         in_specs=[*m_chunk, *w_spec, d_chunk, l_one], out_specs=d_chunk,
         out_shape=jax.ShapeDtypeStruct((N, R, Kp), dtype),
-        interpret=interpret, compiler_params=_params(num_warps))(*ms, *extra, dp, carries)
+        interpret=interpret, compiler_params=_params(num_warps, apply_warps(Kp, factors)))(*ms, *extra, dp, carries)
     return out[:n, :, :k], total[:, :k]
 
 
@@ -369,7 +401,8 @@ def chunked_scan(v: Array, Ms: Array, ds: Array | None = None, *, chunk: int | N
       ds: (n, R, k) their offsets, or None (all zero).
       chunk: the chunk length C (default :func:`chunk_length`).
       interpret: run the kernels in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program (None: 4, the factored reduce's :func:`reduce_warps`).
+      num_warps: Triton warps per program (None: 4, the dense reduce's :func:`reduce_warps`, the dense
+        carry's and apply's :func:`apply_warps`).
 
     Returns:
       (prefixes, total), prefixes (n, R, k) the exclusive prefixes (prefixes[0] = v) and total
@@ -401,7 +434,8 @@ def chunked_scan_factored(v: Array, A: Array, Wt: Array, ds: Array | None = None
       ds: (n, R, S) the offsets, or None (all zero).
       chunk: the chunk length C (default :func:`chunk_length`).
       interpret: run the kernels in Pallas's interpret mode (any backend).
-      num_warps: Triton warps per program (None: 4, the factored reduce's :func:`reduce_warps`).
+      num_warps: Triton warps per program (None: 4, the dense reduce's :func:`reduce_warps`, the dense
+        carry's and apply's :func:`apply_warps`).
 
     Returns:
       (prefixes, total), prefixes (n, R, S) and total (R, S), in v's dtype.

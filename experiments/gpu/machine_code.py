@@ -279,8 +279,10 @@ def predict(row: dict[str, Any], programs: int, limits: dict[str, int], model: d
     """A launch's predicted time from its machine code: the main loop (the largest SASS loop, run
     ``row["trips"][0]`` times, read from the TTIR) costs a program, an iteration, its warp's
     instructions issued (``ceil(warps / 4)`` warps share a scheduler) plus one exposed wait of each
-    kind it has (a global load from L2, each barrier, a shared-memory load, a special function);
-    where ``r`` blocks share an SM, at least their instructions' issue time. Waves (``ceil(programs /
+    kind it has (a global load from L2, less the loop's ``ldg_lead``: the instructions issued
+    between the load and the first read of its value, one a cycle, so a load issued a step ahead
+    waits for nothing; each barrier, a shared-memory load, a special function); where ``r`` blocks
+    share an SM, at least their instructions' issue time. Waves (``ceil(programs /
     (blocks/SM x SMs))``) run one after another. The loop's global traffic of every program over the
     HBM bandwidth bounds it from below; one launch overhead is added.
 
@@ -298,7 +300,10 @@ def predict(row: dict[str, Any], programs: int, limits: dict[str, int], model: d
         trips = 1
     kinds, n = loop["kinds"], loop["instructions"]
     issue = lambda w: n * -(-w // model["issue_per_cycle"])  # noqa: E731  (cycles, w warps on an SM)
-    wait = (model["global_latency"] * (kinds.get("ldg", 0) > 0) + model["barrier_latency"] * kinds.get("bar", 0)
+    # a global load's wait, less the instructions issued before its value is read (one a cycle)
+    lead = loop.get("ldg_lead") or 0
+    wait = (max(0, model["global_latency"] - lead) * (kinds.get("ldg", 0) > 0)
+            + model["barrier_latency"] * kinds.get("bar", 0)
             + model["smem_latency"] * (kinds.get("lds", 0) > 0) + model["mufu_latency"] * (kinds.get("mufu", 0) > 0))
     resident = min(per_sm, -(-programs // limits["sms"]))
     cycles = max(issue(warps) + wait, issue(warps * resident))
@@ -432,7 +437,8 @@ def _markdown(record: dict[str, Any]) -> str:
     lines += ["", "## The training steps' launches and predicted times", "",
               "Each launch: kernel, grid, waves, predicted µs. Predicted: `experiments.gpu.machine_code.predict` "
               "with the constants of `MODEL` (in the JSON): the main loop's instructions issued plus one exposed "
-              "wait of each kind an iteration, times its iterations (from the TTIR) and the waves, bounded below "
+              "wait of each kind an iteration (a global load's less the instructions between it and its use), "
+              "times its iterations (from the TTIR) and the waves, bounded below "
               "by its global traffic over HBM's bandwidth; a launch's overhead added. The fused kernels only "
               "(XLA's own operations around them are not counted), each once: the Newton forward runs its kernels "
               "once an iteration, and a kernel lowered once but called twice (the same jitted entry at the same "

@@ -124,7 +124,8 @@ def sass_loops(sass: str) -> list[dict[str, Any]]:
         if not m or int(m.group(1), 16) >= addr:
             continue
         lo = int(m.group(1), 16)
-        loops.append({"start": lo, "end": addr, **_summary([o for a, o, _ in ins if lo <= a <= addr])})
+        loops.append({"start": lo, "end": addr, **_summary([o for a, o, _ in ins if lo <= a <= addr]),
+                      "ldg_lead": load_lead([(o, t) for a, o, t in ins if lo <= a <= addr])})
     return sorted(loops, key=lambda d: -d["instructions"])
 
 
@@ -148,6 +149,37 @@ def sass_program(sass: str) -> dict[str, Any]:
     ops = [o for _, o, _ in sass_instructions(sass)]
     last = max((i for i, o in enumerate(ops) if o.startswith("EXIT")), default=len(ops) - 1)
     return {"start": 0, "end": None, **_summary(ops[:last + 1])}
+
+
+def _registers(operand: str, width: int = 1) -> set[int]:
+    """The registers an operand names ("R48" -> {48}; "R16.64" -> {16, 17}; "[R2+0x80]" -> {2})."""
+    out: set[int] = set()
+    for m in re.finditer(r"\bR(\d+)(\.64)?", operand):
+        n = int(m.group(1))
+        out.update(range(n, n + (2 if m.group(2) else width)))
+    return out
+
+
+def load_lead(body: list[tuple[str, str]]) -> int | None:
+    """The fewest instructions of a loop between a global load and the first instruction that reads
+    what it loaded (wrapping round the back edge: a load issued a step ahead leads by most of the
+    loop), None without a global load. ``body``: the loop's (opcode, text) in order."""
+    lead = None
+    for i, (op, text) in enumerate(body):
+        if not op.startswith("LDG"):
+            continue
+        args = text.split(op, 1)[1].split(",")
+        loaded = _registers(args[0], access_bytes(op) // 4)
+        for j in range(1, len(body) + 1):
+            op2, text2 = body[(i + j) % len(body)]
+            rest = text2.split(op2, 1)[1].split(",")
+            store = op2.startswith(("STG", "STS", "ST."))
+            read = set().union(*(_registers(a, access_bytes(op2) // 4 if store else 1)
+                                 for a in (rest if store else rest[1:]))) if rest else set()
+            if loaded & read:
+                lead = j if lead is None else min(lead, j)
+                break
+    return lead
 
 
 def access_bytes(op: str) -> int:

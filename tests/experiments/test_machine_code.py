@@ -220,3 +220,18 @@ def test_the_peer_record_prices_pararnns_launches_by_the_same_model():
         for errs in it["errors"].values():
             assert errs[-1] < 1e-5 < errs[0]
         assert it["bppsa"]["converged"] and it["bppsa"]["error"] < 1e-5
+
+
+def test_a_global_loads_lead_is_the_instructions_before_its_value_is_read():
+    body = [("LDG.E.128", "LDG.E.128 R48, desc[UR6][R16.64]"), ("FADD", "FADD R1, R2, R3"),
+            ("FADD", "FADD R4, R50, R3"), ("BRA", "BRA 0x20")]
+    assert cc.load_lead(body) == 2  # R50 is the load's third word
+    ahead = [body[0], body[1], ("BRA", "BRA 0x20"), ("STG.E.128", "STG.E.128 desc[UR6][R8.64], R48")]
+    assert cc.load_lead(ahead) == 3 and cc.load_lead(body[1:]) is None
+    m, loop = mc.MODEL, {"instructions": 300, "kinds": {"ldg": 1}, "ldg_bytes": 0, "stg_bytes": 0}
+    near = mc.predict({**_row(loops=[{**loop, "ldg_lead": 60}], trips=[1], blocks_per_sm=1), "num_warps": 4}, 1,
+                      dict(cc.H100))
+    far = mc.predict({**_row(loops=[{**loop, "ldg_lead": 290}], trips=[1], blocks_per_sm=1), "num_warps": 4}, 1,
+                     dict(cc.H100))
+    assert near is not None and near["cycles_per_iteration"] == 300 + m["global_latency"] - 60
+    assert far is not None and far["cycles_per_iteration"] == 300  # issued a step ahead: no wait

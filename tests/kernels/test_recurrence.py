@@ -84,6 +84,7 @@ def test_supported_cells_and_sizes():
     assert supports(cells.LSTM(3, recurrence.MAX_HIDDEN)) and not supports(cells.LSTM(3, recurrence.MAX_HIDDEN + 1))
     assert supports(cells.RNN(3, 64)) and supports(cells.GRU(3, 32)) and not supports(cells.GRU(3, 33))  # GRU 64 spills
     assert [recurrence.warps_for(n) for n in (16, 32, 64)] == [4, 4, 8]
+    assert [recurrence.warps_for(n, g) for n, g in ((64, 1), (32, 3), (64, 4))] == [4, 4, 8]  # by W_h's size
     assert not supports(cells.Generic(lambda p, h, x: jnp.tanh(h + x)))
     assert [recurrence.padded_size(n) for n in (1, 16, 17, 20, 33, 64)] == [16, 16, 32, 32, 64, 64]
     with pytest.raises(ValueError, match="the fused recurrence runs bppsa.cells.RNN and LSTM with hidden_size <= 64 "
