@@ -18,8 +18,8 @@ the Newton iterations each forward needs for the same state error.
 2. **Ours** (:func:`our_launches`): the ``newton.*`` launches of the committed
    ``experiments/results/gpu/machine_code.json`` at the same points (those of
    :func:`experiments.gpu.machine_code.points` with a head-1 BlockGRU), pair ``newton/bppsa``:
-   ``newton._reduce``, ``newton._carry``, ``newton._apply`` once a Newton iteration (the Newton
-   loop's convergence test is an XLA pass, not counted; neither are pararnn's host-side checks).
+   ``newton._reduce``, ``newton._carry``, ``newton._apply`` once a Newton iteration, the Newton
+   loop's convergence test included (its measures come from the kernels; pararnn has none).
 3. **Iterations at equal state error** (:func:`iteration_errors`, XLA on the CPU, float32, the GPU
    script's problem: :func:`experiments.gradient.problem`): max |H_k − H_seq| after k Newton
    iterations of the diagonal GRU from bppsa's first iterate (zeros) and from pararnn's
@@ -260,8 +260,9 @@ def render(record: dict[str, Any]) -> str:
         "by the same check), each "
         "launch priced by the same `experiments.gpu.machine_code.predict` and `MODEL`. pararnn's kernels "
         "have no loop: the whole program is its one iteration (its instructions issued, one exposed wait "
-        "of each kind, its LDG/STG bytes over HBM's bandwidth). Not counted on either side: our Newton "
-        "loop's convergence test (an XLA pass an iteration), the input projection (a GEMM on both sides). "
+        "of each kind, its LDG/STG bytes over HBM's bandwidth). Ours includes its convergence test (the "
+        "kernels measure each iterate; pararnn tests none). Not counted on either side: the input "
+        "projection (a GEMM on both sides). "
         "A model, untuned: the GPU run checks it.",
         "",
         "## Per Newton iteration",
@@ -337,8 +338,8 @@ def render(record: dict[str, Any]) -> str:
                      f"{f['ratio']} | {f['ratio_equal_error']} ({f['iterations_equal_error']} it.) |")
     lines += ["", "Ours: the iterations bppsa's tolerance takes on the GPU script's problem (the most of the "
               "iteration study's sizes); at pararnn's error: the iterations from zeros whose state error is at "
-              "most pararnn's after its 3 there. Our Newton loop's XLA convergence test (one pass an iteration) "
-              "is not in these numbers; pararnn's forward needs none."]
+              "most pararnn's after its 3 there. Our convergence test is in these numbers (the kernels measure "
+              "each iterate); pararnn's forward runs none."]
     return "\n".join(lines) + "\n"
 
 
