@@ -227,7 +227,7 @@ def fused_predictions(point: dict, ours: dict | None, peer: dict | None = None, 
                   and x["B"] == point.get("B") and x["H"] == point.get("H")), None)
         pred = q["forward"]["pararnn_us"] / 1e3 if q and q["forward"].get("pararnn_us") else None
         iters = rec.get("iters")
-        if pred is not None and q is not None and iters not in (None, 3):  # the record prices 3 iterations; scale to those run
+        if pred is not None and q is not None and iters not in (None, 3):  # priced at 3 iterations: scale
             it_ms = q["pararnn"]["us_per_iteration"] / 1e3
             pred += (iters - 3) * it_ms
         out[PARARNN] = {"measured_ms": rec.get("forward_ms"), "predicted_ms": pred, "point": name,
