@@ -76,6 +76,19 @@ def make_problem(cell, T=7, B=2, *, seed=0, dtype=np.float64, h0_scale=0.5, para
     return Problem(cell, params, xs, cell.unflatten_state(s0))
 
 
+def jax_problem(cell, T, B, dtype=np.float64, seed=0, *, extra=()):
+    """One problem drawn by ``jax.random`` (the kernels' and the adjoint's tests): from the keys of
+    ``jax.random.split(jax.random.key(seed), 3 + len(extra))`` in turn, ``cell.init`` in ``dtype``, xs
+    (T, B, I) ~ N(0, 1), the flat state s0 (B, S) ~ N(0, 0.25), then one array ~ N(0, 1) of each shape
+    in ``extra`` (cotangents, weights). Returns (params, xs, s0, *extras)."""
+    import jax
+    k = jax.random.split(jax.random.key(seed), 3 + len(extra))
+    params = cell.init(k[0], dtype)
+    xs = jax.random.normal(k[1], (T, B, cell.input_size), dtype)
+    s0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), dtype)
+    return (params, xs, s0, *(jax.random.normal(key, shape, dtype) for key, shape in zip(k[3:], extra)))
+
+
 def states_loss(out, every_step=True):
     """A nonlinear scalar of the states ``out`` (T, B, ...) (every leaf: an LSTM's cell state too), weighted
     per unit so that no two units' gradients coincide and with a non-zero Hessian: of every step, or of the

@@ -65,3 +65,14 @@ def assert_trees_close(got, want, rtol: float = 1e-10, atol: float = 1e-12, what
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol,
                                    err_msg=f"{what}{jax.tree_util.keystr(path)}")
+
+
+def max_tree_diff(a, b, *, relative: bool = False) -> float:
+    """The largest |a - b| over the leaves of two pytrees; ``relative``: divided by the largest |b|
+    (at least 1). For tests that bound one number (an adjoint to the last digits, a weighted mean)."""
+    import jax
+    import jax.numpy as jnp
+    diff = max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    if not relative:
+        return diff
+    return diff / max(1.0, *(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(b)))

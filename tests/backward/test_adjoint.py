@@ -4,6 +4,7 @@ the parameter gradients after the loop and in it; the adjoint step is g @ M_t; t
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -11,7 +12,9 @@ import bppsa
 from bppsa import cells
 from bppsa.backward.rule import bppsa_states
 from bppsa.nn import cells as flax_cells
+from tests.helpers import jax_problem
 from tests.reference import scan_states
+from tests.tolerance import max_tree_diff
 
 CELLS = {
     "rnn-tanh": lambda I, H: cells.RNN(I, H),
@@ -29,13 +32,9 @@ CELLS = {
 
 
 def _setup(name, T, B, I=3, H=4, seed=0):
+    """(cell, params, xs, h0 (flat), weights (T, B, S)), float64 (:func:`tests.helpers.jax_problem`)."""
     cell = CELLS[name](I, H)
-    k = jax.random.split(jax.random.key(seed), 4)
-    params = cell.init(k[0], jnp.float64)
-    xs = jax.random.normal(k[1], (T, B, I), jnp.float64)
-    h0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64)
-    weights = jax.random.normal(k[3], (T, B, cell.state_size), jnp.float64)
-    return cell, params, xs, h0, weights
+    return (cell, *jax_problem(cell, T, B, np.float64, seed, extra=((T, B, cell.state_size),)))
 
 
 def _adjoint_states(cell, sums, hoist=True):
@@ -56,18 +55,12 @@ def _loss(states_fn, weights):
     return lambda p, x, s0: jnp.sum(jnp.sin(states_fn(p, x, s0)) * weights)
 
 
-def _max_diff(a, b):
-    """The largest |a - b| over the leaves, relative to the largest |b| (at least 1)."""
-    scale = max(1.0, *(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(b)))
-    return max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)) / scale
-
-
 def _check_gradients(name, T, B, sums, hoist):
     cell, params, xs, h0, w = _setup(name, T, B)
     assert cell.has_adjoint
     grads = lambda f: jax.jit(jax.value_and_grad(_loss(f, w), argnums=(0, 1, 2)))(params, xs, h0)
     want, got = grads(_reference(cell)), grads(_adjoint_states(cell, sums, hoist))
-    assert _max_diff(got, want) < 1e-12, (name, T, B, sums, hoist)
+    assert max_tree_diff(got, want, relative=True) < 1e-12, (name, T, B, sums, hoist)
 
 
 @pytest.mark.parametrize("name", sorted(set(CELLS) - {"rnn-sigmoid", "flax-simple", "flax-optimized-lstm"}))
@@ -102,7 +95,7 @@ def test_adjoint_bptt_forward_mode_and_hessian_vector_products(name, sums):
     jvp = lambda f: jax.jit(lambda t: jax.jvp(lambda p: f(p, xs, h0), (params,), (t,))[1])(tangent)
     assert abs(float(jvp(ours) - jvp(ref))) < 1e-12
     hvp = lambda f: jax.jit(lambda t: jax.jvp(jax.grad(lambda p: f(p, xs, h0)), (params,), (t,))[1])(tangent)
-    assert _max_diff(hvp(ours), hvp(ref)) < 1e-11
+    assert max_tree_diff(hvp(ours), hvp(ref), relative=True) < 1e-11
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
@@ -112,11 +105,11 @@ def test_the_adjoint_step_is_the_transposed_jacobian_and_its_factors_the_step(na
     h = cell.unflatten_state(h0)
     u = cell.project(params, xs[0])
     new, factors = cell.step_factors(params, h, u)
-    assert _max_diff(new, cell.step_projected(params, h, u)) < 1e-15
+    assert max_tree_diff(new, cell.step_projected(params, h, u), relative=True) < 1e-15
     g = w[0]
     M = cell.transposed_jacobian(params, h0[None], xs[:1], cell.flatten_state(new)[None])[0]
     g_prev, _ = cell.adjoint_step(params, factors, g)
-    assert _max_diff(g_prev, jnp.einsum("bi,bij->bj", g, M)) < 1e-13
+    assert max_tree_diff(g_prev, jnp.einsum("bi,bij->bj", g, M), relative=True) < 1e-13
 
 
 def test_bptt_runs_the_adjoint_for_cells_that_have_one_and_autodiff_otherwise():
@@ -129,7 +122,7 @@ def test_bptt_runs_the_adjoint_for_cells_that_have_one_and_autodiff_otherwise():
     assert not generic.has_adjoint and not uses_solve(generic, gp)
     got = jax.grad(lambda p: jnp.sum(bppsa.rnn(cell, p, xs, h0, backward="bptt") * w))(params)
     want = jax.grad(lambda p: jnp.sum(_reference(cell)(p, xs, h0) * w))(params)
-    assert _max_diff(got, want) < 1e-12
+    assert max_tree_diff(got, want, relative=True) < 1e-12
 
 
 def test_the_plan_sums_parameter_gradients_in_the_loop_for_large_batches_and_steps_on_cpu():
@@ -164,7 +157,8 @@ def test_the_in_loop_sums_are_the_parameter_gradients(name):
         parts, dxs = zip(*(cell.adjoint_sum_step(form, *jax.tree.map(lambda a: a[t], (inputs, factors)), w[t],
                                                  jax.tree.map(lambda a: a[t], cots)) for t in range(T)))
         sums = jax.tree.map(lambda *a: sum(a), *parts)
-        assert _max_diff(cell.adjoint_sum_result(params, sums), want_dp) < 1e-13
-        assert _max_diff(jnp.stack(dxs), want_dx) < 1e-13
+        assert max_tree_diff(cell.adjoint_sum_result(params, sums), want_dp, relative=True) < 1e-13
+        assert max_tree_diff(jnp.stack(dxs), want_dx, relative=True) < 1e-13
         x, h = xs[0], cell.unflatten_state(h0)
-        assert _max_diff(cell.step_projected(form, h, cell.project(form, x)), cell.step(params, h, x)) < 1e-15
+        stepped = cell.step_projected(form, h, cell.project(form, x))
+        assert max_tree_diff(stepped, cell.step(params, h, x), relative=True) < 1e-15

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from bppsa.hetero import (
     data_mesh, make_spmd_grad, partition, plain_mean, replica_batches, sample_weights, weighted_mean,
 )
+from tests.tolerance import max_tree_diff
 
 
 # ---------------------------------------------------------------- partition
@@ -163,17 +164,13 @@ def replica_grads(params, x, y, counts):
             for a, b in zip(edges[:-1], edges[1:])]
 
 
-def _tree_maxdiff(a, b):
-    return max(jax.tree.leaves(jax.tree.map(lambda u, v: float(jnp.max(jnp.abs(u - v))), a, b)))
-
-
 def test_weighted_mean_equals_full_batch_gradient(close):
     params = mlp_params(jax.random.key(0))
     x, y = make_data(13)
     counts = np.array([1, 0, 4, 8])
     grads = replica_grads(params, x, y, counts)
     close(weighted_mean(grads, counts), full_grad(params, x, y), 1e-12, 1e-14)
-    assert _tree_maxdiff(plain_mean(grads, counts), full_grad(params, x, y)) > 1e-3
+    assert max_tree_diff(plain_mean(grads, counts), full_grad(params, x, y)) > 1e-3
 
 
 def test_weighted_mean_rejects_bad_counts():
@@ -222,7 +219,7 @@ def test_spmd_weighted_gradient_equals_full_batch(close, counts):
     close(g_mean, plain_mean(replica_grads(params, x, y, counts), counts), 1e-12, 1e-14)
     np.testing.assert_allclose(loss_mean, loss, rtol=1e-13)
     uneven = len(set(c for c in counts if c > 0)) > 1
-    assert (_tree_maxdiff(g_mean, g) > 1e-4) == uneven  # plain mean is biased exactly when the b_i differ
+    assert (max_tree_diff(g_mean, g) > 1e-4) == uneven  # plain mean is biased exactly when the b_i differ
 
 
 def test_replica_batches_layout_and_errors():

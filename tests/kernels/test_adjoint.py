@@ -15,6 +15,7 @@ from bppsa import cells
 from bppsa.forward.sequential import forward_states
 from bppsa.kernels import cuda_module, fused_adjoint, lowering
 from bppsa.kernels.recurrence import max_hidden
+from tests.helpers import jax_problem
 from tests.reference import scan_grads
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
@@ -23,23 +24,14 @@ CELLS = {"rnn": lambda I, H: cells.RNN(I, H), "gru": lambda I, H: cells.GRU(I, H
          "lstm": lambda I, H: cells.LSTM(I, H, input_bias=False)}
 
 
-def _problem(name, T, B, H, dtype, seed=0):
-    cell = CELLS[name](3, H)
-    k = jax.random.split(jax.random.key(seed), 4)
-    params = cell.init(k[0], dtype)
-    xs = jax.random.normal(k[1], (T, B, 3), dtype)
-    s0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), dtype)
-    ct = jax.random.normal(k[3], (T, B, cell.state_size), dtype)
-    return cell, params, xs, s0, ct
-
-
 @pytest.mark.parametrize("name, dtype", [(n, d) if (n, d) == ("lstm", jnp.float64) else
                                          pytest.param(n, d, marks=pytest.mark.slow)  # make test-all
                                          for n in sorted(CELLS) for d in (jnp.float64, jnp.float32)])
 def test_interpret_mode_equals_reverse_mode(name, dtype):
     for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:
         H = min(H, max_hidden(CELLS[name](3, H)))  # a GRU: at most 32
-        cell, params, xs, s0, ct = _problem(name, T, B, H, dtype, seed=T)
+        cell = CELLS[name](3, H)
+        params, xs, s0, ct = jax_problem(cell, T, B, dtype, seed=T, extra=((T, B, cell.state_size),))
         ss = forward_states(cell, params, xs, s0)
         # the adjoint state of step t is the gradient w.r.t. a perturbation added to s_t
         def loss(eps):
@@ -70,7 +62,8 @@ def test_the_kernel_lowers_for_cuda_here(name):
 def test_fused_bptt_gradients_equal_autodiff(name):
     """The fused forward and the fused adjoint loop (the whole BPTT step in two kernels), float64."""
     for T, B in [(1, 1), (7, 2)]:
-        cell, params, xs, s0, _ = _problem(name, T, B, 5, jnp.float64, seed=T)
+        cell = CELLS[name](3, 5)
+        params, xs, s0, _ = jax_problem(cell, T, B, jnp.float64, seed=T, extra=((T, B, cell.state_size),))
         h0 = cell.unflatten_state(s0)
         w = jnp.cos(jnp.arange(T * B * 5, dtype=jnp.float64)).reshape(T, B, 5)
         loss = lambda states: jnp.sum(jnp.sin(cell.hidden(states)) * w)  # noqa: E731

@@ -23,6 +23,7 @@ from bppsa.forward.sequential import prev_states, steps
 from bppsa.forward.step import newton_step
 from bppsa.kernels import cuda_module, fused_newton_step, lowering
 from bppsa.kernels import newton as kernel_newton
+from tests.helpers import jax_problem
 from tests.reference import scan_grads
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
@@ -36,21 +37,14 @@ CASES = {
 }
 
 
-def _problem(cell, T, B, seed):
-    k = jax.random.split(jax.random.key(seed), 3)
-    params = cell.init(k[0], jnp.float64)
-    xs = jax.random.normal(k[1], (T, B, cell.input_size), jnp.float64)
-    h0 = cell.unflatten_state(0.5 * jax.random.normal(k[2], (B, cell.state_size), jnp.float64))
-    return params, xs, h0
-
-
 @pytest.mark.parametrize("name", [n if n == "diagonal-gru" else pytest.param(n, marks=pytest.mark.slow)
                                   for n in CASES])  # the others: make test-all
 def test_newton_with_fused_solves_equals_autodiff(name):
     make, forward = CASES[name]
     cell = make()
     for T, B in [(1, 1), (7, 2)]:
-        params, xs, h0 = _problem(cell, T, B, seed=T)
+        params, xs, s0 = jax_problem(cell, T, B, seed=T)
+        h0 = cell.unflatten_state(s0)
         H = cell.hidden_size
         w = jnp.cos(jnp.arange(T * B * H, dtype=jnp.float64)).reshape(T, B, H)
         loss = lambda states: jnp.sum(jnp.sin(cell.hidden(states)) * w)  # noqa: E731

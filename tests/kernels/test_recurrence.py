@@ -16,6 +16,7 @@ from bppsa.errors import UsageError
 from bppsa.forward.sequential import forward_states
 from bppsa import kernels as kernel_lib
 from bppsa.kernels import cuda_module, fused_states, lowering, recurrence, supports
+from tests.helpers import jax_problem
 from tests.reference import scan_grads
 
 # JAX >= 0.11 warns that the Triton backend is deprecated: chosen anyway, for its float32 products
@@ -33,22 +34,14 @@ CELLS = {
 }
 
 
-def _problem(name, T, B, I=3, H=5, dtype=jnp.float64, seed=0):
-    cell = CELLS[name](I, H)
-    k = jax.random.split(jax.random.key(seed), 3)
-    params = cell.init(k[0], dtype)
-    xs = jax.random.normal(k[1], (T, B, I), dtype)
-    s0 = 0.5 * jax.random.normal(k[2], (B, cell.state_size), dtype)
-    return cell, params, xs, s0
-
-
 @pytest.mark.parametrize("name", [n if n in ("rnn", "gru", "lstm") else pytest.param(n, marks=pytest.mark.slow)
                                   for n in sorted(CELLS)])  # the activation and bias variants: make test-all
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
 def test_interpret_mode_equals_the_sequential_forward(name, dtype):
     for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:  # B = 17: two batch tiles; H: padded to 16, 32, 64
         H = min(H, recurrence.max_hidden(CELLS[name](3, H)))  # a GRU: at most 32
-        cell, params, xs, s0 = _problem(name, T, B, H=H, dtype=dtype)
+        cell = CELLS[name](3, H)
+        params, xs, s0 = jax_problem(cell, T, B, dtype)
         want = forward_states(cell, params, xs, s0)
         got = fused_states(cell, params, xs, s0, interpret=True)
         assert got.shape == want.shape and got.dtype == want.dtype
@@ -98,7 +91,8 @@ def test_gradients_through_the_kernel_equal_autodiff(name):
     """bppsa.rnn(kernels="interpret"): the forward is the kernel, the backward BPPSA's rule at its
     states; float64 against autodiff through a plain lax.scan, T = 1, 7 and 12, B = 1 and 3."""
     for T, B in [(1, 1), (7, 1), (12, 3)]:
-        cell, params, xs, s0 = _problem(name, T, B, seed=T)
+        cell = CELLS[name](3, 5)
+        params, xs, s0 = jax_problem(cell, T, B, seed=T)
         h0 = cell.unflatten_state(s0)
         w = jnp.cos(jnp.arange(T * B * cell.hidden_size, dtype=jnp.float64)).reshape(T, B, cell.hidden_size)
         loss = lambda states: jnp.sum(jnp.sin(cell.hidden(states)) * w)  # noqa: E731
@@ -112,7 +106,8 @@ def test_gradients_through_the_kernel_equal_autodiff(name):
 def test_the_memory_chunked_backward_scans_each_chunk_with_the_kernels():
     """chunk_size < T: the backward's chunks (latest first, each one's root its successor's total),
     each scanned by the fused kernels; 7 steps in chunks of 3 (one padded step), float64."""
-    cell, params, xs, s0 = _problem("gru", 7, 2, seed=5)
+    cell = CELLS["gru"](3, 5)
+    params, xs, s0 = jax_problem(cell, 7, 2, seed=5)
     h0 = cell.unflatten_state(s0)
     loss = lambda states: jnp.sum(jnp.sin(cell.hidden(states)))  # noqa: E731
     want = scan_grads(cell, params, xs, h0, loss)
@@ -122,7 +117,8 @@ def test_the_memory_chunked_backward_scans_each_chunk_with_the_kernels():
 
 
 def test_forward_mode_and_hvps_through_the_kernel():
-    cell, params, xs, s0 = _problem("gru", 9, 2, seed=3)
+    cell = CELLS["gru"](3, 5)
+    params, xs, s0 = jax_problem(cell, 9, 2, seed=3)
     tangent = jax.tree.map(lambda a: jax.random.normal(jax.random.key(7), a.shape, a.dtype), params)
     ref = lambda p: jnp.sum(jnp.sin(bppsa.rnn(cell, p, xs, s0, backward="bptt")))  # noqa: E731
     ours = lambda p: jnp.sum(jnp.sin(bppsa.rnn(cell, p, xs, s0, kernels="interpret")))  # noqa: E731
@@ -136,7 +132,8 @@ def test_forward_mode_and_hvps_through_the_kernel():
 def test_the_kernels_option():
     """"auto" never picks a kernel on the CPU (nor, until a GPU measurement says so, anywhere);
     "pallas" run off a GPU, or where the kernels do not run, is a one-line error naming why."""
-    cell, params, xs, s0 = _problem("gru", 6, 2)
+    cell = CELLS["gru"](3, 5)
+    params, xs, s0 = jax_problem(cell, 6, 2)
     assert bppsa.Options().plan(cell, xs, s0).kernels == "xla"
     assert bppsa.Options(kernels="interpret").plan(cell, xs, s0).kernels == "interpret"
     assert bppsa.Options(kernels="pallas").plan(cell, xs, s0).kernels == "pallas"  # planned on any host
