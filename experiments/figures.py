@@ -43,10 +43,12 @@ def _load(results: Path, rel: str) -> dict | None:
 
 
 def _gpu_record(results: Path) -> dict | None:
-    """The newest GPU result (``gpu/<name>.json``, by its provenance date), so that a run just published
-    is the one drawn."""
+    """The newest GPU run (``gpu/<name>.json`` whose points are the GPU script's, each with its
+    ``part``; by its provenance date), so that a run just published is the one drawn. The
+    machine-code records beside them (predictions, no run) are not runs."""
     records = [json.loads(p.read_text()) for p in sorted((results / "gpu").glob("*.json"))]
-    records = [r for r in records if isinstance(r, dict) and "points" in r]
+    records = [r for r in records if isinstance(r, dict) and isinstance(r.get("points"), list) and r["points"]
+               and all(isinstance(p, dict) and "part" in p for p in r["points"])]
     return max(records, key=lambda r: str((r.get("provenance") or {}).get("date", "")), default=None)
 
 

@@ -166,8 +166,12 @@ def config_of(command: str) -> Path | None:
 def test_every_result_is_the_run_of_a_config(path):
     command = json.loads(path.read_text())["provenance"]["command"]
     if path.parent.name == "gpu":  # the device machine has no ml_collections, hence no runner: its one script
-        if path.stem == "machine_code":  # the kernels compiled for it here (make machine-code)
-            assert shlex.split(command)[:3] == ["python", "-m", "experiments.gpu.machine_code"], command
+        # the kernels compiled for it here (make machine-code), and pararnn-torch's beside them
+        # (make machine-code-peer): predictions, no run
+        compiled = {"machine_code": "experiments.gpu.machine_code",
+                    "pararnn_machine_code": "experiments.gpu.peer_machine_code"}
+        if path.stem in compiled:
+            assert shlex.split(command)[:3] == ["python", "-m", compiled[path.stem]], command
             return
         runs = [shlex.split(c) for c in (command or "").split(";")]
         assert runs and all(len(r) >= 2 and r[0] == "experiments/gpu/run.sh" for r in runs), \
