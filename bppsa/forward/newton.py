@@ -316,7 +316,7 @@ class _Carry(NamedTuple):
 
     k: Array  # steps taken (rejected damped steps included)
     H: Array  # the iterate
-    F: Any  # evaluate(H): the steps at H (or (F, D))
+    F: Any  # evaluate(H): the steps at H (or (F, D)); fused (iterate's measured): the reduce kernel's aggregates at H
     m: _Measures  # H's measures
     err: Array  # the estimated state error, in units of the tolerance
     err_rel: Array  # the same, in the reported units (max |h − h*| / (1 + |h|))
@@ -332,7 +332,7 @@ class _Carry(NamedTuple):
 def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
             update: Callable[[Array, Any, Array | None], Array], *, inputs_ok: Array | bool = True,
             axes: Any = None, offset: Array | int = 0, length: int | None = None,
-            measured: Callable[[Array, Array], tuple[Array, Any]] | None = None
+            measured: tuple[Callable[[Array], tuple[Any, Any]], Callable[[Any, Array], tuple[Array, Any]]] | None = None
             ) -> tuple[Array, Array, Array, Array, Array, Any]:
     r"""The iteration, whatever computes its pieces: ``evaluate(H) -> F`` (the steps f(h_{t-1}, x_t)
     at H; or a tuple (F, D), D what ``update`` reuses, made in the same pass) and ``update(H, F,
@@ -340,12 +340,16 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     around H); ``axes``: the mesh axes H is split over (the tests are
     reduced over them), None on one device, ``offset`` the time index of this device's first step and ``length`` the
     number of real steps (None: all; the states past it, a mesh's padding, are not tested). With
-    ``plan.damping`` the damped step (module docstring). ``measured(H, exact) -> (H', measures)``
-    (undamped, one device; :meth:`bppsa.plan.backends.Fused.newton_iteration`): the undamped step
-    and the tests' pieces of H' (:class:`bppsa.kernels.newton.Measures`) in one go, computed where
-    the step is (the fused kernels), replacing ``update`` and the pass of ``evaluate`` and the tests
-    over H' in each iteration (``evaluate`` runs before the loop and after it); an H' that needs a
-    :func:`repair` is measured here as without it.
+    ``plan.damping`` the damped step (module docstring). ``measured = (reduce, apply)`` (undamped,
+    one device; :meth:`bppsa.plan.backends.Fused.newton_reduce` and ``newton_apply``, the fused
+    kernels): ``reduce(H) -> (aggregates, residual)`` the first half of the step from H and, as its
+    by-product, H's residual pieces (:class:`bppsa.kernels.newton.Residual`); ``apply(aggregates,
+    exact) -> (H', steps)`` the rest of the step and its sizes (:class:`~bppsa.kernels.newton.StepSize`).
+    They replace ``update`` and the pass of ``evaluate`` and the tests in each iteration: ``reduce``
+    runs once before the loop, then each iteration is ``apply`` with the carried aggregates and
+    ``reduce`` at H' (its aggregates are the next step's, its residual H''s test); ``evaluate``
+    runs once, after the loop. An H' that needs a :func:`repair` is repaired and measured by XLA
+    as without them (its aggregates still the reduce's, at the repaired H').
 
     Every new iterate is :func:`repair`-ed. Converged when every step's residual meets the
     tolerances (:math:`|h_t - f_t| \le \mathrm{atol} + \mathrm{rtol}\,|f_t|`) and so does the estimated error of every
@@ -372,7 +376,7 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
       axes: the mesh axes H is split over, or None (one device).
       offset: the time index of H's first step.
       length: the number of real steps (None: all).
-      measured: ``measured(H, exact)``, the undamped step and its measures, or None.
+      measured: ``(reduce, apply)``, the undamped step in two halves and its measures, or None.
 
     Returns:
       (iterations, H, residual, error, converged, F), scalars but for the final iterate H (T, B, S)
@@ -408,11 +412,16 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     t = offset + jnp.arange(H.shape[0], dtype=jnp.int32)[:, None, None]  # each state's time index (0: h_1)
     tested = t < (H.shape[0] if length is None else length)
     H = repair(H)
-    F = evaluate(H)
-    m = measure(H, F)[0]
+    if fused:  # the fused kernels' first half of the first step, and H's residual from it
+        reduce_, apply_ = cast(tuple, measured)
+        F, r = reduce_(H)  # F: the aggregates at the iterate, carried
+        m = _Measures(r.over, r.front, jnp.zeros((), H.dtype))
+    else:
+        F = evaluate(H)
+        m = measure(H, F)[0]
     inf = jnp.asarray(jnp.inf, m.over.dtype)
     lam0 = jnp.asarray(plan.damping if damped else 0.0, m.over.dtype)
-    init = _Carry(k=jnp.int32(0), H=H, F=None if fused else F, m=m, err=inf, err_rel=inf, step=inf, best_over=m.over,
+    init = _Carry(k=jnp.int32(0), H=H, F=F, m=m, err=inf, err_rel=inf, step=inf, best_over=m.over,
                   best_front=m.front, best_step=inf, stall=jnp.int32(0), lam=lam0, exact=jnp.int32(0))
 
     def converged(c: _Carry) -> Array:
@@ -434,17 +443,21 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
             return Hn, Fn, mn, dn, dn_rel
 
         if fused:  # the kernels' measures, unless H' needs a repair (then as XLA's, F at H made anew)
-            Hk, q = cast(Callable, measured)(H, exact)
+            Hk, q = apply_(F, exact)
+            fits = q.size <= bound(H.dtype)
 
             def kernels():
-                return Hk, _Measures(q.over, q.front, jnp.zeros((), H.dtype)), q.step, \
+                return Hk, jnp.zeros((), m.over.dtype), jnp.int32(0), q.step, \
                     q.step * atol if atol == rtol else q.step_rel
 
             def repaired():
                 Hr, _, mr, dr, dr_rel = measured_here(Hk, evaluate(H))
-                return Hr, mr, dr, dr_rel
+                return Hr, mr.over, mr.front, dr, dr_rel
 
-            (Hn, mn, dn, dn_rel), Fn = lax.cond(q.size <= bound(H.dtype), kernels, repaired), None
+            Hn, over_r, front_r, dn, dn_rel = lax.cond(fits, kernels, repaired)
+            Fn, r = reduce_(Hn)  # the next step's first half at H', and H''s residual
+            mn = _Measures(jnp.where(fits, r.over, over_r), jnp.where(fits, r.front, front_r),
+                           jnp.zeros((), H.dtype))
         else:
             Hn, Fn, mn, dn, dn_rel = measured_here(update(H, F, lam if damped else None), F)
         if linear:
@@ -681,9 +694,10 @@ def solve(cell: Cell, plan: Plan, params: Any, xs: Array, s0: Array,
     # a diagonal cell's fused step: the input projection made once, here; the tests from the kernels
     fused = plan.fused if plan.damping is None else None
     ops = None if fused is None else fused.newton_operands(cell, params, xs, s0.dtype)
-    measured = None if fused is None or ops is None else \
-        lambda H, exact: fused.newton_iteration(cell, ops, s0, H, exact, cast(float, plan.atol),
-                                                cast(float, plan.rtol))
+    tols = (cast(float, plan.atol), cast(float, plan.rtol))
+    measured = None if fused is None or ops is None else (
+        lambda H: fused.newton_reduce(cell, ops, s0, H, *tols),
+        lambda agg, exact: fused.newton_apply(cell, ops, s0, agg, exact, *tols))
 
     inputs, ok = (params, xs, s0), finite_inputs(xs, s0)
     sequential = lambda: forward_states(cell, params, xs, s0, plan.unroll)

@@ -18,16 +18,19 @@ owns a tile of 32 elements (:func:`tile`: one warp, (1, 32) or (2, 16)) and a ch
 the chunks are short enough for at least :data:`MIN_PROGRAMS` programs (:func:`chunking`: 1024 at
 T = 4096, B = 16, H = 20, where one tile of all units and 16 rows a program gave 64).
 
-The convergence test's pieces come from the kernels too: as the apply kernel makes each new state
-h'_t it evaluates the step there again, f(h'_{t-1}, x_t) (its previous state is the loop's carry),
-and every program reduces over its tile and chunk the residual |h'_t − f(h'_{t-1}, x_t)| and the
-step h'_t − h_t in the tolerances' units, |h'_t| and its first step whose residual misses the
-tolerance (:class:`Measures`): a (programs,) array each, which
+The convergence test's pieces come from the kernels too, each where its operands are anyway: the
+reduce kernel (:func:`fused_newton_reduce`) evaluates every step f(h_{t-1}, x_t) at its guess H, so
+with the tolerances it also reduces H's residual |h_t − f(h_{t-1}, x_t)| in the tolerances' units
+and the first step whose residual misses the tolerance (:class:`Residual`); the apply kernel
+(:func:`fused_newton_apply`: carry, then apply) reduces, as it makes each new state h'_t, the step
+h'_t − h_t in the tolerances' units and |h'_t| (:class:`StepSize`): a (programs,) array each, which
 :func:`bppsa.forward.newton.iterate` reduces instead of a parallel XLA pass over (T, B, S) an
-iteration; it still decides when to stop. The decisions are XLA's up to rounding: the kernels
-evaluate the step with their own operands (and a chunk's first step from the carry kernel's
-state, not from the previous chunk's last state as written), so a residual within rounding of the
-tolerance could be judged otherwise (not seen: the tests' iteration counts are XLA's).
+iteration; it still decides when to stop. The new iterate's residual is the next reduce's: the loop
+runs the reduce once before it, then apply and the reduce at the new iterate each iteration,
+carrying the reduce's aggregates (:class:`Aggregates`) to the next step; nothing evaluates a step
+twice. The decisions are XLA's up to rounding: the kernels evaluate the step with their own
+operands, so a residual within rounding of the tolerance could be judged otherwise (not seen: the
+tests' iteration counts are XLA's).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from bppsa.kernels.recurrence import compute_dtype, operands, pad_to, padded_siz
 from bppsa.kernels.scan import chunk_length
 
 __all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking",
-           "Measures", "Operands", "newton_operands", "measures_fuse", "fused_newton_iteration", "fused_newton_step"]
+           "Residual", "StepSize", "Measures", "Aggregates", "Operands", "newton_operands", "measures_fuse",
+           "fused_newton_reduce", "fused_newton_apply", "fused_newton_iteration", "fused_newton_step"]
 
 #: The largest hidden size the kernels take.
 MAX_UNITS = 1024
@@ -126,21 +130,52 @@ def _evaluate(cell, idx, T, us, ws, bs, h_ref, s0):
     return f, d, prev
 
 
-def _reduce(*refs, cell, T: int, C: int, gates: int):
+def _reduce(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float, int, int] | None = None):
     u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
-    h_ref, s0_ref, a_ref, l_ref = refs[3 * gates:]
+    h_ref, s0_ref, a_ref, l_ref, *m_refs = refs[3 * gates:]
     ws, bs, s0, c = tuple(r[...] for r in w_refs), tuple(r[...] for r in b_refs), s0_ref[...], pl.program_id(0)
+    if measure is None:
+        def body(t, carry):
+            a, loc = carry
+            idx = c * C + t
+            f, d, prev = _evaluate(cell, idx, T, _inputs(u_refs, idx, T), ws, bs, h_ref, s0)
+            keep = idx < T
+            return jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc)
 
-    def body(t, carry):
-        a, loc = carry
+        a, loc = lax.fori_loop(0, C, body, (jnp.ones_like(s0), jnp.zeros_like(s0)))
+        a_ref[...] = a
+        l_ref[...] = loc
+        return
+    # the convergence test's residual pieces (bppsa.forward.newton.iterate) of the guess H itself, as by-products
+    # of its steps f(h_{t-1}, x_t): per element over the chunk, then over the tile, the largest residual
+    # |h_t - f_t| in the tolerances' units and the first step whose residual misses the tolerance; each
+    # step's state h_t is loaded once, the next step's previous state
+    atol, rtol, B, Hs = measure
+    bt, ht = s0.shape
+    rows = pl.program_id(1) * bt + lax.broadcasted_iota(jnp.int32, (bt, ht), 0)
+    units = pl.program_id(2) * ht + lax.broadcasted_iota(jnp.int32, (bt, ht), 1)
+    real, zero = (rows < B) & (units < Hs), jnp.zeros_like(s0)
+    none = jnp.full((bt, ht), jnp.iinfo(jnp.int32).max, jnp.int32)
+
+    def measured(t, carry):
+        a, loc, prev, over, front = carry
         idx = c * C + t
-        f, d, prev = _evaluate(cell, idx, T, _inputs(u_refs, idx, T), ws, bs, h_ref, s0)
+        us = _inputs(u_refs, idx, T)
+        f, d = jax.jvp(lambda h: step(cell, ws, bs, us, (h,), product=jnp.multiply)[0], (prev,),
+                       (jnp.ones_like(prev),))
+        cur = h_ref[jnp.minimum(idx, T - 1)]
         keep = idx < T
-        return jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc)
+        r = _over(cur - f, f, atol, rtol)
+        ok = real & keep
+        return (jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc), cur,
+                jnp.maximum(over, jnp.where(ok, r, zero)), jnp.minimum(front, jnp.where(ok & (r > 1), idx, none)))
 
-    a, loc = lax.fori_loop(0, C, body, (jnp.ones_like(s0), jnp.zeros_like(s0)))
+    first = jnp.where(c == 0, s0, h_ref[jnp.maximum(c * C - 1, 0)])
+    a, loc, _, over, front = lax.fori_loop(0, C, measured, (jnp.ones_like(s0), zero, first, zero, none))
     a_ref[...] = a
     l_ref[...] = loc
+    m_refs[0][...] = jnp.max(over)
+    m_refs[1][...] = jnp.min(front)
 
 
 def _carry(a_ref, l_ref, s0_ref, g_ref, *, chunks: int):
@@ -166,56 +201,79 @@ def _apply(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float,
 
     def solve(t, g):
         idx = c * C + t
-        us = _inputs(u_refs, idx, T)
-        f, d, prev = _evaluate(cell, idx, T, us, ws, bs, h_ref, s0)
+        f, d, prev = _evaluate(cell, idx, T, _inputs(u_refs, idx, T), ws, bs, h_ref, s0)
         new = jnp.where(idx < T, d * (g - prev) + f, g)
         out_ref[t] = new
-        return idx, us, new
+        return idx, new
 
     if measure is None:
-        lax.fori_loop(0, C, lambda t, g: solve(t, g)[2], g_ref[...])
+        lax.fori_loop(0, C, lambda t, g: solve(t, g)[1], g_ref[...])
         return
-    # the convergence test's pieces (bppsa.forward.newton.iterate) of the new iterate H', per element
-    # over the chunk, then over the tile: its residual |h'_t - f(h'_{t-1}, x_t)| (the step evaluated
-    # again, at the new previous state, which the loop carries), the step H' - H past the exact
-    # states, the largest |h'_t| (a repair is due), the first step whose residual misses the tolerance
+    # the convergence test's step pieces (bppsa.forward.newton.iterate) of the new iterate H', per element
+    # over the chunk, then over the tile: the step H' - H past the exact states, the largest |h'_t| (a
+    # repair is due); its residual is the next reduce's (which evaluates the steps at H' anyway)
     atol, rtol, B, Hs = measure
     bt, ht = s0.shape
     rows = pl.program_id(1) * bt + lax.broadcasted_iota(jnp.int32, (bt, ht), 0)
     units = pl.program_id(2) * ht + lax.broadcasted_iota(jnp.int32, (bt, ht), 1)
     real, exact, zero = (rows < B) & (units < Hs), cast(Any, exact_ref)[0], jnp.zeros_like(s0)
-    none = jnp.full((bt, ht), jnp.iinfo(jnp.int32).max, jnp.int32)
 
     def body(t, carry):
-        g, over, dn, rel, size, front = carry
-        idx, us, new = solve(t, g)
-        fn = step(cell, ws, bs, us, (g,), product=jnp.multiply)[0]
+        g, dn, rel, size = carry
+        idx, new = solve(t, g)
         ok = real & (idx < T)
-        r = _over(new - fn, fn, atol, rtol)
         d = jnp.where(idx > exact, new - h_ref[jnp.minimum(idx, T - 1)], zero)
         big = jnp.where(jnp.isnan(new), jnp.inf, jnp.abs(new))
-        return (new, jnp.maximum(over, jnp.where(ok, r, zero)),
-                jnp.maximum(dn, jnp.where(ok, _over(d, new, atol, rtol), zero)),
+        return (new, jnp.maximum(dn, jnp.where(ok, _over(d, new, atol, rtol), zero)),
                 rel if atol == rtol else jnp.maximum(rel, jnp.where(ok, jnp.abs(d) / (1 + jnp.abs(new)), zero)),
-                jnp.maximum(size, jnp.where(ok, big, zero)), jnp.minimum(front, jnp.where(ok & (r > 1), idx, none)))
+                jnp.maximum(size, jnp.where(ok, big, zero)))
 
-    _, *ms = lax.fori_loop(0, C, body, (g_ref[...], zero, zero, zero, zero, none))
-    for ref, m, reduce in zip(m_refs, ms, (jnp.max,) * 4 + (jnp.min,), strict=True):
-        ref[...] = reduce(m)
+    _, *ms = lax.fori_loop(0, C, body, (g_ref[...], zero, zero, zero))
+    for ref, m in zip(m_refs, ms, strict=True):
+        ref[...] = jnp.max(m)
 
 
-class Measures(NamedTuple):
-    """The convergence test's pieces of a new iterate H' from the guess H, as
-    :func:`bppsa.forward.newton.iterate` reduces them, here over the whole sequence (scalars).
+class Residual(NamedTuple):
+    """The residual pieces of the convergence test of an iterate H, as
+    :func:`bppsa.forward.newton.iterate` reduces them, here over the whole sequence (scalars), made
+    by :func:`fused_newton_reduce` as it evaluates the steps at H.
 
     Attributes:
-      over: max_t,b,s |h'_t − f(h'_{t-1}, x_t)| / (atol + rtol·|f|), the residual in the tolerance's units.
-      step: the same of the step d = H' − H (0 at the steps t <= ``exact``), against |h'_t|.
+      over: max_t,b,s |h_t − f(h_{t-1}, x_t)| / (atol + rtol·|f|), the residual in the tolerance's units.
+      front: the first step t whose residual misses the tolerance (int32; its max if none).
+    """
+
+    over: Array
+    front: Array
+
+
+class StepSize(NamedTuple):
+    """The step pieces of the convergence test of a new iterate H' from the guess H (scalars), made by
+    :func:`fused_newton_apply` as it writes H'.
+
+    Attributes:
+      step: max |d| / (atol + rtol·|h'_t|) of the step d = H' − H (0 at the steps t <= ``exact``).
       step_rel: max |d| / (1 + |h'_t|) (0 where atol = rtol: then it is ``step`` times atol, as
         iterate takes it).
       size: max |h'_t| (+inf for NaN): above :func:`bppsa.forward.newton.bound`, H' needs a repair
         and these measures are not its repaired iterate's.
-      front: the first step t whose residual misses the tolerance (int32; its max if none).
+    """
+
+    step: Array
+    step_rel: Array
+    size: Array
+
+
+class Measures(NamedTuple):
+    """The convergence test's pieces of a new iterate H' from the guess H (:func:`fused_newton_iteration`):
+    its :class:`Residual`'s and the step's :class:`StepSize`'s fields (see those).
+
+    Attributes:
+      over: the residual of H' in the tolerance's units.
+      step: the step's size in the tolerance's units.
+      step_rel: the step's size in the reported units (0 where atol = rtol).
+      size: max |h'_t| (+inf for NaN).
+      front: the first step of H' whose residual misses the tolerance.
     """
 
     over: Array
@@ -223,6 +281,21 @@ class Measures(NamedTuple):
     step_rel: Array
     size: Array
     front: Array
+
+
+class Aggregates(NamedTuple):
+    """What :func:`fused_newton_reduce` leaves for :func:`fused_newton_apply`: each chunk's affine
+    map at the guess and the padded guess itself (the apply kernel reads it again).
+
+    Attributes:
+      A: (chunks, Bp, Hp) the chunks' products of the steps' derivatives.
+      L: (chunks, Bp, Hp) the chunks' offsets.
+      H: (T, Bp, Hp) the guess, padded, in the kernels' dtype.
+    """
+
+    A: Array
+    L: Array
+    H: Array
 
 
 class Operands(NamedTuple):
@@ -283,15 +356,149 @@ def measures_fuse(dtype: Any) -> bool:
     return jnp.dtype(compute_dtype(dtype)) == jnp.dtype(dtype)
 
 
+def _layout(cell: Cell, ops: Operands, T: int, chunk: int | None):
+    """(bt, ht, tiles, C, chunks): the tile, the tiles (rows, units) and the chunking of the kernels' grid."""
+    bt, ht = tile(padded_size(cell.hidden_size))
+    Bp, Hp = ops.us[0].shape[1:]
+    tiles = (Bp // bt, Hp // ht)
+    C, chunks = chunking(T, tiles[0] * tiles[1], chunk)
+    return bt, ht, tiles, C, chunks
+
+
+def _specs(cell: Cell, T: int, bt: int, ht: int) -> list[Any]:
+    """The BlockSpecs of the reduce's and apply's common operands: (us, ws, bs, H, s0)."""
+    whole = pl.BlockSpec((T, bt, ht), lambda c, i, j: (0, i, j))  # indexed by step inside the kernels
+    vec = pl.BlockSpec((ht,), lambda c, i, j: (j,))
+    G = gate_count(cell)
+    return [whole] * G + [vec] * G + [vec] * G + [whole, pl.BlockSpec((bt, ht), lambda c, i, j: (i, j))]
+
+
+def _tolerances(B: int, Hs: int, atol: float, rtol: float | None) -> tuple[float, float, int, int]:
+    return float(atol), float(atol if rtol is None else rtol), B, Hs
+
+
+@functools.partial(jax.jit, static_argnames=("cell", "atol", "rtol", "chunk", "interpret", "num_warps"))
+def fused_newton_reduce(cell: Cell, ops: Operands, s0: Array, H: Array, *, atol: float | None = None,
+                        rtol: float | None = None, chunk: int | None = None, interpret: bool = False,
+                        num_warps: int = 1) -> tuple[Aggregates, Residual | None]:
+    """Phase 1 of a Newton step from the guess H (the module docstring): the steps and their
+    derivatives at H, each chunk's affine map, and, given the tolerances, H's own residual
+    (:class:`Residual`), a by-product of the steps there.
+
+    Args:
+      cell: a cell :func:`supports` accepts.
+      ops: its :class:`Operands` over the inputs (T, B, I).
+      s0: (B, H) the initial state.
+      H: (T, B, H) the guess, H[t] the state after step t + 1 (T, B >= 1).
+      atol, rtol: the tolerances (atol None: no residual; rtol None: atol).
+      chunk: the chunk length (default: :func:`chunking`'s).
+      interpret: run the kernel in Pallas's interpret mode (any backend).
+      num_warps: Triton warps per program.
+
+    Returns:
+      (aggregates, residual): the :class:`Aggregates` :func:`fused_newton_apply` reads, and H's
+      :class:`Residual` (None without atol).
+
+    Raises:
+      ValueError: a cell the kernels do not run.
+    """
+    _check(cell)
+    T, B, _ = H.shape
+    Hs, dtype = cell.hidden_size, compute_dtype(H.dtype)
+    bt, ht, tiles, C, chunks = _layout(cell, ops, T, chunk)
+    Bp, Hp = ops.us[0].shape[1:]
+    Hg, s0p = pad_to(H.astype(dtype), (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
+    one = pl.BlockSpec((None, bt, ht), lambda c, i, j: (c, i, j))
+    per_chunk = jax.ShapeDtypeStruct((chunks, Bp, Hp), dtype)
+    grid = (chunks, *tiles)
+    kw = dict(cell=cell, T=T, C=C, gates=gate_count(cell))
+    params_ = pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
+    args = (*ops.us, *ops.ws, *ops.bs, Hg, s0p)
+    if atol is None:
+        A, L = pl.pallas_call(functools.partial(_reduce, **kw), grid=grid, in_specs=_specs(cell, T, bt, ht),
+                              out_specs=[one, one], out_shape=[per_chunk, per_chunk], interpret=interpret,
+                              compiler_params=params_)(*args)
+        return Aggregates(A, L, Hg), None
+    scalar = pl.BlockSpec((None, None, None), lambda c, i, j: (c, i, j))  # one per program
+    A, L, over, front = pl.pallas_call(
+        functools.partial(_reduce, measure=_tolerances(B, Hs, atol, rtol), **kw), grid=grid,
+        in_specs=_specs(cell, T, bt, ht), out_specs=[one, one, scalar, scalar],
+        out_shape=[per_chunk, per_chunk, jax.ShapeDtypeStruct(grid, dtype), jax.ShapeDtypeStruct(grid, jnp.int32)],
+        interpret=interpret, compiler_params=params_)(*args)
+    return Aggregates(A, L, Hg), Residual(jnp.max(over), jnp.min(front))
+
+
+@functools.partial(jax.jit, static_argnames=("cell", "atol", "rtol", "chunk", "interpret", "num_warps"))
+def fused_newton_apply(cell: Cell, ops: Operands, s0: Array, agg: Aggregates, exact: Array | None = None, *,
+                       atol: float | None = None, rtol: float | None = None, chunk: int | None = None,
+                       interpret: bool = False, num_warps: int = 1) -> tuple[Array, StepSize | None]:
+    """Phases 2 and 3 of a Newton step (the module docstring) from :func:`fused_newton_reduce`'s
+    aggregates at the guess H: the chunks' incoming states, then the new iterate H' and, given the
+    tolerances, the step's sizes (:class:`StepSize`; H''s residual is the next reduce's).
+
+    Args:
+      cell: a cell :func:`supports` accepts.
+      ops: its :class:`Operands` over the inputs (T, B, I).
+      s0: (B, H) the initial state.
+      agg: the guess's :class:`Aggregates` (the same ``chunk``).
+      exact: the steps t <= exact are left out of the step size (an int32 scalar; None: -1, none).
+      atol, rtol: the tolerances (atol None: no measures; rtol None: atol).
+      chunk: the chunk length (default: :func:`chunking`'s).
+      interpret: run the kernels in Pallas's interpret mode (any backend).
+      num_warps: Triton warps per program.
+
+    Returns:
+      (H', steps): H' (T, B, H) the next iterate in the kernels' dtype
+      (:func:`bppsa.kernels.recurrence.compute_dtype`), steps its :class:`StepSize` (None without atol).
+
+    Raises:
+      ValueError: a cell the kernels do not run.
+    """
+    _check(cell)
+    T, B, Hs = agg.H.shape[0], s0.shape[0], cell.hidden_size
+    dtype = agg.H.dtype
+    bt, ht, tiles, C, chunks = _layout(cell, ops, T, chunk)
+    Bp, Hp = ops.us[0].shape[1:]
+    s0p = pad_to(s0.astype(dtype), (Bp, Hp))
+    params_ = pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
+    per_chunk = jax.ShapeDtypeStruct((chunks, Bp, Hp), dtype)
+    every = pl.BlockSpec((chunks, bt, ht), lambda i, j: (0, i, j))
+    carries = pl.pallas_call(functools.partial(_carry, chunks=chunks), grid=tiles,
+                             in_specs=[every, every, pl.BlockSpec((bt, ht), lambda i, j: (i, j))],
+                             out_specs=every, out_shape=per_chunk, interpret=interpret,
+                             compiler_params=params_)(agg.A, agg.L, s0p)
+    one = pl.BlockSpec((None, bt, ht), lambda c, i, j: (c, i, j))
+    out_spec = pl.BlockSpec((C, bt, ht), lambda c, i, j: (c, i, j))
+    out_shape = jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype)
+    grid = (chunks, *tiles)
+    kw = dict(cell=cell, T=T, C=C, gates=gate_count(cell))
+    args = (*ops.us, *ops.ws, *ops.bs, agg.H, s0p, carries)
+    if atol is None:
+        out = pl.pallas_call(functools.partial(_apply, **kw), grid=grid, in_specs=[*_specs(cell, T, bt, ht), one],
+                             out_specs=out_spec, out_shape=out_shape, interpret=interpret,
+                             compiler_params=params_)(*args)
+        return out[:T, :B, :Hs], None
+    first = jnp.full((1,), -1 if exact is None else exact, jnp.int32)
+    scalar = pl.BlockSpec((None, None, None), lambda c, i, j: (c, i, j))  # one per program
+    out, *ms = pl.pallas_call(functools.partial(_apply, measure=_tolerances(B, Hs, atol, rtol), **kw), grid=grid,
+                              in_specs=[*_specs(cell, T, bt, ht), one, pl.BlockSpec((1,), lambda c, i, j: (0,))],
+                              out_specs=[out_spec] + [scalar] * 3,
+                              out_shape=[out_shape, *[jax.ShapeDtypeStruct(grid, dtype)] * 3],
+                              interpret=interpret, compiler_params=params_)(*args, first)
+    step_, rel, size = ms
+    return out[:T, :B, :Hs], StepSize(jnp.max(step_), jnp.max(rel), jnp.max(size))
+
+
 @functools.partial(jax.jit, static_argnames=("cell", "atol", "rtol", "chunk", "interpret", "num_warps"))
 def fused_newton_iteration(cell: Cell, ops: Operands, s0: Array, H: Array, exact: Array | None = None, *,
                            atol: float | None = None, rtol: float | None = None, chunk: int | None = None,
                            interpret: bool = False, num_warps: int = 1) -> tuple[Array, Measures | None]:
     """One undamped Newton step of ``cell``'s chain from the guess H by the three fused kernels
-    (the module docstring), from operands made once (:func:`newton_operands`), and, given the
-    tolerances, the convergence test's pieces of the new iterate (:class:`Measures`): the apply
-    kernel evaluates the step again at each new state as it makes it, and every program reduces its
-    tile and chunk to five scalars.
+    (the module docstring: :func:`fused_newton_reduce` at H, then :func:`fused_newton_apply`), from
+    operands made once (:func:`newton_operands`), and, given the tolerances, the convergence test's
+    pieces of the new iterate (:class:`Measures`): its step's sizes from the apply kernel, its
+    residual from a second reduce, at H' (:func:`bppsa.forward.newton.iterate` keeps that reduce's
+    aggregates for its next step instead).
 
     Args:
       cell: a cell :func:`supports` accepts.
@@ -313,52 +520,17 @@ def fused_newton_iteration(cell: Cell, ops: Operands, s0: Array, H: Array, exact
     """
     _check(cell)
     T, B, _ = H.shape
-    Hs, G, dtype = cell.hidden_size, gate_count(cell), compute_dtype(H.dtype)
     if B == 0 or T == 0:  # no states: nothing to solve
-        zero = jnp.zeros((), dtype)
+        zero = jnp.zeros((), compute_dtype(H.dtype))
         return H, None if atol is None else Measures(zero, zero, zero, zero, jnp.int32(jnp.iinfo(jnp.int32).max))
-    bt, ht = tile(padded_size(Hs))
-    Bp, Hp = ops.us[0].shape[1:]
-    tiles = (Bp // bt, Hp // ht)
-    C, chunks = chunking(T, tiles[0] * tiles[1], chunk)
-    Hg, s0p = pad_to(H.astype(dtype), (T, Bp, Hp)), pad_to(s0.astype(dtype), (Bp, Hp))
-    us, ws, bs = ops
-
-    whole = pl.BlockSpec((T, bt, ht), lambda c, i, j: (0, i, j))  # indexed by step inside the kernels
-    vec = pl.BlockSpec((ht,), lambda c, i, j: (j,))
-    one_tile = pl.BlockSpec((bt, ht), lambda c, i, j: (i, j))
-    one = pl.BlockSpec((None, bt, ht), lambda c, i, j: (c, i, j))
-    specs = [whole] * G + [vec] * G + [vec] * G + [whole, one_tile]
-    params_ = pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
-    per_chunk = jax.ShapeDtypeStruct((chunks, Bp, Hp), dtype)
-    kw = dict(cell=cell, T=T, C=C, gates=G)
-    grid = (chunks, *tiles)
-    A, L = pl.pallas_call(functools.partial(_reduce, **kw), grid=grid, in_specs=specs,
-                          out_specs=[one, one], out_shape=[per_chunk, per_chunk], interpret=interpret,
-                          compiler_params=params_)(*us, *ws, *bs, Hg, s0p)
-    every = pl.BlockSpec((chunks, bt, ht), lambda i, j: (0, i, j))
-    carries = pl.pallas_call(functools.partial(_carry, chunks=chunks), grid=tiles,
-                             in_specs=[every, every, pl.BlockSpec((bt, ht), lambda i, j: (i, j))],
-                             out_specs=every, out_shape=per_chunk, interpret=interpret,
-                             compiler_params=params_)(A, L, s0p)
-    out_spec = pl.BlockSpec((C, bt, ht), lambda c, i, j: (c, i, j))
-    out_shape = jax.ShapeDtypeStruct((chunks * C, Bp, Hp), dtype)
-    if atol is None:
-        out = pl.pallas_call(functools.partial(_apply, **kw), grid=grid, in_specs=[*specs, one],
-                             out_specs=out_spec, out_shape=out_shape, interpret=interpret,
-                             compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries)
-        return out[:T, :B, :Hs].astype(H.dtype), None
-    first = jnp.full((1,), -1 if exact is None else exact, jnp.int32)
-    scalar = pl.BlockSpec((None, None, None), lambda c, i, j: (c, i, j))  # one per program
-    per_program = [jax.ShapeDtypeStruct(grid, dtype)] * 4 + [jax.ShapeDtypeStruct(grid, jnp.int32)]
-    measure = (float(atol), float(atol if rtol is None else rtol), B, Hs)
-    out, *ms = pl.pallas_call(functools.partial(_apply, measure=measure, **kw), grid=grid,
-                              in_specs=[*specs, one, pl.BlockSpec((1,), lambda c, i, j: (0,))],
-                              out_specs=[out_spec] + [scalar] * 5, out_shape=[out_shape, *per_program],
-                              interpret=interpret, compiler_params=params_)(*us, *ws, *bs, Hg, s0p, carries, first)
-    over, step_, rel, size, front = ms
-    return out[:T, :B, :Hs].astype(H.dtype), Measures(jnp.max(over), jnp.max(step_), jnp.max(rel), jnp.max(size),
-                                                      jnp.min(front))
+    kw = dict(chunk=chunk, interpret=interpret, num_warps=num_warps)
+    agg, _ = fused_newton_reduce(cell, ops, s0, H, **kw)
+    new, steps = fused_newton_apply(cell, ops, s0, agg, exact, atol=atol, rtol=rtol, **kw)
+    new = new.astype(H.dtype)
+    if steps is None:
+        return new, None
+    res = cast(Residual, fused_newton_reduce(cell, ops, s0, new, atol=atol, rtol=rtol, **kw)[1])
+    return new, Measures(res.over, steps.step, steps.step_rel, steps.size, res.front)
 
 
 @functools.partial(jax.jit, static_argnames=("cell", "chunk", "interpret", "num_warps"))

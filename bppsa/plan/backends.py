@@ -32,7 +32,7 @@ class Fused:
         (:attr:`bppsa.plan.Plan.newton_kernel`): "none" (its solve by :meth:`scan` on steps and
         Jacobians XLA evaluates), "step" (a diagonal cell's whole step fused, :meth:`newton_step`;
         the convergence test XLA's) or "measured" (the whole step fused with its convergence test,
-        :meth:`newton_operands` and :meth:`newton_iteration`).
+        :meth:`newton_operands`, :meth:`newton_reduce` and :meth:`newton_apply`).
     """
 
     interpret: bool = False
@@ -76,10 +76,18 @@ class Fused:
         from bppsa.kernels import newton
         return newton.newton_operands(cell, params, xs, dtype, interpret=self.interpret)
 
-    def newton_iteration(self, cell: Cell, ops: Any, s0: Array, H: Array, exact: Array, atol: float,
-                         rtol: float) -> tuple[Array, Any]:
-        """A diagonal cell's undamped Newton step from the guess H (T, B, S) and its convergence
-        test's pieces, from :meth:`newton_operands`' operands
-        (:func:`bppsa.kernels.newton.fused_newton_iteration`): (H', measures)."""
+    def newton_reduce(self, cell: Cell, ops: Any, s0: Array, H: Array, atol: float, rtol: float) -> tuple[Any, Any]:
+        """Phase 1 of a diagonal cell's undamped Newton step from the guess H (T, B, S), from
+        :meth:`newton_operands`' operands (:func:`bppsa.kernels.newton.fused_newton_reduce`):
+        (aggregates, H's residual pieces)."""
         from bppsa.kernels import newton
-        return newton.fused_newton_iteration(cell, ops, s0, H, exact, atol=atol, rtol=rtol, interpret=self.interpret)
+        return newton.fused_newton_reduce(cell, ops, s0, H, atol=atol, rtol=rtol, interpret=self.interpret)
+
+    def newton_apply(self, cell: Cell, ops: Any, s0: Array, agg: Any, exact: Array, atol: float,
+                     rtol: float) -> tuple[Array, Any]:
+        """Phases 2 and 3 of that step from :meth:`newton_reduce`'s aggregates
+        (:func:`bppsa.kernels.newton.fused_newton_apply`): (H' in s0's dtype, the step's sizes)."""
+        from bppsa.kernels import newton
+        new, steps = newton.fused_newton_apply(cell, ops, s0, agg, exact, atol=atol, rtol=rtol,
+                                               interpret=self.interpret)
+        return new.astype(s0.dtype), steps

@@ -184,6 +184,21 @@ def _step_module(point: Point, forward: str, backward: str) -> str:
     return cuda_module(jax.grad(loss), params, xs, h0)
 
 
+def _launched(module: str, captured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The captured kernels in the order of the module's Triton calls: a kernel called twice whose
+    lowering JAX reused (the Newton loop's reduce, also run once before the loop) is lowered, and
+    captured, once, but is two calls with the same Triton IR; as captured where the calls' IRs do
+    not pair one-to-one with the captured kernels."""
+    from bppsa.kernels.lowering import TRITON_CALL
+
+    blobs = [part.split('ir = "', 1)[1].split('"', 1)[0] if 'ir = "' in part else ""
+             for part in module.split(TRITON_CALL)[1:]]
+    distinct = list(dict.fromkeys(blobs))
+    if len(blobs) == len(captured) or len(distinct) != len(captured) or "" in distinct:
+        return captured
+    return [captured[distinct.index(b)] for b in blobs]
+
+
 def dump(out: str | Path, only: str | None = None, selected: list[Point] | None = None) -> dict[str, Any]:
     """Export every point's fused training steps for CUDA and write each distinct kernel's TTIR
     (``<id>.ttir``) and ``manifest.json`` under ``out``.
@@ -224,10 +239,11 @@ def dump(out: str | Path, only: str | None = None, selected: list[Point] | None 
                                                "error": f"lowering: {type(e).__name__}: {e}"[:2000]})
                     print(f"{p.name} {pair}: LOWERING FAILED: {str(e)[:300]}", file=sys.stderr)
                     continue
-                if module.count(TRITON_CALL) != len(captured):
+                launched = _launched(module, captured)
+                if module.count(TRITON_CALL) != len(launched):
                     manifest["errors"].append({"point": p.name, "pair": pair, "error": (
                         f"{module.count(TRITON_CALL)} Triton calls in the module, {len(captured)} kernels captured")})
-                for i, c in enumerate(captured):
+                for i, c in enumerate(launched):
                     key = hashlib.sha256(f"{c['asm']}|{c.get('num_warps')}|{c.get('num_stages')}".encode())
                     kid = key.hexdigest()[:12]
                     if kid not in manifest["kernels"]:

@@ -6,8 +6,9 @@ and lowers for CUDA; through bppsa.rnn the states and iteration counts are the X
 the gradients (the BPPSA backward, its scan fused too) autodiff's through a plain lax.scan in
 float64, for the diagonal GRU (ParaRNN's cell), block heads, a block LSTM and a dense cell; the
 kernels are what runs (pallas_call in the program). The convergence test's pieces come from the
-apply kernel (equal to iterate's over (T, B, S)), the iteration counts are XLA's, the input
-projection runs once before the loop, and a Newton training step exports for CUDA here."""
+kernels (the step's from the apply kernel, the residual from the next reduce's; equal to iterate's
+over (T, B, S)), the iteration counts are XLA's, the input projection runs once before the loop,
+and a Newton training step exports for CUDA here."""
 
 from __future__ import annotations
 
@@ -129,7 +130,7 @@ def test_which_cells_the_fused_newton_step_runs():
     program = str(jax.make_jaxpr(lambda p: bppsa.rnn(cell, p, jnp.ones((5, 2, 3)), jnp.zeros((2, 8)),
                                                      forward="newton", kernels="interpret"))(
         cell.init(jax.random.key(0))))
-    assert "fused_newton_iteration" in program
+    assert "fused_newton_reduce" in program and "fused_newton_apply" in program
 
 
 def _xla_measures(cell, params, xs, s0, H, Hn, exact, atol, rtol):
@@ -145,7 +146,8 @@ def _xla_measures(cell, params, xs, s0, H, Hn, exact, atol, rtol):
 
 @pytest.mark.parametrize("name", ["gru", "rnn"])
 def test_the_kernels_measure_the_new_iterate_as_iterate_does(name):
-    """fused_newton_iteration's five scalars equal iterate's tests of H' computed over (T, B, S)
+    """fused_newton_iteration's five scalars (the apply kernel's step sizes, the reduce's residual at
+    H') equal iterate's tests of H' computed over (T, B, S)
     (float64; chunks that do not divide T, B and H over several tiles: the padded rows and units
     left out; the steps t <= exact out of the step size; T = 1)."""
     for T, B, H, chunk, exact in [(1, 1, 5, None, -1), (7, 3, 20, None, 2), (30, 17, 33, 4, 9)]:
@@ -248,4 +250,5 @@ def test_a_newton_training_step_exports_for_cuda_here(kernels):
     assert exported.platforms == ("cuda",) and len(exported.mlir_module_serialized) > 0
     module = exported.mlir_module()
     assert "callback" not in module
-    assert module.count(lowering.TRITON_CALL) == (6 if kernels == "pallas" else 0)  # forward's three, backward's
+    # the forward's four (the reduce before the loop, then reduce, carry and apply in it), the backward's three
+    assert module.count(lowering.TRITON_CALL) == (7 if kernels == "pallas" else 0)

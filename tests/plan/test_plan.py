@@ -209,8 +209,8 @@ def test_the_newton_kernel_is_decided_while_planning(problem, monkeypatch):
     assert bppsa.Options(kernels="interpret").plan(dense, xs3, h3).newton_kernel == "none"  # the sequential forward
     assert bppsa.Options(forward="newton", kernels="interpret").plan(dense, xs3, h3).newton_kernel == "none"
     called = []
-    fn = newton_kernels.fused_newton_iteration
-    monkeypatch.setattr(newton_kernels, "fused_newton_iteration",
+    fn = newton_kernels.fused_newton_apply
+    monkeypatch.setattr(newton_kernels, "fused_newton_apply",
                         lambda *a, **k: (called.append(1), fn(*a, **k))[1])
     whole = bppsa.rnn(cell, params, xs, h0, plan)
     assert called
