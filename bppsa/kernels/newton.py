@@ -20,10 +20,10 @@ T = 4096, B = 16, H = 20, where one tile of all units and 16 rows a program gave
 
 The convergence test's pieces come from the kernels too, each where its operands are anyway: the
 reduce kernel (:func:`fused_newton_reduce`) evaluates every step f(h_{t-1}, x_t) at its guess H, so
-with the tolerances it also reduces H's residual |h_t − f(h_{t-1}, x_t)| in the tolerances' units
+with the tolerances it also reduces H's residual :math:`|h_t - f(h_{t-1}, x_t)|` in the tolerances' units
 and the first step whose residual misses the tolerance (:class:`Residual`); the apply kernel
 (:func:`fused_newton_apply`: carry, then apply) reduces, as it makes each new state h'_t, the step
-h'_t − h_t in the tolerances' units and |h'_t| (:class:`StepSize`): a (programs,) array each, which
+h'_t − h_t in the tolerances' units and :math:`|h'_t|` (:class:`StepSize`): a (programs,) array each, which
 :func:`bppsa.forward.newton.iterate` reduces instead of a parallel XLA pass over (T, B, S) an
 iteration; it still decides when to stop. The new iterate's residual is the next reduce's: the loop
 runs the reduce once before it, then apply and the reduce at the new iterate each iteration,
@@ -234,12 +234,13 @@ def _apply(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float,
 
 
 class Residual(NamedTuple):
-    """The residual pieces of the convergence test of an iterate H, as
+    r"""The residual pieces of the convergence test of an iterate H, as
     :func:`bppsa.forward.newton.iterate` reduces them, here over the whole sequence (scalars), made
     by :func:`fused_newton_reduce` as it evaluates the steps at H.
 
     Attributes:
-      over: max_t,b,s |h_t − f(h_{t-1}, x_t)| / (atol + rtol·|f|), the residual in the tolerance's units.
+      over: :math:`\max_{t,b,s} |h_t - f(h_{t-1}, x_t)| / (\mathrm{atol} + \mathrm{rtol} |f|)`, the
+        residual in the tolerance's units.
       front: the first step t whose residual misses the tolerance (int32; its max if none).
     """
 
@@ -248,14 +249,15 @@ class Residual(NamedTuple):
 
 
 class StepSize(NamedTuple):
-    """The step pieces of the convergence test of a new iterate H' from the guess H (scalars), made by
+    r"""The step pieces of the convergence test of a new iterate H' from the guess H (scalars), made by
     :func:`fused_newton_apply` as it writes H'.
 
     Attributes:
-      step: max |d| / (atol + rtol·|h'_t|) of the step d = H' − H (0 at the steps t <= ``exact``).
-      step_rel: max |d| / (1 + |h'_t|) (0 where atol = rtol: then it is ``step`` times atol, as
+      step: :math:`\max |d| / (\mathrm{atol} + \mathrm{rtol} |h'_t|)` of the step d = H' − H (0 at the
+        steps t <= ``exact``).
+      step_rel: :math:`\max |d| / (1 + |h'_t|)` (0 where atol = rtol: then it is ``step`` times atol, as
         iterate takes it).
-      size: max |h'_t| (+inf for NaN): above :func:`bppsa.forward.newton.bound`, H' needs a repair
+      size: :math:`\max |h'_t|` (+inf for NaN): above :func:`bppsa.forward.newton.bound`, H' needs a repair
         and these measures are not its repaired iterate's.
     """
 
@@ -265,14 +267,14 @@ class StepSize(NamedTuple):
 
 
 class Measures(NamedTuple):
-    """The convergence test's pieces of a new iterate H' from the guess H (:func:`fused_newton_iteration`):
+    r"""The convergence test's pieces of a new iterate H' from the guess H (:func:`fused_newton_iteration`):
     its :class:`Residual`'s and the step's :class:`StepSize`'s fields (see those).
 
     Attributes:
       over: the residual of H' in the tolerance's units.
       step: the step's size in the tolerance's units.
       step_rel: the step's size in the reported units (0 where atol = rtol).
-      size: max |h'_t| (+inf for NaN).
+      size: :math:`\max |h'_t|` (+inf for NaN).
       front: the first step of H' whose residual misses the tolerance.
     """
 
