@@ -412,8 +412,9 @@ def iterate(plan: Plan, H: Array, evaluate: Callable[[Array], Any],
     t = offset + jnp.arange(H.shape[0], dtype=jnp.int32)[:, None, None]  # each state's time index (0: h_1)
     tested = t < (H.shape[0] if length is None else length)
     H = repair(H)
+    # the fused kernels' two halves of a step (unused without them)
+    reduce_, apply_ = cast("tuple[Any, Any]", measured if fused else (None, None))
     if fused:  # the fused kernels' first half of the first step, and H's residual from it
-        reduce_, apply_ = cast(tuple, measured)
         F, r = reduce_(H)  # F: the aggregates at the iterate, carried
         m = _Measures(r.over, r.front, jnp.zeros((), H.dtype))
     else:
