@@ -191,7 +191,7 @@ class BlockSimpleCell(_BlockCell):
 
     def bppsa_cell(self) -> Cell:
         return block.BlockRNN(self.in_features, self.hidden_features, self.head_size,
-                                   _name(self.activation_fn, "activation_fn"), hidden_bias=False)
+                              _name(self.activation_fn, "activation_fn"), hidden_bias=False)
 
 
 class _GatedCell(_BlockCell):
@@ -244,8 +244,8 @@ class BlockGRUCell(_GatedCell):
 
     def bppsa_cell(self) -> Cell:
         return block.BlockGRU(self.in_features, self.hidden_features, self.head_size,
-                                   _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
-                                   hidden_bias=False)
+                              _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
+                              hidden_bias=False)
 
 
 class BlockLSTMCell(_GatedCell):
@@ -286,5 +286,5 @@ class BlockLSTMCell(_GatedCell):
 
     def bppsa_cell(self) -> Cell:
         return block.BlockLSTM(self.in_features, self.hidden_features, self.head_size,
-                                    _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
-                                    input_bias=False, flax_carry=True)
+                               _name(self.gate_fn, "gate_fn"), _name(self.activation_fn, "activation_fn"),
+                               input_bias=False, flax_carry=True)
