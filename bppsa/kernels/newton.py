@@ -15,8 +15,13 @@ per sequence (:func:`newton_operands`), before the Newton loop, and each iterati
 (:func:`fused_newton_iteration`) reads it. As in pararnn-torch's fused
 kernel (grid (B, T/128, H/32)), the grid runs over chunks of time, batch rows and units: a program
 owns a tile of 32 elements (:func:`tile`: one warp, (1, 32) or (2, 16)) and a chunk of steps, and
-the chunks are short enough for at least :data:`MIN_PROGRAMS` programs (:func:`chunking`: 1024 at
-T = 4096, B = 16, H = 20, where one tile of all units and 16 rows a program gave 64).
+the chunks are short enough for :data:`MIN_WAVES` waves of resident programs where at most
+:data:`MAX_CHUNKS` chunks reach them (:func:`chunking`: 32 768 programs, 7.76 waves, at T = 4096,
+B = 16, H = 256), else for four programs an SM (1024 at H = 20, where one tile of all units and 16
+rows a program gave 64). Each step's operands (its projected inputs and the guess's state) are
+loaded a step ahead, behind the current step's arithmetic, and the guess's
+state after a step is loaded once: it is the next step's previous state. The carry loads its
+chunks' maps :data:`CARRY_BLOCK` at a time, the next block's while it chains the current one.
 
 The convergence test's pieces come from the kernels too, each where its operands are anyway: the
 reduce kernel (:func:`fused_newton_reduce`) evaluates every step f(h_{t-1}, x_t) at its guess H, so
@@ -49,7 +54,8 @@ from bppsa.kernels.lowering import gpu_only
 from bppsa.kernels.recurrence import compute_dtype, operands, pad_to, padded_size, step
 from bppsa.kernels.scan import chunk_length
 
-__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "MIN_PROGRAMS", "MIN_CHUNK", "supports", "tile", "chunking",
+__all__ = ["MAX_UNITS", "TILE_ELEMENTS", "SMS", "RESIDENT", "MIN_WAVES", "MIN_PROGRAMS", "MIN_CHUNK", "MAX_CHUNKS",
+           "CARRY_BLOCK", "supports", "tile", "chunking",
            "Residual", "StepSize", "Measures", "Aggregates", "Operands", "newton_operands", "measures_fuse",
            "fused_newton_reduce", "fused_newton_apply", "fused_newton_iteration", "fused_newton_step"]
 
@@ -58,11 +64,20 @@ MAX_UNITS = 1024
 #: A program's tile: one warp, one element a thread (:func:`tile`). The kernels are elementwise,
 #: so the grid can be as fine as the problem allows: programs are what fill an H100's 132 SMs.
 TILE_ELEMENTS = 32
-#: The programs the step's two parallel kernels should have at least: four per SM of an H100
-#: (132 SMs), so that every SM has work in every phase (:func:`chunking`).
-MIN_PROGRAMS = 4 * 132
+#: The SMs of an H100 and the one-warp programs each holds at once (its limit of 32 resident blocks):
+#: a wave of these kernels is SMS × RESIDENT programs.
+SMS, RESIDENT = 132, 32
+#: The waves the step's two parallel kernels should have at least (:func:`chunking`).
+MIN_WAVES = 4
+#: The programs of :data:`MIN_WAVES` waves: 16 896.
+MIN_PROGRAMS = MIN_WAVES * SMS * RESIDENT
 #: The shortest chunk :func:`chunking` makes for more programs.
 MIN_CHUNK = 8
+#: The most chunks :func:`chunking` makes for more programs: the carry kernel runs one step a chunk,
+#: one after another (256 of them cost about what the reduce's 16 steps a program save at T = 4096).
+MAX_CHUNKS = 256
+#: The chunks the carry kernel loads at once, the next block's while it chains the current one.
+CARRY_BLOCK = 16
 _DIAGONAL = (BlockRNN, BlockGRU)  # the cells whose head_size=1 step fuses whole (their gate_step, elementwise)
 
 
@@ -96,10 +111,12 @@ def tile(Hp: int) -> tuple[int, int]:
 
 def chunking(T: int, tiles: int, chunk: int | None = None) -> tuple[int, int]:
     """The chunk length C and number of chunks of T steps over ``tiles`` tiles: ⌈√T⌉ (which
-    balances the reduce's and apply's C sequential steps against the carry's T / C), shortened
-    until chunks × tiles >= :data:`MIN_PROGRAMS`, but not below :data:`MIN_CHUNK` (the carry would
-    run nearly T sequential steps: a short sequence keeps fewer programs); ``chunk`` given: that
-    length.
+    balances the reduce's and apply's C sequential steps against the carry's T / C), halved until
+    chunks × tiles >= :data:`MIN_PROGRAMS` (:data:`MIN_WAVES` waves of resident one-warp programs),
+    where that takes no chunk shorter than :data:`MIN_CHUNK` steps and no more than
+    :data:`MAX_CHUNKS` chunks (the carry runs one step a chunk); where it would, the shorter chunks
+    would cost carry steps without buying the waves, so ⌈√T⌉ is shortened only as far as
+    :data:`MIN_WAVES` programs an SM (and not below :data:`MIN_CHUNK`); ``chunk`` given: that length.
 
     Args:
       T: the number of steps (>= 1).
@@ -110,9 +127,14 @@ def chunking(T: int, tiles: int, chunk: int | None = None) -> tuple[int, int]:
       (C, chunks), chunks = ⌈T / C⌉.
     """
     if chunk is None:
-        need = -(-MIN_PROGRAMS // tiles)  # chunks
         balanced = chunk_length(T)
-        chunk = max(min(balanced, MIN_CHUNK), min(balanced, T // need))
+        shortest = max(MIN_CHUNK, -(-T // MAX_CHUNKS))
+        chunk = balanced
+        while chunk // 2 >= shortest and tiles * -(-T // chunk) < MIN_PROGRAMS:
+            chunk //= 2
+        if tiles * -(-T // chunk) < MIN_PROGRAMS:  # the waves are out of reach: a program an SM, four times
+            need = -(-MIN_WAVES * SMS // tiles)  # chunks
+            chunk = max(min(balanced, MIN_CHUNK), min(balanced, T // need))
     C = min(T, chunk)
     return C, -(-T // C)
 
@@ -122,29 +144,53 @@ def _inputs(u_refs, idx, T):
     return tuple(r[jnp.minimum(idx, T - 1)] for r in u_refs)
 
 
-def _evaluate(cell, idx, T, us, ws, bs, h_ref, s0):
-    """The step at the guess's state before step ``idx`` (s0 before the first), its derivative
-    (elementwise: the recurrence is diagonal) and that previous state."""
-    prev = jnp.where(idx == 0, s0, h_ref[jnp.maximum(idx - 1, 0)])
-    f, d = jax.jvp(lambda h: step(cell, ws, bs, us, (h,), product=jnp.multiply)[0], (prev,), (jnp.ones_like(prev),))
-    return f, d, prev
+def _guess(h_ref, idx, T):
+    """The guess's state after step ``idx`` (past T: the last one's, masked by the caller)."""
+    return h_ref[jnp.minimum(idx, T - 1)]
+
+
+def _linearised(cell, ws, bs, us, prev):
+    """The step at ``prev`` and its derivative (elementwise: the recurrence is diagonal)."""
+    return jax.jvp(lambda h: step(cell, ws, bs, us, (h,), product=jnp.multiply)[0], (prev,), (jnp.ones_like(prev),))
+
+
+def _chunk(cell, refs, gates: int, T: int, C: int, body, init):
+    """Run ``body`` over the C steps of this program's chunk, each step's operands loaded a step
+    ahead: ``body(idx, f, d, prev, cur, carry) -> carry`` sees step idx's value f and derivative d
+    at the guess's previous state ``prev``, and ``cur``, the guess's state after step idx (the
+    next step's previous state); the loads of step idx + 1's inputs and state are issued before
+    step idx is evaluated, so they wait behind its arithmetic, not in front of it.
+
+    Returns:
+      The final ``carry``.
+    """
+    u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
+    h_ref, s0_ref = refs[3 * gates], refs[3 * gates + 1]
+    ws, bs, c = tuple(r[...] for r in w_refs), tuple(r[...] for r in b_refs), pl.program_id(0)
+    first = c * C
+    prev = jnp.where(first == 0, s0_ref[...], h_ref[jnp.maximum(first - 1, 0)])
+
+    def each(t, state):
+        prev, cur, us, carry = state
+        idx = first + t
+        ahead = (_guess(h_ref, idx + 1, T), _inputs(u_refs, idx + 1, T))  # the next step's operands
+        f, d = _linearised(cell, ws, bs, us, prev)
+        return (cur, *ahead, body(idx, f, d, prev, cur, carry))
+
+    return lax.fori_loop(0, C, each, (prev, _guess(h_ref, first, T), _inputs(u_refs, first, T), init))[3]
 
 
 def _reduce(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float, int, int] | None = None):
-    u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
-    h_ref, s0_ref, a_ref, l_ref, *m_refs = refs[3 * gates:]
-    ws, bs, s0, c = tuple(r[...] for r in w_refs), tuple(r[...] for r in b_refs), s0_ref[...], pl.program_id(0)
+    a_ref, l_ref, *m_refs = refs[3 * gates + 2:]
+    s0 = refs[3 * gates + 1][...]
+    one, zero = jnp.ones_like(s0), jnp.zeros_like(s0)
     if measure is None:
-        def body(t, carry):
+        def body(idx, f, d, prev, cur, carry):
             a, loc = carry
-            idx = c * C + t
-            f, d, prev = _evaluate(cell, idx, T, _inputs(u_refs, idx, T), ws, bs, h_ref, s0)
             keep = idx < T
             return jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc)
 
-        a, loc = lax.fori_loop(0, C, body, (jnp.ones_like(s0), jnp.zeros_like(s0)))
-        a_ref[...] = a
-        l_ref[...] = loc
+        a_ref[...], l_ref[...] = _chunk(cell, refs, gates, T, C, body, (one, zero))
         return
     # the convergence test's residual pieces (bppsa.forward.newton.iterate) of the guess H itself, as by-products
     # of its steps f(h_{t-1}, x_t): per element over the chunk, then over the tile, the largest residual
@@ -154,24 +200,18 @@ def _reduce(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float
     bt, ht = s0.shape
     rows = pl.program_id(1) * bt + lax.broadcasted_iota(jnp.int32, (bt, ht), 0)
     units = pl.program_id(2) * ht + lax.broadcasted_iota(jnp.int32, (bt, ht), 1)
-    real, zero = (rows < B) & (units < Hs), jnp.zeros_like(s0)
+    real = (rows < B) & (units < Hs)
     none = jnp.full((bt, ht), jnp.iinfo(jnp.int32).max, jnp.int32)
 
-    def measured(t, carry):
-        a, loc, prev, over, front = carry
-        idx = c * C + t
-        us = _inputs(u_refs, idx, T)
-        f, d = jax.jvp(lambda h: step(cell, ws, bs, us, (h,), product=jnp.multiply)[0], (prev,),
-                       (jnp.ones_like(prev),))
-        cur = h_ref[jnp.minimum(idx, T - 1)]
+    def measured(idx, f, d, prev, cur, carry):
+        a, loc, over, front = carry
         keep = idx < T
         r = _over(cur - f, f, atol, rtol)
         ok = real & keep
-        return (jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc), cur,
+        return (jnp.where(keep, a * d, a), jnp.where(keep, loc * d + (f - d * prev), loc),
                 jnp.maximum(over, jnp.where(ok, r, zero)), jnp.minimum(front, jnp.where(ok & (r > 1), idx, none)))
 
-    first = jnp.where(c == 0, s0, h_ref[jnp.maximum(c * C - 1, 0)])
-    a, loc, _, over, front = lax.fori_loop(0, C, measured, (jnp.ones_like(s0), zero, first, zero, none))
+    a, loc, over, front = _chunk(cell, refs, gates, T, C, measured, (one, zero, zero, none))
     a_ref[...] = a
     l_ref[...] = loc
     m_refs[0][...] = jnp.max(over)
@@ -179,11 +219,29 @@ def _reduce(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float
 
 
 def _carry(a_ref, l_ref, s0_ref, g_ref, *, chunks: int):
-    def body(c, g):
-        g_ref[c] = g
-        return g * a_ref[c] + l_ref[c]
+    """Phase 2: each chunk's incoming state, one chunk after another, in blocks of
+    :data:`CARRY_BLOCK` chunks whose maps are loaded together, the next block's while the current
+    one is chained (a loop of chunks / CARRY_BLOCK trips, as the machine code runs it)."""
+    U = min(chunks, CARRY_BLOCK)
+    blocks, rest = divmod(chunks, U)
 
-    lax.fori_loop(0, chunks, body, s0_ref[...])
+    def load(base):
+        return (tuple(a_ref[jnp.minimum(base + j, chunks - 1)] for j in range(U)),
+                tuple(l_ref[jnp.minimum(base + j, chunks - 1)] for j in range(U)))
+
+    def chain(base, g, maps, n):
+        for j in range(n):
+            g_ref[base + j] = g
+            g = g * maps[0][j] + maps[1][j]
+        return g
+
+    def block(k, carry):
+        g, maps = carry
+        ahead = load((k + 1) * U)
+        return chain(k * U, g, maps, U), ahead
+
+    g, maps = lax.fori_loop(0, blocks, block, (s0_ref[...], load(0)))
+    chain(blocks * U, g, maps, rest)  # the last chunks (fewer than a block), loaded by the last trip
 
 
 def _over(d, ref, atol: float, rtol: float):
@@ -194,41 +252,39 @@ def _over(d, ref, atol: float, rtol: float):
 
 
 def _apply(*refs, cell, T: int, C: int, gates: int, measure: tuple[float, float, int, int] | None = None):
-    u_refs, w_refs, b_refs = refs[:gates], refs[gates:2 * gates], refs[2 * gates:3 * gates]
-    h_ref, s0_ref, g_ref, *rest = refs[3 * gates:]
+    s0_ref, g_ref, *rest = refs[3 * gates + 1:]
     exact_ref, out_ref, *m_refs = rest if measure is not None else (None, *rest)
-    ws, bs, s0, c = tuple(r[...] for r in w_refs), tuple(r[...] for r in b_refs), s0_ref[...], pl.program_id(0)
+    first = pl.program_id(0) * C
 
-    def solve(t, g):
-        idx = c * C + t
-        f, d, prev = _evaluate(cell, idx, T, _inputs(u_refs, idx, T), ws, bs, h_ref, s0)
+    def solve(idx, f, d, prev, g):
         new = jnp.where(idx < T, d * (g - prev) + f, g)
-        out_ref[t] = new
-        return idx, new
+        out_ref[idx - first] = new
+        return new
 
     if measure is None:
-        lax.fori_loop(0, C, lambda t, g: solve(t, g)[1], g_ref[...])
+        _chunk(cell, refs, gates, T, C, lambda idx, f, d, prev, cur, g: solve(idx, f, d, prev, g), g_ref[...])
         return
     # the convergence test's step pieces (bppsa.forward.newton.iterate) of the new iterate H', per element
     # over the chunk, then over the tile: the step H' - H past the exact states, the largest |h'_t| (a
     # repair is due); its residual is the next reduce's (which evaluates the steps at H' anyway)
     atol, rtol, B, Hs = measure
+    s0 = s0_ref[...]
     bt, ht = s0.shape
     rows = pl.program_id(1) * bt + lax.broadcasted_iota(jnp.int32, (bt, ht), 0)
     units = pl.program_id(2) * ht + lax.broadcasted_iota(jnp.int32, (bt, ht), 1)
     real, exact, zero = (rows < B) & (units < Hs), cast(Any, exact_ref)[0], jnp.zeros_like(s0)
 
-    def body(t, carry):
+    def body(idx, f, d, prev, cur, carry):
         g, dn, rel, size = carry
-        idx, new = solve(t, g)
+        new = solve(idx, f, d, prev, g)
         ok = real & (idx < T)
-        d = jnp.where(idx > exact, new - h_ref[jnp.minimum(idx, T - 1)], zero)
+        step_ = jnp.where(idx > exact, new - cur, zero)
         big = jnp.where(jnp.isnan(new), jnp.inf, jnp.abs(new))
-        return (new, jnp.maximum(dn, jnp.where(ok, _over(d, new, atol, rtol), zero)),
-                rel if atol == rtol else jnp.maximum(rel, jnp.where(ok, jnp.abs(d) / (1 + jnp.abs(new)), zero)),
+        return (new, jnp.maximum(dn, jnp.where(ok, _over(step_, new, atol, rtol), zero)),
+                rel if atol == rtol else jnp.maximum(rel, jnp.where(ok, jnp.abs(step_) / (1 + jnp.abs(new)), zero)),
                 jnp.maximum(size, jnp.where(ok, big, zero)))
 
-    _, *ms = lax.fori_loop(0, C, body, (g_ref[...], zero, zero, zero))
+    _, *ms = _chunk(cell, refs, gates, T, C, body, (g_ref[...], zero, zero, zero))
     for ref, m in zip(m_refs, ms, strict=True):
         ref[...] = jnp.max(m)
 

@@ -12,6 +12,8 @@ and a Newton training step exports for CUDA here."""
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -71,7 +73,8 @@ DIAGONAL = {"gru": lambda H: cells.BlockGRU(3, H), "rnn": lambda H: cells.BlockR
                                          pytest.param(n, d, marks=pytest.mark.slow)  # make test-all
                                          for n in DIAGONAL for d in (jnp.float64, jnp.float32)])
 def test_the_fused_newton_step_equals_the_xla_step(name, dtype):
-    for T, B, H, chunk in [(1, 1, 5, None), (7, 3, 20, None), (30, 17, 33, 4)]:
+    # (75, 2, 20, 2): 38 chunks, the carry's two blocks of 16 and a rest of 6
+    for T, B, H, chunk in [(1, 1, 5, None), (7, 3, 20, None), (30, 17, 33, 4), (75, 2, 20, 2)]:
         cell = DIAGONAL[name](H)
         k = jax.random.split(jax.random.key(T), 4)
         params = cell.init(k[0], dtype)
@@ -94,20 +97,31 @@ def test_the_fused_newton_step_lowers_for_cuda_here(name):
 
 
 def test_the_grid_fills_an_h100():
-    """A program owns 32 elements ((2, 16) or (1, 32)); the chunks are short enough for >= 4 programs
-    an SM of an H100 at every diagonal point (H = 20..256, T >= 1024, B >= 8); H = 200 (padded to
-    256) over B = 9 rows: the step is still the XLA one."""
+    """A program owns 32 elements ((2, 16) or (1, 32)); the chunks are halved until the grid is
+    >= 4 waves of resident one-warp programs (132 SMs x 32) where chunks of >= 8 steps, at most 256
+    of them, reach that; elsewhere >= 4 programs an SM (or chunks of 8 steps): at every diagonal
+    point (H = 20..1024, T >= 1024, B >= 8) one or the other; H = 200 (padded to 256) over B = 9
+    rows: the step is still the XLA one."""
+    assert kernel_newton.MIN_PROGRAMS == 4 * 132 * 32
     assert [kernel_newton.tile(h) for h in (16, 32, 256, 1024)] == [(2, 16), (1, 32), (1, 32), (1, 32)]
-    for H in (20, 64, 256):
-        for T, B in ((1024, 8), (4096, 16)):
+    for H in (20, 64, 256, 1024):
+        for T, B in ((1024, 8), (4096, 16), (30000, 16)):
             bt, ht = kernel_newton.tile(max(16, 1 << (H - 1).bit_length()))
             tiles = -(-B // bt) * (max(16, 1 << (H - 1).bit_length()) // ht)
             C, chunks = kernel_newton.chunking(T, tiles)
-            assert chunks * tiles >= kernel_newton.MIN_PROGRAMS and chunks == -(-T // C), (H, T, B)
-    assert kernel_newton.chunking(4096, 16) == (64, 64)  # H = 20, B = 16: 16 tiles, 1024 programs (was 64)
+            assert chunks == -(-T // C) and C <= math.isqrt(T - 1) + 1, (H, T, B)
+            waves = chunks * tiles >= kernel_newton.MIN_PROGRAMS
+            assert waves or chunks * tiles >= 4 * 132 or C == kernel_newton.MIN_CHUNK, (H, T, B)
+            if not waves:  # then no allowed chunk reaches the waves
+                floor = max(kernel_newton.MIN_CHUNK, -(-T // kernel_newton.MAX_CHUNKS))
+                assert tiles * -(-T // floor) < kernel_newton.MIN_PROGRAMS, (H, T, B)
+    assert kernel_newton.chunking(4096, 128) == (16, 256)  # H = 256, B = 16: 32 768 programs, 7.76 waves
+    assert kernel_newton.chunking(4096, 512) == (64, 64)  # H = 1024: ⌈√T⌉ steps already make 7.76 waves
+    assert kernel_newton.chunking(4096, 16) == (64, 64)  # H = 20: 256 chunks make 0.97 waves; 1024 programs
     assert kernel_newton.chunking(1024, 8) == (15, 69)  # H = 20, B = 8: chunks shortened for 552 programs
     assert kernel_newton.chunking(30, 34) == (6, 5)  # short: ⌈√T⌉ steps kept (not 30 chunks of one step)
     assert kernel_newton.chunking(200, 8) == (8, 25)  # shortened to MIN_CHUNK, no further
+    assert kernel_newton.chunking(30000, 16) == (174, 173)  # long: ⌈√T⌉ steps already make 4 programs an SM
     assert kernel_newton.chunking(10, 4, chunk=4) == (4, 3)
     cell = cells.BlockGRU(3, 200)
     k = jax.random.split(jax.random.key(2), 4)
@@ -150,7 +164,7 @@ def test_the_kernels_measure_the_new_iterate_as_iterate_does(name):
     H') equal iterate's tests of H' computed over (T, B, S)
     (float64; chunks that do not divide T, B and H over several tiles: the padded rows and units
     left out; the steps t <= exact out of the step size; T = 1)."""
-    for T, B, H, chunk, exact in [(1, 1, 5, None, -1), (7, 3, 20, None, 2), (30, 17, 33, 4, 9)]:
+    for T, B, H, chunk, exact in [(1, 1, 5, None, -1), (7, 3, 20, None, 2), (30, 17, 33, 4, 9), (75, 2, 20, 2, 40)]:
         cell = DIAGONAL[name](H)
         k = jax.random.split(jax.random.key(T), 4)
         params = cell.init(k[0], jnp.float64)
