@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-__all__ = ["Point", "points", "dump", "MODEL", "predict", "render", "main", "ROOT", "RESULTS"]
+__all__ = ["Point", "points", "dump", "MODEL", "predict", "NEWTON_PARALLEL", "newton_waves", "render", "main",
+           "ROOT", "RESULTS"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "experiments" / "results" / "gpu"
@@ -331,6 +332,21 @@ def predict(row: dict[str, Any], programs: int, limits: dict[str, int], model: d
             "cycles_per_iteration": int(cycles), "iterations": int(trips)}
 
 
+#: The Newton step's parallel kernels, whose grids must make :data:`bppsa.kernels.newton.MIN_WAVES` waves.
+NEWTON_PARALLEL = ("newton._reduce", "newton._apply")
+
+
+def newton_waves(launches: list[dict[str, Any]]) -> list[str]:
+    """The check's Newton rule: every launch of the Newton step's parallel kernels
+    (:data:`NEWTON_PARALLEL`) at the check's points has at least
+    :data:`bppsa.kernels.newton.MIN_WAVES` waves (programs / (blocks per SM x SMs)); one failure
+    line for each launch that has fewer."""
+    from bppsa.kernels.newton import MIN_WAVES
+    return [f"{x['point']} {x['pair']}: {x['label']} {'x'.join(map(str, x['grid']))} makes {x['waves']} waves "
+            f"(< {MIN_WAVES})" for x in launches
+            if x["label"] in NEWTON_PARALLEL and (x["waves"] is None or x["waves"] < MIN_WAVES)]
+
+
 def render(manifest: dict[str, Any], compiled: dict[str, Any], provenance: dict[str, Any],
            limits: dict[str, int]) -> tuple[dict[str, Any], str]:
     """The check's record and its Markdown.
@@ -368,6 +384,7 @@ def render(manifest: dict[str, Any], compiled: dict[str, Any], provenance: dict[
         launches.append({**launch, "label": row["label"], "programs": programs,
                          "waves": round(programs / per_wave, 3) if per_wave else None,
                          "predicted": predict(row, programs, limits)})
+    failures += newton_waves(launches)
     steps: dict[str, dict[str, Any]] = {}
     for x in launches:  # the kernels' predicted time of each point's training step
         step = steps.setdefault(f"{x['point']} | {x['pair']}", {"point": x["point"], "pair": x["pair"], "us": 0.0})
@@ -416,7 +433,11 @@ def _markdown(record: dict[str, Any]) -> str:
         f"{len(record['launches'])} launches at {len({x['point'] for x in record['launches']})} points. "
         f"**{'Passes' if not record['failures'] else 'Fails'}**: {n_fail} kernel(s) fail "
         f"(a spill, more than {limits['smem_per_block'] // 1024} KiB of shared memory a block, no compile)"
-        + (f", {len(record['errors'])} step(s) do not lower" if record["errors"] else "") + ".",
+        + (f", {len(record['errors'])} step(s) do not lower" if record["errors"] else "")
+        + f"; {len(newton_waves(record['launches']))} Newton launch(es) under 4 waves (`newton_waves`)"
+        + f" of {sum(x['label'] in NEWTON_PARALLEL for x in record['launches'])}, each at "
+        + ", ".join(sorted({f'{x["waves"]}' for x in record['launches'] if x['label'] in NEWTON_PARALLEL}))
+        + " waves.",
         "",
         "On the GPU, XLA compiles the same kernels with its own Triton fork and pass list: these numbers "
         "are close to what runs there, not guaranteed identical. Waves: programs / (blocks per SM × "

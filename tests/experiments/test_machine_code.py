@@ -235,3 +235,24 @@ def test_a_global_loads_lead_is_the_instructions_before_its_value_is_read():
                      dict(cc.H100))
     assert near is not None and near["cycles_per_iteration"] == 300 + m["global_latency"] - 60
     assert far is not None and far["cycles_per_iteration"] == 300  # issued a step ahead: no wait
+
+
+def test_the_table_fails_on_a_newton_step_under_four_waves():
+    """The Newton step's reduce and apply must make 4 waves (programs / (blocks per SM x 132)); the
+    carry, a kernel of B x unit-tile programs, is not held to it."""
+    kernels = {k: {"file": f"{k}.ttir", "label": f"newton.{k}", "name": k, "num_warps": 1, "num_stages": 1}
+               for k in ("_reduce", "_carry", "_apply")}
+    compiled = {"versions": {}, "kernels": {k: _row() for k in kernels}}  # 4 blocks an SM: a wave is 528
+    launch = lambda k, grid, point="p": {"point": point, "pair": "newton/bppsa", "index": 0, "kernel": k,  # noqa: E731
+                                         "grid": grid}
+    manifest = {"kernels": kernels, "errors": [], "launches": [
+        launch("_reduce", [66, 32]), launch("_carry", [32]), launch("_apply", [66, 32]),  # 2112: 4 waves
+        launch("_reduce", [64, 32], "q"), launch("_apply", [8, 16], "q")]}
+    record, md = mc.render(manifest, compiled, {}, dict(cc.H100))
+    assert record["failures"] == ["q newton/bppsa: newton._reduce 64x32 makes 3.879 waves (< 4)",
+                                  "q newton/bppsa: newton._apply 8x16 makes 0.242 waves (< 4)"]
+    assert "**Fails**" in md and "2 Newton launch(es) under 4 waves" in md
+    manifest["launches"] = manifest["launches"][:3]
+    record, md = mc.render(manifest, compiled, {}, dict(cc.H100))
+    assert record["failures"] == []
+    assert "0 Newton launch(es) under 4 waves (`newton_waves`) of 2, each at 4.0 waves" in md
