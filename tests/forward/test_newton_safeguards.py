@@ -107,7 +107,8 @@ def _loop(cell, params, xs, h0):
 
 
 # both: make test-all; the default run solves the same case with on_fail="raise" (the accuracy test below)
-@pytest.mark.parametrize("jit", [pytest.param(True, marks=pytest.mark.slow), pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("jit", [True, False])
 def test_deers_hard_case_converges_with_the_defaults(jit):
     cell, params, xs, h0 = _deer_hard_case()
     run = lambda p, x, h: bppsa.rnn(cell, p, x, h, forward="newton", on_fail="raise", return_info=True)
