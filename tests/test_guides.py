@@ -15,7 +15,10 @@ DOCS = ROOT / "docs"
 RUN = ["getting_started", "guides/devices", "guides/hetero", "guides/sync", "guides/runner"]
 
 
-@pytest.mark.parametrize("page", RUN)
+# the default run: the getting-started page and the runner's guide; the pages on devices, heterogeneous
+# data parallelism and synchronisation (their examples are the unit tests' features): make test-all
+@pytest.mark.parametrize("page", [p if p in ("getting_started", "guides/runner")
+                                  else pytest.param(p, marks=pytest.mark.slow) for p in RUN])
 def test_the_examples_run_as_written(page, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     blocks = python_blocks((DOCS / f"{page}.md").read_text())

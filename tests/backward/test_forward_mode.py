@@ -248,6 +248,7 @@ def test_gradient_program_has_the_scan_as_the_transposed_solve():
     assert _eqns(tangent_scan, "scan")
 
 
+@pytest.mark.slow  # both sizes; the default run keeps the jvp/hvp tests for every cell, backward and edge shape
 @property_pair(
     2, 25, name=st.sampled_from(["rnn", "gru", "lstm", "generic"]), T=st.integers(1, 9), B=st.integers(1, 3),
     backward=st.sampled_from(sorted(BACKWARDS)), seed=st.integers(0, 50))

@@ -108,8 +108,14 @@ def _changes(kind_name, cell_kind, forward, backward="bppsa"):
         np.testing.assert_allclose(jax.grad(loss)(PARAMS)["W"], want, rtol=1e-9, atol=ATOL)
 
 
-@pytest.mark.parametrize("kind_name", ["python float", "numpy scalar", "0-d numpy array in place", "prng key"])
-@pytest.mark.parametrize("cell_kind", ["generic", "subclass"])
+# every kind and every cell kind once in the default run; the other four pairs: make test-all
+_DEFAULT_PAIRS = {("python float", "generic"), ("prng key", "generic"), ("numpy scalar", "subclass"),
+                  ("0-d numpy array in place", "subclass")}
+
+
+@pytest.mark.parametrize("kind_name, cell_kind", [
+    (k, c) if (k, c) in _DEFAULT_PAIRS else pytest.param(k, c, marks=pytest.mark.slow)
+    for c in ("generic", "subclass") for k in ("python float", "numpy scalar", "0-d numpy array in place", "prng key")])
 def test_a_changed_value_is_read_by_the_newton_forward(kind_name, cell_kind):
     _changes(kind_name, cell_kind, "newton")
 
@@ -123,11 +129,13 @@ def test_every_kind_of_value_every_forward(kind_name, cell_kind, forward, backwa
     _changes(kind_name, cell_kind, forward, backward)
 
 
-def test_the_probe_case_quasi_and_the_nested_and_dict_values():
-    """Quasi-Newton with a bool switch, a nested closure, a dict and an attribute (the default run's
-    share of the slow matrix above)."""
-    for kind_name in ("python bool", "nested closure", "dict", "attribute", "python int"):
-        _changes(kind_name, "subclass", "quasi")
+@pytest.mark.parametrize("kind_name", ["python bool", "nested closure", "dict",
+                                       pytest.param("attribute", marks=pytest.mark.slow),  # make test-all
+                                       pytest.param("python int", marks=pytest.mark.slow)])
+def test_the_probe_case_quasi_and_the_nested_and_dict_values(kind_name):
+    """Quasi-Newton with a bool switch, a nested closure, a dict, an attribute and an int (the
+    default run's share of the slow matrix above; the attribute and the int: make test-all)."""
+    _changes(kind_name, "subclass", "quasi")
 
 
 def test_under_a_users_jit_the_value_of_each_trace_is_used():
@@ -197,25 +205,27 @@ def test_a_flax_cell_in_the_drop_in():
         np.testing.assert_allclose(layer(XS), ref(XS), rtol=0, atol=ATOL)
 
 
-def test_a_python_float_differentiated():
+@pytest.mark.parametrize("forward, backward", [("sequential", "bppsa"), ("newton", "bptt"),
+                                               pytest.param("sequential", "bptt", marks=pytest.mark.slow),
+                                               pytest.param("newton", "bppsa", marks=pytest.mark.slow)])
+def test_a_python_float_differentiated(forward, backward):
     """``jax.grad(loss)(0.7)`` with the float a params leaf or a closed-over value, every forward and
-    backward, and grad of grad: it crashed ('TypedFloat' object has no attribute 'size')."""
+    backward (two pairs in the default run, the other two in make test-all), and grad of grad: it
+    crashed ('TypedFloat' object has no attribute 'size')."""
     def ref_loss(t):
         return jnp.sum(_reference(lambda: t, PARAMS) ** 2)
 
-    for forward in ("sequential", "newton"):
-        for backward in ("bppsa", "bptt"):
-            def leaf(t):
-                cell = cells.Generic(lambda p, h, x: jnp.tanh(p["t"] * (h @ p["W"]) + x), hidden_size=S, input_size=I)
-                return jnp.sum(bppsa.rnn(cell, {**PARAMS, "t": t}, XS, H0, forward=forward, backward=backward) ** 2)
+    def leaf(t):
+        cell = cells.Generic(lambda p, h, x: jnp.tanh(p["t"] * (h @ p["W"]) + x), hidden_size=S, input_size=I)
+        return jnp.sum(bppsa.rnn(cell, {**PARAMS, "t": t}, XS, H0, forward=forward, backward=backward) ** 2)
 
-            def closed(t):
-                cell = cells.Generic(_step(lambda: t), hidden_size=S, input_size=I)
-                return jnp.sum(bppsa.rnn(cell, PARAMS, XS, H0, forward=forward, backward=backward) ** 2)
+    def closed(t):
+        cell = cells.Generic(_step(lambda: t), hidden_size=S, input_size=I)
+        return jnp.sum(bppsa.rnn(cell, PARAMS, XS, H0, forward=forward, backward=backward) ** 2)
 
-            for loss in (leaf, closed):
-                np.testing.assert_allclose(jax.grad(loss)(0.7), jax.grad(ref_loss)(0.7), rtol=1e-9)
-            np.testing.assert_allclose(jax.grad(jax.grad(closed))(0.7), jax.grad(jax.grad(ref_loss))(0.7), rtol=1e-8)
+    for loss in (leaf, closed):
+        np.testing.assert_allclose(jax.grad(loss)(0.7), jax.grad(ref_loss)(0.7), rtol=1e-9)
+    np.testing.assert_allclose(jax.grad(jax.grad(closed))(0.7), jax.grad(jax.grad(ref_loss))(0.7), rtol=1e-8)
 
 
 def test_the_key_names_every_value_the_step_reads():

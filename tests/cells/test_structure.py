@@ -123,8 +123,9 @@ class _OldBlocks(_Leaky):  # W diagonal: 1×1 blocks
         return ((1 - s * s) * jnp.diagonal(params["W"]))[..., None, None]
 
 
-@pytest.mark.parametrize("cls, kind", [(_OldScaled, cells.Scaled), (_OldFactored, cells.Factored),
-                                       (_OldBlocks, cells.Blocks)])
+@pytest.mark.parametrize("cls, kind", [(_OldScaled, cells.Scaled),  # the other two: make test-all
+                                       pytest.param(_OldFactored, cells.Factored, marks=pytest.mark.slow),
+                                       pytest.param(_OldBlocks, cells.Blocks, marks=pytest.mark.slow)])
 def test_a_cell_with_the_old_members_is_translated_with_a_warning(cls, kind):
     cell = cls()
     with pytest.warns(DeprecationWarning, match="replaced by one jacobian_structure"):

@@ -116,7 +116,8 @@ def test_probe_windows_spread_over_the_sequence():
         (0,), (0,), (0,), (0, 1), (0, 36), (0, 64), (0, 32, 65), (0, 118, 236), (0, 968, 1936)]
 
 
-@pytest.mark.parametrize("T", [7, 100, pytest.param(300, marks=pytest.mark.slow)])  # three windows: test-all
+@pytest.mark.parametrize("T", [7, pytest.param(100, marks=pytest.mark.slow),  # longer windows: test-all
+                               pytest.param(300, marks=pytest.mark.slow)])  # three windows: test-all
 def test_the_probe_keeps_newton_where_every_window_contracts(problem, T):
     """The contracting GRU at one window (T = 7), two (100) and three (300): the probe's prediction
     is the first window's or close to it, within a gate of 50, so Newton runs as before."""

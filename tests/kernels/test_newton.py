@@ -158,7 +158,7 @@ def _xla_measures(cell, params, xs, s0, H, Hn, exact, atol, rtol):
     return jnp.max(r), jnp.max(over(d, Hn)), jnp.max(jnp.abs(d) / (1 + jnp.abs(Hn))), jnp.max(jnp.abs(Hn)), front
 
 
-@pytest.mark.parametrize("name", ["gru", "rnn"])
+@pytest.mark.parametrize("name", [pytest.param("gru", marks=pytest.mark.slow), "rnn"])  # gru: make test-all
 def test_the_kernels_measure_the_new_iterate_as_iterate_does(name):
     """fused_newton_iteration's five scalars (the apply kernel's step sizes, the reduce's residual at
     H') equal iterate's tests of H' computed over (T, B, S)
@@ -211,24 +211,25 @@ def test_an_iteration_is_the_three_kernels_and_scalars():
     assert "pallas_call" in looped and "dot_general" not in looped and "logistic" not in looped, looped
 
 
+@pytest.mark.parametrize("name, T, B", [("gru", 1, 1), ("rnn", 37, 1),
+                                        pytest.param("gru", 100, 3, marks=pytest.mark.slow)])  # T = 100: test-all
 @pytest.mark.parametrize("forward", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
-def test_the_kernels_convergence_test_takes_the_xla_decisions(forward):
+def test_the_kernels_convergence_test_takes_the_xla_decisions(forward, name, T, B):
     """Through bppsa.rnn the fused iterations' counts, residuals and states are the XLA forward's
     (float64 and float32; T = 1, odd T; B = 1), whose test reads its own pass over the sequence."""
     for dtype in (jnp.float64, jnp.float32):
-        for name, T, B in [("gru", 1, 1), ("rnn", 37, 1), ("gru", 100, 3)]:
-            cell = DIAGONAL[name](20)
-            k = jax.random.split(jax.random.key(T + B), 3)
-            params = jax.tree.map(lambda a: 2 * a, cell.init(k[0], dtype))  # slower to converge
-            xs = jax.random.normal(k[1], (T, B, 3), dtype)
-            h0 = 0.5 * jax.random.normal(k[2], (B, 20), dtype)
-            run = lambda kernels: bppsa.rnn(cell, params, xs, h0, forward=forward, kernels=kernels,  # noqa: E731
-                                            return_info=True)
-            (ours, info), (xla, want) = run("interpret"), run("xla")
-            what = (name, T, B, jnp.dtype(dtype).name, int(info.iterations), int(want.iterations))
-            assert int(info.iterations) == int(want.iterations) and bool(info.converged) == bool(want.converged), what
-            tol = 1e-12 if dtype == jnp.float64 else 1e-5
-            assert float(jnp.max(jnp.abs(ours - xla))) <= tol and abs(float(info.residual - want.residual)) <= tol, what
+        cell = DIAGONAL[name](20)
+        k = jax.random.split(jax.random.key(T + B), 3)
+        params = jax.tree.map(lambda a: 2 * a, cell.init(k[0], dtype))  # slower to converge
+        xs = jax.random.normal(k[1], (T, B, 3), dtype)
+        h0 = 0.5 * jax.random.normal(k[2], (B, 20), dtype)
+        run = lambda kernels: bppsa.rnn(cell, params, xs, h0, forward=forward, kernels=kernels,  # noqa: E731
+                                        return_info=True)
+        (ours, info), (xla, want) = run("interpret"), run("xla")
+        what = (name, T, B, jnp.dtype(dtype).name, int(info.iterations), int(want.iterations))
+        assert int(info.iterations) == int(want.iterations) and bool(info.converged) == bool(want.converged), what
+        tol = 1e-12 if dtype == jnp.float64 else 1e-5
+        assert float(jnp.max(jnp.abs(ours - xla))) <= tol and abs(float(info.residual - want.residual)) <= tol, what
 
 
 def test_an_iterate_that_needs_a_repair_is_measured_as_xla_does():

@@ -34,9 +34,11 @@ CELLS = {
 }
 
 
-@pytest.mark.parametrize("name", [n if n in ("rnn", "gru", "lstm") else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in sorted(CELLS)])  # the activation and bias variants: make test-all
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+# the default run: rnn, gru and lstm in float64 and the rnn in float32; the float32 gru and lstm and the
+# activation and bias variants: make test-all
+@pytest.mark.parametrize("dtype, name", [
+    (d, n) if (n, d) in (("rnn", jnp.float64), ("gru", jnp.float64), ("lstm", jnp.float64), ("rnn", jnp.float32))
+    else pytest.param(d, n, marks=pytest.mark.slow) for d in (jnp.float64, jnp.float32) for n in sorted(CELLS)])
 def test_interpret_mode_equals_the_sequential_forward(name, dtype):
     for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:  # B = 17: two batch tiles; H: padded to 16, 32, 64
         H = min(H, recurrence.max_hidden(CELLS[name](3, H)))  # a GRU: at most 32

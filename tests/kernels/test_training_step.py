@@ -30,7 +30,7 @@ def _step_module(cell, T, kernels, dtype=jnp.float32, **options):
 
 @pytest.mark.parametrize("name, backward, kernels", [
     ("rnn", "bppsa", 4),  # the fused forward and the scan's three (its Jacobians formed inside)
-    ("gru", "bppsa", 4),
+    pytest.param("gru", "bppsa", 4, marks=pytest.mark.slow),  # make test-all: the rnn's count is the same
     ("rnn", "bptt", 2),   # the fused forward and the fused adjoint loop
 ])
 def test_the_fused_step_has_no_time_loop_and_a_fixed_number_of_kernels(name, backward, kernels):
@@ -42,7 +42,9 @@ def test_the_fused_step_has_no_time_loop_and_a_fixed_number_of_kernels(name, bac
     assert _step_module(cell, 1000, "xla", backward=backward).count("stablehlo.while") >= 1  # XLA's step loops
 
 
-@pytest.mark.parametrize("options", [{}, {"backward": "bptt"}, {"forward": "newton"}], ids=["bppsa", "bptt", "newton"])
+@pytest.mark.parametrize("options", [{}, {"backward": "bptt"},
+                                     pytest.param({"forward": "newton"}, marks=pytest.mark.slow)],  # make test-all
+                         ids=["bppsa", "bptt", "newton"])
 def test_an_empty_batch_runs_every_kernel_path(options):
     """B = 0: no program to launch; the states and gradients are XLA's (empty states, zero gradients)."""
     # the fused recurrence and BPTT's adjoint loop run the dense cells; Newton's step the diagonal ones

@@ -15,8 +15,10 @@ from bppsa.errors import UsageError
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
 
 
-@pytest.mark.parametrize("flax_cell", [nnx.SimpleCell, nnx.GRUCell, nnx.LSTMCell])
-@pytest.mark.parametrize("backward", ["bppsa", "bptt"])
+# every cell under bptt and the LSTM under bppsa in the default run; the other two under bppsa: make test-all
+@pytest.mark.parametrize("flax_cell, backward", [
+    (c, b) if b == "bptt" or c is nnx.LSTMCell else pytest.param(c, b, marks=pytest.mark.slow)
+    for b in ("bppsa", "bptt") for c in (nnx.SimpleCell, nnx.GRUCell, nnx.LSTMCell)])
 def test_flax_cells_run_on_the_kernels(flax_cell, backward):
     x = jax.random.normal(jax.random.key(0), (3, 9, 4), dtype=jnp.float64)
     cell = flax_cell(4, 5, rngs=nnx.Rngs(0), param_dtype=jnp.float64, dtype=jnp.float64)

@@ -103,7 +103,7 @@ def test_a_second_signal_kills_at_once(tmp_path):
     assert time.monotonic() - t < 8
 
 
-@pytest.mark.slow  # the default run: the timeout holding during a signal (below) and the plain timeout
+@pytest.mark.slow  # the default run: the timeout holding during a signal (below); the plain timeout: test-all too
 def test_timeout_holds_when_workers_ignore_sigterm(tmp_path):
     proc, pids, _ = _start(tmp_path, ["ignore", "child"], "--timeout", "2", "--kill-after", "60")
     t_up = time.monotonic()  # the workers are up: the launcher's clock started before this

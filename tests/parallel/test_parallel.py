@@ -235,7 +235,8 @@ def test_make_mesh_takes_numpy_and_jax_integers():
         parallel.make_mesh(np.float64(4))
 
 
-@pytest.mark.parametrize("cell_name,forward", [("gru", "sequential"), ("block_gru", "sequential"),
+@pytest.mark.parametrize("cell_name,forward", [("gru", "sequential"),  # block_gru: its newton case below
+                                               pytest.param("block_gru", "sequential", marks=pytest.mark.slow),
                                                pytest.param("gru", "newton", marks=pytest.mark.slow),
                                                ("block_gru", "newton"),
                                                pytest.param("block_gru2", "sequential", marks=pytest.mark.slow),

@@ -87,6 +87,7 @@ def test_peer_that_never_joins_makes_the_others_fail_within_the_init_timeout():
     assert elapsed < 50
 
 
+@pytest.mark.slow  # the default run: the launcher's timeout in test_launch_signals (held while a signal is handled)
 def test_launcher_timeout_stops_everything():
     out, elapsed = _launch(["-n", "2", "--timeout", "2", "--",
                             sys.executable, "-c", "import time; time.sleep(600)"], timeout=60)
