@@ -79,10 +79,11 @@ def test_the_contract_is_init_step_and_the_sizes():
 
 @pytest.mark.filterwarnings("ignore:LegacyDiagonalMinGRU describes its Jacobian:DeprecationWarning")
 @pytest.mark.parametrize("cls, T, B", [
-    (c, T, B) if (T, B) != (12, 3) and (c, T) != (LegacyDiagonalMinGRU, 1)
+    (c, T, B) if (T, B) != (12, 3) and (c, T) not in ((LegacyDiagonalMinGRU, 1), (MinGRU, 1))
     else pytest.param(c, T, B, marks=pytest.mark.slow)
     for T, B in [(1, 1), (7, 1), (12, 3)] for c in (MinGRU, DiagonalMinGRU, LegacyDiagonalMinGRU)])
-# B > 1 and the legacy members at T = 1 (the diagonal path's T = 1 is DiagonalMinGRU's): test-all
+# B > 1, the legacy members and the dense MinGRU at T = 1 (a user cell's T = 1 is DiagonalMinGRU's,
+# the dense path's T = 1 tests/core/test_backprop.py's): test-all
 def test_a_user_cell_has_autodiffs_gradients_every_backward_and_forward(cls, T, B):
     cell = cls(2, 3)
     k = jax.random.split(jax.random.key(T * 10 + B), 3)
