@@ -199,16 +199,27 @@ def test_debug_after_a_double_dash_belongs_to_the_other_program():
         (False, ["launch", "-n", "2", "--", "prog", "--debug"])
 
 
-def test_the_bppsa_command_prints_one_line_and_exits_2(tmp_path):
-    """The installed console script (or ``python -m experiments.cli``) in a real process."""
+def _bppsa_command(tmp_path, *debug):
+    """The installed console script (or ``python -m experiments.cli``) in a real process, a usage error."""
     script = Path(sys.executable).parent / "bppsa"
     exe = [str(script)] if script.exists() else [sys.executable, "-m", "experiments.cli"]
     args = ["reproduce", "sync-ray", "--smoke", "--config.kill=3", "--workdir", str(tmp_path / "w")]
-    proc = subprocess.run(exe + args, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(exe + [*debug] + args, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_bppsa_command_prints_one_line_and_exits_2(tmp_path):
+    proc = _bppsa_command(tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "Traceback" not in proc.stderr
     assert "config.kill" in proc.stderr and not (tmp_path / "w").exists()
-    proc = subprocess.run(exe + ["--debug"] + args, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+# make test-all: the default run checks --debug's traceback of a usage error in this process
+# (test_user_errors_are_one_line_and_exit_code_2) and of a real process (tests/experiments/test_command.py's
+# missing extra, tests/experiments/test_interrupt.py's Ctrl-C)
+@pytest.mark.slow
+def test_the_bppsa_command_with_debug_shows_the_traceback(tmp_path):
+    proc = _bppsa_command(tmp_path, "--debug")
     assert proc.returncode == 2 and "Traceback" in proc.stderr and "UsageError" in proc.stderr
 
 

@@ -99,16 +99,19 @@ def _check_point(p):
         assert set(p["ms"]) == {"bppsa_sharded_backward", "forward_sharded"}
 
 
-def test_parallel_part_times_every_forward_with_its_newton_info(tmp_path):
-    """Part ``parallel`` in this process at the dry run's sizes, one point of each kind of cell."""
+# the default run: head size 1 (the diagonal cell, with the pararnn-torch peer's column); head size 2 (2x2
+# blocks): make test-all
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 1])
+def test_parallel_part_times_every_forward_with_its_newton_info(tmp_path, k):
+    """Part ``parallel`` in this process at the dry run's sizes, a point of the structured cell."""
     pl = gpu_run.plan(True)
     # the T sweep's points: the slow dry run; head size 1 is where the pararnn-torch peer is (skipped: no CUDA)
-    pl["parallel"] = (("structured", "blockgru", 2, 3, 4, 6, 2), ("structured", "blockgru", 1, 3, 4, 6, 2))
+    pl["parallel"] = (("structured", "blockgru", k, 3, 4, 6, 2),)
     s = gpu_run.Summary(tmp_path / "out")
     gpu_run.run_parallel(s, {**pl, "budgets": {**pl["budgets"], "parallel": 600}}, deadline=gpu_run.time.monotonic() + 600)
     got = s.write()
     assert got["skipped"] == [] and [(p["sweep"], p["cell"]) for p in got["points"]] == [
-        ("structured", "BlockGRU k=2"), ("structured", "BlockGRU k=1")]
+        ("structured", f"BlockGRU k={k}")]
     for p in got["points"]:
         _check_point(p)
 

@@ -24,11 +24,18 @@ CELLS = {"rnn": lambda I, H: cells.RNN(I, H), "gru": lambda I, H: cells.GRU(I, H
          "lstm": lambda I, H: cells.LSTM(I, H, input_bias=False)}
 
 
-@pytest.mark.parametrize("name, dtype", [(n, d) if (n, d) == ("lstm", jnp.float64) else
-                                         pytest.param(n, d, marks=pytest.mark.slow)  # make test-all
-                                         for n in sorted(CELLS) for d in (jnp.float64, jnp.float32)])
-def test_interpret_mode_equals_reverse_mode(name, dtype):
-    for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:
+ADJOINT_SHAPES = [(1, 1, 5), (12, 17, 33), (7, 3, 20)]
+
+
+# the default run: the float64 lstm at T = 1 and over two tiles (the odd T = 7: the fused BPTT gradients
+# below); its (7, 3, 20) and the other cells and dtypes: make test-all
+@pytest.mark.parametrize("name, dtype, shapes", [
+    pytest.param(n, d, ADJOINT_SHAPES[:2] if default else ADJOINT_SHAPES, id=f"{n}-{jnp.dtype(d).name}",
+                 marks=() if default else pytest.mark.slow)
+    for n in sorted(CELLS) for d in (jnp.float64, jnp.float32) for default in [(n, d) == ("lstm", jnp.float64)]] + [
+    pytest.param("lstm", jnp.float64, ADJOINT_SHAPES[2:], id="lstm-float64-7-3-20", marks=pytest.mark.slow)])
+def test_interpret_mode_equals_reverse_mode(name, dtype, shapes):
+    for T, B, H in shapes:
         H = min(H, max_hidden(CELLS[name](3, H)))  # a GRU: at most 32
         cell = CELLS[name](3, H)
         params, xs, s0, ct = jax_problem(cell, T, B, dtype, seed=T, extra=((T, B, cell.state_size),))

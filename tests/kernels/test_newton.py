@@ -69,12 +69,20 @@ DIAGONAL = {"gru": lambda H: cells.BlockGRU(3, H), "rnn": lambda H: cells.BlockR
             "rnn-relu": lambda H: cells.BlockRNN(3, H, nonlinearity="relu")}
 
 
-@pytest.mark.parametrize("name, dtype", [(n, d) if n == "rnn" and d == jnp.float64 else  # gru: the e2e test above
-                                         pytest.param(n, d, marks=pytest.mark.slow)  # make test-all
-                                         for n in DIAGONAL for d in (jnp.float64, jnp.float32)])
-def test_the_fused_newton_step_equals_the_xla_step(name, dtype):
-    # (37, 1, 20, 2): 19 chunks, the carry's block of 16 and a rest of 3
-    for T, B, H, chunk in [(1, 1, 5, None), (7, 3, 20, None), (30, 17, 33, 4), (37, 1, 20, 2)]:
+# (37, 1, 20, 2): 19 chunks, the carry's block of 16 and a rest of 3
+STEP_SHAPES = [(1, 1, 5, None), (30, 17, 33, 4), (37, 1, 20, 2), (7, 3, 20, None)]
+
+
+# the default run: the rnn in float64 at T = 1, over two tiles with chunks that do not divide T, and the
+# carry's block and rest (odd T, B = 1); its (7, 3, 20) and the other cells and dtypes: make test-all
+# (the gru: the e2e test above)
+@pytest.mark.parametrize("name, dtype, shapes", [
+    pytest.param(n, d, STEP_SHAPES[:3] if default else STEP_SHAPES, id=f"{n}-{jnp.dtype(d).name}",
+                 marks=() if default else pytest.mark.slow)
+    for n in DIAGONAL for d in (jnp.float64, jnp.float32) for default in [n == "rnn" and d == jnp.float64]]
+    + [pytest.param("rnn", jnp.float64, STEP_SHAPES[3:], id="rnn-float64-7-3-20", marks=pytest.mark.slow)])
+def test_the_fused_newton_step_equals_the_xla_step(name, dtype, shapes):
+    for T, B, H, chunk in shapes:
         cell = DIAGONAL[name](H)
         k = jax.random.split(jax.random.key(T), 4)
         params = cell.init(k[0], dtype)
@@ -158,13 +166,21 @@ def _xla_measures(cell, params, xs, s0, H, Hn, exact, atol, rtol):
     return jnp.max(r), jnp.max(over(d, Hn)), jnp.max(jnp.abs(d) / (1 + jnp.abs(Hn))), jnp.max(jnp.abs(Hn)), front
 
 
-@pytest.mark.parametrize("name", [pytest.param("gru", marks=pytest.mark.slow), "rnn"])  # gru: make test-all
-def test_the_kernels_measure_the_new_iterate_as_iterate_does(name):
+ITERATE_SHAPES = [(1, 1, 5, None, -1), (30, 17, 33, 4, 9), (37, 1, 20, 2, 20), (7, 3, 20, None, 2)]
+
+
+# the default run: the rnn at T = 1, over two tiles and the carry's block and rest; its (7, 3, 20) and the
+# gru: make test-all
+@pytest.mark.parametrize("name, shapes", [
+    pytest.param("gru", ITERATE_SHAPES, id="gru", marks=pytest.mark.slow),
+    pytest.param("rnn", ITERATE_SHAPES[:3], id="rnn"),
+    pytest.param("rnn", ITERATE_SHAPES[3:], id="rnn-7-3-20", marks=pytest.mark.slow)])
+def test_the_kernels_measure_the_new_iterate_as_iterate_does(name, shapes):
     """fused_newton_iteration's five scalars (the apply kernel's step sizes, the reduce's residual at
     H') equal iterate's tests of H' computed over (T, B, S)
     (float64; chunks that do not divide T, B and H over several tiles: the padded rows and units
     left out; the steps t <= exact out of the step size; T = 1)."""
-    for T, B, H, chunk, exact in [(1, 1, 5, None, -1), (7, 3, 20, None, 2), (30, 17, 33, 4, 9), (37, 1, 20, 2, 20)]:
+    for T, B, H, chunk, exact in shapes:
         cell = DIAGONAL[name](H)
         k = jax.random.split(jax.random.key(T), 4)
         params = cell.init(k[0], jnp.float64)
@@ -211,25 +227,29 @@ def test_an_iteration_is_the_three_kernels_and_scalars():
     assert "pallas_call" in looped and "dot_general" not in looped and "logistic" not in looped, looped
 
 
-@pytest.mark.parametrize("name, T, B", [("gru", 1, 1), ("rnn", 37, 1),
-                                        pytest.param("gru", 100, 3, marks=pytest.mark.slow)])  # T = 100: test-all
+# the default run: the rnn at T = 37 in float32 (B = 1); the gru at T = 1 in float64, whose counts and states
+# test_newton_with_fused_solves_equals_autodiff checks at T = 1 and B = 1 in the default run, the other dtype
+# of each, T = 100 and quasi: make test-all
+@pytest.mark.parametrize("name, T, B, dtype", [
+    pytest.param(n, T, B, d, id=f"{n}-{T}-{B}-{jnp.dtype(d).name}",
+                 marks=() if (n, T, d) == ("rnn", 37, jnp.float32) else pytest.mark.slow)
+    for n, T, B in [("gru", 1, 1), ("rnn", 37, 1), ("gru", 100, 3)] for d in (jnp.float64, jnp.float32)])
 @pytest.mark.parametrize("forward", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
-def test_the_kernels_convergence_test_takes_the_xla_decisions(forward, name, T, B):
+def test_the_kernels_convergence_test_takes_the_xla_decisions(forward, name, T, B, dtype):
     """Through bppsa.rnn the fused iterations' counts, residuals and states are the XLA forward's
     (float64 and float32; T = 1, odd T; B = 1), whose test reads its own pass over the sequence."""
-    for dtype in (jnp.float64, jnp.float32):
-        cell = DIAGONAL[name](20)
-        k = jax.random.split(jax.random.key(T + B), 3)
-        params = jax.tree.map(lambda a: 2 * a, cell.init(k[0], dtype))  # slower to converge
-        xs = jax.random.normal(k[1], (T, B, 3), dtype)
-        h0 = 0.5 * jax.random.normal(k[2], (B, 20), dtype)
-        run = lambda kernels: bppsa.rnn(cell, params, xs, h0, forward=forward, kernels=kernels,  # noqa: E731
-                                        return_info=True)
-        (ours, info), (xla, want) = run("interpret"), run("xla")
-        what = (name, T, B, jnp.dtype(dtype).name, int(info.iterations), int(want.iterations))
-        assert int(info.iterations) == int(want.iterations) and bool(info.converged) == bool(want.converged), what
-        tol = 1e-12 if dtype == jnp.float64 else 1e-5
-        assert float(jnp.max(jnp.abs(ours - xla))) <= tol and abs(float(info.residual - want.residual)) <= tol, what
+    cell = DIAGONAL[name](20)
+    k = jax.random.split(jax.random.key(T + B), 3)
+    params = jax.tree.map(lambda a: 2 * a, cell.init(k[0], dtype))  # slower to converge
+    xs = jax.random.normal(k[1], (T, B, 3), dtype)
+    h0 = 0.5 * jax.random.normal(k[2], (B, 20), dtype)
+    run = lambda kernels: bppsa.rnn(cell, params, xs, h0, forward=forward, kernels=kernels,  # noqa: E731
+                                    return_info=True)
+    (ours, info), (xla, want) = run("interpret"), run("xla")
+    what = (name, T, B, jnp.dtype(dtype).name, int(info.iterations), int(want.iterations))
+    assert int(info.iterations) == int(want.iterations) and bool(info.converged) == bool(want.converged), what
+    tol = 1e-12 if dtype == jnp.float64 else 1e-5
+    assert float(jnp.max(jnp.abs(ours - xla))) <= tol and abs(float(info.residual - want.residual)) <= tol, what
 
 
 def test_an_iterate_that_needs_a_repair_is_measured_as_xla_does():

@@ -34,13 +34,21 @@ CELLS = {
 }
 
 
-# the default run: rnn, gru and lstm in float64 and the rnn in float32; the float32 gru and lstm and the
-# activation and bias variants: make test-all
-@pytest.mark.parametrize("dtype, name", [
-    (d, n) if (n, d) in (("rnn", jnp.float64), ("gru", jnp.float64), ("lstm", jnp.float64), ("rnn", jnp.float32))
-    else pytest.param(d, n, marks=pytest.mark.slow) for d in (jnp.float64, jnp.float32) for n in sorted(CELLS)])
-def test_interpret_mode_equals_the_sequential_forward(name, dtype):
-    for T, B, H in [(1, 1, 5), (7, 3, 20), (12, 17, 33)]:  # B = 17: two batch tiles; H: padded to 16, 32, 64
+FORWARD_SHAPES = [(1, 1, 5), (12, 17, 33), (7, 3, 20)]  # B = 17: two batch tiles; H: padded to 16, 64, 32
+DEFAULT_FORWARD = (("rnn", jnp.float64), ("gru", jnp.float64), ("lstm", jnp.float64), ("rnn", jnp.float32))
+
+
+# the default run: rnn, gru and lstm in float64 and the rnn in float32, each at T = 1 and over two tiles, and
+# the float64 rnn at (7, 3, 20) too; the others' (7, 3, 20), the float32 gru and lstm and the activation and
+# bias variants: make test-all
+@pytest.mark.parametrize("dtype, name, shapes", [
+    pytest.param(d, n, FORWARD_SHAPES[:2] if (n, d) in DEFAULT_FORWARD[1:] else FORWARD_SHAPES,
+                 id=f"{jnp.dtype(d).name}-{n}", marks=() if (n, d) in DEFAULT_FORWARD else pytest.mark.slow)
+    for d in (jnp.float64, jnp.float32) for n in sorted(CELLS)] + [
+    pytest.param(d, n, FORWARD_SHAPES[2:], id=f"{jnp.dtype(d).name}-{n}-7-3-20", marks=pytest.mark.slow)
+    for n, d in DEFAULT_FORWARD[1:]])
+def test_interpret_mode_equals_the_sequential_forward(name, dtype, shapes):
+    for T, B, H in shapes:
         H = min(H, recurrence.max_hidden(CELLS[name](3, H)))  # a GRU: at most 32
         cell = CELLS[name](3, H)
         params, xs, s0 = jax_problem(cell, T, B, dtype)
@@ -87,12 +95,19 @@ def test_supported_cells_and_sizes():
         fused_states(cells.GRU(3, 80), None, jnp.zeros((2, 1, 3)), jnp.zeros((1, 80)), interpret=True)
 
 
-@pytest.mark.parametrize("name", ["rnn", pytest.param("gru", marks=pytest.mark.slow),  # make test-all
-                                  pytest.param("lstm", marks=pytest.mark.slow)])
-def test_gradients_through_the_kernel_equal_autodiff(name):
+GRADIENT_SHAPES = [(1, 1), (7, 1), (12, 3)]
+
+
+# the default run: the rnn at T = 1 and T = 7 with B = 1; its (12, 3) and the gru and lstm: make test-all
+@pytest.mark.parametrize("name, shapes", [
+    pytest.param("rnn", GRADIENT_SHAPES[:2], id="rnn"),
+    pytest.param("rnn", GRADIENT_SHAPES[2:], id="rnn-12-3", marks=pytest.mark.slow),
+    pytest.param("gru", GRADIENT_SHAPES, id="gru", marks=pytest.mark.slow),
+    pytest.param("lstm", GRADIENT_SHAPES, id="lstm", marks=pytest.mark.slow)])
+def test_gradients_through_the_kernel_equal_autodiff(name, shapes):
     """bppsa.rnn(kernels="interpret"): the forward is the kernel, the backward BPPSA's rule at its
     states; float64 against autodiff through a plain lax.scan, T = 1, 7 and 12, B = 1 and 3."""
-    for T, B in [(1, 1), (7, 1), (12, 3)]:
+    for T, B in shapes:
         cell = CELLS[name](3, 5)
         params, xs, s0 = jax_problem(cell, T, B, seed=T)
         h0 = cell.unflatten_state(s0)
