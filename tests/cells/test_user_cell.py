@@ -62,6 +62,10 @@ class LegacyDiagonalMinGRU(MinGRU):
         return (1 - jax.nn.sigmoid(xs @ params["W_z"]))[..., None, None]
 
 
+# make test-all, as tests/test_guides.py's pages whose examples are the unit tests' features: the default
+# run keeps the README's, getting started's and the runner guide's examples, and the guide's cell (MinGRU)
+# with its gradients below
+@pytest.mark.slow
 def test_the_guides_blocks_run_as_written():
     blocks = python_blocks(GUIDE.read_text())
     assert len(blocks) == 3  # the opening example, the contract alone, the capabilities

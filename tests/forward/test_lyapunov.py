@@ -50,11 +50,12 @@ def _direct(cell, p, xs, h0):
     S = s0.shape[-1]
     k = block_size(cell) or S
     step = lambda s, x: flat(cell.step(p, cell.unflatten_state(s[None]), x[None]))[0]
+    jacobian = jax.jit(jax.jacrev(step))  # one compile, not an eager jacrev per step
     out = []
     for b in range(s0.shape[0]):
         v, total, h = np.ones((S // k, k)) / math.sqrt(k), np.zeros(S // k), s0[b]
         for t in range(xs.shape[0]):
-            J = np.asarray(jax.jacrev(step)(h, xs[t, b]))
+            J = np.asarray(jacobian(h, xs[t, b]))
             v = np.stack([J[i * k:(i + 1) * k, i * k:(i + 1) * k] @ v[i] for i in range(S // k)])
             n = np.linalg.norm(v, axis=1)
             total, v, h = total + np.log(n), v / n[:, None], ss[t, b]

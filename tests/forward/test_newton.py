@@ -754,8 +754,9 @@ def test_an_empty_batch_gives_the_sequential_forwards_empty_result(kind, names):
             assert shapes(got) == shapes(ref), f"{name} {backward}"
             for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
                 np.testing.assert_array_equal(g, r)
-        mesh = parallel.make_mesh(4, batch_axis=None)
-        assert shapes(bppsa.rnn(cell, params, xs, h0, forward=kind, on_fail="raise", mesh=mesh)) == shapes(seq)
+        mesh = parallel.make_mesh(4, batch_axis=None)  # under jit: eagerly, the shard_map runs op by op (~1 s)
+        sharded = jax.jit(lambda p, x, h: bppsa.rnn(cell, p, x, h, forward=kind, on_fail="raise", mesh=mesh))
+        assert shapes(sharded(params, xs, h0)) == shapes(seq)
 
 
 @pytest.mark.parametrize("kind", ["newton", pytest.param("quasi", marks=pytest.mark.slow)])
