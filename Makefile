@@ -5,8 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist; each test file stays in one process, so its subprocesses, Ray
-# cluster and ports are its own). 2 fits the 2-core, 24 GiB machines (about 5 GiB per process); 0: one process.
-TEST_WORKERS ?= 2
+# cluster and ports are its own). 3 on the 2-core, 24 GiB machines: the third fills the cores while
+# the others wait on their subprocesses, Ray actors and sleeps (default suite 8:07 at 2, 7:28 at 3,
+# 14 GiB at its peak); 0: one process.
+TEST_WORKERS ?= 3
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 JUPYTER_ARGS ?=   # e.g. --allow-root in a container, --port 8890
 
