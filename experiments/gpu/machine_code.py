@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-__all__ = ["Point", "points", "dump", "MODEL", "predict", "NEWTON_PARALLEL", "newton_waves", "render", "main",
+__all__ = ["Point", "points", "dump", "MODEL", "predict", "NEWTON_PARALLEL", "newton_waves", "render", "check_points",
+           "main",
            "ROOT", "RESULTS"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -513,6 +514,23 @@ def _provenance(versions: dict[str, str], runtime: float, argv: list[str]) -> di
     except (OSError, subprocess.SubprocessError):
         pass
     return prov
+
+
+def check_points(selected: list[Point], out: str | Path, triton_python: str) -> dict[str, Any] | None:
+    """The check at some points, with no provenance and nothing written but the working files under
+    ``out``: :func:`dump`, each kernel's loop trips, the compile side (``triton_python``), :func:`render`.
+
+    Returns:
+      The record, or None where the compile side failed.
+    """
+    from experiments.gpu.machine_code_compile import H100, loop_trips
+    out = Path(out)
+    manifest = dump(out, selected=selected)
+    for k in manifest["kernels"].values():
+        k["trips"] = loop_trips((out / k["file"]).read_text())
+    if subprocess.call([triton_python, str(COMPILER), str(out)]) != 0:
+        return None
+    return render(manifest, json.loads((out / "compiled.json").read_text()), {}, dict(H100))[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -233,16 +233,12 @@ def live_ours(Hs: list[int], out: Path, triton_python: str, T: int = 4096, B: in
     dumped and compiled here (:func:`experiments.gpu.machine_code.dump`, its compile side and
     :func:`~experiments.gpu.machine_code.render`): (the record, or None where the compile failed; the points)."""
     from experiments.gpu import machine_code as mc
-    from experiments.gpu.machine_code_compile import H100, loop_trips
 
     chosen = [mc.Point(f"peer blockgru head=1 H={H}", "blockgru", I, H, T, B, mc.NEWTON, 1) for H in Hs]
-    manifest = mc.dump(out, selected=chosen)
-    for k in manifest["kernels"].values():
-        k["trips"] = loop_trips((out / k["file"]).read_text())
-    if subprocess.call([triton_python, str(mc.COMPILER), str(out)]) != 0:
+    record = mc.check_points(chosen, out, triton_python)
+    if record is None:
         print("error: our kernels' compile side failed", file=sys.stderr)
         return None, []
-    record, _ = mc.render(manifest, json.loads((out / "compiled.json").read_text()), {}, dict(H100))
     return record, [{"name": p.name, "I": p.I, "H": p.H, "T": p.T, "B": p.B} for p in chosen]
 
 

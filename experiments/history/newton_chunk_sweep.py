@@ -15,8 +15,6 @@ lengths), its kernels compiled to sm_90a by the machine-code check
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +34,6 @@ def sweep(Hs: list[int], Cs: list[int | None], triton_python: str, work: Path) -
     import jax
 
     import bppsa.kernels.newton as newton
-    from experiments.gpu.machine_code_compile import H100, loop_trips
 
     chosen = newton.chunking
     rows: list[dict[str, Any]] = []
@@ -48,12 +45,9 @@ def sweep(Hs: list[int], Cs: list[int | None], triton_python: str, work: Path) -
             folder = work / f"C{C or 'default'}"
             points = [mc.Point(f"sweep H={H} C={C or 'default'}", "blockgru", 64, H, 4096, 16, mc.NEWTON, 1)
                       for H in Hs]
-            manifest = mc.dump(folder, selected=points)
-            for k in manifest["kernels"].values():
-                k["trips"] = loop_trips((folder / k["file"]).read_text())
-            if subprocess.call([triton_python, str(mc.COMPILER), str(folder)]) != 0:
+            record = mc.check_points(points, folder, triton_python)
+            if record is None:
                 raise RuntimeError(f"the compile side failed at C={C}")
-            record, _ = mc.render(manifest, json.loads((folder / "compiled.json").read_text()), {}, dict(H100))
             for p, H in zip(points, Hs, strict=True):
                 launches: dict[str, Any] = {}
                 for x in record["launches"]:
